@@ -1,0 +1,77 @@
+package main
+
+import (
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/udiwarp/udiwarp/udiwarp"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, `usage:
+  udperf decode [-stream] HEX...   check and describe a udiwarp datagram (or, with
+                                   -stream, a DDP segment as MPA carries it)
+
+The latency and bandwidth modes arrive with the verbs library (issue 3).`)
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "-help" || args[0] == "help" {
+		usage(stdout)
+		return 0
+	}
+	switch args[0] {
+	case "decode":
+		return decode(args[1:], stdout, stderr)
+	}
+	fmt.Fprintf(stderr, "udperf: unknown command %q\n", args[0])
+	usage(stderr)
+	return 2
+}
+
+func decode(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("decode", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	stream := fs.Bool("stream", false, "decode a standard (DV=1) DDP segment without datagram framing")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	b, err := hex.DecodeString(strings.Map(func(r rune) rune {
+		if strings.ContainsRune(" \t\n:", r) {
+			return -1
+		}
+		return r
+	}, strings.Join(fs.Args(), "")))
+	if err != nil {
+		fmt.Fprintf(stderr, "udperf decode: %v\n", err)
+		return 2
+	}
+	var seg udiwarp.Segment
+	if *stream {
+		seg, err = udiwarp.ParseSegment(b, udiwarp.ProfileStream)
+	} else {
+		var t udiwarp.FrameType
+		if t, err = udiwarp.Classify(b); err == nil && t == udiwarp.FrameRD {
+			fmt.Fprintln(stdout, "RD frame (the reliability header is decoded by package reliability)")
+			return 0
+		}
+		seg, err = udiwarp.ParseUDFrame(b)
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		if code, ok := udiwarp.CodeOf(err); ok {
+			fmt.Fprintf(stderr, "a Terminate would report: %s (layer %d, etype %d, ecode %#02x)\n", code, code.Layer(), code.EType(), code.ECode())
+		}
+		return 1
+	}
+	fmt.Fprintln(stdout, seg)
+	return 0
+}

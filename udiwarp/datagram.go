@@ -1,0 +1,111 @@
+package udiwarp
+
+// A udiwarp UDP datagram is one frame followed by a CRC32c trailer over
+// every byte before it. The low two bits of the first byte say which frame
+// it is (the DV position of a DDP control byte):
+//
+//	0b10  a datagram-profile DDP segment (UD): DV = 2
+//	0b11  a reliable-datagram (RD) frame: the reliability header, then a
+//	      datagram-profile DDP segment (defined by package reliability)
+//	0b01  a standard DDP segment (DV = 1): belongs on MPA/TCP, rejected
+//	0b00  rejected
+//
+// So one socket carries UD and RD traffic, and nothing else is accepted.
+
+// FrameType is the kind of a udiwarp datagram.
+type FrameType uint8
+
+const (
+	FrameUD FrameType = 2 // a bare datagram-profile DDP segment
+	FrameRD FrameType = 3 // a reliability header, then a DDP segment
+)
+
+func (t FrameType) String() string {
+	switch t {
+	case FrameUD:
+		return "UD"
+	case FrameRD:
+		return "RD"
+	}
+	return "invalid frame type"
+}
+
+const (
+	// MaxDatagramSize is the largest UDP payload over IPv4 (65535 - 20 - 8).
+	MaxDatagramSize = 65507
+	// MinDatagramSize is a frame-type byte plus the CRC trailer.
+	MinDatagramSize = 1 + CRCSize
+)
+
+// Classify returns the frame type of a datagram, by its first byte alone.
+func Classify(b []byte) (FrameType, error) {
+	if len(b) < MinDatagramSize {
+		return 0, truncated("datagram", len(b), MinDatagramSize, DDPLocalCatastrophic)
+	}
+	if len(b) > MaxDatagramSize {
+		return 0, fieldErr("datagram", "length", uint64(len(b)), "<= 65507 bytes", ErrTooLong, DDPLocalCatastrophic)
+	}
+	switch t := FrameType(b[0] & 3); t {
+	case FrameUD, FrameRD:
+		return t, nil
+	case DDPVersion:
+		return 0, fieldErr("datagram", "frame type (DV)", DDPVersion, "2 (UD) or 3 (RD); DV=1 segments travel only on MPA/TCP", ErrFrameType, DDPUntaggedInvalidVersion)
+	default:
+		return 0, fieldErr("datagram", "frame type (DV)", uint64(t), "2 (UD) or 3 (RD)", ErrFrameType, DDPUntaggedInvalidVersion)
+	}
+}
+
+// SealDatagram appends the CRC32c trailer over b[start:] to b: build a frame
+// at b[start:], then seal it.
+func SealDatagram(b []byte, start int) []byte {
+	return AppendCRC(b, CRC32c(b[start:]))
+}
+
+// OpenDatagram checks the trailer of a whole datagram and returns the frame
+// without it.
+func OpenDatagram(b []byte) ([]byte, error) {
+	if len(b) < MinDatagramSize {
+		return nil, truncated("datagram", len(b), MinDatagramSize, DDPLocalCatastrophic)
+	}
+	n := len(b) - CRCSize
+	if got, want := WireCRC(b[n:]), CRC32c(b[:n]); got != want {
+		return nil, &FieldError{Frame: "datagram", Field: "CRC32c", Value: uint64(got), Want: crcWant(want), Err: ErrCRC, Code: MPACRCError}
+	}
+	return b[:n], nil
+}
+
+func crcWant(c uint32) string {
+	const hex = "0123456789abcdef"
+	var s [10]byte
+	s[0], s[1] = '0', 'x'
+	for i := 0; i < 8; i++ {
+		s[2+i] = hex[c>>(28-4*uint(i))&0xF]
+	}
+	return string(s[:])
+}
+
+// ParseUDFrame checks a whole UD datagram, trailer included, and returns its
+// segment. Beyond ParseSegment's datagram-profile rules it requires that a
+// tagged segment be a Write-Record, because only the Write-Record extension
+// names the destination QP when no reliability header does.
+func ParseUDFrame(b []byte) (Segment, error) {
+	t, err := Classify(b)
+	if err != nil {
+		return Segment{}, err
+	}
+	if t != FrameUD {
+		return Segment{}, fieldErr("UD frame", "frame type", uint64(t), "2 (UD)", ErrFrameType, DDPUntaggedInvalidVersion)
+	}
+	f, err := OpenDatagram(b)
+	if err != nil {
+		return Segment{}, err
+	}
+	s, err := ParseSegment(f, ProfileDatagram)
+	if err != nil {
+		return Segment{}, err
+	}
+	if s.Control.Tagged() && !s.Control.WriteRecord() {
+		return Segment{}, fieldErr("UD frame", "W", 0, "1 (a tagged segment without a reliability header must be a Write-Record)", ErrOpcode, DDPTaggedSTagNotAssociated)
+	}
+	return s, nil
+}

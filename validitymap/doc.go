@@ -1,0 +1,3 @@
+// Package validitymap keeps, per registered region, the set of byte ranges
+// that hold valid data placed by RDMA Write-Record.
+package validitymap
