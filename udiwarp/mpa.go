@@ -56,7 +56,7 @@ func (f *MPAFramer) WireSize(ulpdu int) int {
 	if !f.Markers {
 		return n
 	}
-	_, end := mpaLayout(f.pos, n, true)
+	_, end := mpaLayout(f.pos, ulpdu, true)
 	return int(end - f.pos)
 }
 
