@@ -100,8 +100,8 @@ func ParseUDFrame(b []byte) (Segment, error) {
 	if err != nil {
 		return Segment{}, err
 	}
-	s, err := ParseSegment(f, ProfileDatagram)
-	if err != nil {
+	var s Segment
+	if err := s.parse(f, ProfileDatagram); err != nil {
 		return Segment{}, err
 	}
 	if s.Control.Tagged() && !s.Control.WriteRecord() {

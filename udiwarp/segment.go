@@ -49,46 +49,53 @@ func (s Segment) ImmediateData() ImmediateData { return ImmediateData(s.rdmapHea
 // bytes than b holds. Every rejection is a *FieldError naming the field,
 // the value and the RFC error code.
 func ParseSegment(b []byte, p Profile) (Segment, error) {
+	var s Segment
+	err := s.parse(b, p)
+	return s, err
+}
+
+// parse fills s in place; on error s is left partly filled and must not be used.
+func (s *Segment) parse(b []byte, p Profile) error {
 	if len(b) < 2 {
-		return Segment{}, truncated("DDP segment", len(b), 2, DDPLocalCatastrophic)
+		return truncated("DDP segment", len(b), 2, DDPLocalCatastrophic)
 	}
-	s := Segment{Profile: p, Control: DDPControl(b[0]), RDMAP: RDMAPControl(b[1])}
+	s.Profile, s.Control, s.RDMAP = p, DDPControl(b[0]), RDMAPControl(b[1])
 	c := s.Control
 	if c.Tagged() {
 		if v := c.Version(); v != p.Version() {
-			return Segment{}, fieldErr("DDP tagged header", "DV", uint64(v), versionWant(p), ErrVersion, DDPTaggedInvalidVersion)
+			return fieldErr("DDP tagged header", "DV", uint64(v), versionWant(p), ErrVersion, DDPTaggedInvalidVersion)
 		}
 	} else if v := c.Version(); v != p.Version() {
-		return Segment{}, fieldErr("DDP untagged header", "DV", uint64(v), versionWant(p), ErrVersion, DDPUntaggedInvalidVersion)
+		return fieldErr("DDP untagged header", "DV", uint64(v), versionWant(p), ErrVersion, DDPUntaggedInvalidVersion)
 	}
 	// RFC 5041 §4.1 and RFC 5040 §4.2: reserved bits are not checked on
 	// receive. The datagram profile is ours and rejects them, so that a
 	// future flag is never silently misread.
 	if p == ProfileDatagram {
 		if r := c.Reserved(p); r != 0 {
-			return Segment{}, fieldErr("DDP control", "reserved bits", uint64(r), "0", ErrReserved, ddpVersionCode(c))
+			return fieldErr("DDP control", "reserved bits", uint64(r), "0", ErrReserved, ddpVersionCode(c))
 		}
 		if c.WriteRecord() && !c.Tagged() {
-			return Segment{}, fieldErr("DDP control", "W", 1, "0 on an untagged segment", ErrReserved, DDPUntaggedInvalidVersion)
+			return fieldErr("DDP control", "W", 1, "0 on an untagged segment", ErrReserved, DDPUntaggedInvalidVersion)
 		}
 		if r := s.RDMAP.Reserved(); r != 0 {
-			return Segment{}, fieldErr("RDMAP control", "reserved bits", uint64(r), "0", ErrReserved, RDMAPInvalidVersion)
+			return fieldErr("RDMAP control", "reserved bits", uint64(r), "0", ErrReserved, RDMAPInvalidVersion)
 		}
 	}
 	if v := s.RDMAP.Version(); v != RDMAPVersion {
-		return Segment{}, fieldErr("RDMAP control", "RV", uint64(v), "1", ErrVersion, RDMAPInvalidVersion)
+		return fieldErr("RDMAP control", "RV", uint64(v), "1", ErrVersion, RDMAPInvalidVersion)
 	}
 	op := s.RDMAP.Opcode()
 	if !op.Known() {
-		return Segment{}, fieldErr("RDMAP control", "opcode", uint64(op), "0..11 (RFC 5040, RFC 7306)", ErrOpcode, RDMAPUnexpectedOpcode)
+		return fieldErr("RDMAP control", "opcode", uint64(op), "0..11 (RFC 5040, RFC 7306)", ErrOpcode, RDMAPUnexpectedOpcode)
 	}
 	if op.Tagged() != c.Tagged() {
-		return Segment{}, fieldErr("RDMAP control", "opcode", uint64(op), modelWant(c), ErrOpcode, RDMAPUnexpectedOpcode)
+		return fieldErr("RDMAP control", "opcode", uint64(op), modelWant(c), ErrOpcode, RDMAPUnexpectedOpcode)
 	}
 	if c.Tagged() {
-		return parseTagged(s, b)
+		return s.parseTagged(b)
 	}
-	return parseUntagged(s, b)
+	return s.parseUntagged(b)
 }
 
 func versionWant(p Profile) string {
@@ -112,10 +119,10 @@ func modelWant(c DDPControl) string {
 	return "an untagged message type on an untagged segment"
 }
 
-func parseTagged(s Segment, b []byte) (Segment, error) {
+func (s *Segment) parseTagged(b []byte) error {
 	wr := s.Control.WriteRecord() && s.Profile == ProfileDatagram
 	if wr && s.RDMAP.Opcode() != OpWrite {
-		return Segment{}, fieldErr("Write-Record header", "opcode", uint64(s.RDMAP.Opcode()), "0 (RDMA Write)", ErrOpcode, RDMAPUnexpectedOpcode)
+		return fieldErr("Write-Record header", "opcode", uint64(s.RDMAP.Opcode()), "0 (RDMA Write)", ErrOpcode, RDMAPUnexpectedOpcode)
 	}
 	hlen := DDPTaggedHeaderSize
 	frame := "DDP tagged header"
@@ -123,36 +130,36 @@ func parseTagged(s Segment, b []byte) (Segment, error) {
 		hlen, frame = WriteRecordHeaderSize, "Write-Record header"
 	}
 	if len(b) < hlen {
-		return Segment{}, truncated(frame, len(b), hlen, DDPTaggedBaseBounds)
+		return truncated(frame, len(b), hlen, DDPTaggedBaseBounds)
 	}
 	s.Header, s.Payload = b[:hlen], b[hlen:]
 	to := DDPTagged(b).TO()
 	n := uint64(len(s.Payload))
 	if to > math.MaxUint64-n {
-		return Segment{}, fieldErr(frame, "TO", to, "TO + payload length <= 2^64", ErrOffset, DDPTaggedTOWrap)
+		return fieldErr(frame, "TO", to, "TO + payload length <= 2^64", ErrOffset, DDPTaggedTOWrap)
 	}
 	if !wr {
-		return s, nil
+		return nil
 	}
 	h := WriteRecordHeader(b)
 	mo, ml := uint64(h.MO()), uint64(h.MessageLength())
 	switch {
 	case mo+n > ml:
-		return Segment{}, fieldErr(frame, "MO + payload length", mo+n, "<= message length "+itoa(ml), ErrOffset, DDPTaggedBaseBounds)
+		return fieldErr(frame, "MO + payload length", mo+n, "<= message length "+itoa(ml), ErrOffset, DDPTaggedBaseBounds)
 	case s.Control.Last() != (mo+n == ml):
-		return Segment{}, fieldErr(frame, "L", b2u(s.Control.Last()), "1 exactly on the segment that ends the message", ErrLastFlag, DDPTaggedBaseBounds)
+		return fieldErr(frame, "L", b2u(s.Control.Last()), "1 exactly on the segment that ends the message", ErrLastFlag, DDPTaggedBaseBounds)
 	case mo > to:
-		return Segment{}, fieldErr(frame, "MO", mo, "<= TO "+itoa(to), ErrOffset, DDPTaggedTOWrap)
+		return fieldErr(frame, "MO", mo, "<= TO "+itoa(to), ErrOffset, DDPTaggedTOWrap)
 	case to-mo > math.MaxUint64-ml:
-		return Segment{}, fieldErr(frame, "message length", ml, "TO - MO + message length <= 2^64", ErrOffset, DDPTaggedTOWrap)
+		return fieldErr(frame, "message length", ml, "TO - MO + message length <= 2^64", ErrOffset, DDPTaggedTOWrap)
 	}
 	if q := h.DstQPN(); q > MaxQPN {
-		return Segment{}, fieldErr(frame, "destination QPN", uint64(q), "<= 2^24-1", ErrQueue, DDPTaggedSTagNotAssociated)
+		return fieldErr(frame, "destination QPN", uint64(q), "<= 2^24-1", ErrQueue, DDPTaggedSTagNotAssociated)
 	}
 	if q := h.SrcQPN(); q > MaxQPN {
-		return Segment{}, fieldErr(frame, "source QPN", uint64(q), "<= 2^24-1", ErrQueue, DDPTaggedSTagNotAssociated)
+		return fieldErr(frame, "source QPN", uint64(q), "<= 2^24-1", ErrQueue, DDPTaggedSTagNotAssociated)
 	}
-	return s, nil
+	return nil
 }
 
 // untaggedHeaderSize is the RDMAP header that follows an untagged DDP
@@ -173,58 +180,58 @@ func untaggedRDMAPSize(op Opcode) (size int, payload bool) {
 	return 0, true
 }
 
-func parseUntagged(s Segment, b []byte) (Segment, error) {
+func (s *Segment) parseUntagged(b []byte) error {
 	const frame = "DDP untagged header"
 	if len(b) < DDPUntaggedHeaderSize {
-		return Segment{}, truncated(frame, len(b), DDPUntaggedHeaderSize, DDPUntaggedInvalidMO)
+		return truncated(frame, len(b), DDPUntaggedHeaderSize, DDPUntaggedInvalidMO)
 	}
 	h := DDPUntagged(b)
 	op := s.RDMAP.Opcode()
 	want, _ := op.Queue()
 	if s.Profile == ProfileDatagram {
 		if op.Invalidates() {
-			return Segment{}, fieldErr(frame, "opcode", uint64(op), "no Send with Invalidate on datagram QPs (RsvdULP carries the source QPN)", ErrOpcode, RDMAPUnexpectedOpcode)
+			return fieldErr(frame, "opcode", uint64(op), "no Send with Invalidate on datagram QPs (RsvdULP carries the source QPN)", ErrOpcode, RDMAPUnexpectedOpcode)
 		}
 		if q := Queue(h.Queue()); q != want {
-			return Segment{}, fieldErr(frame, "QN queue bits", uint64(q), itoa(uint64(want))+" for "+op.String(), ErrQueue, DDPUntaggedInvalidQN)
+			return fieldErr(frame, "QN queue bits", uint64(q), itoa(uint64(want))+" for "+op.String(), ErrQueue, DDPUntaggedInvalidQN)
 		}
 		if q := h.QN() >> 2; q > MaxQPN {
-			return Segment{}, fieldErr(frame, "destination QPN", uint64(q), "<= 2^24-1", ErrQueue, DDPUntaggedInvalidQN)
+			return fieldErr(frame, "destination QPN", uint64(q), "<= 2^24-1", ErrQueue, DDPUntaggedInvalidQN)
 		}
 		if q := h.SrcQPN(); q > MaxQPN {
-			return Segment{}, fieldErr(frame, "source QPN", uint64(q), "<= 2^24-1", ErrQueue, DDPUntaggedInvalidQN)
+			return fieldErr(frame, "source QPN", uint64(q), "<= 2^24-1", ErrQueue, DDPUntaggedInvalidQN)
 		}
 		// One datagram holds a whole untagged message.
 		if mo := h.MO(); mo != 0 {
-			return Segment{}, fieldErr(frame, "MO", uint64(mo), "0 (one segment per untagged message)", ErrOffset, DDPUntaggedInvalidMO)
+			return fieldErr(frame, "MO", uint64(mo), "0 (one segment per untagged message)", ErrOffset, DDPUntaggedInvalidMO)
 		}
 		if !s.Control.Last() {
-			return Segment{}, fieldErr(frame, "L", 0, "1 (one segment per untagged message)", ErrLastFlag, DDPUntaggedInvalidMO)
+			return fieldErr(frame, "L", 0, "1 (one segment per untagged message)", ErrLastFlag, DDPUntaggedInvalidMO)
 		}
 	} else if qn := h.QN(); qn != uint32(want) {
-		return Segment{}, fieldErr(frame, "QN", uint64(qn), itoa(uint64(want))+" for "+op.String(), ErrQueue, DDPUntaggedInvalidQN)
+		return fieldErr(frame, "QN", uint64(qn), itoa(uint64(want))+" for "+op.String(), ErrQueue, DDPUntaggedInvalidQN)
 	}
 	size, payload := untaggedRDMAPSize(op)
 	rest := b[DDPUntaggedHeaderSize:]
 	switch {
 	case payload:
 		s.Header, s.Payload = b[:DDPUntaggedHeaderSize], rest
-		return s, nil
+		return nil
 	case size < 0:
 		if _, err := ParseTerminate(rest); err != nil {
-			return Segment{}, err
+			return err
 		}
 	case len(rest) < size:
-		return Segment{}, truncated(op.String()+" header", len(rest), size, DDPUntaggedInvalidMO)
+		return truncated(op.String()+" header", len(rest), size, DDPUntaggedInvalidMO)
 	case len(rest) > size:
-		return Segment{}, fieldErr(op.String()+" header", "length", uint64(len(rest)), itoa(uint64(size))+" bytes and no payload", ErrTooLong, DDPUntaggedTooLong)
+		return fieldErr(op.String()+" header", "length", uint64(len(rest)), itoa(uint64(size))+" bytes and no payload", ErrTooLong, DDPUntaggedTooLong)
 	}
 	// Messages with a fixed RDMAP header are a single segment starting at MO 0.
 	if mo := h.MO(); mo != 0 || !s.Control.Last() {
-		return Segment{}, fieldErr(frame, "MO", uint64(mo), "0 with L set: "+op.String()+" is one segment", ErrOffset, DDPUntaggedInvalidMO)
+		return fieldErr(frame, "MO", uint64(mo), "0 with L set: "+op.String()+" is one segment", ErrOffset, DDPUntaggedInvalidMO)
 	}
 	s.Header, s.Payload = b, b[len(b):]
-	return s, nil
+	return nil
 }
 
 func itoa(v uint64) string {
