@@ -176,6 +176,8 @@ func TestRoundTripTerminate(t *testing.T) {
 		{"DDP tagged header", TerminateFields{Code: DDPTaggedBaseBounds, SegmentLengthValid: true, DDPSegmentLength: 1400, DDPHeader: tagged}, 4 + 2 + 14},
 		{"DDP and RDMA headers", TerminateFields{Code: RDMAPInvalidSTag, SegmentLengthValid: true, DDPSegmentLength: 46, DDPHeader: rreq[:18], RDMAHeader: rreq[18:]}, 4 + 2 + 18 + 28},
 		{"D without M", TerminateFields{Code: DDPUntaggedInvalidQN, DDPHeader: rreq[:18]}, 4 + 2 + 18},
+		{"datagram Write-Record header", TerminateFields{Code: DDPTaggedInvalidSTag, SegmentLengthValid: true, DDPSegmentLength: 39,
+			DDPHeader: dgmWriteRecord(WriteRecordFields{Last: true, MSN: 7}, nil)}, 4 + 2 + 34},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if n := TerminateSize(&tc.f); n != tc.size {

@@ -17,7 +17,7 @@ import (
 // The control word is Layer(4) EType(4) ECode(8) M D R Rsvd(13). The
 // DDP Segment Length is present whenever D is set (valid only if M is),
 // followed by the offending segment's DDP header, 14 bytes if its T bit is
-// set and 18 if not. R adds the 28-byte header of the RDMA Read Request the
+// set and 18 if not (34 for a datagram Write-Record header). R adds the 28-byte header of the RDMA Read Request the
 // error concerns. On datagram QPs the same message is the seed's error
 // message: it reports without tearing anything down.
 type Terminate []byte
@@ -37,7 +37,8 @@ type TerminateFields struct {
 	// SegmentLengthValid is the M flag: DDPSegmentLength is meaningful.
 	SegmentLengthValid bool
 	DDPSegmentLength   uint16
-	// DDPHeader is the terminated DDP header (14 or 18 bytes); nil leaves D clear.
+	// DDPHeader is the terminated DDP header (14, 18, or 34 bytes for a
+	// datagram Write-Record header); nil leaves D clear.
 	DDPHeader []byte
 	// RDMAHeader is the terminated Read Request header (28 bytes); nil leaves R clear.
 	RDMAHeader []byte
@@ -80,11 +81,18 @@ func (t Terminate) RDMAHeader() ReadRequest {
 	return ReadRequest(t[off : off+ReadRequestSize])
 }
 
+// echoedDDPSize is the size of a terminated DDP header, read from its own
+// control byte: 18 untagged, 14 tagged, and 34 for a datagram-profile
+// Write-Record header, so an error message names the message's MSN and MO.
 func echoedDDPSize(ctrl byte) int {
-	if DDPControl(ctrl).Tagged() {
-		return DDPTaggedHeaderSize
+	c := DDPControl(ctrl)
+	switch {
+	case !c.Tagged():
+		return DDPUntaggedHeaderSize
+	case c.WriteRecord() && c.Version() == DatagramDDPVersion:
+		return WriteRecordHeaderSize
 	}
-	return DDPUntaggedHeaderSize
+	return DDPTaggedHeaderSize
 }
 
 // TerminateSize returns the encoded size of f.
@@ -100,7 +108,7 @@ func TerminateSize(f *TerminateFields) int {
 func AppendTerminate(b []byte, f *TerminateFields) ([]byte, error) {
 	if f.DDPHeader != nil {
 		if len(f.DDPHeader) < 1 || len(f.DDPHeader) != echoedDDPSize(f.DDPHeader[0]) {
-			return b, fieldErr("Terminate", "terminated DDP header length", uint64(len(f.DDPHeader)), "14 (tagged) or 18 (untagged), matching its T bit", ErrOffset, 0)
+			return b, fieldErr("Terminate", "terminated DDP header length", uint64(len(f.DDPHeader)), "14 (tagged), 18 (untagged) or 34 (Write-Record), matching its control byte", ErrOffset, 0)
 		}
 	}
 	if f.RDMAHeader != nil && len(f.RDMAHeader) != ReadRequestSize {
