@@ -31,8 +31,9 @@ func (t FrameType) String() string {
 }
 
 const (
-	// MaxDatagramSize is the largest UDP payload over IPv4 (65535 - 20 - 8).
-	MaxDatagramSize = 65507
+	// MaxDatagramSize is the largest UDP payload, over IPv6 without
+	// jumbograms (65535 - 8); IPv4 carries at most 65507 (65535 - 20 - 8).
+	MaxDatagramSize = 65527
 	// MinDatagramSize is a frame-type byte plus the CRC trailer.
 	MinDatagramSize = 1 + CRCSize
 )
@@ -43,7 +44,7 @@ func Classify(b []byte) (FrameType, error) {
 		return 0, truncated("datagram", len(b), MinDatagramSize, DDPLocalCatastrophic)
 	}
 	if len(b) > MaxDatagramSize {
-		return 0, fieldErr("datagram", "length", uint64(len(b)), "<= 65507 bytes", ErrTooLong, DDPLocalCatastrophic)
+		return 0, fieldErr("datagram", "length", uint64(len(b)), "<= 65527 bytes", ErrTooLong, DDPLocalCatastrophic)
 	}
 	switch t := FrameType(b[0] & 3); t {
 	case FrameUD, FrameRD:

@@ -1,0 +1,59 @@
+package qp
+
+import (
+	"fmt"
+	"net/netip"
+	"sync/atomic"
+
+	"github.com/udiwarp/udiwarp/udiwarp"
+	"golang.org/x/sys/unix"
+)
+
+// MulticastQPN is the destination QP number of a datagram sent to a
+// multicast group: every QP of the receiving socket that joined the group
+// gets a copy (InfiniBand uses the same all-ones QPN).
+const MulticastQPN = udiwarp.MaxQPN
+
+// AH is an address handle: where a UD work request goes (seed 003). It
+// holds the peer's IP:port and QP number, and numbers the messages sent
+// through it.
+type AH struct {
+	pd   *PD
+	addr netip.AddrPort
+	qpn  uint32
+	sa4  unix.RawSockaddrInet4
+	sa6  unix.RawSockaddrInet6 // also used for IPv4 peers of an IPv6 socket
+	msn  atomic.Uint32
+}
+
+// CreateAH makes an address handle for the QP qpn at addr. For a
+// multicast group address, qpn must be MulticastQPN.
+func (pd *PD) CreateAH(addr netip.AddrPort, qpn uint32) (*AH, error) {
+	if !addr.IsValid() || addr.Port() == 0 {
+		return nil, fmt.Errorf("%w: address handle for %v", ErrInvalidAttr, addr)
+	}
+	if addr.Addr().IsMulticast() != (qpn == MulticastQPN) {
+		return nil, fmt.Errorf("%w: address %v with QP number %#x: multicast groups take MulticastQPN and only they", ErrInvalidAttr, addr, qpn)
+	}
+	if qpn == 0 || qpn > udiwarp.MaxQPN {
+		return nil, fmt.Errorf("%w: QP number %d, want 1..%d", ErrInvalidAttr, qpn, udiwarp.MaxQPN)
+	}
+	a := addr.Addr().Unmap()
+	ah := &AH{pd: pd, addr: netip.AddrPortFrom(a, addr.Port()), qpn: qpn}
+	port := addr.Port()
+	if a.Is4() {
+		ah.sa4.Family = unix.AF_INET
+		ah.sa4.Addr = a.As4()
+		ah.sa4.Port = port<<8 | port>>8
+	}
+	ah.sa6.Family = unix.AF_INET6
+	ah.sa6.Addr = netip.AddrFrom16(a.As16()).As16() // IPv4 peers as ::ffff:a.b.c.d
+	ah.sa6.Port = port<<8 | port>>8
+	return ah, nil
+}
+
+// Addr returns the peer's address.
+func (ah *AH) Addr() netip.AddrPort { return ah.addr }
+
+// QPN returns the peer's QP number.
+func (ah *AH) QPN() uint32 { return ah.qpn }

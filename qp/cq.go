@@ -1,0 +1,177 @@
+package qp
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+)
+
+// CQ is a completion queue of fixed depth (ibv_cq). Poll never blocks and
+// never allocates. A CQ that would overflow does not overwrite: it stops
+// accepting, counts what it refused, and raises an AsyncCQOverflow event.
+type CQ struct {
+	dev  *Device
+	mu   sync.Mutex
+	ring []WorkCompletion
+	head int // next to poll
+	n    int // entries held
+
+	overflowed atomic.Bool
+	dropped    atomic.Uint64
+
+	// count mirrors n for lock-free emptiness checks by pollers.
+	count atomic.Int32
+	// wake is signalled whenever an entry is added and someone waits.
+	wake    chan struct{}
+	waiters atomic.Int32
+
+	// Notification channel (ibv_req_notify_cq): armed once, fires once.
+	notifyMu  sync.Mutex
+	armed     int8 // 0 off, 1 any, 2 solicited only
+	notify    chan struct{}
+	progress  func() // busy-poll mode: drive the device when empty
+	destroyed bool
+}
+
+// CreateCQ makes a completion queue that holds depth entries.
+func (d *Device) CreateCQ(depth int) (*CQ, error) {
+	if depth <= 0 || depth > d.cfg.MaxCQE {
+		return nil, fmt.Errorf("%w: CQ depth %d, want 1..%d", ErrInvalidAttr, depth, d.cfg.MaxCQE)
+	}
+	if d.closed.Load() {
+		return nil, ErrClosed
+	}
+	cq := &CQ{dev: d, ring: make([]WorkCompletion, depth), wake: make(chan struct{}, 1), notify: make(chan struct{}, 1)}
+	if d.cfg.Poll == PollBusy {
+		cq.progress = d.progressOnce
+	}
+	return cq, nil
+}
+
+// Depth returns the number of entries the CQ holds.
+func (cq *CQ) Depth() int { return len(cq.ring) }
+
+// Overflowed reports whether the CQ refused a completion; once it has, it
+// accepts no more.
+func (cq *CQ) Overflowed() bool { return cq.overflowed.Load() }
+
+// push adds a completion. It reports false when the CQ is full or has
+// overflowed; the completion is then lost and counted.
+func (cq *CQ) push(wc *WorkCompletion) bool {
+	cq.mu.Lock()
+	if cq.overflowed.Load() || cq.n == len(cq.ring) {
+		first := !cq.overflowed.Swap(true)
+		cq.mu.Unlock()
+		cq.dropped.Add(1)
+		if first {
+			cq.dev.raise(AsyncEvent{Type: AsyncCQOverflow, CQ: cq})
+		}
+		return false
+	}
+	i := cq.head + cq.n
+	if i >= len(cq.ring) {
+		i -= len(cq.ring)
+	}
+	cq.ring[i] = *wc
+	cq.n++
+	cq.count.Store(int32(cq.n))
+	cq.mu.Unlock()
+	if cq.waiters.Load() > 0 {
+		select {
+		case cq.wake <- struct{}{}:
+		default:
+		}
+	}
+	cq.fire(wc.Solicited)
+	return true
+}
+
+func (cq *CQ) fire(solicited bool) {
+	cq.notifyMu.Lock()
+	if cq.armed == 1 || (cq.armed == 2 && solicited) {
+		cq.armed = 0
+		select {
+		case cq.notify <- struct{}{}:
+		default:
+		}
+	}
+	cq.notifyMu.Unlock()
+}
+
+// Poll moves up to len(wcs) completions into wcs and returns how many. It
+// never blocks. On a busy-poll device an empty CQ first drives the
+// device's receive path once in the caller's goroutine.
+func (cq *CQ) Poll(wcs []WorkCompletion) int {
+	if cq.count.Load() == 0 {
+		if cq.progress == nil {
+			return 0
+		}
+		cq.progress()
+		if cq.count.Load() == 0 {
+			return 0
+		}
+	}
+	cq.mu.Lock()
+	k := min(len(wcs), cq.n)
+	for j := 0; j < k; j++ {
+		wcs[j] = cq.ring[cq.head]
+		if q := wcs[j].srqQP; q != nil {
+			if q.srqHeld.Add(-1) < int32(q.attr.SRQLimit) {
+				q.srqOverdrawn.Store(false)
+			}
+			wcs[j].srqQP = nil
+			cq.ring[cq.head].srqQP = nil
+		}
+		cq.head++
+		if cq.head == len(cq.ring) {
+			cq.head = 0
+		}
+	}
+	cq.n -= k
+	cq.count.Store(int32(cq.n))
+	cq.mu.Unlock()
+	return k
+}
+
+// Wait blocks until the CQ holds a completion or ctx ends.
+func (cq *CQ) Wait(ctx context.Context) error {
+	if cq.count.Load() > 0 {
+		return nil
+	}
+	cq.waiters.Add(1)
+	defer cq.waiters.Add(-1)
+	for cq.count.Load() == 0 {
+		if cq.dev.closed.Load() {
+			return ErrClosed
+		}
+		select {
+		case <-cq.wake:
+		case <-cq.dev.done:
+			return ErrClosed
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// RequestNotify arms the notification channel for the next completion, or
+// for the next solicited one (ibv_req_notify_cq). The channel C receives
+// once per arming.
+func (cq *CQ) RequestNotify(solicitedOnly bool) {
+	cq.notifyMu.Lock()
+	if solicitedOnly {
+		cq.armed = 2
+	} else {
+		cq.armed = 1
+	}
+	cq.notifyMu.Unlock()
+}
+
+// C is the completion channel: it receives after RequestNotify once a
+// matching completion arrives.
+func (cq *CQ) C() <-chan struct{} { return cq.notify }
+
+// Dropped returns how many completions the CQ refused after it overflowed.
+func (cq *CQ) Dropped() uint64 { return cq.dropped.Load() }

@@ -1,0 +1,277 @@
+package qp
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/udiwarp/udiwarp/udiwarp"
+	"golang.org/x/sys/unix"
+)
+
+// PollMode is how a device waits for datagrams: what RDMA users know as
+// completion channels (event) versus polling the CQ (busy).
+type PollMode uint8
+
+const (
+	// PollEvent parks receive goroutines in Go's netpoller; they wake on data.
+	PollEvent PollMode = iota
+	// PollBusy never parks: CQ.Poll receives in the caller's goroutine when
+	// its CQ is empty, and, with BusyPollThread, a goroutine locked to an OS
+	// thread spins on non-blocking receives.
+	PollBusy
+)
+
+func (m PollMode) String() string {
+	if m == PollBusy {
+		return "busy"
+	}
+	return "event"
+}
+
+// DeviceConfig sets a device's limits and modes. The zero value is usable.
+type DeviceConfig struct {
+	Poll PollMode
+	// BusyPollThread adds, in PollBusy mode, a goroutine locked to an OS
+	// thread that spins on non-blocking receives, so progress does not
+	// depend on the application polling. It costs a core.
+	BusyPollThread bool
+	MaxMR          int // memory regions; default 65535
+	MaxQP          int // queue pairs; default 4096
+	MaxCQE         int // largest CQ; default 1<<20
+	// RecvBatch is the number of datagrams one recvmmsg reads; default 32.
+	RecvBatch int
+	// RecvBuffer and SendBuffer size the sockets' kernel buffers (bytes);
+	// default 8 MiB and 4 MiB. As root the receive size is forced past
+	// net.core.rmem_max (SO_RCVBUFFORCE).
+	RecvBuffer, SendBuffer int
+	// Impair, if set, runs every datagram this device sends through an
+	// impairment layer (loss, reordering, duplication, delay, corruption).
+	Impair *Impairment
+}
+
+func (c *DeviceConfig) fill() {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&c.MaxMR, 65535)
+	def(&c.MaxQP, 4096)
+	def(&c.MaxCQE, 1<<20)
+	def(&c.RecvBatch, 32)
+	def(&c.RecvBuffer, 8<<20)
+	def(&c.SendBuffer, 4<<20)
+	if c.MaxMR > 1<<24-1 {
+		c.MaxMR = 1<<24 - 1
+	}
+	if c.MaxQP > udiwarp.MaxQPN-1 {
+		c.MaxQP = udiwarp.MaxQPN - 1
+	}
+}
+
+// Device is a software RNIC: it owns UDP sockets, their receive loops and
+// datamovers, and the tables of MRs and QPs. Close stops every goroutine it
+// started and closes every socket.
+type Device struct {
+	cfg    DeviceConfig
+	mrs    *mrTable
+	qps    []atomic.Pointer[QP]
+	qpMu   sync.Mutex
+	qpNext uint32
+	pdNext atomic.Uint32
+
+	mu      sync.Mutex
+	sockets []*Socket
+
+	events       chan AsyncEvent
+	eventsLost   atomic.Uint64
+	closed       atomic.Bool
+	done         chan struct{}
+	wg           sync.WaitGroup
+	stats        Stats
+	progressBusy atomic.Bool
+}
+
+// Open creates a device.
+func Open(cfg DeviceConfig) (*Device, error) {
+	cfg.fill()
+	if cfg.Impair != nil {
+		if err := cfg.Impair.validate(); err != nil {
+			return nil, err
+		}
+	}
+	d := &Device{
+		cfg:    cfg,
+		mrs:    newMRTable(cfg.MaxMR),
+		qps:    make([]atomic.Pointer[QP], cfg.MaxQP+1),
+		qpNext: 1,
+		events: make(chan AsyncEvent, 256),
+		done:   make(chan struct{}),
+	}
+	if cfg.Poll == PollBusy && cfg.BusyPollThread {
+		d.wg.Add(1)
+		go d.busyLoop()
+	}
+	return d, nil
+}
+
+// Config returns the device's configuration with defaults filled in.
+func (d *Device) Config() DeviceConfig { return d.cfg }
+
+// AllocPD creates a protection domain.
+func (d *Device) AllocPD() *PD { return &PD{dev: d, id: d.pdNext.Add(1)} }
+
+// Events delivers asynchronous events: CQ overflow, SRQ limits, error
+// messages from peers. Events that find the channel full are counted in
+// Stats().EventsLost, never waited for.
+func (d *Device) Events() <-chan AsyncEvent { return d.events }
+
+func (d *Device) raise(e AsyncEvent) {
+	select {
+	case d.events <- e:
+	default:
+		d.eventsLost.Add(1)
+	}
+}
+
+// Close stops the device: every socket is closed, every goroutine the
+// device started has returned, and every QP is in ERROR with its
+// outstanding work requests flushed.
+func (d *Device) Close() error {
+	if d.closed.Swap(true) {
+		return nil
+	}
+	close(d.done)
+	d.mu.Lock()
+	socks := d.sockets
+	d.sockets = nil
+	d.mu.Unlock()
+	for _, s := range socks {
+		s.close()
+	}
+	d.wg.Wait()
+	for i := range d.qps {
+		if q := d.qps[i].Load(); q != nil {
+			q.toError()
+		}
+	}
+	if d.cfg.Impair != nil {
+		d.cfg.Impair.stop()
+	}
+	return nil
+}
+
+// BindOption changes how Bind opens its socket.
+type BindOption func(*net.ListenConfig)
+
+// ReuseAddr sets SO_REUSEADDR, so that several sockets (of one or several
+// devices) can bind one multicast port and each receive the group's
+// datagrams.
+func ReuseAddr() BindOption {
+	return func(lc *net.ListenConfig) {
+		lc.Control = func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			err := c.Control(func(fd uintptr) {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+			})
+			if err != nil {
+				return err
+			}
+			return serr
+		}
+	}
+}
+
+// Bind opens a UDP socket on address ("127.0.0.1:0", "[::1]:7471", …)
+// for datagram QPs; network is "udp", "udp4" or "udp6". Several QPs may
+// share one socket.
+func (d *Device) Bind(network, address string, opts ...BindOption) (*Socket, error) {
+	if d.closed.Load() {
+		return nil, ErrClosed
+	}
+	var lc net.ListenConfig
+	for _, o := range opts {
+		o(&lc)
+	}
+	pc, err := lc.ListenPacket(context.Background(), network, address)
+	if err != nil {
+		return nil, err
+	}
+	conn, ok := pc.(*net.UDPConn)
+	if !ok {
+		pc.Close()
+		return nil, fmt.Errorf("%w: network %q is not UDP", ErrInvalidAttr, network)
+	}
+	s, err := newSocket(d, conn)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	d.mu.Lock()
+	if d.closed.Load() {
+		d.mu.Unlock()
+		s.close()
+		return nil, ErrClosed
+	}
+	d.sockets = append(d.sockets, s)
+	d.mu.Unlock()
+	s.start()
+	return s, nil
+}
+
+// progressOnce runs one non-blocking receive pass over the device's
+// sockets in the caller's goroutine (busy-poll mode).
+func (d *Device) progressOnce() {
+	d.mu.Lock()
+	socks := d.sockets
+	d.mu.Unlock()
+	for _, s := range socks {
+		s.pollOnce()
+	}
+}
+
+// busyLoop spins on non-blocking receives on a locked OS thread.
+func (d *Device) busyLoop() {
+	defer d.wg.Done()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	for !d.closed.Load() {
+		d.progressOnce()
+	}
+}
+
+func (d *Device) lookupQP(qpn uint32) *QP {
+	if qpn == 0 || int(qpn) >= len(d.qps) {
+		return nil
+	}
+	return d.qps[qpn].Load()
+}
+
+func (d *Device) addQP(q *QP) error {
+	d.qpMu.Lock()
+	defer d.qpMu.Unlock()
+	for range len(d.qps) - 1 {
+		n := d.qpNext
+		d.qpNext++
+		if int(d.qpNext) >= len(d.qps) {
+			d.qpNext = 1
+		}
+		if d.qps[n].Load() == nil {
+			q.num = n
+			d.qps[n].Store(q)
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: %d queue pairs", ErrTooMany, len(d.qps)-1)
+}
+
+func (d *Device) removeQP(q *QP) {
+	d.qpMu.Lock()
+	d.qps[q.num].CompareAndSwap(q, nil)
+	d.qpMu.Unlock()
+}

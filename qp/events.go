@@ -1,0 +1,124 @@
+package qp
+
+import (
+	"fmt"
+	"net/netip"
+	"sync/atomic"
+
+	"github.com/udiwarp/udiwarp/udiwarp"
+)
+
+// AsyncEventType names an asynchronous event (ibv_event_type).
+type AsyncEventType uint8
+
+const (
+	// AsyncCQOverflow: a CQ was full and refused a completion; it accepts no more.
+	AsyncCQOverflow AsyncEventType = iota + 1
+	// AsyncSRQLimit: an SRQ fell below the armed low watermark (fires once per arming).
+	AsyncSRQLimit
+	// AsyncSRQOverdraft: a QP tried to take more SRQ receives than its limit;
+	// the message was dropped.
+	AsyncSRQOverdraft
+	// AsyncRemoteError: a peer sent an error message about a message of ours.
+	AsyncRemoteError
+	// AsyncQPFatal: a QP entered ERROR.
+	AsyncQPFatal
+)
+
+func (t AsyncEventType) String() string {
+	switch t {
+	case AsyncCQOverflow:
+		return "CQ overflow"
+	case AsyncSRQLimit:
+		return "SRQ limit reached"
+	case AsyncSRQOverdraft:
+		return "SRQ per-QP limit exceeded"
+	case AsyncRemoteError:
+		return "remote error message"
+	case AsyncQPFatal:
+		return "QP fatal"
+	}
+	return fmt.Sprintf("async event %d", uint8(t))
+}
+
+// AsyncEvent is one asynchronous event.
+type AsyncEvent struct {
+	Type AsyncEventType
+	CQ   *CQ
+	QP   *QP
+	SRQ  *SRQ
+	// For AsyncRemoteError: who reported it, the error, and the MSN of the
+	// message it concerns (from the echoed header, when there is one).
+	Source    netip.AddrPort
+	SourceQPN uint32
+	Code      udiwarp.ErrorCode
+	MSN       uint32
+}
+
+func (e AsyncEvent) String() string {
+	switch e.Type {
+	case AsyncRemoteError:
+		return fmt.Sprintf("%v from %v QP %d: %v (MSN %d)", e.Type, e.Source, e.SourceQPN, e.Code, e.MSN)
+	}
+	return e.Type.String()
+}
+
+// Stats are a device's counters. Every datagram that arrives is counted
+// once as delivered or under the reason it was dropped.
+type Stats struct {
+	RxDatagrams atomic.Uint64 // datagrams read from sockets
+	RxDelivered atomic.Uint64 // messages placed and completed
+	RxMulticast atomic.Uint64 // copies delivered to multicast member QPs
+
+	RxTruncated    atomic.Uint64 // shorter than the headers they declare
+	RxTooLong      atomic.Uint64 // longer than the frame allows
+	RxBadCRC       atomic.Uint64
+	RxBadVersion   atomic.Uint64 // DV, RV or frame type
+	RxBadHeader    atomic.Uint64 // reserved bits, queue, offsets, L flag
+	RxBadOpcode    atomic.Uint64 // unknown or not valid on this QP type
+	RxUnknownQP    atomic.Uint64 // no such destination QP
+	RxQPState      atomic.Uint64 // destination QP not in RTR or RTS
+	RxNoRecv       atomic.Uint64 // no receive posted (RQ or SRQ empty)
+	RxSRQOverdraft atomic.Uint64 // a QP over its SRQ limit
+	RxRecvTooSmall atomic.Uint64 // message longer than the posted receive
+	RxRecvProt     atomic.Uint64 // posted receive names bad memory
+	RxRemoteErrors atomic.Uint64 // error messages received
+	RxRDFrames     atomic.Uint64 // RD frames without an RD layer on this socket
+
+	TxDatagrams atomic.Uint64
+	TxDirect    atomic.Uint64 // sent in the poster's goroutine
+	TxQueued    atomic.Uint64 // handed to the datamover
+	TxParked    atomic.Uint64 // times a socket was full
+	TxErrors    atomic.Uint64 // sendmsg failures other than a full socket
+	TxImpaired  atomic.Uint64 // dropped, duplicated, delayed or corrupted by the impairment layer
+	EventsLost  atomic.Uint64
+}
+
+// Stats returns the device's counters.
+func (d *Device) Stats() *Stats {
+	d.stats.EventsLost.Store(d.eventsLost.Load())
+	return &d.stats
+}
+
+// countRx files a parse failure under its reason.
+func (s *Stats) countRx(err error) {
+	fe, _ := err.(*udiwarp.FieldError)
+	var sentinel error
+	if fe != nil {
+		sentinel = fe.Err
+	}
+	switch sentinel {
+	case udiwarp.ErrTruncated:
+		s.RxTruncated.Add(1)
+	case udiwarp.ErrTooLong:
+		s.RxTooLong.Add(1)
+	case udiwarp.ErrCRC:
+		s.RxBadCRC.Add(1)
+	case udiwarp.ErrVersion, udiwarp.ErrFrameType:
+		s.RxBadVersion.Add(1)
+	case udiwarp.ErrOpcode:
+		s.RxBadOpcode.Add(1)
+	default:
+		s.RxBadHeader.Add(1)
+	}
+}

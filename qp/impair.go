@@ -1,0 +1,153 @@
+package qp
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// Impairment is a lossy link in software: every datagram a device sends
+// passes through it and may be dropped, corrupted, duplicated, held back
+// behind the next one (reordered) or delayed, as drawn from a seeded
+// generator, so a run can be repeated. Tests and udperf -loss use it where
+// netem is not available; it sits below the whole stack, so the real code
+// runs through it.
+type Impairment struct {
+	Seed      uint64
+	Loss      float64       // probability a datagram is dropped
+	Corrupt   float64       // probability one bit of it is flipped
+	Duplicate float64       // probability it is sent twice
+	Reorder   float64       // probability it is held back until after the next one
+	Delay     time.Duration // every datagram is delayed this long, plus
+	Jitter    time.Duration // a uniform extra delay in [0, Jitter)
+
+	mu      sync.Mutex
+	rng     *rand.Rand
+	held    *impaired
+	timers  map[*time.Timer]struct{}
+	wg      sync.WaitGroup
+	stopped bool
+
+	Dropped, Corrupted, Duplicated, Reordered, Delayed atomic.Uint64
+}
+
+type impaired struct {
+	s    *Socket
+	b    []byte
+	addr netip.AddrPort
+}
+
+func (im *Impairment) validate() error {
+	for _, p := range []float64{im.Loss, im.Corrupt, im.Duplicate, im.Reorder} {
+		if p < 0 || p > 1 {
+			return fmt.Errorf("%w: impairment probability %v, want [0, 1]", ErrInvalidAttr, p)
+		}
+	}
+	if im.Delay < 0 || im.Jitter < 0 {
+		return fmt.Errorf("%w: negative impairment delay", ErrInvalidAttr)
+	}
+	im.rng = rand.New(rand.NewPCG(im.Seed, im.Seed^0x9e3779b97f4a7c15))
+	im.timers = map[*time.Timer]struct{}{}
+	return nil
+}
+
+// send takes the datagram t has built, copied out of the registered memory.
+func (im *Impairment) send(s *Socket, t *txCtx) {
+	n := 0
+	for i := 0; i < int(t.msg.Iovlen); i++ {
+		n += int(t.iov[i].Len)
+	}
+	b := make([]byte, 0, n)
+	for i := 0; i < int(t.msg.Iovlen); i++ {
+		b = append(b, unsafe.Slice(t.iov[i].Base, t.iov[i].Len)...)
+	}
+	addr := t.ah.addr
+	if s.v6 && addr.Addr().Is4() {
+		addr = netip.AddrPortFrom(netip.AddrFrom16(addr.Addr().As16()), addr.Port())
+	}
+	d := s.dev
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	if im.stopped {
+		return
+	}
+	r := im.rng
+	if r.Float64() < im.Loss {
+		im.Dropped.Add(1)
+		d.stats.TxImpaired.Add(1)
+		return
+	}
+	if r.Float64() < im.Corrupt {
+		b[r.IntN(len(b))] ^= 1 << r.IntN(8)
+		im.Corrupted.Add(1)
+		d.stats.TxImpaired.Add(1)
+	}
+	copies := 1
+	if r.Float64() < im.Duplicate {
+		copies = 2
+		im.Duplicated.Add(1)
+		d.stats.TxImpaired.Add(1)
+	}
+	p := &impaired{s: s, b: b, addr: addr}
+	if im.held == nil && r.Float64() < im.Reorder {
+		im.held = p
+		im.Reordered.Add(1)
+		d.stats.TxImpaired.Add(1)
+		if copies == 2 {
+			im.emitLocked(p)
+		}
+		return
+	}
+	for range copies {
+		im.emitLocked(p)
+	}
+	if h := im.held; h != nil {
+		im.held = nil
+		im.emitLocked(h)
+	}
+}
+
+// emitLocked sends p now, or after the configured delay.
+func (im *Impairment) emitLocked(p *impaired) {
+	delay := im.Delay
+	if im.Jitter > 0 {
+		delay += time.Duration(im.rng.Int64N(int64(im.Jitter)))
+	}
+	if delay <= 0 {
+		_, _ = p.s.conn.WriteToUDPAddrPort(p.b, p.addr)
+		return
+	}
+	im.Delayed.Add(1)
+	im.wg.Add(1)
+	var t *time.Timer
+	t = time.AfterFunc(delay, func() {
+		defer im.wg.Done()
+		im.mu.Lock()
+		delete(im.timers, t)
+		stopped := im.stopped
+		im.mu.Unlock()
+		if !stopped {
+			_, _ = p.s.conn.WriteToUDPAddrPort(p.b, p.addr)
+		}
+	})
+	im.timers[t] = struct{}{}
+}
+
+// stop cancels pending delayed datagrams and waits for any being sent.
+func (im *Impairment) stop() {
+	im.mu.Lock()
+	im.stopped = true
+	im.held = nil
+	for t := range im.timers {
+		if t.Stop() {
+			im.wg.Done()
+		}
+		delete(im.timers, t)
+	}
+	im.mu.Unlock()
+	im.wg.Wait()
+}

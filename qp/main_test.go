@@ -1,0 +1,105 @@
+package qp
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// node is one side of a test: a device with a socket, a PD, a CQ, a UD QP
+// in RTS and a registered buffer.
+type node struct {
+	t    testing.TB
+	dev  *Device
+	sock *Socket
+	pd   *PD
+	cq   *CQ
+	qp   *QP
+	mr   *MR
+	buf  []byte
+}
+
+func newNode(t testing.TB, cfg DeviceConfig, network, addr string) *node {
+	t.Helper()
+	dev, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Close() })
+	sock, err := dev.Bind(network, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &node{t: t, dev: dev, sock: sock, pd: dev.AllocPD(), buf: make([]byte, 1<<20)}
+	if n.cq, err = dev.CreateCQ(4096); err != nil {
+		t.Fatal(err)
+	}
+	if n.mr, err = n.pd.RegisterMemory(n.buf, AccessLocalWrite); err != nil {
+		t.Fatal(err)
+	}
+	n.qp = n.newQP(QPAttr{Type: UD, SendCQ: n.cq, RecvCQ: n.cq, Caps: QPCaps{MaxSendWR: 1024, MaxRecvWR: 1024}})
+	return n
+}
+
+// newQP creates a QP on the node's socket and brings it to RTS.
+func (n *node) newQP(attr QPAttr) *QP {
+	n.t.Helper()
+	q, err := n.pd.CreateQP(attr)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	for _, st := range []ModifyAttr{{State: StateInit, Socket: n.sock}, {State: StateRTR}, {State: StateRTS}} {
+		if err := q.Modify(st); err != nil {
+			n.t.Fatal(err)
+		}
+	}
+	return q
+}
+
+func (n *node) ah(to *node, q *QP) *AH {
+	n.t.Helper()
+	ah, err := n.pd.CreateAH(to.sock.LocalAddr(), q.QPN())
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return ah
+}
+
+// wait polls cq until it has k completions or a deadline passes.
+func waitWC(t testing.TB, cq *CQ, k int) []WorkCompletion {
+	t.Helper()
+	out := make([]WorkCompletion, 0, k)
+	wcs := make([]WorkCompletion, 64)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for len(out) < k {
+		n := cq.Poll(wcs[:min(len(wcs), k-len(out))])
+		out = append(out, wcs[:n]...)
+		if n == 0 {
+			if err := cq.Wait(ctx); err != nil {
+				t.Fatalf("waiting for %d completions, have %d: %v", k, len(out), err)
+			}
+		}
+	}
+	return out
+}
+
+// quiet checks that cq stays empty for a moment.
+func quiet(t testing.TB, cq *CQ) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := cq.Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		var wc [1]WorkCompletion
+		cq.Poll(wc[:])
+		t.Fatalf("unexpected completion %+v", wc[0])
+	}
+}
+
+var loop4 = netip.MustParseAddr("127.0.0.1")

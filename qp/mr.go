@@ -1,0 +1,198 @@
+package qp
+
+import (
+	"crypto/rand"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
+
+// Access is the set of rights a memory region grants.
+type Access uint8
+
+const (
+	AccessLocalWrite  Access = 1 << iota // receives and Read Responses may write it
+	AccessRemoteWrite                    // peers may RDMA Write / Write-Record into it
+	AccessRemoteRead                     // peers may RDMA Read it
+)
+
+func (a Access) String() string {
+	s := ""
+	for _, f := range []struct {
+		bit  Access
+		name string
+	}{{AccessLocalWrite, "local-write"}, {AccessRemoteWrite, "remote-write"}, {AccessRemoteRead, "remote-read"}} {
+		if a&f.bit != 0 {
+			if s != "" {
+				s += "|"
+			}
+			s += f.name
+		}
+	}
+	if s == "" {
+		return "local-read"
+	}
+	return s
+}
+
+// PD is a protection domain: MRs, QPs and AHs of one PD work together only.
+type PD struct {
+	dev *Device
+	id  uint32
+}
+
+// MR is a registered memory region. Its STag (both the lkey and the rkey)
+// is a 24-bit table index and an 8-bit key that is random and differs on
+// every registration, so a stale STag never reaches new memory.
+type MR struct {
+	pd     *PD
+	buf    []byte
+	base   uint64 // the region's address space starts here (its first byte's address)
+	stag   uint32
+	access Access
+	// mu guards placement: every copy into or out of buf holds it shared,
+	// and Deregister takes it exclusively, so it returns only once no copy
+	// can still be running.
+	mu    sync.RWMutex
+	valid bool
+}
+
+// STag returns the steering tag, used as lkey in SGEs and as rkey by peers.
+func (m *MR) STag() uint32 { return m.stag }
+
+// LKey and RKey are the STag under the names verbs users know.
+func (m *MR) LKey() uint32 { return m.stag }
+func (m *MR) RKey() uint32 { return m.stag }
+
+// Addr is the address of the region's first byte: SGE addresses and
+// tagged offsets are in this space, as in verbs.
+func (m *MR) Addr() uint64 { return m.base }
+
+// Len is the region's length in bytes.
+func (m *MR) Len() int { return len(m.buf) }
+
+// Access returns the rights the region grants.
+func (m *MR) Access() Access { return m.access }
+
+// Bytes returns the registered buffer.
+func (m *MR) Bytes() []byte { return m.buf }
+
+// SGE returns a scatter-gather element for buf[off : off+n].
+func (m *MR) SGE(off, n int) SGE {
+	return SGE{Addr: m.base + uint64(off), Length: uint32(n), LKey: m.stag}
+}
+
+// SGE is one piece of a scatter-gather list: Length bytes at address Addr
+// of the region whose lkey is LKey.
+type SGE struct {
+	Addr   uint64
+	Length uint32
+	LKey   uint32
+}
+
+// mrTable maps STag indexes to regions. Lookups are lock-free.
+type mrTable struct {
+	mu    sync.Mutex // serializes allocation
+	slots []atomic.Pointer[MR]
+	next  uint32
+	used  int
+}
+
+func newMRTable(n int) *mrTable {
+	return &mrTable{slots: make([]atomic.Pointer[MR], n+1), next: 1}
+}
+
+// lookup returns the valid region whose STag is stag, or nil.
+func (t *mrTable) lookup(stag uint32) *MR {
+	i := stag >> 8
+	if i == 0 || int(i) >= len(t.slots) {
+		return nil
+	}
+	m := t.slots[i].Load()
+	if m == nil || m.stag != stag {
+		return nil
+	}
+	return m
+}
+
+// RegisterMemory registers buf with the given access rights (ibv_reg_mr).
+// The buffer must not be empty. Remote write and remote read are granted
+// only with local write, as verbs require for remote write.
+func (pd *PD) RegisterMemory(buf []byte, access Access) (*MR, error) {
+	if len(buf) == 0 {
+		return nil, fmt.Errorf("%w: RegisterMemory of an empty buffer", ErrInvalidAttr)
+	}
+	if access&AccessRemoteWrite != 0 && access&AccessLocalWrite == 0 {
+		return nil, fmt.Errorf("%w: remote write access needs local write access (access %v)", ErrInvalidAttr, access)
+	}
+	d := pd.dev
+	if d.closed.Load() {
+		return nil, ErrClosed
+	}
+	t := d.mrs
+	var key [1]byte
+	_, _ = rand.Read(key[:])
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.used >= len(t.slots)-1 {
+		return nil, fmt.Errorf("%w: %d memory regions registered", ErrTooMany, t.used)
+	}
+	for t.slots[t.next].Load() != nil {
+		t.next++
+		if int(t.next) >= len(t.slots) {
+			t.next = 1
+		}
+	}
+	idx := t.next
+	t.next++
+	if int(t.next) >= len(t.slots) {
+		t.next = 1
+	}
+	m := &MR{pd: pd, buf: buf, base: uint64(uintptr(unsafe.Pointer(&buf[0]))), access: access, valid: true}
+	m.stag = idx<<8 | uint32(key[0])
+	t.slots[idx].Store(m)
+	t.used++
+	return m, nil
+}
+
+// Deregister removes the region (ibv_dereg_mr). It returns once no
+// placement into or copy out of the buffer can still happen; after that
+// the buffer is the caller's again. WRs still naming the region complete
+// with LocalProtectionError.
+func (m *MR) Deregister() error {
+	t := m.pd.dev.mrs
+	t.mu.Lock()
+	i := m.stag >> 8
+	if t.slots[i].Load() != m {
+		t.mu.Unlock()
+		return fmt.Errorf("%w: MR with STag %#08x is not registered", ErrNotFound, m.stag)
+	}
+	t.slots[i].Store(nil)
+	t.used--
+	t.mu.Unlock()
+	m.mu.Lock() // waits for every placement in progress
+	m.valid = false
+	m.mu.Unlock()
+	return nil
+}
+
+// resolve checks an SGE against the QP's PD and the access it needs and
+// returns the region, locked shared, and the byte range. The caller must
+// m.mu.RUnlock() when its copy is done.
+func (d *Device) resolve(pd *PD, s *SGE, need Access) (*MR, []byte, Status) {
+	m := d.mrs.lookup(s.LKey)
+	if m == nil || m.pd != pd || m.access&need != need {
+		return nil, nil, LocalProtectionError
+	}
+	off := s.Addr - m.base
+	if s.Addr < m.base || off > uint64(len(m.buf)) || uint64(s.Length) > uint64(len(m.buf))-off {
+		return nil, nil, LocalProtectionError
+	}
+	m.mu.RLock()
+	if !m.valid {
+		m.mu.RUnlock()
+		return nil, nil, LocalProtectionError
+	}
+	return m, m.buf[off : off+uint64(s.Length)], Success
+}

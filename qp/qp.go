@@ -1,0 +1,291 @@
+package qp
+
+import (
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+)
+
+// QPType is the transport service of a QP, the new input modifier of
+// QP creation that seed 003 calls for.
+type QPType uint8
+
+const (
+	UD QPType = iota + 1 // unreliable datagram over UDP
+	RD                   // reliable datagram over UDP (package reliability)
+	RC                   // reliable connection: TCP + MPA
+)
+
+func (t QPType) String() string {
+	switch t {
+	case UD:
+		return "UD"
+	case RD:
+		return "RD"
+	case RC:
+		return "RC"
+	}
+	return "QP type " + strconv.Itoa(int(t))
+}
+
+// QPState is a verbs QP state.
+type QPState uint32
+
+const (
+	StateReset QPState = iota
+	StateInit
+	StateRTR
+	StateRTS
+	StateError
+)
+
+func (s QPState) String() string {
+	switch s {
+	case StateReset:
+		return "RESET"
+	case StateInit:
+		return "INIT"
+	case StateRTR:
+		return "RTR"
+	case StateRTS:
+		return "RTS"
+	case StateError:
+		return "ERROR"
+	}
+	return "state " + strconv.Itoa(int(s))
+}
+
+// QPCaps are a QP's capacities.
+type QPCaps struct {
+	MaxSendWR  int // send queue depth; default 256
+	MaxRecvWR  int // receive queue depth (ignored with an SRQ); default 256
+	MaxSendSGE int // default 4, at most 16
+	MaxRecvSGE int // default 4, at most 16
+	MaxInline  int // largest inline send; default 256
+}
+
+const maxSGE = 16
+
+// QPAttr are the creation attributes of a QP.
+type QPAttr struct {
+	Type   QPType
+	SendCQ *CQ
+	RecvCQ *CQ
+	SRQ    *SRQ // receives come from this SRQ instead of the QP's own queue
+	Caps   QPCaps
+	// SRQLimit caps how many SRQ receives this QP may hold at once (taken
+	// and completed but not yet polled); 0 means no cap. Over it, a message
+	// is dropped, counted and reported with AsyncSRQOverdraft (seed 004).
+	SRQLimit int
+	// ReportErrors makes the QP tell the source of a message it had to drop
+	// (no receive posted, receive too small) with an error message naming
+	// the message's MSN (seed 003).
+	ReportErrors bool
+}
+
+// ModifyAttr moves a QP between states (ibv_modify_qp).
+type ModifyAttr struct {
+	State QPState
+	// Socket binds a datagram QP to its lower layer; needed to leave INIT.
+	Socket *Socket
+}
+
+// QP is a queue pair.
+type QP struct {
+	dev    *Device
+	pd     *PD
+	typ    QPType
+	num    uint32
+	sendCQ *CQ
+	recvCQ *CQ
+	srq    *SRQ
+	caps   QPCaps
+	attr   QPAttr
+
+	state atomic.Uint32
+	sock  atomic.Pointer[Socket]
+
+	// Send queue: WRs the datamover still has to send.
+	sqMu     sync.Mutex
+	sq       []sendWQE
+	sqHead   int
+	sqLen    int
+	inMover  bool
+	tx       txCtx
+	inlineSz int
+
+	// Receive queue (unused with an SRQ).
+	rqMu   sync.Mutex
+	rq     []recvWQE
+	rqHead int
+	rqLen  int
+
+	srqHeld      atomic.Int32 // SRQ receives held (seed 004 limit)
+	srqOverdrawn atomic.Bool
+}
+
+// CreateQP creates a QP in RESET.
+func (pd *PD) CreateQP(attr QPAttr) (*QP, error) {
+	d := pd.dev
+	if d.closed.Load() {
+		return nil, ErrClosed
+	}
+	c := attr.Caps
+	def := func(v *int, dv int) {
+		if *v <= 0 {
+			*v = dv
+		}
+	}
+	def(&c.MaxSendWR, 256)
+	def(&c.MaxRecvWR, 256)
+	def(&c.MaxSendSGE, 4)
+	def(&c.MaxRecvSGE, 4)
+	if c.MaxInline < 0 {
+		c.MaxInline = 0
+	} else if c.MaxInline == 0 {
+		c.MaxInline = 256
+	}
+	switch {
+	case attr.Type != UD:
+		return nil, fmt.Errorf("%w: QP type %v is not available yet (UD is)", ErrInvalidAttr, attr.Type)
+	case attr.SendCQ == nil || attr.RecvCQ == nil:
+		return nil, fmt.Errorf("%w: a QP needs a send CQ and a receive CQ", ErrInvalidAttr)
+	case attr.SendCQ.dev != d || attr.RecvCQ.dev != d || (attr.SRQ != nil && attr.SRQ.pd.dev != d):
+		return nil, fmt.Errorf("%w: CQ or SRQ of another device", ErrInvalidAttr)
+	case attr.SRQ != nil && attr.SRQ.pd != pd:
+		return nil, fmt.Errorf("%w: SRQ of another protection domain", ErrInvalidAttr)
+	case c.MaxSendSGE > maxSGE || c.MaxRecvSGE > maxSGE:
+		return nil, fmt.Errorf("%w: %d send / %d receive SGEs, at most %d", ErrInvalidAttr, c.MaxSendSGE, c.MaxRecvSGE, maxSGE)
+	case c.MaxSendWR > 1<<20 || c.MaxRecvWR > 1<<20 || c.MaxInline > 1<<16:
+		return nil, fmt.Errorf("%w: capacities %+v too large", ErrInvalidAttr, c)
+	case attr.SRQLimit < 0:
+		return nil, fmt.Errorf("%w: SRQ limit %d", ErrInvalidAttr, attr.SRQLimit)
+	}
+	attr.Caps = c
+	q := &QP{dev: d, pd: pd, typ: attr.Type, sendCQ: attr.SendCQ, recvCQ: attr.RecvCQ, srq: attr.SRQ, caps: c, attr: attr}
+	q.sq = make([]sendWQE, c.MaxSendWR)
+	q.inlineSz = c.MaxInline
+	inline := make([]byte, c.MaxSendWR*c.MaxInline)
+	for i := range q.sq {
+		q.sq[i].inline = inline[i*c.MaxInline : (i+1)*c.MaxInline : (i+1)*c.MaxInline]
+	}
+	if attr.SRQ == nil {
+		q.rq = make([]recvWQE, c.MaxRecvWR)
+	}
+	q.tx.init(q)
+	if err := d.addQP(q); err != nil {
+		return nil, err
+	}
+	return q, nil
+}
+
+// QPN returns the QP number peers address it by.
+func (q *QP) QPN() uint32 { return q.num }
+
+// Type returns the QP's transport service.
+func (q *QP) Type() QPType { return q.typ }
+
+// State returns the QP's current state.
+func (q *QP) State() QPState { return QPState(q.state.Load()) }
+
+// Caps returns the QP's capacities, defaults filled in.
+func (q *QP) Caps() QPCaps { return q.caps }
+
+// Socket returns the socket the QP is bound to, or nil.
+func (q *QP) Socket() *Socket { return q.sock.Load() }
+
+// Modify moves the QP to attr.State along the verbs transitions:
+// RESET→INIT→RTR→RTS, any state to RESET or ERROR, and INIT→INIT or
+// RTS→RTS to change attributes. A datagram QP needs a socket before it
+// leaves INIT: it cannot receive without one.
+func (q *QP) Modify(attr ModifyAttr) error {
+	if q.dev.closed.Load() {
+		return ErrClosed
+	}
+	if attr.Socket != nil && attr.Socket.dev != q.dev {
+		return fmt.Errorf("%w: socket of another device", ErrInvalidAttr)
+	}
+	q.sqMu.Lock()
+	defer q.sqMu.Unlock()
+	cur, next := q.State(), attr.State
+	ok := false
+	switch next {
+	case StateReset, StateError:
+		ok = true
+	case StateInit:
+		ok = cur == StateReset || cur == StateInit
+	case StateRTR:
+		ok = cur == StateInit
+	case StateRTS:
+		ok = cur == StateRTR || cur == StateRTS
+	}
+	if !ok {
+		return fmt.Errorf("%w: %v to %v is not a verbs transition", ErrQPState, cur, next)
+	}
+	if attr.Socket != nil {
+		if cur != StateReset && cur != StateInit {
+			return fmt.Errorf("%w: the socket is set in RESET or INIT, not %v", ErrQPState, cur)
+		}
+		q.sock.Store(attr.Socket)
+	}
+	if (next == StateRTR || next == StateRTS) && q.sock.Load() == nil {
+		return fmt.Errorf("%w: a %v QP needs its bound socket to reach %v", ErrInvalidAttr, q.typ, next)
+	}
+	switch next {
+	case StateError:
+		q.state.Store(uint32(StateError))
+		q.flushLocked()
+		return nil
+	case StateReset:
+		q.state.Store(uint32(StateReset))
+		q.resetLocked()
+		return nil
+	}
+	q.state.Store(uint32(next))
+	return nil
+}
+
+// Destroy removes the QP; its outstanding WRs are flushed.
+func (q *QP) Destroy() error {
+	q.sqMu.Lock()
+	q.state.Store(uint32(StateError))
+	q.flushLocked()
+	q.sqMu.Unlock()
+	q.leaveAllGroups()
+	q.dev.removeQP(q)
+	return nil
+}
+
+// toError moves the QP to ERROR and flushes its queues.
+func (q *QP) toError() {
+	q.sqMu.Lock()
+	q.state.Store(uint32(StateError))
+	q.flushLocked()
+	q.sqMu.Unlock()
+}
+
+// flushLocked completes every queued WR with WRFlushError. Caller holds sqMu.
+func (q *QP) flushLocked() {
+	for q.sqLen > 0 {
+		w := &q.sq[q.sqHead]
+		q.sendCQ.push(&WorkCompletion{ID: w.id, Status: WRFlushError, Opcode: WCSend, QPN: q.num})
+		q.popSQLocked()
+	}
+	q.rqMu.Lock()
+	for q.rqLen > 0 {
+		w := &q.rq[q.rqHead]
+		q.recvCQ.push(&WorkCompletion{ID: w.id, Status: WRFlushError, Opcode: WCRecv, QPN: q.num})
+		q.rqHead = (q.rqHead + 1) % len(q.rq)
+		q.rqLen--
+	}
+	q.rqMu.Unlock()
+}
+
+// resetLocked empties the queues without completions, as RESET does.
+func (q *QP) resetLocked() {
+	q.sqHead, q.sqLen = 0, 0
+	q.rqMu.Lock()
+	q.rqHead, q.rqLen = 0, 0
+	q.rqMu.Unlock()
+}

@@ -1,0 +1,306 @@
+package qp
+
+import (
+	"fmt"
+	"net/netip"
+	"sync"
+
+	"github.com/udiwarp/udiwarp/udiwarp"
+)
+
+// RecvWR is a receive work request (ibv_recv_wr): where the next message
+// is scattered.
+type RecvWR struct {
+	ID  uint64
+	SGL []SGE
+}
+
+type recvWQE struct {
+	id   uint64
+	nsge int
+	sge  [maxSGE]SGE
+}
+
+// PostRecv posts a receive. Receives are matched to messages in arrival
+// order. A QP in ERROR completes it at once with WRFlushError.
+func (q *QP) PostRecv(wr *RecvWR) error {
+	if q.srq != nil {
+		return fmt.Errorf("%w: the QP receives from its SRQ; post there", ErrInvalidWR)
+	}
+	if len(wr.SGL) > q.caps.MaxRecvSGE {
+		return fmt.Errorf("%w: %d SGEs, the QP takes %d", ErrInvalidWR, len(wr.SGL), q.caps.MaxRecvSGE)
+	}
+	switch st := q.State(); st {
+	case StateReset:
+		return fmt.Errorf("%w: PostRecv on a QP in %v", ErrQPState, st)
+	case StateError:
+		q.recvCQ.push(&WorkCompletion{ID: wr.ID, Status: WRFlushError, Opcode: WCRecv, QPN: q.num})
+		return nil
+	}
+	q.rqMu.Lock()
+	if q.rqLen == len(q.rq) {
+		q.rqMu.Unlock()
+		return fmt.Errorf("%w: %d receives posted", ErrQueueFull, q.rqLen)
+	}
+	i := q.rqHead + q.rqLen
+	if i >= len(q.rq) {
+		i -= len(q.rq)
+	}
+	w := &q.rq[i]
+	w.id = wr.ID
+	w.nsge = copy(w.sge[:], wr.SGL)
+	q.rqLen++
+	q.rqMu.Unlock()
+	return nil
+}
+
+// takeRecv removes the next receive for q from its RQ or SRQ into w.
+// It returns false when there is none, or when q is over its SRQ limit.
+func (q *QP) takeRecv(w *recvWQE) (ok, overdraft bool) {
+	if q.srq != nil {
+		if lim := q.attr.SRQLimit; lim > 0 && int(q.srqHeld.Load()) >= lim {
+			return false, true
+		}
+		if !q.srq.take(w) {
+			return false, false
+		}
+		q.srqHeld.Add(1)
+		return true, false
+	}
+	q.rqMu.Lock()
+	if q.rqLen == 0 {
+		q.rqMu.Unlock()
+		return false, false
+	}
+	*w = q.rq[q.rqHead]
+	q.rqHead++
+	if q.rqHead == len(q.rq) {
+		q.rqHead = 0
+	}
+	q.rqLen--
+	q.rqMu.Unlock()
+	return true, false
+}
+
+// SRQ is a shared receive queue: one pool of receives for many QPs, with
+// per-QP limits (QPAttr.SRQLimit) so that no QP can starve the others,
+// and a low-watermark event (seed 004).
+type SRQ struct {
+	pd     *PD
+	mu     sync.Mutex
+	ring   []recvWQE
+	head   int
+	n      int
+	maxSGE int
+	limit  int // armed watermark; 0 when disarmed
+}
+
+// CreateSRQ makes a shared receive queue holding depth receives of up to
+// maxSGE SGEs each.
+func (pd *PD) CreateSRQ(depth, maxSGE int) (*SRQ, error) {
+	if depth <= 0 || depth > 1<<20 || maxSGE <= 0 || maxSGE > 16 {
+		return nil, fmt.Errorf("%w: SRQ of %d receives with %d SGEs", ErrInvalidAttr, depth, maxSGE)
+	}
+	return &SRQ{pd: pd, ring: make([]recvWQE, depth), maxSGE: maxSGE}, nil
+}
+
+// PostRecv posts a receive to the SRQ.
+func (s *SRQ) PostRecv(wr *RecvWR) error {
+	if len(wr.SGL) > s.maxSGE {
+		return fmt.Errorf("%w: %d SGEs, the SRQ takes %d", ErrInvalidWR, len(wr.SGL), s.maxSGE)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.n == len(s.ring) {
+		return fmt.Errorf("%w: %d receives posted to the SRQ", ErrQueueFull, s.n)
+	}
+	i := (s.head + s.n) % len(s.ring)
+	s.ring[i].id = wr.ID
+	s.ring[i].nsge = copy(s.ring[i].sge[:], wr.SGL)
+	s.n++
+	return nil
+}
+
+// Arm sets the low watermark: when fewer than limit receives remain, one
+// AsyncSRQLimit event fires and the watermark disarms (ibv_modify_srq).
+func (s *SRQ) Arm(limit int) error {
+	if limit <= 0 || limit > len(s.ring) {
+		return fmt.Errorf("%w: SRQ limit %d, want 1..%d", ErrInvalidAttr, limit, len(s.ring))
+	}
+	s.mu.Lock()
+	s.limit = limit
+	s.mu.Unlock()
+	return nil
+}
+
+// Len returns the number of receives posted and not yet taken.
+func (s *SRQ) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n
+}
+
+func (s *SRQ) take(w *recvWQE) bool {
+	s.mu.Lock()
+	if s.n == 0 {
+		s.mu.Unlock()
+		return false
+	}
+	*w = s.ring[s.head]
+	s.head = (s.head + 1) % len(s.ring)
+	s.n--
+	fire := s.limit > 0 && s.n < s.limit
+	if fire {
+		s.limit = 0
+	}
+	s.mu.Unlock()
+	if fire {
+		s.pd.dev.raise(AsyncEvent{Type: AsyncSRQLimit, SRQ: s})
+	}
+	return true
+}
+
+// deliver handles one received datagram. b is the datagram, truncated
+// says the kernel cut it.
+func (d *Device) deliver(s *Socket, b []byte, truncated bool, src netip.AddrPort) {
+	st := &d.stats
+	st.RxDatagrams.Add(1)
+	if truncated {
+		st.RxTooLong.Add(1)
+		return
+	}
+	t, err := udiwarp.Classify(b)
+	if err != nil {
+		st.countRx(err)
+		return
+	}
+	if t == udiwarp.FrameRD {
+		st.RxRDFrames.Add(1)
+		return
+	}
+	seg, err := udiwarp.ParseUDFrame(b)
+	if err != nil {
+		st.countRx(err)
+		return
+	}
+	if seg.Control.Tagged() {
+		st.RxBadOpcode.Add(1) // Write-Record targets arrive with their own issue
+		return
+	}
+	h := seg.Untagged()
+	dst := h.DstQPN()
+	if dst == MulticastQPN {
+		s.deliverMulticast(seg, src)
+		return
+	}
+	q := d.lookupQP(dst)
+	if q == nil || q.sock.Load() != s {
+		st.RxUnknownQP.Add(1)
+		return
+	}
+	q.receive(seg, src)
+}
+
+// receive handles a checked untagged segment addressed to q.
+func (q *QP) receive(seg udiwarp.Segment, src netip.AddrPort) {
+	st := &q.dev.stats
+	if s := q.State(); s != StateRTR && s != StateRTS {
+		st.RxQPState.Add(1)
+		return
+	}
+	switch seg.Opcode() {
+	case udiwarp.OpSend, udiwarp.OpSendSE:
+		q.receiveSend(seg, src)
+	case udiwarp.OpTerminate:
+		st.RxRemoteErrors.Add(1)
+		term := seg.Terminate()
+		ev := AsyncEvent{Type: AsyncRemoteError, QP: q, Source: src, SourceQPN: seg.Untagged().SrcQPN(), Code: term.Code()}
+		if h := term.DDPHeader(); len(h) == udiwarp.DDPUntaggedHeaderSize {
+			ev.MSN = udiwarp.DDPUntagged(h).MSN()
+		} else if len(h) == udiwarp.WriteRecordHeaderSize {
+			ev.MSN = udiwarp.WriteRecordHeader(h).MSN()
+		}
+		q.dev.raise(ev)
+	default:
+		st.RxBadOpcode.Add(1) // not a UD operation
+	}
+}
+
+func (q *QP) receiveSend(seg udiwarp.Segment, src netip.AddrPort) {
+	d := q.dev
+	st := &d.stats
+	h := seg.Untagged()
+	var w recvWQE
+	ok, overdraft := q.takeRecv(&w)
+	if !ok {
+		if overdraft {
+			st.RxSRQOverdraft.Add(1)
+			if !q.srqOverdrawn.Swap(true) {
+				d.raise(AsyncEvent{Type: AsyncSRQOverdraft, QP: q, SRQ: q.srq})
+			}
+		} else {
+			st.RxNoRecv.Add(1)
+		}
+		q.reportError(seg, src, udiwarp.DDPUntaggedNoBuffer)
+		return
+	}
+	wc := WorkCompletion{ID: w.id, Opcode: WCRecv, QPN: q.num, Solicited: seg.Opcode() == udiwarp.OpSendSE,
+		Source: src, SourceQPN: h.SrcQPN(), MSN: h.MSN(), Len: uint32(len(seg.Payload))}
+	wc.Status = q.scatter(&w, seg.Payload)
+	switch wc.Status {
+	case Success:
+		st.RxDelivered.Add(1)
+	case LocalLengthError:
+		st.RxRecvTooSmall.Add(1)
+		q.reportError(seg, src, udiwarp.DDPUntaggedTooLong)
+	default:
+		st.RxRecvProt.Add(1)
+	}
+	if q.srq != nil {
+		wc.srqQP = q
+	}
+	q.recvCQ.push(&wc)
+}
+
+// scatter copies payload into the receive's SGL, holding each MR shared
+// while it writes.
+func (q *QP) scatter(w *recvWQE, payload []byte) Status {
+	room := 0
+	for i := 0; i < w.nsge; i++ {
+		room += int(w.sge[i].Length)
+	}
+	if len(payload) > room {
+		return LocalLengthError
+	}
+	pd := q.pd
+	if q.srq != nil {
+		pd = q.srq.pd
+	}
+	for i := 0; i < w.nsge && len(payload) > 0; i++ {
+		m, b, st := q.dev.resolve(pd, &w.sge[i], AccessLocalWrite)
+		if st != Success {
+			return st
+		}
+		n := copy(b, payload)
+		m.mu.RUnlock()
+		payload = payload[n:]
+	}
+	return Success
+}
+
+// reportError tells the source of a dropped message, if the QP asks for it.
+func (q *QP) reportError(seg udiwarp.Segment, src netip.AddrPort, code udiwarp.ErrorCode) {
+	if !q.attr.ReportErrors {
+		return
+	}
+	s := q.sock.Load()
+	h := seg.Untagged()
+	var b [udiwarp.DDPUntaggedHeaderSize + 6 + udiwarp.DDPUntaggedHeaderSize + udiwarp.CRCSize]byte
+	out := udiwarp.AppendUntagged(b[:0], &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
+		RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpTerminate), ULP: q.num,
+		QN: udiwarp.DatagramQN(h.SrcQPN(), udiwarp.QueueTerminate), MSN: 1})
+	out, _ = udiwarp.AppendTerminate(out, &udiwarp.TerminateFields{Code: code, SegmentLengthValid: true,
+		DDPSegmentLength: uint16(min(len(seg.Header)+len(seg.Payload), 0xFFFF)), DDPHeader: seg.Header[:udiwarp.DDPUntaggedHeaderSize]})
+	out = udiwarp.SealDatagram(out, 0)
+	_, _ = s.conn.WriteToUDPAddrPort(out, src)
+}

@@ -1,0 +1,374 @@
+package qp
+
+import (
+	"fmt"
+	"syscall"
+	"unsafe"
+
+	"github.com/udiwarp/udiwarp/udiwarp"
+	"golang.org/x/sys/unix"
+)
+
+// SendOpcode is the operation of a send work request.
+type SendOpcode uint8
+
+const (
+	OpSend SendOpcode = iota // Send (RDMAP Send, or Send with SE with FlagSolicited)
+)
+
+// SendFlags modify a send work request (ibv_send_flags).
+type SendFlags uint8
+
+const (
+	// FlagSignaled asks for a completion on success; errors always complete.
+	FlagSignaled SendFlags = 1 << iota
+	// FlagSolicited sends a Send with Solicited Event: the receiver's CQ
+	// notification armed for solicited completions fires.
+	FlagSolicited
+)
+
+// SendWR is a send work request (ibv_send_wr). The SGL names registered
+// memory; Inline instead carries the data itself (at most MaxInline bytes),
+// copied before PostSend returns, so it needs no registration.
+type SendWR struct {
+	ID     uint64
+	Opcode SendOpcode
+	Flags  SendFlags
+	SGL    []SGE
+	Inline []byte
+	AH     *AH // destination of a UD send
+}
+
+type sendWQE struct {
+	id        uint64
+	op        SendOpcode
+	flags     SendFlags
+	ah        *AH
+	nsge      int
+	sge       [maxSGE]SGE
+	inline    []byte // the slot's inline buffer
+	inlineLen int
+	isInline  bool
+	msn       uint32
+}
+
+const udiwarpUntaggedOverhead = udiwarp.DDPUntaggedHeaderSize + udiwarp.CRCSize
+
+// txCtx builds one datagram at a time for its QP: header, iovecs over the
+// registered buffers, CRC trailer, and the sendmsg(2) call. The payload
+// leaves from the registered buffer in the same system call as the header.
+type txCtx struct {
+	q      *QP
+	msg    unix.Msghdr
+	iov    [maxSGE + 2]unix.Iovec
+	hdr    [udiwarp.WriteRecordHeaderSize]byte
+	crc    [udiwarp.CRCSize]byte
+	mrs    [maxSGE]*MR
+	nmr    int
+	n      int
+	errno  syscall.Errno
+	length int
+	ah     *AH
+	send   func(fd uintptr) bool
+}
+
+func (t *txCtx) init(q *QP) {
+	t.q = q
+	t.send = t.sendmsg
+	t.msg.Iov = &t.iov[0]
+}
+
+func (t *txCtx) sendmsg(fd uintptr) bool {
+	r, _, e := unix.RawSyscall(unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(&t.msg)), unix.MSG_DONTWAIT)
+	t.n, t.errno = int(r), e
+	return true
+}
+
+// build prepares the datagram of a send WR for socket s. On success the
+// MRs it names are held shared until release.
+func (t *txCtx) build(s *Socket, op SendOpcode, flags SendFlags, ah *AH, sgl []SGE, inline []byte, msn uint32) Status {
+	q := t.q
+	opc := udiwarp.OpSend
+	if flags&FlagSolicited != 0 {
+		opc = udiwarp.OpSendSE
+	}
+	_ = op
+	hdr := udiwarp.DDPUntagged(t.hdr[:udiwarp.DDPUntaggedHeaderSize])
+	hdr.Encode(&udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion, RDMAP: udiwarp.NewRDMAPControl(opc),
+		ULP: q.num, QN: udiwarp.DatagramQN(ah.qpn, udiwarp.QueueSend), MSN: msn})
+	t.iov[0].Base = &t.hdr[0]
+	t.iov[0].SetLen(udiwarp.DDPUntaggedHeaderSize)
+	crc := udiwarp.CRC32c(hdr)
+	niov := 1
+	total := 0
+	if inline != nil {
+		if len(inline) > 0 {
+			t.iov[1].Base = &inline[0]
+			t.iov[1].SetLen(len(inline))
+			niov++
+			crc = udiwarp.UpdateCRC32c(crc, inline)
+		}
+		total = len(inline)
+	} else {
+		for i := range sgl {
+			m, b, st := q.dev.resolve(q.pd, &sgl[i], 0)
+			if st != Success {
+				t.release()
+				return st
+			}
+			t.mrs[t.nmr] = m
+			t.nmr++
+			total += len(b)
+			if len(b) == 0 {
+				continue
+			}
+			t.iov[niov].Base = &b[0]
+			t.iov[niov].SetLen(len(b))
+			niov++
+			crc = udiwarp.UpdateCRC32c(crc, b)
+		}
+	}
+	t.length = total
+	t.ah = ah
+	if total > s.MaxMessage() {
+		t.release()
+		return LocalLengthError
+	}
+	udiwarp.PutCRC(t.crc[:], crc)
+	t.iov[niov].Base = &t.crc[0]
+	t.iov[niov].SetLen(udiwarp.CRCSize)
+	niov++
+	t.msg.SetIovlen(niov)
+	if s.v6 {
+		t.msg.Name = (*byte)(unsafe.Pointer(&ah.sa6))
+		t.msg.Namelen = unix.SizeofSockaddrInet6
+	} else {
+		t.msg.Name = (*byte)(unsafe.Pointer(&ah.sa4))
+		t.msg.Namelen = unix.SizeofSockaddrInet4
+	}
+	return Success
+}
+
+func (t *txCtx) release() {
+	for i := 0; i < t.nmr; i++ {
+		t.mrs[i].mu.RUnlock()
+		t.mrs[i] = nil
+	}
+	t.nmr = 0
+}
+
+// transmit sends the built datagram without waiting. It returns
+// errSocketFull when the socket cannot take it now.
+func (t *txCtx) transmit(s *Socket) error {
+	d := s.dev
+	if imp := d.cfg.Impair; imp != nil {
+		imp.send(s, t)
+		d.stats.TxDatagrams.Add(1)
+		return nil
+	}
+	if err := s.raw.Write(t.send); err != nil {
+		return err
+	}
+	switch t.errno {
+	case 0:
+		d.stats.TxDatagrams.Add(1)
+		return nil
+	case unix.EAGAIN:
+		return errSocketFull
+	}
+	d.stats.TxErrors.Add(1)
+	return t.errno
+}
+
+// PostSend posts a send work request. It never blocks: when the QP has no
+// queued work and the socket can take the datagram now, it is sent in the
+// caller's goroutine; otherwise it is queued for the device's datamover.
+// A UD send completes when the socket accepted its datagram. Local faults
+// in the WR (a bad lkey, an SGE past its MR, a message longer than a
+// datagram) complete with an error status; faults PostSend can see without
+// touching memory return an error and post nothing.
+func (q *QP) PostSend(wr *SendWR) error {
+	if st := q.State(); st != StateRTS {
+		return fmt.Errorf("%w: PostSend on a QP in %v", ErrQPState, st)
+	}
+	switch {
+	case wr.AH == nil:
+		return fmt.Errorf("%w: a UD send needs an address handle", ErrInvalidWR)
+	case wr.AH.pd != q.pd:
+		return fmt.Errorf("%w: address handle of another protection domain", ErrInvalidWR)
+	case len(wr.SGL) > q.caps.MaxSendSGE:
+		return fmt.Errorf("%w: %d SGEs, the QP takes %d", ErrInvalidWR, len(wr.SGL), q.caps.MaxSendSGE)
+	case wr.Inline != nil && len(wr.SGL) > 0:
+		return fmt.Errorf("%w: inline data and an SGL in one WR", ErrInvalidWR)
+	case len(wr.Inline) > q.inlineSz:
+		return fmt.Errorf("%w: %d bytes of inline data, the QP takes %d", ErrInvalidWR, len(wr.Inline), q.inlineSz)
+	case wr.Opcode != OpSend:
+		return fmt.Errorf("%w: opcode %d", ErrInvalidWR, wr.Opcode)
+	}
+	s := q.sock.Load()
+	q.sqMu.Lock()
+	if q.sqLen == 0 && !q.inMover {
+		msn := wr.AH.msn.Add(1)
+		st := q.tx.build(s, wr.Opcode, wr.Flags, wr.AH, wr.SGL, wr.Inline, msn)
+		if st != Success {
+			q.sqMu.Unlock()
+			q.completeSend(wr.ID, st, 0)
+			return nil
+		}
+		err := q.tx.transmit(s)
+		q.tx.release()
+		if err != errSocketFull {
+			n := q.tx.length
+			q.sqMu.Unlock()
+			q.dev.stats.TxDirect.Add(1)
+			if err != nil {
+				q.completeSend(wr.ID, GeneralError, 0)
+			} else if wr.Flags&FlagSignaled != 0 {
+				q.completeSend(wr.ID, Success, n)
+			}
+			return nil
+		}
+		return q.enqueueLocked(wr, msn, s)
+	}
+	return q.enqueueLocked(wr, wr.AH.msn.Add(1), s)
+}
+
+// enqueueLocked queues wr for the datamover; it unlocks sqMu.
+func (q *QP) enqueueLocked(wr *SendWR, msn uint32, s *Socket) error {
+	if q.sqLen == len(q.sq) {
+		q.sqMu.Unlock()
+		return fmt.Errorf("%w: %d send WRs outstanding", ErrQueueFull, q.sqLen)
+	}
+	i := q.sqHead + q.sqLen
+	if i >= len(q.sq) {
+		i -= len(q.sq)
+	}
+	w := &q.sq[i]
+	w.id, w.op, w.flags, w.ah = wr.ID, wr.Opcode, wr.Flags, wr.AH
+	w.nsge = copy(w.sge[:], wr.SGL)
+	w.isInline = wr.Inline != nil
+	w.inlineLen = copy(w.inline, wr.Inline)
+	w.msn = msn
+	q.sqLen++
+	schedule := !q.inMover
+	q.inMover = true
+	q.sqMu.Unlock()
+	q.dev.stats.TxQueued.Add(1)
+	if schedule {
+		s.activate(q)
+	}
+	return nil
+}
+
+func (q *QP) completeSend(id uint64, st Status, n int) {
+	q.sendCQ.push(&WorkCompletion{ID: id, Status: st, Opcode: WCSend, Len: uint32(n), QPN: q.num})
+}
+
+func (q *QP) popSQLocked() {
+	w := &q.sq[q.sqHead]
+	w.ah = nil
+	q.sqHead++
+	if q.sqHead == len(q.sq) {
+		q.sqHead = 0
+	}
+	q.sqLen--
+}
+
+// activate hands q to the socket's datamover.
+func (s *Socket) activate(q *QP) {
+	s.txMu.Lock()
+	s.active = append(s.active, q)
+	s.txMu.Unlock()
+	select {
+	case s.txWake <- struct{}{}:
+	default:
+	}
+}
+
+const moverChunk = 16 // WRs sent per QP per turn, so one QP cannot hog the socket
+
+// datamover serves the socket's active QPs round-robin in bounded chunks,
+// and parks while the socket is full (seed 000).
+func (s *Socket) datamover() {
+	d := s.dev
+	defer d.wg.Done()
+	for {
+		select {
+		case <-s.txWake:
+		case <-d.done:
+			return
+		}
+		for {
+			s.txMu.Lock()
+			if len(s.active) == 0 || s.closed {
+				s.txMu.Unlock()
+				break
+			}
+			q := s.active[0]
+			copy(s.active, s.active[1:])
+			s.active = s.active[:len(s.active)-1]
+			s.txMu.Unlock()
+
+			more, full := q.drain(s, moverChunk)
+			if full {
+				d.stats.TxParked.Add(1)
+				if err := s.raw.Write(s.writable); err != nil {
+					return // closed
+				}
+			}
+			if more {
+				s.txMu.Lock()
+				s.active = append(s.active, q)
+				s.txMu.Unlock()
+			}
+		}
+	}
+}
+
+// writable reports whether the socket can take a datagram now; as a
+// RawConn.Write callback it parks the datamover until it can.
+func (s *Socket) writable(fd uintptr) bool {
+	fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+	n, err := unix.Poll(fds[:], 0)
+	return err != nil || (n == 1 && fds[0].Revents&(unix.POLLOUT|unix.POLLERR|unix.POLLHUP) != 0)
+}
+
+// drain sends up to max queued WRs. more says WRs remain; full says the
+// socket filled up.
+func (q *QP) drain(s *Socket, max int) (more, full bool) {
+	q.sqMu.Lock()
+	defer q.sqMu.Unlock()
+	for k := 0; k < max && q.sqLen > 0; k++ {
+		if q.State() != StateRTS {
+			break // the state change flushed or cleared the queue
+		}
+		w := &q.sq[q.sqHead]
+		var inline []byte
+		if w.isInline {
+			inline = w.inline[:w.inlineLen]
+		}
+		st := q.tx.build(s, w.op, w.flags, w.ah, w.sge[:w.nsge], inline, w.msn)
+		if st != Success {
+			q.completeSend(w.id, st, 0)
+			q.popSQLocked()
+			continue
+		}
+		err := q.tx.transmit(s)
+		q.tx.release()
+		if err == errSocketFull {
+			return true, true
+		}
+		switch {
+		case err != nil:
+			q.completeSend(w.id, GeneralError, 0)
+		case w.flags&FlagSignaled != 0:
+			q.completeSend(w.id, Success, q.tx.length)
+		}
+		q.popSQLocked()
+	}
+	if q.sqLen == 0 || q.State() != StateRTS {
+		q.inMover = false
+		return false, false
+	}
+	return true, false
+}

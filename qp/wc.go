@@ -1,0 +1,88 @@
+package qp
+
+import (
+	"net/netip"
+	"strconv"
+)
+
+// Status is the outcome of a work request, as ibv_wc_status names them.
+type Status uint8
+
+const (
+	Success Status = iota
+	// LocalLengthError: the message does not fit the receive buffers, or a
+	// send is longer than a datagram can carry.
+	LocalLengthError
+	// LocalQPOperationError: an internal inconsistency of the QP.
+	LocalQPOperationError
+	// LocalProtectionError: an SGE names an invalid lkey, an MR of another
+	// PD, lacks local-write access for a receive, or runs past its MR.
+	LocalProtectionError
+	// WRFlushError: the WR was flushed because the QP entered ERROR or was destroyed.
+	WRFlushError
+	// RemoteAccessError: the target refused the STag, bounds or access.
+	RemoteAccessError
+	// RemoteOperationError: the target could not carry out the operation.
+	RemoteOperationError
+	// RetryExceededError: the peer did not acknowledge within the retry limit.
+	RetryExceededError
+	// GeneralError: anything else; the device's counters say more.
+	GeneralError
+)
+
+var statusNames = [...]string{
+	Success: "success", LocalLengthError: "local length error", LocalQPOperationError: "local QP operation error",
+	LocalProtectionError: "local protection error", WRFlushError: "WR flushed", RemoteAccessError: "remote access error",
+	RemoteOperationError: "remote operation error", RetryExceededError: "retry exceeded", GeneralError: "general error",
+}
+
+func (s Status) String() string {
+	if int(s) < len(statusNames) {
+		return statusNames[s]
+	}
+	return "status " + strconv.Itoa(int(s))
+}
+
+// WCOpcode says which kind of work request a completion is for.
+type WCOpcode uint8
+
+const (
+	WCSend WCOpcode = iota
+	WCRecv
+	WCWriteRecord
+	WCRDMAWrite
+	WCRDMARead
+)
+
+func (o WCOpcode) String() string {
+	switch o {
+	case WCSend:
+		return "send"
+	case WCRecv:
+		return "recv"
+	case WCWriteRecord:
+		return "write-record"
+	case WCRDMAWrite:
+		return "rdma-write"
+	case WCRDMARead:
+		return "rdma-read"
+	}
+	return "wc opcode " + strconv.Itoa(int(o))
+}
+
+// WorkCompletion reports one finished work request (ibv_wc). For datagram
+// receives it names the source: its IP:port and QP number (seed 003).
+type WorkCompletion struct {
+	ID        uint64 // the WR's ID
+	Status    Status
+	Opcode    WCOpcode
+	Len       uint32 // bytes received (receives) or sent
+	QPN       uint32 // the local QP
+	Solicited bool   // the sender asked for a solicited event
+	Source    netip.AddrPort
+	SourceQPN uint32
+	// MSN is the message's sequence number as the sender numbered it.
+	MSN uint32
+
+	srqQP *QP // the QP holding an SRQ receive until this is polled
+}
