@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/udiwarp/udiwarp/udiwarp"
 )
@@ -92,6 +93,16 @@ type Stats struct {
 	TxErrors    atomic.Uint64 // sendmsg failures other than a full socket
 	TxImpaired  atomic.Uint64 // dropped, duplicated, delayed or corrupted by the impairment layer
 	EventsLost  atomic.Uint64
+
+	lastTxErrno atomic.Uint32
+}
+
+// LastSendError returns the errno of the latest failed sendmsg, or nil.
+func (s *Stats) LastSendError() error {
+	if e := syscall.Errno(s.lastTxErrno.Load()); e != 0 {
+		return e
+	}
+	return nil
 }
 
 // Stats returns the device's counters.

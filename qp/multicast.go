@@ -99,9 +99,7 @@ func (s *Socket) joinGroup(group netip.Addr, ifi *net.Interface) error {
 	if err != nil {
 		return fmt.Errorf("qp: joining %v: %w", group, err)
 	}
-	s.rxMu.Lock()
-	s.pktinfo = true
-	s.rxMu.Unlock()
+	s.pktinfo.Store(true)
 	return nil
 }
 

@@ -177,6 +177,7 @@ func (t *txCtx) transmit(s *Socket) error {
 		return errSocketFull
 	}
 	d.stats.TxErrors.Add(1)
+	d.stats.lastTxErrno.Store(uint32(t.errno))
 	return t.errno
 }
 

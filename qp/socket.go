@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -41,7 +42,7 @@ type Socket struct {
 	txWake  chan struct{}
 	mcastMu sync.RWMutex
 	mcast   map[netip.Addr][]*QP
-	pktinfo bool // set under rxMu once a group is joined
+	pktinfo atomic.Bool // set once a group is joined
 	closed  bool
 	// cur is the batch slot being delivered (for its control message).
 	cur int
@@ -144,7 +145,7 @@ func (s *Socket) close() {
 func (s *Socket) recvmmsg(fd uintptr) {
 	b := &s.rx
 	ctl := uint64(0)
-	if s.pktinfo {
+	if s.pktinfo.Load() {
 		ctl = rxCtrlSize
 	}
 	for i := range b.hs {
