@@ -17,18 +17,22 @@ func main() {
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, `usage:
+  udperf                           the loopback demo: UD Send/Recv beside plain UDP
+  udperf demo [-quick]             the same
   udperf decode [-stream] HEX...   check and describe a udiwarp datagram (or, with
-                                   -stream, a DDP segment as MPA carries it)
-
-The latency and bandwidth modes arrive with the verbs library (issue 3).`)
+                                   -stream, a DDP segment as MPA carries it)`)
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "-help" || args[0] == "help" {
-		usage(stdout)
-		return 0
+	if len(args) == 0 {
+		return demo(nil, stdout, stderr)
 	}
 	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		usage(stdout)
+		return 0
+	case "demo":
+		return demo(args[1:], stdout, stderr)
 	case "decode":
 		return decode(args[1:], stdout, stderr)
 	}

@@ -26,7 +26,8 @@ func TestDecode(t *testing.T) {
 		{"RD frame", []string{"decode", "0300000000"}, 0, "RD frame", ""},
 		{"not hex", []string{"decode", "zz"}, 2, "", "invalid byte"},
 		{"unknown command", []string{"nope"}, 2, "", "unknown command"},
-		{"usage", nil, 0, "udperf decode", ""},
+		{"usage", []string{"-h"}, 0, "udperf decode", ""},
+		{"demo", []string{"demo", "-quick"}, 0, "ratio", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errb bytes.Buffer

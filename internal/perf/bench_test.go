@@ -1,0 +1,59 @@
+package perf
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/udiwarp/udiwarp/qp"
+)
+
+// BenchmarkLatency runs ping-pongs of b.N round trips and reports the
+// median and mean half round trip (µs). Each UD case runs beside its
+// plain-UDP baseline so benchstat can put them side by side.
+func BenchmarkLatency(b *testing.B) {
+	for _, qps := range []int{1, 2} {
+		for _, poll := range []qp.PollMode{qp.PollBusy, qp.PollEvent} {
+			for _, size := range []int{64, 1024} {
+				for _, mode := range []Mode{ModeRawUDP, ModeUDSend} {
+					name := fmt.Sprintf("qps=%d/poll=%s/size=%d/mode=%s", qps, poll, size, mode)
+					b.Run(name, func(b *testing.B) {
+						r, err := Run(Config{Mode: mode, Test: TestLat, Poll: poll, Size: size, Iters: b.N, Warmup: 1000, QPs: qps})
+						if err != nil {
+							b.Fatal(err)
+						}
+						b.ReportMetric(r.Median, "p50-µs")
+						b.ReportMetric(r.Avg, "avg-µs")
+						b.ReportMetric(r.P99, "p99-µs")
+						b.ReportMetric(0, "ns/op")
+					})
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkBandwidth blasts 64000-byte messages for one second per round
+// and reports receiver goodput.
+func BenchmarkBandwidth(b *testing.B) {
+	for _, qps := range []int{1, 2} {
+		for _, mode := range []Mode{ModeRawUDP, ModeUDSend} {
+			b.Run(fmt.Sprintf("qps=%d/size=64000/mode=%s", qps, mode), func(b *testing.B) {
+				var gbps, lost float64
+				for range b.N {
+					r, err := Run(Config{Mode: mode, Test: TestBW, Size: 64000, Duration: time.Second, QPs: qps})
+					if err != nil {
+						b.Fatal(err)
+					}
+					gbps += r.Gbps
+					if r.Sent > 0 {
+						lost += float64(r.Lost) / float64(r.Sent)
+					}
+				}
+				b.ReportMetric(gbps/float64(b.N), "Gb/s")
+				b.ReportMetric(100*lost/float64(b.N), "lost-%")
+				b.ReportMetric(0, "ns/op")
+			})
+		}
+	}
+}

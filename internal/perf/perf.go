@@ -1,0 +1,139 @@
+// Package perf runs the measurements udperf reports and the benchmarks
+// record: ping-pong latency and one-way bandwidth over UD queue pairs, and
+// the same over plain UDP sockets written as fast as Go allows, so every
+// figure has its baseline from the same run.
+package perf
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/udiwarp/udiwarp/qp"
+)
+
+// Mode is what carries the messages.
+type Mode string
+
+const (
+	ModeUDSend Mode = "ud-send" // UD Send/Recv through package qp
+	ModeRawUDP Mode = "raw-udp" // plain UDP sockets, the baseline
+)
+
+// Test is what is measured.
+type Test string
+
+const (
+	TestLat Test = "lat" // ping-pong; half the round trip
+	TestBW  Test = "bw"  // one-way goodput
+)
+
+// Config is one measurement.
+type Config struct {
+	Mode Mode
+	Test Test
+	Poll qp.PollMode
+	Size int // message bytes
+	// Iters is the number of round trips (lat); Duration bounds a bw run.
+	Iters    int
+	Warmup   int
+	Duration time.Duration
+	QPs      int // concurrent QP pairs (or socket pairs)
+}
+
+func (c *Config) fill() {
+	if c.Iters <= 0 {
+		c.Iters = 10000
+	}
+	if c.Warmup < 0 {
+		c.Warmup = 0
+	} else if c.Warmup == 0 {
+		c.Warmup = 1000
+	}
+	if c.Duration <= 0 {
+		c.Duration = time.Second
+	}
+	if c.QPs <= 0 {
+		c.QPs = 1
+	}
+}
+
+// Result is one measurement's outcome. Latencies are one-way (half the
+// round trip) in microseconds.
+type Result struct {
+	Config
+	Samples int
+	Min     float64
+	Max     float64
+	Median  float64
+	Avg     float64
+	Stdev   float64
+	P99     float64
+	P999    float64
+
+	// Bandwidth: goodput at the receiver, and messages.
+	Gbps     float64
+	Mpps     float64
+	Sent     uint64
+	Received uint64
+	Lost     uint64
+}
+
+// Run performs one measurement.
+func Run(cfg Config) (Result, error) {
+	cfg.fill()
+	switch {
+	case cfg.Mode == ModeUDSend && cfg.Test == TestLat:
+		return udLatency(cfg)
+	case cfg.Mode == ModeUDSend && cfg.Test == TestBW:
+		return udBandwidth(cfg)
+	case cfg.Mode == ModeRawUDP && cfg.Test == TestLat:
+		return rawLatency(cfg)
+	case cfg.Mode == ModeRawUDP && cfg.Test == TestBW:
+		return rawBandwidth(cfg)
+	}
+	return Result{}, fmt.Errorf("perf: no %s test for mode %s", cfg.Test, cfg.Mode)
+}
+
+// latResult summarizes half-round-trip samples in nanoseconds.
+func latResult(cfg Config, ns []int64) Result {
+	r := Result{Config: cfg, Samples: len(ns)}
+	if len(ns) == 0 {
+		return r
+	}
+	slices.Sort(ns)
+	us := func(v float64) float64 { return v / 1e3 }
+	var sum float64
+	for _, v := range ns {
+		sum += float64(v)
+	}
+	avg := sum / float64(len(ns))
+	var sq float64
+	for _, v := range ns {
+		d := float64(v) - avg
+		sq += d * d
+	}
+	pct := func(p float64) float64 {
+		i := int(math.Ceil(p*float64(len(ns)))) - 1
+		return us(float64(ns[max(0, min(i, len(ns)-1))]))
+	}
+	r.Min, r.Max = us(float64(ns[0])), us(float64(ns[len(ns)-1]))
+	r.Median = pct(0.5)
+	r.Avg = us(avg)
+	r.Stdev = us(math.Sqrt(sq / float64(len(ns))))
+	r.P99, r.P999 = pct(0.99), pct(0.999)
+	return r
+}
+
+func bwResult(cfg Config, sent, received uint64, first, last time.Time) Result {
+	r := Result{Config: cfg, Sent: sent, Received: received}
+	if sent > received {
+		r.Lost = sent - received
+	}
+	if el := last.Sub(first).Seconds(); received > 1 && el > 0 {
+		r.Gbps = float64(received-1) * float64(cfg.Size) * 8 / el / 1e9
+		r.Mpps = float64(received-1) / el / 1e6
+	}
+	return r
+}

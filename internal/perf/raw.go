@@ -1,0 +1,232 @@
+package perf
+
+import (
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/udiwarp/udiwarp/qp"
+	"golang.org/x/net/ipv4"
+	"golang.org/x/sys/unix"
+)
+
+// The baselines are the fastest plain-socket Go we know for each polling
+// mode (../shared/design/PERF-BASELINES.md): busy polling spins on a
+// connected socket with raw non-blocking system calls on a locked OS
+// thread; event mode uses net.UDPConn and the netpoller; bandwidth uses
+// sendmmsg/recvmmsg batches (x/net/ipv4) and a 32 MiB receive buffer.
+
+func udpPair() (a, b *net.UDPConn, err error) {
+	lo := &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}
+	if a, err = net.ListenUDP("udp4", lo); err != nil {
+		return nil, nil, err
+	}
+	if b, err = net.ListenUDP("udp4", lo); err != nil {
+		a.Close()
+		return nil, nil, err
+	}
+	return a, b, nil
+}
+
+// connectedPair returns two UDP sockets connected to each other.
+func connectedPair() (a, b *net.UDPConn, err error) {
+	la, lb, err := udpPair()
+	if err != nil {
+		return nil, nil, err
+	}
+	aa, ba := la.LocalAddr().(*net.UDPAddr), lb.LocalAddr().(*net.UDPAddr)
+	la.Close()
+	lb.Close()
+	if a, err = net.DialUDP("udp4", aa, ba); err != nil {
+		return nil, nil, err
+	}
+	if b, err = net.DialUDP("udp4", ba, aa); err != nil {
+		a.Close()
+		return nil, nil, err
+	}
+	return a, b, nil
+}
+
+func rawFD(c *net.UDPConn) uintptr {
+	rc, _ := c.SyscallConn()
+	var fd uintptr
+	rc.Control(func(f uintptr) { fd = f })
+	return fd
+}
+
+// spinWrite and spinRead are non-blocking raw system calls retried until
+// they go through: the busy-poll baseline.
+func spinWrite(fd uintptr, b []byte, stop *atomic.Bool) bool {
+	for !stop.Load() {
+		_, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+		if e == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func spinRead(fd uintptr, b []byte, stop *atomic.Bool) (int, bool) {
+	for !stop.Load() {
+		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+		if e == 0 {
+			return int(n), true
+		}
+	}
+	return 0, false
+}
+
+func rawLatency(cfg Config) (Result, error) {
+	busy := cfg.Poll == qp.PollBusy
+	type pair struct{ a, b *net.UDPConn }
+	pairs := make([]pair, cfg.QPs)
+	for i := range pairs {
+		a, b, err := connectedPair()
+		if err != nil {
+			return Result{}, err
+		}
+		defer a.Close()
+		defer b.Close()
+		pairs[i] = pair{a, b}
+	}
+	var stop atomic.Bool
+	var servers, clients sync.WaitGroup
+	samples := make([][]int64, cfg.QPs)
+	size := max(cfg.Size, 1)
+	for i, p := range pairs {
+		servers.Add(1)
+		clients.Add(1)
+		go func() {
+			defer servers.Done()
+			buf := make([]byte, 65536)
+			if busy {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				fd := rawFD(p.b)
+				for {
+					n, ok := spinRead(fd, buf, &stop)
+					if !ok || !spinWrite(fd, buf[:n], &stop) {
+						return
+					}
+				}
+			}
+			for {
+				n, err := p.b.Read(buf)
+				if err != nil {
+					return
+				}
+				if _, err := p.b.Write(buf[:n]); err != nil {
+					return
+				}
+			}
+		}()
+		go func() {
+			defer clients.Done()
+			msg, buf := make([]byte, size), make([]byte, 65536)
+			ns := make([]int64, 0, cfg.Iters)
+			var fd uintptr
+			if busy {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				fd = rawFD(p.a)
+			}
+			for it := range cfg.Warmup + cfg.Iters {
+				t0 := time.Now()
+				if busy {
+					spinWrite(fd, msg, &stop)
+					spinRead(fd, buf, &stop)
+				} else {
+					p.a.Write(msg)
+					p.a.Read(buf)
+				}
+				if it >= cfg.Warmup {
+					ns = append(ns, int64(time.Since(t0))/2)
+				}
+			}
+			samples[i] = ns
+		}()
+	}
+	clients.Wait()
+	stop.Store(true)
+	for _, p := range pairs {
+		p.b.Close()
+	}
+	servers.Wait()
+	var all []int64
+	for _, s := range samples {
+		all = append(all, s...)
+	}
+	return latResult(cfg, all), nil
+}
+
+func rawBandwidth(cfg Config) (Result, error) {
+	const batch = 32
+	var sending, stop atomic.Bool
+	var sent, received atomic.Uint64
+	var first, last atomic.Int64
+	var wg sync.WaitGroup
+	sending.Store(true)
+	var conns []*net.UDPConn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range cfg.QPs {
+		tx, rx, err := udpPair()
+		if err != nil {
+			return Result{}, err
+		}
+		conns = append(conns, tx, rx)
+		rc, _ := rx.SyscallConn()
+		rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 32<<20) })
+		to := rx.LocalAddr()
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			p := ipv4.NewPacketConn(rx)
+			ms := make([]ipv4.Message, batch)
+			for i := range ms {
+				ms[i].Buffers = [][]byte{make([]byte, 65536)}
+			}
+			for !stop.Load() {
+				rx.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+				n, err := p.ReadBatch(ms, 0)
+				if err != nil || n == 0 {
+					continue
+				}
+				now := time.Now().UnixNano()
+				first.CompareAndSwap(0, now)
+				last.Store(now)
+				received.Add(uint64(n))
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			p := ipv4.NewPacketConn(tx)
+			msg := make([]byte, max(cfg.Size, 1))
+			ms := make([]ipv4.Message, batch)
+			for i := range ms {
+				ms[i].Buffers = [][]byte{msg}
+				ms[i].Addr = to
+			}
+			for sending.Load() {
+				n, err := p.WriteBatch(ms, 0)
+				if err != nil {
+					continue
+				}
+				sent.Add(uint64(n))
+			}
+		}()
+	}
+	time.Sleep(cfg.Duration)
+	sending.Store(false)
+	time.Sleep(50 * time.Millisecond)
+	stop.Store(true)
+	wg.Wait()
+	return bwResult(cfg, sent.Load(), received.Load(), time.Unix(0, first.Load()), time.Unix(0, last.Load())), nil
+}
