@@ -5,7 +5,13 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 )
+
+var epoch = time.Now()
+
+// nanotime is a monotonic clock reading.
+func nanotime() int64 { return int64(time.Since(epoch)) }
 
 // CQ is a completion queue of fixed depth (ibv_cq). Poll never blocks and
 // never allocates. A CQ that would overflow does not overwrite: it stops
@@ -134,10 +140,21 @@ func (cq *CQ) Poll(wcs []WorkCompletion) int {
 	return k
 }
 
-// Wait blocks until the CQ holds a completion or ctx ends.
+// Wait blocks until the CQ holds a completion or ctx ends. In event mode
+// it first polls the device in the caller's goroutine for up to
+// DeviceConfig.EventSpin, then parks until the receive goroutine delivers.
 func (cq *CQ) Wait(ctx context.Context) error {
 	if cq.count.Load() > 0 {
 		return nil
+	}
+	if spin := cq.dev.cfg.EventSpin; spin > 0 && cq.progress == nil {
+		start := nanotime()
+		for cq.count.Load() == 0 && nanotime()-start < int64(spin) {
+			cq.dev.progressOnce()
+		}
+		if cq.count.Load() > 0 {
+			return nil
+		}
 	}
 	cq.waiters.Add(1)
 	defer cq.waiters.Add(-1)

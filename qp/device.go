@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/udiwarp/udiwarp/udiwarp"
 	"golang.org/x/sys/unix"
@@ -52,6 +53,10 @@ type DeviceConfig struct {
 	// Impair, if set, runs every datagram this device sends through an
 	// impairment layer (loss, reordering, duplication, delay, corruption).
 	Impair *Impairment
+	// EventSpin is how long CQ.Wait polls the device itself, in the
+	// caller's goroutine, before it parks (event mode): a reply that comes
+	// back within it costs no wake-up. Default 50µs; negative disables.
+	EventSpin time.Duration
 }
 
 func (c *DeviceConfig) fill() {
@@ -66,6 +71,9 @@ func (c *DeviceConfig) fill() {
 	def(&c.RecvBatch, 32)
 	def(&c.RecvBuffer, 8<<20)
 	def(&c.SendBuffer, 4<<20)
+	if c.EventSpin == 0 {
+		c.EventSpin = 50 * time.Microsecond
+	}
 	if c.MaxMR > 1<<24-1 {
 		c.MaxMR = 1<<24 - 1
 	}

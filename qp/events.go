@@ -69,6 +69,7 @@ func (e AsyncEvent) String() string {
 type Stats struct {
 	RxDatagrams atomic.Uint64 // datagrams read from sockets
 	RxDelivered atomic.Uint64 // messages placed and completed
+	RxLanded    atomic.Uint64 // of those, received straight into the posted buffers
 	RxMulticast atomic.Uint64 // copies delivered to multicast member QPs
 
 	RxTruncated    atomic.Uint64 // shorter than the headers they declare

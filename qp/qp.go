@@ -117,6 +117,7 @@ type QP struct {
 
 	// Receive queue (unused with an SRQ).
 	rqMu   sync.Mutex
+	rqSeq  uint64
 	rq     []recvWQE
 	rqHead int
 	rqLen  int

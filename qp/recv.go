@@ -17,6 +17,7 @@ type RecvWR struct {
 
 type recvWQE struct {
 	id   uint64
+	seq  uint64 // position in the QP's receive order
 	nsge int
 	sge  [maxSGE]SGE
 }
@@ -38,9 +39,9 @@ func (q *QP) PostRecv(wr *RecvWR) error {
 		return nil
 	}
 	q.rqMu.Lock()
-	if q.rqLen == len(q.rq) {
+	if n := q.rqLen; n == len(q.rq) {
 		q.rqMu.Unlock()
-		return fmt.Errorf("%w: %d receives posted", ErrQueueFull, q.rqLen)
+		return fmt.Errorf("%w: %d receives posted", ErrQueueFull, n)
 	}
 	i := q.rqHead + q.rqLen
 	if i >= len(q.rq) {
@@ -48,6 +49,8 @@ func (q *QP) PostRecv(wr *RecvWR) error {
 	}
 	w := &q.rq[i]
 	w.id = wr.ID
+	q.rqSeq++
+	w.seq = q.rqSeq
 	w.nsge = copy(w.sge[:], wr.SGL)
 	q.rqLen++
 	q.rqMu.Unlock()
@@ -250,6 +253,11 @@ func (q *QP) receiveSend(seg udiwarp.Segment, src netip.AddrPort) {
 	switch wc.Status {
 	case Success:
 		st.RxDelivered.Add(1)
+		if q.srq == nil {
+			if s := q.sock.Load(); s != nil && s.landQP.Load() != q {
+				s.landQP.Store(q)
+			}
+		}
 	case LocalLengthError:
 		st.RxRecvTooSmall.Add(1)
 		q.reportError(seg, src, udiwarp.DDPUntaggedTooLong)

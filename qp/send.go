@@ -69,19 +69,16 @@ type txCtx struct {
 	errno  syscall.Errno
 	length int
 	ah     *AH
-	send   func(fd uintptr) bool
 }
 
 func (t *txCtx) init(q *QP) {
 	t.q = q
-	t.send = t.sendmsg
 	t.msg.Iov = &t.iov[0]
 }
 
-func (t *txCtx) sendmsg(fd uintptr) bool {
+func (t *txCtx) sendmsg(fd uintptr) {
 	r, _, e := unix.RawSyscall(unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(&t.msg)), unix.MSG_DONTWAIT)
 	t.n, t.errno = int(r), e
-	return true
 }
 
 // build prepares the datagram of a send WR for socket s. On success the
@@ -166,9 +163,11 @@ func (t *txCtx) transmit(s *Socket) error {
 		d.stats.TxDatagrams.Add(1)
 		return nil
 	}
-	if err := s.raw.Write(t.send); err != nil {
-		return err
+	if !s.acquire() {
+		return ErrClosed
 	}
+	t.sendmsg(s.fd)
+	s.release()
 	switch t.errno {
 	case 0:
 		d.stats.TxDatagrams.Add(1)
@@ -236,9 +235,9 @@ func (q *QP) PostSend(wr *SendWR) error {
 
 // enqueueLocked queues wr for the datamover; it unlocks sqMu.
 func (q *QP) enqueueLocked(wr *SendWR, msn uint32, s *Socket) error {
-	if q.sqLen == len(q.sq) {
+	if n := q.sqLen; n == len(q.sq) {
 		q.sqMu.Unlock()
-		return fmt.Errorf("%w: %d send WRs outstanding", ErrQueueFull, q.sqLen)
+		return fmt.Errorf("%w: %d send WRs outstanding", ErrQueueFull, n)
 	}
 	i := q.sqHead + q.sqLen
 	if i >= len(q.sq) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -31,10 +32,13 @@ type Socket struct {
 	// maxDatagram is the largest UDP payload the socket can send.
 	maxDatagram int
 
-	rxMu    sync.Mutex // one reader at a time
-	rx      rxBatch
-	rxBlock func(fd uintptr) bool // parks on EAGAIN (event mode)
-	rxSpin  func(fd uintptr) bool // never parks (busy mode)
+	rxMu sync.Mutex // one reader at a time
+	rx   rxBatch
+	// fd is used directly for non-blocking system calls; users counts the
+	// calls in flight so that close never pulls it from under one.
+	fd      uintptr
+	users   atomic.Int64
+	closing atomic.Bool
 
 	// Datamover: QPs with queued work, served round-robin.
 	txMu    sync.Mutex
@@ -43,7 +47,12 @@ type Socket struct {
 	mcastMu sync.RWMutex
 	mcast   map[netip.Addr][]*QP
 	pktinfo atomic.Bool // set once a group is joined
-	closed  bool
+	// lastFull says the previous inline poll found data waiting beyond what it read.
+	lastFull bool
+	// landQP is the QP the last Send was for: batch receives land in its
+	// posted receives (see landing.go).
+	landQP atomic.Pointer[QP]
+	closed bool
 	// cur is the batch slot being delivered (for its control message).
 	cur int
 }
@@ -57,6 +66,8 @@ type mmsghdr struct {
 type rxBatch struct {
 	hs    []mmsghdr
 	iovs  []unix.Iovec
+	land  []landing // direct placement into posted receives, per slot
+	flat  []byte    // a landed datagram made contiguous again, when needed
 	names []unix.RawSockaddrAny
 	ctrl  [][rxCtrlSize]byte // IP_PKTINFO / IPV6_PKTINFO, once a group is joined
 	bufs  [][]byte
@@ -104,6 +115,8 @@ func newSocket(d *Device, conn *net.UDPConn) (*Socket, error) {
 	b.names = make([]unix.RawSockaddrAny, n)
 	b.bufs = make([][]byte, n)
 	b.ctrl = make([][rxCtrlSize]byte, n)
+	b.land = make([]landing, n)
+	b.flat = make([]byte, 1<<16+64)
 	for i := range n {
 		b.bufs[i] = make([]byte, 1<<16)
 		b.iovs[i].Base = &b.bufs[i][0]
@@ -113,8 +126,7 @@ func newSocket(d *Device, conn *net.UDPConn) (*Socket, error) {
 		b.hs[i].hdr.Iovlen = 1
 		b.hs[i].hdr.Control = &b.ctrl[i][0]
 	}
-	s.rxBlock = s.recvmmsgPark
-	s.rxSpin = s.recvmmsgSpin
+	raw.Control(func(fd uintptr) { s.fd = fd })
 	return s, nil
 }
 
@@ -135,51 +147,92 @@ func (s *Socket) start() {
 	}
 }
 
+// acquire reports whether the descriptor may be used; every true must be
+// paired with release.
+func (s *Socket) acquire() bool {
+	s.users.Add(1)
+	if s.closing.Load() {
+		s.users.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (s *Socket) release() { s.users.Add(-1) }
+
 func (s *Socket) close() {
 	s.txMu.Lock()
 	s.closed = true
 	s.txMu.Unlock()
+	s.closing.Store(true)
+	for s.users.Load() != 0 {
+		runtime.Gosched()
+	}
 	s.conn.Close()
 }
 
-func (s *Socket) recvmmsg(fd uintptr) {
+// recvmmsg reads up to vlen datagrams without waiting; false means the
+// socket closed.
+func (s *Socket) recvmmsg(vlen int) bool {
+	if !s.acquire() {
+		return false
+	}
+	defer s.release()
+	fd := s.fd
 	b := &s.rx
 	ctl := uint64(0)
 	if s.pktinfo.Load() {
 		ctl = rxCtrlSize
 	}
-	for i := range b.hs {
+	vlen = min(vlen, len(b.hs))
+	landed := 0
+	if vlen > 1 {
+		landed = s.prepareLanding(vlen)
+	}
+	for i := range b.hs[:vlen] {
 		b.hs[i].hdr.Namelen = unix.SizeofSockaddrAny
 		b.hs[i].hdr.Controllen = ctl
 		b.hs[i].hdr.Flags = 0
 	}
-	r, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&b.hs[0])), uintptr(len(b.hs)), unix.MSG_DONTWAIT, 0, 0)
+	r, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&b.hs[0])), uintptr(vlen), unix.MSG_DONTWAIT, 0, 0)
 	b.n, b.errno = int(r), e
-}
-
-func (s *Socket) recvmmsgPark(fd uintptr) bool {
-	s.recvmmsg(fd)
-	return s.rx.errno != unix.EAGAIN
-}
-
-func (s *Socket) recvmmsgSpin(fd uintptr) bool {
-	s.recvmmsg(fd)
+	if landed > 0 {
+		s.endLanding(landed)
+	}
 	return true
 }
 
-// recvLoop is the event-mode receive goroutine.
+// recvLoop is the event-mode receive goroutine. It waits for the socket
+// to become readable without holding rxMu, so that a goroutine spinning in
+// CQ.Wait can receive in its own stack meanwhile; then it reads.
 func (s *Socket) recvLoop() {
 	defer s.dev.wg.Done()
 	for {
-		s.rxMu.Lock()
-		err := s.raw.Read(s.rxBlock)
-		if err != nil {
-			s.rxMu.Unlock()
+		if err := s.raw.Read(s.readable); err != nil {
 			return // closed
 		}
-		s.dispatchBatch()
+		s.rxMu.Lock()
+		ok := s.recvmmsg(len(s.rx.hs))
+		delivered := ok && s.dispatchBatch()
 		s.rxMu.Unlock()
+		if !ok {
+			return
+		}
+		if delivered {
+			// Let the goroutines this batch woke (CQ waiters) run now, on
+			// this P, before the next receive: they repost receives and
+			// answer, and under load the loop would not park to let them.
+			runtime.Gosched()
+		}
 	}
+}
+
+// readable reports whether a datagram is queued; as a RawConn.Read
+// callback it parks the caller in the netpoller until one is.
+func (s *Socket) readable(fd uintptr) bool {
+	fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds[:], 0)
+	return err != nil || (n == 1 && fds[0].Revents != 0)
 }
 
 // pollOnce reads whatever is queued without waiting, if no other
@@ -188,26 +241,45 @@ func (s *Socket) pollOnce() {
 	if !s.rxMu.TryLock() {
 		return
 	}
-	if err := s.raw.Read(s.rxSpin); err == nil {
+	// A poller that finds nothing tries again at once: one datagram a
+	// call keeps each empty try cheap; a full batch asks for the rest.
+	vlen := 1
+	if s.lastFull {
+		vlen = len(s.rx.hs)
+	}
+	if s.recvmmsg(vlen) {
 		s.dispatchBatch()
+		s.lastFull = s.rx.n == vlen && vlen > 1 || s.rx.n == 1
 	}
 	s.rxMu.Unlock()
 }
 
-func (s *Socket) dispatchBatch() {
+func (s *Socket) dispatchBatch() bool {
 	b := &s.rx
 	if b.errno != 0 || b.n <= 0 {
-		return
+		return false
 	}
 	for i := 0; i < b.n; i++ {
 		s.cur = i
 		h := &b.hs[i]
 		n := int(h.len)
+		src := sockaddrToAddrPort(&b.names[i])
+		if l := &b.land[i]; l.q != nil {
+			if !s.completeLanding(l, n, h.hdr.Flags&unix.MSG_TRUNC != 0, src) {
+				// Not a Send that fits the receive it landed in: make the
+				// datagram contiguous and take the ordinary path.
+				f := l.flatten(b.flat, n)
+				s.dev.deliver(s, f, n > len(f), src)
+			}
+			l.reset(&b.iovs[i], &b.hs[i])
+			continue
+		}
 		if h.hdr.Flags&unix.MSG_TRUNC != 0 {
 			n = len(b.bufs[i]) + 1 // longer than any datagram we accept
 		}
-		s.dev.deliver(s, b.bufs[i][:min(n, len(b.bufs[i]))], n > len(b.bufs[i]), sockaddrToAddrPort(&b.names[i]))
+		s.dev.deliver(s, b.bufs[i][:min(n, len(b.bufs[i]))], n > len(b.bufs[i]), src)
 	}
+	return true
 }
 
 func sockaddrToAddrPort(sa *unix.RawSockaddrAny) netip.AddrPort {

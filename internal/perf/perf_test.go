@@ -1,0 +1,39 @@
+package perf
+
+import (
+	"testing"
+	"time"
+
+	"github.com/udiwarp/udiwarp/qp"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestRun checks every mode and test end to end, briefly: latencies are
+// positive and ordered, bandwidth runs deliver data.
+func TestRun(t *testing.T) {
+	for _, c := range []Config{
+		{Mode: ModeUDSend, Test: TestLat, Poll: qp.PollEvent, Size: 64, Iters: 200, Warmup: 10},
+		{Mode: ModeUDSend, Test: TestLat, Poll: qp.PollBusy, Size: 1024, Iters: 200, Warmup: 10, QPs: 2},
+		{Mode: ModeRawUDP, Test: TestLat, Poll: qp.PollEvent, Size: 64, Iters: 200, Warmup: 10},
+		{Mode: ModeRawUDP, Test: TestLat, Poll: qp.PollBusy, Size: 1024, Iters: 200, Warmup: 10, QPs: 2},
+		{Mode: ModeUDSend, Test: TestBW, Size: 64000, Duration: 100 * time.Millisecond},
+		{Mode: ModeRawUDP, Test: TestBW, Size: 64000, Duration: 100 * time.Millisecond, QPs: 2},
+	} {
+		r, err := Run(c)
+		if err != nil {
+			t.Fatalf("%+v: %v", c, err)
+		}
+		if c.Test == TestLat {
+			if r.Samples != c.Iters*max(c.QPs, 1) || !(0 < r.Min && r.Min <= r.Median && r.Median <= r.P99 && r.P99 <= r.Max) {
+				t.Fatalf("%s %s: %+v", c.Mode, c.Test, r)
+			}
+		} else if r.Received == 0 || r.Gbps <= 0 || r.Sent < r.Received {
+			t.Fatalf("%s %s: %+v", c.Mode, c.Test, r)
+		}
+	}
+	if _, err := Run(Config{Mode: "nope", Test: TestLat}); err == nil {
+		t.Fatal("unknown mode accepted")
+	}
+}

@@ -1,0 +1,194 @@
+package qp
+
+import (
+	"net/netip"
+
+	"github.com/udiwarp/udiwarp/udiwarp"
+	"golang.org/x/sys/unix"
+)
+
+// Direct placement. A batch receive normally lands each datagram in a
+// buffer of the socket's and then copies the payload into the posted
+// receive: two copies of every byte (the kernel's and ours). When the
+// socket can guess the QP the next datagrams are for (the one the last
+// Send was for), it instead hands the kernel that QP's posted receive
+// buffers: iovecs [18-byte header | the receive's SGEs | spare buffer].
+// A datagram that is indeed a Send for that QP and fits is then complete
+// where it landed; anything else is made contiguous again and takes the
+// ordinary path. Posted receive buffers are the stack's until completed,
+// so scribbling on one that was not used is allowed, as on any RNIC; the
+// bytes just past a message (its 4-byte CRC) may be overwritten.
+
+// landing is one batch slot's direct placement.
+type landing struct {
+	q    *QP
+	seq  uint64 // the receive it landed in
+	id   uint64
+	hdr  [udiwarp.DDPUntaggedHeaderSize]byte
+	iov  [maxSGE + 2]unix.Iovec
+	segs [maxSGE][]byte
+	mrs  [maxSGE]*MR
+	nseg int
+	room int
+	tail []byte // the spare buffer after the SGEs
+}
+
+// prepareLanding points the first slots of the batch at the predicted
+// QP's posted receives and returns how many it prepared. It holds the
+// QP's receive queue and the MRs until endLanding, so that no receive is
+// flushed and no memory deregistered while the kernel may write.
+func (s *Socket) prepareLanding(vlen int) int {
+	q := s.landQP.Load()
+	if q == nil || q.srq != nil || q.sock.Load() != s {
+		return 0
+	}
+	b := &s.rx
+	q.rqMu.Lock()
+	k := 0
+	for ; k < vlen && k < q.rqLen; k++ {
+		w := &q.rq[(q.rqHead+k)%len(q.rq)]
+		l := &b.land[k]
+		if !l.bind(q, w, b.bufs[k]) {
+			break
+		}
+		b.hs[k].hdr.Iov = &l.iov[0]
+		b.hs[k].hdr.SetIovlen(l.nseg + 2)
+	}
+	if k == 0 {
+		q.rqMu.Unlock()
+	}
+	return k
+}
+
+// endLanding runs after the system call: the kernel has written all it
+// will, so the MRs and the queue are released, and the slots that stayed
+// empty point back at the socket's own buffers.
+func (s *Socket) endLanding(k int) {
+	b := &s.rx
+	q := b.land[0].q
+	for i := 0; i < k; i++ {
+		b.land[i].unlockMRs()
+	}
+	q.rqMu.Unlock()
+	for i := max(b.n, 0); i < k; i++ {
+		b.land[i].reset(&b.iovs[i], &b.hs[i])
+	}
+}
+
+// bind sets the slot's iovecs to w's SGEs, holding their MRs shared.
+func (l *landing) bind(q *QP, w *recvWQE, spare []byte) bool {
+	l.q, l.seq, l.id, l.nseg, l.room = q, w.seq, w.id, 0, 0
+	l.iov[0].Base = &l.hdr[0]
+	l.iov[0].SetLen(len(l.hdr))
+	for i := 0; i < w.nsge; i++ {
+		m, buf, st := q.dev.resolve(q.pd, &w.sge[i], AccessLocalWrite)
+		if st != Success {
+			l.unlockMRs()
+			l.q = nil
+			return false
+		}
+		l.mrs[l.nseg], l.segs[l.nseg] = m, buf
+		l.iov[1+l.nseg].Base = nil
+		if len(buf) > 0 {
+			l.iov[1+l.nseg].Base = &buf[0]
+		}
+		l.iov[1+l.nseg].SetLen(len(buf))
+		l.nseg++
+		l.room += len(buf)
+	}
+	l.tail = spare
+	l.iov[1+l.nseg].Base = &spare[0]
+	l.iov[1+l.nseg].SetLen(len(spare))
+	return true
+}
+
+func (l *landing) unlockMRs() {
+	for i := 0; i < l.nseg; i++ {
+		if m := l.mrs[i]; m != nil {
+			m.mu.RUnlock()
+			l.mrs[i] = nil
+		}
+	}
+}
+
+// reset points the slot back at the socket's own buffer.
+func (l *landing) reset(iov *unix.Iovec, h *mmsghdr) {
+	l.q = nil
+	clear(l.segs[:l.nseg])
+	l.nseg = 0
+	h.hdr.Iov = iov
+	h.hdr.Iovlen = 1
+}
+
+// data calls f on the bytes after the header, in order, n in all.
+func (l *landing) data(n int, f func([]byte)) {
+	for i := 0; i < l.nseg && n > 0; i++ {
+		k := min(n, len(l.segs[i]))
+		f(l.segs[i][:k])
+		n -= k
+	}
+	if n > 0 {
+		f(l.tail[:min(n, len(l.tail))])
+	}
+}
+
+// flatten copies the landed datagram of n bytes into flat.
+func (l *landing) flatten(flat []byte, n int) []byte {
+	n = min(n, len(flat))
+	out := append(flat[:0], l.hdr[:min(n, len(l.hdr))]...)
+	l.data(n-len(out), func(b []byte) { out = append(out, b...) })
+	return out
+}
+
+// completeLanding finishes a datagram that landed in a posted receive, if
+// it is a valid Send for that QP that fits; it reports false otherwise.
+func (s *Socket) completeLanding(l *landing, n int, truncated bool, src netip.AddrPort) bool {
+	payload := n - udiwarp.DDPUntaggedHeaderSize - udiwarp.CRCSize
+	if truncated || payload < 0 || payload > l.room {
+		return false
+	}
+	seg, err := udiwarp.ParseSegment(l.hdr[:], udiwarp.ProfileDatagram)
+	if err != nil || seg.Control.Tagged() {
+		return false
+	}
+	op := seg.Opcode()
+	h := seg.Untagged()
+	q := l.q
+	if (op != udiwarp.OpSend && op != udiwarp.OpSendSE) || h.DstQPN() != q.num {
+		return false
+	}
+	crc := udiwarp.CRC32c(l.hdr[:])
+	rem := payload
+	var wire [udiwarp.CRCSize]byte
+	wn := 0
+	l.data(payload+udiwarp.CRCSize, func(b []byte) {
+		k := min(rem, len(b))
+		crc = udiwarp.UpdateCRC32c(crc, b[:k])
+		rem -= k
+		wn += copy(wire[wn:], b[k:])
+	})
+	if udiwarp.WireCRC(wire[:]) != crc {
+		return false // the ordinary path counts it
+	}
+	if st := q.State(); st != StateRTR && st != StateRTS {
+		return false
+	}
+	q.rqMu.Lock()
+	if q.rqLen == 0 || q.rq[q.rqHead].seq != l.seq {
+		q.rqMu.Unlock()
+		return false // an earlier datagram took another path: copy, in order
+	}
+	q.rqHead++
+	if q.rqHead == len(q.rq) {
+		q.rqHead = 0
+	}
+	q.rqLen--
+	q.rqMu.Unlock()
+	st := &s.dev.stats
+	st.RxDatagrams.Add(1)
+	st.RxDelivered.Add(1)
+	st.RxLanded.Add(1)
+	q.recvCQ.push(&WorkCompletion{ID: l.id, Opcode: WCRecv, QPN: q.num, Solicited: op == udiwarp.OpSendSE,
+		Source: src, SourceQPN: h.SrcQPN(), MSN: h.MSN(), Len: uint32(payload)})
+	return true
+}

@@ -1,0 +1,71 @@
+package qp
+
+import (
+	"bytes"
+	"testing"
+	"time"
+)
+
+// TestDirectPlacement checks receives that land straight in posted
+// buffers: multi-SGE receives, messages for another QP on the same socket
+// in between (the guess is wrong), a message too long for its receive, a
+// corrupted one, and FIFO matching throughout.
+func TestDirectPlacement(t *testing.T) {
+	a := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	cq2, _ := b.dev.CreateCQ(1024)
+	other := b.newQP(QPAttr{Type: UD, SendCQ: cq2, RecvCQ: cq2, Caps: QPCaps{MaxRecvWR: 512}})
+	const n = 300
+	const slot = 3000
+	for i := range n {
+		// Two SGEs per receive: 1000 bytes, then 2000 bytes elsewhere.
+		b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*1000, 1000), b.mr.SGE(300000+i*2000, 2000)}})
+		other.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(900000+i*100, 100)}})
+	}
+	ahB, ahO := a.ah(b, b.qp), a.ah(b, other)
+	want := make([][]byte, 0, n)
+	for i := range n {
+		size := 1 + (i*997)%slot
+		if i%50 == 7 {
+			size = slot + 10 // longer than the receive: completes in error
+		}
+		msg := a.buf[i*3100 : i*3100+size]
+		fill(msg, i)
+		want = append(want, msg)
+		if err := a.qp.PostSend(&SendWR{SGL: []SGE{a.mr.SGE(i*3100, size)}, AH: ahB}); err != nil {
+			t.Fatal(err)
+		}
+		if i%10 == 3 {
+			a.qp.PostSend(&SendWR{Inline: []byte{byte(i)}, AH: ahO})
+		}
+	}
+	got := waitWC(t, b.cq, n)
+	for i, wc := range got {
+		if wc.ID != uint64(i) {
+			t.Fatalf("receive %d completed as WR %d: not FIFO", i, wc.ID)
+		}
+		if len(want[i]) > slot {
+			if wc.Status != LocalLengthError {
+				t.Fatalf("oversized message %d: %+v", i, wc)
+			}
+			continue
+		}
+		if wc.Status != Success || int(wc.Len) != len(want[i]) {
+			t.Fatalf("message %d: %+v", i, wc)
+		}
+		rx := append(append([]byte{}, b.buf[i*1000:i*1000+1000]...), b.buf[300000+i*2000:300000+i*2000+2000]...)
+		if !bytes.Equal(rx[:wc.Len], want[i]) {
+			t.Fatalf("message %d differs", i)
+		}
+	}
+	for _, wc := range waitWC(t, cq2, n/10) {
+		if wc.Status != Success || b.buf[900000+wc.ID*100] != byte(3+10*wc.ID) {
+			t.Fatalf("other QP: %+v", wc)
+		}
+	}
+	time.Sleep(10 * time.Millisecond)
+	t.Logf("landed %d of %d delivered", b.dev.Stats().RxLanded.Load(), b.dev.Stats().RxDelivered.Load())
+	if b.dev.Stats().RxLanded.Load() == 0 {
+		t.Fatal("nothing was placed directly")
+	}
+}
