@@ -59,25 +59,43 @@ func rawFD(c *net.UDPConn) uintptr {
 }
 
 // spinWrite and spinRead are non-blocking raw system calls retried until
-// they go through: the busy-poll baseline.
+// they go through: the busy-poll baseline. A loop that lives in
+// RawSyscall cannot be preempted, so every 1024 empty tries it yields:
+// with more spinners than cores the others must get to run.
 func spinWrite(fd uintptr, b []byte, stop *atomic.Bool) bool {
-	for !stop.Load() {
+	for k := 1; !stop.Load(); k++ {
 		_, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
 		if e == 0 {
 			return true
+		}
+		if k%1024 == 0 {
+			runtime.Gosched()
 		}
 	}
 	return false
 }
 
 func spinRead(fd uintptr, b []byte, stop *atomic.Bool) (int, bool) {
-	for !stop.Load() {
+	for k := 1; !stop.Load(); k++ {
 		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
 		if e == 0 {
 			return int(n), true
 		}
+		if k%1024 == 0 {
+			runtime.Gosched()
+		}
 	}
 	return 0, false
+}
+
+// lockThread pins a busy poller to its OS thread, as the fastest spinning
+// code does, when there are no more spinners than one pair.
+func lockThread(cfg Config) func() {
+	if cfg.Poll != qp.PollBusy || cfg.QPs > 1 {
+		return func() {}
+	}
+	runtime.LockOSThread()
+	return runtime.UnlockOSThread
 }
 
 func rawLatency(cfg Config) (Result, error) {
@@ -104,8 +122,7 @@ func rawLatency(cfg Config) (Result, error) {
 			defer servers.Done()
 			buf := make([]byte, 65536)
 			if busy {
-				runtime.LockOSThread()
-				defer runtime.UnlockOSThread()
+				defer lockThread(cfg)()
 				fd := rawFD(p.b)
 				for {
 					n, ok := spinRead(fd, buf, &stop)
@@ -130,8 +147,7 @@ func rawLatency(cfg Config) (Result, error) {
 			ns := make([]int64, 0, cfg.Iters)
 			var fd uintptr
 			if busy {
-				runtime.LockOSThread()
-				defer runtime.UnlockOSThread()
+				defer lockThread(cfg)()
 				fd = rawFD(p.a)
 			}
 			for it := range cfg.Warmup + cfg.Iters {

@@ -76,9 +76,12 @@ func (s *udSide) postRecvs(i, slot int) error {
 // next waits for one completion on cq: spinning in busy mode, parked in
 // event mode. It returns false once stop is set or the device closes.
 func next(cq *qp.CQ, busy bool, wc []qp.WorkCompletion, stop *atomic.Bool) bool {
-	for {
+	for k := 1; ; k++ {
 		if cq.Poll(wc[:1]) == 1 {
 			return true
+		}
+		if k%1024 == 0 {
+			runtime.Gosched() // as the baseline does: spinners may outnumber cores
 		}
 		if stop.Load() {
 			return false
@@ -127,10 +130,7 @@ func udLatency(cfg Config) (Result, error) {
 		clients.Add(1)
 		go func() { // server: echo every message back
 			defer wg.Done()
-			if busy {
-				runtime.LockOSThread()
-				defer runtime.UnlockOSThread()
-			}
+			defer lockThread(cfg)()
 			q, cq := srv.qps[i], srv.cqs[i]
 			wc := make([]qp.WorkCompletion, 1)
 			send := qp.SendWR{SGL: []qp.SGE{srv.mr.SGE(0, cfg.Size)}, AH: toCli}
@@ -154,10 +154,7 @@ func udLatency(cfg Config) (Result, error) {
 		}()
 		go func() { // client: timed ping-pongs
 			defer clients.Done()
-			if busy {
-				runtime.LockOSThread()
-				defer runtime.UnlockOSThread()
-			}
+			defer lockThread(cfg)()
 			q, cq := cli.qps[i], cli.cqs[i]
 			wc := make([]qp.WorkCompletion, 1)
 			send := qp.SendWR{SGL: []qp.SGE{cli.mr.SGE(0, cfg.Size)}, AH: toSrv}
