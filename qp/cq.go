@@ -35,6 +35,7 @@ type CQ struct {
 	// Notification channel (ibv_req_notify_cq): armed once, fires once.
 	notifyMu  sync.Mutex
 	armed     int8 // 0 off, 1 any, 2 solicited only
+	armedAny  atomic.Int32
 	notify    chan struct{}
 	progress  func() // busy-poll mode: drive the device when empty
 	destroyed bool
@@ -94,9 +95,13 @@ func (cq *CQ) push(wc *WorkCompletion) bool {
 }
 
 func (cq *CQ) fire(solicited bool) {
+	if cq.armedAny.Load() == 0 {
+		return
+	}
 	cq.notifyMu.Lock()
 	if cq.armed == 1 || (cq.armed == 2 && solicited) {
 		cq.armed = 0
+		cq.armedAny.Store(0)
 		select {
 		case cq.notify <- struct{}{}:
 		default:
@@ -183,6 +188,7 @@ func (cq *CQ) RequestNotify(solicitedOnly bool) {
 	} else {
 		cq.armed = 1
 	}
+	cq.armedAny.Store(1)
 	cq.notifyMu.Unlock()
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -93,8 +94,9 @@ type Device struct {
 	qpNext uint32
 	pdNext atomic.Uint32
 
-	mu      sync.Mutex
-	sockets []*Socket
+	mu         sync.Mutex
+	sockets    []*Socket
+	socketList atomic.Pointer[[]*Socket] // a snapshot for pollers
 
 	events       chan AsyncEvent
 	eventsLost   atomic.Uint64
@@ -158,6 +160,7 @@ func (d *Device) Close() error {
 	d.mu.Lock()
 	socks := d.sockets
 	d.sockets = nil
+	d.socketList.Store(nil)
 	d.mu.Unlock()
 	for _, s := range socks {
 		s.close()
@@ -227,6 +230,8 @@ func (d *Device) Bind(network, address string, opts ...BindOption) (*Socket, err
 		return nil, ErrClosed
 	}
 	d.sockets = append(d.sockets, s)
+	list := slices.Clone(d.sockets)
+	d.socketList.Store(&list)
 	d.mu.Unlock()
 	s.start()
 	return s, nil
@@ -235,10 +240,11 @@ func (d *Device) Bind(network, address string, opts ...BindOption) (*Socket, err
 // progressOnce runs one non-blocking receive pass over the device's
 // sockets in the caller's goroutine (busy-poll mode).
 func (d *Device) progressOnce() {
-	d.mu.Lock()
-	socks := d.sockets
-	d.mu.Unlock()
-	for _, s := range socks {
+	socks := d.socketList.Load()
+	if socks == nil {
+		return
+	}
+	for _, s := range *socks {
 		s.pollOnce()
 	}
 }

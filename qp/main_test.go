@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/udiwarp/udiwarp/udiwarp"
 	"go.uber.org/goleak"
 )
 
@@ -103,3 +104,9 @@ func quiet(t testing.TB, cq *CQ) {
 }
 
 var loop4 = netip.MustParseAddr("127.0.0.1")
+
+func udiwarpSend(dstQP, srcQP uint32, payload []byte) []byte {
+	h := udiwarp.AppendUntagged(nil, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
+		RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpSend), ULP: srcQP, QN: udiwarp.DatagramQN(dstQP, udiwarp.QueueSend), MSN: 1})
+	return udiwarp.SealDatagram(append(h, payload...), 0)
+}

@@ -15,7 +15,7 @@ func BenchmarkLatency(b *testing.B) {
 	for _, qps := range []int{1, 2} {
 		for _, poll := range []qp.PollMode{qp.PollBusy, qp.PollEvent} {
 			for _, size := range []int{64, 1024} {
-				for _, mode := range []Mode{ModeRawUDP, ModeUDSend} {
+				for _, mode := range []Mode{ModeRawUDP, ModeRawUDPUnconnected, ModeUDSend} {
 					name := fmt.Sprintf("qps=%d/poll=%s/size=%d/mode=%s", qps, poll, size, mode)
 					b.Run(name, func(b *testing.B) {
 						r, err := Run(Config{Mode: mode, Test: TestLat, Poll: poll, Size: size, Iters: b.N, Warmup: 1000, QPs: qps})

@@ -19,6 +19,9 @@ type Mode string
 const (
 	ModeUDSend Mode = "ud-send" // UD Send/Recv through package qp
 	ModeRawUDP Mode = "raw-udp" // plain UDP sockets, the baseline
+	// ModeRawUDPUnconnected is the baseline on unconnected sockets, as a
+	// UD QP's socket must be: sendto/recvfrom, or WriteTo/ReadFrom.
+	ModeRawUDPUnconnected Mode = "raw-udp-unconn"
 )
 
 // Test is what is measured.
@@ -88,7 +91,7 @@ func Run(cfg Config) (Result, error) {
 		return udLatency(cfg)
 	case cfg.Mode == ModeUDSend && cfg.Test == TestBW:
 		return udBandwidth(cfg)
-	case cfg.Mode == ModeRawUDP && cfg.Test == TestLat:
+	case (cfg.Mode == ModeRawUDP || cfg.Mode == ModeRawUDPUnconnected) && cfg.Test == TestLat:
 		return rawLatency(cfg)
 	case cfg.Mode == ModeRawUDP && cfg.Test == TestBW:
 		return rawBandwidth(cfg)

@@ -51,6 +51,16 @@ func connectedPair() (a, b *net.UDPConn, err error) {
 	return a, b, nil
 }
 
+func sockaddr(c *net.UDPConn) unix.RawSockaddrInet4 {
+	ap := c.LocalAddr().(*net.UDPAddr).AddrPort()
+	var sa unix.RawSockaddrInet4
+	sa.Family = unix.AF_INET
+	sa.Addr = ap.Addr().Unmap().As4()
+	p := ap.Port()
+	sa.Port = p<<8 | p>>8
+	return sa
+}
+
 func rawFD(c *net.UDPConn) uintptr {
 	rc, _ := c.SyscallConn()
 	var fd uintptr
@@ -62,9 +72,15 @@ func rawFD(c *net.UDPConn) uintptr {
 // they go through: the busy-poll baseline. A loop that lives in
 // RawSyscall cannot be preempted, so every 1024 empty tries it yields:
 // with more spinners than cores the others must get to run.
-func spinWrite(fd uintptr, b []byte, stop *atomic.Bool) bool {
+func spinWrite(fd uintptr, b []byte, unconn bool, to *unix.RawSockaddrInet4, stop *atomic.Bool) bool {
 	for k := 1; !stop.Load(); k++ {
-		_, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+		var e syscall.Errno
+		if unconn {
+			_, _, e = syscall.RawSyscall6(syscall.SYS_SENDTO, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)),
+				unix.MSG_DONTWAIT, uintptr(unsafe.Pointer(to)), unix.SizeofSockaddrInet4)
+		} else {
+			_, _, e = syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+		}
 		if e == 0 {
 			return true
 		}
@@ -75,9 +91,18 @@ func spinWrite(fd uintptr, b []byte, stop *atomic.Bool) bool {
 	return false
 }
 
-func spinRead(fd uintptr, b []byte, stop *atomic.Bool) (int, bool) {
+func spinRead(fd uintptr, b []byte, unconn bool, stop *atomic.Bool) (int, bool) {
+	var from unix.RawSockaddrAny
 	for k := 1; !stop.Load(); k++ {
-		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+		var n uintptr
+		var e syscall.Errno
+		if unconn {
+			fl := uint32(unix.SizeofSockaddrAny)
+			n, _, e = syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)),
+				unix.MSG_DONTWAIT, uintptr(unsafe.Pointer(&from)), uintptr(unsafe.Pointer(&fl)))
+		} else {
+			n, _, e = syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+		}
 		if e == 0 {
 			return int(n), true
 		}
@@ -102,8 +127,13 @@ func rawLatency(cfg Config) (Result, error) {
 	busy := cfg.Poll == qp.PollBusy
 	type pair struct{ a, b *net.UDPConn }
 	pairs := make([]pair, cfg.QPs)
+	unconn := cfg.Mode == ModeRawUDPUnconnected
+	pair2 := connectedPair
+	if unconn {
+		pair2 = udpPair
+	}
 	for i := range pairs {
-		a, b, err := connectedPair()
+		a, b, err := pair2()
 		if err != nil {
 			return Result{}, err
 		}
@@ -124,19 +154,32 @@ func rawLatency(cfg Config) (Result, error) {
 			if busy {
 				defer lockThread(cfg)()
 				fd := rawFD(p.b)
+				to := sockaddr(p.a)
 				for {
-					n, ok := spinRead(fd, buf, &stop)
-					if !ok || !spinWrite(fd, buf[:n], &stop) {
+					n, ok := spinRead(fd, buf, unconn, &stop)
+					if !ok || !spinWrite(fd, buf[:n], unconn, &to, &stop) {
 						return
 					}
 				}
 			}
+			to := p.a.LocalAddr().(*net.UDPAddr).AddrPort()
 			for {
-				n, err := p.b.Read(buf)
+				var n int
+				var err error
+				if unconn {
+					n, _, err = p.b.ReadFromUDPAddrPort(buf)
+				} else {
+					n, err = p.b.Read(buf)
+				}
 				if err != nil {
 					return
 				}
-				if _, err := p.b.Write(buf[:n]); err != nil {
+				if unconn {
+					_, err = p.b.WriteToUDPAddrPort(buf[:n], to)
+				} else {
+					_, err = p.b.Write(buf[:n])
+				}
+				if err != nil {
 					return
 				}
 			}
@@ -146,16 +189,22 @@ func rawLatency(cfg Config) (Result, error) {
 			msg, buf := make([]byte, size), make([]byte, 65536)
 			ns := make([]int64, 0, cfg.Iters)
 			var fd uintptr
+			to := sockaddr(p.b)
+			toAP := p.b.LocalAddr().(*net.UDPAddr).AddrPort()
 			if busy {
 				defer lockThread(cfg)()
 				fd = rawFD(p.a)
 			}
 			for it := range cfg.Warmup + cfg.Iters {
 				t0 := time.Now()
-				if busy {
-					spinWrite(fd, msg, &stop)
-					spinRead(fd, buf, &stop)
-				} else {
+				switch {
+				case busy:
+					spinWrite(fd, msg, unconn, &to, &stop)
+					spinRead(fd, buf, unconn, &stop)
+				case unconn:
+					p.a.WriteToUDPAddrPort(msg, toAP)
+					p.a.ReadFromUDPAddrPort(buf)
+				default:
 					p.a.Write(msg)
 					p.a.Read(buf)
 				}
