@@ -33,12 +33,11 @@ type CQ struct {
 	waiters atomic.Int32
 
 	// Notification channel (ibv_req_notify_cq): armed once, fires once.
-	notifyMu  sync.Mutex
-	armed     int8 // 0 off, 1 any, 2 solicited only
-	armedAny  atomic.Int32
-	notify    chan struct{}
-	progress  func() // busy-poll mode: drive the device when empty
-	destroyed bool
+	notifyMu sync.Mutex
+	armed    int8 // 0 off, 1 any, 2 solicited only
+	armedAny atomic.Int32
+	notify   chan struct{}
+	progress func() // busy-poll mode: drive the device when empty
 }
 
 // CreateCQ makes a completion queue that holds depth entries.

@@ -98,13 +98,12 @@ type Device struct {
 	sockets    []*Socket
 	socketList atomic.Pointer[[]*Socket] // a snapshot for pollers
 
-	events       chan AsyncEvent
-	eventsLost   atomic.Uint64
-	closed       atomic.Bool
-	done         chan struct{}
-	wg           sync.WaitGroup
-	stats        Stats
-	progressBusy atomic.Bool
+	events     chan AsyncEvent
+	eventsLost atomic.Uint64
+	closed     atomic.Bool
+	done       chan struct{}
+	wg         sync.WaitGroup
+	stats      Stats
 }
 
 // Open creates a device.

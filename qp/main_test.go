@@ -3,7 +3,6 @@ package qp
 import (
 	"context"
 	"errors"
-	"net/netip"
 	"testing"
 	"time"
 
@@ -102,8 +101,6 @@ func quiet(t testing.TB, cq *CQ) {
 		t.Fatalf("unexpected completion %+v", wc[0])
 	}
 }
-
-var loop4 = netip.MustParseAddr("127.0.0.1")
 
 func udiwarpSend(dstQP, srcQP uint32, payload []byte) []byte {
 	h := udiwarp.AppendUntagged(nil, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,

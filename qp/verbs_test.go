@@ -89,7 +89,7 @@ func TestLocalErrors(t *testing.T) {
 		}
 	})
 	t.Run("receive into memory without local write", func(t *testing.T) {
-		ro, _ := b.pd.RegisterMemory(make([]byte, 64), AccessRemoteRead&0)
+		ro, _ := b.pd.RegisterMemory(make([]byte, 64), 0) // read-only
 		b.qp.PostRecv(&RecvWR{ID: 2, SGL: []SGE{ro.SGE(0, 64)}})
 		a.qp.PostSend(&SendWR{Inline: []byte("x"), AH: ah})
 		if wc := waitWC(t, b.cq, 1)[0]; wc.Status != LocalProtectionError {
@@ -144,6 +144,13 @@ func TestMRKeys(t *testing.T) {
 	}
 	if _, err := pd.RegisterMemory(buf, AccessLocalWrite); !errors.Is(err, ErrTooMany) {
 		t.Fatalf("fifth MR of four: %v", err)
+	}
+	// Freeing one makes room again, under a new STag.
+	old := mrs[2].STag()
+	mrs[2].Deregister()
+	m, err := pd.RegisterMemory(buf, AccessLocalWrite)
+	if err != nil || m.STag() == old {
+		t.Fatalf("re-registration: %v, STag %#x (old %#x)", err, m.STag(), old)
 	}
 	if _, err := pd.RegisterMemory(nil, AccessLocalWrite); !errors.Is(err, ErrInvalidAttr) {
 		t.Fatal("empty buffer registered")
