@@ -103,7 +103,7 @@ func statsSnapshot(d *Device) map[string]uint64 {
 		"rx": s.RxDatagrams.Load(), "delivered": s.RxDelivered.Load(), "truncated": s.RxTruncated.Load(),
 		"toolong": s.RxTooLong.Load(), "crc": s.RxBadCRC.Load(), "version": s.RxBadVersion.Load(),
 		"header": s.RxBadHeader.Load(), "opcode": s.RxBadOpcode.Load(), "unknownqp": s.RxUnknownQP.Load(),
-		"norecv": s.RxNoRecv.Load(), "rd": s.RxRDFrames.Load(),
+		"norecv": s.RxNoRecv.Load(), "rd": s.RxRDFrames.Load(), "state": s.RxQPState.Load(), "landed": s.RxLanded.Load(),
 	}
 }
 

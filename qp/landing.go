@@ -2,6 +2,7 @@ package qp
 
 import (
 	"net/netip"
+	"unsafe"
 
 	"github.com/udiwarp/udiwarp/udiwarp"
 	"golang.org/x/sys/unix"
@@ -49,6 +50,13 @@ func (s *Socket) prepareLanding(vlen int) int {
 		w := &q.rq[(q.rqHead+k)%len(q.rq)]
 		l := &b.land[k]
 		if !l.bind(q, w, b.bufs[k]) {
+			break
+		}
+		// Receives may share memory; two datagrams of one batch must not
+		// land on the same bytes before the first is checked.
+		if overlapsEarlier(b.land[:k], l) {
+			l.unlockMRs()
+			l.q = nil
 			break
 		}
 		b.hs[k].hdr.Iov = &l.iov[0]
@@ -100,6 +108,32 @@ func (l *landing) bind(q *QP, w *recvWQE, spare []byte) bool {
 	l.iov[1+l.nseg].Base = &spare[0]
 	l.iov[1+l.nseg].SetLen(len(spare))
 	return true
+}
+
+func span(b []byte) (lo, hi uintptr) {
+	if len(b) == 0 {
+		return 0, 0
+	}
+	lo = uintptr(unsafe.Pointer(&b[0]))
+	return lo, lo + uintptr(len(b))
+}
+
+func overlapsEarlier(prev []landing, l *landing) bool {
+	for i := 0; i < l.nseg; i++ {
+		lo, hi := span(l.segs[i])
+		if lo == hi {
+			continue
+		}
+		for j := range prev {
+			for _, seg := range prev[j].segs[:prev[j].nseg] {
+				plo, phi := span(seg)
+				if lo < phi && plo < hi {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 func (l *landing) unlockMRs() {

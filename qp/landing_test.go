@@ -69,3 +69,28 @@ func TestDirectPlacement(t *testing.T) {
 		t.Fatal("nothing was placed directly")
 	}
 }
+
+// TestDirectPlacementSharedBuffers posts receives that all point at the
+// same bytes, as applications may: datagrams of one batch must not land
+// on each other.
+func TestDirectPlacementSharedBuffers(t *testing.T) {
+	a := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	const n = 200
+	for i := range n {
+		b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(0, 100)}})
+	}
+	ah := a.ah(b, b.qp)
+	for i := range n {
+		a.qp.PostSend(&SendWR{Inline: bytes.Repeat([]byte{byte(i)}, 50), AH: ah})
+	}
+	got := waitWC(t, b.cq, n)
+	for i, wc := range got {
+		if wc.Status != Success || wc.ID != uint64(i) {
+			t.Fatalf("%d: %+v", i, wc)
+		}
+	}
+	if c := b.dev.Stats().RxBadCRC.Load(); c != 0 {
+		t.Fatalf("%d datagrams corrupted by landing on shared buffers", c)
+	}
+}

@@ -107,3 +107,15 @@ func udiwarpSend(dstQP, srcQP uint32, payload []byte) []byte {
 		RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpSend), ULP: srcQP, QN: udiwarp.DatagramQN(dstQP, udiwarp.QueueSend), MSN: 1})
 	return udiwarp.SealDatagram(append(h, payload...), 0)
 }
+
+// eventually waits up to 5 s for cond.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -241,7 +241,13 @@ func TestCQ(t *testing.T) {
 		if e.CQ != small || !small.Overflowed() {
 			t.Fatal("wrong CQ")
 		}
-		time.Sleep(20 * time.Millisecond)
+		deadline := time.Now().Add(5 * time.Second)
+		for small.Dropped() != 2 {
+			if time.Now().After(deadline) {
+				t.Fatalf("dropped %d; stats %v landed %d", small.Dropped(), statsSnapshot(b.dev), b.dev.Stats().RxLanded.Load())
+			}
+			time.Sleep(time.Millisecond)
+		}
 		wcs := make([]WorkCompletion, 8)
 		if n := small.Poll(wcs); n != 2 || wcs[0].ID != 0 || wcs[1].ID != 1 {
 			t.Fatalf("the first two completions must survive, never overwritten: %d %+v", n, wcs[:n])
@@ -313,10 +319,7 @@ func TestSRQ(t *testing.T) {
 	if e.QP != flooded {
 		t.Fatal("overdraft event for the wrong QP")
 	}
-	time.Sleep(30 * time.Millisecond)
-	if got := b.dev.Stats().RxSRQOverdraft.Load(); got != 12 {
-		t.Fatalf("overdraft drops %d, want 12", got)
-	}
+	eventually(t, "12 overdraft drops", func() bool { return b.dev.Stats().RxSRQOverdraft.Load() == 12 })
 	// The watermark (30) was crossed once: 40 - 8 = 32 left, not yet.
 	select {
 	case e := <-b.dev.Events():
