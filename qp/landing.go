@@ -20,6 +20,10 @@ import (
 // so scribbling on one that was not used is allowed, as on any RNIC; the
 // bytes just past a message (its 4-byte CRC) may be overwritten.
 
+// maxLanding bounds the slots of a batch that land directly: enough to
+// keep large datagrams zero-copy, few enough to keep preparing cheap.
+const maxLanding = 8
+
 // landing is one batch slot's direct placement.
 type landing struct {
 	q    *QP
@@ -46,7 +50,7 @@ func (s *Socket) prepareLanding(vlen int) int {
 	b := &s.rx
 	q.rqMu.Lock()
 	k := 0
-	for ; k < vlen && k < q.rqLen; k++ {
+	for ; k < min(vlen, maxLanding) && k < q.rqLen; k++ {
 		w := &q.rq[(q.rqHead+k)%len(q.rq)]
 		l := &b.land[k]
 		if !l.bind(q, w, b.bufs[k]) {

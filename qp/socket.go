@@ -47,8 +47,8 @@ type Socket struct {
 	mcastMu sync.RWMutex
 	mcast   map[netip.Addr][]*QP
 	pktinfo atomic.Bool // set once a group is joined
-	// lastFull says the previous inline poll found data waiting beyond what it read.
-	lastFull bool
+	// streak counts inline polls in a row that found a datagram.
+	streak int
 	// landQP is the QP the last Send was for: batch receives land in its
 	// posted receives (see landing.go).
 	landQP atomic.Pointer[QP]
@@ -251,15 +251,23 @@ func (s *Socket) pollOnce() {
 	if !s.rxMu.TryLock() {
 		return
 	}
-	// A poller that finds nothing tries again at once: one datagram a
-	// call keeps each empty try cheap; a full batch asks for the rest.
+	// A poller that finds nothing tries again at once, so each try reads
+	// one datagram (recvmsg is cheapest); once datagrams come back to back
+	// it reads batches, until a batch comes back short.
 	vlen := 1
-	if s.lastFull {
+	if s.streak >= 2 {
 		vlen = len(s.rx.hs)
 	}
 	if s.recvmmsg(vlen) {
 		s.dispatchBatch()
-		s.lastFull = s.rx.n == vlen && vlen > 1 || s.rx.n == 1
+		switch {
+		case s.rx.n <= 0:
+			s.streak = 0
+		case vlen == 1:
+			s.streak++
+		case s.rx.n < vlen:
+			s.streak = 0
+		}
 	}
 	s.rxMu.Unlock()
 }
