@@ -54,9 +54,13 @@ type DeviceConfig struct {
 	// Impair, if set, runs every datagram this device sends through an
 	// impairment layer (loss, reordering, duplication, delay, corruption).
 	Impair *Impairment
+	// NoCRC sends every CRC32c trailer as zero and checks none, for peers
+	// whose applications agreed to rely on the UDP checksum alone (seed
+	// 003 leaves CRC settings to the ULP). Both ends must agree.
+	NoCRC bool
 	// EventSpin is how long CQ.Wait polls the device itself, in the
 	// caller's goroutine, before it parks (event mode): a reply that comes
-	// back within it costs no wake-up. Default 50µs; negative disables.
+	// back within it costs no wake-up. Default 20µs; negative disables.
 	EventSpin time.Duration
 }
 
@@ -73,7 +77,7 @@ func (c *DeviceConfig) fill() {
 	def(&c.RecvBuffer, 8<<20)
 	def(&c.SendBuffer, 4<<20)
 	if c.EventSpin == 0 {
-		c.EventSpin = 50 * time.Microsecond
+		c.EventSpin = 20 * time.Microsecond
 	}
 	if c.MaxMR > 1<<24-1 {
 		c.MaxMR = 1<<24 - 1

@@ -195,17 +195,7 @@ func (s *Socket) completeLanding(l *landing, n int, truncated bool, src netip.Ad
 	if (op != udiwarp.OpSend && op != udiwarp.OpSendSE) || h.DstQPN() != q.num {
 		return false
 	}
-	crc := udiwarp.CRC32c(l.hdr[:])
-	rem := payload
-	var wire [udiwarp.CRCSize]byte
-	wn := 0
-	l.data(payload+udiwarp.CRCSize, func(b []byte) {
-		k := min(rem, len(b))
-		crc = udiwarp.UpdateCRC32c(crc, b[:k])
-		rem -= k
-		wn += copy(wire[wn:], b[k:])
-	})
-	if udiwarp.WireCRC(wire[:]) != crc {
+	if !s.dev.cfg.NoCRC && !l.crcOK(payload) {
 		return false // the ordinary path counts it
 	}
 	if st := q.State(); st != StateRTR && st != StateRTS {
@@ -229,4 +219,19 @@ func (s *Socket) completeLanding(l *landing, n int, truncated bool, src netip.Ad
 	q.recvCQ.push(&WorkCompletion{ID: l.id, Opcode: WCRecv, QPN: q.num, Solicited: op == udiwarp.OpSendSE,
 		Source: src, SourceQPN: h.SrcQPN(), MSN: h.MSN(), Len: uint32(payload)})
 	return true
+}
+
+// crcOK checks the trailer of a landed datagram with this payload length.
+func (l *landing) crcOK(payload int) bool {
+	crc := udiwarp.CRC32c(l.hdr[:])
+	rem := payload
+	var wire [udiwarp.CRCSize]byte
+	wn := 0
+	l.data(payload+udiwarp.CRCSize, func(b []byte) {
+		k := min(rem, len(b))
+		crc = udiwarp.UpdateCRC32c(crc, b[:k])
+		rem -= k
+		wn += copy(wire[wn:], b[k:])
+	})
+	return udiwarp.WireCRC(wire[:]) == crc
 }

@@ -181,7 +181,11 @@ func (d *Device) deliver(s *Socket, b []byte, truncated bool, src netip.AddrPort
 		st.RxRDFrames.Add(1)
 		return
 	}
-	seg, err := udiwarp.ParseUDFrame(b)
+	parse := udiwarp.ParseUDFrame
+	if d.cfg.NoCRC {
+		parse = udiwarp.ParseUDFrameNoCRC
+	}
+	seg, err := parse(b)
 	if err != nil {
 		st.countRx(err)
 		return

@@ -95,7 +95,11 @@ func (t *txCtx) build(s *Socket, op SendOpcode, flags SendFlags, ah *AH, sgl []S
 		ULP: q.num, QN: udiwarp.DatagramQN(ah.qpn, udiwarp.QueueSend), MSN: msn})
 	t.iov[0].Base = &t.hdr[0]
 	t.iov[0].SetLen(udiwarp.DDPUntaggedHeaderSize)
-	crc := udiwarp.CRC32c(hdr)
+	sum := !q.dev.cfg.NoCRC
+	var crc uint32
+	if sum {
+		crc = udiwarp.CRC32c(hdr)
+	}
 	niov := 1
 	total := 0
 	if inline != nil {
@@ -103,7 +107,9 @@ func (t *txCtx) build(s *Socket, op SendOpcode, flags SendFlags, ah *AH, sgl []S
 			t.iov[1].Base = &inline[0]
 			t.iov[1].SetLen(len(inline))
 			niov++
-			crc = udiwarp.UpdateCRC32c(crc, inline)
+			if sum {
+				crc = udiwarp.UpdateCRC32c(crc, inline)
+			}
 		}
 		total = len(inline)
 	} else {
@@ -122,7 +128,9 @@ func (t *txCtx) build(s *Socket, op SendOpcode, flags SendFlags, ah *AH, sgl []S
 			t.iov[niov].Base = &b[0]
 			t.iov[niov].SetLen(len(b))
 			niov++
-			crc = udiwarp.UpdateCRC32c(crc, b)
+			if sum {
+				crc = udiwarp.UpdateCRC32c(crc, b)
+			}
 		}
 	}
 	t.length = total

@@ -147,3 +147,28 @@ func TestIPv6(t *testing.T) {
 		t.Fatalf("IPv6 receive %+v", rc)
 	}
 }
+
+// TestNoCRC runs two devices whose applications agreed to send without
+// CRC, and checks that a device that still checks drops their datagrams.
+func TestNoCRC(t *testing.T) {
+	a := newNode(t, DeviceConfig{NoCRC: true}, "udp4", "127.0.0.1:0")
+	b := newNode(t, DeviceConfig{NoCRC: true}, "udp4", "127.0.0.1:0")
+	checking := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	fill(a.buf[:30000], 1)
+	for i := range 20 { // enough back to back for batches that land directly
+		b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*30000, 30000)}})
+	}
+	ah := a.ah(b, b.qp)
+	for range 20 {
+		a.qp.PostSend(&SendWR{SGL: []SGE{a.mr.SGE(0, 30000)}, AH: ah})
+	}
+	for i, wc := range waitWC(t, b.cq, 20) {
+		if wc.Status != Success || wc.Len != 30000 || !bytes.Equal(b.buf[i*30000:(i+1)*30000], a.buf[:30000]) {
+			t.Fatalf("%d: %+v", i, wc)
+		}
+	}
+	checking.qp.PostRecv(&RecvWR{SGL: []SGE{checking.mr.SGE(0, 100)}})
+	a.qp.PostSend(&SendWR{Inline: []byte("unchecked"), AH: a.ah(checking, checking.qp)})
+	eventually(t, "the zero trailer counted as a CRC error", func() bool { return checking.dev.Stats().RxBadCRC.Load() == 1 })
+	quiet(t, checking.cq)
+}

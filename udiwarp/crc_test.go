@@ -58,6 +58,21 @@ func TestCRC32cRFC3720Vectors(t *testing.T) {
 	}
 }
 
+func TestUDFrameNoCRC(t *testing.T) {
+	seg := dgmSend(1, 2, 3, OpSend, []byte("payload"))
+	d := append(append([]byte(nil), seg...), 0, 0, 0, 0)
+	if _, err := ParseUDFrame(d); !isErr(err, ErrCRC) {
+		t.Fatalf("a zero trailer passed the CRC check: %v", err)
+	}
+	s, err := ParseUDFrameNoCRC(d)
+	if err != nil || string(s.Payload) != "payload" {
+		t.Fatalf("ParseUDFrameNoCRC: %v", err)
+	}
+	if _, err := ParseUDFrameNoCRC(d[:len(d)-14]); err == nil {
+		t.Fatal("a segment cut into its header was accepted")
+	}
+}
+
 func TestDatagramTrailer(t *testing.T) {
 	frame := []byte{0x42, 0x43, 1, 2, 3}
 	d := SealDatagram(append([]byte(nil), frame...), 0)

@@ -89,7 +89,13 @@ func crcWant(c uint32) string {
 // segment. Beyond ParseSegment's datagram-profile rules it requires that a
 // tagged segment be a Write-Record, because only the Write-Record extension
 // names the destination QP when no reliability header does.
-func ParseUDFrame(b []byte) (Segment, error) {
+func ParseUDFrame(b []byte) (Segment, error) { return parseUDFrame(b, true) }
+
+// ParseUDFrameNoCRC is ParseUDFrame for peers whose ULPs agreed to run
+// without CRC (docs/wire.md §2.2): the trailer is present but not checked.
+func ParseUDFrameNoCRC(b []byte) (Segment, error) { return parseUDFrame(b, false) }
+
+func parseUDFrame(b []byte, crc bool) (Segment, error) {
 	t, err := Classify(b)
 	if err != nil {
 		return Segment{}, err
@@ -97,9 +103,11 @@ func ParseUDFrame(b []byte) (Segment, error) {
 	if t != FrameUD {
 		return Segment{}, fieldErr("UD frame", "frame type", uint64(t), "2 (UD)", ErrFrameType, DDPUntaggedInvalidVersion)
 	}
-	f, err := OpenDatagram(b)
-	if err != nil {
-		return Segment{}, err
+	f := b[:len(b)-CRCSize]
+	if crc {
+		if f, err = OpenDatagram(b); err != nil {
+			return Segment{}, err
+		}
 	}
 	var s Segment
 	if err := s.parse(f, ProfileDatagram); err != nil {

@@ -37,11 +37,18 @@ func BenchmarkLatency(b *testing.B) {
 // and reports receiver goodput.
 func BenchmarkBandwidth(b *testing.B) {
 	for _, qps := range []int{1, 2} {
-		for _, mode := range []Mode{ModeRawUDP, ModeUDSend} {
+		for _, mc := range []struct {
+			mode  Mode
+			noCRC bool
+		}{{ModeRawUDP, false}, {ModeUDSend, false}, {ModeUDSend, true}} {
+			mode := mc.mode
+			if mc.noCRC {
+				mode += "-nocrc"
+			}
 			b.Run(fmt.Sprintf("qps=%d/size=64000/mode=%s", qps, mode), func(b *testing.B) {
 				var gbps, lost float64
 				for range b.N {
-					r, err := Run(Config{Mode: mode, Test: TestBW, Size: 64000, Duration: time.Second, QPs: qps})
+					r, err := Run(Config{Mode: mc.mode, Test: TestBW, Size: 64000, Duration: time.Second, QPs: qps, NoCRC: mc.noCRC})
 					if err != nil {
 						b.Fatal(err)
 					}

@@ -43,6 +43,8 @@ type Config struct {
 	Warmup   int
 	Duration time.Duration
 	QPs      int // concurrent QP pairs (or socket pairs)
+	// NoCRC runs UD without CRC32c (both ends agree); raw modes ignore it.
+	NoCRC bool
 }
 
 func (c *Config) fill() {

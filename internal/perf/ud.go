@@ -25,7 +25,7 @@ type udSide struct {
 const recvDepth = 256
 
 func newUDSide(cfg Config, slot int) (*udSide, error) {
-	dev, err := qp.Open(qp.DeviceConfig{Poll: cfg.Poll, RecvBuffer: 32 << 20})
+	dev, err := qp.Open(qp.DeviceConfig{Poll: cfg.Poll, RecvBuffer: 32 << 20, NoCRC: cfg.NoCRC})
 	if err != nil {
 		return nil, err
 	}
@@ -205,7 +205,7 @@ func udLatency(cfg Config) (Result, error) {
 
 func udBandwidth(cfg Config) (Result, error) {
 	slot := max(cfg.Size, 1)
-	tx, err := newUDSide(Config{Poll: cfg.Poll, QPs: cfg.QPs}, slot)
+	tx, err := newUDSide(Config{Poll: cfg.Poll, QPs: cfg.QPs, NoCRC: cfg.NoCRC}, slot)
 	if err != nil {
 		return Result{}, err
 	}
