@@ -22,7 +22,20 @@ import (
 
 // maxLanding bounds the slots of a batch that land directly: enough to
 // keep large datagrams zero-copy, few enough to keep preparing cheap.
-const maxLanding = 8
+const maxLanding = 16
+
+// landBackoff is how many reads go without landing after a wrong guess.
+const landBackoff = 64
+
+// landBigMin is the message size from which landing a single-datagram
+// read in place pays for preparing it.
+const landBigMin = 2048
+
+func (s *Socket) noteSize(n int) {
+	if big := n >= landBigMin; s.landBig.Load() != big {
+		s.landBig.Store(big)
+	}
+}
 
 // landing is one batch slot's direct placement.
 type landing struct {
@@ -193,6 +206,7 @@ func (s *Socket) completeLanding(l *landing, n int, truncated bool, src netip.Ad
 	h := seg.Untagged()
 	q := l.q
 	if (op != udiwarp.OpSend && op != udiwarp.OpSendSE) || h.DstQPN() != q.num {
+		s.landOff = landBackoff // the guess was wrong: copy for a while
 		return false
 	}
 	if !s.dev.cfg.NoCRC && !l.crcOK(payload) {
@@ -216,6 +230,7 @@ func (s *Socket) completeLanding(l *landing, n int, truncated bool, src netip.Ad
 	st.RxDatagrams.Add(1)
 	st.RxDelivered.Add(1)
 	st.RxLanded.Add(1)
+	s.noteSize(payload)
 	q.recvCQ.push(&WorkCompletion{ID: l.id, Opcode: WCRecv, QPN: q.num, Solicited: op == udiwarp.OpSendSE,
 		Source: src, SourceQPN: h.SrcQPN(), MSN: h.MSN(), Len: uint32(payload)})
 	return true

@@ -258,8 +258,11 @@ func (q *QP) receiveSend(seg udiwarp.Segment, src netip.AddrPort) {
 	case Success:
 		st.RxDelivered.Add(1)
 		if q.srq == nil {
-			if s := q.sock.Load(); s != nil && s.landQP.Load() != q {
-				s.landQP.Store(q)
+			if s := q.sock.Load(); s != nil {
+				if s.landQP.Load() != q {
+					s.landQP.Store(q)
+				}
+				s.noteSize(len(seg.Payload))
 			}
 		}
 	case LocalLengthError:

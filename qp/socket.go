@@ -52,6 +52,12 @@ type Socket struct {
 	// landQP is the QP the last Send was for: batch receives land in its
 	// posted receives (see landing.go).
 	landQP atomic.Pointer[QP]
+	// landBig says recent messages were large enough that landing in
+	// place beats preparing it, even for a single-datagram read.
+	landBig atomic.Bool
+	// landOff skips landing for this many reads after a wrong guess (the
+	// socket's traffic goes to several QPs); under rxMu.
+	landOff int
 	closed bool
 	// cur is the batch slot being delivered (for its control message).
 	cur int
@@ -186,8 +192,13 @@ func (s *Socket) recvmmsg(vlen int) bool {
 	}
 	vlen = min(vlen, len(b.hs))
 	landed := 0
-	if vlen > 1 {
+	if s.landOff > 0 {
+		s.landOff--
+	} else if big := s.landBig.Load(); vlen > 1 || big {
 		landed = s.prepareLanding(vlen)
+		if big && landed > 0 {
+			vlen = landed // large datagrams: read no more than can land in place
+		}
 	}
 	for i := range b.hs[:vlen] {
 		b.hs[i].hdr.Namelen = unix.SizeofSockaddrAny

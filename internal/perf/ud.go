@@ -13,12 +13,12 @@ import (
 
 // udSide is one device with its socket, PD, MR and QPs.
 type udSide struct {
-	dev  *qp.Device
-	sock *qp.Socket
-	pd   *qp.PD
-	mr   *qp.MR
-	qps  []*qp.QP
-	cqs  []*qp.CQ
+	dev   *qp.Device
+	socks []*qp.Socket
+	pd    *qp.PD
+	mr    *qp.MR
+	qps   []*qp.QP
+	cqs   []*qp.CQ
 }
 
 // recvDepth receives stay posted per QP.
@@ -30,15 +30,20 @@ func newUDSide(cfg Config, slot int) (*udSide, error) {
 		return nil, err
 	}
 	s := &udSide{dev: dev, pd: dev.AllocPD()}
-	if s.sock, err = dev.Bind("udp4", "127.0.0.1:0"); err != nil {
-		dev.Close()
-		return nil, err
-	}
 	if s.mr, err = s.pd.RegisterMemory(make([]byte, cfg.QPs*recvDepth*slot), qp.AccessLocalWrite); err != nil {
 		dev.Close()
 		return nil, err
 	}
+	// A socket per QP, as the baseline has a socket pair per flow: each
+	// flow gets its own kernel receive queue. (QPs may share a socket;
+	// then one receive path serves them all.)
 	for range cfg.QPs {
+		sock, err := dev.Bind("udp4", "127.0.0.1:0")
+		if err != nil {
+			dev.Close()
+			return nil, err
+		}
+		s.socks = append(s.socks, sock)
 		cq, err := dev.CreateCQ(4 * recvDepth)
 		if err != nil {
 			dev.Close()
@@ -50,7 +55,7 @@ func newUDSide(cfg Config, slot int) (*udSide, error) {
 			dev.Close()
 			return nil, err
 		}
-		for _, st := range []qp.ModifyAttr{{State: qp.StateInit, Socket: s.sock}, {State: qp.StateRTR}, {State: qp.StateRTS}} {
+		for _, st := range []qp.ModifyAttr{{State: qp.StateInit, Socket: sock}, {State: qp.StateRTR}, {State: qp.StateRTS}} {
 			if err := q.Modify(st); err != nil {
 				dev.Close()
 				return nil, err
@@ -118,11 +123,11 @@ func udLatency(cfg Config) (Result, error) {
 		if err := cli.postRecvs(i, slot); err != nil {
 			return Result{}, err
 		}
-		toSrv, err := cli.pd.CreateAH(srv.sock.LocalAddr(), srv.qps[i].QPN())
+		toSrv, err := cli.pd.CreateAH(srv.socks[i].LocalAddr(), srv.qps[i].QPN())
 		if err != nil {
 			return Result{}, err
 		}
-		toCli, err := srv.pd.CreateAH(cli.sock.LocalAddr(), cli.qps[i].QPN())
+		toCli, err := srv.pd.CreateAH(cli.socks[i].LocalAddr(), cli.qps[i].QPN())
 		if err != nil {
 			return Result{}, err
 		}
@@ -225,7 +230,7 @@ func udBandwidth(cfg Config) (Result, error) {
 		if err := rx.postRecvs(i, slot); err != nil {
 			return Result{}, err
 		}
-		ah, err := tx.pd.CreateAH(rx.sock.LocalAddr(), rx.qps[i].QPN())
+		ah, err := tx.pd.CreateAH(rx.socks[i].LocalAddr(), rx.qps[i].QPN())
 		if err != nil {
 			return Result{}, err
 		}
