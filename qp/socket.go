@@ -58,7 +58,7 @@ type Socket struct {
 	// landOff skips landing for this many reads after a wrong guess (the
 	// socket's traffic goes to several QPs); under rxMu.
 	landOff int
-	closed bool
+	closed  bool
 	// cur is the batch slot being delivered (for its control message).
 	cur int
 }
