@@ -320,7 +320,7 @@ func (s *Socket) datamover() {
 			more, full := q.drain(s, moverChunk)
 			if full {
 				d.stats.TxParked.Add(1)
-				if err := s.raw.Write(s.writable); err != nil {
+				if err := s.raw.Write(s.writableFn); err != nil {
 					return // closed
 				}
 			}
@@ -336,9 +336,9 @@ func (s *Socket) datamover() {
 // writable reports whether the socket can take a datagram now; as a
 // RawConn.Write callback it parks the datamover until it can.
 func (s *Socket) writable(fd uintptr) bool {
-	fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
-	n, err := unix.Poll(fds[:], 0)
-	return err != nil || (n == 1 && fds[0].Revents&(unix.POLLOUT|unix.POLLERR|unix.POLLHUP) != 0)
+	s.wpoll[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLOUT}
+	n, err := unix.Poll(s.wpoll[:], 0)
+	return err != nil || (n == 1 && s.wpoll[0].Revents&(unix.POLLOUT|unix.POLLERR|unix.POLLHUP) != 0)
 }
 
 // drain sends up to max queued WRs. more says WRs remain; full says the

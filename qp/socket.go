@@ -32,8 +32,13 @@ type Socket struct {
 	// maxDatagram is the largest UDP payload the socket can send.
 	maxDatagram int
 
-	rxMu sync.Mutex // one reader at a time
-	rx   rxBatch
+	rxMu  sync.Mutex     // one reader at a time
+	rpoll [1]unix.PollFd // the receive goroutine's, reused: no allocation per wake
+	wpoll [1]unix.PollFd // the datamover's
+	// The RawConn callbacks, bound once: a method value made per call
+	// would allocate.
+	readableFn, writableFn func(fd uintptr) bool
+	rx                     rxBatch
 	// fd is used directly for non-blocking system calls; users counts the
 	// calls in flight so that close never pulls it from under one.
 	fd      uintptr
@@ -133,6 +138,7 @@ func newSocket(d *Device, conn *net.UDPConn) (*Socket, error) {
 		b.hs[i].hdr.Control = &b.ctrl[i][0]
 	}
 	raw.Control(func(fd uintptr) { s.fd = fd })
+	s.readableFn, s.writableFn = s.readable, s.writable
 	return s, nil
 }
 
@@ -229,7 +235,7 @@ func (s *Socket) recvmmsg(vlen int) bool {
 func (s *Socket) recvLoop() {
 	defer s.dev.wg.Done()
 	for {
-		if err := s.raw.Read(s.readable); err != nil {
+		if err := s.raw.Read(s.readableFn); err != nil {
 			return // closed
 		}
 		s.rxMu.Lock()
@@ -251,9 +257,9 @@ func (s *Socket) recvLoop() {
 // readable reports whether a datagram is queued; as a RawConn.Read
 // callback it parks the caller in the netpoller until one is.
 func (s *Socket) readable(fd uintptr) bool {
-	fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	n, err := unix.Poll(fds[:], 0)
-	return err != nil || (n == 1 && fds[0].Revents != 0)
+	s.rpoll[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+	n, err := unix.Poll(s.rpoll[:], 0)
+	return err != nil || (n == 1 && s.rpoll[0].Revents != 0)
 }
 
 // pollOnce reads whatever is queued without waiting, if no other
