@@ -70,6 +70,9 @@ func (cq *CQ) push(wc *WorkCompletion) bool {
 		first := !cq.overflowed.Swap(true)
 		cq.mu.Unlock()
 		cq.dropped.Add(1)
+		if q := wc.srqQP; q != nil { // nobody will poll it: give the SRQ receive back
+			q.srqHeld.Add(-1)
+		}
 		if first {
 			cq.dev.raise(AsyncEvent{Type: AsyncCQOverflow, CQ: cq})
 		}

@@ -235,8 +235,8 @@ func (d *Device) Bind(network, address string, opts ...BindOption) (*Socket, err
 	d.sockets = append(d.sockets, s)
 	list := slices.Clone(d.sockets)
 	d.socketList.Store(&list)
+	s.start() // under d.mu: Close cannot run between the check and wg.Add
 	d.mu.Unlock()
-	s.start()
 	return s, nil
 }
 

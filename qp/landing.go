@@ -49,6 +49,11 @@ type landing struct {
 	nseg int
 	room int
 	tail []byte // the spare buffer after the SGEs
+	// After the system call: done (completed where it landed), or the
+	// datagram copied out to flat for the ordinary path.
+	done bool
+	flat []byte
+	own  []byte // flat's storage, kept across batches
 }
 
 // prepareLanding points the first slots of the batch at the predicted
@@ -85,19 +90,32 @@ func (s *Socket) prepareLanding(vlen int) int {
 	return k
 }
 
-// endLanding runs after the system call: the kernel has written all it
-// will, so the MRs and the queue are released, and the slots that stayed
-// empty point back at the socket's own buffers.
+// endLanding runs after the system call, still holding the QP's receive
+// queue and the MRs: each datagram that landed is completed where it is,
+// if it is a valid Send for that QP, fits, and its receive is next in
+// order; any other is copied out for the ordinary path. Only then are the
+// receives and memory let go, so a flush or a deregistration can never
+// meet a datagram half handled.
 func (s *Socket) endLanding(k int) {
 	b := &s.rx
 	q := b.land[0].q
+	n := max(b.n, 0)
 	for i := 0; i < k; i++ {
-		b.land[i].unlockMRs()
+		l := &b.land[i]
+		if i < n {
+			h := &b.hs[i]
+			size := int(h.len)
+			if !s.completeLandingLocked(l, size, h.hdr.Flags&unix.MSG_TRUNC != 0, sockaddrToAddrPort(&b.names[i])) {
+				l.flat = l.flatten(size)
+			}
+		}
+		l.unlockMRs()
+		l.reset(&b.iovs[i], &b.hs[i])
+		if i >= n {
+			l.q = nil // nothing arrived in this slot
+		}
 	}
 	q.rqMu.Unlock()
-	for i := max(b.n, 0); i < k; i++ {
-		b.land[i].reset(&b.iovs[i], &b.hs[i])
-	}
 }
 
 // bind sets the slot's iovecs to w's SGEs, holding their MRs shared.
@@ -156,7 +174,7 @@ func overlapsEarlier(prev []landing, l *landing) bool {
 func (l *landing) unlockMRs() {
 	for i := 0; i < l.nseg; i++ {
 		if m := l.mrs[i]; m != nil {
-			m.mu.RUnlock()
+			m.unpin()
 			l.mrs[i] = nil
 		}
 	}
@@ -164,7 +182,6 @@ func (l *landing) unlockMRs() {
 
 // reset points the slot back at the socket's own buffer.
 func (l *landing) reset(iov *unix.Iovec, h *mmsghdr) {
-	l.q = nil
 	clear(l.segs[:l.nseg])
 	l.nseg = 0
 	h.hdr.Iov = iov
@@ -183,17 +200,22 @@ func (l *landing) data(n int, f func([]byte)) {
 	}
 }
 
-// flatten copies the landed datagram of n bytes into flat.
-func (l *landing) flatten(flat []byte, n int) []byte {
-	n = min(n, len(flat))
-	out := append(flat[:0], l.hdr[:min(n, len(l.hdr))]...)
+// flatten copies the landed datagram of n bytes into the slot's own buffer.
+func (l *landing) flatten(n int) []byte {
+	if l.own == nil {
+		l.own = make([]byte, 0, 1<<16+64)
+	}
+	n = min(n, cap(l.own))
+	out := append(l.own[:0], l.hdr[:min(n, len(l.hdr))]...)
 	l.data(n-len(out), func(b []byte) { out = append(out, b...) })
 	return out
 }
 
-// completeLanding finishes a datagram that landed in a posted receive, if
-// it is a valid Send for that QP that fits; it reports false otherwise.
-func (s *Socket) completeLanding(l *landing, n int, truncated bool, src netip.AddrPort) bool {
+// completeLandingLocked finishes a datagram that landed in a posted
+// receive, if it is a valid Send for that QP that fits and that receive is
+// the next in order; it reports false otherwise. The caller holds the QP's
+// receive queue, so the receive is taken and completed in one step.
+func (s *Socket) completeLandingLocked(l *landing, n int, truncated bool, src netip.AddrPort) bool {
 	payload := n - udiwarp.DDPUntaggedHeaderSize - udiwarp.CRCSize
 	if truncated || payload < 0 || payload > l.room {
 		return false
@@ -215,9 +237,7 @@ func (s *Socket) completeLanding(l *landing, n int, truncated bool, src netip.Ad
 	if st := q.State(); st != StateRTR && st != StateRTS {
 		return false
 	}
-	q.rqMu.Lock()
 	if q.rqLen == 0 || q.rq[q.rqHead].seq != l.seq {
-		q.rqMu.Unlock()
 		return false // an earlier datagram took another path: copy, in order
 	}
 	q.rqHead++
@@ -225,7 +245,6 @@ func (s *Socket) completeLanding(l *landing, n int, truncated bool, src netip.Ad
 		q.rqHead = 0
 	}
 	q.rqLen--
-	q.rqMu.Unlock()
 	st := &s.dev.stats
 	st.RxDatagrams.Add(1)
 	st.RxDelivered.Add(1)
@@ -233,6 +252,7 @@ func (s *Socket) completeLanding(l *landing, n int, truncated bool, src netip.Ad
 	s.noteSize(payload)
 	q.recvCQ.push(&WorkCompletion{ID: l.id, Opcode: WCRecv, QPN: q.num, Solicited: op == udiwarp.OpSendSE,
 		Source: src, SourceQPN: h.SrcQPN(), MSN: h.MSN(), Len: uint32(payload)})
+	l.done = true
 	return true
 }
 

@@ -3,6 +3,7 @@ package qp
 import (
 	"crypto/rand"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -51,12 +52,16 @@ type MR struct {
 	base   uint64 // the region's address space starts here (its first byte's address)
 	stag   uint32
 	access Access
-	// mu guards placement: every copy into or out of buf holds it shared,
-	// and Deregister takes it exclusively, so it returns only once no copy
-	// can still be running.
-	mu    sync.RWMutex
-	valid bool
+	// pins counts the copies into or out of buf in progress; Deregister
+	// clears valid and then waits for pins to drain, so it returns only
+	// once no copy can still be running. A pin, unlike a read lock, may be
+	// taken twice by one copy (two SGEs of one region) without deadlock.
+	pins  atomic.Int64
+	valid atomic.Bool
 }
+
+// unpin ends a copy begun by Device.resolve.
+func (m *MR) unpin() { m.pins.Add(-1) }
 
 // STag returns the steering tag, used as lkey in SGEs and as rkey by peers.
 func (m *MR) STag() uint32 { return m.stag }
@@ -93,14 +98,15 @@ type SGE struct {
 
 // mrTable maps STag indexes to regions. Lookups are lock-free.
 type mrTable struct {
-	mu    sync.Mutex // serializes allocation
-	slots []atomic.Pointer[MR]
-	next  uint32
-	used  int
+	mu      sync.Mutex // serializes allocation
+	slots   []atomic.Pointer[MR]
+	lastKey []uint8
+	next    uint32
+	used    int
 }
 
 func newMRTable(n int) *mrTable {
-	return &mrTable{slots: make([]atomic.Pointer[MR], n+1), next: 1}
+	return &mrTable{slots: make([]atomic.Pointer[MR], n+1), lastKey: make([]uint8, n+1), next: 1}
 }
 
 // lookup returns the valid region whose STag is stag, or nil.
@@ -131,8 +137,6 @@ func (pd *PD) RegisterMemory(buf []byte, access Access) (*MR, error) {
 		return nil, ErrClosed
 	}
 	t := d.mrs
-	var key [1]byte
-	_, _ = rand.Read(key[:])
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.used >= len(t.slots)-1 {
@@ -149,7 +153,18 @@ func (pd *PD) RegisterMemory(buf []byte, access Access) (*MR, error) {
 	if int(t.next) >= len(t.slots) {
 		t.next = 1
 	}
-	m := &MR{pd: pd, buf: buf, base: uint64(uintptr(unsafe.Pointer(&buf[0]))), access: access, valid: true}
+	m := &MR{pd: pd, buf: buf, base: uint64(uintptr(unsafe.Pointer(&buf[0]))), access: access}
+	m.valid.Store(true)
+	// A fresh key, never the one this index had last, so a stale STag
+	// cannot reach the new region.
+	var key [1]byte
+	for {
+		_, _ = rand.Read(key[:])
+		if key[0] != t.lastKey[idx] {
+			break
+		}
+	}
+	t.lastKey[idx] = key[0]
 	m.stag = idx<<8 | uint32(key[0])
 	t.slots[idx].Store(m)
 	t.used++
@@ -171,15 +186,16 @@ func (m *MR) Deregister() error {
 	t.slots[i].Store(nil)
 	t.used--
 	t.mu.Unlock()
-	m.mu.Lock() // waits for every placement in progress
-	m.valid = false
-	m.mu.Unlock()
+	m.valid.Store(false)
+	for m.pins.Load() != 0 { // copies in progress finish; no new one starts
+		runtime.Gosched()
+	}
 	return nil
 }
 
 // resolve checks an SGE against the QP's PD and the access it needs and
-// returns the region, locked shared, and the byte range. The caller must
-// m.mu.RUnlock() when its copy is done.
+// returns the region, pinned, and the byte range. The caller must
+// m.unpin() when its copy is done.
 func (d *Device) resolve(pd *PD, s *SGE, need Access) (*MR, []byte, Status) {
 	m := d.mrs.lookup(s.LKey)
 	if m == nil || m.pd != pd || m.access&need != need {
@@ -189,9 +205,9 @@ func (d *Device) resolve(pd *PD, s *SGE, need Access) (*MR, []byte, Status) {
 	if s.Addr < m.base || off > uint64(len(m.buf)) || uint64(s.Length) > uint64(len(m.buf))-off {
 		return nil, nil, LocalProtectionError
 	}
-	m.mu.RLock()
-	if !m.valid {
-		m.mu.RUnlock()
+	m.pins.Add(1)
+	if !m.valid.Load() {
+		m.unpin()
 		return nil, nil, LocalProtectionError
 	}
 	return m, m.buf[off : off+uint64(s.Length)], Success

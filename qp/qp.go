@@ -122,7 +122,8 @@ type QP struct {
 	rqHead int
 	rqLen  int
 
-	srqHeld      atomic.Int32 // SRQ receives held (seed 004 limit)
+	errMSN       atomic.Uint32 // numbers the error messages this QP sends
+	srqHeld      atomic.Int32  // SRQ receives held (seed 004 limit)
 	srqOverdrawn atomic.Bool
 }
 

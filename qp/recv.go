@@ -39,6 +39,11 @@ func (q *QP) PostRecv(wr *RecvWR) error {
 		return nil
 	}
 	q.rqMu.Lock()
+	if q.State() == StateError { // a flush ran since the check above
+		q.rqMu.Unlock()
+		q.recvCQ.push(&WorkCompletion{ID: wr.ID, Status: WRFlushError, Opcode: WCRecv, QPN: q.num})
+		return nil
+	}
 	if n := q.rqLen; n == len(q.rq) {
 		q.rqMu.Unlock()
 		return fmt.Errorf("%w: %d receives posted", ErrQueueFull, n)
@@ -297,13 +302,14 @@ func (q *QP) scatter(w *recvWQE, payload []byte) Status {
 			return st
 		}
 		n := copy(b, payload)
-		m.mu.RUnlock()
+		m.unpin()
 		payload = payload[n:]
 	}
 	return Success
 }
 
 // reportError tells the source of a dropped message, if the QP asks for it.
+// It never waits: if the socket cannot take the message now, it is dropped.
 func (q *QP) reportError(seg udiwarp.Segment, src netip.AddrPort, code udiwarp.ErrorCode) {
 	if !q.attr.ReportErrors {
 		return
@@ -313,9 +319,13 @@ func (q *QP) reportError(seg udiwarp.Segment, src netip.AddrPort, code udiwarp.E
 	var b [udiwarp.DDPUntaggedHeaderSize + 6 + udiwarp.DDPUntaggedHeaderSize + udiwarp.CRCSize]byte
 	out := udiwarp.AppendUntagged(b[:0], &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
 		RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpTerminate), ULP: q.num,
-		QN: udiwarp.DatagramQN(h.SrcQPN(), udiwarp.QueueTerminate), MSN: 1})
+		QN: udiwarp.DatagramQN(h.SrcQPN(), udiwarp.QueueTerminate), MSN: q.errMSN.Add(1)})
 	out, _ = udiwarp.AppendTerminate(out, &udiwarp.TerminateFields{Code: code, SegmentLengthValid: true,
 		DDPSegmentLength: uint16(min(len(seg.Header)+len(seg.Payload), 0xFFFF)), DDPHeader: seg.Header[:udiwarp.DDPUntaggedHeaderSize]})
-	out = udiwarp.SealDatagram(out, 0)
-	_, _ = s.conn.WriteToUDPAddrPort(out, src)
+	if q.dev.cfg.NoCRC {
+		out = udiwarp.AppendCRC(out, 0)
+	} else {
+		out = udiwarp.SealDatagram(out, 0)
+	}
+	s.sendNow(out, src)
 }

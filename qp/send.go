@@ -156,7 +156,7 @@ func (t *txCtx) build(s *Socket, op SendOpcode, flags SendFlags, ah *AH, sgl []S
 
 func (t *txCtx) release() {
 	for i := 0; i < t.nmr; i++ {
-		t.mrs[i].mu.RUnlock()
+		t.mrs[i].unpin()
 		t.mrs[i] = nil
 	}
 	t.nmr = 0
@@ -215,6 +215,10 @@ func (q *QP) PostSend(wr *SendWR) error {
 	}
 	s := q.sock.Load()
 	q.sqMu.Lock()
+	if st := q.State(); st != StateRTS { // Modify ran since the check above
+		q.sqMu.Unlock()
+		return fmt.Errorf("%w: PostSend on a QP in %v", ErrQPState, st)
+	}
 	if q.sqLen == 0 && !q.inMover {
 		msn := wr.AH.msn.Add(1)
 		st := q.tx.build(s, wr.Opcode, wr.Flags, wr.AH, wr.SGL, wr.Inline, msn)

@@ -78,7 +78,6 @@ type rxBatch struct {
 	hs    []mmsghdr
 	iovs  []unix.Iovec
 	land  []landing // direct placement into posted receives, per slot
-	flat  []byte    // a landed datagram made contiguous again, when needed
 	names []unix.RawSockaddrAny
 	ctrl  [][rxCtrlSize]byte // IP_PKTINFO / IPV6_PKTINFO, once a group is joined
 	bufs  [][]byte
@@ -127,7 +126,6 @@ func newSocket(d *Device, conn *net.UDPConn) (*Socket, error) {
 	b.bufs = make([][]byte, n)
 	b.ctrl = make([][rxCtrlSize]byte, n)
 	b.land = make([]landing, n)
-	b.flat = make([]byte, 1<<16+64)
 	for i := range n {
 		b.bufs[i] = make([]byte, 1<<16)
 		b.iovs[i].Base = &b.bufs[i][0]
@@ -300,13 +298,12 @@ func (s *Socket) dispatchBatch() bool {
 		n := int(h.len)
 		src := sockaddrToAddrPort(&b.names[i])
 		if l := &b.land[i]; l.q != nil {
-			if !s.completeLanding(l, n, h.hdr.Flags&unix.MSG_TRUNC != 0, src) {
-				// Not a Send that fits the receive it landed in: make the
-				// datagram contiguous and take the ordinary path.
-				f := l.flatten(b.flat, n)
-				s.dev.deliver(s, f, n > len(f), src)
+			// Landed in a posted receive: endLanding either completed it
+			// there or copied it out for the ordinary path.
+			if !l.done {
+				s.dev.deliver(s, l.flat, n > len(l.flat), src)
 			}
-			l.reset(&b.iovs[i], &b.hs[i])
+			l.q, l.done, l.flat = nil, false, nil
 			continue
 		}
 		if h.hdr.Flags&unix.MSG_TRUNC != 0 {
@@ -333,3 +330,26 @@ func sockaddrToAddrPort(sa *unix.RawSockaddrAny) netip.AddrPort {
 
 // errSocketFull is returned by a direct send that found the socket full.
 var errSocketFull = errors.New("socket send buffer full")
+
+// sendNow sends one small datagram the stack built itself (an error
+// message) without waiting: dropped if the socket cannot take it now.
+func (s *Socket) sendNow(b []byte, to netip.AddrPort) {
+	if !s.acquire() {
+		return
+	}
+	defer s.release()
+	var sa unix.Sockaddr
+	a := to.Addr()
+	if s.v6 {
+		sa = &unix.SockaddrInet6{Port: int(to.Port()), Addr: a.As16()}
+	} else if a.Is4() {
+		sa = &unix.SockaddrInet4{Port: int(to.Port()), Addr: a.As4()}
+	} else {
+		return
+	}
+	if err := unix.Sendto(int(s.fd), b, unix.MSG_DONTWAIT, sa); err != nil {
+		s.dev.stats.TxErrors.Add(1)
+		return
+	}
+	s.dev.stats.TxDatagrams.Add(1)
+}

@@ -44,14 +44,14 @@ func checkSegment(t *testing.T, b []byte, s Segment) {
 			if uint64(h.MO())+uint64(len(s.Payload)) > uint64(h.MessageLength()) {
 				t.Fatal("accepted a Write-Record segment that ends past its message")
 			}
-			if h.MessageTO() > math.MaxUint64-uint64(h.MessageLength()) {
+			if ml := uint64(h.MessageLength()); ml > 0 && h.MessageTO() > math.MaxUint64-(ml-1) {
 				t.Fatal("accepted a Write-Record message that wraps TO")
 			}
 		}
 		if len(s.Header) != want {
 			t.Fatalf("tagged header %d bytes, want %d", len(s.Header), want)
 		}
-		if s.Tagged().TO() > math.MaxUint64-uint64(len(s.Payload)) {
+		if n := uint64(len(s.Payload)); n > 0 && s.Tagged().TO() > math.MaxUint64-(n-1) {
 			t.Fatal("accepted a TO that wraps")
 		}
 	case op == OpTerminate:
@@ -189,8 +189,9 @@ func FuzzWriteRecord(f *testing.F) {
 		b := dgmWriteRecord(WriteRecordFields{Last: last, STag: 0x100, TO: to, MSN: 1, MO: mo, MessageLength: msgLen, DstQPN: dst, SrcQPN: src}, make([]byte, n))
 		// The extension's rules, written independently of the parser.
 		end := uint64(mo) + uint64(n)
+		within := func(base, k uint64) bool { return k == 0 || base <= math.MaxUint64-(k-1) } // last byte <= 2^64-1
 		valid := end <= uint64(msgLen) && last == (end == uint64(msgLen)) && uint64(mo) <= to &&
-			to <= math.MaxUint64-uint64(n) && to-uint64(mo) <= math.MaxUint64-uint64(msgLen) && dst <= MaxQPN && src <= MaxQPN
+			within(to, uint64(n)) && within(to-uint64(mo), uint64(msgLen)) && dst <= MaxQPN && src <= MaxQPN
 		s, err := ParseSegment(b, ProfileDatagram)
 		if (err == nil) != valid {
 			t.Fatalf("TO=%d MO=%d len=%d n=%d L=%v dst=%d src=%d: valid=%v, err=%v", to, mo, msgLen, n, last, dst, src, valid, err)

@@ -135,7 +135,7 @@ func (s *Segment) parseTagged(b []byte) error {
 	s.Header, s.Payload = b[:hlen], b[hlen:]
 	to := DDPTagged(b).TO()
 	n := uint64(len(s.Payload))
-	if to > math.MaxUint64-n {
+	if !fits(to, n) {
 		return fieldErr(frame, "TO", to, "TO + payload length <= 2^64", ErrOffset, DDPTaggedTOWrap)
 	}
 	if !wr {
@@ -150,7 +150,7 @@ func (s *Segment) parseTagged(b []byte) error {
 		return fieldErr(frame, "L", b2u(s.Control.Last()), "1 exactly on the segment that ends the message", ErrLastFlag, DDPTaggedBaseBounds)
 	case mo > to:
 		return fieldErr(frame, "MO", mo, "<= TO "+itoa(to), ErrOffset, DDPTaggedTOWrap)
-	case to-mo > math.MaxUint64-ml:
+	case !fits(to-mo, ml):
 		return fieldErr(frame, "message length", ml, "TO - MO + message length <= 2^64", ErrOffset, DDPTaggedTOWrap)
 	}
 	if q := h.DstQPN(); q > MaxQPN {
@@ -233,6 +233,10 @@ func (s *Segment) parseUntagged(b []byte) error {
 	s.Header, s.Payload = b, b[len(b):]
 	return nil
 }
+
+// fits reports whether n bytes starting at base stay within the 64-bit
+// tagged offset space: the last one is at most 2^64 - 1.
+func fits(base, n uint64) bool { return n == 0 || base <= math.MaxUint64-(n-1) }
 
 func itoa(v uint64) string {
 	if v == 0 {

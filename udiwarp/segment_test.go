@@ -48,6 +48,18 @@ func TestKnownBytes(t *testing.T) {
 	}
 }
 
+func TestTOEndsAtTop(t *testing.T) {
+	// The last byte may sit at 2^64-1 (docs/wire.md §4.1).
+	b := append(AppendTagged(nil, &TaggedFields{DV: 1, RDMAP: NewRDMAPControl(OpWrite), TO: ^uint64(0) - 1}), 1, 2)
+	if _, err := ParseSegment(b, ProfileStream); err != nil {
+		t.Fatal(err)
+	}
+	wr := dgmWriteRecord(WriteRecordFields{Last: true, TO: ^uint64(0) - 4, MO: 0, MessageLength: 5}, make([]byte, 5))
+	if _, err := ParseSegment(wr, ProfileDatagram); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestRoundTripTagged(t *testing.T) {
 	f := TaggedFields{Last: true, DV: DDPVersion, RDMAP: NewRDMAPControl(OpReadResponse), STag: 0xdeadbe01, TO: 0x0102030405060708}
 	b := append(AppendTagged(nil, &f), "payload"...)
@@ -265,6 +277,7 @@ func TestBadSegments(t *testing.T) {
 		{"truncated tagged", ProfileStream, AppendTagged(nil, &TaggedFields{DV: 1, RDMAP: NewRDMAPControl(OpWrite)})[:13], ErrTruncated, DDPTaggedBaseBounds},
 		{"truncated Write-Record", ProfileDatagram, wr(WriteRecordFields{Last: true}, 0)[:33], ErrTruncated, DDPTaggedBaseBounds},
 		{"TO wrap", ProfileStream, append(AppendTagged(nil, &TaggedFields{DV: 1, RDMAP: NewRDMAPControl(OpWrite), TO: ^uint64(0)}), 1, 2), ErrOffset, DDPTaggedTOWrap},
+		{"TO wrap by one byte", ProfileStream, append(AppendTagged(nil, &TaggedFields{DV: 1, RDMAP: NewRDMAPControl(OpWrite), TO: ^uint64(0) - 1}), 1, 2, 3), ErrOffset, DDPTaggedTOWrap},
 		{"WR payload past message", ProfileDatagram, wr(WriteRecordFields{Last: true, MessageLength: 10, MO: 8, TO: 8}, 3), ErrOffset, DDPTaggedBaseBounds},
 		{"WR L clear on last segment", ProfileDatagram, wr(WriteRecordFields{MessageLength: 10, MO: 7, TO: 7}, 3), ErrLastFlag, 0},
 		{"WR L set mid-message", ProfileDatagram, wr(WriteRecordFields{Last: true, MessageLength: 10, MO: 0}, 3), ErrLastFlag, 0},
