@@ -98,6 +98,9 @@ func TestImpairedLink(t *testing.T) {
 // so the test builds two namespaces joined by a veth pair whose sending
 // side is shaped by tbf.
 func TestDatamover(t *testing.T) {
+	if _, err := exec.LookPath("tc"); err != nil {
+		t.Skip("shaping the link needs iproute2's tc")
+	}
 	nsA := newNetns(t, "link set lo up")
 	nsB := newNetns(t, "link set lo up")
 	veth := fmt.Sprintf("udw%d", netnsSeq.Load())

@@ -177,13 +177,8 @@ func (d *Device) deliver(s *Socket, b []byte, truncated bool, src netip.AddrPort
 		st.RxTooLong.Add(1)
 		return
 	}
-	t, err := udiwarp.Classify(b)
-	if err != nil {
-		st.countRx(err)
-		return
-	}
-	if t == udiwarp.FrameRD {
-		st.RxRDFrames.Add(1)
+	if len(b) >= udiwarp.MinDatagramSize && udiwarp.FrameType(b[0]&3) == udiwarp.FrameRD {
+		st.RxRDFrames.Add(1) // no RD layer on this socket yet
 		return
 	}
 	parse := udiwarp.ParseUDFrame
