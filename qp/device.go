@@ -60,7 +60,7 @@ type DeviceConfig struct {
 	NoCRC bool
 	// EventSpin is how long CQ.Wait polls the device itself, in the
 	// caller's goroutine, before it parks (event mode): a reply that comes
-	// back within it costs no wake-up. Default 20µs; negative disables.
+	// back within it costs no wake-up. Default 50µs; negative disables.
 	EventSpin time.Duration
 }
 
@@ -77,7 +77,7 @@ func (c *DeviceConfig) fill() {
 	def(&c.RecvBuffer, 8<<20)
 	def(&c.SendBuffer, 4<<20)
 	if c.EventSpin == 0 {
-		c.EventSpin = 20 * time.Microsecond
+		c.EventSpin = 50 * time.Microsecond
 	}
 	if c.MaxMR > 1<<24-1 {
 		c.MaxMR = 1<<24 - 1
