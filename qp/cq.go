@@ -19,9 +19,7 @@ func nanotime() int64 { return int64(time.Since(epoch)) }
 type CQ struct {
 	dev  *Device
 	mu   sync.Mutex
-	ring []WorkCompletion
-	head int // next to poll
-	n    int // entries held
+	ring ring[WorkCompletion]
 
 	overflowed atomic.Bool
 	dropped    atomic.Uint64
@@ -48,7 +46,7 @@ func (d *Device) CreateCQ(depth int) (*CQ, error) {
 	if d.closed.Load() {
 		return nil, ErrClosed
 	}
-	cq := &CQ{dev: d, ring: make([]WorkCompletion, depth), wake: make(chan struct{}, 1), notify: make(chan struct{}, 1)}
+	cq := &CQ{dev: d, ring: newRing[WorkCompletion](depth), wake: make(chan struct{}, 1), notify: make(chan struct{}, 1)}
 	if d.cfg.Poll == PollBusy {
 		cq.progress = d.progressOnce
 	}
@@ -56,7 +54,7 @@ func (d *Device) CreateCQ(depth int) (*CQ, error) {
 }
 
 // Depth returns the number of entries the CQ holds.
-func (cq *CQ) Depth() int { return len(cq.ring) }
+func (cq *CQ) Depth() int { return cq.ring.cap() }
 
 // Overflowed reports whether the CQ refused a completion; once it has, it
 // accepts no more.
@@ -66,7 +64,7 @@ func (cq *CQ) Overflowed() bool { return cq.overflowed.Load() }
 // overflowed; the completion is then lost and counted.
 func (cq *CQ) push(wc *WorkCompletion) bool {
 	cq.mu.Lock()
-	if cq.overflowed.Load() || cq.n == len(cq.ring) {
+	if cq.overflowed.Load() || cq.ring.full() {
 		first := !cq.overflowed.Swap(true)
 		cq.mu.Unlock()
 		cq.dropped.Add(1)
@@ -78,13 +76,8 @@ func (cq *CQ) push(wc *WorkCompletion) bool {
 		}
 		return false
 	}
-	i := cq.head + cq.n
-	if i >= len(cq.ring) {
-		i -= len(cq.ring)
-	}
-	cq.ring[i] = *wc
-	cq.n++
-	cq.count.Store(int32(cq.n))
+	*cq.ring.push() = *wc
+	cq.count.Store(int32(cq.ring.len()))
 	cq.mu.Unlock()
 	if cq.waiters.Load() > 0 {
 		select {
@@ -126,23 +119,20 @@ func (cq *CQ) Poll(wcs []WorkCompletion) int {
 		}
 	}
 	cq.mu.Lock()
-	k := min(len(wcs), cq.n)
+	k := min(len(wcs), cq.ring.len())
 	for j := 0; j < k; j++ {
-		wcs[j] = cq.ring[cq.head]
-		if q := wcs[j].srqQP; q != nil {
+		f := cq.ring.front()
+		wcs[j] = *f
+		if q := f.srqQP; q != nil {
 			if q.srqHeld.Add(-1) < int32(q.attr.SRQLimit) {
 				q.srqOverdrawn.Store(false)
 			}
 			wcs[j].srqQP = nil
-			cq.ring[cq.head].srqQP = nil
+			f.srqQP = nil
 		}
-		cq.head++
-		if cq.head == len(cq.ring) {
-			cq.head = 0
-		}
+		cq.ring.pop()
 	}
-	cq.n -= k
-	cq.count.Store(int32(cq.n))
+	cq.count.Store(int32(cq.ring.len()))
 	cq.mu.Unlock()
 	return k
 }

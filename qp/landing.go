@@ -68,8 +68,8 @@ func (s *Socket) prepareLanding(vlen int) int {
 	b := &s.rx
 	q.rqMu.Lock()
 	k := 0
-	for ; k < min(vlen, maxLanding) && k < q.rqLen; k++ {
-		w := &q.rq[(q.rqHead+k)%len(q.rq)]
+	for ; k < min(vlen, maxLanding) && k < q.rq.len(); k++ {
+		w := q.rq.at(k)
 		l := &b.land[k]
 		if !l.bind(q, w, b.bufs[k]) {
 			break
@@ -237,14 +237,10 @@ func (s *Socket) completeLandingLocked(l *landing, n int, truncated bool, src ne
 	if st := q.State(); st != StateRTR && st != StateRTS {
 		return false
 	}
-	if q.rqLen == 0 || q.rq[q.rqHead].seq != l.seq {
+	if q.rq.len() == 0 || q.rq.front().seq != l.seq {
 		return false // an earlier datagram took another path: copy, in order
 	}
-	q.rqHead++
-	if q.rqHead == len(q.rq) {
-		q.rqHead = 0
-	}
-	q.rqLen--
+	q.rq.pop()
 	st := &s.dev.stats
 	st.RxDatagrams.Add(1)
 	st.RxDelivered.Add(1)

@@ -108,19 +108,15 @@ type QP struct {
 
 	// Send queue: WRs the datamover still has to send.
 	sqMu     sync.Mutex
-	sq       []sendWQE
-	sqHead   int
-	sqLen    int
+	sq       ring[sendWQE]
 	inMover  bool
 	tx       txCtx
 	inlineSz int
 
 	// Receive queue (unused with an SRQ).
-	rqMu   sync.Mutex
-	rqSeq  uint64
-	rq     []recvWQE
-	rqHead int
-	rqLen  int
+	rqMu  sync.Mutex
+	rqSeq uint64
+	rq    ring[recvWQE]
 
 	errMSN       atomic.Uint32 // numbers the error messages this QP sends
 	srqHeld      atomic.Int32  // SRQ receives held (seed 004 limit)
@@ -166,14 +162,14 @@ func (pd *PD) CreateQP(attr QPAttr) (*QP, error) {
 	}
 	attr.Caps = c
 	q := &QP{dev: d, pd: pd, typ: attr.Type, sendCQ: attr.SendCQ, recvCQ: attr.RecvCQ, srq: attr.SRQ, caps: c, attr: attr}
-	q.sq = make([]sendWQE, c.MaxSendWR)
+	q.sq = newRing[sendWQE](c.MaxSendWR)
 	q.inlineSz = c.MaxInline
 	inline := make([]byte, c.MaxSendWR*c.MaxInline)
-	for i := range q.sq {
-		q.sq[i].inline = inline[i*c.MaxInline : (i+1)*c.MaxInline : (i+1)*c.MaxInline]
+	for i := range q.sq.buf {
+		q.sq.buf[i].inline = inline[i*c.MaxInline : (i+1)*c.MaxInline : (i+1)*c.MaxInline]
 	}
 	if attr.SRQ == nil {
-		q.rq = make([]recvWQE, c.MaxRecvWR)
+		q.rq = newRing[recvWQE](c.MaxRecvWR)
 	}
 	q.tx.init(q)
 	if err := d.addQP(q); err != nil {
@@ -269,25 +265,24 @@ func (q *QP) toError() {
 
 // flushLocked completes every queued WR with WRFlushError. Caller holds sqMu.
 func (q *QP) flushLocked() {
-	for q.sqLen > 0 {
-		w := &q.sq[q.sqHead]
+	for q.sq.len() > 0 {
+		w := q.sq.front()
 		q.sendCQ.push(&WorkCompletion{ID: w.id, Status: WRFlushError, Opcode: WCSend, QPN: q.num})
 		q.popSQLocked()
 	}
 	q.rqMu.Lock()
-	for q.rqLen > 0 {
-		w := &q.rq[q.rqHead]
+	for q.rq.len() > 0 {
+		w := q.rq.front()
 		q.recvCQ.push(&WorkCompletion{ID: w.id, Status: WRFlushError, Opcode: WCRecv, QPN: q.num})
-		q.rqHead = (q.rqHead + 1) % len(q.rq)
-		q.rqLen--
+		q.rq.pop()
 	}
 	q.rqMu.Unlock()
 }
 
 // resetLocked empties the queues without completions, as RESET does.
 func (q *QP) resetLocked() {
-	q.sqHead, q.sqLen = 0, 0
+	q.sq.reset()
 	q.rqMu.Lock()
-	q.rqHead, q.rqLen = 0, 0
+	q.rq.reset()
 	q.rqMu.Unlock()
 }

@@ -44,20 +44,15 @@ func (q *QP) PostRecv(wr *RecvWR) error {
 		q.recvCQ.push(&WorkCompletion{ID: wr.ID, Status: WRFlushError, Opcode: WCRecv, QPN: q.num})
 		return nil
 	}
-	if n := q.rqLen; n == len(q.rq) {
+	if n := q.rq.len(); q.rq.full() {
 		q.rqMu.Unlock()
 		return fmt.Errorf("%w: %d receives posted", ErrQueueFull, n)
 	}
-	i := q.rqHead + q.rqLen
-	if i >= len(q.rq) {
-		i -= len(q.rq)
-	}
-	w := &q.rq[i]
+	w := q.rq.push()
 	w.id = wr.ID
 	q.rqSeq++
 	w.seq = q.rqSeq
 	w.nsge = copy(w.sge[:], wr.SGL)
-	q.rqLen++
 	q.rqMu.Unlock()
 	return nil
 }
@@ -76,16 +71,12 @@ func (q *QP) takeRecv(w *recvWQE) (ok, overdraft bool) {
 		return true, false
 	}
 	q.rqMu.Lock()
-	if q.rqLen == 0 {
+	if q.rq.len() == 0 {
 		q.rqMu.Unlock()
 		return false, false
 	}
-	*w = q.rq[q.rqHead]
-	q.rqHead++
-	if q.rqHead == len(q.rq) {
-		q.rqHead = 0
-	}
-	q.rqLen--
+	*w = *q.rq.front()
+	q.rq.pop()
 	q.rqMu.Unlock()
 	return true, false
 }
@@ -96,9 +87,7 @@ func (q *QP) takeRecv(w *recvWQE) (ok, overdraft bool) {
 type SRQ struct {
 	pd     *PD
 	mu     sync.Mutex
-	ring   []recvWQE
-	head   int
-	n      int
+	ring   ring[recvWQE]
 	maxSGE int
 	limit  int // armed watermark; 0 when disarmed
 }
@@ -109,7 +98,7 @@ func (pd *PD) CreateSRQ(depth, maxSGE int) (*SRQ, error) {
 	if depth <= 0 || depth > 1<<20 || maxSGE <= 0 || maxSGE > 16 {
 		return nil, fmt.Errorf("%w: SRQ of %d receives with %d SGEs", ErrInvalidAttr, depth, maxSGE)
 	}
-	return &SRQ{pd: pd, ring: make([]recvWQE, depth), maxSGE: maxSGE}, nil
+	return &SRQ{pd: pd, ring: newRing[recvWQE](depth), maxSGE: maxSGE}, nil
 }
 
 // PostRecv posts a receive to the SRQ.
@@ -119,21 +108,20 @@ func (s *SRQ) PostRecv(wr *RecvWR) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.n == len(s.ring) {
-		return fmt.Errorf("%w: %d receives posted to the SRQ", ErrQueueFull, s.n)
+	if s.ring.full() {
+		return fmt.Errorf("%w: %d receives posted to the SRQ", ErrQueueFull, s.ring.len())
 	}
-	i := (s.head + s.n) % len(s.ring)
-	s.ring[i].id = wr.ID
-	s.ring[i].nsge = copy(s.ring[i].sge[:], wr.SGL)
-	s.n++
+	w := s.ring.push()
+	w.id = wr.ID
+	w.nsge = copy(w.sge[:], wr.SGL)
 	return nil
 }
 
 // Arm sets the low watermark: when fewer than limit receives remain, one
 // AsyncSRQLimit event fires and the watermark disarms (ibv_modify_srq).
 func (s *SRQ) Arm(limit int) error {
-	if limit <= 0 || limit > len(s.ring) {
-		return fmt.Errorf("%w: SRQ limit %d, want 1..%d", ErrInvalidAttr, limit, len(s.ring))
+	if limit <= 0 || limit > s.ring.cap() {
+		return fmt.Errorf("%w: SRQ limit %d, want 1..%d", ErrInvalidAttr, limit, s.ring.cap())
 	}
 	s.mu.Lock()
 	s.limit = limit
@@ -145,19 +133,18 @@ func (s *SRQ) Arm(limit int) error {
 func (s *SRQ) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.n
+	return s.ring.len()
 }
 
 func (s *SRQ) take(w *recvWQE) bool {
 	s.mu.Lock()
-	if s.n == 0 {
+	if s.ring.len() == 0 {
 		s.mu.Unlock()
 		return false
 	}
-	*w = s.ring[s.head]
-	s.head = (s.head + 1) % len(s.ring)
-	s.n--
-	fire := s.limit > 0 && s.n < s.limit
+	*w = *s.ring.front()
+	s.ring.pop()
+	fire := s.limit > 0 && s.ring.len() < s.limit
 	if fire {
 		s.limit = 0
 	}

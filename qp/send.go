@@ -219,7 +219,7 @@ func (q *QP) PostSend(wr *SendWR) error {
 		q.sqMu.Unlock()
 		return fmt.Errorf("%w: PostSend on a QP in %v", ErrQPState, st)
 	}
-	if q.sqLen == 0 && !q.inMover {
+	if q.sq.len() == 0 && !q.inMover {
 		msn := wr.AH.msn.Add(1)
 		st := q.tx.build(s, wr.Opcode, wr.Flags, wr.AH, wr.SGL, wr.Inline, msn)
 		if st != Success {
@@ -247,21 +247,16 @@ func (q *QP) PostSend(wr *SendWR) error {
 
 // enqueueLocked queues wr for the datamover; it unlocks sqMu.
 func (q *QP) enqueueLocked(wr *SendWR, msn uint32, s *Socket) error {
-	if n := q.sqLen; n == len(q.sq) {
+	if n := q.sq.len(); q.sq.full() {
 		q.sqMu.Unlock()
 		return fmt.Errorf("%w: %d send WRs outstanding", ErrQueueFull, n)
 	}
-	i := q.sqHead + q.sqLen
-	if i >= len(q.sq) {
-		i -= len(q.sq)
-	}
-	w := &q.sq[i]
+	w := q.sq.push()
 	w.id, w.op, w.flags, w.ah = wr.ID, wr.Opcode, wr.Flags, wr.AH
 	w.nsge = copy(w.sge[:], wr.SGL)
 	w.isInline = wr.Inline != nil
 	w.inlineLen = copy(w.inline, wr.Inline)
 	w.msn = msn
-	q.sqLen++
 	schedule := !q.inMover
 	q.inMover = true
 	q.sqMu.Unlock()
@@ -277,13 +272,8 @@ func (q *QP) completeSend(id uint64, st Status, n int) {
 }
 
 func (q *QP) popSQLocked() {
-	w := &q.sq[q.sqHead]
-	w.ah = nil
-	q.sqHead++
-	if q.sqHead == len(q.sq) {
-		q.sqHead = 0
-	}
-	q.sqLen--
+	q.sq.front().ah = nil
+	q.sq.pop()
 }
 
 // activate hands q to the socket's datamover.
@@ -350,11 +340,11 @@ func (s *Socket) writable(fd uintptr) bool {
 func (q *QP) drain(s *Socket, max int) (more, full bool) {
 	q.sqMu.Lock()
 	defer q.sqMu.Unlock()
-	for k := 0; k < max && q.sqLen > 0; k++ {
+	for k := 0; k < max && q.sq.len() > 0; k++ {
 		if q.State() != StateRTS {
 			break // the state change flushed or cleared the queue
 		}
-		w := &q.sq[q.sqHead]
+		w := q.sq.front()
 		var inline []byte
 		if w.isInline {
 			inline = w.inline[:w.inlineLen]
@@ -378,7 +368,7 @@ func (q *QP) drain(s *Socket, max int) (more, full bool) {
 		}
 		q.popSQLocked()
 	}
-	if q.sqLen == 0 || q.State() != StateRTS {
+	if q.sq.len() == 0 || q.State() != StateRTS {
 		q.inMover = false
 		return false, false
 	}
