@@ -76,6 +76,21 @@ func check(off, n uint64) (Range, error) {
 	return Range{off, off + n}, nil
 }
 
+// gather collects into scratch, in order, the ranges that overlap r, and
+// with touching also those that merely touch it (end where r starts or
+// start where r ends).
+func (m *Map) gather(r Range, touching bool) {
+	m.scratch = m.scratch[:0]
+	if p, ok := m.floor(r.Start); ok && (p.End > r.Start || touching && p.End == r.Start) {
+		m.scratch = append(m.scratch, p)
+	}
+	m.qEnd = r.End - 1 // r is not empty
+	if touching {
+		m.qEnd = r.End
+	}
+	m.t.AscendGreaterOrEqual(Range{Start: r.Start + 1}, m.collect)
+}
+
 // floor returns the range with the greatest Start <= x.
 func (m *Map) floor(x uint64) (r Range, ok bool) {
 	m.t.DescendLessOrEqual(Range{Start: x}, func(it Range) bool {
@@ -96,12 +111,7 @@ func (m *Map) Insert(off, n uint64) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.scratch = m.scratch[:0]
-	if p, ok := m.floor(r.Start); ok && p.End >= r.Start {
-		m.scratch = append(m.scratch, p)
-	}
-	m.qEnd = r.End
-	m.t.AscendGreaterOrEqual(Range{Start: r.Start + 1}, m.collect)
+	m.gather(r, true)
 	if len(m.scratch) == 0 && m.t.Len() >= m.limit {
 		return fmt.Errorf("%w: %d ranges", ErrFull, m.t.Len())
 	}
@@ -141,14 +151,7 @@ func (m *Map) Invalidate(off, n uint64) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.scratch = m.scratch[:0]
-	if p, ok := m.floor(r.Start); ok && p.End > r.Start {
-		m.scratch = append(m.scratch, p)
-	}
-	if r.End > 0 {
-		m.qEnd = r.End - 1
-		m.t.AscendGreaterOrEqual(Range{Start: r.Start + 1}, m.collect)
-	}
+	m.gather(r, false)
 	for _, p := range m.scratch {
 		m.t.Delete(p)
 		m.bytes -= p.Len()

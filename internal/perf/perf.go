@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/udiwarp/udiwarp/qp"
@@ -129,6 +131,16 @@ func latResult(cfg Config, ns []int64) Result {
 	r.Stdev = us(math.Sqrt(sq / float64(len(ns))))
 	r.P99, r.P999 = pct(0.99), pct(0.999)
 	return r
+}
+
+// finish ends a bandwidth run: senders stop after cfg.Duration, receivers
+// 50 ms later, to take in what is still on its way.
+func finish(cfg Config, sending, stop *atomic.Bool, wg *sync.WaitGroup) {
+	time.Sleep(cfg.Duration)
+	sending.Store(false)
+	time.Sleep(50 * time.Millisecond)
+	stop.Store(true)
+	wg.Wait()
 }
 
 func bwResult(cfg Config, sent, received uint64, first, last time.Time) Result {

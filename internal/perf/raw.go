@@ -288,10 +288,6 @@ func rawBandwidth(cfg Config) (Result, error) {
 			}
 		}()
 	}
-	time.Sleep(cfg.Duration)
-	sending.Store(false)
-	time.Sleep(50 * time.Millisecond)
-	stop.Store(true)
-	wg.Wait()
+	finish(cfg, &sending, &stop, &wg)
 	return bwResult(cfg, sent.Load(), received.Load(), time.Unix(0, first.Load()), time.Unix(0, last.Load())), nil
 }
