@@ -1,0 +1,274 @@
+package writerecord
+
+import (
+	"container/list"
+	"net/netip"
+	"time"
+
+	"github.com/udiwarp/udiwarp/validitymap"
+)
+
+// Source names the sender of a message: its IP:port and QP number.
+type Source struct {
+	Addr netip.AddrPort
+	QPN  uint32
+}
+
+// Policy says what happens to a message whose deadline passes before it
+// is complete.
+type Policy uint8
+
+const (
+	// Discard declares the message's bytes invalid: nothing is recorded.
+	Discard Policy = iota
+	// DeliverPartial records exactly the ranges that arrived.
+	DeliverPartial
+)
+
+func (p Policy) String() string {
+	if p == DeliverPartial {
+		return "deliver-partial"
+	}
+	return "discard"
+}
+
+// Config bounds an Engine. The zero value is usable.
+type Config struct {
+	// Timeout starts at a message's first segment. Default 10 s: long, so
+	// that by default only messages that will never complete expire.
+	Timeout time.Duration
+	Policy  Policy
+	// MaxMessages caps the messages in progress (default 4096), and
+	// MaxPerSource those of one source (default 64). At a cap the message
+	// that began longest ago is evicted and counted, never recorded.
+	MaxMessages  int
+	MaxPerSource int
+}
+
+func (c *Config) fill() {
+	if c.Timeout <= 0 {
+		c.Timeout = 10 * time.Second
+	}
+	if c.MaxMessages <= 0 {
+		c.MaxMessages = 4096
+	}
+	if c.MaxPerSource <= 0 {
+		c.MaxPerSource = 64
+	}
+}
+
+// Segment is what the engine needs of one arriving Write-Record segment
+// (see docs/wire.md §4.2): its message's identity and extent, and the
+// bytes this segment carries.
+type Segment struct {
+	Source Source
+	STag   uint32
+	MSN    uint32
+	// MessageTO and Length are the message's first byte and length
+	// (TO - MO and MsgLen on the wire).
+	MessageTO uint64
+	Length    uint32
+	// Offset and N are this segment's place in the message (MO) and size.
+	Offset uint32
+	N      uint32
+}
+
+// Record is what the target learns of one message.
+type Record struct {
+	Source    Source
+	STag      uint32
+	MSN       uint32
+	MessageTO uint64
+	Length    uint32
+	// Complete says every byte arrived. Otherwise Valid lists, in tagged
+	// offsets, exactly the ranges that did (deliver-partial).
+	Complete bool
+	Valid    []validitymap.Range
+}
+
+// Stats counts what the engine did.
+type Stats struct {
+	Completed  uint64 // messages recorded complete
+	Partial    uint64 // messages recorded partial at their deadline
+	Expired    uint64 // messages discarded at their deadline
+	Superseded uint64 // messages discarded for a newer MSN
+	Stale      uint64 // segments dropped: older MSN than the message in progress
+	Evicted    uint64 // messages discarded at a cap
+}
+
+type key struct {
+	src  Source
+	stag uint32
+}
+
+// message is one message in progress: created by its first segment to
+// arrive, gone when it completes, expires, is superseded or evicted.
+type message struct {
+	key      key
+	msn      uint32
+	to       uint64
+	length   uint32
+	got      ranges // bytes placed, relative to the message start
+	placed   uint64
+	deadline time.Time
+	elem     *list.Element // in Engine.order, oldest first
+}
+
+// Engine tracks the Write-Record messages in progress at one target. It is
+// not safe for concurrent use; its owner serializes calls (the QP's
+// receive path, and its timer).
+type Engine struct {
+	cfg       Config
+	msgs      map[key]*message
+	perSource map[Source]int
+	order     list.List // messages by first arrival
+	stats     Stats
+}
+
+// New returns an Engine.
+func New(cfg Config) *Engine {
+	cfg.fill()
+	e := &Engine{cfg: cfg, msgs: map[key]*message{}, perSource: map[Source]int{}}
+	e.order.Init()
+	return e
+}
+
+// Config returns the engine's configuration, defaults filled in.
+func (e *Engine) Config() Config { return e.cfg }
+
+// Stats returns the engine's counters.
+func (e *Engine) Stats() Stats { return e.stats }
+
+// InProgress returns the number of messages in progress.
+func (e *Engine) InProgress() int { return len(e.msgs) }
+
+// Verdict is Admit's answer.
+type Verdict uint8
+
+const (
+	// Place the segment, then call Placed.
+	Place Verdict = iota
+	// PlaceNew is Place for the first segment to arrive of a new message:
+	// before placing, invalidate [MessageTO, MessageTO+Length) in the
+	// region's validity map, since its old contents are being overwritten.
+	PlaceNew
+	// Drop the segment: an older message's straggler.
+	Drop
+)
+
+// newer reports whether MSN a comes after b in serial-number arithmetic.
+func newer(a, b uint32) bool { return int32(a-b) > 0 }
+
+// Admit decides a segment's fate before its bytes are placed. A segment of
+// a newer message than the one in progress for its (source, STag)
+// discards that message; a segment of an older one is dropped.
+func (e *Engine) Admit(s *Segment, now time.Time) Verdict {
+	k := key{s.Source, s.STag}
+	m := e.msgs[k]
+	switch {
+	case m == nil:
+	case m.msn == s.MSN:
+		return Place
+	case newer(s.MSN, m.msn):
+		e.stats.Superseded++
+		e.remove(m)
+	default:
+		e.stats.Stale++
+		return Drop
+	}
+	if s.Offset == 0 && s.N == s.Length {
+		return PlaceNew // whole in one segment: no state needed
+	}
+	for len(e.msgs) >= e.cfg.MaxMessages || e.perSource[s.Source] >= e.cfg.MaxPerSource {
+		e.evictOldest(s.Source)
+	}
+	m = &message{key: k, msn: s.MSN, to: s.MessageTO, length: s.Length, deadline: now.Add(e.cfg.Timeout)}
+	m.elem = e.order.PushBack(m)
+	e.msgs[k] = m
+	e.perSource[s.Source]++
+	return PlaceNew
+}
+
+// evictOldest discards the oldest message (of src, when src is the one
+// over its cap).
+func (e *Engine) evictOldest(src Source) {
+	bySource := e.perSource[src] >= e.cfg.MaxPerSource
+	for el := e.order.Front(); el != nil; el = el.Next() {
+		m := el.Value.(*message)
+		if !bySource || m.key.src == src {
+			e.stats.Evicted++
+			e.remove(m)
+			return
+		}
+	}
+}
+
+func (e *Engine) remove(m *message) {
+	e.order.Remove(m.elem)
+	delete(e.msgs, m.key)
+	if n := e.perSource[m.key.src] - 1; n > 0 {
+		e.perSource[m.key.src] = n
+	} else {
+		delete(e.perSource, m.key.src)
+	}
+}
+
+// Placed notes that s's bytes are in memory. When that completes the
+// message it returns its record; the caller records it (CQ entry or
+// validity map) — placement happened first, so no record ever names a
+// byte not yet written.
+func (e *Engine) Placed(s *Segment) (Record, bool) {
+	rec := Record{Source: s.Source, STag: s.STag, MSN: s.MSN, MessageTO: s.MessageTO, Length: s.Length, Complete: true}
+	k := key{s.Source, s.STag}
+	m := e.msgs[k]
+	if m == nil || m.msn != s.MSN {
+		// A whole message in one segment, or a segment of a message that
+		// was discarded meanwhile (which must not be recorded).
+		if s.Offset == 0 && s.N == s.Length {
+			e.stats.Completed++
+			return rec, true
+		}
+		return Record{}, false
+	}
+	m.placed += m.got.add(uint64(s.Offset), uint64(s.Offset)+uint64(s.N))
+	if m.placed < uint64(m.length) {
+		return Record{}, false
+	}
+	e.remove(m)
+	e.stats.Completed++
+	return rec, true
+}
+
+// Expire handles every message whose deadline has passed: with
+// deliver-partial it emits a record of the ranges that arrived; with
+// discard it drops the message unrecorded. It returns the earliest
+// deadline still pending (zero if none), for the caller's timer.
+func (e *Engine) Expire(now time.Time, emit func(Record)) time.Time {
+	for el := e.order.Front(); el != nil; {
+		m := el.Value.(*message)
+		next := el.Next()
+		if now.Before(m.deadline) {
+			el = next
+			continue
+		}
+		e.remove(m)
+		if e.cfg.Policy == DeliverPartial && m.placed > 0 {
+			e.stats.Partial++
+			rec := Record{Source: m.key.src, STag: m.key.stag, MSN: m.msn, MessageTO: m.to, Length: m.length}
+			for _, r := range m.got {
+				rec.Valid = append(rec.Valid, validitymap.Range{Start: m.to + r.Start, End: m.to + r.End})
+			}
+			emit(rec)
+		} else {
+			e.stats.Expired++
+		}
+		el = next
+	}
+	var first time.Time
+	for el := e.order.Front(); el != nil; el = el.Next() {
+		if d := el.Value.(*message).deadline; first.IsZero() || d.Before(first) {
+			first = d
+		}
+	}
+	return first
+}

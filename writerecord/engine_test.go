@@ -1,0 +1,219 @@
+package writerecord
+
+import (
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/udiwarp/udiwarp/validitymap"
+)
+
+var t0 = time.Unix(1000, 0)
+
+func src(i int) Source {
+	return Source{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}), 4791), QPN: uint32(i%7 + 1)}
+}
+
+// segs cuts a message of length n at TO into segments of size seg.
+func segs(s Source, stag, msn uint32, to uint64, n, seg uint32) []Segment {
+	var out []Segment
+	for off := uint32(0); off < n || (n == 0 && off == 0); off += seg {
+		k := min(seg, n-off)
+		out = append(out, Segment{Source: s, STag: stag, MSN: msn, MessageTO: to, Length: n, Offset: off, N: k})
+		if n == 0 {
+			break
+		}
+	}
+	return out
+}
+
+// deliver runs one segment through Admit and Placed.
+func deliver(e *Engine, s Segment, now time.Time) (Verdict, *Record) {
+	v := e.Admit(&s, now)
+	if v == Drop {
+		return v, nil
+	}
+	if r, ok := e.Placed(&s); ok {
+		return v, &r
+	}
+	return v, nil
+}
+
+func TestSingleSegment(t *testing.T) {
+	e := New(Config{})
+	s := segs(src(1), 0x100, 1, 4096, 1400, 64000)
+	v, r := deliver(e, s[0], t0)
+	if v != PlaceNew || r == nil || !r.Complete || r.MessageTO != 4096 || r.Length != 1400 || e.InProgress() != 0 {
+		t.Fatalf("verdict %v record %+v in progress %d", v, r, e.InProgress())
+	}
+}
+
+func TestCompleteWhateverWasLostOrReordered(t *testing.T) {
+	for _, order := range [][]int{{0, 1, 2, 3}, {3, 2, 1, 0}, {2, 0, 3, 1}, {1, 1, 0, 3, 3, 2}} {
+		e := New(Config{})
+		ss := segs(src(1), 0x100, 7, 0, 4000, 1000)
+		var recs []*Record
+		for i, k := range order {
+			v, r := deliver(e, ss[k], t0)
+			if v == Drop {
+				t.Fatalf("segment %d dropped", k)
+			}
+			if i == 0 && v != PlaceNew {
+				t.Fatalf("first segment to arrive: %v, want PlaceNew", v)
+			}
+			if r != nil {
+				recs = append(recs, r)
+			}
+		}
+		if len(recs) != 1 || !recs[0].Complete || recs[0].MSN != 7 {
+			t.Fatalf("order %v: records %+v", order, recs)
+		}
+		if e.InProgress() != 0 {
+			t.Fatal("state left behind")
+		}
+	}
+}
+
+func TestTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		lost   int // index of the lost segment
+		policy Policy
+		want   []validitymap.Range
+	}{
+		{"first lost, discard", 0, Discard, nil},
+		{"first lost, deliver partial", 0, DeliverPartial, []validitymap.Range{{Start: 1000 + 100, End: 1000 + 400}}},
+		{"middle lost, deliver partial", 1, DeliverPartial, []validitymap.Range{{Start: 1000, End: 1100}, {Start: 1200, End: 1400}}},
+		{"last lost, deliver partial", 3, DeliverPartial, []validitymap.Range{{Start: 1000, End: 1300}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := New(Config{Timeout: time.Millisecond, Policy: tc.policy})
+			for i, s := range segs(src(2), 0x200, 3, 1000, 400, 100) {
+				if i != tc.lost {
+					if _, r := deliver(e, s, t0); r != nil {
+						t.Fatal("incomplete message recorded")
+					}
+				}
+			}
+			if next := e.Expire(t0.Add(time.Millisecond/2), func(Record) { t.Fatal("expired early") }); !next.Equal(t0.Add(time.Millisecond)) {
+				t.Fatalf("next deadline %v", next)
+			}
+			var got []Record
+			e.Expire(t0.Add(time.Millisecond), func(r Record) { got = append(got, r) })
+			if tc.want == nil {
+				if len(got) != 0 || e.Stats().Expired != 1 {
+					t.Fatalf("discard recorded %+v", got)
+				}
+				return
+			}
+			if len(got) != 1 || got[0].Complete || !slices.Equal(got[0].Valid, tc.want) || e.Stats().Partial != 1 {
+				t.Fatalf("partial %+v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestSupersessionAndStragglers(t *testing.T) {
+	e := New(Config{})
+	old := segs(src(3), 0x300, 10, 0, 300, 100)
+	deliver(e, old[0], t0)
+	newer := segs(src(3), 0x300, 11, 0, 300, 100)
+	if v, _ := deliver(e, newer[1], t0); v != PlaceNew {
+		t.Fatalf("newer MSN: %v", v)
+	}
+	if e.Stats().Superseded != 1 {
+		t.Fatal("older message not discarded")
+	}
+	if v, r := deliver(e, old[1], t0); v != Drop || r != nil || e.Stats().Stale != 1 {
+		t.Fatalf("straggler: %v %+v", v, r)
+	}
+	deliver(e, newer[0], t0)
+	if _, r := deliver(e, newer[2], t0); r == nil || r.MSN != 11 {
+		t.Fatal("newer message did not complete")
+	}
+	// Another source writing the same STag is independent.
+	other := segs(src(4), 0x300, 1, 0, 200, 100)
+	deliver(e, other[0], t0)
+	if _, r := deliver(e, other[1], t0); r == nil {
+		t.Fatal("other source's message")
+	}
+}
+
+func TestMSNWrap(t *testing.T) {
+	e := New(Config{})
+	a := segs(src(5), 1, 0xFFFFFFFF, 0, 200, 100)
+	b := segs(src(5), 1, 0, 0, 200, 100)
+	deliver(e, a[0], t0)
+	if v, _ := deliver(e, b[0], t0); v != PlaceNew || e.Stats().Superseded != 1 {
+		t.Fatal("MSN 0 must supersede 0xFFFFFFFF")
+	}
+	if v, _ := deliver(e, a[1], t0); v != Drop {
+		t.Fatal("0xFFFFFFFF after 0 is a straggler")
+	}
+}
+
+// TestFlood feeds a million first segments with distinct sources and MSNs:
+// the table stays at its cap, and a legitimate message whose segments
+// arrive among them still completes.
+func TestFlood(t *testing.T) {
+	e := New(Config{MaxMessages: 1024, MaxPerSource: 8})
+	legit := segs(Source{Addr: netip.MustParseAddrPort("192.0.2.1:1"), QPN: 9}, 0x999, 1, 0, 2000, 1000)
+	completed := 0
+	r := rand.New(rand.NewPCG(1, 1))
+	for i := range 1_000_000 {
+		s := Segment{Source: src(i % 60000), STag: uint32(i), MSN: r.Uint32(), MessageTO: 0, Length: 2000, Offset: 0, N: 1000}
+		deliver(e, s, t0)
+		if e.InProgress() > 1024 {
+			t.Fatalf("table at %d over its cap", e.InProgress())
+		}
+		if i%5000 == 100 {
+			deliver(e, legit[0], t0)
+		}
+		if i%5000 == 600 {
+			if _, rec := deliver(e, legit[1], t0); rec != nil {
+				completed++
+			}
+		}
+	}
+	if completed != 200 {
+		t.Fatalf("legitimate messages completed: %d of 200", completed)
+	}
+	if e.Stats().Evicted == 0 {
+		t.Fatal("nothing evicted")
+	}
+	// One source cannot take more than its share.
+	e2 := New(Config{MaxMessages: 1024, MaxPerSource: 8})
+	for i := range 100 {
+		deliver(e2, Segment{Source: src(1), STag: uint32(i), MSN: 1, Length: 2, N: 1}, t0)
+	}
+	if e2.InProgress() != 8 {
+		t.Fatalf("one source holds %d messages, cap 8", e2.InProgress())
+	}
+}
+
+func TestRangesAdd(t *testing.T) {
+	var r ranges
+	for _, c := range []struct{ s, e, new uint64 }{
+		{10, 20, 10}, {30, 40, 10}, {15, 35, 10}, {0, 5, 5}, {0, 50, 15}, {50, 50, 0}, {60, 70, 10}, {55, 65, 5},
+	} {
+		if got := r.add(c.s, c.e); got != c.new {
+			t.Fatalf("add(%d,%d) new %d, want %d (ranges %v)", c.s, c.e, got, c.new, r)
+		}
+	}
+	if want := (ranges{{Start: 0, End: 50}, {Start: 55, End: 70}}); !slices.Equal(r, want) {
+		t.Fatalf("%v, want %v", r, want)
+	}
+}
+
+func BenchmarkSingleSegment(b *testing.B) {
+	e := New(Config{})
+	s := segs(src(1), 1, 1, 0, 1024, 64000)[0]
+	b.ReportAllocs()
+	for b.Loop() {
+		s.MSN++
+		e.Admit(&s, t0)
+		e.Placed(&s)
+	}
+}
