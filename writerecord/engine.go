@@ -105,6 +105,7 @@ type key struct {
 // arrive, gone when it completes, expires, is superseded or evicted.
 type message struct {
 	key      key
+	srcElem  *list.Element // in the source's own list, oldest first
 	msn      uint32
 	to       uint64
 	length   uint32
@@ -120,15 +121,15 @@ type message struct {
 type Engine struct {
 	cfg       Config
 	msgs      map[key]*message
-	perSource map[Source]int
-	order     list.List // messages by first arrival
+	perSource map[Source]*list.List // each source's messages by first arrival
+	order     list.List             // all messages by first arrival
 	stats     Stats
 }
 
 // New returns an Engine.
 func New(cfg Config) *Engine {
 	cfg.fill()
-	e := &Engine{cfg: cfg, msgs: map[key]*message{}, perSource: map[Source]int{}}
+	e := &Engine{cfg: cfg, msgs: map[key]*message{}, perSource: map[Source]*list.List{}}
 	e.order.Init()
 	return e
 }
@@ -179,36 +180,34 @@ func (e *Engine) Admit(s *Segment, now time.Time) Verdict {
 	if s.Offset == 0 && s.N == s.Length {
 		return PlaceNew // whole in one segment: no state needed
 	}
-	for len(e.msgs) >= e.cfg.MaxMessages || e.perSource[s.Source] >= e.cfg.MaxPerSource {
-		e.evictOldest(s.Source)
+	// At a cap, the oldest message goes: the source's own when it is the
+	// one over its share, else the oldest of all. Both are O(1).
+	if l := e.perSource[s.Source]; l != nil && l.Len() >= e.cfg.MaxPerSource {
+		e.stats.Evicted++
+		e.remove(l.Front().Value.(*message))
+	}
+	for len(e.msgs) >= e.cfg.MaxMessages {
+		e.stats.Evicted++
+		e.remove(e.order.Front().Value.(*message))
 	}
 	m = &message{key: k, msn: s.MSN, to: s.MessageTO, length: s.Length, deadline: now.Add(e.cfg.Timeout)}
 	m.elem = e.order.PushBack(m)
-	e.msgs[k] = m
-	e.perSource[s.Source]++
-	return PlaceNew
-}
-
-// evictOldest discards the oldest message (of src, when src is the one
-// over its cap).
-func (e *Engine) evictOldest(src Source) {
-	bySource := e.perSource[src] >= e.cfg.MaxPerSource
-	for el := e.order.Front(); el != nil; el = el.Next() {
-		m := el.Value.(*message)
-		if !bySource || m.key.src == src {
-			e.stats.Evicted++
-			e.remove(m)
-			return
-		}
+	l := e.perSource[s.Source]
+	if l == nil {
+		l = list.New()
+		e.perSource[s.Source] = l
 	}
+	m.srcElem = l.PushBack(m)
+	e.msgs[k] = m
+	return PlaceNew
 }
 
 func (e *Engine) remove(m *message) {
 	e.order.Remove(m.elem)
 	delete(e.msgs, m.key)
-	if n := e.perSource[m.key.src] - 1; n > 0 {
-		e.perSource[m.key.src] = n
-	} else {
+	l := e.perSource[m.key.src]
+	l.Remove(m.srcElem)
+	if l.Len() == 0 {
 		delete(e.perSource, m.key.src)
 	}
 }

@@ -3,6 +3,7 @@ package writerecord
 import (
 	"math/rand/v2"
 	"net/netip"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -215,5 +216,26 @@ func BenchmarkSingleSegment(b *testing.B) {
 		s.MSN++
 		e.Admit(&s, t0)
 		e.Placed(&s)
+	}
+}
+
+// BenchmarkMemoryPerMessage reports the heap one message in progress
+// costs (its map entry, list element and range slice).
+func BenchmarkMemoryPerMessage(b *testing.B) {
+	const n = 4096
+	var before, after runtime.MemStats
+	for b.Loop() {
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		e := New(Config{MaxMessages: n, MaxPerSource: n})
+		for i := range n {
+			s := Segment{Source: src(i), STag: uint32(i), MSN: 1, Length: 2000, Offset: 1000, N: 1000}
+			e.Admit(&s, t0)
+			e.Placed(&s)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "bytes/message")
+		runtime.KeepAlive(e)
 	}
 }
