@@ -108,6 +108,10 @@ type Device struct {
 	done       chan struct{}
 	wg         sync.WaitGroup
 	stats      Stats
+
+	wrTimerMu sync.Mutex // the Write-Record deadline timer
+	wrTimer   *time.Timer
+	wrNext    time.Time
 }
 
 // Open creates a device.
@@ -160,6 +164,11 @@ func (d *Device) Close() error {
 		return nil
 	}
 	close(d.done)
+	d.wrTimerMu.Lock()
+	if d.wrTimer != nil {
+		d.wrTimer.Stop()
+	}
+	d.wrTimerMu.Unlock()
 	d.mu.Lock()
 	socks := d.sockets
 	d.sockets = nil

@@ -86,6 +86,13 @@ type Stats struct {
 	RxRecvProt     atomic.Uint64 // posted receive names bad memory
 	RxRemoteErrors atomic.Uint64 // error messages received
 	RxRDFrames     atomic.Uint64 // RD frames without an RD layer on this socket
+	RxBadSTag      atomic.Uint64 // Write-Record: unknown STag, stale key, or another PD
+	RxAccess       atomic.Uint64 // Write-Record: region without remote-write access
+	RxBounds       atomic.Uint64 // Write-Record: message outside its region
+	RxWRStale      atomic.Uint64 // Write-Record: segment of an older message than the one in progress
+	RxWRPlaced     atomic.Uint64 // Write-Record segments placed
+	RxWRComplete   atomic.Uint64 // Write-Record messages recorded complete
+	RxWRPartial    atomic.Uint64 // Write-Record messages recorded partial at their deadline
 
 	TxDatagrams atomic.Uint64
 	TxDirect    atomic.Uint64 // sent in the poster's goroutine

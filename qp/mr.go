@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+
+	"github.com/udiwarp/udiwarp/validitymap"
 	"sync/atomic"
 	"unsafe"
 )
@@ -58,7 +60,24 @@ type MR struct {
 	// taken twice by one copy (two SGEs of one region) without deadlock.
 	pins  atomic.Int64
 	valid atomic.Bool
+	vmap  atomic.Pointer[validitymap.Map]
 }
+
+// TrackValidity gives the region a validity map (seed 003's second
+// recording design) that Write-Record messages arriving for it update,
+// in region offsets (TO - Addr()); limit bounds its disjoint ranges
+// (validitymap.DefaultLimit when <= 0). It returns the map; calling it
+// again returns the same one.
+func (m *MR) TrackValidity(limit int) *validitymap.Map {
+	if v := m.vmap.Load(); v != nil {
+		return v
+	}
+	m.vmap.CompareAndSwap(nil, validitymap.New(limit))
+	return m.vmap.Load()
+}
+
+// ValidityMap returns the region's validity map, or nil.
+func (m *MR) ValidityMap() *validitymap.Map { return m.vmap.Load() }
 
 // unpin ends a copy begun by Device.resolve.
 func (m *MR) unpin() { m.pins.Add(-1) }

@@ -2,6 +2,8 @@ package qp
 
 import (
 	"fmt"
+
+	"github.com/udiwarp/udiwarp/writerecord"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -78,6 +80,18 @@ type QPAttr struct {
 	// and completed but not yet polled); 0 means no cap. Over it, a message
 	// is dropped, counted and reported with AsyncSRQOverdraft (seed 004).
 	SRQLimit int
+	// WriteRecordSegment is the largest Write-Record payload per datagram
+	// this QP sends: about 1400 for a 1500-byte Ethernet path; default and
+	// maximum the socket's MaxWriteRecordSegment (65 489 over IPv4).
+	WriteRecordSegment int
+	// WriteRecord configures the target side of Write-Record at this QP:
+	// per-message timeout, the policy at the deadline, and the caps on
+	// messages in progress.
+	WriteRecord writerecord.Config
+	// Record says how the QP records Write-Record messages that arrive:
+	// as CQ entries on its receive CQ (the default), in the target
+	// region's validity map (MR.TrackValidity), or both.
+	Record RecordMode
 	// ReportErrors makes the QP tell the source of a message it had to drop
 	// (no receive posted, receive too small) with an error message naming
 	// the message's MSN (seed 003).
@@ -118,8 +132,11 @@ type QP struct {
 	rqSeq uint64
 	rq    ring[recvWQE]
 
-	errMSN       atomic.Uint32 // numbers the error messages this QP sends
-	srqHeld      atomic.Int32  // SRQ receives held (seed 004 limit)
+	errMSN       atomic.Uint32    // numbers the error messages this QP sends
+	wrMSN        map[wrKey]uint32 // Write-Record MSNs, under sqMu
+	wrMu         sync.Mutex       // guards wr: the receive path and the device's timer
+	wr           *writerecord.Engine
+	srqHeld      atomic.Int32 // SRQ receives held (seed 004 limit)
 	srqOverdrawn atomic.Bool
 }
 
@@ -267,7 +284,7 @@ func (q *QP) toError() {
 func (q *QP) flushLocked() {
 	for q.sq.len() > 0 {
 		w := q.sq.front()
-		q.sendCQ.push(&WorkCompletion{ID: w.id, Status: WRFlushError, Opcode: WCSend, QPN: q.num})
+		q.complete(w, WRFlushError, 0)
 		q.popSQLocked()
 	}
 	q.rqMu.Lock()

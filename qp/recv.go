@@ -177,8 +177,13 @@ func (d *Device) deliver(s *Socket, b []byte, truncated bool, src netip.AddrPort
 		st.countRx(err)
 		return
 	}
-	if seg.Control.Tagged() {
-		st.RxBadOpcode.Add(1) // Write-Record targets arrive with their own issue
+	if seg.Control.Tagged() { // a Write-Record: ParseUDFrame allows no other tagged segment
+		q := d.lookupQP(seg.WriteRecord().DstQPN())
+		if q == nil || q.sock.Load() != s {
+			st.RxUnknownQP.Add(1)
+			return
+		}
+		q.receiveWriteRecord(seg, src)
 		return
 	}
 	h := seg.Untagged()

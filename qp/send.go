@@ -14,6 +14,11 @@ type SendOpcode uint8
 
 const (
 	OpSend SendOpcode = iota // Send (RDMAP Send, or Send with SE with FlagSolicited)
+	// OpWriteRecord writes the SGL (or Inline) into the peer's region named
+	// by RemoteSTag at RemoteTO, cut into Write-Record segments; the peer
+	// places what arrives and records which bytes are valid, with no
+	// receive posted. On UD it completes once its last segment is sent.
+	OpWriteRecord
 )
 
 // SendFlags modify a send work request (ibv_send_flags).
@@ -37,6 +42,9 @@ type SendWR struct {
 	SGL    []SGE
 	Inline []byte
 	AH     *AH // destination of a UD send
+	// RemoteSTag and RemoteTO name where an OpWriteRecord lands.
+	RemoteSTag uint32
+	RemoteTO   uint64
 }
 
 type sendWQE struct {
@@ -50,6 +58,12 @@ type sendWQE struct {
 	inlineLen int
 	isInline  bool
 	msn       uint32
+	// Write-Record: the target, the message length, and how much of it
+	// has been sent (a WR can span datagrams, and pause between them).
+	rstag  uint32
+	rto    uint64
+	length uint32
+	off    uint32
 }
 
 const udiwarpUntaggedOverhead = udiwarp.DDPUntaggedHeaderSize + udiwarp.CRCSize
@@ -210,7 +224,7 @@ func (q *QP) PostSend(wr *SendWR) error {
 		return fmt.Errorf("%w: inline data and an SGL in one WR", ErrInvalidWR)
 	case len(wr.Inline) > q.inlineSz:
 		return fmt.Errorf("%w: %d bytes of inline data, the QP takes %d", ErrInvalidWR, len(wr.Inline), q.inlineSz)
-	case wr.Opcode != OpSend:
+	case wr.Opcode != OpSend && wr.Opcode != OpWriteRecord:
 		return fmt.Errorf("%w: opcode %d", ErrInvalidWR, wr.Opcode)
 	}
 	s := q.sock.Load()
@@ -218,6 +232,9 @@ func (q *QP) PostSend(wr *SendWR) error {
 	if st := q.State(); st != StateRTS { // Modify ran since the check above
 		q.sqMu.Unlock()
 		return fmt.Errorf("%w: PostSend on a QP in %v", ErrQPState, st)
+	}
+	if wr.Opcode == OpWriteRecord {
+		return q.postWriteRecordLocked(wr, s)
 	}
 	if q.sq.len() == 0 && !q.inMover {
 		msn := wr.AH.msn.Add(1)
@@ -269,6 +286,14 @@ func (q *QP) enqueueLocked(wr *SendWR, msn uint32, s *Socket) error {
 
 func (q *QP) completeSend(id uint64, st Status, n int) {
 	q.sendCQ.push(&WorkCompletion{ID: id, Status: st, Opcode: WCSend, Len: uint32(n), QPN: q.num})
+}
+
+func (q *QP) complete(w *sendWQE, st Status, n int) {
+	op := WCSend
+	if w.op == OpWriteRecord {
+		op = WCWriteRecord
+	}
+	q.sendCQ.push(&WorkCompletion{ID: w.id, Status: st, Opcode: op, Len: uint32(n), QPN: q.num})
 }
 
 func (q *QP) popSQLocked() {
@@ -340,11 +365,29 @@ func (s *Socket) writable(fd uintptr) bool {
 func (q *QP) drain(s *Socket, max int) (more, full bool) {
 	q.sqMu.Lock()
 	defer q.sqMu.Unlock()
+	return q.drainLocked(s, max)
+}
+
+func (q *QP) drainLocked(s *Socket, max int) (more, full bool) {
 	for k := 0; k < max && q.sq.len() > 0; k++ {
 		if q.State() != StateRTS {
 			break // the state change flushed or cleared the queue
 		}
 		w := q.sq.front()
+		if w.op == OpWriteRecord {
+			switch st, err := q.sendWriteRecord(s, w); {
+			case err == errSocketFull:
+				return true, true
+			case st != Success:
+				q.complete(w, st, 0)
+			case err != nil:
+				q.complete(w, GeneralError, 0)
+			case w.flags&FlagSignaled != 0:
+				q.complete(w, Success, int(w.length))
+			}
+			q.popSQLocked()
+			continue
+		}
 		var inline []byte
 		if w.isInline {
 			inline = w.inline[:w.inlineLen]

@@ -3,6 +3,8 @@ package qp
 import (
 	"net/netip"
 	"strconv"
+
+	"github.com/udiwarp/udiwarp/validitymap"
 )
 
 // Status is the outcome of a work request, as ibv_wc_status names them.
@@ -83,6 +85,13 @@ type WorkCompletion struct {
 	SourceQPN uint32
 	// MSN is the message's sequence number as the sender numbered it.
 	MSN uint32
+	// Write-Record at the target: the region and the message's first byte
+	// (Len is its length). Partial says the message's deadline passed
+	// with bytes missing; Valid then lists exactly the ranges that arrived.
+	STag    uint32
+	TO      uint64
+	Partial bool
+	Valid   []validitymap.Range
 
 	srqQP *QP // the QP holding an SRQ receive until this is polled
 }

@@ -94,6 +94,7 @@ type Stats struct {
 	Superseded uint64 // messages discarded for a newer MSN
 	Stale      uint64 // segments dropped: older MSN than the message in progress
 	Evicted    uint64 // messages discarded at a cap
+	Duplicate  uint64 // segments dropped: their message already completed
 }
 
 type key struct {
@@ -112,7 +113,11 @@ type message struct {
 	got      ranges // bytes placed, relative to the message start
 	placed   uint64
 	deadline time.Time
-	elem     *list.Element // in Engine.order, oldest first
+	// done marks a completed message kept as a tombstone until deadline,
+	// so that a late duplicate of one of its segments is dropped instead
+	// of starting the message again (and invalidating what it made valid).
+	done bool
+	elem *list.Element // in Engine.order, oldest first
 }
 
 // Engine tracks the Write-Record messages in progress at one target. It is
@@ -140,7 +145,8 @@ func (e *Engine) Config() Config { return e.cfg }
 // Stats returns the engine's counters.
 func (e *Engine) Stats() Stats { return e.stats }
 
-// InProgress returns the number of messages in progress.
+// InProgress returns the number of messages in progress (including
+// completed ones still remembered to drop their late duplicates).
 func (e *Engine) InProgress() int { return len(e.msgs) }
 
 // Verdict is Admit's answer.
@@ -168,6 +174,11 @@ func (e *Engine) Admit(s *Segment, now time.Time) Verdict {
 	m := e.msgs[k]
 	switch {
 	case m == nil:
+	case m.done && !newer(s.MSN, m.msn):
+		e.stats.Duplicate++
+		return Drop
+	case m.done:
+		e.remove(m) // a newer message: the tombstone has served
 	case m.msn == s.MSN:
 		return Place
 	case newer(s.MSN, m.msn):
@@ -178,7 +189,7 @@ func (e *Engine) Admit(s *Segment, now time.Time) Verdict {
 		return Drop
 	}
 	if s.Offset == 0 && s.N == s.Length {
-		return PlaceNew // whole in one segment: no state needed
+		return PlaceNew // whole in one segment: no state needed (UD may duplicate it; each copy is recorded)
 	}
 	// At a cap, the oldest message goes: the source's own when it is the
 	// one over its share, else the oldest of all. Both are O(1).
@@ -220,7 +231,7 @@ func (e *Engine) Placed(s *Segment) (Record, bool) {
 	rec := Record{Source: s.Source, STag: s.STag, MSN: s.MSN, MessageTO: s.MessageTO, Length: s.Length, Complete: true}
 	k := key{s.Source, s.STag}
 	m := e.msgs[k]
-	if m == nil || m.msn != s.MSN {
+	if m == nil || m.msn != s.MSN || m.done {
 		// A whole message in one segment, or a segment of a message that
 		// was discarded meanwhile (which must not be recorded).
 		if s.Offset == 0 && s.N == s.Length {
@@ -233,7 +244,9 @@ func (e *Engine) Placed(s *Segment) (Record, bool) {
 	if m.placed < uint64(m.length) {
 		return Record{}, false
 	}
-	e.remove(m)
+	// Keep a tombstone until the message's deadline so that late
+	// duplicates are recognised; its ranges are no longer needed.
+	m.done, m.got = true, nil
 	e.stats.Completed++
 	return rec, true
 }
@@ -251,6 +264,10 @@ func (e *Engine) Expire(now time.Time, emit func(Record)) time.Time {
 			continue
 		}
 		e.remove(m)
+		if m.done {
+			el = next
+			continue // a tombstone's time is up
+		}
 		if e.cfg.Policy == DeliverPartial && m.placed > 0 {
 			e.stats.Partial++
 			rec := Record{Source: m.key.src, STag: m.key.stag, MSN: m.msn, MessageTO: m.to, Length: m.length}

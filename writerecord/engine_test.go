@@ -71,6 +71,12 @@ func TestCompleteWhateverWasLostOrReordered(t *testing.T) {
 		if len(recs) != 1 || !recs[0].Complete || recs[0].MSN != 7 {
 			t.Fatalf("order %v: records %+v", order, recs)
 		}
+		// A late duplicate of a segment is dropped, not a new message.
+		if v, r := deliver(e, ss[0], t0); v != Drop || r != nil || e.Stats().Duplicate != 1 {
+			t.Fatalf("late duplicate: %v %+v", v, r)
+		}
+		// The tombstone goes at the deadline, unrecorded.
+		e.Expire(t0.Add(e.Config().Timeout), func(Record) { t.Fatal("a tombstone was recorded") })
 		if e.InProgress() != 0 {
 			t.Fatal("state left behind")
 		}

@@ -1,0 +1,325 @@
+package qp
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+	"unsafe"
+
+	"github.com/udiwarp/udiwarp/udiwarp"
+	"github.com/udiwarp/udiwarp/writerecord"
+	"golang.org/x/sys/unix"
+)
+
+// Source side of RDMA Write-Record.
+
+// wrKey numbers Write-Record messages per (source QP, destination, STag).
+type wrKey struct {
+	ah   *AH
+	stag uint32
+}
+
+// MaxWriteRecordSegment returns the largest Write-Record payload one
+// datagram of this socket carries: the UDP limit less the 34-byte header
+// and the CRC.
+func (s *Socket) MaxWriteRecordSegment() int {
+	return s.maxDatagram - udiwarp.WriteRecordHeaderSize - udiwarp.CRCSize
+}
+
+// postWriteRecordLocked queues a Write-Record WR and, if nothing is queued
+// ahead of it, sends as much of it as the socket takes now, in the
+// caller's goroutine. It unlocks sqMu.
+func (q *QP) postWriteRecordLocked(wr *SendWR, s *Socket) error {
+	var length uint64
+	for _, g := range wr.SGL {
+		length += uint64(g.Length)
+	}
+	length += uint64(len(wr.Inline))
+	if length > 1<<32-1 {
+		q.sqMu.Unlock()
+		return fmt.Errorf("%w: a Write-Record message of %d bytes (at most 4 GiB - 1)", ErrInvalidWR, length)
+	}
+	if q.sq.full() {
+		n := q.sq.len()
+		q.sqMu.Unlock()
+		return fmt.Errorf("%w: %d send WRs outstanding", ErrQueueFull, n)
+	}
+	if q.wrMSN == nil {
+		q.wrMSN = map[wrKey]uint32{}
+	}
+	k := wrKey{wr.AH, wr.RemoteSTag}
+	q.wrMSN[k]++
+	w := q.sq.push()
+	w.id, w.op, w.flags, w.ah = wr.ID, wr.Opcode, wr.Flags, wr.AH
+	w.nsge = copy(w.sge[:], wr.SGL)
+	w.isInline = wr.Inline != nil
+	w.inlineLen = copy(w.inline, wr.Inline)
+	w.msn = q.wrMSN[k]
+	w.rstag, w.rto, w.length, w.off = wr.RemoteSTag, wr.RemoteTO, uint32(length), 0
+	if q.inMover {
+		q.sqMu.Unlock()
+		q.dev.stats.TxQueued.Add(1)
+		return nil
+	}
+	more, _ := q.drainLocked(s, q.sq.len())
+	if more {
+		q.inMover = true
+		q.sqMu.Unlock()
+		q.dev.stats.TxQueued.Add(1)
+		s.activate(q)
+		return nil
+	}
+	q.sqMu.Unlock()
+	q.dev.stats.TxDirect.Add(1)
+	return nil
+}
+
+// sendWriteRecord sends w's remaining segments. errSocketFull means it
+// paused with w.off marking where to resume.
+func (q *QP) sendWriteRecord(s *Socket, w *sendWQE) (Status, error) {
+	seg := uint32(q.segmentSize(s))
+	for {
+		n := min(seg, w.length-w.off)
+		st := q.tx.buildWR(s, w, n)
+		if st != Success {
+			return st, nil
+		}
+		err := q.tx.transmit(s)
+		q.tx.release()
+		if err != nil {
+			return Success, err
+		}
+		w.off += n
+		if w.off >= w.length {
+			return Success, nil
+		}
+	}
+}
+
+func (q *QP) segmentSize(s *Socket) int {
+	if n := q.attr.WriteRecordSegment; n > 0 && n <= s.MaxWriteRecordSegment() {
+		return n
+	}
+	return s.MaxWriteRecordSegment()
+}
+
+// buildWR prepares the Write-Record segment of w that carries n bytes from
+// offset w.off: header, the pieces of the SGL (or inline data) that hold
+// those bytes, CRC.
+func (t *txCtx) buildWR(s *Socket, w *sendWQE, n uint32) Status {
+	q := t.q
+	off := w.off
+	hdr := udiwarp.WriteRecordHeader(t.hdr[:])
+	hdr.Encode(&udiwarp.WriteRecordFields{Last: off+n == w.length, RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpWrite),
+		STag: w.rstag, TO: w.rto + uint64(off), MSN: w.msn, MO: off, MessageLength: w.length, DstQPN: w.ah.qpn, SrcQPN: q.num})
+	t.iov[0].Base = &t.hdr[0]
+	t.iov[0].SetLen(udiwarp.WriteRecordHeaderSize)
+	sum := !q.dev.cfg.NoCRC
+	var crc uint32
+	if sum {
+		crc = udiwarp.CRC32c(hdr)
+	}
+	niov := 1
+	add := func(b []byte) {
+		if len(b) == 0 {
+			return
+		}
+		t.iov[niov].Base = &b[0]
+		t.iov[niov].SetLen(len(b))
+		niov++
+		if sum {
+			crc = udiwarp.UpdateCRC32c(crc, b)
+		}
+	}
+	lo, hi := uint64(off), uint64(off)+uint64(n)
+	if w.isInline {
+		add(w.inline[lo:hi])
+	} else {
+		pos := uint64(0)
+		for i := 0; i < w.nsge && pos < hi; i++ {
+			g := &w.sge[i]
+			end := pos + uint64(g.Length)
+			if end > lo {
+				m, b, st := q.dev.resolve(q.pd, g, 0)
+				if st != Success {
+					t.release()
+					return st
+				}
+				t.mrs[t.nmr] = m
+				t.nmr++
+				a, z := max(lo, pos)-pos, min(hi, end)-pos
+				add(b[a:z])
+			}
+			pos = end
+		}
+	}
+	t.length = int(n)
+	t.ah = w.ah
+	udiwarp.PutCRC(t.crc[:], crc)
+	t.iov[niov].Base = &t.crc[0]
+	t.iov[niov].SetLen(udiwarp.CRCSize)
+	niov++
+	t.msg.SetIovlen(niov)
+	if s.v6 {
+		t.msg.Name = (*byte)(unsafe.Pointer(&w.ah.sa6))
+		t.msg.Namelen = unix.SizeofSockaddrInet6
+	} else {
+		t.msg.Name = (*byte)(unsafe.Pointer(&w.ah.sa4))
+		t.msg.Namelen = unix.SizeofSockaddrInet4
+	}
+	return Success
+}
+
+// Target side of RDMA Write-Record.
+
+// RecordMode says how a QP records the Write-Record messages it receives.
+type RecordMode uint8
+
+const (
+	RecordCQ   RecordMode = 0      // a completion entry on the receive CQ (default)
+	RecordMap  RecordMode = 1 << 0 // the target region's validity map only
+	RecordBoth RecordMode = RecordCQ | RecordMap | 1<<1
+)
+
+func (m RecordMode) cq() bool   { return m == RecordCQ || m == RecordBoth }
+func (m RecordMode) map_() bool { return m == RecordMap || m == RecordBoth }
+
+// receiveWriteRecord checks, places and records one Write-Record segment
+// addressed to q. Every check comes before a byte is written; the record
+// comes after.
+func (q *QP) receiveWriteRecord(seg udiwarp.Segment, src netip.AddrPort) {
+	d := q.dev
+	st := &d.stats
+	if s := q.State(); s != StateRTR && s != StateRTS {
+		st.RxQPState.Add(1)
+		return
+	}
+	h := seg.WriteRecord()
+	stag := h.Tagged().STag()
+	m := d.mrs.lookup(stag)
+	if m == nil || m.pd != q.pd {
+		st.RxBadSTag.Add(1) // unknown, stale key, or not this QP's PD
+		return
+	}
+	if m.access&AccessRemoteWrite == 0 {
+		st.RxAccess.Add(1)
+		return
+	}
+	mto, ml := h.MessageTO(), uint64(h.MessageLength())
+	if mto < m.base || mto-m.base > uint64(len(m.buf)) || ml > uint64(len(m.buf))-(mto-m.base) {
+		st.RxBounds.Add(1) // the whole message must fit the region
+		return
+	}
+	ws := writerecord.Segment{Source: writerecord.Source{Addr: src, QPN: h.SrcQPN()}, STag: stag, MSN: h.MSN(),
+		MessageTO: mto, Length: h.MessageLength(), Offset: h.MO(), N: uint32(len(seg.Payload))}
+	now := time.Now()
+	q.wrMu.Lock()
+	defer q.wrMu.Unlock()
+	if q.wr == nil {
+		q.wr = writerecord.New(q.attr.WriteRecord)
+	}
+	v := q.wr.Admit(&ws, now)
+	if v == writerecord.Drop {
+		st.RxWRStale.Add(1)
+		return
+	}
+	if v == writerecord.PlaceNew {
+		if vm := m.vmap.Load(); vm != nil {
+			vm.Invalidate(mto-m.base, ml) // its old contents are being overwritten
+		}
+		if ws.N != ws.Length {
+			d.armWriteRecordTimer(now.Add(q.wr.Config().Timeout))
+		}
+	}
+	m.pins.Add(1)
+	if !m.valid.Load() {
+		m.unpin()
+		st.RxBadSTag.Add(1)
+		return
+	}
+	copy(m.buf[h.Tagged().TO()-m.base:], seg.Payload)
+	m.unpin()
+	st.RxWRPlaced.Add(1)
+	if rec, ok := q.wr.Placed(&ws); ok {
+		q.recordWriteRecord(m, &rec)
+	}
+}
+
+// recordWriteRecord records a message whose bytes are all placed (or, for
+// a partial record, whose valid ranges are). The caller holds wrMu.
+func (q *QP) recordWriteRecord(m *MR, rec *writerecord.Record) {
+	d := q.dev
+	mode := q.attr.Record
+	if mode.map_() && m != nil {
+		if vm := m.vmap.Load(); vm != nil {
+			if rec.Complete {
+				vm.Insert(rec.MessageTO-m.base, uint64(rec.Length))
+			}
+			for _, r := range rec.Valid {
+				vm.Insert(r.Start-m.base, r.Len())
+			}
+		}
+	}
+	if rec.Complete {
+		d.stats.RxWRComplete.Add(1)
+	} else {
+		d.stats.RxWRPartial.Add(1)
+	}
+	if mode.cq() {
+		q.recvCQ.push(&WorkCompletion{Status: Success, Opcode: WCWriteRecord, QPN: q.num, Len: rec.Length,
+			Source: rec.Source.Addr, SourceQPN: rec.Source.QPN, MSN: rec.MSN, STag: rec.STag, TO: rec.MessageTO,
+			Partial: !rec.Complete, Valid: rec.Valid})
+	}
+}
+
+// armWriteRecordTimer makes the device's Write-Record timer fire no later
+// than at.
+func (d *Device) armWriteRecordTimer(at time.Time) {
+	d.wrTimerMu.Lock()
+	defer d.wrTimerMu.Unlock()
+	if d.closed.Load() || (!d.wrNext.IsZero() && !at.Before(d.wrNext)) {
+		return
+	}
+	d.wrNext = at
+	delay := max(time.Until(at), 0)
+	if d.wrTimer == nil {
+		d.wrTimer = time.AfterFunc(delay, d.expireWriteRecords)
+	} else {
+		d.wrTimer.Reset(delay)
+	}
+}
+
+// expireWriteRecords applies the deadline of every QP's messages in
+// progress, then re-arms for the earliest one left.
+func (d *Device) expireWriteRecords() {
+	d.wrTimerMu.Lock()
+	if d.closed.Load() {
+		d.wrTimerMu.Unlock()
+		return
+	}
+	d.wrNext = time.Time{}
+	d.wg.Add(1) // Close waits for a sweep in progress
+	d.wrTimerMu.Unlock()
+	defer d.wg.Done()
+	now := time.Now()
+	var next time.Time
+	for i := range d.qps {
+		q := d.qps[i].Load()
+		if q == nil {
+			continue
+		}
+		q.wrMu.Lock()
+		if q.wr != nil && q.wr.InProgress() > 0 {
+			n := q.wr.Expire(now, func(rec writerecord.Record) {
+				q.recordWriteRecord(d.mrs.lookup(rec.STag), &rec)
+			})
+			if !n.IsZero() && (next.IsZero() || n.Before(next)) {
+				next = n
+			}
+		}
+		q.wrMu.Unlock()
+	}
+	if !next.IsZero() {
+		d.armWriteRecordTimer(next)
+	}
+}

@@ -1,0 +1,269 @@
+package qp
+
+import (
+	"bytes"
+	"net"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/udiwarp/udiwarp/udiwarp"
+	"github.com/udiwarp/udiwarp/validitymap"
+	"github.com/udiwarp/udiwarp/writerecord"
+)
+
+// wrTarget is a node with a remotely writable region and a QP to write
+// through, configured for Write-Record.
+func wrTarget(t *testing.T, wr writerecord.Config, mode RecordMode) (*node, *MR, *QP) {
+	b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	region, err := b.pd.RegisterMemory(make([]byte, 1<<20), AccessLocalWrite|AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := b.newQP(QPAttr{Type: UD, SendCQ: b.cq, RecvCQ: b.cq, WriteRecord: wr, Record: mode})
+	return b, region, q
+}
+
+func TestWriteRecordEndToEnd(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		size    int
+		segment int
+		sges    int
+	}{
+		{"one segment", 1400, 0, 1},
+		{"empty message", 0, 0, 1},
+		{"segmented, 3 SGEs", 10000, 1000, 3},
+		{"segmented, uneven tail", 4097, 1400, 2},
+		{"64000-byte segments, 512 KiB", 512 << 10, 64000, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+			src := a.newQP(QPAttr{Type: UD, SendCQ: a.cq, RecvCQ: a.cq, WriteRecordSegment: tc.segment})
+			b, region, q := wrTarget(t, writerecord.Config{}, RecordCQ)
+			fill(a.buf[:tc.size], 9)
+			var sgl []SGE
+			per := tc.size / tc.sges
+			for i := range tc.sges {
+				n := per
+				if i == tc.sges-1 {
+					n = tc.size - per*(tc.sges-1)
+				}
+				sgl = append(sgl, a.mr.SGE(i*per, n))
+			}
+			to := region.Addr() + 4096
+			ah := a.ah(b, q)
+			for msg := 1; msg <= 2; msg++ {
+				if err := src.PostSend(&SendWR{ID: 5, Opcode: OpWriteRecord, Flags: FlagSignaled, SGL: sgl, AH: ah, RemoteSTag: region.STag(), RemoteTO: to}); err != nil {
+					t.Fatal(err)
+				}
+				if wc := waitWC(t, a.cq, 1)[0]; wc.Status != Success || wc.Opcode != WCWriteRecord || wc.Len != uint32(tc.size) {
+					t.Fatalf("source completion %+v", wc)
+				}
+				wc := waitWC(t, b.cq, 1)[0]
+				if wc.Status != Success || wc.Opcode != WCWriteRecord || wc.Partial || wc.STag != region.STag() || wc.TO != to ||
+					wc.Len != uint32(tc.size) || wc.MSN != uint32(msg) || wc.SourceQPN != src.QPN() || wc.Source != a.sock.LocalAddr() {
+					t.Fatalf("target record %+v", wc)
+				}
+				if !bytes.Equal(region.Bytes()[4096:4096+tc.size], a.buf[:tc.size]) {
+					t.Fatal("placed bytes differ")
+				}
+				quiet(t, b.cq) // one record per message, no more
+			}
+		})
+	}
+}
+
+func TestWriteRecordValidityMap(t *testing.T) {
+	a := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	b, region, q := wrTarget(t, writerecord.Config{}, RecordMap)
+	vm := region.TrackValidity(0)
+	fill(a.buf[:5000], 2)
+	a.qp.PostSend(&SendWR{Opcode: OpWriteRecord, SGL: []SGE{a.mr.SGE(0, 5000)}, AH: a.ah(b, q), RemoteSTag: region.STag(), RemoteTO: region.Addr() + 100})
+	eventually(t, "the map to show the message", func() bool { return vm.Valid(100, 5000) })
+	if vm.Valid(99, 1) || vm.Valid(5100, 1) || !bytes.Equal(region.Bytes()[100:5100], a.buf[:5000]) {
+		t.Fatal("map or bytes wrong")
+	}
+	quiet(t, b.cq) // RecordMap: no CQ entry
+}
+
+// rawWR sends hand-built Write-Record segments, so a test decides exactly
+// which are lost, reordered or duplicated.
+type rawWR struct {
+	t    *testing.T
+	conn *net.UDPConn
+	to   *node
+	q    *QP
+}
+
+func newRawWR(t *testing.T, to *node, q *QP) *rawWR {
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &rawWR{t: t, conn: c, to: to, q: q}
+}
+
+// send sends segment [mo, mo+n) of message msn (length ml at TO to),
+// whose bytes are payload[mo:mo+n].
+func (r *rawWR) send(stag uint32, to uint64, msn uint32, payload []byte, mo, n int) {
+	b := udiwarp.AppendWriteRecord(nil, &udiwarp.WriteRecordFields{Last: mo+n == len(payload), RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpWrite),
+		STag: stag, TO: to + uint64(mo), MSN: msn, MO: uint32(mo), MessageLength: uint32(len(payload)), DstQPN: r.q.QPN(), SrcQPN: 77})
+	b = udiwarp.SealDatagram(append(b, payload[mo:mo+n]...), 0)
+	if _, err := r.conn.WriteToUDPAddrPort(b, r.to.sock.LocalAddr()); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+func TestWriteRecordLossAndDeadline(t *testing.T) {
+	msg := make([]byte, 4000)
+	fill(msg, 4)
+	for _, tc := range []struct {
+		name   string
+		policy writerecord.Policy
+		send   []int // segments of 1000 bytes, in order sent
+		valid  []validitymap.Range
+	}{
+		{"first lost, partial", writerecord.DeliverPartial, []int{1, 2, 3}, []validitymap.Range{{Start: 1000, End: 4000}}},
+		{"middle lost, partial", writerecord.DeliverPartial, []int{0, 3, 1}, []validitymap.Range{{Start: 0, End: 2000}, {Start: 3000, End: 4000}}},
+		{"last lost, partial", writerecord.DeliverPartial, []int{2, 0, 1, 1}, []validitymap.Range{{Start: 0, End: 3000}}},
+		{"middle lost, discard", writerecord.Discard, []int{0, 1, 3}, nil},
+		{"reordered and duplicated, complete", writerecord.DeliverPartial, []int{3, 1, 3, 0, 2, 0}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, region, q := wrTarget(t, writerecord.Config{Timeout: 20 * time.Millisecond, Policy: tc.policy}, RecordBoth)
+			vm := region.TrackValidity(0)
+			r := newRawWR(t, b, q)
+			to := region.Addr() + 1000
+			for _, k := range tc.send {
+				r.send(region.STag(), to, 1, msg, k*1000, 1000)
+			}
+			complete := slices.Contains(tc.send, 0) && slices.Contains(tc.send, 1) && slices.Contains(tc.send, 2) && slices.Contains(tc.send, 3)
+			if tc.valid == nil && !complete {
+				quiet(t, b.cq)
+				time.Sleep(40 * time.Millisecond)
+				quiet(t, b.cq)
+				if b.dev.Stats().RxWRPartial.Load() != 0 || vm.Bytes() != 0 {
+					t.Fatal("a discarded message was recorded")
+				}
+				return
+			}
+			wc := waitWC(t, b.cq, 1)[0]
+			if complete {
+				if wc.Partial || wc.Len != 4000 || !bytes.Equal(region.Bytes()[1000:5000], msg) || !vm.Valid(1000, 4000) {
+					t.Fatalf("%+v", wc)
+				}
+				return
+			}
+			if !wc.Partial || len(wc.Valid) != len(tc.valid) {
+				t.Fatalf("%+v", wc)
+			}
+			for i, v := range tc.valid {
+				abs := validitymap.Range{Start: to + v.Start, End: to + v.End}
+				if wc.Valid[i] != abs {
+					t.Fatalf("range %d: %v, want %v", i, wc.Valid[i], abs)
+				}
+				// Every recorded byte is in memory, checked by content.
+				if !bytes.Equal(region.Bytes()[1000+v.Start:1000+v.End], msg[v.Start:v.End]) {
+					t.Fatalf("range %v: bytes differ", v)
+				}
+				if !vm.Valid(1000+v.Start, v.Len()) {
+					t.Fatalf("range %v missing from the map", v)
+				}
+			}
+			if vm.Bytes() != func() (n uint64) {
+				for _, v := range tc.valid {
+					n += v.Len()
+				}
+				return
+			}() {
+				t.Fatalf("map holds %d bytes", vm.Bytes())
+			}
+		})
+	}
+}
+
+func TestWriteRecordSupersession(t *testing.T) {
+	b, region, q := wrTarget(t, writerecord.Config{}, RecordCQ)
+	r := newRawWR(t, b, q)
+	old, newer := make([]byte, 2000), make([]byte, 2000)
+	fill(old, 1)
+	fill(newer, 2)
+	to := region.Addr()
+	r.send(region.STag(), to, 5, old, 0, 1000)
+	r.send(region.STag(), to, 6, newer, 1000, 1000) // newer MSN: message 5 is discarded
+	r.send(region.STag(), to, 5, old, 1000, 1000)   // straggler: dropped
+	r.send(region.STag(), to, 6, newer, 0, 1000)
+	wc := waitWC(t, b.cq, 1)[0]
+	if wc.MSN != 6 || wc.Partial || !bytes.Equal(region.Bytes()[:2000], newer) {
+		t.Fatalf("%+v", wc)
+	}
+	quiet(t, b.cq)
+	eventually(t, "the straggler counted", func() bool { return b.dev.Stats().RxWRStale.Load() == 1 })
+}
+
+func TestWriteRecordBadTarget(t *testing.T) {
+	b, region, q := wrTarget(t, writerecord.Config{}, RecordCQ)
+	local, _ := b.pd.RegisterMemory(make([]byte, 4096), AccessLocalWrite) // no remote write
+	otherPD, _ := b.dev.AllocPD().RegisterMemory(make([]byte, 4096), AccessLocalWrite|AccessRemoteWrite)
+	r := newRawWR(t, b, q)
+	msg := bytes.Repeat([]byte{0xAB}, 100)
+	st := b.dev.Stats()
+	for _, tc := range []struct {
+		name    string
+		stag    uint32
+		to      uint64
+		counter func() uint64
+	}{
+		{"unknown STag", 0x00ffff00, 0, st.RxBadSTag.Load},
+		{"stale key", region.STag() ^ 1, region.Addr(), st.RxBadSTag.Load},
+		{"region of another PD", otherPD.STag(), otherPD.Addr(), st.RxBadSTag.Load},
+		{"no remote write", local.STag(), local.Addr(), st.RxAccess.Load},
+		{"past the end", region.STag(), region.Addr() + uint64(region.Len()) - 50, st.RxBounds.Load},
+		{"before the start", region.STag(), region.Addr() - 1, st.RxBounds.Load},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := tc.counter()
+			r.send(tc.stag, tc.to, 1, msg, 0, len(msg))
+			eventually(t, "the drop counted", func() bool { return tc.counter() == before+1 })
+			quiet(t, b.cq)
+		})
+	}
+	if bytes.Contains(region.Bytes(), msg[:8]) || bytes.Contains(local.Bytes(), msg[:8]) || bytes.Contains(otherPD.Bytes(), msg[:8]) {
+		t.Fatal("a refused segment wrote memory")
+	}
+}
+
+// TestWriteRecordManySources interleaves messages from 16 source QPs to
+// one STag, each into its own slice of the region.
+func TestWriteRecordManySources(t *testing.T) {
+	a := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	b, region, q := wrTarget(t, writerecord.Config{}, RecordCQ)
+	ah := a.ah(b, q)
+	var srcs []*QP
+	for range 16 {
+		srcs = append(srcs, a.newQP(QPAttr{Type: UD, SendCQ: a.cq, RecvCQ: a.cq, WriteRecordSegment: 500}))
+	}
+	fill(a.buf[:16*3000], 6)
+	for round := range 3 {
+		for i, s := range srcs {
+			off := i*3000 + round*1000
+			if err := s.PostSend(&SendWR{Opcode: OpWriteRecord, SGL: []SGE{a.mr.SGE(off, 1000)}, AH: ah,
+				RemoteSTag: region.STag(), RemoteTO: region.Addr() + uint64(off)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	got := waitWC(t, b.cq, 48)
+	seen := map[uint32]int{}
+	for _, wc := range got {
+		if wc.Partial || wc.Len != 1000 {
+			t.Fatalf("%+v", wc)
+		}
+		seen[wc.SourceQPN]++
+	}
+	if len(seen) != 16 || !bytes.Equal(region.Bytes()[:16*3000], a.buf[:16*3000]) {
+		t.Fatalf("sources %d; bytes equal %v", len(seen), bytes.Equal(region.Bytes()[:16*3000], a.buf[:16*3000]))
+	}
+}
