@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/udiwarp/udiwarp/udiwarp"
+	"github.com/udiwarp/udiwarp/validitymap"
 	"github.com/udiwarp/udiwarp/writerecord"
 	"golang.org/x/sys/unix"
 )
@@ -311,7 +312,9 @@ func (d *Device) expireWriteRecords() {
 		q.wrMu.Lock()
 		if q.wr != nil && q.wr.InProgress() > 0 {
 			n := q.wr.Expire(now, func(rec writerecord.Record) {
-				q.recordWriteRecord(d.mrs.lookup(rec.STag), &rec)
+				if m := d.mrs.lookup(rec.STag); m != nil {
+					q.recordWriteRecord(m, &rec)
+				} // else the region was deregistered: nothing of it is valid
 			})
 			if !n.IsZero() && (next.IsZero() || n.Before(next)) {
 				next = n
@@ -322,4 +325,31 @@ func (d *Device) expireWriteRecords() {
 	if !next.IsZero() {
 		d.armWriteRecordTimer(next)
 	}
+}
+
+// AggregateWriteRecords folds the Write-Record completions for stag among
+// wcs into m, in region offsets relative to base (the region's Addr()):
+// seed 003's third recording design, CQ entries seen as a validity map.
+// It returns how many completions it used.
+func AggregateWriteRecords(wcs []WorkCompletion, stag uint32, base uint64, m *validitymap.Map) (int, error) {
+	used := 0
+	for i := range wcs {
+		wc := &wcs[i]
+		if wc.Opcode != WCWriteRecord || wc.STag != stag || wc.Status != Success || wc.TO < base {
+			continue
+		}
+		used++
+		if !wc.Partial {
+			if err := m.Insert(wc.TO-base, uint64(wc.Len)); err != nil {
+				return used, err
+			}
+			continue
+		}
+		for _, r := range wc.Valid {
+			if err := m.Insert(r.Start-base, r.Len()); err != nil {
+				return used, err
+			}
+		}
+	}
+	return used, nil
 }

@@ -267,3 +267,41 @@ func TestWriteRecordManySources(t *testing.T) {
 		t.Fatalf("sources %d; bytes equal %v", len(seen), bytes.Equal(region.Bytes()[:16*3000], a.buf[:16*3000]))
 	}
 }
+
+func TestAggregateWriteRecords(t *testing.T) {
+	a := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	b, region, q := wrTarget(t, writerecord.Config{}, RecordCQ)
+	ah := a.ah(b, q)
+	for _, off := range []int{0, 1000, 3000, 3500} {
+		a.qp.PostSend(&SendWR{Opcode: OpWriteRecord, SGL: []SGE{a.mr.SGE(off, 500)}, AH: ah, RemoteSTag: region.STag(), RemoteTO: region.Addr() + uint64(off)})
+	}
+	wcs := waitWC(t, b.cq, 4)
+	m := validitymap.New(0)
+	if n, err := AggregateWriteRecords(wcs, region.STag(), region.Addr(), m); err != nil || n != 4 {
+		t.Fatalf("%d %v", n, err)
+	}
+	want := []validitymap.Range{{Start: 0, End: 500}, {Start: 1000, End: 1500}, {Start: 3000, End: 4000}}
+	if got := m.Snapshot(nil); !slices.Equal(got, want) {
+		t.Fatalf("%v, want %v", got, want)
+	}
+	if n, _ := AggregateWriteRecords(wcs, region.STag()+1, region.Addr(), validitymap.New(0)); n != 0 {
+		t.Fatal("another STag's entries were used")
+	}
+}
+
+// TestWriteRecordDeregisterInProgress deregisters the target region while
+// a message is half placed: the rest is refused, and nothing is recorded.
+func TestWriteRecordDeregisterInProgress(t *testing.T) {
+	b, region, q := wrTarget(t, writerecord.Config{Timeout: 20 * time.Millisecond, Policy: writerecord.DeliverPartial}, RecordCQ)
+	r := newRawWR(t, b, q)
+	msg := make([]byte, 2000)
+	r.send(region.STag(), region.Addr(), 1, msg, 0, 1000)
+	eventually(t, "the first half placed", func() bool { return b.dev.Stats().RxWRPlaced.Load() == 1 })
+	if err := region.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+	r.send(region.STag(), region.Addr(), 1, msg, 1000, 1000)
+	eventually(t, "the second half refused", func() bool { return b.dev.Stats().RxBadSTag.Load() == 1 })
+	time.Sleep(40 * time.Millisecond) // past the deadline
+	quiet(t, b.cq)
+}
