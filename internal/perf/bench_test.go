@@ -64,3 +64,39 @@ func BenchmarkBandwidth(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkWriteRecord compares Write-Record with UD Send/Recv: latency
+// at 64 B and 1 KiB (busy polling), and goodput of 512 KiB messages in
+// 64000-byte segments against 64000-byte Sends.
+func BenchmarkWriteRecord(b *testing.B) {
+	for _, size := range []int{64, 1024} {
+		for _, mode := range []Mode{ModeUDSend, ModeUDWriteRecord} {
+			b.Run(fmt.Sprintf("lat/size=%d/mode=%s", size, mode), func(b *testing.B) {
+				r, err := Run(Config{Mode: mode, Test: TestLat, Poll: qp.PollBusy, Size: size, Iters: b.N, Warmup: 1000})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(r.Median, "p50-µs")
+				b.ReportMetric(0, "ns/op")
+			})
+		}
+	}
+	for _, c := range []Config{
+		{Mode: ModeUDSend, Test: TestBW, Size: 64000},
+		{Mode: ModeUDWriteRecord, Test: TestBW, Size: 512 << 10, Segment: 64000},
+	} {
+		b.Run(fmt.Sprintf("bw/size=%d/mode=%s", c.Size, c.Mode), func(b *testing.B) {
+			var gbps float64
+			for range b.N {
+				c.Duration = time.Second
+				r, err := Run(c)
+				if err != nil {
+					b.Fatal(err)
+				}
+				gbps += r.Gbps
+			}
+			b.ReportMetric(gbps/float64(b.N), "Gb/s")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}

@@ -5,6 +5,8 @@
 package perf
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -24,6 +26,9 @@ const (
 	// ModeRawUDPUnconnected is the baseline on unconnected sockets, as a
 	// UD QP's socket must be: sendto/recvfrom, or WriteTo/ReadFrom.
 	ModeRawUDPUnconnected Mode = "raw-udp-unconn"
+	// ModeUDWriteRecord is RDMA Write-Record over UD: no receive posted;
+	// the target records what arrived.
+	ModeUDWriteRecord Mode = "ud-wr"
 )
 
 // Test is what is measured.
@@ -47,6 +52,23 @@ type Config struct {
 	QPs      int // concurrent QP pairs (or socket pairs)
 	// NoCRC runs UD without CRC32c (both ends agree); raw modes ignore it.
 	NoCRC bool
+	// Write-Record: segment size (0: the socket's largest), loss applied
+	// by the sender's impairment layer (a probability) with its seed, and
+	// deliver-partial with its deadline (default: discard, 10 s).
+	Segment  int
+	Loss     float64
+	Seed     uint64
+	Partial  bool
+	Deadline time.Duration
+}
+
+var errStopped = errors.New("perf: stopped")
+
+// waitBriefly parks on cq for at most 10 ms.
+func waitBriefly(cq *qp.CQ) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	cq.Wait(ctx)
+	cancel()
 }
 
 func (c *Config) fill() {
@@ -85,6 +107,13 @@ type Result struct {
 	Sent     uint64
 	Received uint64
 	Lost     uint64
+
+	// Write-Record bandwidth: messages recorded partial, bytes recorded
+	// valid (whole and partial), bytes of whole messages, bytes sent.
+	Partial    uint64
+	ValidBytes uint64
+	WholeBytes uint64
+	SentBytes  uint64
 }
 
 // Run performs one measurement.
@@ -95,6 +124,10 @@ func Run(cfg Config) (Result, error) {
 		return udLatency(cfg)
 	case cfg.Mode == ModeUDSend && cfg.Test == TestBW:
 		return udBandwidth(cfg)
+	case cfg.Mode == ModeUDWriteRecord && cfg.Test == TestLat:
+		return wrLatency(cfg)
+	case cfg.Mode == ModeUDWriteRecord && cfg.Test == TestBW:
+		return wrBandwidth(cfg)
 	case (cfg.Mode == ModeRawUDP || cfg.Mode == ModeRawUDPUnconnected) && cfg.Test == TestLat:
 		return rawLatency(cfg)
 	case cfg.Mode == ModeRawUDP && cfg.Test == TestBW:

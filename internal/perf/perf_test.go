@@ -20,6 +20,8 @@ func TestRun(t *testing.T) {
 		{Mode: ModeRawUDP, Test: TestLat, Poll: qp.PollBusy, Size: 1024, Iters: 200, Warmup: 10, QPs: 2},
 		{Mode: ModeUDSend, Test: TestBW, Size: 64000, Duration: 100 * time.Millisecond},
 		{Mode: ModeRawUDP, Test: TestBW, Size: 64000, Duration: 100 * time.Millisecond, QPs: 2},
+		{Mode: ModeUDWriteRecord, Test: TestLat, Poll: qp.PollEvent, Size: 1024, Iters: 200, Warmup: 10},
+		{Mode: ModeUDWriteRecord, Test: TestBW, Size: 100000, Segment: 10000, Duration: 100 * time.Millisecond, Partial: true, Deadline: 5 * time.Millisecond},
 	} {
 		r, err := Run(c)
 		if err != nil {
@@ -31,6 +33,8 @@ func TestRun(t *testing.T) {
 			}
 		} else if r.Received == 0 || r.Gbps <= 0 || r.Sent < r.Received {
 			t.Fatalf("%s %s: %+v", c.Mode, c.Test, r)
+		} else if c.Mode == ModeUDWriteRecord && (r.ValidBytes < r.WholeBytes || r.WholeBytes != r.Received*uint64(c.Size) || r.ValidBytes > r.SentBytes) {
+			t.Fatalf("Write-Record byte accounting: %+v", r)
 		}
 	}
 	if _, err := Run(Config{Mode: "nope", Test: TestLat}); err == nil {
