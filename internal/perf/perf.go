@@ -60,6 +60,8 @@ type Config struct {
 	Seed     uint64
 	Partial  bool
 	Deadline time.Duration
+	// Interval paces a Write-Record bandwidth run: one message per interval.
+	Interval time.Duration
 }
 
 var errStopped = errors.New("perf: stopped")

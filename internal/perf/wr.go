@@ -23,6 +23,10 @@ type wrSide struct {
 	mr   *qp.MR
 	cq   *qp.CQ
 	q    *qp.QP
+	// slots are one region per message slot: messages to different STags
+	// do not supersede each other (one MSN in progress per source and
+	// STag), so each can run to its deadline.
+	slots []*qp.MR
 }
 
 func newWRSide(cfg Config, imp *qp.Impairment, slot int) (*wrSide, error) {
@@ -37,6 +41,13 @@ func newWRSide(cfg Config, imp *qp.Impairment, slot int) (*wrSide, error) {
 	}
 	if s.mr, err = s.pd.RegisterMemory(make([]byte, wrSlots*slot), qp.AccessLocalWrite|qp.AccessRemoteWrite); err != nil {
 		return fail(err)
+	}
+	for i := range wrSlots {
+		m, err := s.pd.RegisterMemory(s.mr.Bytes()[i*slot:(i+1)*slot], qp.AccessLocalWrite|qp.AccessRemoteWrite)
+		if err != nil {
+			return fail(err)
+		}
+		s.slots = append(s.slots, m)
 	}
 	if s.cq, err = dev.CreateCQ(4096); err != nil {
 		return fail(err)
@@ -190,15 +201,21 @@ func wrBandwidth(cfg Config) (Result, error) {
 	}()
 	go func() {
 		defer wg.Done()
-		wr := qp.SendWR{Opcode: qp.OpWriteRecord, SGL: []qp.SGE{tx.mr.SGE(0, cfg.Size)}, AH: ah, RemoteSTag: rx.mr.STag()}
+		wr := qp.SendWR{Opcode: qp.OpWriteRecord, SGL: []qp.SGE{tx.mr.SGE(0, cfg.Size)}, AH: ah}
+		next := time.Now()
 		for i := 0; sending.Load(); {
-			wr.RemoteTO = rx.mr.Addr() + uint64(i%wrSlots*slot)
+			dst := rx.slots[i%wrSlots]
+			wr.RemoteSTag, wr.RemoteTO = dst.STag(), dst.Addr()
 			if err := tx.q.PostSend(&wr); err != nil {
 				runtime.Gosched() // send queue full: the datamover is behind
 				continue
 			}
 			sent.Add(1)
 			i++
+			if cfg.Interval > 0 { // paced: the loss is the link's, not the receiver's
+				next = next.Add(cfg.Interval)
+				time.Sleep(time.Until(next))
+			}
 		}
 	}()
 	time.Sleep(cfg.Duration)
