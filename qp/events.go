@@ -96,6 +96,7 @@ type Stats struct {
 
 	TxDatagrams atomic.Uint64
 	TxDirect    atomic.Uint64 // sent in the poster's goroutine
+	TxGSO       atomic.Uint64 // sendmsg calls that carried several datagrams (UDP GSO)
 	TxQueued    atomic.Uint64 // handed to the datamover
 	TxParked    atomic.Uint64 // times a socket was full
 	TxErrors    atomic.Uint64 // sendmsg failures other than a full socket

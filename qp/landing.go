@@ -105,7 +105,8 @@ func (s *Socket) endLanding(k int) {
 		if i < n {
 			h := &b.hs[i]
 			size := int(h.len)
-			if !s.completeLandingLocked(l, size, h.hdr.Flags&unix.MSG_TRUNC != 0, sockaddrToAddrPort(&b.names[i])) {
+			merged := s.groSize(i) > 0 && size > s.groSize(i) // several datagrams: never complete in place
+			if merged || !s.completeLandingLocked(l, size, h.hdr.Flags&unix.MSG_TRUNC != 0, sockaddrToAddrPort(&b.names[i])) {
 				l.flat = l.flatten(size)
 			}
 		}

@@ -83,6 +83,7 @@ type txCtx struct {
 	errno  syscall.Errno
 	length int
 	ah     *AH
+	gso    *gsoCtx // Write-Record batches, made on first use
 }
 
 func (t *txCtx) init(q *QP) {

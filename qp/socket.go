@@ -44,6 +44,8 @@ type Socket struct {
 	fd      uintptr
 	users   atomic.Int64
 	closing atomic.Bool
+	noGSO   atomic.Bool // the kernel refused UDP_SEGMENT once
+	gro     bool        // UDP_GRO is on: a read may hold several datagrams
 
 	// Datamover: QPs with queued work, served round-robin.
 	txMu    sync.Mutex
@@ -135,7 +137,12 @@ func newSocket(d *Device, conn *net.UDPConn) (*Socket, error) {
 		b.hs[i].hdr.Iovlen = 1
 		b.hs[i].hdr.Control = &b.ctrl[i][0]
 	}
-	raw.Control(func(fd uintptr) { s.fd = fd })
+	raw.Control(func(fd uintptr) {
+		s.fd = fd
+		// GRO: datagrams a peer sent with UDP GSO arrive in one read, cut
+		// by dispatch; one system call for up to 64 datagrams.
+		s.gro = unix.SetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_GRO, 1) == nil
+	})
 	s.readableFn, s.writableFn = s.readable, s.writable
 	return s, nil
 }
@@ -191,7 +198,7 @@ func (s *Socket) recvmmsg(vlen int) bool {
 	fd := s.fd
 	b := &s.rx
 	ctl := uint64(0)
-	if s.pktinfo.Load() {
+	if s.gro || s.pktinfo.Load() {
 		ctl = rxCtrlSize
 	}
 	vlen = min(vlen, len(b.hs))
@@ -297,11 +304,12 @@ func (s *Socket) dispatchBatch() bool {
 		h := &b.hs[i]
 		n := int(h.len)
 		src := sockaddrToAddrPort(&b.names[i])
+		gso := s.groSize(i)
 		if l := &b.land[i]; l.q != nil {
 			// Landed in a posted receive: endLanding either completed it
 			// there or copied it out for the ordinary path.
 			if !l.done {
-				s.dev.deliver(s, l.flat, n > len(l.flat), src)
+				s.deliverSplit(l.flat, n > len(l.flat), gso, src)
 			}
 			l.q, l.done, l.flat = nil, false, nil
 			continue
@@ -309,7 +317,7 @@ func (s *Socket) dispatchBatch() bool {
 		if h.hdr.Flags&unix.MSG_TRUNC != 0 {
 			n = len(b.bufs[i]) + 1 // longer than any datagram we accept
 		}
-		s.dev.deliver(s, b.bufs[i][:min(n, len(b.bufs[i]))], n > len(b.bufs[i]), src)
+		s.deliverSplit(b.bufs[i][:min(n, len(b.bufs[i]))], n > len(b.bufs[i]), gso, src)
 	}
 	return true
 }
@@ -352,4 +360,44 @@ func (s *Socket) sendNow(b []byte, to netip.AddrPort) {
 		return
 	}
 	s.dev.stats.TxDatagrams.Add(1)
+}
+
+// groSize returns the segment size of batch slot i's read when GRO merged
+// several datagrams into it, or 0.
+func (s *Socket) groSize(i int) int {
+	if !s.gro {
+		return 0
+	}
+	h := &s.rx.hs[i].hdr
+	ctl := s.rx.ctrl[i][:min(int(h.Controllen), rxCtrlSize)]
+	for len(ctl) >= unix.SizeofCmsghdr {
+		c := (*unix.Cmsghdr)(unsafe.Pointer(&ctl[0]))
+		l := int(c.Len)
+		if l < unix.SizeofCmsghdr || l > len(ctl) {
+			return 0
+		}
+		if c.Level == unix.SOL_UDP && c.Type == unix.UDP_GRO && l >= unix.CmsgLen(2) {
+			data := ctl[unix.CmsgLen(0):l]
+			if len(data) >= 4 {
+				return int(*(*int32)(unsafe.Pointer(&data[0])))
+			}
+			return int(*(*uint16)(unsafe.Pointer(&data[0])))
+		}
+		ctl = ctl[min(unix.CmsgSpace(l-unix.CmsgLen(0)), len(ctl)):]
+	}
+	return 0
+}
+
+// deliverSplit delivers a read, cutting it into its datagrams when GRO
+// merged several (every one gso bytes but the last).
+func (s *Socket) deliverSplit(b []byte, truncated bool, gso int, src netip.AddrPort) {
+	if gso <= 0 || gso >= len(b) || truncated {
+		s.dev.deliver(s, b, truncated, src)
+		return
+	}
+	for len(b) > 0 {
+		k := min(gso, len(b))
+		s.dev.deliver(s, b[:k], false, src)
+		b = b[k:]
+	}
 }

@@ -1,6 +1,7 @@
 package qp
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -14,9 +15,13 @@ import (
 
 // Source side of RDMA Write-Record.
 
-// wrKey numbers Write-Record messages per (source QP, destination, STag).
+// wrKey numbers Write-Record messages per (source QP, destination, STag):
+// by the destination's address and QP number, not by address handle, so
+// two handles for one peer share the numbering (the target keys its
+// state, and drops duplicates, by MSN).
 type wrKey struct {
-	ah   *AH
+	addr netip.AddrPort
+	qpn  uint32
 	stag uint32
 }
 
@@ -48,7 +53,7 @@ func (q *QP) postWriteRecordLocked(wr *SendWR, s *Socket) error {
 	if q.wrMSN == nil {
 		q.wrMSN = map[wrKey]uint32{}
 	}
-	k := wrKey{wr.AH, wr.RemoteSTag}
+	k := wrKey{wr.AH.addr, wr.AH.qpn, wr.RemoteSTag}
 	q.wrMSN[k]++
 	w := q.sq.push()
 	w.id, w.op, w.flags, w.ah = wr.ID, wr.Opcode, wr.Flags, wr.AH
@@ -80,6 +85,21 @@ func (q *QP) postWriteRecordLocked(wr *SendWR, s *Socket) error {
 func (q *QP) sendWriteRecord(s *Socket, w *sendWQE) (Status, error) {
 	seg := uint32(q.segmentSize(s))
 	for {
+		if k := q.gsoSegments(s, w, seg); k >= 2 {
+			st, err := q.tx.sendGSO(s, w, seg, k)
+			switch {
+			case st != Success:
+				return st, nil
+			case err == nil:
+				if w.off >= w.length {
+					return Success, nil
+				}
+				continue
+			case err != errGSOUnsupported:
+				return Success, err
+			}
+			// The kernel has no UDP GSO: one datagram per call from now on.
+		}
 		n := min(seg, w.length-w.off)
 		st := q.tx.buildWR(s, w, n)
 		if st != Success {
@@ -352,4 +372,112 @@ func AggregateWriteRecords(wcs []WorkCompletion, stag uint32, base uint64, m *va
 		}
 	}
 	return used, nil
+}
+
+// UDP GSO: the segments of one Write-Record message are the same size
+// (but the last) and go to one destination, so the kernel can cut them
+// from one sendmsg(2) (UDP_SEGMENT): one system call for up to 64
+// datagrams instead of one each. The receiver sees ordinary datagrams.
+
+const (
+	maxGSOSegments = 64 // UDP_MAX_SEGMENTS on older kernels
+	udpSegment     = 103
+)
+
+var errGSOUnsupported = errors.New("UDP GSO not supported")
+
+// gsoCtx holds what one GSO send needs beside txCtx.
+type gsoCtx struct {
+	hdr [maxGSOSegments][udiwarp.WriteRecordHeaderSize]byte
+	crc [maxGSOSegments][udiwarp.CRCSize]byte
+	iov [3 * maxGSOSegments]unix.Iovec
+	ctl [64]byte
+}
+
+// gsoSegments says how many of w's remaining segments one GSO send can
+// carry (0 or 1: send one at a time).
+func (q *QP) gsoSegments(s *Socket, w *sendWQE, seg uint32) int {
+	if s.noGSO.Load() || q.dev.cfg.Impair != nil || (!w.isInline && w.nsge != 1) {
+		return 0
+	}
+	size := udiwarp.WriteRecordHeaderSize + int(seg) + udiwarp.CRCSize
+	left := int((w.length - w.off + seg - 1) / seg)
+	return min(left, maxGSOSegments, s.maxDatagram/size)
+}
+
+// sendGSO sends k segments of w from w.off in one system call and
+// advances w.off past them.
+func (t *txCtx) sendGSO(s *Socket, w *sendWQE, seg uint32, k int) (Status, error) {
+	q := t.q
+	if t.gso == nil {
+		t.gso = new(gsoCtx)
+	}
+	g := t.gso
+	var data []byte
+	if w.isInline {
+		data = w.inline[:w.inlineLen]
+	} else {
+		m, b, st := q.dev.resolve(q.pd, &w.sge[0], 0)
+		if st != Success {
+			return st, nil
+		}
+		defer m.unpin()
+		data = b
+	}
+	sum := !q.dev.cfg.NoCRC
+	niov := 0
+	off := w.off
+	for i := 0; i < k; i++ {
+		n := min(seg, w.length-off)
+		hdr := udiwarp.WriteRecordHeader(g.hdr[i][:])
+		hdr.Encode(&udiwarp.WriteRecordFields{Last: off+n == w.length, RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpWrite),
+			STag: w.rstag, TO: w.rto + uint64(off), MSN: w.msn, MO: off, MessageLength: w.length, DstQPN: w.ah.qpn, SrcQPN: q.num})
+		p := data[off : off+n]
+		var crc uint32
+		if sum {
+			crc = udiwarp.UpdateCRC32c(udiwarp.CRC32c(hdr), p)
+		}
+		udiwarp.PutCRC(g.crc[i][:], crc)
+		g.iov[niov].Base = &g.hdr[i][0]
+		g.iov[niov].SetLen(udiwarp.WriteRecordHeaderSize)
+		niov++
+		if n > 0 {
+			g.iov[niov].Base = &p[0]
+			g.iov[niov].SetLen(int(n))
+			niov++
+		}
+		g.iov[niov].Base = &g.crc[i][0]
+		g.iov[niov].SetLen(udiwarp.CRCSize)
+		niov++
+		off += n
+	}
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&g.ctl[0]))
+	h.Level, h.Type = unix.SOL_UDP, udpSegment
+	h.SetLen(unix.CmsgLen(2))
+	*(*uint16)(unsafe.Pointer(&g.ctl[unix.CmsgLen(0)])) = uint16(udiwarp.WriteRecordHeaderSize + int(seg) + udiwarp.CRCSize)
+	t.msg.Iov = &g.iov[0]
+	t.msg.SetIovlen(niov)
+	t.msg.Control = &g.ctl[0]
+	t.msg.SetControllen(unix.CmsgSpace(2))
+	if s.v6 {
+		t.msg.Name = (*byte)(unsafe.Pointer(&w.ah.sa6))
+		t.msg.Namelen = unix.SizeofSockaddrInet6
+	} else {
+		t.msg.Name = (*byte)(unsafe.Pointer(&w.ah.sa4))
+		t.msg.Namelen = unix.SizeofSockaddrInet4
+	}
+	err := t.transmit(s)
+	t.msg.Iov, t.msg.Control = &t.iov[0], nil
+	t.msg.SetControllen(0)
+	switch {
+	case err == nil:
+		s.dev.stats.TxDatagrams.Add(uint64(k - 1)) // transmit counted one
+		s.dev.stats.TxGSO.Add(1)
+		w.off = off
+		return Success, nil
+	case err == unix.EINVAL || err == unix.EIO || err == unix.ENOPROTOOPT || err == unix.EOPNOTSUPP:
+		s.noGSO.Store(true)
+		return Success, errGSOUnsupported
+	}
+	return Success, err
 }
