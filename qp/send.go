@@ -66,8 +66,6 @@ type sendWQE struct {
 	off    uint32
 }
 
-const udiwarpUntaggedOverhead = udiwarp.DDPUntaggedHeaderSize + udiwarp.CRCSize
-
 // txCtx builds one datagram at a time for its QP: header, iovecs over the
 // registered buffers, CRC trailer, and the sendmsg(2) call. The payload
 // leaves from the registered buffer in the same system call as the header.
@@ -84,6 +82,10 @@ type txCtx struct {
 	length int
 	ah     *AH
 	gso    *gsoCtx // Write-Record batches, made on first use
+	// The datagram being built: iovecs used, and its running CRC.
+	niov int
+	sum  bool
+	sumv uint32
 }
 
 func (t *txCtx) init(q *QP) {
@@ -98,67 +100,89 @@ func (t *txCtx) sendmsg(fd uintptr) {
 
 // build prepares the datagram of a send WR for socket s. On success the
 // MRs it names are held shared until release.
-func (t *txCtx) build(s *Socket, op SendOpcode, flags SendFlags, ah *AH, sgl []SGE, inline []byte, msn uint32) Status {
+func (t *txCtx) build(s *Socket, flags SendFlags, ah *AH, sgl []SGE, inline []byte, msn uint32) Status {
 	q := t.q
 	opc := udiwarp.OpSend
 	if flags&FlagSolicited != 0 {
 		opc = udiwarp.OpSendSE
 	}
-	_ = op
 	hdr := udiwarp.DDPUntagged(t.hdr[:udiwarp.DDPUntaggedHeaderSize])
 	hdr.Encode(&udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion, RDMAP: udiwarp.NewRDMAPControl(opc),
 		ULP: q.num, QN: udiwarp.DatagramQN(ah.qpn, udiwarp.QueueSend), MSN: msn})
-	t.iov[0].Base = &t.hdr[0]
-	t.iov[0].SetLen(udiwarp.DDPUntaggedHeaderSize)
-	sum := !q.dev.cfg.NoCRC
-	var crc uint32
-	if sum {
-		crc = udiwarp.CRC32c(hdr)
-	}
-	niov := 1
+	t.begin(hdr)
 	total := 0
 	if inline != nil {
-		if len(inline) > 0 {
-			t.iov[1].Base = &inline[0]
-			t.iov[1].SetLen(len(inline))
-			niov++
-			if sum {
-				crc = udiwarp.UpdateCRC32c(crc, inline)
-			}
-		}
+		t.add(inline)
 		total = len(inline)
 	} else {
 		for i := range sgl {
-			m, b, st := q.dev.resolve(q.pd, &sgl[i], 0)
+			b, st := t.pin(&sgl[i])
 			if st != Success {
-				t.release()
 				return st
 			}
-			t.mrs[t.nmr] = m
-			t.nmr++
+			t.add(b)
 			total += len(b)
-			if len(b) == 0 {
-				continue
-			}
-			t.iov[niov].Base = &b[0]
-			t.iov[niov].SetLen(len(b))
-			niov++
-			if sum {
-				crc = udiwarp.UpdateCRC32c(crc, b)
-			}
 		}
 	}
-	t.length = total
-	t.ah = ah
 	if total > s.MaxMessage() {
 		t.release()
 		return LocalLengthError
 	}
-	udiwarp.PutCRC(t.crc[:], crc)
-	t.iov[niov].Base = &t.crc[0]
-	t.iov[niov].SetLen(udiwarp.CRCSize)
-	niov++
-	t.msg.SetIovlen(niov)
+	t.finish(s, ah, total)
+	return Success
+}
+
+// begin starts a datagram with its header: the first iovec, and the CRC.
+func (t *txCtx) begin(hdr []byte) {
+	t.sum = !t.q.dev.cfg.NoCRC
+	t.sumv = 0
+	if t.sum {
+		t.sumv = udiwarp.CRC32c(hdr)
+	}
+	t.iov[0].Base = &hdr[0]
+	t.iov[0].SetLen(len(hdr))
+	t.niov = 1
+}
+
+// add appends a piece of payload: an iovec over it, and its CRC.
+func (t *txCtx) add(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	t.iov[t.niov].Base = &b[0]
+	t.iov[t.niov].SetLen(len(b))
+	t.niov++
+	if t.sum {
+		t.sumv = udiwarp.UpdateCRC32c(t.sumv, b)
+	}
+}
+
+// pin resolves an SGE for reading and holds its MR until release; on a
+// fault it releases what the datagram held so far.
+func (t *txCtx) pin(g *SGE) ([]byte, Status) {
+	m, b, st := t.q.dev.resolve(t.q.pd, g, 0)
+	if st != Success {
+		t.release()
+		return nil, st
+	}
+	t.mrs[t.nmr] = m
+	t.nmr++
+	return b, Success
+}
+
+// finish appends the CRC trailer and addresses the datagram to ah.
+func (t *txCtx) finish(s *Socket, ah *AH, payload int) {
+	t.length = payload
+	t.ah = ah
+	udiwarp.PutCRC(t.crc[:], t.sumv)
+	t.iov[t.niov].Base = &t.crc[0]
+	t.iov[t.niov].SetLen(udiwarp.CRCSize)
+	t.msg.SetIovlen(t.niov + 1)
+	t.setDest(s, ah)
+}
+
+// setDest points the message at ah's address in the socket's family.
+func (t *txCtx) setDest(s *Socket, ah *AH) {
 	if s.v6 {
 		t.msg.Name = (*byte)(unsafe.Pointer(&ah.sa6))
 		t.msg.Namelen = unix.SizeofSockaddrInet6
@@ -166,7 +190,6 @@ func (t *txCtx) build(s *Socket, op SendOpcode, flags SendFlags, ah *AH, sgl []S
 		t.msg.Name = (*byte)(unsafe.Pointer(&ah.sa4))
 		t.msg.Namelen = unix.SizeofSockaddrInet4
 	}
-	return Success
 }
 
 func (t *txCtx) release() {
@@ -239,7 +262,7 @@ func (q *QP) PostSend(wr *SendWR) error {
 	}
 	if q.sq.len() == 0 && !q.inMover {
 		msn := wr.AH.msn.Add(1)
-		st := q.tx.build(s, wr.Opcode, wr.Flags, wr.AH, wr.SGL, wr.Inline, msn)
+		st := q.tx.build(s, wr.Flags, wr.AH, wr.SGL, wr.Inline, msn)
 		if st != Success {
 			q.sqMu.Unlock()
 			q.completeSend(wr.ID, st, 0)
@@ -285,16 +308,19 @@ func (q *QP) enqueueLocked(wr *SendWR, msn uint32, s *Socket) error {
 	return nil
 }
 
-func (q *QP) completeSend(id uint64, st Status, n int) {
-	q.sendCQ.push(&WorkCompletion{ID: id, Status: st, Opcode: WCSend, Len: uint32(n), QPN: q.num})
-}
+// completeSend completes a Send WR; complete, a queued WR of any kind.
+func (q *QP) completeSend(id uint64, st Status, n int) { q.pushSend(id, st, WCSend, n) }
 
 func (q *QP) complete(w *sendWQE, st Status, n int) {
 	op := WCSend
 	if w.op == OpWriteRecord {
 		op = WCWriteRecord
 	}
-	q.sendCQ.push(&WorkCompletion{ID: w.id, Status: st, Opcode: op, Len: uint32(n), QPN: q.num})
+	q.pushSend(w.id, st, op, n)
+}
+
+func (q *QP) pushSend(id uint64, st Status, op WCOpcode, n int) {
+	q.sendCQ.push(&WorkCompletion{ID: id, Status: st, Opcode: op, Len: uint32(n), QPN: q.num})
 }
 
 func (q *QP) popSQLocked() {
@@ -393,7 +419,7 @@ func (q *QP) drainLocked(s *Socket, max int) (more, full bool) {
 		if w.isInline {
 			inline = w.inline[:w.inlineLen]
 		}
-		st := q.tx.build(s, w.op, w.flags, w.ah, w.sge[:w.nsge], inline, w.msn)
+		st := q.tx.build(s, w.flags, w.ah, w.sge[:w.nsge], inline, w.msn)
 		if st != Success {
 			q.completeSend(w.id, st, 0)
 			q.popSQLocked()

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/udiwarp/udiwarp/udiwarp"
 	"golang.org/x/sys/unix"
 )
 
@@ -152,7 +153,9 @@ func (s *Socket) LocalAddr() netip.AddrPort { return s.local }
 
 // MaxMessage returns the largest UD Send payload this socket can carry in
 // one datagram: the UDP limit less the untagged header and the CRC.
-func (s *Socket) MaxMessage() int { return s.maxDatagram - udiwarpUntaggedOverhead }
+func (s *Socket) MaxMessage() int {
+	return s.maxDatagram - udiwarp.DDPUntaggedHeaderSize - udiwarp.CRCSize
+}
 
 func (s *Socket) start() {
 	d := s.dev

@@ -128,66 +128,30 @@ func (q *QP) segmentSize(s *Socket) int {
 // offset w.off: header, the pieces of the SGL (or inline data) that hold
 // those bytes, CRC.
 func (t *txCtx) buildWR(s *Socket, w *sendWQE, n uint32) Status {
-	q := t.q
 	off := w.off
 	hdr := udiwarp.WriteRecordHeader(t.hdr[:])
 	hdr.Encode(&udiwarp.WriteRecordFields{Last: off+n == w.length, RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpWrite),
-		STag: w.rstag, TO: w.rto + uint64(off), MSN: w.msn, MO: off, MessageLength: w.length, DstQPN: w.ah.qpn, SrcQPN: q.num})
-	t.iov[0].Base = &t.hdr[0]
-	t.iov[0].SetLen(udiwarp.WriteRecordHeaderSize)
-	sum := !q.dev.cfg.NoCRC
-	var crc uint32
-	if sum {
-		crc = udiwarp.CRC32c(hdr)
-	}
-	niov := 1
-	add := func(b []byte) {
-		if len(b) == 0 {
-			return
-		}
-		t.iov[niov].Base = &b[0]
-		t.iov[niov].SetLen(len(b))
-		niov++
-		if sum {
-			crc = udiwarp.UpdateCRC32c(crc, b)
-		}
-	}
+		STag: w.rstag, TO: w.rto + uint64(off), MSN: w.msn, MO: off, MessageLength: w.length, DstQPN: w.ah.qpn, SrcQPN: t.q.num})
+	t.begin(hdr)
 	lo, hi := uint64(off), uint64(off)+uint64(n)
 	if w.isInline {
-		add(w.inline[lo:hi])
+		t.add(w.inline[lo:hi])
 	} else {
 		pos := uint64(0)
 		for i := 0; i < w.nsge && pos < hi; i++ {
 			g := &w.sge[i]
 			end := pos + uint64(g.Length)
 			if end > lo {
-				m, b, st := q.dev.resolve(q.pd, g, 0)
+				b, st := t.pin(g)
 				if st != Success {
-					t.release()
 					return st
 				}
-				t.mrs[t.nmr] = m
-				t.nmr++
-				a, z := max(lo, pos)-pos, min(hi, end)-pos
-				add(b[a:z])
+				t.add(b[max(lo, pos)-pos : min(hi, end)-pos])
 			}
 			pos = end
 		}
 	}
-	t.length = int(n)
-	t.ah = w.ah
-	udiwarp.PutCRC(t.crc[:], crc)
-	t.iov[niov].Base = &t.crc[0]
-	t.iov[niov].SetLen(udiwarp.CRCSize)
-	niov++
-	t.msg.SetIovlen(niov)
-	if s.v6 {
-		t.msg.Name = (*byte)(unsafe.Pointer(&w.ah.sa6))
-		t.msg.Namelen = unix.SizeofSockaddrInet6
-	} else {
-		t.msg.Name = (*byte)(unsafe.Pointer(&w.ah.sa4))
-		t.msg.Namelen = unix.SizeofSockaddrInet4
-	}
+	t.finish(s, w.ah, int(n))
 	return Success
 }
 
@@ -233,7 +197,10 @@ func (q *QP) receiveWriteRecord(seg udiwarp.Segment, src netip.AddrPort) {
 	}
 	ws := writerecord.Segment{Source: writerecord.Source{Addr: src, QPN: h.SrcQPN()}, STag: stag, MSN: h.MSN(),
 		MessageTO: mto, Length: h.MessageLength(), Offset: h.MO(), N: uint32(len(seg.Payload))}
-	now := time.Now()
+	var now time.Time // the engine needs it only to start a multi-segment message
+	if ws.Offset != 0 || ws.N != ws.Length {
+		now = time.Now()
+	}
 	q.wrMu.Lock()
 	defer q.wrMu.Unlock()
 	if q.wr == nil {
@@ -459,13 +426,7 @@ func (t *txCtx) sendGSO(s *Socket, w *sendWQE, seg uint32, k int) (Status, error
 	t.msg.SetIovlen(niov)
 	t.msg.Control = &g.ctl[0]
 	t.msg.SetControllen(unix.CmsgSpace(2))
-	if s.v6 {
-		t.msg.Name = (*byte)(unsafe.Pointer(&w.ah.sa6))
-		t.msg.Namelen = unix.SizeofSockaddrInet6
-	} else {
-		t.msg.Name = (*byte)(unsafe.Pointer(&w.ah.sa4))
-		t.msg.Namelen = unix.SizeofSockaddrInet4
-	}
+	t.setDest(s, w.ah)
 	err := t.transmit(s)
 	t.msg.Iov, t.msg.Control = &t.iov[0], nil
 	t.msg.SetControllen(0)
