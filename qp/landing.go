@@ -42,7 +42,8 @@ type landing struct {
 	q    *QP
 	seq  uint64 // the receive it landed in
 	id   uint64
-	hdr  [udiwarp.DDPUntaggedHeaderSize]byte
+	hdr  [udiwarp.WriteRecordHeaderSize]byte
+	hlen int // the header's size: untagged (Send) or Write-Record
 	iov  [maxSGE + 2]unix.Iovec
 	segs [maxSGE][]byte
 	mrs  [maxSGE]*MR
@@ -122,8 +123,9 @@ func (s *Socket) endLanding(k int) {
 // bind sets the slot's iovecs to w's SGEs, holding their MRs shared.
 func (l *landing) bind(q *QP, w *recvWQE, spare []byte) bool {
 	l.q, l.seq, l.id, l.nseg, l.room = q, w.seq, w.id, 0, 0
+	l.hlen = udiwarp.DDPUntaggedHeaderSize
 	l.iov[0].Base = &l.hdr[0]
-	l.iov[0].SetLen(len(l.hdr))
+	l.iov[0].SetLen(l.hlen)
 	for i := 0; i < w.nsge; i++ {
 		m, buf, st := q.dev.resolve(q.pd, &w.sge[i], AccessLocalWrite)
 		if st != Success {
@@ -207,7 +209,7 @@ func (l *landing) flatten(n int) []byte {
 		l.own = make([]byte, 0, 1<<16+64)
 	}
 	n = min(n, cap(l.own))
-	out := append(l.own[:0], l.hdr[:min(n, len(l.hdr))]...)
+	out := append(l.own[:0], l.hdr[:min(n, l.hlen)]...)
 	l.data(n-len(out), func(b []byte) { out = append(out, b...) })
 	return out
 }
@@ -221,7 +223,7 @@ func (s *Socket) completeLandingLocked(l *landing, n int, truncated bool, src ne
 	if truncated || payload < 0 || payload > l.room {
 		return false
 	}
-	seg, err := udiwarp.ParseSegment(l.hdr[:], udiwarp.ProfileDatagram)
+	seg, err := udiwarp.ParseSegment(l.hdr[:l.hlen], udiwarp.ProfileDatagram)
 	if err != nil || seg.Control.Tagged() {
 		return false
 	}
@@ -255,7 +257,7 @@ func (s *Socket) completeLandingLocked(l *landing, n int, truncated bool, src ne
 
 // crcOK checks the trailer of a landed datagram with this payload length.
 func (l *landing) crcOK(payload int) bool {
-	crc := udiwarp.CRC32c(l.hdr[:])
+	crc := udiwarp.CRC32c(l.hdr[:l.hlen])
 	rem := payload
 	var wire [udiwarp.CRCSize]byte
 	wn := 0

@@ -183,7 +183,7 @@ func (d *Device) deliver(s *Socket, b []byte, truncated bool, src netip.AddrPort
 			st.RxUnknownQP.Add(1)
 			return
 		}
-		q.receiveWriteRecord(seg, src)
+		q.receiveWriteRecord(s, seg, src)
 		return
 	}
 	h := seg.Untagged()

@@ -66,7 +66,10 @@ type Socket struct {
 	// landOff skips landing for this many reads after a wrong guess (the
 	// socket's traffic goes to several QPs); under rxMu.
 	landOff int
-	closed  bool
+	// wrg is the Write-Record message whose next segments batch receives
+	// land at their predicted place (see wrlanding.go); under rxMu.
+	wrg    wrGuess
+	closed bool
 	// cur is the batch slot being delivered (for its control message).
 	cur int
 }
@@ -86,6 +89,8 @@ type rxBatch struct {
 	bufs  [][]byte
 	n     int
 	errno syscall.Errno
+	// landWR says the landed slots are Write-Record segments.
+	landWR bool
 }
 
 const rxCtrlSize = 64
@@ -209,7 +214,12 @@ func (s *Socket) recvmmsg(vlen int) bool {
 	if s.landOff > 0 {
 		s.landOff--
 	} else if big := s.landBig.Load(); vlen > 1 || big {
-		landed = s.prepareLanding(vlen)
+		if s.wrg.q != nil {
+			landed = s.prepareWRLanding(vlen)
+		}
+		if landed == 0 {
+			landed = s.prepareLanding(vlen)
+		}
 		if big && landed > 0 {
 			vlen = landed // large datagrams: read no more than can land in place
 		}
@@ -231,7 +241,10 @@ func (s *Socket) recvmmsg(vlen int) bool {
 		r, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&b.hs[0])), uintptr(vlen), unix.MSG_DONTWAIT, 0, 0)
 		b.n, b.errno = int(r), e
 	}
-	if landed > 0 {
+	switch {
+	case landed > 0 && b.landWR:
+		s.endWRLanding(landed)
+	case landed > 0:
 		s.endLanding(landed)
 	}
 	return true

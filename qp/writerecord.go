@@ -172,10 +172,10 @@ func (m RecordMode) map_() bool { return m == RecordMap || m == RecordBoth }
 // receiveWriteRecord checks, places and records one Write-Record segment
 // addressed to q. Every check comes before a byte is written; the record
 // comes after.
-func (q *QP) receiveWriteRecord(seg udiwarp.Segment, src netip.AddrPort) {
+func (q *QP) receiveWriteRecord(s *Socket, seg udiwarp.Segment, src netip.AddrPort) {
 	d := q.dev
 	st := &d.stats
-	if s := q.State(); s != StateRTR && s != StateRTS {
+	if qs := q.State(); qs != StateRTR && qs != StateRTS {
 		st.RxQPState.Add(1)
 		return
 	}
@@ -230,7 +230,12 @@ func (q *QP) receiveWriteRecord(seg udiwarp.Segment, src netip.AddrPort) {
 	st.RxWRPlaced.Add(1)
 	if rec, ok := q.wr.Placed(&ws); ok {
 		q.recordWriteRecord(m, &rec)
+		if s.wrg.q == q {
+			s.wrg.q = nil
+		}
+		return
 	}
+	s.guessWriteRecord(q, m, &ws)
 }
 
 // recordWriteRecord records a message whose bytes are all placed (or, for

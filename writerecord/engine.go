@@ -251,6 +251,19 @@ func (e *Engine) Placed(s *Segment) (Record, bool) {
 	return rec, true
 }
 
+// Next reports where the next segment of the message (src, stag, msn)
+// is expected, for a receiver that lands segments in place before
+// checking them: the end of the bytes placed so far, when the message is
+// in progress and those bytes are one run from its start (so nothing
+// beyond is placed yet). ok is false for any other message.
+func (e *Engine) Next(src Source, stag, msn uint32) (off uint32, ok bool) {
+	m := e.msgs[key{src, stag}]
+	if m == nil || m.done || m.msn != msn || len(m.got) != 1 || m.got[0].Start != 0 {
+		return 0, false
+	}
+	return uint32(m.got[0].End), true
+}
+
 // Expire handles every message whose deadline has passed: with
 // deliver-partial it emits a record of the ranges that arrived; with
 // discard it drops the message unrecorded. It returns the earliest

@@ -1,0 +1,205 @@
+package qp
+
+import (
+	"net/netip"
+	"time"
+
+	"github.com/udiwarp/udiwarp/udiwarp"
+	"github.com/udiwarp/udiwarp/writerecord"
+	"golang.org/x/sys/unix"
+)
+
+// Direct placement of Write-Record segments. A message's segments come
+// back to back from one source, each a fixed size but the last, at
+// consecutive tagged offsets. Once a segment of a message in progress has
+// been placed, the socket predicts where the next ones go and hands the
+// kernel iovecs [34-byte header | region bytes at the predicted TO |
+// spare buffer]: a segment that is indeed the predicted one is placed
+// where it landed and the copy from the socket's buffer is saved, as
+// landing.go does for Sends into posted receives.
+//
+// What the kernel may write is the question. A predicted range lies
+// inside the message's own range, which the first segment already
+// invalidated (PlaceNew: its old contents are being overwritten), and
+// beyond every byte of it placed so far (Engine.Next only predicts while
+// the placed bytes are one run from the message's start). A datagram that
+// lands there but is something else leaves bytes that no record names;
+// the right segment, if it comes, overwrites them. The QP's wrMu is held
+// from before the system call until every landed datagram is handled, so
+// the message cannot be superseded, expire or be recorded meanwhile, and
+// the region is pinned, so it cannot be deregistered.
+
+// wrGuess is the message the socket expects more segments of.
+type wrGuess struct {
+	q      *QP
+	src    writerecord.Source
+	m      *MR
+	stag   uint32
+	msn    uint32
+	mto    uint64
+	length uint32
+	seg    uint32 // the size of its full segments
+	next   uint32 // the message offset expected next
+}
+
+// guessWriteRecord notes, on the socket that received it, that ws was
+// placed and its message is still in progress. The caller is s's receive
+// path (under rxMu) and holds q.wrMu.
+func (s *Socket) guessWriteRecord(q *QP, m *MR, ws *writerecord.Segment) {
+	g := &s.wrg
+	if ws.Offset+ws.N >= ws.Length || ws.N < landBigMin {
+		g.q = nil // the message's last segment, or segments too small to pay
+		return
+	}
+	next, ok := q.wr.Next(ws.Source, ws.STag, ws.MSN)
+	if !ok {
+		g.q = nil
+		return
+	}
+	*g = wrGuess{q: q, src: ws.Source, m: m, stag: ws.STag, msn: ws.MSN, mto: ws.MessageTO,
+		length: ws.Length, seg: ws.N, next: next}
+	s.landBig.Store(true)
+}
+
+// prepareWRLanding points the first slots of the batch at the predicted
+// segments' places in the region and returns how many it prepared. On
+// success it holds the QP's wrMu and a pin of the region per slot until
+// endWRLanding.
+func (s *Socket) prepareWRLanding(vlen int) int {
+	g := &s.wrg
+	q := g.q
+	if q.sock.Load() != s {
+		g.q = nil
+		return 0
+	}
+	q.wrMu.Lock()
+	if q.wr == nil {
+		q.wrMu.Unlock()
+		g.q = nil
+		return 0
+	}
+	if next, ok := q.wr.Next(g.src, g.stag, g.msn); !ok || next != g.next {
+		q.wrMu.Unlock()
+		g.q = nil
+		return 0
+	}
+	m := g.m
+	b := &s.rx
+	base := g.mto - m.base
+	off := g.next
+	k := 0
+	for ; k < min(vlen, maxLanding) && off < g.length; k++ {
+		m.pins.Add(1)
+		if !m.valid.Load() {
+			m.unpin()
+			break
+		}
+		n := min(g.seg, g.length-off)
+		l := &b.land[k]
+		l.q, l.nseg, l.hlen = q, 1, udiwarp.WriteRecordHeaderSize
+		l.mrs[0] = m
+		l.segs[0] = m.buf[base+uint64(off) : base+uint64(off)+uint64(n)]
+		l.room = int(n)
+		l.tail = b.bufs[k]
+		l.iov[0].Base = &l.hdr[0]
+		l.iov[0].SetLen(l.hlen)
+		l.iov[1].Base = &l.segs[0][0]
+		l.iov[1].SetLen(int(n))
+		l.iov[2].Base = &l.tail[0]
+		l.iov[2].SetLen(len(l.tail))
+		b.hs[k].hdr.Iov = &l.iov[0]
+		b.hs[k].hdr.SetIovlen(3)
+		off += n
+	}
+	if k == 0 {
+		q.wrMu.Unlock()
+		g.q = nil
+		return 0
+	}
+	b.landWR = true
+	return k
+}
+
+// endWRLanding runs after the system call: each datagram that landed is
+// the predicted segment, checked like any other and then recorded in
+// place, until the first that is not; that one and every later one are
+// copied out for the ordinary path, which then sees them in arrival
+// order. Only then are the QP and the region let go.
+func (s *Socket) endWRLanding(k int) {
+	b := &s.rx
+	g := &s.wrg
+	q := b.land[0].q
+	n := max(b.n, 0)
+	inPlace := true
+	for i := 0; i < k; i++ {
+		l := &b.land[i]
+		if i < n {
+			h := &b.hs[i]
+			size := int(h.len)
+			merged := s.groSize(i) > 0 && size > s.groSize(i)
+			if !inPlace || merged || !s.placeLandedLocked(l, size, h.hdr.Flags&unix.MSG_TRUNC != 0, sockaddrToAddrPort(&b.names[i])) {
+				inPlace = false
+				l.flat = l.flatten(size)
+			}
+		}
+		l.unlockMRs()
+		l.reset(&b.iovs[i], &b.hs[i])
+		if i >= n {
+			l.q = nil
+		}
+	}
+	if !inPlace {
+		g.q = nil // guess again from the ordinary path
+	}
+	b.landWR = false
+	q.wrMu.Unlock()
+}
+
+// placeLandedLocked finishes a datagram that landed at the predicted
+// place if it is exactly the predicted segment: same source, QP, STag,
+// message and offset, the predicted size, a good CRC. It reports false
+// otherwise. The caller holds q.wrMu and a pin of the region.
+func (s *Socket) placeLandedLocked(l *landing, n int, truncated bool, src netip.AddrPort) bool {
+	g := &s.wrg
+	q := l.q
+	payload := n - udiwarp.WriteRecordHeaderSize - udiwarp.CRCSize
+	if truncated || payload != l.room || g.q != q || src != g.src.Addr {
+		return false
+	}
+	if udiwarp.FrameType(l.hdr[0]&3) != udiwarp.FrameUD {
+		return false
+	}
+	seg, err := udiwarp.ParseSegment(l.hdr[:], udiwarp.ProfileDatagram)
+	if err != nil || !seg.Control.Tagged() || !seg.Control.WriteRecord() {
+		return false
+	}
+	h := seg.WriteRecord()
+	t := h.Tagged()
+	if h.DstQPN() != q.num || h.SrcQPN() != g.src.QPN || t.STag() != g.stag || h.MSN() != g.msn ||
+		h.MO() != g.next || h.MessageLength() != g.length || t.TO() != g.mto+uint64(g.next) ||
+		seg.Control.Last() != (g.next+uint32(payload) == g.length) {
+		return false
+	}
+	if !s.dev.cfg.NoCRC && !l.crcOK(payload) {
+		return false // the ordinary path counts it
+	}
+	if st := q.State(); st != StateRTR && st != StateRTS {
+		return false
+	}
+	ws := writerecord.Segment{Source: g.src, STag: g.stag, MSN: g.msn, MessageTO: g.mto, Length: g.length,
+		Offset: g.next, N: uint32(payload)}
+	if q.wr.Admit(&ws, time.Time{}) != writerecord.Place {
+		return false // cannot happen under wrMu; the ordinary path decides
+	}
+	st := &s.dev.stats
+	st.RxDatagrams.Add(1)
+	st.RxWRPlaced.Add(1)
+	st.RxLanded.Add(1)
+	g.next += uint32(payload)
+	if rec, ok := q.wr.Placed(&ws); ok {
+		q.recordWriteRecord(g.m, &rec)
+		g.q = nil
+	}
+	l.done = true
+	return true
+}
