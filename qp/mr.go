@@ -5,9 +5,10 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 
 	"github.com/udiwarp/udiwarp/validitymap"
-	"sync/atomic"
+	"github.com/udiwarp/udiwarp/writerecord"
 	"unsafe"
 )
 
@@ -61,6 +62,21 @@ type MR struct {
 	pins  atomic.Int64
 	valid atomic.Bool
 	vmap  atomic.Pointer[validitymap.Map]
+	// wrLimits overrides the receiving QP's Write-Record deadline and
+	// policy for messages into this region.
+	wrLimits atomic.Pointer[writerecord.Limits]
+}
+
+// SetWriteRecordLimits gives Write-Record messages into this region their
+// own deadline and partial-message policy, overriding those of the QP
+// that receives them (QPAttr.WriteRecord); nil restores the QP's. It
+// applies to messages whose first segment arrives afterwards.
+func (m *MR) SetWriteRecordLimits(l *writerecord.Limits) {
+	if l != nil {
+		c := *l
+		l = &c
+	}
+	m.wrLimits.Store(l)
 }
 
 // TrackValidity gives the region a validity map (seed 003's second

@@ -196,7 +196,7 @@ func (q *QP) receiveWriteRecord(s *Socket, seg udiwarp.Segment, src netip.AddrPo
 		return
 	}
 	ws := writerecord.Segment{Source: writerecord.Source{Addr: src, QPN: h.SrcQPN()}, STag: stag, MSN: h.MSN(),
-		MessageTO: mto, Length: h.MessageLength(), Offset: h.MO(), N: uint32(len(seg.Payload))}
+		MessageTO: mto, Length: h.MessageLength(), Offset: h.MO(), N: uint32(len(seg.Payload)), Limits: m.wrLimits.Load()}
 	var now time.Time // the engine needs it only to start a multi-segment message
 	if ws.Offset != 0 || ws.N != ws.Length {
 		now = time.Now()
@@ -216,7 +216,7 @@ func (q *QP) receiveWriteRecord(s *Socket, seg udiwarp.Segment, src netip.AddrPo
 			vm.Invalidate(mto-m.base, ml) // its old contents are being overwritten
 		}
 		if ws.N != ws.Length {
-			d.armWriteRecordTimer(now.Add(q.wr.Config().Timeout))
+			d.armWriteRecordTimer(q.wr.Deadline(&ws, now))
 		}
 	}
 	m.pins.Add(1)

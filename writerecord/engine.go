@@ -71,6 +71,17 @@ type Segment struct {
 	// Offset and N are this segment's place in the message (MO) and size.
 	Offset uint32
 	N      uint32
+	// Limits, when not nil, overrides the engine's Timeout and Policy for
+	// the message this segment starts (a per-region setting: the target
+	// region's, seed 003's "per MR" deadline).
+	Limits *Limits
+}
+
+// Limits is a deadline and a policy that one region's messages follow
+// instead of the engine's.
+type Limits struct {
+	Timeout time.Duration // at least 1 ns; <= 0 means the engine's
+	Policy  Policy
 }
 
 // Record is what the target learns of one message.
@@ -113,6 +124,7 @@ type message struct {
 	got      ranges // bytes placed, relative to the message start
 	placed   uint64
 	deadline time.Time
+	policy   Policy
 	// done marks a completed message kept as a tombstone until deadline,
 	// so that a late duplicate of one of its segments is dropped instead
 	// of starting the message again (and invalidating what it made valid).
@@ -201,7 +213,14 @@ func (e *Engine) Admit(s *Segment, now time.Time) Verdict {
 		e.stats.Evicted++
 		e.remove(e.order.Front().Value.(*message))
 	}
-	m = &message{key: k, msn: s.MSN, to: s.MessageTO, length: s.Length, deadline: now.Add(e.cfg.Timeout)}
+	timeout, policy := e.cfg.Timeout, e.cfg.Policy
+	if l := s.Limits; l != nil {
+		policy = l.Policy
+		if l.Timeout > 0 {
+			timeout = l.Timeout
+		}
+	}
+	m = &message{key: k, msn: s.MSN, to: s.MessageTO, length: s.Length, deadline: now.Add(timeout), policy: policy}
 	m.elem = e.order.PushBack(m)
 	l := e.perSource[s.Source]
 	if l == nil {
@@ -251,6 +270,14 @@ func (e *Engine) Placed(s *Segment) (Record, bool) {
 	return rec, true
 }
 
+// Deadline returns when a message that s starts would expire.
+func (e *Engine) Deadline(s *Segment, now time.Time) time.Time {
+	if l := s.Limits; l != nil && l.Timeout > 0 {
+		return now.Add(l.Timeout)
+	}
+	return now.Add(e.cfg.Timeout)
+}
+
 // Next reports where the next segment of the message (src, stag, msn)
 // is expected, for a receiver that lands segments in place before
 // checking them: the end of the bytes placed so far, when the message is
@@ -281,7 +308,7 @@ func (e *Engine) Expire(now time.Time, emit func(Record)) time.Time {
 			el = next
 			continue // a tombstone's time is up
 		}
-		if e.cfg.Policy == DeliverPartial && m.placed > 0 {
+		if m.policy == DeliverPartial && m.placed > 0 {
 			e.stats.Partial++
 			rec := Record{Source: m.key.src, STag: m.key.stag, MSN: m.msn, MessageTO: m.to, Length: m.length}
 			for _, r := range m.got {
