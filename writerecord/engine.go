@@ -1,7 +1,6 @@
 package writerecord
 
 import (
-	"container/list"
 	"net/netip"
 	"time"
 
@@ -117,7 +116,6 @@ type key struct {
 // arrive, gone when it completes, expires, is superseded or evicted.
 type message struct {
 	key      key
-	srcElem  *list.Element // in the source's own list, oldest first
 	msn      uint32
 	to       uint64
 	length   uint32
@@ -129,7 +127,63 @@ type message struct {
 	// so that a late duplicate of one of its segments is dropped instead
 	// of starting the message again (and invalidating what it made valid).
 	done bool
-	elem *list.Element // in Engine.order, oldest first
+	// Intrusive links, so that a message costs one allocation: all
+	// messages by first arrival (Engine.order), and its source's.
+	prev, next   *message
+	sprev, snext *message
+	gotBuf       [1]validitymap.Range // got's storage while it is one run
+}
+
+// chain is a doubly linked list of messages, oldest first.
+type chain struct {
+	head, tail *message
+	n          int
+}
+
+func (c *chain) push(m *message, src bool) {
+	if src {
+		m.sprev, m.snext = c.tail, nil
+		if c.tail != nil {
+			c.tail.snext = m
+		} else {
+			c.head = m
+		}
+	} else {
+		m.prev, m.next = c.tail, nil
+		if c.tail != nil {
+			c.tail.next = m
+		} else {
+			c.head = m
+		}
+	}
+	c.tail = m
+	c.n++
+}
+
+func (c *chain) unlink(m *message, src bool) {
+	prev, next := m.prev, m.next
+	if src {
+		prev, next = m.sprev, m.snext
+	}
+	if prev != nil {
+		if src {
+			prev.snext = next
+		} else {
+			prev.next = next
+		}
+	} else {
+		c.head = next
+	}
+	if next != nil {
+		if src {
+			next.sprev = prev
+		} else {
+			next.prev = prev
+		}
+	} else {
+		c.tail = prev
+	}
+	c.n--
 }
 
 // Engine tracks the Write-Record messages in progress at one target. It is
@@ -138,16 +192,15 @@ type message struct {
 type Engine struct {
 	cfg       Config
 	msgs      map[key]*message
-	perSource map[Source]*list.List // each source's messages by first arrival
-	order     list.List             // all messages by first arrival
+	perSource map[Source]*chain // each source's messages by first arrival
+	order     chain             // all messages by first arrival
 	stats     Stats
 }
 
 // New returns an Engine.
 func New(cfg Config) *Engine {
 	cfg.fill()
-	e := &Engine{cfg: cfg, msgs: map[key]*message{}, perSource: map[Source]*list.List{}}
-	e.order.Init()
+	e := &Engine{cfg: cfg, msgs: map[key]*message{}, perSource: map[Source]*chain{}}
 	return e
 }
 
@@ -205,13 +258,13 @@ func (e *Engine) Admit(s *Segment, now time.Time) Verdict {
 	}
 	// At a cap, the oldest message goes: the source's own when it is the
 	// one over its share, else the oldest of all. Both are O(1).
-	if l := e.perSource[s.Source]; l != nil && l.Len() >= e.cfg.MaxPerSource {
+	if l := e.perSource[s.Source]; l != nil && l.n >= e.cfg.MaxPerSource {
 		e.stats.Evicted++
-		e.remove(l.Front().Value.(*message))
+		e.remove(l.head)
 	}
 	for len(e.msgs) >= e.cfg.MaxMessages {
 		e.stats.Evicted++
-		e.remove(e.order.Front().Value.(*message))
+		e.remove(e.order.head)
 	}
 	timeout, policy := e.cfg.Timeout, e.cfg.Policy
 	if l := s.Limits; l != nil {
@@ -221,23 +274,24 @@ func (e *Engine) Admit(s *Segment, now time.Time) Verdict {
 		}
 	}
 	m = &message{key: k, msn: s.MSN, to: s.MessageTO, length: s.Length, deadline: now.Add(timeout), policy: policy}
-	m.elem = e.order.PushBack(m)
+	m.got = m.gotBuf[:0]
+	e.order.push(m, false)
 	l := e.perSource[s.Source]
 	if l == nil {
-		l = list.New()
+		l = new(chain)
 		e.perSource[s.Source] = l
 	}
-	m.srcElem = l.PushBack(m)
+	l.push(m, true)
 	e.msgs[k] = m
 	return PlaceNew
 }
 
 func (e *Engine) remove(m *message) {
-	e.order.Remove(m.elem)
+	e.order.unlink(m, false)
 	delete(e.msgs, m.key)
 	l := e.perSource[m.key.src]
-	l.Remove(m.srcElem)
-	if l.Len() == 0 {
+	l.unlink(m, true)
+	if l.n == 0 {
 		delete(e.perSource, m.key.src)
 	}
 }
@@ -296,16 +350,15 @@ func (e *Engine) Next(src Source, stag, msn uint32) (off uint32, ok bool) {
 // discard it drops the message unrecorded. It returns the earliest
 // deadline still pending (zero if none), for the caller's timer.
 func (e *Engine) Expire(now time.Time, emit func(Record)) time.Time {
-	for el := e.order.Front(); el != nil; {
-		m := el.Value.(*message)
-		next := el.Next()
+	for m := e.order.head; m != nil; {
+		next := m.next
 		if now.Before(m.deadline) {
-			el = next
+			m = next
 			continue
 		}
 		e.remove(m)
 		if m.done {
-			el = next
+			m = next
 			continue // a tombstone's time is up
 		}
 		if m.policy == DeliverPartial && m.placed > 0 {
@@ -318,11 +371,11 @@ func (e *Engine) Expire(now time.Time, emit func(Record)) time.Time {
 		} else {
 			e.stats.Expired++
 		}
-		el = next
+		m = next
 	}
 	var first time.Time
-	for el := e.order.Front(); el != nil; el = el.Next() {
-		if d := el.Value.(*message).deadline; first.IsZero() || d.Before(first) {
+	for m := e.order.head; m != nil; m = m.next {
+		if d := m.deadline; first.IsZero() || d.Before(first) {
 			first = d
 		}
 	}
