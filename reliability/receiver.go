@@ -1,0 +1,259 @@
+package reliability
+
+import "time"
+
+// Verdict is what a Receiver did with a packet.
+type Verdict uint8
+
+const (
+	// Delivered: the packet was next in order and was delivered, with any
+	// buffered packets it released.
+	Delivered Verdict = iota
+	// Buffered: ahead of a gap; kept until the gap fills.
+	Buffered
+	// Duplicate: already delivered or buffered; dropped.
+	Duplicate
+	// Beyond: past the window; dropped without allocating anything.
+	Beyond
+	// Refused: next in order, but its consumer was not ready (no receive
+	// posted); dropped, and the next ack says receiver-not-ready.
+	Refused
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case Delivered:
+		return "delivered"
+	case Buffered:
+		return "buffered"
+	case Duplicate:
+		return "duplicate"
+	case Beyond:
+		return "beyond the window"
+	case Refused:
+		return "refused (receiver not ready)"
+	}
+	return "Verdict(?)"
+}
+
+// Receiver is the receiving half of one peer's reliability: it delivers
+// packets exactly once and in sequence order, buffers those that arrive
+// ahead of a gap (up to the window), and builds acks. F is a buffered
+// packet (the caller's copy of the frame). Not safe for concurrent use.
+type Receiver[F any] struct {
+	cfg    Config
+	next   uint32 // the next sequence number to deliver
+	ring   []F
+	have   []uint64 // bit per ring slot: buffered
+	mask   uint32
+	held   int // packets buffered
+	top    uint32
+	anyTop bool
+
+	// Ack state: packets received since the last ack, when the first of
+	// them arrived, and whether the next ack must go at once.
+	unacked  int
+	since    time.Time
+	urgent   bool
+	rnr      bool
+	released func(F) // called for buffered packets dropped by Reset
+
+	// Duplicates and BeyondWindow count dropped packets.
+	Duplicates, BeyondWindow, Refusals uint64
+}
+
+// NewReceiver returns a Receiver; release, if not nil, is called for each
+// buffered packet the receiver lets go of without delivering (Reset).
+func NewReceiver[F any](cfg Config, release func(F)) *Receiver[F] {
+	cfg = cfg.Fill()
+	return &Receiver[F]{cfg: cfg, next: cfg.FirstSeq, ring: make([]F, cfg.Window),
+		have: make([]uint64, (cfg.Window+63)/64), mask: uint32(cfg.Window - 1), released: release}
+}
+
+// Next returns the next sequence number to deliver.
+func (r *Receiver[F]) Next() uint32 { return r.next }
+
+// Held returns how many packets are buffered ahead of a gap.
+func (r *Receiver[F]) Held() int { return r.held }
+
+// Window is what the receiver advertises: packets it can take beyond
+// Next.
+func (r *Receiver[F]) Window() uint16 { return uint16(min(len(r.ring), 1<<16-1)) }
+
+func (r *Receiver[F]) has(seq uint32) bool {
+	i := seq & r.mask
+	return r.have[i/64]&(1<<(i%64)) != 0
+}
+
+func (r *Receiver[F]) mark(seq uint32, on bool) {
+	i := seq & r.mask
+	if on {
+		r.have[i/64] |= 1 << (i % 64)
+	} else {
+		r.have[i/64] &^= 1 << (i % 64)
+	}
+}
+
+// Classify says what Receive would do with seq without doing it, so the
+// caller copies a frame only when it will be buffered.
+func (r *Receiver[F]) Classify(seq uint32) Verdict {
+	switch {
+	case Before(seq, r.next):
+		return Duplicate
+	case seq == r.next:
+		return Delivered
+	case seq-r.next >= uint32(len(r.ring)):
+		return Beyond
+	case r.has(seq):
+		return Duplicate
+	}
+	return Buffered
+}
+
+// Receive takes packet seq, arrived at now. deliver hands a packet to
+// the consumer in order and reports false when the consumer cannot take
+// it (receiver not ready), which leaves it undelivered. f is buffered
+// only when the verdict is Buffered; otherwise the caller keeps it.
+func (r *Receiver[F]) Receive(seq uint32, f F, now time.Time, deliver func(seq uint32, f F) bool) Verdict {
+	v := r.Classify(seq)
+	switch v {
+	case Duplicate:
+		r.Duplicates++
+		r.urgent = true // the sender has not seen our ack: repeat it
+		return v
+	case Beyond:
+		r.BeyondWindow++
+		return v
+	case Buffered:
+		r.ring[seq&r.mask] = f
+		r.mark(seq, true)
+		r.held++
+		if !r.anyTop || Before(r.top, seq) {
+			r.top, r.anyTop = seq, true
+		}
+		r.noteArrival(now, true)
+		return v
+	}
+	if !deliver(seq, f) {
+		r.Refusals++
+		r.rnr, r.urgent = true, true
+		return Refused
+	}
+	r.next++
+	r.rnr = false
+	r.noteArrival(now, r.held > 0) // a gap just filled: say so at once
+	r.drain(deliver)
+	return Delivered
+}
+
+// Drain delivers buffered packets that are now in order, as after a
+// receive is posted following a refusal. It reports whether any went.
+func (r *Receiver[F]) Drain(deliver func(seq uint32, f F) bool) bool {
+	before := r.next
+	r.drain(deliver)
+	return r.next != before
+}
+
+func (r *Receiver[F]) drain(deliver func(seq uint32, f F) bool) {
+	var zero F
+	for r.held > 0 && r.has(r.next) {
+		i := r.next & r.mask
+		if !deliver(r.next, r.ring[i]) {
+			// Dropped like a refused packet: the sender sends it again
+			// after its receiver-not-ready wait.
+			if r.released != nil {
+				r.released(r.ring[i])
+			}
+			r.ring[i] = zero
+			r.mark(r.next, false)
+			r.held--
+			r.Refusals++
+			r.rnr, r.urgent = true, true
+			return
+		}
+		r.ring[i] = zero
+		r.mark(r.next, false)
+		r.held--
+		r.next++
+	}
+}
+
+func (r *Receiver[F]) noteArrival(now time.Time, urgent bool) {
+	if r.unacked == 0 {
+		r.since = now
+	}
+	r.unacked++
+	if urgent || r.unacked >= 2 {
+		r.urgent = true
+	}
+}
+
+// Urge makes the next ack go at once (the sender asked: FlagAckNow).
+func (r *Receiver[F]) Urge() { r.urgent = true }
+
+// AckDue returns when an ack must go: now when one is urgent (a gap, a
+// duplicate, a refusal, every second packet), the first unacked arrival
+// plus MaxAckDelay otherwise, zero when nothing needs acking.
+func (r *Receiver[F]) AckDue(now time.Time) time.Time {
+	switch {
+	case r.urgent:
+		return now
+	case r.unacked > 0:
+		return r.since.Add(r.cfg.MaxAckDelay)
+	}
+	return time.Time{}
+}
+
+// Ack fills a with the receiver's state and resets the ack timer: the
+// cumulative point, up to MaxAckRanges ranges buffered beyond it, and the
+// delay since the oldest unacked arrival. It reports whether the
+// receiver is refusing the packet at the cumulative point.
+func (r *Receiver[F]) Ack(a *AckBlock, now time.Time) (rnr bool) {
+	a.Cumulative = r.next
+	a.Ranges = a.store[:0]
+	if r.unacked > 0 {
+		a.Delay = uint16(min(now.Sub(r.since)/time.Microsecond, 1<<16-1))
+	} else {
+		a.Delay = 0
+	}
+	if r.held > 0 {
+		var cur Range
+		in := false
+		for seq := r.next + 1; AtOrBefore(seq, r.top); seq++ {
+			if r.has(seq) {
+				if !in {
+					cur, in = Range{Start: seq}, true
+				}
+				cur.Len++
+				continue
+			}
+			if in {
+				a.Ranges = append(a.Ranges, cur)
+				in = false
+				if len(a.Ranges) == MaxAckRanges {
+					break
+				}
+			}
+		}
+		if in && len(a.Ranges) < MaxAckRanges {
+			a.Ranges = append(a.Ranges, cur)
+		}
+	}
+	r.unacked, r.urgent = 0, false
+	return r.rnr
+}
+
+// Reset drops everything buffered (the peer restarted or went away).
+func (r *Receiver[F]) Reset() {
+	var zero F
+	for seq := r.next; r.held > 0; seq++ {
+		if r.has(seq) {
+			if r.released != nil {
+				r.released(r.ring[seq&r.mask])
+			}
+			r.ring[seq&r.mask] = zero
+			r.mark(seq, false)
+			r.held--
+		}
+	}
+}

@@ -1,0 +1,370 @@
+package reliability
+
+import (
+	"errors"
+	"time"
+)
+
+// Config tunes one peer's reliability. The zero value is usable.
+type Config struct {
+	// Window is the most packets in flight to the peer and the most a
+	// receiver buffers beyond its cumulative point; a power of two, at
+	// most 32768. Default 256.
+	Window int
+	// InitialRTT stands in for the RTT before the first sample. Default
+	// 5 ms.
+	InitialRTT time.Duration
+	// MaxAckDelay is how long a receiver may hold an ack (it acks every
+	// second packet at once). Default 1 ms.
+	MaxAckDelay time.Duration
+	// Granularity floors the RTT variation term of the timeout and the
+	// time threshold of loss detection. Default 1 ms (RFC 9002's
+	// kGranularity).
+	Granularity time.Duration
+	// MaxRTO caps the retransmission timeout after backoff. Default 1 s.
+	MaxRTO time.Duration
+	// MaxRetries is how often one packet is retransmitted before the peer
+	// is declared unreachable. Default 10.
+	MaxRetries int
+	// RNRDelay is the first wait after a receiver-not-ready answer; it
+	// doubles on each one in a row, up to MaxRTO. Default 1 ms.
+	RNRDelay time.Duration
+	// RNRRetries is how many receiver-not-ready answers in a row are
+	// borne before giving up; negative means without limit. Default 7.
+	RNRRetries int
+	// FirstSeq is the first sequence number of a session, the same on
+	// both sides (tests use it to cross the 2^32 wrap). Default 0.
+	FirstSeq uint32
+}
+
+// Defaults.
+const (
+	DefaultWindow      = 256
+	DefaultInitialRTT  = 5 * time.Millisecond
+	DefaultMaxAckDelay = time.Millisecond
+	DefaultGranularity = time.Millisecond
+	DefaultMaxRTO      = time.Second
+	DefaultMaxRetries  = 10
+	DefaultRNRDelay    = time.Millisecond
+	DefaultRNRRetries  = 7
+	// PacketThreshold: a packet this many behind the largest acked is
+	// lost (RFC 9002 kPacketThreshold).
+	PacketThreshold = 3
+)
+
+// Fill returns c with every zero field at its default.
+func (c Config) Fill() Config {
+	if c.Window <= 0 {
+		c.Window = DefaultWindow
+	}
+	c.Window = min(c.Window, 1<<15)
+	for c.Window&(c.Window-1) != 0 {
+		c.Window &= c.Window - 1 // down to a power of two
+	}
+	if c.InitialRTT <= 0 {
+		c.InitialRTT = DefaultInitialRTT
+	}
+	if c.MaxAckDelay <= 0 {
+		c.MaxAckDelay = DefaultMaxAckDelay
+	}
+	if c.Granularity <= 0 {
+		c.Granularity = DefaultGranularity
+	}
+	if c.MaxRTO <= 0 {
+		c.MaxRTO = DefaultMaxRTO
+	}
+	if c.MaxRetries <= 0 {
+		c.MaxRetries = DefaultMaxRetries
+	}
+	if c.RNRDelay <= 0 {
+		c.RNRDelay = DefaultRNRDelay
+	}
+	if c.RNRRetries == 0 {
+		c.RNRRetries = DefaultRNRRetries
+	}
+	return c
+}
+
+// Errors of a sender.
+var (
+	// ErrRetryExceeded: a packet went unacknowledged through every retry.
+	ErrRetryExceeded = errors.New("reliability: retry limit exceeded")
+	// ErrRNRRetryExceeded: the receiver stayed not ready through every retry.
+	ErrRNRRetryExceeded = errors.New("reliability: receiver-not-ready retry limit exceeded")
+	// ErrAckUnsent: an ack names a packet never sent (ignored).
+	ErrAckUnsent = errors.New("reliability: ack for a packet not sent")
+)
+
+type slot[P any] struct {
+	payload P
+	sentAt  time.Time
+	retries uint16
+	pending bool // sent and not yet acked
+	resent  bool // retransmitted at least once: no RTT sample
+	// after is the first sequence number sent after this packet's latest
+	// transmission: the packet threshold counts acks from there, so that
+	// a retransmission is not declared lost again by the same acks (QUIC
+	// gives retransmissions new numbers instead).
+	after uint32
+}
+
+// Sender is the sending half of one peer's reliability: it numbers
+// packets, keeps each until acknowledged, detects loss by packet and time
+// thresholds (RFC 9002 §6.1) and by timeout with exponential backoff, and
+// keeps within the peer's window. P is what the caller needs to send a
+// packet again (for a QP: where its bytes live in registered memory).
+// Not safe for concurrent use.
+type Sender[P any] struct {
+	cfg      Config
+	ring     []slot[P]
+	mask     uint32
+	una      uint32 // oldest not cumulatively acked
+	next     uint32 // next to assign
+	limit    uint32 // the peer's window ends before this sequence number
+	rtt      RTT
+	pto      int // timeouts in a row
+	largest  uint32
+	anyAcked bool
+	lastSent time.Time
+	lossTime time.Time
+	rnrUntil time.Time
+	rnrWait  bool // the packet at una waits for rnrUntil
+	rnrCount int
+	// Retransmits counts retransmissions; Spurious acks for packets
+	// already acked or never sent.
+	Retransmits, Unsent uint64
+}
+
+// NewSender returns a Sender.
+func NewSender[P any](cfg Config) *Sender[P] {
+	cfg = cfg.Fill()
+	return &Sender[P]{cfg: cfg, ring: make([]slot[P], cfg.Window), mask: uint32(cfg.Window - 1),
+		una: cfg.FirstSeq, next: cfg.FirstSeq, limit: cfg.FirstSeq + uint32(cfg.Window)}
+}
+
+// Config returns the sender's configuration, defaults filled.
+func (s *Sender[P]) Config() Config { return s.cfg }
+
+// RTT returns the sender's estimate of the peer's round-trip time.
+func (s *Sender[P]) RTT() *RTT { return &s.rtt }
+
+// InFlight returns how many packets are sent and not cumulatively acked.
+func (s *Sender[P]) InFlight() int { return int(s.next - s.una) }
+
+// CanSend reports whether the window admits another packet now.
+func (s *Sender[P]) CanSend(now time.Time) bool {
+	return s.next-s.una < uint32(len(s.ring)) && Before(s.next, s.limit) && !now.Before(s.rnrUntil)
+}
+
+// Push numbers a new packet, sent at now, and returns its sequence
+// number. The caller checked CanSend.
+func (s *Sender[P]) Push(p P, now time.Time) uint32 {
+	seq := s.next
+	s.next++
+	s.ring[seq&s.mask] = slot[P]{payload: p, sentAt: now, pending: true, after: seq + 1}
+	s.lastSent = now
+	return seq
+}
+
+// Oldest returns the oldest packet still waiting for its ack.
+func (s *Sender[P]) Oldest() (uint32, *P, bool) {
+	for seq := s.una; Before(seq, s.next); seq++ {
+		if sl := &s.ring[seq&s.mask]; sl.pending {
+			return seq, &sl.payload, true
+		}
+	}
+	return 0, nil, false
+}
+
+// Each calls f on every packet not yet acknowledged, oldest first.
+func (s *Sender[P]) Each(f func(seq uint32, p *P)) {
+	for seq := s.una; Before(seq, s.next); seq++ {
+		if sl := &s.ring[seq&s.mask]; sl.pending {
+			f(seq, &sl.payload)
+		}
+	}
+}
+
+// OnAck applies an ack from the peer: acked is called once per packet it
+// acknowledges for the first time, in sequence order for the cumulative
+// part. window is the peer's advertised window and rnr its
+// receiver-not-ready flag, which refuses the packet at the cumulative
+// point. Packets the ack shows lost are retransmitted through resend. An
+// ack naming a packet never sent changes nothing and returns
+// ErrAckUnsent.
+func (s *Sender[P]) OnAck(a *AckBlock, window uint16, rnr bool, now time.Time,
+	acked func(seq uint32, p *P), resend func(seq uint32, p *P)) error {
+	cum := a.Cumulative
+	if Before(cum, s.una) || Before(s.next, cum) {
+		if Before(cum, s.una) && Before(s.una-cum, 1<<16) {
+			return nil // an old ack, reordered: nothing new
+		}
+		s.Unsent++
+		return ErrAckUnsent
+	}
+	for _, r := range a.Ranges {
+		if !Before(cum, r.Start) || Before(s.next, r.Start+r.Len) {
+			s.Unsent++
+			return ErrAckUnsent
+		}
+	}
+	newest, sample := uint32(0), false
+	var sampleAt time.Time
+	note := func(seq uint32) {
+		sl := &s.ring[seq&s.mask]
+		if !sl.pending {
+			return
+		}
+		sl.pending = false
+		if !s.anyAcked || Before(s.largest, seq) {
+			s.largest, s.anyAcked = seq, true
+		}
+		if !sample || Before(newest, seq) {
+			newest, sample = seq, !sl.resent
+			sampleAt = sl.sentAt
+			if sl.resent {
+				sample = false
+			}
+		}
+		acked(seq, &sl.payload)
+		var zero P
+		sl.payload = zero
+	}
+	progressed := Before(s.una, cum)
+	for seq := s.una; Before(seq, cum); seq++ {
+		note(seq)
+	}
+	s.una = cum
+	for _, r := range a.Ranges {
+		for seq := r.Start; Before(seq, r.Start+r.Len); seq++ {
+			note(seq)
+		}
+	}
+	if sample {
+		s.rtt.Sample(now.Sub(sampleAt), time.Duration(a.Delay)*time.Microsecond)
+	}
+	if progressed || sample {
+		s.pto = 0
+	}
+	s.limit = cum + uint32(window)
+	if rnr && Before(cum, s.next) {
+		if s.cfg.RNRRetries >= 0 && s.rnrCount >= s.cfg.RNRRetries {
+			return ErrRNRRetryExceeded
+		}
+		// The refused packet goes again when the wait is over (OnTimer).
+		s.rnrUntil = now.Add(min(s.cfg.RNRDelay<<min(s.rnrCount, 20), s.cfg.MaxRTO))
+		s.rnrWait = true
+		s.rnrCount++
+	} else if progressed {
+		s.rnrCount = 0
+	}
+	return s.detectLost(now, resend)
+}
+
+// lossDelay is the time threshold: 9/8 of the larger of the smoothed and
+// the latest RTT, floored at the granularity.
+func (s *Sender[P]) lossDelay() time.Duration {
+	rtt := max(s.rtt.Smoothed(s.cfg.InitialRTT), s.rtt.Latest())
+	return max(rtt*9/8, s.cfg.Granularity)
+}
+
+// detectLost retransmits the packets before the largest acked that are
+// PacketThreshold behind it or older than the loss delay, and notes when
+// the next one would be.
+func (s *Sender[P]) detectLost(now time.Time, resend func(uint32, *P)) error {
+	s.lossTime = time.Time{}
+	if !s.anyAcked {
+		return nil
+	}
+	delay := s.lossDelay()
+	for seq := s.una; Before(seq, s.largest); seq++ {
+		sl := &s.ring[seq&s.mask]
+		if !sl.pending || (s.rnrWait && seq == s.una) {
+			continue
+		}
+		if !Before(s.largest, sl.after+PacketThreshold-1) || !now.Before(sl.sentAt.Add(delay)) {
+			if err := s.retransmit(seq, now, resend); err != nil {
+				return err
+			}
+			continue
+		}
+		if at := sl.sentAt.Add(delay); s.lossTime.IsZero() || at.Before(s.lossTime) {
+			s.lossTime = at
+		}
+	}
+	return nil
+}
+
+func (s *Sender[P]) retransmit(seq uint32, now time.Time, resend func(uint32, *P)) error {
+	sl := &s.ring[seq&s.mask]
+	if int(sl.retries) >= s.cfg.MaxRetries {
+		return ErrRetryExceeded
+	}
+	sl.retries++
+	sl.resent = true
+	sl.sentAt = now
+	sl.after = s.next
+	s.lastSent = now
+	s.Retransmits++
+	resend(seq, &sl.payload)
+	return nil
+}
+
+// PTO returns the probe timeout before backoff: smoothed RTT plus the
+// larger of four variations and the granularity, plus the peer's ack
+// delay (RFC 9002 §6.2.1).
+func (s *Sender[P]) PTO() time.Duration {
+	return s.rtt.Smoothed(s.cfg.InitialRTT) + max(4*s.rtt.Variation(s.cfg.InitialRTT), s.cfg.Granularity) + s.cfg.MaxAckDelay
+}
+
+// Deadline returns when OnTimer should next run, or zero when nothing is
+// in flight.
+func (s *Sender[P]) Deadline() time.Time {
+	if s.una == s.next {
+		return time.Time{}
+	}
+	if s.rnrWait {
+		return s.rnrUntil
+	}
+	if !s.lossTime.IsZero() {
+		return s.lossTime
+	}
+	return s.lastSent.Add(min(s.PTO()<<min(s.pto, 30), s.cfg.MaxRTO))
+}
+
+// OnTimer runs the sender's timers at now: packets lost by the time
+// threshold are retransmitted; when the probe timeout has passed, the
+// oldest packet in flight is sent again and the timeout doubles. It
+// returns ErrRetryExceeded when a packet has used every retry.
+func (s *Sender[P]) OnTimer(now time.Time, resend func(seq uint32, p *P)) error {
+	if s.una == s.next {
+		return nil
+	}
+	if s.rnrWait {
+		if now.Before(s.rnrUntil) {
+			return nil
+		}
+		s.rnrWait = false
+		if sl := &s.ring[s.una&s.mask]; sl.pending {
+			sl.resent = true
+			sl.sentAt = now
+			sl.after = s.next
+			s.lastSent = now
+			s.Retransmits++
+			resend(s.una, &sl.payload)
+		}
+		return nil
+	}
+	if !s.lossTime.IsZero() && !now.Before(s.lossTime) {
+		return s.detectLost(now, resend)
+	}
+	if d := s.Deadline(); d.IsZero() || now.Before(d) {
+		return nil
+	}
+	seq, _, ok := s.Oldest()
+	if !ok {
+		return nil
+	}
+	s.pto++
+	return s.retransmit(seq, now, resend)
+}
