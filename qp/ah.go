@@ -38,9 +38,18 @@ func (pd *PD) CreateAH(addr netip.AddrPort, qpn uint32) (*AH, error) {
 	if qpn == 0 || qpn > udiwarp.MaxQPN {
 		return nil, fmt.Errorf("%w: QP number %d, want 1..%d", ErrInvalidAttr, qpn, udiwarp.MaxQPN)
 	}
+	ah := &AH{pd: pd}
+	ah.setAddr(addr, qpn)
+	return ah, nil
+}
+
+// setAddr points ah at QP qpn at addr, with the socket addresses sendmsg
+// takes for it.
+func (ah *AH) setAddr(addr netip.AddrPort, qpn uint32) {
 	a := addr.Addr().Unmap()
-	ah := &AH{pd: pd, addr: netip.AddrPortFrom(a, addr.Port()), qpn: qpn}
+	ah.addr, ah.qpn = netip.AddrPortFrom(a, addr.Port()), qpn
 	port := addr.Port()
+	ah.sa4 = unix.RawSockaddrInet4{}
 	if a.Is4() {
 		ah.sa4.Family = unix.AF_INET
 		ah.sa4.Addr = a.As4()
@@ -49,7 +58,6 @@ func (pd *PD) CreateAH(addr netip.AddrPort, qpn uint32) (*AH, error) {
 	ah.sa6.Family = unix.AF_INET6
 	ah.sa6.Addr = netip.AddrFrom16(a.As16()).As16() // IPv4 peers as ::ffff:a.b.c.d
 	ah.sa6.Port = port<<8 | port>>8
-	return ah, nil
 }
 
 // Addr returns the peer's address.

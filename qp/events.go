@@ -94,6 +94,25 @@ type Stats struct {
 	RxWRComplete   atomic.Uint64 // Write-Record messages recorded complete
 	RxWRPartial    atomic.Uint64 // Write-Record messages recorded partial at their deadline
 
+	// RD (reliable datagram) QPs.
+	RDPeers          atomic.Uint64 // peer states created
+	RDPeersReclaimed atomic.Uint64 // peer states reclaimed idle or at the cap
+	RDPeerRestarts   atomic.Uint64 // peers that came back with a new epoch
+	RDPeerFailures   atomic.Uint64 // peers given up on (retry limit)
+	RDRejected       atomic.Uint64 // frames without valid state or token (answered with a Challenge at most)
+	RDRefused        atomic.Uint64 // validated first contacts refused at the peer cap
+	RDChallenges     atomic.Uint64 // Challenges sent
+	RDDataSent       atomic.Uint64 // Data frames sent, retransmissions included
+	RDRetransmits    atomic.Uint64
+	RDAcksSent       atomic.Uint64 // standalone acks (others ride on Data)
+	RDControlSent    atomic.Uint64 // frames without payload sent
+	RDBadAcks        atomic.Uint64 // acks naming packets never sent
+	RDBuffered       atomic.Uint64 // Data frames held ahead of a gap
+	RDDuplicates     atomic.Uint64
+	RDBeyondWindow   atomic.Uint64
+	RDNotReady       atomic.Uint64 // Sends refused for want of a receive (receiver not ready)
+	RDWritePlaced    atomic.Uint64 // RDMA Write segments placed
+
 	TxDatagrams atomic.Uint64
 	TxDirect    atomic.Uint64 // sent in the poster's goroutine
 	TxGSO       atomic.Uint64 // sendmsg calls that carried several datagrams (UDP GSO)

@@ -96,6 +96,9 @@ type QPAttr struct {
 	// (no receive posted, receive too small) with an error message naming
 	// the message's MSN (seed 003).
 	ReportErrors bool
+	// RD tunes an RD QP's reliability: window, timeouts, retry limits,
+	// peer cap (package reliability; zero values are the defaults).
+	RD RDConfig
 }
 
 // ModifyAttr moves a QP between states (ibv_modify_qp).
@@ -136,6 +139,7 @@ type QP struct {
 	wrMSN        map[wrKey]uint32 // Write-Record MSNs, under sqMu
 	wrMu         sync.Mutex       // guards wr: the receive path and the device's timer
 	wr           *writerecord.Engine
+	rd           *rdQP        // RD QPs: peers, reliability, WRs until acknowledged
 	srqHeld      atomic.Int32 // SRQ receives held (seed 004 limit)
 	srqOverdrawn atomic.Bool
 }
@@ -162,8 +166,8 @@ func (pd *PD) CreateQP(attr QPAttr) (*QP, error) {
 		c.MaxInline = 256
 	}
 	switch {
-	case attr.Type != UD:
-		return nil, fmt.Errorf("%w: QP type %v is not available yet (UD is)", ErrInvalidAttr, attr.Type)
+	case attr.Type != UD && attr.Type != RD:
+		return nil, fmt.Errorf("%w: QP type %v is not available yet (UD and RD are)", ErrInvalidAttr, attr.Type)
 	case attr.SendCQ == nil || attr.RecvCQ == nil:
 		return nil, fmt.Errorf("%w: a QP needs a send CQ and a receive CQ", ErrInvalidAttr)
 	case attr.SendCQ.dev != d || attr.RecvCQ.dev != d || (attr.SRQ != nil && attr.SRQ.pd.dev != d):
@@ -189,6 +193,9 @@ func (pd *PD) CreateQP(attr QPAttr) (*QP, error) {
 		q.rq = newRing[recvWQE](c.MaxRecvWR)
 	}
 	q.tx.init(q)
+	if attr.Type == RD {
+		q.rd = newRDQP(q, attr.RD)
+	}
 	if err := d.addQP(q); err != nil {
 		return nil, err
 	}
@@ -286,6 +293,9 @@ func (q *QP) flushLocked() {
 		w := q.sq.front()
 		q.complete(w, WRFlushError, 0)
 		q.popSQLocked()
+	}
+	if q.rd != nil {
+		q.rdFlush()
 	}
 	q.rqMu.Lock()
 	for q.rq.len() > 0 {

@@ -165,7 +165,8 @@ func (d *Device) deliver(s *Socket, b []byte, truncated bool, src netip.AddrPort
 		return
 	}
 	if len(b) >= udiwarp.MinDatagramSize && udiwarp.FrameType(b[0]&3) == udiwarp.FrameRD {
-		st.RxRDFrames.Add(1) // no RD layer on this socket yet
+		st.RxRDFrames.Add(1)
+		d.deliverRD(s, b, src)
 		return
 	}
 	parse := udiwarp.ParseUDFrame

@@ -19,6 +19,10 @@ const (
 	// places what arrives and records which bytes are valid, with no
 	// receive posted. On UD it completes once its last segment is sent.
 	OpWriteRecord
+	// OpWrite is an RDMA Write of the SGL (or Inline) into the peer's
+	// region named by RemoteSTag at RemoteTO (RD QPs). It completes when
+	// the peer acknowledged every segment.
+	OpWrite
 )
 
 // SendFlags modify a send work request (ibv_send_flags).
@@ -42,7 +46,7 @@ type SendWR struct {
 	SGL    []SGE
 	Inline []byte
 	AH     *AH // destination of a UD send
-	// RemoteSTag and RemoteTO name where an OpWriteRecord lands.
+	// RemoteSTag and RemoteTO name where an OpWriteRecord or OpWrite lands.
 	RemoteSTag uint32
 	RemoteTO   uint64
 }
@@ -248,10 +252,16 @@ func (q *QP) PostSend(wr *SendWR) error {
 		return fmt.Errorf("%w: inline data and an SGL in one WR", ErrInvalidWR)
 	case len(wr.Inline) > q.inlineSz:
 		return fmt.Errorf("%w: %d bytes of inline data, the QP takes %d", ErrInvalidWR, len(wr.Inline), q.inlineSz)
-	case wr.Opcode != OpSend && wr.Opcode != OpWriteRecord:
+	case wr.Opcode != OpSend && wr.Opcode != OpWriteRecord && wr.Opcode != OpWrite:
 		return fmt.Errorf("%w: opcode %d", ErrInvalidWR, wr.Opcode)
 	}
 	s := q.sock.Load()
+	if q.typ == RD {
+		return q.postRD(wr, s)
+	}
+	if wr.Opcode == OpWrite {
+		return fmt.Errorf("%w: RDMA Write needs a reliable QP (RD or RC), not %v", ErrInvalidWR, q.typ)
+	}
 	q.sqMu.Lock()
 	if st := q.State(); st != StateRTS { // Modify ran since the check above
 		q.sqMu.Unlock()
@@ -390,6 +400,9 @@ func (s *Socket) writable(fd uintptr) bool {
 // drain sends up to max queued WRs. more says WRs remain; full says the
 // socket filled up.
 func (q *QP) drain(s *Socket, max int) (more, full bool) {
+	if q.typ == RD {
+		return q.rdDrain(s)
+	}
 	q.sqMu.Lock()
 	defer q.sqMu.Unlock()
 	return q.drainLocked(s, max)

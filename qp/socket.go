@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/udiwarp/udiwarp/reliability"
 	"github.com/udiwarp/udiwarp/udiwarp"
 	"golang.org/x/sys/unix"
 )
@@ -69,6 +70,7 @@ type Socket struct {
 	// wrg is the Write-Record message whose next segments batch receives
 	// land at their predicted place (see wrlanding.go); under rxMu.
 	wrg    wrGuess
+	rdh    reliability.Header // the RD header being handled; under rxMu
 	closed bool
 	// cur is the batch slot being delivered (for its control message).
 	cur int

@@ -30,12 +30,23 @@ const (
 	RetryExceededError
 	// GeneralError: anything else; the device's counters say more.
 	GeneralError
+	// RemoteInvalidRequestError: the target found the request invalid
+	// (a Send longer than the posted receive, an operation it does not take).
+	RemoteInvalidRequestError
+	// RNRRetryExceededError: the target had no receive posted through
+	// every receiver-not-ready retry.
+	RNRRetryExceededError
+	// RemoteAbortedError: the peer restarted (a new epoch) while the WR
+	// was in flight; it may or may not have been carried out.
+	RemoteAbortedError
 )
 
 var statusNames = [...]string{
 	Success: "success", LocalLengthError: "local length error", LocalQPOperationError: "local QP operation error",
 	LocalProtectionError: "local protection error", WRFlushError: "WR flushed", RemoteAccessError: "remote access error",
 	RemoteOperationError: "remote operation error", RetryExceededError: "retry exceeded", GeneralError: "general error",
+	RemoteInvalidRequestError: "remote invalid request", RNRRetryExceededError: "receiver-not-ready retry exceeded",
+	RemoteAbortedError: "remote aborted (peer restarted)",
 }
 
 func (s Status) String() string {

@@ -216,7 +216,7 @@ func (q *QP) receiveWriteRecord(s *Socket, seg udiwarp.Segment, src netip.AddrPo
 			vm.Invalidate(mto-m.base, ml) // its old contents are being overwritten
 		}
 		if ws.N != ws.Length {
-			d.armWriteRecordTimer(q.wr.Deadline(&ws, now))
+			d.armTimer(q.wr.Deadline(&ws, now))
 		}
 	}
 	m.pins.Add(1)
@@ -265,9 +265,10 @@ func (q *QP) recordWriteRecord(m *MR, rec *writerecord.Record) {
 	}
 }
 
-// armWriteRecordTimer makes the device's Write-Record timer fire no later
-// than at.
-func (d *Device) armWriteRecordTimer(at time.Time) {
+// armTimer makes the device's timer fire no later than at. One timer
+// serves every QP of the device: Write-Record deadlines and RD
+// retransmission, ack and contact timers.
+func (d *Device) armTimer(at time.Time) {
 	d.wrTimerMu.Lock()
 	defer d.wrTimerMu.Unlock()
 	if d.closed.Load() || (!d.wrNext.IsZero() && !at.Before(d.wrNext)) {
@@ -276,15 +277,16 @@ func (d *Device) armWriteRecordTimer(at time.Time) {
 	d.wrNext = at
 	delay := max(time.Until(at), 0)
 	if d.wrTimer == nil {
-		d.wrTimer = time.AfterFunc(delay, d.expireWriteRecords)
+		d.wrTimer = time.AfterFunc(delay, d.onTimer)
 	} else {
 		d.wrTimer.Reset(delay)
 	}
 }
 
-// expireWriteRecords applies the deadline of every QP's messages in
-// progress, then re-arms for the earliest one left.
-func (d *Device) expireWriteRecords() {
+// onTimer applies the deadline of every QP's Write-Record messages in
+// progress and runs the RD QPs' timers, then re-arms for the earliest
+// deadline left.
+func (d *Device) onTimer() {
 	d.wrTimerMu.Lock()
 	if d.closed.Load() {
 		d.wrTimerMu.Unlock()
@@ -296,26 +298,31 @@ func (d *Device) expireWriteRecords() {
 	defer d.wg.Done()
 	now := time.Now()
 	var next time.Time
+	early := func(t time.Time) {
+		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+	}
 	for i := range d.qps {
 		q := d.qps[i].Load()
 		if q == nil {
 			continue
 		}
+		if q.rd != nil {
+			early(q.rdTimer(now))
+		}
 		q.wrMu.Lock()
 		if q.wr != nil && q.wr.InProgress() > 0 {
-			n := q.wr.Expire(now, func(rec writerecord.Record) {
+			early(q.wr.Expire(now, func(rec writerecord.Record) {
 				if m := d.mrs.lookup(rec.STag); m != nil {
 					q.recordWriteRecord(m, &rec)
 				} // else the region was deregistered: nothing of it is valid
-			})
-			if !n.IsZero() && (next.IsZero() || n.Before(next)) {
-				next = n
-			}
+			}))
 		}
 		q.wrMu.Unlock()
 	}
 	if !next.IsZero() {
-		d.armWriteRecordTimer(next)
+		d.armTimer(next)
 	}
 }
 

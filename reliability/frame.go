@@ -22,8 +22,10 @@ import (
 //	                                    Data/Ack until the peer has state)
 //	[       ack block]                  flag ACK: cumulative (4), ack
 //	                                    delay in µs (2), range count (1),
-//	                                    reserved (1), ranges × (start, length)
-//	                                    as 16-bit offsets from cumulative
+//	                                    error count (1), ranges × (start,
+//	                                    length) as 16-bit offsets from
+//	                                    cumulative, errors × (seq 4, code
+//	                                    1, reserved 3)
 //	then, in Data frames, the DDP segment.
 
 // Type is an RD frame's type.
@@ -78,10 +80,36 @@ const (
 	// MaxAckRanges bounds the selective ranges of one ack block; a
 	// receiver reports the lowest ones.
 	MaxAckRanges = 16
+	// MaxAckErrors bounds the error reports of one ack block.
+	MaxAckErrors = 8
+	// AckErrorSize is one error report: sequence number, code, reserved.
+	AckErrorSize = 8
 	// MaxHeaderSize is the largest RD header: Data with INIT and a full
 	// ack block.
-	MaxHeaderSize = HeaderSize + SeqSize + TokenSize + AckFixedSize + 4*MaxAckRanges
+	MaxHeaderSize = HeaderSize + SeqSize + TokenSize + AckFixedSize + 4*MaxAckRanges + AckErrorSize*MaxAckErrors
 )
+
+// Code says why a receiver consumed a packet without carrying it out; an
+// ack that covers the packet reports it, and the sender completes the
+// work request with the matching error.
+type Code uint8
+
+const (
+	// CodeRemoteAccess: the STag, its PD, its access rights or the bounds
+	// refused a tagged segment.
+	CodeRemoteAccess Code = 1
+	// CodeInvalidRequest: the message did not fit the posted receive, or
+	// the operation is not valid on the QP.
+	CodeInvalidRequest Code = 2
+	// CodeRemoteOperation: the receiver failed for another reason.
+	CodeRemoteOperation Code = 3
+)
+
+// AckError reports that packet Seq was consumed with an error.
+type AckError struct {
+	Seq  uint32
+	Code Code
+}
 
 // Errors a parse returns.
 var (
@@ -108,8 +136,23 @@ type AckBlock struct {
 	// Ranges received beyond Cumulative, ascending, disjoint, not
 	// touching it; at most MaxAckRanges.
 	Ranges []Range
-	// store backs Ranges, so that parsing allocates nothing.
-	store [MaxAckRanges]Range
+	// Errors reports packets before Cumulative that were consumed with an
+	// error; at most MaxAckErrors.
+	Errors []AckError
+	// store and estore back Ranges and Errors, so that parsing allocates
+	// nothing.
+	store  [MaxAckRanges]Range
+	estore [MaxAckErrors]AckError
+}
+
+// Error returns the error reported for seq, if any.
+func (a *AckBlock) Error(seq uint32) (Code, bool) {
+	for _, e := range a.Errors {
+		if e.Seq == seq {
+			return e.Code, true
+		}
+	}
+	return 0, false
 }
 
 // Header is a parsed RD header.
@@ -189,6 +232,7 @@ func (h *Header) Parse(frame []byte) error {
 		off += TokenSize
 	}
 	h.Ack.Ranges = h.Ack.store[:0]
+	h.Ack.Errors = h.Ack.estore[:0]
 	if h.HasAck {
 		if len(frame) < off+AckFixedSize {
 			return ErrShort
@@ -196,8 +240,8 @@ func (h *Header) Parse(frame []byte) error {
 		a := &h.Ack
 		a.Cumulative = binary.BigEndian.Uint32(frame[off:])
 		a.Delay = binary.BigEndian.Uint16(frame[off+4:])
-		n := int(frame[off+6])
-		if frame[off+7] != 0 || n > MaxAckRanges {
+		n, ne := int(frame[off+6]), int(frame[off+7])
+		if n > MaxAckRanges || ne > MaxAckErrors {
 			return ErrAckBlock
 		}
 		off += AckFixedSize
@@ -215,6 +259,17 @@ func (h *Header) Parse(frame []byte) error {
 			a.Ranges = append(a.Ranges, Range{Start: a.Cumulative + s, Len: l})
 			end = s + l
 			_ = i
+		}
+		if len(frame) < off+AckErrorSize*ne {
+			return ErrShort
+		}
+		for range ne {
+			e := AckError{Seq: binary.BigEndian.Uint32(frame[off:]), Code: Code(frame[off+4])}
+			if frame[off+5] != 0 || frame[off+6] != 0 || frame[off+7] != 0 || e.Code == 0 || !Before(e.Seq, a.Cumulative) {
+				return ErrAckBlock
+			}
+			a.Errors = append(a.Errors, e)
+			off += AckErrorSize
 		}
 	}
 	if h.Type != Data && off != len(frame) {
@@ -270,13 +325,17 @@ func Append(b []byte, f *Fields) []byte {
 		b = binary.BigEndian.AppendUint64(b, f.Issued)
 	}
 	if a := f.Ack; a != nil {
-		n := min(len(a.Ranges), MaxAckRanges)
+		n, ne := min(len(a.Ranges), MaxAckRanges), min(len(a.Errors), MaxAckErrors)
 		b = binary.BigEndian.AppendUint32(b, a.Cumulative)
 		b = binary.BigEndian.AppendUint16(b, a.Delay)
-		b = append(b, byte(n), 0)
+		b = append(b, byte(n), byte(ne))
 		for _, r := range a.Ranges[:n] {
 			b = binary.BigEndian.AppendUint16(b, uint16(r.Start-a.Cumulative))
 			b = binary.BigEndian.AppendUint16(b, uint16(r.Len))
+		}
+		for _, e := range a.Errors[:ne] {
+			b = binary.BigEndian.AppendUint32(b, e.Seq)
+			b = append(b, byte(e.Code), 0, 0, 0)
 		}
 	}
 	return b

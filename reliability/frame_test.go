@@ -6,7 +6,7 @@ import (
 )
 
 func TestFrameRoundTrip(t *testing.T) {
-	ack := &AckBlock{Cumulative: 1<<32 - 3, Delay: 250, Ranges: []Range{{1<<32 - 1, 2}, {5, 7}}}
+	ack := &AckBlock{Cumulative: 1<<32 - 3, Delay: 250, Ranges: []Range{{1<<32 - 1, 2}, {5, 7}}, Errors: []AckError{{1<<32 - 5, CodeRemoteAccess}}}
 	for _, f := range []Fields{
 		{Type: Data, Window: 256, DstQPN: 7, SrcQPN: 9, Epoch: 0xdeadbeef, Token: 0x0102030405060708, Seq: 42},
 		{Type: Data, Window: 256, DstQPN: 7, SrcQPN: 9, Epoch: 1, Token: 5, Seq: 43, Init: true, Issued: 77, AckNow: true, Ack: ack},
@@ -30,7 +30,8 @@ func TestFrameRoundTrip(t *testing.T) {
 			t.Fatalf("data: seq %d, rest %q", h.Seq, b[h.Size:])
 		}
 		if f.Ack != nil {
-			if h.Ack.Cumulative != ack.Cumulative || h.Ack.Delay != ack.Delay || len(h.Ack.Ranges) != 2 || h.Ack.Ranges[0] != ack.Ranges[0] || h.Ack.Ranges[1] != ack.Ranges[1] {
+			if h.Ack.Cumulative != ack.Cumulative || h.Ack.Delay != ack.Delay || len(h.Ack.Ranges) != 2 || h.Ack.Ranges[0] != ack.Ranges[0] || h.Ack.Ranges[1] != ack.Ranges[1] ||
+				len(h.Ack.Errors) != 1 || h.Ack.Errors[0] != ack.Errors[0] {
 				t.Fatalf("ack %+v", h.Ack)
 			}
 		}

@@ -211,6 +211,7 @@ func (r *Receiver[F]) AckDue(now time.Time) time.Time {
 func (r *Receiver[F]) Ack(a *AckBlock, now time.Time) (rnr bool) {
 	a.Cumulative = r.next
 	a.Ranges = a.store[:0]
+	a.Errors = a.estore[:0]
 	if r.unacked > 0 {
 		a.Delay = uint16(min(now.Sub(r.since)/time.Microsecond, 1<<16-1))
 	} else {

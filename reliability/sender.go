@@ -247,6 +247,9 @@ func (s *Sender[P]) OnAck(a *AckBlock, window uint16, rnr bool, now time.Time,
 		s.pto = 0
 	}
 	s.limit = cum + uint32(window)
+	if progressed {
+		s.rnrCount = 0 // the receiver took something: its wait starts over
+	}
 	if rnr && Before(cum, s.next) {
 		if s.cfg.RNRRetries >= 0 && s.rnrCount >= s.cfg.RNRRetries {
 			return ErrRNRRetryExceeded
@@ -255,8 +258,6 @@ func (s *Sender[P]) OnAck(a *AckBlock, window uint16, rnr bool, now time.Time,
 		s.rnrUntil = now.Add(min(s.cfg.RNRDelay<<min(s.rnrCount, 20), s.cfg.MaxRTO))
 		s.rnrWait = true
 		s.rnrCount++
-	} else if progressed {
-		s.rnrCount = 0
 	}
 	return s.detectLost(now, resend)
 }
@@ -367,4 +368,23 @@ func (s *Sender[P]) OnTimer(now time.Time, resend func(seq uint32, p *P)) error 
 	}
 	s.pto++
 	return s.retransmit(seq, now, resend)
+}
+
+// Unpush takes back the packet Push numbered seq, which must be the last
+// one, when it could not leave after all (the socket was full): it is
+// numbered again when it can.
+func (s *Sender[P]) Unpush(seq uint32) bool {
+	if seq+1 != s.next {
+		return false
+	}
+	s.next--
+	s.ring[seq&s.mask] = slot[P]{}
+	return true
+}
+
+// Reset forgets every packet in flight (the peer restarted or is gone);
+// the caller fails what they carried.
+func (s *Sender[P]) Reset() {
+	clear(s.ring)
+	s.una = s.next
 }

@@ -1,0 +1,929 @@
+package qp
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/udiwarp/udiwarp/reliability"
+	"github.com/udiwarp/udiwarp/udiwarp"
+)
+
+// RD: reliable datagram queue pairs. One RD QP talks to any number of
+// peers over its (shared, unconnected) UDP socket; it holds state only for
+// the peers it is talking to: per peer a reliability.Sender and Receiver
+// (sequence numbers, SACK, retransmission, window), the tokens that
+// authenticate the peer's frames, and the WRs queued for it. A WR
+// completes only when the peer acknowledged every byte of it (seed 002):
+// until then the registered buffer is the retransmit source, so its MRs
+// cannot be deregistered. See docs/wire.md §11 and docs/verbs.md.
+//
+// Contact (docs/wire.md §11.3): the side that posts first sends Hello with
+// its epoch and a random token; the peer answers with a stateless
+// Challenge (echoing that token, issuing its own, computed from the
+// source address, QP and epoch) and keeps nothing; the first Data frame
+// carries the issued token back and creates the peer's state. So state
+// exists only for return-routable sources, a spoofed datagram cannot
+// create, reset or feed a peer, and nothing is sent to an unvalidated
+// address that is larger than what came from it.
+
+// RDConfig tunes a QP's reliable-datagram service.
+type RDConfig struct {
+	reliability.Config
+	// MaxPeers caps the peers with state (default 1024); a new peer over
+	// the cap replaces the longest-idle peer with nothing outstanding, or
+	// is refused (its sender retries).
+	MaxPeers int
+	// IdleTimeout reclaims a peer with nothing outstanding after this long
+	// without traffic (default 30 s).
+	IdleTimeout time.Duration
+	// Segment is the largest payload of one RDMA Write segment (default:
+	// what one datagram carries).
+	Segment int
+}
+
+const (
+	defaultMaxPeers    = 1024
+	defaultIdleTimeout = 30 * time.Second
+)
+
+type rdKey struct {
+	addr netip.AddrPort
+	qpn  uint32
+}
+
+// rdWR is a posted RD work request until it completes.
+type rdWR struct {
+	id     uint64
+	op     SendOpcode
+	flags  SendFlags
+	peer   *rdPeer
+	nsge   int
+	sge    [maxSGE]SGE
+	mrs    [maxSGE]*MR // each holds a reference (MR.rdRefs) until completion
+	nmr    int
+	inline []byte
+	length uint32
+	rstag  uint32
+	rto    uint64
+	msn    uint32
+	seg    uint32 // payload per segment
+	nseg   uint32
+	sent   uint32 // segments numbered
+	acked  uint32
+	status Status
+	done   bool
+}
+
+// rdPkt is what a peer's sender keeps per packet: enough to build it
+// again from registered memory.
+type rdPkt struct {
+	w      *rdWR
+	off, n uint32
+}
+
+type rdErr struct {
+	seq  uint32
+	code reliability.Code
+}
+
+type rdPeer struct {
+	key         rdKey
+	ah          AH // the peer's address, for sendmsg
+	established bool
+	myToken     uint64 // the peer's frames carry it
+	theirToken  uint64 // ours to it carry it
+	theirEpoch  uint32
+	sendInit    bool // the peer may not have state yet: carry our token
+	snd         *reliability.Sender[rdPkt]
+	rcv         *reliability.Receiver[[]byte]
+	queue       []*rdWR // WRs with segments not yet numbered, in post order
+	msn         uint32  // Send MSNs to this peer
+	helloAt     time.Time
+	helloTries  int
+	last        time.Time
+	errs        [reliability.MaxAckErrors]rdErr // recent errors, reported in acks
+	nerr        int
+	outstanding int // WRs posted to it and not completed
+}
+
+// rdQP is the RD state of a QP, under mu.
+type rdQP struct {
+	mu      sync.Mutex
+	cfg     RDConfig
+	epoch   uint32
+	tokens  *reliability.Tokens
+	peers   map[rdKey]*rdPeer
+	out     []*rdWR // every WR not completed, in post order
+	tx      txCtx
+	hb      [reliability.MaxHeaderSize + udiwarp.WriteRecordHeaderSize]byte
+	ack     reliability.AckBlock
+	tmp     AH // for Challenges to sources without state
+	next    time.Time
+	inMover bool
+}
+
+func newRDQP(q *QP, cfg RDConfig) *rdQP {
+	cfg.Config = cfg.Config.Fill()
+	if cfg.MaxPeers <= 0 {
+		cfg.MaxPeers = defaultMaxPeers
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = defaultIdleTimeout
+	}
+	r := &rdQP{cfg: cfg, epoch: reliability.NewEpoch(), tokens: reliability.NewTokens(), peers: map[rdKey]*rdPeer{}}
+	r.tx.init(q)
+	return r
+}
+
+func (q *QP) rdSegment(s *Socket) uint32 {
+	max := s.maxDatagram - reliability.HeaderSize - reliability.SeqSize - reliability.TokenSize - udiwarp.DDPTaggedHeaderSize - udiwarp.CRCSize
+	if n := q.rd.cfg.Segment; n > 0 && n < max {
+		return uint32(n)
+	}
+	return uint32(max)
+}
+
+// rdMaxSend is the largest RD Send: one datagram with the largest RD
+// header a Data frame can carry.
+func (s *Socket) rdMaxSend() int {
+	return s.maxDatagram - reliability.MaxHeaderSize - udiwarp.DDPUntaggedHeaderSize - udiwarp.CRCSize
+}
+
+// postRD queues wr for its peer and sends what the window allows now.
+func (q *QP) postRD(wr *SendWR, s *Socket) error {
+	var length uint64
+	for _, g := range wr.SGL {
+		length += uint64(g.Length)
+	}
+	length += uint64(len(wr.Inline))
+	switch wr.Opcode {
+	case OpSend:
+		if length > uint64(s.rdMaxSend()) {
+			return fmt.Errorf("%w: an RD Send of %d bytes, at most %d (one datagram)", ErrInvalidWR, length, s.rdMaxSend())
+		}
+	case OpWrite:
+		if length > 1<<32-1 {
+			return fmt.Errorf("%w: an RDMA Write of %d bytes (at most 4 GiB - 1)", ErrInvalidWR, length)
+		}
+	default:
+		return fmt.Errorf("%w: opcode %v is not available on RD QPs", ErrInvalidWR, wr.Opcode)
+	}
+	r := q.rd
+	w := &rdWR{id: wr.ID, op: wr.Opcode, flags: wr.Flags, length: uint32(length), rstag: wr.RemoteSTag, rto: wr.RemoteTO}
+	if wr.Inline != nil {
+		w.inline = append([]byte(nil), wr.Inline...)
+	}
+	// Take a reference on every MR now: the buffer is the retransmit
+	// source until the peer acknowledged it.
+	w.nsge = copy(w.sge[:], wr.SGL)
+	for i := range w.nsge {
+		m, _, st := q.dev.resolve(q.pd, &w.sge[i], 0)
+		if st != Success {
+			w.releaseMRs()
+			q.completeSend(wr.ID, st, 0)
+			return nil
+		}
+		m.rdRefs.Add(1)
+		m.unpin()
+		w.mrs[w.nmr] = m
+		w.nmr++
+	}
+	w.seg = uint32(s.rdMaxSend())
+	if w.op == OpWrite {
+		w.seg = q.rdSegment(s)
+	}
+	w.nseg = max(1, (w.length+w.seg-1)/w.seg)
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if st := q.State(); st != StateRTS {
+		w.releaseMRs()
+		return fmt.Errorf("%w: PostSend on a QP in %v", ErrQPState, st)
+	}
+	if len(r.out) >= q.caps.MaxSendWR {
+		w.releaseMRs()
+		return fmt.Errorf("%w: %d send WRs outstanding", ErrQueueFull, len(r.out))
+	}
+	p, err := q.rdPeerFor(wr.AH, now)
+	if err != nil {
+		w.releaseMRs()
+		return err
+	}
+	w.peer = p
+	if w.op == OpSend {
+		p.msn++
+		w.msn = p.msn
+	}
+	p.queue = append(p.queue, w)
+	p.outstanding++
+	r.out = append(r.out, w)
+	if !p.established {
+		if p.helloAt.IsZero() {
+			q.rdHello(s, p, now)
+		}
+	} else if q.rdPump(s, p, now) {
+		q.rdToMover(s)
+	}
+	q.rdArm(now)
+	return nil
+}
+
+func (w *rdWR) releaseMRs() {
+	for i := 0; i < w.nmr; i++ {
+		w.mrs[i].rdRefs.Add(-1)
+		w.mrs[i] = nil
+	}
+	w.nmr = 0
+}
+
+// rdPeerFor returns the peer state for ah, making it (and starting
+// contact) if there is none. Caller holds r.mu.
+func (q *QP) rdPeerFor(ah *AH, now time.Time) (*rdPeer, error) {
+	r := q.rd
+	k := rdKey{ah.addr, ah.qpn}
+	if p := r.peers[k]; p != nil {
+		return p, nil
+	}
+	if !q.rdRoom() {
+		return nil, fmt.Errorf("%w: %d RD peers with work outstanding", ErrTooMany, len(r.peers))
+	}
+	p := q.rdNewPeer(k, now)
+	var tok [8]byte
+	for p.myToken == 0 {
+		rand.Read(tok[:])
+		p.myToken = binary.BigEndian.Uint64(tok[:])
+	}
+	return p, nil
+}
+
+// rdRoom makes room for one more peer under the cap, reclaiming the
+// longest-idle peer with nothing outstanding; false if none can go.
+func (q *QP) rdRoom() bool {
+	r := q.rd
+	if len(r.peers) < r.cfg.MaxPeers {
+		return true
+	}
+	var idle *rdPeer
+	for _, p := range r.peers {
+		if p.idle() && (idle == nil || p.last.Before(idle.last)) {
+			idle = p
+		}
+	}
+	if idle == nil {
+		return false
+	}
+	delete(r.peers, idle.key)
+	q.dev.stats.RDPeersReclaimed.Add(1)
+	return true
+}
+
+func (p *rdPeer) idle() bool {
+	return p.outstanding == 0 && len(p.queue) == 0 && p.snd.InFlight() == 0 && p.rcv.Held() == 0
+}
+
+func (q *QP) rdNewPeer(k rdKey, now time.Time) *rdPeer {
+	r := q.rd
+	p := &rdPeer{key: k, last: now}
+	p.ah.setAddr(k.addr, k.qpn)
+	p.snd = reliability.NewSender[rdPkt](r.cfg.Config)
+	p.rcv = reliability.NewReceiver[[]byte](r.cfg.Config, nil)
+	r.peers[k] = p
+	q.dev.stats.RDPeers.Add(1)
+	return p
+}
+
+// rdHello (re)sends Hello to a peer we have no tokens from yet.
+func (q *QP) rdHello(s *Socket, p *rdPeer, now time.Time) {
+	r := q.rd
+	p.helloAt = now
+	b := reliability.Append(r.hb[:0], &reliability.Fields{Type: reliability.Hello, Window: p.rcv.Window(),
+		DstQPN: p.key.qpn, SrcQPN: q.num, Epoch: r.epoch, Init: true, Issued: p.myToken})
+	q.rdControl(s, &p.ah, b)
+}
+
+// rdControl sends a frame with no payload.
+func (q *QP) rdControl(s *Socket, ah *AH, hdr []byte) {
+	t := &q.rd.tx
+	t.begin(hdr)
+	t.finish(s, ah, 0)
+	if t.transmit(s) == nil {
+		q.dev.stats.RDControlSent.Add(1)
+	}
+}
+
+// rdPump numbers and sends queued segments to p while its window and the
+// socket allow. It reports whether the socket filled up with work left.
+func (q *QP) rdPump(s *Socket, p *rdPeer, now time.Time) (full bool) {
+	for len(p.queue) > 0 && p.snd.CanSend(now) {
+		w := p.queue[0]
+		if w.done { // failed meanwhile
+			p.queue = p.queue[1:]
+			continue
+		}
+		off := w.sent * w.seg
+		pk := rdPkt{w: w, off: off, n: min(w.seg, w.length-off)}
+		seq := p.snd.Push(pk, now)
+		last := w.sent+1 == w.nseg && len(p.queue) == 1
+		if err := q.rdData(s, p, seq, &pk, now, last && w.flags&FlagSignaled != 0); err == errSocketFull {
+			p.snd.Unpush(seq)
+			return true
+		}
+		w.sent++
+		if w.sent == w.nseg {
+			p.queue[0] = nil
+			p.queue = p.queue[1:]
+		}
+	}
+	return false
+}
+
+// rdData builds and sends Data frame seq for pk, with an ack for p
+// piggybacked when one is waiting.
+func (q *QP) rdData(s *Socket, p *rdPeer, seq uint32, pk *rdPkt, now time.Time, ackNow bool) error {
+	r := q.rd
+	w := pk.w
+	f := reliability.Fields{Type: reliability.Data, Window: p.rcv.Window(), DstQPN: p.key.qpn, SrcQPN: q.num,
+		Epoch: r.epoch, Token: p.theirToken, Seq: seq, Init: p.sendInit, Issued: p.myToken, AckNow: ackNow}
+	if !p.rcv.AckDue(now).IsZero() {
+		f.Ack = q.rdAckBlock(p, now, &f.RNR)
+	}
+	b := reliability.Append(r.hb[:0], &f)
+	last := pk.off+pk.n == w.length
+	switch w.op {
+	case OpSend:
+		opc := udiwarp.OpSend
+		if w.flags&FlagSolicited != 0 {
+			opc = udiwarp.OpSendSE
+		}
+		b = udiwarp.AppendUntagged(b, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
+			RDMAP: udiwarp.NewRDMAPControl(opc), ULP: q.num, QN: udiwarp.DatagramQN(p.key.qpn, udiwarp.QueueSend), MSN: w.msn})
+	case OpWrite:
+		b = udiwarp.AppendTagged(b, &udiwarp.TaggedFields{Last: last, DV: udiwarp.DatagramDDPVersion,
+			RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpWrite), STag: w.rstag, TO: w.rto + uint64(pk.off)})
+	}
+	t := &r.tx
+	t.begin(b)
+	if st := q.rdGather(t, w, pk.off, pk.n); st != Success {
+		return nil // cannot happen: the MRs are referenced; the peer's ack completes it
+	}
+	t.finish(s, &p.ah, int(pk.n))
+	err := t.transmit(s)
+	t.release()
+	if err == nil {
+		p.last = now
+		q.dev.stats.RDDataSent.Add(1)
+	}
+	return err
+}
+
+// rdGather adds bytes [off, off+n) of w's message to the frame.
+func (q *QP) rdGather(t *txCtx, w *rdWR, off, n uint32) Status {
+	if w.inline != nil {
+		t.add(w.inline[off : off+n])
+		return Success
+	}
+	for i := 0; i < w.nsge && n > 0; i++ {
+		g := w.sge[i]
+		if off >= g.Length {
+			off -= g.Length
+			continue
+		}
+		k := min(g.Length-off, n)
+		part := SGE{LKey: g.LKey, Addr: g.Addr + uint64(off), Length: k}
+		b, st := t.pin(&part)
+		if st != Success {
+			return st
+		}
+		t.add(b)
+		off, n = 0, n-k
+	}
+	return Success
+}
+
+// rdAckBlock fills the QP's ack block for p, with p's recent errors.
+func (q *QP) rdAckBlock(p *rdPeer, now time.Time, rnr *bool) *reliability.AckBlock {
+	a := &q.rd.ack
+	*rnr = p.rcv.Ack(a, now)
+	for i := 0; i < p.nerr; i++ {
+		e := p.errs[i]
+		if reliability.Before(e.seq, a.Cumulative) && a.Cumulative-e.seq < uint32(q.rd.cfg.Window)*4 {
+			a.Errors = append(a.Errors, reliability.AckError{Seq: e.seq, Code: e.code})
+		}
+	}
+	return a
+}
+
+// rdSendAck sends a standalone ack to p.
+func (q *QP) rdSendAck(s *Socket, p *rdPeer, now time.Time) {
+	r := q.rd
+	f := reliability.Fields{Type: reliability.Ack, Window: p.rcv.Window(), DstQPN: p.key.qpn, SrcQPN: q.num,
+		Epoch: r.epoch, Token: p.theirToken, Init: p.sendInit, Issued: p.myToken}
+	f.Ack = q.rdAckBlock(p, now, &f.RNR)
+	q.rdControl(s, &p.ah, reliability.Append(r.hb[:0], &f))
+	q.dev.stats.RDAcksSent.Add(1)
+}
+
+// rdToMover hands the QP to the socket's datamover: the socket is full.
+func (q *QP) rdToMover(s *Socket) {
+	if !q.rd.inMover {
+		q.rd.inMover = true
+		s.activate(q)
+	}
+}
+
+// rdDrain is the datamover's turn for an RD QP: pump every peer with
+// queued segments.
+func (q *QP) rdDrain(s *Socket) (more, full bool) {
+	r := q.rd
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	for _, p := range r.peers {
+		if p.established && len(p.queue) > 0 && q.rdPump(s, p, now) {
+			return true, true
+		}
+	}
+	r.inMover = false
+	q.rdArm(now)
+	return false, false
+}
+
+// deliverRD handles an RD frame received on s.
+func (d *Device) deliverRD(s *Socket, b []byte, src netip.AddrPort) {
+	st := &d.stats
+	frame := b[:len(b)-udiwarp.CRCSize]
+	if !d.cfg.NoCRC {
+		var err error
+		if frame, err = udiwarp.OpenDatagram(b); err != nil {
+			st.countRx(err)
+			return
+		}
+	}
+	h := &s.rdh
+	if err := h.Parse(frame); err != nil {
+		st.RxBadHeader.Add(1)
+		return
+	}
+	q := d.lookupQP(h.DstQPN)
+	if q == nil || q.typ != RD || q.sock.Load() != s {
+		st.RxUnknownQP.Add(1)
+		return
+	}
+	if qs := q.State(); qs != StateRTR && qs != StateRTS {
+		st.RxQPState.Add(1)
+		return
+	}
+	q.rdReceive(s, h, frame, src)
+}
+
+// rdReceive runs one RD frame through the QP.
+func (q *QP) rdReceive(s *Socket, h *reliability.Header, frame []byte, src netip.AddrPort) {
+	d := q.dev
+	st := &d.stats
+	r := q.rd
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := rdKey{src, h.SrcQPN}
+	p := r.peers[k]
+	switch h.Type {
+	case reliability.Hello:
+		q.rdChallenge(s, h, src, h.Issued)
+		return
+	case reliability.Challenge:
+		switch {
+		case p != nil && !p.established && h.Token == p.myToken:
+			p.theirEpoch, p.theirToken, p.established, p.sendInit = h.Epoch, h.Issued, true, true
+		case p != nil && p.established && h.Token == p.theirToken && h.Epoch != p.theirEpoch:
+			// The peer lost our state (it restarted) and proved it is
+			// where our frames go: what was in flight is lost with its
+			// old incarnation; queued work starts a new session.
+			st.RDPeerRestarts.Add(1)
+			q.rdRestart(p, now)
+			p.theirEpoch, p.theirToken, p.established, p.sendInit = h.Epoch, h.Issued, true, true
+		default:
+			st.RDRejected.Add(1)
+			return
+		}
+		p.last = now
+	case reliability.Data, reliability.Ack:
+		// A peer's frames carry the token it got from us: the random one
+		// of our Hello, or the keyed one of our Challenge (both sides may
+		// have opened contact at once).
+		known := p != nil && p.established && h.Epoch == p.theirEpoch
+		switch {
+		case known && (h.Token == p.myToken || r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.num)):
+		case h.Type == reliability.Data && h.HasInit && r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.num):
+			// First contact, validated: the source received our Challenge.
+			switch {
+			case p == nil:
+				if !q.rdRoom() {
+					st.RDRefused.Add(1)
+					return
+				}
+				p = q.rdNewPeer(k, now)
+			case p.established:
+				// A new epoch from a return-routable source: the peer
+				// restarted.
+				st.RDPeerRestarts.Add(1)
+				q.rdRestart(p, now)
+			}
+			p.myToken, p.theirToken, p.theirEpoch, p.established, p.sendInit = h.Token, h.Issued, h.Epoch, true, false
+		case h.Type == reliability.Data:
+			// No state, a stale epoch or a wrong token: answer with a
+			// Challenge no larger than the frame; change nothing.
+			st.RDRejected.Add(1)
+			q.rdChallenge(s, h, src, h.Token)
+			return
+		default:
+			st.RDRejected.Add(1)
+			return
+		}
+		p.last = now
+		if h.HasAck {
+			p.sendInit = false // the peer has our state
+			if err := q.rdOnAck(s, p, h, now); err != nil {
+				q.rdFailPeer(p, err, now)
+				q.rdComplete()
+				q.rdArm(now)
+				return
+			}
+		}
+		if h.Type == reliability.Data {
+			q.rdOnData(p, h, frame[h.Size:], src, now)
+		}
+	}
+	if p.established && len(p.queue) > 0 && q.rdPump(s, p, now) {
+		q.rdToMover(s)
+	}
+	if due := p.rcv.AckDue(now); !due.IsZero() && !due.After(now) {
+		q.rdSendAck(s, p, now)
+	}
+	q.rdComplete()
+	q.rdArm(now)
+}
+
+// rdChallenge answers a source without valid state, echoing echo.
+func (q *QP) rdChallenge(s *Socket, h *reliability.Header, src netip.AddrPort, echo uint64) {
+	r := q.rd
+	if h.SrcQPN == 0 || h.SrcQPN > udiwarp.MaxQPN || src.Addr().IsMulticast() {
+		return
+	}
+	b := reliability.Append(r.hb[:0], &reliability.Fields{Type: reliability.Challenge, DstQPN: h.SrcQPN, SrcQPN: q.num,
+		Epoch: r.epoch, Token: echo, Init: true, Issued: r.tokens.Issue(src, h.SrcQPN, h.Epoch, q.num)})
+	r.tmp.setAddr(src, h.SrcQPN)
+	q.rdControl(s, &r.tmp, b)
+	q.dev.stats.RDChallenges.Add(1)
+}
+
+// rdOnAck applies an ack to p's sender.
+func (q *QP) rdOnAck(s *Socket, p *rdPeer, h *reliability.Header, now time.Time) error {
+	a := &h.Ack
+	err := p.snd.OnAck(a, h.Window, h.HasRNR, now,
+		func(seq uint32, pk *rdPkt) {
+			w := pk.w
+			if code, bad := a.Error(seq); bad && w.status == Success {
+				w.status = rdStatus(code)
+			}
+			w.acked++
+			if w.acked == w.nseg {
+				w.done = true
+			}
+		},
+		func(seq uint32, pk *rdPkt) {
+			q.dev.stats.RDRetransmits.Add(1)
+			q.rdData(s, p, seq, pk, now, false)
+		})
+	if errors.Is(err, reliability.ErrAckUnsent) {
+		q.dev.stats.RDBadAcks.Add(1)
+		return nil
+	}
+	return err
+}
+
+func rdStatus(c reliability.Code) Status {
+	switch c {
+	case reliability.CodeRemoteAccess:
+		return RemoteAccessError
+	case reliability.CodeInvalidRequest:
+		return RemoteInvalidRequestError
+	}
+	return RemoteOperationError
+}
+
+// rdOnData runs a Data frame's sequence number through p's receiver and
+// delivers what is in order.
+func (q *QP) rdOnData(p *rdPeer, h *reliability.Header, seg []byte, src netip.AddrPort, now time.Time) {
+	st := &q.dev.stats
+	if h.WantsAck {
+		p.rcv.Urge()
+	}
+	deliver := func(seq uint32, b []byte) bool { return q.rdDeliver(p, seq, b, src) }
+	switch v := p.rcv.Classify(h.Seq); v {
+	case reliability.Buffered:
+		p.rcv.Receive(h.Seq, append([]byte(nil), seg...), now, deliver)
+		st.RDBuffered.Add(1)
+	case reliability.Duplicate:
+		p.rcv.Receive(h.Seq, nil, now, deliver)
+		st.RDDuplicates.Add(1)
+	case reliability.Beyond:
+		p.rcv.Receive(h.Seq, nil, now, deliver)
+		st.RDBeyondWindow.Add(1)
+	default:
+		p.rcv.Receive(h.Seq, seg, now, deliver)
+	}
+}
+
+// rdDeliver carries out one in-order DDP segment from p. It returns false
+// when a Send finds no receive posted (receiver not ready: the peer sends
+// it again later); a segment that fails its checks is consumed and its
+// error reported in the acks.
+func (q *QP) rdDeliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool {
+	st := &q.dev.stats
+	seg, err := udiwarp.ParseSegment(b, udiwarp.ProfileDatagram)
+	if err != nil {
+		st.countRx(err)
+		p.noteErr(seq, reliability.CodeInvalidRequest)
+		return true
+	}
+	if seg.Control.Tagged() {
+		if seg.Control.WriteRecord() || seg.Opcode() != udiwarp.OpWrite {
+			st.RxBadOpcode.Add(1)
+			p.noteErr(seq, reliability.CodeInvalidRequest)
+			return true
+		}
+		if code, ok := q.rdPlace(seg); !ok {
+			p.noteErr(seq, code)
+		}
+		return true
+	}
+	h := seg.Untagged()
+	if (seg.Opcode() != udiwarp.OpSend && seg.Opcode() != udiwarp.OpSendSE) || h.DstQPN() != q.num ||
+		h.Queue() != uint32(udiwarp.QueueSend) || h.SrcQPN() != p.key.qpn {
+		st.RxBadOpcode.Add(1)
+		p.noteErr(seq, reliability.CodeInvalidRequest)
+		return true
+	}
+	var w recvWQE
+	if ok, _ := q.takeRecv(&w); !ok {
+		st.RDNotReady.Add(1)
+		return false
+	}
+	wc := WorkCompletion{ID: w.id, Opcode: WCRecv, QPN: q.num, Solicited: seg.Opcode() == udiwarp.OpSendSE,
+		Source: src, SourceQPN: h.SrcQPN(), MSN: h.MSN(), Len: uint32(len(seg.Payload))}
+	wc.Status = q.scatter(&w, seg.Payload)
+	switch wc.Status {
+	case Success:
+		st.RxDelivered.Add(1)
+	case LocalLengthError:
+		st.RxRecvTooSmall.Add(1)
+		p.noteErr(seq, reliability.CodeInvalidRequest)
+	default:
+		st.RxRecvProt.Add(1)
+		p.noteErr(seq, reliability.CodeRemoteOperation)
+	}
+	if q.srq != nil {
+		wc.srqQP = q
+	}
+	q.recvCQ.push(&wc)
+	return true
+}
+
+// rdPlace places an RDMA Write segment after the checks of RFC 5040
+// §7.2: STag and key, PD, remote-write access, bounds without wrap.
+func (q *QP) rdPlace(seg udiwarp.Segment) (reliability.Code, bool) {
+	st := &q.dev.stats
+	t := seg.Tagged()
+	m := q.dev.mrs.lookup(t.STag())
+	if len(seg.Payload) == 0 {
+		return 0, true // a zero-length Write needs no valid STag (RFC 5042 §6.3.5)
+	}
+	if m == nil || m.pd != q.pd {
+		st.RxBadSTag.Add(1)
+		return reliability.CodeRemoteAccess, false
+	}
+	if m.access&AccessRemoteWrite == 0 {
+		st.RxAccess.Add(1)
+		return reliability.CodeRemoteAccess, false
+	}
+	to, n := t.TO(), uint64(len(seg.Payload))
+	if to < m.base || to-m.base > uint64(len(m.buf)) || n > uint64(len(m.buf))-(to-m.base) {
+		st.RxBounds.Add(1)
+		return reliability.CodeRemoteAccess, false
+	}
+	m.pins.Add(1)
+	if !m.valid.Load() {
+		m.unpin()
+		st.RxBadSTag.Add(1)
+		return reliability.CodeRemoteAccess, false
+	}
+	copy(m.buf[to-m.base:], seg.Payload)
+	m.unpin()
+	st.RDWritePlaced.Add(1)
+	return 0, true
+}
+
+func (p *rdPeer) noteErr(seq uint32, code reliability.Code) {
+	if p.nerr < len(p.errs) {
+		p.nerr++
+	} else {
+		copy(p.errs[:], p.errs[1:])
+	}
+	p.errs[p.nerr-1] = rdErr{seq, code}
+}
+
+// rdComplete completes finished WRs in post order (a WR waits for the
+// ones posted before it, as verbs completion order requires).
+func (q *QP) rdComplete() {
+	r := q.rd
+	k := 0
+	for ; k < len(r.out) && r.out[k].done; k++ {
+		w := r.out[k]
+		w.releaseMRs()
+		w.peer.outstanding--
+		if w.status != Success || w.flags&FlagSignaled != 0 {
+			op := WCSend
+			if w.op == OpWrite {
+				op = WCRDMAWrite
+			}
+			n := int(w.length)
+			if w.status != Success {
+				n = 0
+			}
+			q.pushSend(w.id, w.status, op, n)
+		}
+		r.out[k] = nil
+	}
+	if k > 0 {
+		r.out = r.out[k:]
+	}
+}
+
+// rdFailPeer fails every WR to p with the status err maps to and drops
+// its state; the QP goes on serving its other peers.
+func (q *QP) rdFailPeer(p *rdPeer, err error, now time.Time) {
+	st := RetryExceededError
+	if errors.Is(err, reliability.ErrRNRRetryExceeded) {
+		st = RNRRetryExceededError
+	}
+	q.dev.stats.RDPeerFailures.Add(1)
+	q.rdAbort(p, st, true)
+	delete(q.rd.peers, p.key)
+}
+
+// rdAbort completes every WR to p with st: those in flight and, if all,
+// those still queued too.
+func (q *QP) rdAbort(p *rdPeer, st Status, all bool) {
+	p.snd.Each(func(_ uint32, pk *rdPkt) {
+		if !pk.w.done {
+			pk.w.status, pk.w.done = st, true
+		}
+	})
+	p.snd.Reset()
+	p.rcv.Reset()
+	keep := p.queue[:0]
+	for _, w := range p.queue {
+		switch {
+		case w.done:
+		case all || w.sent > 0:
+			w.status, w.done = st, true
+		default:
+			keep = append(keep, w)
+		}
+	}
+	clear(p.queue[len(keep):])
+	p.queue = keep
+	// WRs fully sent but not yet acked are in the sender's ring (done
+	// above); anything else of this peer still open is in r.out.
+	for _, w := range q.rd.out {
+		if w.peer == p && !w.done && (all || w.sent > 0) {
+			w.status, w.done = st, true
+		}
+	}
+}
+
+// rdRestart handles a peer that came back with a new epoch: the WRs in
+// flight to its old incarnation fail with RemoteAbortedError, queued
+// ones start over in the new session.
+func (q *QP) rdRestart(p *rdPeer, now time.Time) {
+	q.rdAbort(p, RemoteAbortedError, false)
+	r := q.rd
+	p.snd = reliability.NewSender[rdPkt](r.cfg.Config)
+	p.rcv = reliability.NewReceiver[[]byte](r.cfg.Config, nil)
+	p.nerr = 0
+	p.established = false
+	p.last = now
+}
+
+// rdTimer runs the QP's RD timers at now and returns the next deadline.
+func (q *QP) rdTimer(now time.Time) time.Time {
+	r := q.rd
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := q.sock.Load()
+	if s == nil || q.State() == StateError || q.State() == StateReset {
+		return time.Time{}
+	}
+	for _, p := range r.peers {
+		if !p.established {
+			if !p.helloAt.IsZero() && !now.Before(p.helloAt.Add(q.rdHelloWait(p))) {
+				if p.helloTries >= r.cfg.MaxRetries {
+					q.rdFailPeer(p, reliability.ErrRetryExceeded, now)
+					continue
+				}
+				p.helloTries++
+				q.rdHello(s, p, now)
+			}
+			continue
+		}
+		if d := p.snd.Deadline(); !d.IsZero() && !now.Before(d) {
+			err := p.snd.OnTimer(now, func(seq uint32, pk *rdPkt) {
+				q.dev.stats.RDRetransmits.Add(1)
+				q.rdData(s, p, seq, pk, now, true)
+			})
+			if err != nil {
+				q.rdFailPeer(p, err, now)
+				continue
+			}
+		}
+		if due := p.rcv.AckDue(now); !due.IsZero() && !now.Before(due) {
+			q.rdSendAck(s, p, now)
+		}
+		if len(p.queue) > 0 && q.rdPump(s, p, now) {
+			q.rdToMover(s)
+		}
+		if p.idle() && now.Sub(p.last) > r.cfg.IdleTimeout {
+			delete(r.peers, p.key)
+			q.dev.stats.RDPeersReclaimed.Add(1)
+		}
+	}
+	q.rdComplete()
+	r.next = time.Time{}
+	return q.rdDeadline(now)
+}
+
+func (q *QP) rdHelloWait(p *rdPeer) time.Duration {
+	c := q.rd.cfg
+	return min(c.InitialRTT<<min(p.helloTries, 20), c.MaxRTO)
+}
+
+// rdDeadline is the earliest time any peer needs the timer.
+func (q *QP) rdDeadline(now time.Time) time.Time {
+	r := q.rd
+	var next time.Time
+	early := func(t time.Time) {
+		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+	}
+	for _, p := range r.peers {
+		if !p.established {
+			if !p.helloAt.IsZero() {
+				early(p.helloAt.Add(q.rdHelloWait(p)))
+			}
+			continue
+		}
+		early(p.snd.Deadline())
+		early(p.rcv.AckDue(now))
+		if len(p.queue) > 0 && !p.snd.CanSend(now) && p.snd.InFlight() == 0 {
+			early(now.Add(r.cfg.RNRDelay)) // waiting out a receiver-not-ready
+		}
+		if p.idle() {
+			early(p.last.Add(r.cfg.IdleTimeout + time.Millisecond))
+		}
+	}
+	return next
+}
+
+// rdArm makes sure the device timer runs by the QP's next deadline.
+func (q *QP) rdArm(now time.Time) {
+	r := q.rd
+	next := q.rdDeadline(now)
+	if next.IsZero() || (!r.next.IsZero() && !next.Before(r.next)) {
+		return
+	}
+	r.next = next
+	q.dev.armTimer(next)
+}
+
+// rdFlush fails every WR of the QP with WRFlushError (ERROR, Destroy).
+func (q *QP) rdFlush() {
+	r := q.rd
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range r.peers {
+		q.rdAbort(p, WRFlushError, true)
+	}
+	for _, w := range r.out {
+		if !w.done {
+			w.status, w.done = WRFlushError, true
+		}
+	}
+	q.rdComplete()
+	clear(r.peers)
+}

@@ -1,0 +1,401 @@
+package qp
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/udiwarp/udiwarp/reliability"
+)
+
+// rdPair is two nodes, each with an RD QP on its own CQ.
+type rdPair struct {
+	a, b   *node
+	qa, qb *QP
+	cqa    *CQ
+	cqb    *CQ
+	ahAB   *AH // a's handle for b's QP
+	ahBA   *AH
+}
+
+func newRDPair(t *testing.T, cfgA, cfgB DeviceConfig, rd RDConfig) *rdPair {
+	t.Helper()
+	p := &rdPair{a: newNode(t, cfgA, "udp4", "127.0.0.1:0"), b: newNode(t, cfgB, "udp4", "127.0.0.1:0")}
+	p.qa, p.cqa = rdQPOn(t, p.a, rd)
+	p.qb, p.cqb = rdQPOn(t, p.b, rd)
+	p.ahAB, p.ahBA = p.a.ah(p.b, p.qb), p.b.ah(p.a, p.qa)
+	return p
+}
+
+func rdQPOn(t *testing.T, n *node, rd RDConfig) (*QP, *CQ) {
+	t.Helper()
+	cq, err := n.dev.CreateCQ(8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n.newQP(QPAttr{Type: RD, SendCQ: cq, RecvCQ: cq, RD: rd, Caps: QPCaps{MaxSendWR: 4096, MaxRecvWR: 4096}}), cq
+}
+
+// collect waits for k completions of the given opcode on cq (others are
+// kept apart), within limit.
+func collect(t *testing.T, cq *CQ, k int, limit time.Duration) []WorkCompletion {
+	t.Helper()
+	out := make([]WorkCompletion, 0, k)
+	wcs := make([]WorkCompletion, 64)
+	for end := time.Now().Add(limit); len(out) < k; {
+		n := cq.Poll(wcs[:min(len(wcs), k-len(out))])
+		out = append(out, wcs[:n]...)
+		if n == 0 {
+			if time.Now().After(end) {
+				t.Fatalf("%d of %d completions in %v", len(out), k, limit)
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+	return out
+}
+
+func TestRDSendRecv(t *testing.T) {
+	p := newRDPair(t, DeviceConfig{}, DeviceConfig{}, RDConfig{})
+	const n = 300
+	const slot = 3000
+	for i := range n {
+		p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*slot, slot)}})
+	}
+	for i := range n {
+		size := (i * 997) % slot
+		fill(p.a.buf[i*slot:i*slot+size], i)
+		if err := p.qa.PostSend(&SendWR{ID: uint64(i), Flags: FlagSignaled, SGL: []SGE{p.a.mr.SGE(i*slot, size)}, AH: p.ahAB}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sent := collect(t, p.cqa, n, 5*time.Second)
+	for i, wc := range sent {
+		if wc.ID != uint64(i) || wc.Status != Success || wc.Opcode != WCSend {
+			t.Fatalf("send completion %d: %+v (completions must come in post order)", i, wc)
+		}
+	}
+	got := collect(t, p.cqb, n, 5*time.Second)
+	for i, wc := range got {
+		size := (i * 997) % slot
+		if wc.ID != uint64(i) || wc.Status != Success || int(wc.Len) != size || wc.SourceQPN != p.qa.QPN() || wc.Source != p.a.sock.LocalAddr() {
+			t.Fatalf("receive %d: %+v", i, wc)
+		}
+		if !bytes.Equal(p.b.buf[i*slot:i*slot+size], p.a.buf[i*slot:i*slot+size]) {
+			t.Fatalf("message %d differs", i)
+		}
+	}
+	st := p.a.dev.Stats()
+	if st.RDRetransmits.Load() != 0 {
+		t.Errorf("%d retransmissions on a perfect link", st.RDRetransmits.Load())
+	}
+}
+
+func TestRDWrite(t *testing.T) {
+	p := newRDPair(t, DeviceConfig{}, DeviceConfig{}, RDConfig{})
+	region, err := p.b.pd.RegisterMemory(make([]byte, 1<<20), AccessLocalWrite|AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name      string
+		off, size int
+		sges      int
+	}{{"empty", 0, 0, 1}, {"small", 10, 100, 1}, {"one datagram", 1000, 60000, 2}, {"700 KiB, 3 SGEs", 200000, 700 << 10, 3}} {
+		t.Run(tc.name, func(t *testing.T) {
+			fill(p.a.buf[:tc.size], tc.size)
+			var sgl []SGE
+			per := tc.size / tc.sges
+			for i := range tc.sges {
+				k := per
+				if i == tc.sges-1 {
+					k = tc.size - per*(tc.sges-1)
+				}
+				sgl = append(sgl, p.a.mr.SGE(i*per, k))
+			}
+			if err := p.qa.PostSend(&SendWR{ID: 7, Opcode: OpWrite, Flags: FlagSignaled, SGL: sgl, AH: p.ahAB,
+				RemoteSTag: region.STag(), RemoteTO: region.Addr() + uint64(tc.off)}); err != nil {
+				t.Fatal(err)
+			}
+			wc := collect(t, p.cqa, 1, 5*time.Second)[0]
+			if wc.Status != Success || wc.Opcode != WCRDMAWrite || wc.Len != uint32(tc.size) {
+				t.Fatalf("%+v", wc)
+			}
+			// Completed means acknowledged means placed.
+			syncRD(p.qb)
+			if !bytes.Equal(region.Bytes()[tc.off:tc.off+tc.size], p.a.buf[:tc.size]) {
+				t.Fatal("the region differs from what was written")
+			}
+		})
+	}
+	quietPoll(t, p.cqb) // RDMA Write consumes no receive and completes nothing at the target
+}
+
+// quietPoll checks cq stays empty for a moment.
+func quietPoll(t *testing.T, cq *CQ) {
+	t.Helper()
+	var wc [1]WorkCompletion
+	for end := time.Now().Add(30 * time.Millisecond); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		if cq.Poll(wc[:]) > 0 {
+			t.Fatalf("unexpected completion %+v", wc[0])
+		}
+	}
+}
+
+func TestRDErrors(t *testing.T) {
+	p := newRDPair(t, DeviceConfig{}, DeviceConfig{}, RDConfig{})
+	readOnly, _ := p.b.pd.RegisterMemory(make([]byte, 4096), AccessLocalWrite)
+	writable, _ := p.b.pd.RegisterMemory(make([]byte, 4096), AccessLocalWrite|AccessRemoteWrite)
+	otherPD, _ := p.b.dev.AllocPD().RegisterMemory(make([]byte, 4096), AccessLocalWrite|AccessRemoteWrite)
+	p.qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{p.b.mr.SGE(0, 10)}})
+	for i, tc := range []struct {
+		wr   SendWR
+		want Status
+	}{
+		{SendWR{Opcode: OpWrite, Inline: []byte("x"), RemoteSTag: readOnly.STag(), RemoteTO: readOnly.Addr()}, RemoteAccessError},
+		{SendWR{Opcode: OpWrite, Inline: []byte("x"), RemoteSTag: writable.STag() ^ 0xff, RemoteTO: writable.Addr()}, RemoteAccessError},
+		{SendWR{Opcode: OpWrite, Inline: []byte("xy"), RemoteSTag: writable.STag(), RemoteTO: writable.Addr() + 4095}, RemoteAccessError},
+		{SendWR{Opcode: OpWrite, Inline: []byte("x"), RemoteSTag: otherPD.STag(), RemoteTO: otherPD.Addr()}, RemoteAccessError},
+		{SendWR{Inline: make([]byte, 11)}, RemoteInvalidRequestError}, // longer than the receive
+		{SendWR{Opcode: OpWrite, Inline: []byte("ok"), RemoteSTag: writable.STag(), RemoteTO: writable.Addr()}, Success},
+	} {
+		tc.wr.ID, tc.wr.Flags, tc.wr.AH = uint64(i), FlagSignaled, p.ahAB
+		if err := p.qa.PostSend(&tc.wr); err != nil {
+			t.Fatal(err)
+		}
+		if wc := collect(t, p.cqa, 1, 5*time.Second)[0]; wc.ID != uint64(i) || wc.Status != tc.want {
+			t.Fatalf("case %d: %+v, want %v", i, wc, tc.want)
+		}
+	}
+	if wc := collect(t, p.cqb, 1, time.Second)[0]; wc.Status != LocalLengthError {
+		t.Fatalf("receiver: %+v", wc)
+	}
+	syncRD(p.qb)
+	if string(writable.Bytes()[:2]) != "ok" || readOnly.Bytes()[0] != 0 || otherPD.Bytes()[0] != 0 {
+		t.Fatal("bytes placed where they must not be, or not where they must")
+	}
+	// Local faults: too long for one datagram; an opcode RD does not take.
+	if err := p.qa.PostSend(&SendWR{SGL: []SGE{p.a.mr.SGE(0, 70000)}, AH: p.ahAB}); !errors.Is(err, ErrInvalidWR) {
+		t.Fatalf("oversized Send: %v", err)
+	}
+	if err := p.qa.PostSend(&SendWR{Opcode: OpWriteRecord, Inline: []byte("x"), AH: p.ahAB}); !errors.Is(err, ErrInvalidWR) {
+		t.Fatalf("Write-Record on RD: %v", err)
+	}
+}
+
+// TestRDImpaired runs Sends and Writes through loss, duplication,
+// reordering, corruption and jitter, both ways: every message arrives
+// once, in order, byte-exact, and every WR completes successfully.
+func TestRDImpaired(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		imp  func(seed uint64) *Impairment
+	}{
+		{"loss 1%", func(s uint64) *Impairment { return &Impairment{Seed: s, Loss: 0.01} }},
+		{"loss 5%", func(s uint64) *Impairment { return &Impairment{Seed: s, Loss: 0.05} }},
+		{"loss 20%", func(s uint64) *Impairment { return &Impairment{Seed: s, Loss: 0.2} }},
+		{"duplicate, reorder, corrupt, jitter", func(s uint64) *Impairment {
+			return &Impairment{Seed: s, Loss: 0.02, Duplicate: 0.05, Reorder: 0.1, Corrupt: 0.02, Jitter: 300 * time.Microsecond}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ia, ib := tc.imp(1), tc.imp(2)
+			p := newRDPair(t, DeviceConfig{Impair: ia}, DeviceConfig{Impair: ib}, RDConfig{Config: reliability.Config{InitialRTT: time.Millisecond}})
+			region, err := p.b.pd.RegisterMemory(make([]byte, 1<<20), AccessLocalWrite|AccessRemoteWrite)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const n = 200
+			const slot = 2000
+			for i := range n {
+				p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*slot, slot)}})
+			}
+			for i := range n {
+				size := 1 + (i*331)%slot
+				fill(p.a.buf[i*slot:i*slot+size], i)
+				if err := p.qa.PostSend(&SendWR{ID: uint64(i), Flags: FlagSignaled, SGL: []SGE{p.a.mr.SGE(i*slot, size)}, AH: p.ahAB}); err != nil {
+					t.Fatal(err)
+				}
+				if i%20 == 0 { // and a Write of several segments now and then
+					if err := p.qa.PostSend(&SendWR{ID: 1000 + uint64(i), Opcode: OpWrite, Flags: FlagSignaled, SGL: []SGE{p.a.mr.SGE(i*slot, size)},
+						AH: p.ahAB, RemoteSTag: region.STag(), RemoteTO: region.Addr() + uint64(i*slot)}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			got := collect(t, p.cqb, n, 20*time.Second)
+			for i, wc := range got {
+				size := 1 + (i*331)%slot
+				if wc.ID != uint64(i) || wc.Status != Success || int(wc.Len) != size {
+					t.Fatalf("receive %d: %+v", i, wc)
+				}
+				if !bytes.Equal(p.b.buf[i*slot:i*slot+size], p.a.buf[i*slot:i*slot+size]) {
+					t.Fatalf("message %d differs", i)
+				}
+			}
+			done := collect(t, p.cqa, n+n/20, 20*time.Second)
+			for _, wc := range done {
+				if wc.Status != Success {
+					t.Fatalf("%+v", wc)
+				}
+				if wc.ID >= 1000 {
+					syncRD(p.qb)
+					i := int(wc.ID - 1000)
+					size := 1 + (i*331)%slot
+					if !bytes.Equal(region.Bytes()[i*slot:i*slot+size], p.a.buf[i*slot:i*slot+size]) {
+						t.Fatalf("write %d differs", i)
+					}
+				}
+			}
+			quietPoll(t, p.cqb) // nothing delivered twice
+			st := p.a.dev.Stats()
+			t.Logf("a: %d data frames, %d retransmissions; impairment dropped %d/%d, duplicated %d/%d, corrupted %d/%d",
+				st.RDDataSent.Load(), st.RDRetransmits.Load(), ia.Dropped.Load(), ib.Dropped.Load(),
+				ia.Duplicated.Load(), ib.Duplicated.Load(), ia.Corrupted.Load(), ib.Corrupted.Load())
+		})
+	}
+}
+
+// TestRDReceiverNotReady posts the receives only after the messages were
+// sent: the receiver refuses, the sender waits and resends; nothing is
+// lost or duplicated.
+func TestRDReceiverNotReady(t *testing.T) {
+	p := newRDPair(t, DeviceConfig{}, DeviceConfig{}, RDConfig{Config: reliability.Config{RNRDelay: time.Millisecond, RNRRetries: -1}})
+	const n = 50
+	for i := range n {
+		p.a.buf[i] = byte(i)
+		if err := p.qa.PostSend(&SendWR{ID: uint64(i), Flags: FlagSignaled, SGL: []SGE{p.a.mr.SGE(i, 1)}, AH: p.ahAB}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(20 * time.Millisecond)
+	for i := range n {
+		p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i, 1)}})
+		if i%10 == 9 {
+			time.Sleep(2 * time.Millisecond) // slowly
+		}
+	}
+	got := collect(t, p.cqb, n, 10*time.Second)
+	for i, wc := range got {
+		if wc.ID != uint64(i) || wc.Status != Success || p.b.buf[i] != byte(i) {
+			t.Fatalf("receive %d: %+v", i, wc)
+		}
+	}
+	for _, wc := range collect(t, p.cqa, n, 10*time.Second) {
+		if wc.Status != Success {
+			t.Fatalf("%+v", wc)
+		}
+	}
+	if p.b.dev.Stats().RDNotReady.Load() == 0 {
+		t.Fatal("the receiver was never not ready: the test did not test")
+	}
+}
+
+// TestRDPeerGone: a peer that disappears fails the WRs to it with
+// RetryExceededError within the retry budget; the QP goes on serving its
+// other peers.
+func TestRDPeerGone(t *testing.T) {
+	rd := RDConfig{Config: reliability.Config{InitialRTT: time.Millisecond, MaxRTO: 20 * time.Millisecond, MaxRetries: 5}}
+	p := newRDPair(t, DeviceConfig{}, DeviceConfig{}, rd)
+	c := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	qc, cqc := rdQPOn(t, c, rd)
+	ahAC := p.a.ah(c, qc)
+	// Contact with both first.
+	p.qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{p.b.mr.SGE(0, 10)}})
+	qc.PostRecv(&RecvWR{ID: 1, SGL: []SGE{c.mr.SGE(0, 10)}})
+	p.qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("hi"), AH: p.ahAB})
+	p.qa.PostSend(&SendWR{ID: 2, Flags: FlagSignaled, Inline: []byte("hi"), AH: ahAC})
+	collect(t, p.cqa, 2, 5*time.Second)
+	collect(t, cqc, 1, time.Second)
+
+	p.b.dev.Close() // b is gone
+	start := time.Now()
+	for i := range 5 {
+		p.qa.PostSend(&SendWR{ID: 10 + uint64(i), Flags: FlagSignaled, Inline: []byte("lost"), AH: p.ahAB})
+	}
+	for _, wc := range collect(t, p.cqa, 5, 5*time.Second) {
+		if wc.Status != RetryExceededError {
+			t.Fatalf("%+v", wc)
+		}
+	}
+	t.Logf("gave up after %v", time.Since(start).Round(time.Millisecond))
+	// c is still served.
+	qc.PostRecv(&RecvWR{ID: 2, SGL: []SGE{c.mr.SGE(0, 10)}})
+	p.qa.PostSend(&SendWR{ID: 20, Flags: FlagSignaled, Inline: []byte("still"), AH: ahAC})
+	if wc := collect(t, p.cqa, 1, 5*time.Second)[0]; wc.ID != 20 || wc.Status != Success {
+		t.Fatalf("%+v", wc)
+	}
+	if wc := collect(t, cqc, 1, time.Second)[0]; wc.Status != Success || string(c.buf[:5]) != "still" {
+		t.Fatalf("%+v", wc)
+	}
+}
+
+// TestRDPeerRestart: the target restarts (a new device on the same
+// address, the same QP number, a new epoch). The WRs in flight to its old
+// incarnation fail with RemoteAbortedError; later ones reach the new one.
+func TestRDPeerRestart(t *testing.T) {
+	rd := RDConfig{Config: reliability.Config{InitialRTT: time.Millisecond, MaxRTO: 20 * time.Millisecond}}
+	p := newRDPair(t, DeviceConfig{}, DeviceConfig{}, rd)
+	addr := p.b.sock.LocalAddr()
+	p.qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{p.b.mr.SGE(0, 10)}})
+	p.qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("one"), AH: p.ahAB})
+	if wc := collect(t, p.cqa, 1, 5*time.Second)[0]; wc.Status != Success {
+		t.Fatalf("%+v", wc)
+	}
+	// Messages the old incarnation will never acknowledge: no receive
+	// posted (it is not ready), then it goes away.
+	p.qa.PostSend(&SendWR{ID: 2, Flags: FlagSignaled, Inline: []byte("two"), AH: p.ahAB})
+	time.Sleep(5 * time.Millisecond)
+	p.b.dev.Close()
+
+	b2 := newNode(t, DeviceConfig{}, "udp4", addr.String())
+	qb2, cqb2 := rdQPOn(t, b2, rd)
+	if qb2.QPN() != p.qb.QPN() {
+		t.Skipf("the new QP got number %d, not %d", qb2.QPN(), p.qb.QPN())
+	}
+	qb2.PostRecv(&RecvWR{ID: 9, SGL: []SGE{b2.mr.SGE(0, 10)}})
+	if wc := collect(t, p.cqa, 1, 5*time.Second)[0]; wc.ID != 2 || wc.Status != RemoteAbortedError {
+		t.Fatalf("in flight across the restart: %+v", wc)
+	}
+	p.qa.PostSend(&SendWR{ID: 3, Flags: FlagSignaled, Inline: []byte("three"), AH: p.ahAB})
+	if wc := collect(t, p.cqa, 1, 5*time.Second)[0]; wc.ID != 3 || wc.Status != Success {
+		t.Fatalf("after the restart: %+v", wc)
+	}
+	if wc := collect(t, cqb2, 1, time.Second)[0]; wc.Status != Success || string(b2.buf[:5]) != "three" {
+		t.Fatalf("new incarnation received %+v %q", wc, b2.buf[:5])
+	}
+	if n := p.a.dev.Stats().RDPeerRestarts.Load(); n != 1 {
+		t.Fatalf("%d restarts seen", n)
+	}
+}
+
+// TestRDDeregisterInFlight: a region an unacknowledged WR sends from
+// cannot be deregistered; once the WR completes, it can.
+func TestRDDeregisterInFlight(t *testing.T) {
+	rd := RDConfig{Config: reliability.Config{InitialRTT: time.Millisecond, MaxRTO: 5 * time.Millisecond, MaxRetries: 3}}
+	a := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	qa, cqa := rdQPOn(t, a, rd)
+	src, _ := a.pd.RegisterMemory(make([]byte, 100), AccessLocalWrite)
+	nobody, _ := a.pd.CreateAH(a.sock.LocalAddr(), 999) // no such QP: never answered
+	qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, SGL: []SGE{src.SGE(0, 100)}, AH: nobody})
+	if err := src.Deregister(); !errors.Is(err, ErrBusy) {
+		t.Fatalf("deregistering a region an unacknowledged WR uses: %v", err)
+	}
+	if wc := collect(t, cqa, 1, 5*time.Second)[0]; wc.Status != RetryExceededError {
+		t.Fatalf("%+v", wc)
+	}
+	if err := src.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// syncRD orders the test after every placement q has made: placement
+// happens under q's RD lock, and the peer's completion, which the test
+// saw, was caused by an ack sent after it. The race detector cannot see
+// that causality through the kernel; taking the lock shows it.
+func syncRD(q *QP) {
+	q.rd.mu.Lock()
+	//lint:ignore SA2001 an empty critical section on purpose: it orders the test after the placements
+	q.rd.mu.Unlock()
+}
