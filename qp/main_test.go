@@ -25,14 +25,14 @@ type node struct {
 	buf  []byte
 }
 
-func newNode(t testing.TB, cfg DeviceConfig, network, addr string) *node {
+func newNode(t testing.TB, cfg DeviceConfig, network, addr string, opts ...BindOption) *node {
 	t.Helper()
 	dev, err := Open(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { dev.Close() })
-	sock, err := dev.Bind(network, addr)
+	sock, err := dev.Bind(network, addr, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
