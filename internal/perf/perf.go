@@ -29,7 +29,15 @@ const (
 	// ModeUDWriteRecord is RDMA Write-Record over UD: no receive posted;
 	// the target records what arrived.
 	ModeUDWriteRecord Mode = "ud-wr"
+	// ModeRDSend is Send/Recv over RD: reliable, in order, completed on
+	// acknowledgement.
+	ModeRDSend Mode = "rd-send"
+	// ModeRDWrite is RDMA Write over RD; its latency is half the time from
+	// posting a Write to its completion (the peer's acknowledgement).
+	ModeRDWrite Mode = "rd-write"
 )
+
+func (m Mode) reliable() bool { return m == ModeRDSend || m == ModeRDWrite }
 
 // Test is what is measured.
 type Test string
@@ -53,8 +61,9 @@ type Config struct {
 	// NoCRC runs UD without CRC32c (both ends agree); raw modes ignore it.
 	NoCRC bool
 	// Write-Record: segment size (0: the socket's largest), loss applied
-	// by the sender's impairment layer (a probability) with its seed, and
-	// deliver-partial with its deadline (default: discard, 10 s).
+	// by the sender's impairment layer (a probability) with its seed (RD
+	// modes: by both ends', to data and acks), and deliver-partial with
+	// its deadline (default: discard, 10 s).
 	Segment  int
 	Loss     float64
 	Seed     uint64
@@ -122,10 +131,14 @@ type Result struct {
 func Run(cfg Config) (Result, error) {
 	cfg.fill()
 	switch {
-	case cfg.Mode == ModeUDSend && cfg.Test == TestLat:
+	case (cfg.Mode == ModeUDSend || cfg.Mode == ModeRDSend) && cfg.Test == TestLat:
 		return udLatency(cfg)
-	case cfg.Mode == ModeUDSend && cfg.Test == TestBW:
+	case (cfg.Mode == ModeUDSend || cfg.Mode == ModeRDSend) && cfg.Test == TestBW:
 		return udBandwidth(cfg)
+	case cfg.Mode == ModeRDWrite && cfg.Test == TestLat:
+		return rdWriteLatency(cfg)
+	case cfg.Mode == ModeRDWrite && cfg.Test == TestBW:
+		return rdWriteBandwidth(cfg)
 	case cfg.Mode == ModeUDWriteRecord && cfg.Test == TestLat:
 		return wrLatency(cfg)
 	case cfg.Mode == ModeUDWriteRecord && cfg.Test == TestBW:

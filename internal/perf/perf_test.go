@@ -22,6 +22,10 @@ func TestRun(t *testing.T) {
 		{Mode: ModeRawUDP, Test: TestBW, Size: 64000, Duration: 100 * time.Millisecond, QPs: 2},
 		{Mode: ModeUDWriteRecord, Test: TestLat, Poll: qp.PollEvent, Size: 1024, Iters: 200, Warmup: 10},
 		{Mode: ModeUDWriteRecord, Test: TestBW, Size: 100000, Segment: 10000, Duration: 100 * time.Millisecond, Partial: true, Deadline: 5 * time.Millisecond},
+		{Mode: ModeRDSend, Test: TestLat, Poll: qp.PollBusy, Size: 64, Iters: 200, Warmup: 10},
+		{Mode: ModeRDWrite, Test: TestLat, Poll: qp.PollEvent, Size: 1024, Iters: 200, Warmup: 10},
+		{Mode: ModeRDSend, Test: TestBW, Size: 64000, Duration: 100 * time.Millisecond, Loss: 0.05, Seed: 3},
+		{Mode: ModeRDWrite, Test: TestBW, Size: 512 << 10, Duration: 100 * time.Millisecond, Loss: 0.01, Seed: 4},
 	} {
 		r, err := Run(c)
 		if err != nil {
@@ -33,6 +37,8 @@ func TestRun(t *testing.T) {
 			}
 		} else if r.Received == 0 || r.Gbps <= 0 || r.Sent < r.Received {
 			t.Fatalf("%s %s: %+v", c.Mode, c.Test, r)
+		} else if c.Mode.reliable() && r.Sent-r.Received > 1024 {
+			t.Fatalf("%s %s: %d of %d lost on a reliable QP", c.Mode, c.Test, r.Lost, r.Sent) // (at most what was still in flight at the end)
 		} else if c.Mode == ModeUDWriteRecord && (r.ValidBytes < r.WholeBytes || r.WholeBytes != r.Received*uint64(c.Size) || r.ValidBytes > r.SentBytes) {
 			t.Fatalf("Write-Record byte accounting: %+v", r)
 		}

@@ -25,7 +25,15 @@ type udSide struct {
 const recvDepth = 256
 
 func newUDSide(cfg Config, slot int) (*udSide, error) {
-	dev, err := qp.Open(qp.DeviceConfig{Poll: cfg.Poll, RecvBuffer: 32 << 20, NoCRC: cfg.NoCRC})
+	dc := qp.DeviceConfig{Poll: cfg.Poll, RecvBuffer: 32 << 20, NoCRC: cfg.NoCRC}
+	typ := qp.UD
+	if cfg.Mode.reliable() {
+		typ = qp.RD
+		if cfg.Loss > 0 { // both ways: data and acks
+			dc.Impair = &qp.Impairment{Seed: cfg.Seed, Loss: cfg.Loss}
+		}
+	}
+	dev, err := qp.Open(dc)
 	if err != nil {
 		return nil, err
 	}
@@ -49,7 +57,7 @@ func newUDSide(cfg Config, slot int) (*udSide, error) {
 			dev.Close()
 			return nil, err
 		}
-		q, err := s.pd.CreateQP(qp.QPAttr{Type: qp.UD, SendCQ: cq, RecvCQ: cq,
+		q, err := s.pd.CreateQP(qp.QPAttr{Type: typ, SendCQ: cq, RecvCQ: cq,
 			Caps: qp.QPCaps{MaxSendWR: 1024, MaxRecvWR: recvDepth, MaxSendSGE: 1, MaxRecvSGE: 1}})
 		if err != nil {
 			dev.Close()
@@ -210,7 +218,7 @@ func udLatency(cfg Config) (Result, error) {
 
 func udBandwidth(cfg Config) (Result, error) {
 	slot := max(cfg.Size, 1)
-	tx, err := newUDSide(Config{Poll: cfg.Poll, QPs: cfg.QPs, NoCRC: cfg.NoCRC}, slot)
+	tx, err := newUDSide(Config{Mode: cfg.Mode, Poll: cfg.Poll, QPs: cfg.QPs, NoCRC: cfg.NoCRC, Loss: cfg.Loss, Seed: cfg.Seed + 1}, slot)
 	if err != nil {
 		return Result{}, err
 	}

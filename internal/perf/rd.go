@@ -1,0 +1,158 @@
+package perf
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/udiwarp/udiwarp/qp"
+)
+
+// RDMA Write over RD. The target posts nothing and sees nothing: a Write
+// is done when the source's completion says the target acknowledged it.
+
+// rdWriteSides opens a source and a target with a writable region of
+// size bytes.
+func rdWriteSides(cfg Config, size int) (src, dst *udSide, region *qp.MR, err error) {
+	if src, err = newUDSide(cfg, max(size, 1)); err != nil {
+		return nil, nil, nil, err
+	}
+	if dst, err = newUDSide(Config{Mode: cfg.Mode, Poll: cfg.Poll, QPs: 1, NoCRC: cfg.NoCRC, Loss: cfg.Loss, Seed: cfg.Seed + 1}, 1); err != nil {
+		src.dev.Close()
+		return nil, nil, nil, err
+	}
+	if region, err = dst.pd.RegisterMemory(make([]byte, max(size, 1)), qp.AccessLocalWrite|qp.AccessRemoteWrite); err != nil {
+		src.dev.Close()
+		dst.dev.Close()
+		return nil, nil, nil, err
+	}
+	return src, dst, region, nil
+}
+
+// serveTarget drives a busy-polled target that has nothing to poll for
+// (a Write's target completes nothing): its device receives only when
+// its CQ is polled. It returns a function that stops it.
+func serveTarget(cfg Config, dst *udSide) (stop func()) {
+	if cfg.Poll != qp.PollBusy {
+		return func() {}
+	}
+	var done atomic.Bool
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		wc := make([]qp.WorkCompletion, 16)
+		for !done.Load() {
+			dst.cqs[0].Poll(wc)
+		}
+	}()
+	return func() { done.Store(true); wg.Wait() }
+}
+
+// rdWriteLatency: post a signaled Write, wait for its completion; half
+// that time is the sample (the Write one way, its ack the other).
+func rdWriteLatency(cfg Config) (Result, error) {
+	src, dst, region, err := rdWriteSides(Config{Mode: cfg.Mode, Poll: cfg.Poll, QPs: 1, NoCRC: cfg.NoCRC}, cfg.Size)
+	if err != nil {
+		return Result{}, err
+	}
+	defer src.dev.Close()
+	defer dst.dev.Close()
+	ah, err := src.pd.CreateAH(dst.socks[0].LocalAddr(), dst.qps[0].QPN())
+	if err != nil {
+		return Result{}, err
+	}
+	defer serveTarget(cfg, dst)()
+	defer lockThread(cfg)()
+	busy := cfg.Poll == qp.PollBusy
+	var stop atomic.Bool
+	wr := qp.SendWR{Opcode: qp.OpWrite, Flags: qp.FlagSignaled, SGL: []qp.SGE{src.mr.SGE(0, cfg.Size)}, AH: ah,
+		RemoteSTag: region.STag(), RemoteTO: region.Addr()}
+	wc := make([]qp.WorkCompletion, 1)
+	ns := make([]int64, 0, cfg.Iters)
+	for it := range cfg.Warmup + cfg.Iters {
+		t0 := time.Now()
+		if err := src.qps[0].PostSend(&wr); err != nil {
+			return Result{}, err
+		}
+		if !next(src.cqs[0], busy, wc, &stop) {
+			return Result{}, errStopped
+		}
+		if wc[0].Status != qp.Success {
+			return Result{}, errors.New("perf: write completion " + wc[0].Status.String())
+		}
+		if it >= cfg.Warmup {
+			ns = append(ns, int64(time.Since(t0))/2)
+		}
+	}
+	return latResult(cfg, ns), nil
+}
+
+// rdWriteDepth is how many Writes a bandwidth run keeps outstanding.
+const rdWriteDepth = 16
+
+// rdWriteBandwidth keeps rdWriteDepth Writes of cfg.Size in flight and
+// counts the bytes of those completed: completed means acknowledged,
+// which means placed at the target.
+func rdWriteBandwidth(cfg Config) (Result, error) {
+	src, dst, region, err := rdWriteSides(cfg, cfg.Size)
+	if err != nil {
+		return Result{}, err
+	}
+	defer src.dev.Close()
+	defer dst.dev.Close()
+	ah, err := src.pd.CreateAH(dst.socks[0].LocalAddr(), dst.qps[0].QPN())
+	if err != nil {
+		return Result{}, err
+	}
+	defer serveTarget(cfg, dst)()
+	busy := cfg.Poll == qp.PollBusy
+	var sending, stop atomic.Bool
+	var sent, done atomic.Uint64
+	var first, last atomic.Int64
+	var failed atomic.Value
+	var wg sync.WaitGroup
+	sending.Store(true)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		q, cq := src.qps[0], src.cqs[0]
+		wr := qp.SendWR{Opcode: qp.OpWrite, Flags: qp.FlagSignaled, SGL: []qp.SGE{src.mr.SGE(0, cfg.Size)}, AH: ah,
+			RemoteSTag: region.STag(), RemoteTO: region.Addr()}
+		wcs := make([]qp.WorkCompletion, rdWriteDepth)
+		out := 0
+		for !stop.Load() {
+			for sending.Load() && out < rdWriteDepth {
+				if err := q.PostSend(&wr); err != nil {
+					break
+				}
+				out++
+				sent.Add(1)
+			}
+			n := cq.Poll(wcs)
+			if n == 0 {
+				if !busy {
+					waitBriefly(cq)
+				}
+				continue
+			}
+			now := time.Now().UnixNano()
+			first.CompareAndSwap(0, now)
+			last.Store(now)
+			for _, wc := range wcs[:n] {
+				out--
+				if wc.Status != qp.Success {
+					failed.Store(wc.Status.String())
+					continue
+				}
+				done.Add(1)
+			}
+		}
+	}()
+	finish(cfg, &sending, &stop, &wg)
+	if f := failed.Load(); f != nil {
+		return Result{}, errors.New("perf: write completed with " + f.(string))
+	}
+	return bwResult(cfg, sent.Load(), done.Load(), time.Unix(0, first.Load()), time.Unix(0, last.Load())), nil
+}
