@@ -3,6 +3,8 @@ package qp
 import (
 	"bytes"
 	"errors"
+	"net/netip"
+	"runtime"
 	"testing"
 	"time"
 
@@ -398,4 +400,52 @@ func syncRD(q *QP) {
 	q.rd.mu.Lock()
 	//lint:ignore SA2001 an empty critical section on purpose: it orders the test after the placements
 	q.rd.mu.Unlock()
+}
+
+// BenchmarkRDPeerMemory reports the heap one peer's state costs at a QP:
+// idle (after contact, nothing in flight), and with a full window of 256
+// packets in flight to it.
+func BenchmarkRDPeerMemory(b *testing.B) {
+	n := newNode(b, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	cq, _ := n.dev.CreateCQ(16)
+	q, err := n.pd.CreateQP(QPAttr{Type: RD, SendCQ: cq, RecvCQ: cq})
+	if err != nil {
+		b.Fatal(err)
+	}
+	const peers = 10000
+	var before, after runtime.MemStats
+	for b.Loop() {
+		q.rd.mu.Lock()
+		clear(q.rd.peers)
+		q.rd.mu.Unlock()
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		q.rd.mu.Lock()
+		now := time.Now()
+		for i := range peers {
+			k := rdKey{netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 4791), uint32(i%1000 + 1)}
+			q.rdNewPeer(k, now)
+		}
+		q.rd.mu.Unlock()
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/peers, "bytes/idle-peer")
+	}
+	// One peer with a full window in flight: its rings at their largest.
+	q.rd.mu.Lock()
+	clear(q.rd.peers)
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	p := q.rdNewPeer(rdKey{netip.MustParseAddrPort("10.0.0.1:1"), 1}, time.Now())
+	w := &rdWR{}
+	for range p.snd.Config().Window {
+		p.snd.Push(rdPkt{w: w}, time.Now())
+	}
+	for seq := uint32(1); seq < uint32(p.snd.Config().Window); seq++ {
+		p.rcv.Receive(seq, nil, time.Now(), func(uint32, []byte) bool { return true })
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	q.rd.mu.Unlock()
+	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc), "bytes/busy-peer")
 }

@@ -66,8 +66,28 @@ type Receiver[F any] struct {
 // buffered packet the receiver lets go of without delivering (Reset).
 func NewReceiver[F any](cfg Config, release func(F)) *Receiver[F] {
 	cfg = cfg.Fill()
-	return &Receiver[F]{cfg: cfg, next: cfg.FirstSeq, ring: make([]F, cfg.Window),
-		have: make([]uint64, (cfg.Window+63)/64), mask: uint32(cfg.Window - 1), released: release}
+	n := min(initialRing, cfg.Window)
+	return &Receiver[F]{cfg: cfg, next: cfg.FirstSeq, ring: make([]F, n),
+		have: make([]uint64, (n+63)/64), mask: uint32(n - 1), released: release}
+}
+
+// grow doubles the ring until seq fits, keeping every held packet at its
+// place by sequence.
+func (r *Receiver[F]) grow(seq uint32) {
+	n := len(r.ring)
+	for seq-r.next >= uint32(n) {
+		n *= 2
+	}
+	ring, have := make([]F, n), make([]uint64, (n+63)/64)
+	mask := uint32(n - 1)
+	for k := r.next; r.anyTop && AtOrBefore(k, r.top) && k-r.next < uint32(len(r.ring)); k++ {
+		if r.has(k) {
+			i := k & mask
+			ring[i] = r.ring[k&r.mask]
+			have[i/64] |= 1 << (i % 64)
+		}
+	}
+	r.ring, r.have, r.mask = ring, have, mask
 }
 
 // Next returns the next sequence number to deliver.
@@ -78,7 +98,7 @@ func (r *Receiver[F]) Held() int { return r.held }
 
 // Window is what the receiver advertises: packets it can take beyond
 // Next.
-func (r *Receiver[F]) Window() uint16 { return uint16(min(len(r.ring), 1<<16-1)) }
+func (r *Receiver[F]) Window() uint16 { return uint16(min(r.cfg.Window, 1<<16-1)) }
 
 func (r *Receiver[F]) has(seq uint32) bool {
 	i := seq & r.mask
@@ -102,8 +122,10 @@ func (r *Receiver[F]) Classify(seq uint32) Verdict {
 		return Duplicate
 	case seq == r.next:
 		return Delivered
-	case seq-r.next >= uint32(len(r.ring)):
+	case seq-r.next >= uint32(r.cfg.Window):
 		return Beyond
+	case seq-r.next >= uint32(len(r.ring)):
+		return Buffered // beyond the ring as it is: it grows
 	case r.has(seq):
 		return Duplicate
 	}
@@ -125,6 +147,9 @@ func (r *Receiver[F]) Receive(seq uint32, f F, now time.Time, deliver func(seq u
 		r.BeyondWindow++
 		return v
 	case Buffered:
+		if seq-r.next >= uint32(len(r.ring)) {
+			r.grow(seq)
+		}
 		r.ring[seq&r.mask] = f
 		r.mark(seq, true)
 		r.held++

@@ -135,11 +135,27 @@ type Sender[P any] struct {
 	Retransmits, Unsent uint64
 }
 
+// initialRing is the ring a sender or receiver starts with; it doubles,
+// up to the window, when more packets are in flight or held, so a peer
+// that exchanges little costs little.
+const initialRing = 8
+
 // NewSender returns a Sender.
 func NewSender[P any](cfg Config) *Sender[P] {
 	cfg = cfg.Fill()
-	return &Sender[P]{cfg: cfg, ring: make([]slot[P], cfg.Window), mask: uint32(cfg.Window - 1),
+	n := min(initialRing, cfg.Window)
+	return &Sender[P]{cfg: cfg, ring: make([]slot[P], n), mask: uint32(n - 1),
 		una: cfg.FirstSeq, next: cfg.FirstSeq, limit: cfg.FirstSeq + uint32(cfg.Window)}
+}
+
+// grow doubles the ring, keeping every packet at its place by sequence.
+func (s *Sender[P]) grow() {
+	ring := make([]slot[P], 2*len(s.ring))
+	mask := uint32(len(ring) - 1)
+	for seq := s.una; Before(seq, s.next); seq++ {
+		ring[seq&mask] = s.ring[seq&s.mask]
+	}
+	s.ring, s.mask = ring, mask
 }
 
 // Config returns the sender's configuration, defaults filled.
@@ -153,13 +169,16 @@ func (s *Sender[P]) InFlight() int { return int(s.next - s.una) }
 
 // CanSend reports whether the window admits another packet now.
 func (s *Sender[P]) CanSend(now time.Time) bool {
-	return s.next-s.una < uint32(len(s.ring)) && Before(s.next, s.limit) && !now.Before(s.rnrUntil)
+	return s.next-s.una < uint32(s.cfg.Window) && Before(s.next, s.limit) && !now.Before(s.rnrUntil)
 }
 
 // Push numbers a new packet, sent at now, and returns its sequence
 // number. The caller checked CanSend.
 func (s *Sender[P]) Push(p P, now time.Time) uint32 {
 	seq := s.next
+	if seq-s.una >= uint32(len(s.ring)) {
+		s.grow()
+	}
 	s.next++
 	s.ring[seq&s.mask] = slot[P]{payload: p, sentAt: now, pending: true, after: seq + 1}
 	s.lastSent = now
