@@ -111,7 +111,9 @@ type Stats struct {
 	RDDuplicates     atomic.Uint64
 	RDBeyondWindow   atomic.Uint64
 	RDNotReady       atomic.Uint64 // Sends refused for want of a receive (receiver not ready)
-	RDWritePlaced    atomic.Uint64 // RDMA Write segments placed
+	RDWritePlaced    atomic.Uint64 // RDMA Write and Read Response segments placed
+	RDReadsServed    atomic.Uint64 // Read Requests answered
+	RDReadsRefused   atomic.Uint64 // Read Requests over IRD
 
 	TxDatagrams atomic.Uint64
 	TxDirect    atomic.Uint64 // sent in the poster's goroutine

@@ -41,14 +41,24 @@ type RDConfig struct {
 	// IdleTimeout reclaims a peer with nothing outstanding after this long
 	// without traffic (default 30 s).
 	IdleTimeout time.Duration
-	// Segment is the largest payload of one RDMA Write segment (default:
-	// what one datagram carries).
+	// Segment is the largest payload of one RDMA Write, Read Response or
+	// Write-Record segment (default: what one datagram carries).
 	Segment int
+	// ORD caps the RDMA Reads this QP has outstanding to one peer; more
+	// wait in order (default 16). IRD caps the Reads one peer may have
+	// this QP serve at once; a Read over it is refused with a remote
+	// operation error (default 16).
+	ORD, IRD int
 }
+
+// opReadResponse is the internal WR a QP queues to answer a Read Request.
+const opReadResponse SendOpcode = 0xff
 
 const (
 	defaultMaxPeers    = 1024
 	defaultIdleTimeout = 30 * time.Second
+	defaultORD         = 16
+	defaultIRD         = 16
 )
 
 type rdKey struct {
@@ -77,6 +87,13 @@ type rdWR struct {
 	acked  uint32
 	status Status
 	done   bool
+	// RDMA Read: the sink (this QP's region), and whether the last Read
+	// Response arrived. internal marks a Read Response the QP sends on
+	// its own, which completes nothing.
+	sinkSTag uint32
+	sinkTO   uint64
+	respDone bool
+	internal bool
 }
 
 // rdPkt is what a peer's sender keeps per packet: enough to build it
@@ -108,7 +125,11 @@ type rdPeer struct {
 	last        time.Time
 	errs        [reliability.MaxAckErrors]rdErr // recent errors, reported in acks
 	nerr        int
-	outstanding int // WRs posted to it and not completed
+	outstanding int               // WRs posted to it and not completed
+	reads       []*rdWR           // Reads sent to it, awaiting their responses, in order
+	serving     int               // Read Responses being sent to it (IRD)
+	readMSN     uint32            // Read Request MSNs to it
+	wrMSN       map[uint32]uint32 // Write-Record MSNs to it, per STag
 }
 
 // rdQP is the RD state of a QP, under mu.
@@ -134,6 +155,12 @@ func newRDQP(q *QP, cfg RDConfig) *rdQP {
 	}
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = defaultIdleTimeout
+	}
+	if cfg.ORD <= 0 {
+		cfg.ORD = defaultORD
+	}
+	if cfg.IRD <= 0 {
+		cfg.IRD = defaultIRD
 	}
 	r := &rdQP{cfg: cfg, epoch: reliability.NewEpoch(), tokens: reliability.NewTokens(), peers: map[rdKey]*rdPeer{}}
 	r.tx.init(q)
@@ -166,9 +193,13 @@ func (q *QP) postRD(wr *SendWR, s *Socket) error {
 		if length > uint64(s.rdMaxSend()) {
 			return fmt.Errorf("%w: an RD Send of %d bytes, at most %d (one datagram)", ErrInvalidWR, length, s.rdMaxSend())
 		}
-	case OpWrite:
+	case OpWrite, OpWriteRecord:
 		if length > 1<<32-1 {
 			return fmt.Errorf("%w: an RDMA Write of %d bytes (at most 4 GiB - 1)", ErrInvalidWR, length)
+		}
+	case OpRead:
+		if len(wr.SGL) != 1 || wr.Inline != nil {
+			return fmt.Errorf("%w: an RDMA Read names one sink SGE (a region with remote-write access), not %d SGEs", ErrInvalidWR, len(wr.SGL))
 		}
 	default:
 		return fmt.Errorf("%w: opcode %v is not available on RD QPs", ErrInvalidWR, wr.Opcode)
@@ -181,8 +212,14 @@ func (q *QP) postRD(wr *SendWR, s *Socket) error {
 	// Take a reference on every MR now: the buffer is the retransmit
 	// source until the peer acknowledged it.
 	w.nsge = copy(w.sge[:], wr.SGL)
+	need := Access(0)
+	if w.op == OpRead {
+		// The Read Responses are tagged writes into the sink (RFC 5040).
+		need = AccessLocalWrite | AccessRemoteWrite
+		w.sinkSTag, w.sinkTO = w.sge[0].LKey, w.sge[0].Addr
+	}
 	for i := range w.nsge {
-		m, _, st := q.dev.resolve(q.pd, &w.sge[i], 0)
+		m, _, st := q.dev.resolve(q.pd, &w.sge[i], need)
 		if st != Success {
 			w.releaseMRs()
 			q.completeSend(wr.ID, st, 0)
@@ -193,11 +230,20 @@ func (q *QP) postRD(wr *SendWR, s *Socket) error {
 		w.mrs[w.nmr] = m
 		w.nmr++
 	}
-	w.seg = uint32(s.rdMaxSend())
-	if w.op == OpWrite {
+	switch w.op {
+	case OpSend:
+		w.seg = uint32(s.rdMaxSend())
+	case OpWrite:
 		w.seg = q.rdSegment(s)
+	case OpWriteRecord:
+		w.seg = q.rdSegment(s) - (udiwarp.WriteRecordHeaderSize - udiwarp.DDPTaggedHeaderSize)
+	case OpRead:
+		w.seg = 1 // the request: one segment
 	}
 	w.nseg = max(1, (w.length+w.seg-1)/w.seg)
+	if w.op == OpRead {
+		w.nseg = 1
+	}
 	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -215,9 +261,19 @@ func (q *QP) postRD(wr *SendWR, s *Socket) error {
 		return err
 	}
 	w.peer = p
-	if w.op == OpSend {
+	switch w.op {
+	case OpSend:
 		p.msn++
 		w.msn = p.msn
+	case OpRead:
+		p.readMSN++
+		w.msn = p.readMSN
+	case OpWriteRecord:
+		if p.wrMSN == nil {
+			p.wrMSN = map[uint32]uint32{}
+		}
+		p.wrMSN[w.rstag]++
+		w.msn = p.wrMSN[w.rstag]
 	}
 	p.queue = append(p.queue, w)
 	p.outstanding++
@@ -325,8 +381,14 @@ func (q *QP) rdPump(s *Socket, p *rdPeer, now time.Time) (full bool) {
 			p.queue = p.queue[1:]
 			continue
 		}
+		if w.op == OpRead && len(p.reads) >= q.rd.cfg.ORD {
+			break // ORD reached: later WRs wait their turn, in order
+		}
 		off := w.sent * w.seg
 		pk := rdPkt{w: w, off: off, n: min(w.seg, w.length-off)}
+		if w.op == OpRead {
+			pk.off, pk.n = 0, 0
+		}
 		seq := p.snd.Push(pk, now)
 		last := w.sent+1 == w.nseg && len(p.queue) == 1
 		if err := q.rdData(s, p, seq, &pk, now, last && w.flags&FlagSignaled != 0); err == errSocketFull {
@@ -334,6 +396,9 @@ func (q *QP) rdPump(s *Socket, p *rdPeer, now time.Time) (full bool) {
 			return true
 		}
 		w.sent++
+		if w.op == OpRead {
+			p.reads = append(p.reads, w)
+		}
 		if w.sent == w.nseg {
 			p.queue[0] = nil
 			p.queue = p.queue[1:]
@@ -365,6 +430,17 @@ func (q *QP) rdData(s *Socket, p *rdPeer, seq uint32, pk *rdPkt, now time.Time, 
 	case OpWrite:
 		b = udiwarp.AppendTagged(b, &udiwarp.TaggedFields{Last: last, DV: udiwarp.DatagramDDPVersion,
 			RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpWrite), STag: w.rstag, TO: w.rto + uint64(pk.off)})
+	case opReadResponse:
+		b = udiwarp.AppendTagged(b, &udiwarp.TaggedFields{Last: last, DV: udiwarp.DatagramDDPVersion,
+			RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpReadResponse), STag: w.rstag, TO: w.rto + uint64(pk.off)})
+	case OpWriteRecord:
+		b = udiwarp.AppendWriteRecord(b, &udiwarp.WriteRecordFields{Last: last, RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpWrite),
+			STag: w.rstag, TO: w.rto + uint64(pk.off), MSN: w.msn, MO: pk.off, MessageLength: w.length, DstQPN: p.key.qpn, SrcQPN: q.num})
+	case OpRead:
+		b = udiwarp.AppendUntagged(b, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
+			RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpReadRequest), ULP: q.num, QN: udiwarp.DatagramQN(p.key.qpn, udiwarp.QueueReadRequest), MSN: w.msn})
+		b = udiwarp.AppendReadRequest(b, &udiwarp.ReadRequestFields{SinkSTag: w.sinkSTag, SinkTO: w.sinkTO, Size: w.length,
+			SourceSTag: w.rstag, SourceTO: w.rto})
 	}
 	t := &r.tx
 	t.begin(b)
@@ -587,12 +663,24 @@ func (q *QP) rdOnAck(s *Socket, p *rdPeer, h *reliability.Header, now time.Time)
 	err := p.snd.OnAck(a, h.Window, h.HasRNR, now,
 		func(seq uint32, pk *rdPkt) {
 			w := pk.w
-			if code, bad := a.Error(seq); bad && w.status == Success {
+			code, bad := a.Error(seq)
+			if bad && w.status == Success {
 				w.status = rdStatus(code)
 			}
 			w.acked++
-			if w.acked == w.nseg {
+			switch {
+			case w.acked < w.nseg || w.done:
+			case w.op == OpRead && bad:
+				p.dropRead(w) // refused: no response will come
 				w.done = true
+			case w.op == OpRead:
+				w.done = w.respDone // else when its last response arrives
+			default:
+				w.done = true
+			}
+			if w.done && w.internal {
+				w.releaseMRs()
+				p.serving--
 			}
 		},
 		func(seq uint32, pk *rdPkt) {
@@ -604,6 +692,16 @@ func (q *QP) rdOnAck(s *Socket, p *rdPeer, h *reliability.Header, now time.Time)
 		return nil
 	}
 	return err
+}
+
+// dropRead takes w off the peer's outstanding Reads.
+func (p *rdPeer) dropRead(w *rdWR) {
+	for i, r := range p.reads {
+		if r == w {
+			p.reads = append(p.reads[:i], p.reads[i+1:]...)
+			return
+		}
+	}
 }
 
 func rdStatus(c reliability.Code) Status {
@@ -652,19 +750,39 @@ func (q *QP) rdDeliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool
 		return true
 	}
 	if seg.Control.Tagged() {
-		if seg.Control.WriteRecord() || seg.Opcode() != udiwarp.OpWrite {
+		switch {
+		case seg.Control.WriteRecord():
+			// Write-Record over RD: the UD target engine, now fed in order
+			// and without loss (docs/verbs.md).
+			if h := seg.WriteRecord(); h.DstQPN() != q.num || h.SrcQPN() != p.key.qpn {
+				st.RxBadHeader.Add(1)
+				p.noteErr(seq, reliability.CodeInvalidRequest)
+				return true
+			}
+			q.receiveWriteRecord(nil, seg, src)
+		case seg.Opcode() == udiwarp.OpWrite:
+			if code, ok := q.rdPlace(seg); !ok {
+				p.noteErr(seq, code)
+			}
+		case seg.Opcode() == udiwarp.OpReadResponse:
+			q.rdReadResponse(p, seg)
+		default:
 			st.RxBadOpcode.Add(1)
 			p.noteErr(seq, reliability.CodeInvalidRequest)
-			return true
-		}
-		if code, ok := q.rdPlace(seg); !ok {
-			p.noteErr(seq, code)
 		}
 		return true
 	}
 	h := seg.Untagged()
-	if (seg.Opcode() != udiwarp.OpSend && seg.Opcode() != udiwarp.OpSendSE) || h.DstQPN() != q.num ||
-		h.Queue() != uint32(udiwarp.QueueSend) || h.SrcQPN() != p.key.qpn {
+	if h.DstQPN() != q.num || h.SrcQPN() != p.key.qpn {
+		st.RxBadHeader.Add(1)
+		p.noteErr(seq, reliability.CodeInvalidRequest)
+		return true
+	}
+	if seg.Opcode() == udiwarp.OpReadRequest && h.Queue() == uint32(udiwarp.QueueReadRequest) {
+		q.rdServeRead(p, seq, seg)
+		return true
+	}
+	if (seg.Opcode() != udiwarp.OpSend && seg.Opcode() != udiwarp.OpSendSE) || h.Queue() != uint32(udiwarp.QueueSend) {
 		st.RxBadOpcode.Add(1)
 		p.noteErr(seq, reliability.CodeInvalidRequest)
 		return true
@@ -728,6 +846,70 @@ func (q *QP) rdPlace(seg udiwarp.Segment) (reliability.Code, bool) {
 	return 0, true
 }
 
+// rdServeRead answers a Read Request from p: after the checks of RFC
+// 5040 §7.2 (source STag and key, PD, remote-read access, bounds), it
+// queues the Read Responses, tagged writes into the requester's sink,
+// which the window clocks out like any data: a peer gets no more than it
+// acknowledges, and only a validated peer has state to ask at all.
+func (q *QP) rdServeRead(p *rdPeer, seq uint32, seg udiwarp.Segment) {
+	st := &q.dev.stats
+	rr := seg.ReadRequest()
+	if p.serving >= q.rd.cfg.IRD {
+		st.RDReadsRefused.Add(1)
+		p.noteErr(seq, reliability.CodeRemoteOperation)
+		return
+	}
+	s := q.sock.Load()
+	w := &rdWR{op: opReadResponse, internal: true, peer: p, length: rr.Size(), rstag: rr.SinkSTag(), rto: rr.SinkTO()}
+	if w.length > 0 {
+		w.sge[0] = SGE{LKey: rr.SourceSTag(), Addr: rr.SourceTO(), Length: w.length}
+		m, _, rs := q.dev.resolve(q.pd, &w.sge[0], AccessRemoteRead)
+		if rs != Success {
+			st.RxBadSTag.Add(1)
+			p.noteErr(seq, reliability.CodeRemoteAccess)
+			return
+		}
+		m.rdRefs.Add(1)
+		m.unpin()
+		w.mrs[0], w.nmr, w.nsge = m, 1, 1
+	} // a zero-length Read needs no valid STag (RFC 5042 §6.3.5)
+	w.seg = q.rdSegment(s)
+	w.nseg = max(1, (w.length+w.seg-1)/w.seg)
+	p.queue = append(p.queue, w)
+	p.serving++
+	st.RDReadsServed.Add(1)
+}
+
+// rdReadResponse places a Read Response segment into the sink of the
+// oldest Read outstanding to p; its last segment completes that Read.
+func (q *QP) rdReadResponse(p *rdPeer, seg udiwarp.Segment) {
+	st := &q.dev.stats
+	if len(p.reads) == 0 {
+		st.RxBadOpcode.Add(1) // a response to nothing
+		return
+	}
+	w := p.reads[0]
+	t := seg.Tagged()
+	to := t.TO()
+	if t.STag() != w.sinkSTag || to < w.sinkTO || to-w.sinkTO > uint64(w.length) || uint64(len(seg.Payload)) > uint64(w.length)-(to-w.sinkTO) {
+		st.RxBounds.Add(1)
+		if w.status == Success {
+			w.status = RemoteOperationError // the responder answered outside the request
+		}
+	} else if len(seg.Payload) > 0 {
+		if _, ok := q.rdPlace(seg); !ok && w.status == Success {
+			w.status = LocalProtectionError // the sink went bad under the Read
+		}
+	}
+	if seg.Control.Last() {
+		p.reads = p.reads[1:]
+		w.respDone = true
+		if w.acked == w.nseg {
+			w.done = true
+		}
+	}
+}
+
 func (p *rdPeer) noteErr(seq uint32, code reliability.Code) {
 	if p.nerr < len(p.errs) {
 		p.nerr++
@@ -748,8 +930,13 @@ func (q *QP) rdComplete() {
 		w.peer.outstanding--
 		if w.status != Success || w.flags&FlagSignaled != 0 {
 			op := WCSend
-			if w.op == OpWrite {
+			switch w.op {
+			case OpWrite:
 				op = WCRDMAWrite
+			case OpRead:
+				op = WCRDMARead
+			case OpWriteRecord:
+				op = WCWriteRecord
 			}
 			n := int(w.length)
 			if w.status != Success {
@@ -782,14 +969,28 @@ func (q *QP) rdAbort(p *rdPeer, st Status, all bool) {
 	p.snd.Each(func(_ uint32, pk *rdPkt) {
 		if !pk.w.done {
 			pk.w.status, pk.w.done = st, true
+			if pk.w.internal {
+				pk.w.releaseMRs()
+				p.serving--
+			}
 		}
 	})
+	for _, w := range p.reads {
+		if !w.done {
+			w.status, w.done = st, true
+		}
+	}
+	p.reads = p.reads[:0]
 	p.snd.Reset()
 	p.rcv.Reset()
 	keep := p.queue[:0]
 	for _, w := range p.queue {
 		switch {
 		case w.done:
+		case w.internal: // a Read Response to the old incarnation: drop it
+			w.status, w.done = st, true
+			w.releaseMRs()
+			p.serving--
 		case all || w.sent > 0:
 			w.status, w.done = st, true
 		default:

@@ -44,6 +44,11 @@ func TestRDUnvalidatedSources(t *testing.T) {
 	send := udiwarp.AppendUntagged(nil, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
 		RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpSend), ULP: 5, QN: udiwarp.DatagramQN(qb.QPN(), udiwarp.QueueSend), MSN: 1})
 	send = append(send, "injected"...)
+	// An RDMA Read Request for 1 GiB: the amplification a spoofed source
+	// would want.
+	read := udiwarp.AppendUntagged(nil, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
+		RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpReadRequest), ULP: 5, QN: udiwarp.DatagramQN(qb.QPN(), udiwarp.QueueReadRequest), MSN: 1})
+	read = udiwarp.AppendReadRequest(read, &udiwarp.ReadRequestFields{SinkSTag: 1, Size: 1 << 30, SourceSTag: b.mr.STag(), SourceTO: b.mr.Addr()})
 	const flood = 2000
 	for i := range flood {
 		var f []byte
@@ -53,8 +58,12 @@ func TestRDUnvalidatedSources(t *testing.T) {
 		case 1: // data with a guessed token
 			f = rdFrame(reliability.Fields{Type: reliability.Data, DstQPN: qb.QPN(), SrcQPN: uint32(i + 1), Epoch: 9, Token: uint64(i) * 0x9e3779b97f4a7c15,
 				Init: true, Issued: 1}, send)
-		case 2: // data without a token
-			f = rdFrame(reliability.Fields{Type: reliability.Data, DstQPN: qb.QPN(), SrcQPN: uint32(i + 1), Epoch: 9, Seq: 0}, send)
+		case 2: // data without a token: a Send, or a Read Request
+			payload := send
+			if i%8 == 2 {
+				payload = read
+			}
+			f = rdFrame(reliability.Fields{Type: reliability.Data, DstQPN: qb.QPN(), SrcQPN: uint32(i + 1), Epoch: 9, Seq: 0}, payload)
 		case 3: // an ack for things never sent
 			f = rdFrame(reliability.Fields{Type: reliability.Ack, DstQPN: qb.QPN(), SrcQPN: uint32(i + 1), Epoch: 9, Token: 1,
 				Ack: &reliability.AckBlock{Cumulative: 1000}}, nil)
@@ -81,6 +90,9 @@ func TestRDUnvalidatedSources(t *testing.T) {
 	}
 	st := b.dev.Stats()
 	t.Logf("%d frames, %d replies, %d rejected, %d challenges", flood, replies, st.RDRejected.Load(), st.RDChallenges.Load())
+	if st.RDReadsServed.Load() != 0 {
+		t.Fatal("a Read Request from an unvalidated source was served")
+	}
 	if peersOf(qb) != 0 || st.RDPeers.Load() != 0 {
 		t.Fatalf("%d peers with state after unvalidated frames", peersOf(qb))
 	}

@@ -177,12 +177,12 @@ func TestRDErrors(t *testing.T) {
 	if string(writable.Bytes()[:2]) != "ok" || readOnly.Bytes()[0] != 0 || otherPD.Bytes()[0] != 0 {
 		t.Fatal("bytes placed where they must not be, or not where they must")
 	}
-	// Local faults: too long for one datagram; an opcode RD does not take.
+	// Local faults: too long for one datagram; a Read with two sinks.
 	if err := p.qa.PostSend(&SendWR{SGL: []SGE{p.a.mr.SGE(0, 70000)}, AH: p.ahAB}); !errors.Is(err, ErrInvalidWR) {
 		t.Fatalf("oversized Send: %v", err)
 	}
-	if err := p.qa.PostSend(&SendWR{Opcode: OpWriteRecord, Inline: []byte("x"), AH: p.ahAB}); !errors.Is(err, ErrInvalidWR) {
-		t.Fatalf("Write-Record on RD: %v", err)
+	if err := p.qa.PostSend(&SendWR{Opcode: OpRead, SGL: []SGE{p.a.mr.SGE(0, 1), p.a.mr.SGE(1, 1)}, AH: p.ahAB}); !errors.Is(err, ErrInvalidWR) {
+		t.Fatalf("a Read with two sink SGEs: %v", err)
 	}
 }
 

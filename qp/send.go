@@ -23,6 +23,11 @@ const (
 	// region named by RemoteSTag at RemoteTO (RD QPs). It completes when
 	// the peer acknowledged every segment.
 	OpWrite
+	// OpRead is an RDMA Read of the peer's region named by RemoteSTag at
+	// RemoteTO into the one SGE of the SGL, which must lie in a region with
+	// remote-write access (the Read Responses are tagged writes into it,
+	// RFC 5040). RD QPs; it completes when the last response is placed.
+	OpRead
 )
 
 // SendFlags modify a send work request (ibv_send_flags).
@@ -252,15 +257,15 @@ func (q *QP) PostSend(wr *SendWR) error {
 		return fmt.Errorf("%w: inline data and an SGL in one WR", ErrInvalidWR)
 	case len(wr.Inline) > q.inlineSz:
 		return fmt.Errorf("%w: %d bytes of inline data, the QP takes %d", ErrInvalidWR, len(wr.Inline), q.inlineSz)
-	case wr.Opcode != OpSend && wr.Opcode != OpWriteRecord && wr.Opcode != OpWrite:
+	case wr.Opcode != OpSend && wr.Opcode != OpWriteRecord && wr.Opcode != OpWrite && wr.Opcode != OpRead:
 		return fmt.Errorf("%w: opcode %d", ErrInvalidWR, wr.Opcode)
 	}
 	s := q.sock.Load()
 	if q.typ == RD {
 		return q.postRD(wr, s)
 	}
-	if wr.Opcode == OpWrite {
-		return fmt.Errorf("%w: RDMA Write needs a reliable QP (RD or RC), not %v", ErrInvalidWR, q.typ)
+	if wr.Opcode == OpWrite || wr.Opcode == OpRead {
+		return fmt.Errorf("%w: RDMA Write and Read need a reliable QP (RD or RC), not %v", ErrInvalidWR, q.typ)
 	}
 	q.sqMu.Lock()
 	if st := q.State(); st != StateRTS { // Modify ran since the check above

@@ -230,12 +230,14 @@ func (q *QP) receiveWriteRecord(s *Socket, seg udiwarp.Segment, src netip.AddrPo
 	st.RxWRPlaced.Add(1)
 	if rec, ok := q.wr.Placed(&ws); ok {
 		q.recordWriteRecord(m, &rec)
-		if s.wrg.q == q {
+		if s != nil && s.wrg.q == q {
 			s.wrg.q = nil
 		}
 		return
 	}
-	s.guessWriteRecord(q, m, &ws)
+	if s != nil { // nil: an RD frame, which does not land in place
+		s.guessWriteRecord(q, m, &ws)
+	}
 }
 
 // recordWriteRecord records a message whose bytes are all placed (or, for

@@ -23,8 +23,9 @@ type Config struct {
 	Granularity time.Duration
 	// MaxRTO caps the retransmission timeout after backoff. Default 1 s.
 	MaxRTO time.Duration
-	// MaxRetries is how often one packet is retransmitted before the peer
-	// is declared unreachable. Default 10.
+	// MaxRetries is how many timeouts one packet may take (each followed
+	// by a retransmission, the timeout doubling) before the peer is
+	// declared unreachable. Default 10.
 	MaxRetries int
 	// RNRDelay is the first wait after a receiver-not-ready answer; it
 	// doubles on each one in a row, up to MaxRTO. Default 1 ms.
@@ -303,9 +304,7 @@ func (s *Sender[P]) detectLost(now time.Time, resend func(uint32, *P)) error {
 			continue
 		}
 		if !Before(s.largest, sl.after+PacketThreshold-1) || !now.Before(sl.sentAt.Add(delay)) {
-			if err := s.retransmit(seq, now, resend); err != nil {
-				return err
-			}
+			s.retransmit(seq, now, resend, false)
 			continue
 		}
 		if at := sl.sentAt.Add(delay); s.lossTime.IsZero() || at.Before(s.lossTime) {
@@ -315,12 +314,18 @@ func (s *Sender[P]) detectLost(now time.Time, resend func(uint32, *P)) error {
 	return nil
 }
 
-func (s *Sender[P]) retransmit(seq uint32, now time.Time, resend func(uint32, *P)) error {
+// retransmit sends packet seq again. Only a timeout counts against the
+// retry limit: a retransmission an ack prompted means the peer is there
+// (acks keep coming), and counting those would let reordering or a slow
+// receiver exhaust the budget of a live peer.
+func (s *Sender[P]) retransmit(seq uint32, now time.Time, resend func(uint32, *P), timeout bool) error {
 	sl := &s.ring[seq&s.mask]
-	if int(sl.retries) >= s.cfg.MaxRetries {
-		return ErrRetryExceeded
+	if timeout {
+		if int(sl.retries) >= s.cfg.MaxRetries {
+			return ErrRetryExceeded
+		}
+		sl.retries++
 	}
-	sl.retries++
 	sl.resent = true
 	sl.sentAt = now
 	sl.after = s.next
@@ -386,7 +391,7 @@ func (s *Sender[P]) OnTimer(now time.Time, resend func(seq uint32, p *P)) error 
 		return nil
 	}
 	s.pto++
-	return s.retransmit(seq, now, resend)
+	return s.retransmit(seq, now, resend, true)
 }
 
 // Unpush takes back the packet Push numbered seq, which must be the last
