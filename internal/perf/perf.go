@@ -35,9 +35,19 @@ const (
 	// ModeRDWrite is RDMA Write over RD; its latency is half the time from
 	// posting a Write to its completion (the peer's acknowledgement).
 	ModeRDWrite Mode = "rd-write"
+	// ModeRDRead is RDMA Read over RD: latency from posting a Read to its
+	// completion (the last response placed), halved; goodput of Reads.
+	ModeRDRead Mode = "rd-read"
+	// ModeRDWriteRecord is Write-Record over RD: reliable underneath.
+	ModeRDWriteRecord Mode = "rd-wr"
 )
 
-func (m Mode) reliable() bool { return m == ModeRDSend || m == ModeRDWrite }
+func (m Mode) reliable() bool {
+	return m == ModeRDSend || m == ModeRDWrite || m == ModeRDRead || m == ModeRDWriteRecord
+}
+
+// oneSided says the mode is an RDMA operation the target does not see.
+func (m Mode) oneSided() bool { return m == ModeRDWrite || m == ModeRDRead || m == ModeRDWriteRecord }
 
 // Test is what is measured.
 type Test string
@@ -135,9 +145,9 @@ func Run(cfg Config) (Result, error) {
 		return udLatency(cfg)
 	case (cfg.Mode == ModeUDSend || cfg.Mode == ModeRDSend) && cfg.Test == TestBW:
 		return udBandwidth(cfg)
-	case cfg.Mode == ModeRDWrite && cfg.Test == TestLat:
+	case cfg.Mode.oneSided() && cfg.Test == TestLat:
 		return rdWriteLatency(cfg)
-	case cfg.Mode == ModeRDWrite && cfg.Test == TestBW:
+	case cfg.Mode.oneSided() && cfg.Test == TestBW:
 		return rdWriteBandwidth(cfg)
 	case cfg.Mode == ModeUDWriteRecord && cfg.Test == TestLat:
 		return wrLatency(cfg)

@@ -26,6 +26,10 @@ func TestRun(t *testing.T) {
 		{Mode: ModeRDWrite, Test: TestLat, Poll: qp.PollEvent, Size: 1024, Iters: 200, Warmup: 10},
 		{Mode: ModeRDSend, Test: TestBW, Size: 64000, Duration: 100 * time.Millisecond, Loss: 0.05, Seed: 3},
 		{Mode: ModeRDWrite, Test: TestBW, Size: 512 << 10, Duration: 100 * time.Millisecond, Loss: 0.01, Seed: 4},
+		{Mode: ModeRDRead, Test: TestLat, Poll: qp.PollBusy, Size: 64, Iters: 200, Warmup: 10},
+		{Mode: ModeRDRead, Test: TestBW, Size: 100000, Duration: 100 * time.Millisecond},
+		{Mode: ModeRDWriteRecord, Test: TestLat, Poll: qp.PollEvent, Size: 4000, Iters: 200, Warmup: 10},
+		{Mode: ModeRDWriteRecord, Test: TestBW, Size: 200000, Duration: 100 * time.Millisecond, Loss: 0.02, Seed: 5},
 	} {
 		r, err := Run(c)
 		if err != nil {

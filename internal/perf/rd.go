@@ -22,7 +22,7 @@ func rdWriteSides(cfg Config, size int) (src, dst *udSide, region *qp.MR, err er
 		src.dev.Close()
 		return nil, nil, nil, err
 	}
-	if region, err = dst.pd.RegisterMemory(make([]byte, max(size, 1)), qp.AccessLocalWrite|qp.AccessRemoteWrite); err != nil {
+	if region, err = dst.pd.RegisterMemory(make([]byte, max(size, 1)), qp.AccessLocalWrite|qp.AccessRemoteWrite|qp.AccessRemoteRead); err != nil {
 		src.dev.Close()
 		dst.dev.Close()
 		return nil, nil, nil, err
@@ -30,13 +30,10 @@ func rdWriteSides(cfg Config, size int) (src, dst *udSide, region *qp.MR, err er
 	return src, dst, region, nil
 }
 
-// serveTarget drives a busy-polled target that has nothing to poll for
-// (a Write's target completes nothing): its device receives only when
-// its CQ is polled. It returns a function that stops it.
+// serveTarget polls the target's CQ: a busy-polled device receives only
+// when its CQ is polled, and Write-Record records must be taken off it.
+// It returns a function that stops it.
 func serveTarget(cfg Config, dst *udSide) (stop func()) {
-	if cfg.Poll != qp.PollBusy {
-		return func() {}
-	}
 	var done atomic.Bool
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -44,7 +41,9 @@ func serveTarget(cfg Config, dst *udSide) (stop func()) {
 		defer wg.Done()
 		wc := make([]qp.WorkCompletion, 16)
 		for !done.Load() {
-			dst.cqs[0].Poll(wc)
+			if dst.cqs[0].Poll(wc) == 0 && cfg.Poll != qp.PollBusy {
+				waitBriefly(dst.cqs[0])
+			}
 		}
 	}()
 	return func() { done.Store(true); wg.Wait() }
@@ -67,8 +66,7 @@ func rdWriteLatency(cfg Config) (Result, error) {
 	defer lockThread(cfg)()
 	busy := cfg.Poll == qp.PollBusy
 	var stop atomic.Bool
-	wr := qp.SendWR{Opcode: qp.OpWrite, Flags: qp.FlagSignaled, SGL: []qp.SGE{src.mr.SGE(0, cfg.Size)}, AH: ah,
-		RemoteSTag: region.STag(), RemoteTO: region.Addr()}
+	wr := oneSidedWR(cfg, src, ah, region)
 	wc := make([]qp.WorkCompletion, 1)
 	ns := make([]int64, 0, cfg.Iters)
 	for it := range cfg.Warmup + cfg.Iters {
@@ -118,8 +116,7 @@ func rdWriteBandwidth(cfg Config) (Result, error) {
 	go func() {
 		defer wg.Done()
 		q, cq := src.qps[0], src.cqs[0]
-		wr := qp.SendWR{Opcode: qp.OpWrite, Flags: qp.FlagSignaled, SGL: []qp.SGE{src.mr.SGE(0, cfg.Size)}, AH: ah,
-			RemoteSTag: region.STag(), RemoteTO: region.Addr()}
+		wr := oneSidedWR(cfg, src, ah, region)
 		wcs := make([]qp.WorkCompletion, rdWriteDepth)
 		out := 0
 		for !stop.Load() {
@@ -155,4 +152,19 @@ func rdWriteBandwidth(cfg Config) (Result, error) {
 		return Result{}, errors.New("perf: write completed with " + f.(string))
 	}
 	return bwResult(cfg, sent.Load(), done.Load(), time.Unix(0, first.Load()), time.Unix(0, last.Load())), nil
+}
+
+// oneSidedWR is the WR a one-sided mode posts: a Write or Write-Record
+// from the source's buffer, or a Read into it (which then needs remote
+// write access: the source side's MR is registered with it).
+func oneSidedWR(cfg Config, src *udSide, ah *qp.AH, region *qp.MR) qp.SendWR {
+	wr := qp.SendWR{Opcode: qp.OpWrite, Flags: qp.FlagSignaled, SGL: []qp.SGE{src.mr.SGE(0, cfg.Size)}, AH: ah,
+		RemoteSTag: region.STag(), RemoteTO: region.Addr()}
+	switch cfg.Mode {
+	case ModeRDRead:
+		wr.Opcode = qp.OpRead
+	case ModeRDWriteRecord:
+		wr.Opcode = qp.OpWriteRecord
+	}
+	return wr
 }

@@ -38,7 +38,11 @@ func newUDSide(cfg Config, slot int) (*udSide, error) {
 		return nil, err
 	}
 	s := &udSide{dev: dev, pd: dev.AllocPD()}
-	if s.mr, err = s.pd.RegisterMemory(make([]byte, cfg.QPs*recvDepth*slot), qp.AccessLocalWrite); err != nil {
+	access := qp.AccessLocalWrite
+	if cfg.Mode == ModeRDRead {
+		access |= qp.AccessRemoteWrite // the sink of Read Responses
+	}
+	if s.mr, err = s.pd.RegisterMemory(make([]byte, cfg.QPs*recvDepth*slot), access); err != nil {
 		dev.Close()
 		return nil, err
 	}
