@@ -24,6 +24,16 @@ type Impairment struct {
 	Reorder   float64       // probability it is held back until after the next one
 	Delay     time.Duration // every datagram is delayed this long, plus
 	Jitter    time.Duration // a uniform extra delay in [0, Jitter)
+	// Burst is the probability that a datagram starts a burst: it and the
+	// BurstLen-1 after it are dropped.
+	Burst    float64
+	BurstLen int
+	// Spike is the probability that a datagram is held SpikeDelay longer
+	// (a delay spike, longer than a retransmission timeout).
+	Spike      float64
+	SpikeDelay time.Duration
+
+	burstLeft int
 
 	mu      sync.Mutex
 	rng     *rand.Rand
@@ -32,7 +42,7 @@ type Impairment struct {
 	wg      sync.WaitGroup
 	stopped bool
 
-	Dropped, Corrupted, Duplicated, Reordered, Delayed atomic.Uint64
+	Dropped, Corrupted, Duplicated, Reordered, Delayed, Bursts, Spikes atomic.Uint64
 }
 
 type impaired struct {
@@ -42,12 +52,12 @@ type impaired struct {
 }
 
 func (im *Impairment) validate() error {
-	for _, p := range []float64{im.Loss, im.Corrupt, im.Duplicate, im.Reorder} {
+	for _, p := range []float64{im.Loss, im.Corrupt, im.Duplicate, im.Reorder, im.Burst, im.Spike} {
 		if p < 0 || p > 1 {
 			return fmt.Errorf("%w: impairment probability %v, want [0, 1]", ErrInvalidAttr, p)
 		}
 	}
-	if im.Delay < 0 || im.Jitter < 0 {
+	if im.Delay < 0 || im.Jitter < 0 || im.SpikeDelay < 0 || im.BurstLen < 0 {
 		return fmt.Errorf("%w: negative impairment delay", ErrInvalidAttr)
 	}
 	im.rng = rand.New(rand.NewPCG(im.Seed, im.Seed^0x9e3779b97f4a7c15))
@@ -76,6 +86,19 @@ func (im *Impairment) send(s *Socket, t *txCtx) {
 		return
 	}
 	r := im.rng
+	if im.burstLeft > 0 {
+		im.burstLeft--
+		im.Dropped.Add(1)
+		d.stats.TxImpaired.Add(1)
+		return
+	}
+	if im.Burst > 0 && r.Float64() < im.Burst {
+		im.burstLeft = max(im.BurstLen, 1) - 1
+		im.Bursts.Add(1)
+		im.Dropped.Add(1)
+		d.stats.TxImpaired.Add(1)
+		return
+	}
 	if r.Float64() < im.Loss {
 		im.Dropped.Add(1)
 		d.stats.TxImpaired.Add(1)
@@ -117,6 +140,10 @@ func (im *Impairment) emitLocked(p *impaired) {
 	if im.Jitter > 0 {
 		delay += time.Duration(im.rng.Int64N(int64(im.Jitter)))
 	}
+	if im.Spike > 0 && im.rng.Float64() < im.Spike {
+		delay += im.SpikeDelay
+		im.Spikes.Add(1)
+	}
 	if delay <= 0 {
 		_, _ = p.s.conn.WriteToUDPAddrPort(p.b, p.addr)
 		return
@@ -150,4 +177,9 @@ func (im *Impairment) stop() {
 	}
 	im.mu.Unlock()
 	im.wg.Wait()
+}
+
+// TxImpairedTotal counts every datagram the impairment acted on.
+func (im *Impairment) TxImpairedTotal() uint64 {
+	return im.Dropped.Load() + im.Corrupted.Load() + im.Duplicated.Load() + im.Reordered.Load() + im.Spikes.Load()
 }

@@ -200,6 +200,10 @@ func TestRDImpaired(t *testing.T) {
 		{"duplicate, reorder, corrupt, jitter", func(s uint64) *Impairment {
 			return &Impairment{Seed: s, Loss: 0.02, Duplicate: 0.05, Reorder: 0.1, Corrupt: 0.02, Jitter: 300 * time.Microsecond}
 		}},
+		{"bursts of 10", func(s uint64) *Impairment { return &Impairment{Seed: s, Burst: 0.02, BurstLen: 10} }},
+		{"delay spikes past the timeout", func(s uint64) *Impairment {
+			return &Impairment{Seed: s, Spike: 0.02, SpikeDelay: 30 * time.Millisecond}
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ia, ib := tc.imp(1), tc.imp(2)
@@ -252,9 +256,12 @@ func TestRDImpaired(t *testing.T) {
 			}
 			quietPoll(t, p.cqb) // nothing delivered twice
 			st := p.a.dev.Stats()
-			t.Logf("a: %d data frames, %d retransmissions; impairment dropped %d/%d, duplicated %d/%d, corrupted %d/%d",
-				st.RDDataSent.Load(), st.RDRetransmits.Load(), ia.Dropped.Load(), ib.Dropped.Load(),
-				ia.Duplicated.Load(), ib.Duplicated.Load(), ia.Corrupted.Load(), ib.Corrupted.Load())
+			t.Logf("a: %d data frames, %d retransmissions; impairment dropped %d/%d (bursts %d/%d), duplicated %d/%d, corrupted %d/%d, spikes %d/%d",
+				st.RDDataSent.Load(), st.RDRetransmits.Load(), ia.Dropped.Load(), ib.Dropped.Load(), ia.Bursts.Load(), ib.Bursts.Load(),
+				ia.Duplicated.Load(), ib.Duplicated.Load(), ia.Corrupted.Load(), ib.Corrupted.Load(), ia.Spikes.Load(), ib.Spikes.Load())
+			if ia.TxImpairedTotal()+ib.TxImpairedTotal() == 0 {
+				t.Fatal("the impairment did nothing: the test did not test")
+			}
 		})
 	}
 }
