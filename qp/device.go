@@ -109,9 +109,17 @@ type Device struct {
 	wg         sync.WaitGroup
 	stats      Stats
 
-	wrTimerMu sync.Mutex // the Write-Record deadline timer
+	wrTimerMu sync.Mutex // the device timer: Write-Record deadlines, RD timers, RC acks
 	wrTimer   *time.Timer
 	wrNext    time.Time
+
+	// RC: one poller for every connection.
+	rcMu        sync.Mutex
+	rcEpoll     int
+	rcWake      int
+	rcConns     map[int]*rcConn
+	rcList      atomic.Pointer[[]*rcConn]
+	rcListeners []*RCListener
 }
 
 // Open creates a device.
@@ -123,12 +131,13 @@ func Open(cfg DeviceConfig) (*Device, error) {
 		}
 	}
 	d := &Device{
-		cfg:    cfg,
-		mrs:    newMRTable(cfg.MaxMR),
-		qps:    make([]atomic.Pointer[QP], cfg.MaxQP+1),
-		qpNext: 1,
-		events: make(chan AsyncEvent, 256),
-		done:   make(chan struct{}),
+		cfg:     cfg,
+		mrs:     newMRTable(cfg.MaxMR),
+		qps:     make([]atomic.Pointer[QP], cfg.MaxQP+1),
+		qpNext:  1,
+		events:  make(chan AsyncEvent, 256),
+		done:    make(chan struct{}),
+		rcEpoll: -1, rcWake: -1, rcConns: map[int]*rcConn{},
 	}
 	if cfg.Poll == PollBusy && cfg.BusyPollThread {
 		d.wg.Add(1)
@@ -177,7 +186,9 @@ func (d *Device) Close() error {
 	for _, s := range socks {
 		s.close()
 	}
+	d.rcClose()
 	d.wg.Wait()
+	d.rcRelease()
 	for i := range d.qps {
 		if q := d.qps[i].Load(); q != nil {
 			q.toError()
@@ -259,6 +270,7 @@ func (d *Device) progressOnce() {
 	for _, s := range *socks {
 		s.pollOnce()
 	}
+	d.rcPollOnce()
 }
 
 // busyLoop spins on non-blocking receives on a locked OS thread.

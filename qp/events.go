@@ -115,6 +115,15 @@ type Stats struct {
 	RDReadsServed    atomic.Uint64 // Read Requests answered
 	RDReadsRefused   atomic.Uint64 // Read Requests over IRD
 
+	// RC (TCP + MPA) QPs.
+	RCFPDUsSent          atomic.Uint64
+	RCFPDUsReceived      atomic.Uint64
+	RCTerminatesSent     atomic.Uint64
+	RCTerminatesReceived atomic.Uint64
+	RCReadsOverIRD       atomic.Uint64
+	RCConnectionsLost    atomic.Uint64
+	RCBadRequests        atomic.Uint64 // MPA Requests that were not
+
 	TxDatagrams atomic.Uint64
 	TxDirect    atomic.Uint64 // sent in the poster's goroutine
 	TxGSO       atomic.Uint64 // sendmsg calls that carried several datagrams (UDP GSO)

@@ -61,10 +61,12 @@ type MR struct {
 	// taken twice by one copy (two SGEs of one region) without deadlock.
 	pins  atomic.Int64
 	valid atomic.Bool
-	// rdRefs counts the RD work requests whose data, not yet acknowledged,
-	// lives here: the buffer is their retransmit source (seed 002).
+	// rdRefs counts the RD and RC work requests whose data, not yet
+	// acknowledged or sent, lives here: the buffer is their source (seed 002).
 	rdRefs atomic.Int32
-	vmap   atomic.Pointer[validitymap.Map]
+	// revoked: a peer's Send with Invalidate ended remote access (RC).
+	revoked atomic.Bool
+	vmap    atomic.Pointer[validitymap.Map]
 	// wrLimits overrides the receiving QP's Write-Record deadline and
 	// policy for messages into this region.
 	wrLimits atomic.Pointer[writerecord.Limits]
@@ -223,7 +225,7 @@ func (m *MR) Deregister() error {
 	}
 	if n := m.rdRefs.Load(); n > 0 {
 		t.mu.Unlock()
-		return fmt.Errorf("%w: MR with STag %#08x: %d RD work requests not yet acknowledged send from it", ErrBusy, m.stag, n)
+		return fmt.Errorf("%w: MR with STag %#08x: %d work requests not yet acknowledged send from it", ErrBusy, m.stag, n)
 	}
 	t.slots[i].Store(nil)
 	t.used--

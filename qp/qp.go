@@ -139,8 +139,9 @@ type QP struct {
 	wrMSN        map[wrKey]uint32 // Write-Record MSNs, under sqMu
 	wrMu         sync.Mutex       // guards wr: the receive path and the device's timer
 	wr           *writerecord.Engine
-	rd           *rdQP        // RD QPs: peers, reliability, WRs until acknowledged
-	srqHeld      atomic.Int32 // SRQ receives held (seed 004 limit)
+	rd           *rdQP                  // RD QPs: peers, reliability, WRs until acknowledged
+	rc           atomic.Pointer[rcConn] // RC QPs: the connection, once Connect or Accept made it
+	srqHeld      atomic.Int32           // SRQ receives held (seed 004 limit)
 	srqOverdrawn atomic.Bool
 }
 
@@ -166,8 +167,8 @@ func (pd *PD) CreateQP(attr QPAttr) (*QP, error) {
 		c.MaxInline = 256
 	}
 	switch {
-	case attr.Type != UD && attr.Type != RD:
-		return nil, fmt.Errorf("%w: QP type %v is not available yet (UD and RD are)", ErrInvalidAttr, attr.Type)
+	case attr.Type != UD && attr.Type != RD && attr.Type != RC:
+		return nil, fmt.Errorf("%w: QP type %v", ErrInvalidAttr, attr.Type)
 	case attr.SendCQ == nil || attr.RecvCQ == nil:
 		return nil, fmt.Errorf("%w: a QP needs a send CQ and a receive CQ", ErrInvalidAttr)
 	case attr.SendCQ.dev != d || attr.RecvCQ.dev != d || (attr.SRQ != nil && attr.SRQ.pd.dev != d):
@@ -251,7 +252,14 @@ func (q *QP) Modify(attr ModifyAttr) error {
 		}
 		q.sock.Store(attr.Socket)
 	}
-	if (next == StateRTR || next == StateRTS) && q.sock.Load() == nil {
+	if q.typ == RC {
+		if attr.Socket != nil {
+			return fmt.Errorf("%w: an RC QP runs over its TCP connection, not a UDP socket", ErrInvalidAttr)
+		}
+		if (next == StateRTR || next == StateRTS) && q.rc.Load() == nil {
+			return fmt.Errorf("%w: an RC QP reaches %v through Connect or RCRequest.Accept", ErrQPState, next)
+		}
+	} else if (next == StateRTR || next == StateRTS) && q.sock.Load() == nil {
 		return fmt.Errorf("%w: a %v QP needs its bound socket to reach %v", ErrInvalidAttr, q.typ, next)
 	}
 	switch next {
@@ -296,6 +304,9 @@ func (q *QP) flushLocked() {
 	}
 	if q.rd != nil {
 		q.rdFlush()
+	}
+	if c := q.rc.Load(); c != nil {
+		c.flush()
 	}
 	q.rqMu.Lock()
 	for q.rq.len() > 0 {

@@ -26,8 +26,12 @@ const (
 	// OpRead is an RDMA Read of the peer's region named by RemoteSTag at
 	// RemoteTO into the one SGE of the SGL, which must lie in a region with
 	// remote-write access (the Read Responses are tagged writes into it,
-	// RFC 5040). RD QPs; it completes when the last response is placed.
+	// RFC 5040). RD and RC QPs; it completes when the last response is placed.
 	OpRead
+	// OpSendInvalidate is a Send that also invalidates the peer's STag
+	// InvalidateSTag for remote access (RC QPs; RFC 5040 Send with
+	// Invalidate). FlagSolicited makes it Send with SE and Invalidate.
+	OpSendInvalidate
 )
 
 // SendFlags modify a send work request (ibv_send_flags).
@@ -54,6 +58,8 @@ type SendWR struct {
 	// RemoteSTag and RemoteTO name where an OpWriteRecord or OpWrite lands.
 	RemoteSTag uint32
 	RemoteTO   uint64
+	// InvalidateSTag is the peer's STag an OpSendInvalidate invalidates.
+	InvalidateSTag uint32
 }
 
 type sendWQE struct {
@@ -245,6 +251,19 @@ func (t *txCtx) transmit(s *Socket) error {
 func (q *QP) PostSend(wr *SendWR) error {
 	if st := q.State(); st != StateRTS {
 		return fmt.Errorf("%w: PostSend on a QP in %v", ErrQPState, st)
+	}
+	if q.typ == RC {
+		switch {
+		case wr.AH != nil:
+			return fmt.Errorf("%w: an RC QP sends to its connected peer: no address handle", ErrInvalidWR)
+		case len(wr.SGL) > q.caps.MaxSendSGE:
+			return fmt.Errorf("%w: %d SGEs, the QP takes %d", ErrInvalidWR, len(wr.SGL), q.caps.MaxSendSGE)
+		case wr.Inline != nil && len(wr.SGL) > 0:
+			return fmt.Errorf("%w: inline data and an SGL in one WR", ErrInvalidWR)
+		case len(wr.Inline) > q.inlineSz:
+			return fmt.Errorf("%w: %d bytes of inline data, the QP takes %d", ErrInvalidWR, len(wr.Inline), q.inlineSz)
+		}
+		return q.postRC(wr)
 	}
 	switch {
 	case wr.AH == nil:

@@ -103,6 +103,9 @@ type WorkCompletion struct {
 	TO      uint64
 	Partial bool
 	Valid   []validitymap.Range
+	// Invalidated is the local STag a Send with Invalidate revoked for
+	// remote access (RC).
+	Invalidated uint32
 
 	srqQP *QP // the QP holding an SRQ receive until this is polled
 }

@@ -313,6 +313,9 @@ func (d *Device) onTimer() {
 		if q.rd != nil {
 			early(q.rdTimer(now))
 		}
+		if q.rc.Load() != nil {
+			q.rcAckTimer()
+		}
 		q.wrMu.Lock()
 		if q.wr != nil && q.wr.InProgress() > 0 {
 			early(q.wr.Expire(now, func(rec writerecord.Record) {

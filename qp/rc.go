@@ -1,0 +1,556 @@
+package qp
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/udiwarp/udiwarp/udiwarp"
+	"golang.org/x/sys/unix"
+)
+
+// RC: standard iWARP — RDMAP (RFC 5040) over DDP (RFC 5041, DV = 1) over
+// MPA (RFC 5044, with RFC 6581's enhanced connection setup) over TCP. It
+// is the baseline every datagram result is compared with, so it is built
+// as a real stack: MPA markers and CRC negotiated and implemented both
+// ways, IRD/ORD negotiated, Terminate messages with the RFC codes, and no
+// goroutine per connection: one per device waits on every RC socket
+// (epoll) and sends what the sockets could not take at once.
+
+// RCConfig sets up one RC connection.
+type RCConfig struct {
+	// Revision is the MPA revision: 2 (default: RFC 6581, IRD/ORD and a
+	// ready-to-receive message) or 1 (RFC 5044).
+	Revision uint8
+	// Markers asks the peer to put MPA markers in the FPDUs it sends us
+	// (M); we put them in ours when the peer asks.
+	Markers bool
+	// NoCRC leaves C clear; CRC32c is on if either side sets it.
+	NoCRC bool
+	// IRD and ORD: Read Requests this side serves at once, and issues at
+	// once (default 16 each; negotiated with the peer's in revision 2).
+	IRD, ORD int
+	// PrivateData goes in the MPA Request or Reply (at most 512 bytes,
+	// less the IRD/ORD word in revision 2).
+	PrivateData []byte
+	// Timeout bounds the MPA exchange (default 5 s).
+	Timeout time.Duration
+	// CompleteOnAck completes a send WR only when the peer's TCP
+	// acknowledged its last byte (the socket's unacknowledged bytes,
+	// SIOCOUTQ, seed 002), instead of when TCP took it.
+	CompleteOnAck bool
+}
+
+func (c *RCConfig) fill() error {
+	if c.Revision == 0 {
+		c.Revision = udiwarp.MPARevision2
+	}
+	if c.Revision != udiwarp.MPARevision1 && c.Revision != udiwarp.MPARevision2 {
+		return fmt.Errorf("%w: MPA revision %d (1 or 2)", ErrInvalidAttr, c.Revision)
+	}
+	if c.IRD <= 0 {
+		c.IRD = 16
+	}
+	if c.ORD <= 0 {
+		c.ORD = 16
+	}
+	c.IRD, c.ORD = min(c.IRD, udiwarp.MaxIRDORD-1), min(c.ORD, udiwarp.MaxIRDORD-1)
+	if c.Timeout <= 0 {
+		c.Timeout = 5 * time.Second
+	}
+	return nil
+}
+
+func (c *RCConfig) frame(reply, reject bool) ([]byte, error) {
+	f := udiwarp.MPAFrameFields{Reply: reply, Reject: reject, Markers: c.Markers, CRC: !c.NoCRC, Revision: c.Revision,
+		PrivateData: c.PrivateData}
+	if c.Revision >= udiwarp.MPARevision2 {
+		f.Enhanced = true
+		// Peer-to-peer mode with a zero-length RDMA Write as the
+		// ready-to-receive message: it needs no receive and no STag.
+		f.IRDORD = udiwarp.IRDORD{PeerToPeer: true, WriteRTR: true, IRD: uint16(c.IRD), ORD: uint16(c.ORD)}
+	}
+	return udiwarp.AppendMPAFrame(nil, &f)
+}
+
+// ErrRejected is returned by Connect when the peer rejects the connection.
+var ErrRejected = errors.New("qp: connection rejected by the peer")
+
+// RejectError carries the private data of a rejecting MPA Reply.
+type RejectError struct{ PrivateData []byte }
+
+func (e *RejectError) Error() string {
+	return fmt.Sprintf("qp: connection rejected by the peer (%d bytes of private data)", len(e.PrivateData))
+}
+func (e *RejectError) Unwrap() error { return ErrRejected }
+
+// Connect connects an RC QP in INIT to the RC listener at addr: TCP, the
+// MPA Request and Reply, and in revision 2 the ready-to-receive message.
+// On success the QP is in RTS; the peer's private data is returned.
+func (q *QP) Connect(ctx context.Context, addr string, cfg RCConfig) ([]byte, error) {
+	if q.typ != RC {
+		return nil, fmt.Errorf("%w: Connect on a %v QP", ErrInvalidAttr, q.typ)
+	}
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	if st := q.State(); st != StateInit {
+		return nil, fmt.Errorf("%w: Connect on a QP in %v (want INIT)", ErrQPState, st)
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("qp: connecting to %s: %w", addr, err)
+	}
+	tc := c.(*net.TCPConn)
+	fail := func(err error) ([]byte, error) { tc.Close(); return nil, err }
+	req, err := cfg.frame(false, false)
+	if err != nil {
+		return fail(err)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		tc.SetDeadline(dl)
+	}
+	if _, err := tc.Write(req); err != nil {
+		return fail(fmt.Errorf("qp: sending the MPA Request: %w", err))
+	}
+	rep, early, err := readMPAFrame(tc)
+	if err != nil {
+		return fail(err)
+	}
+	if !rep.Reply() {
+		return fail(fmt.Errorf("%w: the peer answered with an MPA Request", udiwarp.ErrMPAFrame))
+	}
+	if rep.Reject() {
+		return fail(&RejectError{PrivateData: append([]byte(nil), rep.PrivateData()...)})
+	}
+	if rep.Revision() != cfg.Revision {
+		return fail(fmt.Errorf("%w: the peer replied with MPA revision %d to our %d", udiwarp.ErrVersion, rep.Revision(), cfg.Revision))
+	}
+	tc.SetDeadline(time.Time{})
+	neg := rcNegotiated{markersOut: rep.Markers(), markersIn: cfg.Markers, crc: rep.CRC() || !cfg.NoCRC, ird: cfg.IRD, ord: cfg.ORD}
+	if w, ok := rep.IRDORD(); ok {
+		// Our ORD must not exceed what the responder serves.
+		neg.ord = min(neg.ord, int(w.IRD))
+		neg.rtrSend = true
+	}
+	pd := append([]byte(nil), rep.PrivateData()...)
+	if err := q.attachRC(tc, neg, cfg, early, true); err != nil {
+		return fail(err)
+	}
+	return pd, nil
+}
+
+// rcNegotiated is what an MPA exchange settled.
+type rcNegotiated struct {
+	markersOut, markersIn bool // markers in what we send / what we receive
+	crc                   bool
+	ird, ord              int
+	rtrSend, rtrWait      bool // revision 2: send the RTR / wait for it
+}
+
+// readMPAFrame reads one MPA Request or Reply, returning it and any
+// stream bytes that came after it.
+func readMPAFrame(c net.Conn) (udiwarp.MPAFrame, []byte, error) {
+	buf := make([]byte, 0, udiwarp.MPAFrameHeaderSize+udiwarp.MaxMPAPrivateData+64)
+	tmp := make([]byte, 1024)
+	for {
+		m, n, need, err := udiwarp.ParseMPAFrame(buf)
+		if err != nil {
+			return nil, nil, err
+		}
+		if n > 0 {
+			return m, append([]byte(nil), buf[n:]...), nil
+		}
+		k, rerr := c.Read(tmp[:min(len(tmp), max(need-len(buf), 1))])
+		buf = append(buf, tmp[:k]...)
+		if rerr != nil {
+			if k > 0 {
+				continue
+			}
+			return nil, nil, fmt.Errorf("qp: reading the MPA frame: %w", rerr)
+		}
+	}
+}
+
+// RCListener accepts RC connections: each arrives as an RCRequest that
+// the application accepts onto a QP or rejects.
+type RCListener struct {
+	dev    *Device
+	ln     *net.TCPListener
+	reqs   chan *RCRequest
+	done   chan struct{}
+	wg     sync.WaitGroup
+	once   sync.Once
+	mu     sync.Mutex
+	open   map[*RCRequest]struct{}
+	closed bool
+}
+
+// ListenRC listens for RC connections on a TCP address.
+func (d *Device) ListenRC(addr string) (*RCListener, error) {
+	if d.closed.Load() {
+		return nil, ErrClosed
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("qp: listening for RC on %s: %w", addr, err)
+	}
+	l := &RCListener{dev: d, ln: ln.(*net.TCPListener), reqs: make(chan *RCRequest, 64), done: make(chan struct{}),
+		open: map[*RCRequest]struct{}{}}
+	l.wg.Add(1)
+	go l.acceptLoop()
+	d.rcMu.Lock()
+	d.rcListeners = append(d.rcListeners, l)
+	d.rcMu.Unlock()
+	return l, nil
+}
+
+// Addr returns the address the listener is bound to.
+func (l *RCListener) Addr() netip.AddrPort { return l.ln.Addr().(*net.TCPAddr).AddrPort() }
+
+func (l *RCListener) acceptLoop() {
+	defer l.wg.Done()
+	for {
+		c, err := l.ln.AcceptTCP()
+		if err != nil {
+			return
+		}
+		l.wg.Add(1)
+		go l.handshake(c) // bounded by the MPA timeout; ends with the request queued or refused
+	}
+}
+
+// handshake reads an MPA Request (within 5 s) and queues it.
+func (l *RCListener) handshake(c *net.TCPConn) {
+	defer l.wg.Done()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	m, early, err := readMPAFrame(c)
+	if err != nil || m.Reply() {
+		// A bogus MPA Request: RFC 5044 §7.1 has the responder close; a
+		// Reply with R set tells a confused initiator why.
+		if err != nil && !errors.Is(err, unix.ECONNRESET) {
+			l.dev.stats.RCBadRequests.Add(1)
+			rej, _ := udiwarp.AppendMPAFrame(nil, &udiwarp.MPAFrameFields{Reply: true, Reject: true, Revision: udiwarp.MPARevision1})
+			c.Write(rej)
+		}
+		c.Close()
+		return
+	}
+	c.SetDeadline(time.Time{})
+	r := &RCRequest{l: l, conn: c, req: append(udiwarp.MPAFrame(nil), m...), early: early}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		c.Close()
+		return
+	}
+	l.open[r] = struct{}{}
+	l.mu.Unlock()
+	select {
+	case l.reqs <- r:
+	case <-l.done:
+		r.drop()
+	}
+}
+
+// Next returns the next connection request.
+func (l *RCListener) Next(ctx context.Context) (*RCRequest, error) {
+	select {
+	case r := <-l.reqs:
+		return r, nil
+	case <-l.done:
+		return nil, ErrClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// Close stops listening; requests not yet accepted are refused.
+func (l *RCListener) Close() error {
+	l.once.Do(func() {
+		close(l.done)
+		l.ln.Close()
+		l.mu.Lock()
+		l.closed = true
+		for r := range l.open {
+			r.conn.Close()
+		}
+		clear(l.open)
+		l.mu.Unlock()
+	})
+	l.wg.Wait()
+	return nil
+}
+
+// RCRequest is an incoming RC connection waiting for Accept or Reject.
+type RCRequest struct {
+	l     *RCListener
+	conn  *net.TCPConn
+	req   udiwarp.MPAFrame
+	early []byte
+}
+
+// PrivateData returns the initiator's private data.
+func (r *RCRequest) PrivateData() []byte { return r.req.PrivateData() }
+
+// Peer returns the initiator's address.
+func (r *RCRequest) Peer() netip.AddrPort { return r.conn.RemoteAddr().(*net.TCPAddr).AddrPort() }
+
+// Revision returns the MPA revision the initiator asked for.
+func (r *RCRequest) Revision() uint8 { return r.req.Revision() }
+
+func (r *RCRequest) drop() {
+	r.l.mu.Lock()
+	delete(r.l.open, r)
+	r.l.mu.Unlock()
+}
+
+// Accept answers with an MPA Reply and binds the connection to q, an RC
+// QP in INIT, which then moves to RTS. The Reply carries cfg's private
+// data; markers, CRC, IRD and ORD are settled with the request's.
+func (r *RCRequest) Accept(q *QP, cfg RCConfig) error {
+	r.drop()
+	if q.typ != RC || q.State() != StateInit {
+		r.conn.Close()
+		return fmt.Errorf("%w: Accept onto a %v QP in %v (want an RC QP in INIT)", ErrInvalidAttr, q.typ, q.State())
+	}
+	cfg.Revision = r.req.Revision() // answer in the initiator's revision
+	if err := cfg.fill(); err != nil {
+		r.conn.Close()
+		return err
+	}
+	neg := rcNegotiated{markersOut: r.req.Markers(), markersIn: cfg.Markers, crc: r.req.CRC() || !cfg.NoCRC, ird: cfg.IRD, ord: cfg.ORD}
+	if w, ok := r.req.IRDORD(); ok {
+		neg.ord = min(neg.ord, int(w.IRD))
+		neg.rtrWait = w.PeerToPeer
+	}
+	rep, err := cfg.frame(true, false)
+	if err != nil {
+		r.conn.Close()
+		return err
+	}
+	if _, err := r.conn.Write(rep); err != nil {
+		r.conn.Close()
+		return fmt.Errorf("qp: sending the MPA Reply: %w", err)
+	}
+	if err := q.attachRC(r.conn, neg, cfg, r.early, false); err != nil {
+		r.conn.Close()
+		return err
+	}
+	return nil
+}
+
+// Reject answers with an MPA Reply with R set, carrying privateData, and
+// closes the connection.
+func (r *RCRequest) Reject(privateData []byte) error {
+	r.drop()
+	defer r.conn.Close()
+	rev := r.req.Revision()
+	f := udiwarp.MPAFrameFields{Reply: true, Reject: true, Revision: rev, PrivateData: privateData}
+	if rev >= udiwarp.MPARevision2 {
+		f.Enhanced = true
+	}
+	b, err := udiwarp.AppendMPAFrame(nil, &f)
+	if err != nil {
+		return err
+	}
+	_, err = r.conn.Write(b)
+	return err
+}
+
+// attachRC binds an established MPA connection to q and moves q to RTS.
+func (q *QP) attachRC(tc *net.TCPConn, neg rcNegotiated, cfg RCConfig, early []byte, initiator bool) error {
+	d := q.dev
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var fd int
+	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		return err
+	}
+	tc.SetNoDelay(true)
+	mss := 1460
+	if v, err := unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_MAXSEG); err == nil && v > 0 {
+		mss = v
+	}
+	c := &rcConn{q: q, tc: tc, raw: raw, fd: fd, neg: neg, ackMode: cfg.CompleteOnAck,
+		sendMSN: 1, readMSN: 1, termMSN: 1, rxSendMSN: 1, rxReadMSN: 1, rxTermMSN: 1}
+	// The largest ULPDU: what fits one TCP segment with MPA's 8 bytes of
+	// framing, as RFC 5044 §4.1 advises (MULPDU from the EMSS); markers
+	// take 4 bytes per 512 more.
+	c.mulpdu = min(mss-udiwarp.MPAHeaderSize-udiwarp.CRCSize-3, udiwarp.MaxULPDU)
+	if neg.markersOut {
+		c.mulpdu -= (mss/udiwarp.MPAMarkerInterval + 1) * udiwarp.MPAMarkerSize
+	}
+	c.mulpdu = max(c.mulpdu, 256)
+	c.framer = udiwarp.MPAFramer{Markers: neg.markersOut, CRC: neg.crc}
+	c.deframer = udiwarp.MPADeframer{Markers: neg.markersIn, CRC: neg.crc}
+	c.rx = make([]byte, 0, 256<<10)
+	c.rx = append(c.rx, early...)
+	c.rtrPending = neg.rtrWait
+	q.sqMu.Lock()
+	if q.State() != StateInit || q.rc.Load() != nil {
+		q.sqMu.Unlock()
+		return fmt.Errorf("%w: the QP left INIT or is connected", ErrQPState)
+	}
+	q.rc.Store(c)
+	q.state.Store(uint32(StateRTS))
+	q.sqMu.Unlock()
+	if err := d.rcRegister(c); err != nil {
+		return err
+	}
+	if neg.rtrSend {
+		// The ready-to-receive message: a zero-length RDMA Write.
+		c.mu.Lock()
+		c.queue = append(c.queue, &rcMsg{op: opRTR, internal: true})
+		c.pumpLocked()
+		c.mu.Unlock()
+	}
+	if len(early) > 0 {
+		c.onReadable()
+	}
+	return nil
+}
+
+// rcRegister adds c to the device's RC poller, starting it on first use.
+func (d *Device) rcRegister(c *rcConn) error {
+	d.rcMu.Lock()
+	defer d.rcMu.Unlock()
+	if d.closed.Load() {
+		return ErrClosed
+	}
+	if d.rcEpoll < 0 {
+		ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+		if err != nil {
+			return fmt.Errorf("qp: epoll: %w", err)
+		}
+		ev, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+		if err != nil {
+			unix.Close(ep)
+			return fmt.Errorf("qp: eventfd: %w", err)
+		}
+		if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, ev, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(ev)}); err != nil {
+			unix.Close(ep)
+			unix.Close(ev)
+			return err
+		}
+		d.rcEpoll, d.rcWake = ep, ev
+		d.wg.Add(1)
+		go d.rcLoop()
+	}
+	d.rcConns[c.fd] = c
+	list := make([]*rcConn, 0, len(d.rcConns))
+	for _, x := range d.rcConns {
+		list = append(list, x)
+	}
+	d.rcList.Store(&list)
+	return unix.EpollCtl(d.rcEpoll, unix.EPOLL_CTL_ADD, c.fd, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(c.fd)})
+}
+
+func (d *Device) rcUnregister(c *rcConn) {
+	d.rcMu.Lock()
+	defer d.rcMu.Unlock()
+	if d.rcConns[c.fd] != c {
+		return
+	}
+	delete(d.rcConns, c.fd)
+	list := make([]*rcConn, 0, len(d.rcConns))
+	for _, x := range d.rcConns {
+		list = append(list, x)
+	}
+	d.rcList.Store(&list)
+	if d.rcEpoll >= 0 {
+		unix.EpollCtl(d.rcEpoll, unix.EPOLL_CTL_DEL, c.fd, nil)
+	}
+}
+
+// rcLoop waits on every RC socket of the device: it reads what arrives
+// and sends what a full socket held back (the datamover of seed 000 for
+// RC), one goroutine for all connections.
+func (d *Device) rcLoop() {
+	defer d.wg.Done()
+	events := make([]unix.EpollEvent, 64)
+	for {
+		n, err := unix.EpollWait(d.rcEpoll, events, -1)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || d.closed.Load() {
+			return
+		}
+		for _, ev := range events[:n] {
+			if int(ev.Fd) == d.rcWake {
+				if d.closed.Load() {
+					return
+				}
+				var b [8]byte
+				unix.Read(d.rcWake, b[:])
+				continue
+			}
+			d.rcMu.Lock()
+			c := d.rcConns[int(ev.Fd)]
+			d.rcMu.Unlock()
+			if c == nil {
+				continue
+			}
+			if ev.Events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+				c.onReadable()
+			}
+			if ev.Events&unix.EPOLLOUT != 0 {
+				c.onWritable()
+			}
+		}
+	}
+}
+
+// rcPollOnce reads every RC connection without waiting (busy polling).
+func (d *Device) rcPollOnce() {
+	if l := d.rcList.Load(); l != nil {
+		for _, c := range *l {
+			c.onReadable()
+		}
+	}
+}
+
+// rcClose stops the RC poller and closes every connection (Device.Close).
+func (d *Device) rcClose() {
+	d.rcMu.Lock()
+	ls := d.rcListeners
+	d.rcListeners = nil
+	conns := make([]*rcConn, 0, len(d.rcConns))
+	for _, c := range d.rcConns {
+		conns = append(conns, c)
+	}
+	if d.rcWake >= 0 {
+		var one [8]byte
+		binary.NativeEndian.PutUint64(one[:], 1)
+		unix.Write(d.rcWake, one[:])
+	}
+	d.rcMu.Unlock()
+	for _, l := range ls {
+		l.Close()
+	}
+	for _, c := range conns {
+		c.shutdown()
+	}
+}
+
+// rcRelease frees the poller's descriptors once its goroutine is gone.
+func (d *Device) rcRelease() {
+	d.rcMu.Lock()
+	defer d.rcMu.Unlock()
+	if d.rcEpoll >= 0 {
+		unix.Close(d.rcEpoll)
+		unix.Close(d.rcWake)
+		d.rcEpoll, d.rcWake = -1, -1
+	}
+}

@@ -1,0 +1,198 @@
+package qp
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// rcSide is a device with a big buffer, an RC QP in INIT and its CQ.
+type rcSide struct {
+	dev *Device
+	pd  *PD
+	buf []byte
+	mr  *MR
+	q   *QP
+	cq  *CQ
+}
+
+func newRCSide(t testing.TB, cfg DeviceConfig) *rcSide {
+	t.Helper()
+	dev, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Close() })
+	s := &rcSide{dev: dev, pd: dev.AllocPD(), buf: make([]byte, 8<<20)}
+	if s.mr, err = s.pd.RegisterMemory(s.buf, AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead); err != nil {
+		t.Fatal(err)
+	}
+	if s.cq, err = dev.CreateCQ(4096); err != nil {
+		t.Fatal(err)
+	}
+	s.q = s.newQP(t)
+	return s
+}
+
+func (s *rcSide) newQP(t testing.TB) *QP {
+	q, err := s.pd.CreateQP(QPAttr{Type: RC, SendCQ: s.cq, RecvCQ: s.cq, Caps: QPCaps{MaxSendWR: 1024, MaxRecvWR: 1024}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Modify(ModifyAttr{State: StateInit}); err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// rcConnect connects a's QP to b's through a listener on b.
+func rcConnect(t testing.TB, a, b *rcSide, ca, cb RCConfig) {
+	t.Helper()
+	l, err := b.dev.ListenRC("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	done := make(chan error, 1)
+	go func() {
+		r, err := l.Next(context.Background())
+		if err != nil {
+			done <- err
+			return
+		}
+		if string(r.PrivateData()) != "hello" {
+			done <- fmt.Errorf("private data %q", r.PrivateData())
+			return
+		}
+		cb.PrivateData = []byte("welcome")
+		done <- r.Accept(b.q, cb)
+	}()
+	ca.PrivateData = []byte("hello")
+	pd, err := a.q.Connect(context.Background(), l.Addr().String(), ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if string(pd) != "welcome" {
+		t.Fatalf("reply private data %q", pd)
+	}
+}
+
+func TestRCOperations(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		ca, cb RCConfig
+	}{
+		{"MPA v2, CRC", RCConfig{}, RCConfig{}},
+		{"MPA v2, markers both ways", RCConfig{Markers: true}, RCConfig{Markers: true}},
+		{"MPA v2, markers one way", RCConfig{Markers: true}, RCConfig{}},
+		{"MPA v2, no CRC", RCConfig{NoCRC: true}, RCConfig{NoCRC: true}},
+		{"MPA v1, markers and CRC", RCConfig{Revision: 1, Markers: true}, RCConfig{Markers: true}},
+		{"MPA v1, no CRC, no markers", RCConfig{Revision: 1, NoCRC: true}, RCConfig{NoCRC: true}},
+		{"completion on TCP ack", RCConfig{CompleteOnAck: true}, RCConfig{CompleteOnAck: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := newRCSide(t, DeviceConfig{}), newRCSide(t, DeviceConfig{})
+			rcConnect(t, a, b, tc.ca, tc.cb)
+			sizes := []int{0, 1, 100, 1500, 65536, 300000, 3 << 20}
+			// Sends, each into its own receive.
+			off := 0
+			for i, n := range sizes {
+				b.q.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(off, max(n, 1))}})
+				fill(a.buf[off:off+n], i)
+				if err := a.q.PostSend(&SendWR{ID: uint64(i), Flags: FlagSignaled, SGL: []SGE{a.mr.SGE(off, n)}}); err != nil {
+					t.Fatal(err)
+				}
+				off += max(n, 1)
+			}
+			for i, wc := range collect(t, a.cq, len(sizes), 10*time.Second) {
+				if wc.ID != uint64(i) || wc.Status != Success || wc.Opcode != WCSend || int(wc.Len) != sizes[i] {
+					t.Fatalf("send %d: %+v", i, wc)
+				}
+			}
+			off = 0
+			for i, wc := range collect(t, b.cq, len(sizes), 10*time.Second) {
+				n := sizes[i]
+				if wc.ID != uint64(i) || wc.Status != Success || int(wc.Len) != n || wc.MSN != uint32(i+1) {
+					t.Fatalf("receive %d: %+v", i, wc)
+				}
+				if !bytes.Equal(b.buf[off:off+n], a.buf[off:off+n]) {
+					t.Fatalf("message %d (%d bytes) differs", i, n)
+				}
+				off += max(n, 1)
+			}
+			// Writes and Reads, back and forth.
+			for i, n := range sizes {
+				fill(a.buf[:n], 50+i)
+				if err := a.q.PostSend(&SendWR{ID: 100 + uint64(i), Opcode: OpWrite, Flags: FlagSignaled, SGL: []SGE{a.mr.SGE(0, n)},
+					RemoteSTag: b.mr.STag(), RemoteTO: b.mr.Addr() + 4<<20}); err != nil {
+					t.Fatal(err)
+				}
+				if wc := collect(t, a.cq, 1, 10*time.Second)[0]; wc.Status != Success || wc.Opcode != WCRDMAWrite {
+					t.Fatalf("write %d: %+v", i, wc)
+				}
+				// Read it back into a's second half: what the Write put there.
+				if err := a.q.PostSend(&SendWR{ID: 200 + uint64(i), Opcode: OpRead, Flags: FlagSignaled, SGL: []SGE{a.mr.SGE(4<<20, n)},
+					RemoteSTag: b.mr.STag(), RemoteTO: b.mr.Addr() + 4<<20}); err != nil {
+					t.Fatal(err)
+				}
+				if wc := collect(t, a.cq, 1, 10*time.Second)[0]; wc.Status != Success || wc.Opcode != WCRDMARead || int(wc.Len) != n {
+					t.Fatalf("read %d: %+v", i, wc)
+				}
+				if !bytes.Equal(a.buf[4<<20:4<<20+n], a.buf[:n]) {
+					t.Fatalf("read %d (%d bytes): what came back differs from what was written", i, n)
+				}
+			}
+			quietPoll(t, b.cq) // one-sided operations complete nothing at the target
+		})
+	}
+}
+
+func TestRCSendInvalidate(t *testing.T) {
+	a, b := newRCSide(t, DeviceConfig{}), newRCSide(t, DeviceConfig{})
+	rcConnect(t, a, b, RCConfig{}, RCConfig{})
+	target, _ := b.pd.RegisterMemory(make([]byte, 64), AccessLocalWrite|AccessRemoteWrite)
+	b.q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{b.mr.SGE(0, 16)}})
+	a.q.PostSend(&SendWR{ID: 1, Opcode: OpSendInvalidate, Flags: FlagSignaled | FlagSolicited, Inline: []byte("bye"), InvalidateSTag: target.STag()})
+	if wc := collect(t, b.cq, 1, 5*time.Second)[0]; wc.Status != Success || wc.Invalidated != target.STag() || !wc.Solicited {
+		t.Fatalf("%+v", wc)
+	}
+	collect(t, a.cq, 1, time.Second)
+	// The invalidated STag no longer takes remote writes: the Write ends
+	// the connection with a Terminate.
+	a.q.PostSend(&SendWR{ID: 2, Opcode: OpWrite, Flags: FlagSignaled, Inline: []byte("x"), RemoteSTag: target.STag(), RemoteTO: target.Addr()})
+	waitState(t, b.q, StateError)
+	waitState(t, a.q, StateError)
+}
+
+func waitState(t *testing.T, q *QP, want QPState) {
+	t.Helper()
+	eventually(t, "QP state "+want.String(), func() bool { return q.State() == want })
+}
+
+func TestRCReject(t *testing.T) {
+	a, b := newRCSide(t, DeviceConfig{}), newRCSide(t, DeviceConfig{})
+	l, err := b.dev.ListenRC("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		if r, err := l.Next(context.Background()); err == nil {
+			r.Reject([]byte("busy"))
+		}
+	}()
+	_, err = a.q.Connect(context.Background(), l.Addr().String(), RCConfig{})
+	var rej *RejectError
+	if !errors.As(err, &rej) || !errors.Is(err, ErrRejected) || string(rej.PrivateData) != "busy" {
+		t.Fatalf("%v", err)
+	}
+	if a.q.State() != StateInit {
+		t.Fatalf("state %v after a reject", a.q.State())
+	}
+}

@@ -1,0 +1,986 @@
+package qp
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/udiwarp/udiwarp/udiwarp"
+	"golang.org/x/sys/unix"
+)
+
+// The RC data path: FPDUs out (from registered memory with writev when
+// there are no markers; built whole with markers), FPDUs in (MPA
+// deframing, then RFC 5040 §7.2's checks), Terminate on any error.
+
+// Internal messages an RC connection sends on its own.
+const (
+	opRTR       SendOpcode = 0xfd // RFC 6581 ready-to-receive: a zero-length RDMA Write
+	opTerminate SendOpcode = 0xfe
+)
+
+type rcMsg struct {
+	id       uint64
+	op       SendOpcode
+	flags    SendFlags
+	nsge     int
+	sge      [maxSGE]SGE
+	mrs      [maxSGE]*MR // referenced (MR.rdRefs) until the WR completes
+	nmr      int
+	inline   []byte
+	length   uint32
+	off      uint32 // bytes framed so far
+	rstag    uint32
+	rto      uint64
+	sinkSTag uint32
+	sinkTO   uint64
+	invSTag  uint32
+	msn      uint32
+	internal bool
+	body     []byte // opTerminate: the RDMAP Terminate header and echoes
+	end      uint64 // stream offset just after its last byte
+	status   Status
+	framed   bool // its last FPDU is built
+	handed   bool // its last byte went to TCP
+	respDone bool // a Read's last response arrived
+	done     bool
+}
+
+func (m *rcMsg) releaseMRs() {
+	for i := 0; i < m.nmr; i++ {
+		m.mrs[i].rdRefs.Add(-1)
+		m.mrs[i] = nil
+	}
+	m.nmr = 0
+}
+
+// rcRecv is the Send being received (its segments come in order).
+type rcRecv struct {
+	w    recvWQE
+	got  uint32
+	msn  uint32
+	bad  Status
+	have bool
+}
+
+type rcConn struct {
+	q       *QP
+	tc      *net.TCPConn
+	raw     syscall.RawConn
+	fd      int
+	neg     rcNegotiated
+	ackMode bool
+	mulpdu  int
+
+	mu         sync.Mutex // the send side, the queues, the Reads
+	framer     udiwarp.MPAFramer
+	queue      []*rcMsg // to send, in order
+	posted     []*rcMsg // application WRs not yet completed, in post order
+	reads      []*rcMsg // Reads sent, awaiting responses, in order
+	serving    int      // Read Responses queued or being sent (IRD)
+	rest       []byte   // the unwritten tail of an FPDU
+	restBuf    []byte
+	scratch    []byte
+	gather     []byte
+	hb         [udiwarp.MPAHeaderSize + udiwarp.DDPUntaggedHeaderSize + udiwarp.ReadRequestSize]byte
+	trailer    [3 + udiwarp.CRCSize]byte
+	iov        [maxSGE + 2]unix.Iovec
+	written    uint64 // stream octets handed to TCP
+	wantOut    bool
+	sendMSN    uint32
+	readMSN    uint32
+	termMSN    uint32
+	rtrPending bool // responder in revision 2: nothing goes out before the initiator's RTR
+	dead       bool
+
+	rxMu      sync.Mutex // the receive side: one reader at a time
+	deframer  udiwarp.MPADeframer
+	rx        []byte
+	rxSendMSN uint32
+	rxReadMSN uint32
+	rxTermMSN uint32
+	cur       rcRecv
+	closing   atomic.Bool
+}
+
+// postRC queues a send WR on an RC QP and sends what TCP takes now.
+func (q *QP) postRC(wr *SendWR) error {
+	c := q.rc.Load()
+	if c == nil {
+		return fmt.Errorf("%w: the RC QP is not connected", ErrQPState)
+	}
+	var length uint64
+	for _, g := range wr.SGL {
+		length += uint64(g.Length)
+	}
+	length += uint64(len(wr.Inline))
+	if length > 1<<32-1 {
+		return fmt.Errorf("%w: a message of %d bytes (at most 4 GiB - 1)", ErrInvalidWR, length)
+	}
+	m := &rcMsg{id: wr.ID, op: wr.Opcode, flags: wr.Flags, length: uint32(length), rstag: wr.RemoteSTag, rto: wr.RemoteTO,
+		invSTag: wr.InvalidateSTag}
+	switch wr.Opcode {
+	case OpSend, OpSendInvalidate, OpWrite:
+	case OpRead:
+		if len(wr.SGL) != 1 || wr.Inline != nil {
+			return fmt.Errorf("%w: an RDMA Read names one sink SGE, not %d", ErrInvalidWR, len(wr.SGL))
+		}
+	default:
+		return fmt.Errorf("%w: opcode %v is not available on RC QPs", ErrInvalidWR, wr.Opcode)
+	}
+	if wr.Inline != nil {
+		m.inline = append([]byte(nil), wr.Inline...)
+	}
+	m.nsge = copy(m.sge[:], wr.SGL)
+	need := Access(0)
+	if m.op == OpRead {
+		need = AccessLocalWrite | AccessRemoteWrite // Read Responses are tagged writes into the sink
+		m.sinkSTag, m.sinkTO = m.sge[0].LKey, m.sge[0].Addr
+	}
+	for i := range m.nsge {
+		mr, _, st := q.dev.resolve(q.pd, &m.sge[i], need)
+		if st != Success {
+			m.releaseMRs()
+			q.pushSend(wr.ID, st, rcWCOp(m.op), 0)
+			return nil
+		}
+		mr.rdRefs.Add(1)
+		mr.unpin()
+		m.mrs[m.nmr] = mr
+		m.nmr++
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dead || q.State() != StateRTS {
+		m.releaseMRs()
+		return fmt.Errorf("%w: PostSend on a QP in %v", ErrQPState, q.State())
+	}
+	if len(c.posted) >= q.caps.MaxSendWR {
+		m.releaseMRs()
+		return fmt.Errorf("%w: %d send WRs outstanding", ErrQueueFull, len(c.posted))
+	}
+	switch m.op {
+	case OpSend, OpSendInvalidate:
+		m.msn = c.sendMSN
+		c.sendMSN++
+	case OpRead:
+		m.msn = c.readMSN
+		c.readMSN++
+	}
+	c.queue = append(c.queue, m)
+	c.posted = append(c.posted, m)
+	c.pumpLocked()
+	c.completeLocked()
+	return nil
+}
+
+func rcWCOp(op SendOpcode) WCOpcode {
+	switch op {
+	case OpWrite:
+		return WCRDMAWrite
+	case OpRead:
+		return WCRDMARead
+	}
+	return WCSend
+}
+
+// pumpLocked writes FPDUs while TCP takes them. It stops at a full socket
+// (and asks the poller to call back when it has room) or after a bounded
+// amount, so one connection cannot hold the poller from the others.
+func (c *rcConn) pumpLocked() {
+	budget := 1 << 20
+	for !c.dead && budget > 0 {
+		if len(c.rest) > 0 {
+			n, ok := c.write1(c.rest)
+			if !ok {
+				return
+			}
+			c.rest = c.rest[n:]
+			if len(c.rest) > 0 {
+				c.waitOut()
+				return
+			}
+			continue
+		}
+		if len(c.queue) == 0 {
+			break
+		}
+		m := c.queue[0]
+		if m.framed { // its last FPDU's tail just went out
+			c.handedLocked(m)
+			continue
+		}
+		if c.rtrPending && m.op != opTerminate {
+			break
+		}
+		if m.op == OpRead && m.off == 0 && len(c.reads) >= c.neg.ord {
+			break // ORD: later WRs wait their turn, in order
+		}
+		n, full := c.sendFPDU(m)
+		budget -= n
+		if m.framed && !full {
+			c.handedLocked(m)
+		}
+		if full {
+			c.waitOut()
+			return
+		}
+	}
+	switch {
+	case budget <= 0 && !c.dead:
+		c.waitOut() // more to send: the poller comes back, after the other connections
+	case c.wantOut && len(c.rest) == 0 && len(c.queue) == 0:
+		c.wantOut = false
+		c.q.dev.rcInterest(c, false)
+	}
+}
+
+func (c *rcConn) waitOut() {
+	if !c.wantOut {
+		c.wantOut = true
+		c.q.dev.rcInterest(c, true)
+	}
+}
+
+// handedLocked notes that m's last byte went to TCP.
+func (c *rcConn) handedLocked(m *rcMsg) {
+	c.queue[0] = nil
+	c.queue = c.queue[1:]
+	m.handed = true
+	m.end = c.written + uint64(len(c.rest))
+	switch {
+	case m.op == OpRead:
+		c.reads = append(c.reads, m)
+	case m.op == opReadResponse:
+		m.releaseMRs()
+		c.serving--
+	case m.op == opTerminate:
+		c.dead = true // nothing follows a Terminate
+	case m.internal:
+	case !c.ackMode:
+		m.done = true
+	}
+}
+
+// completeLocked completes application WRs in post order: Sends and
+// Writes once TCP took them (or acknowledged them, CompleteOnAck), Reads
+// once their last response is placed.
+func (c *rcConn) completeLocked() {
+	q := c.q
+	var acked uint64
+	if c.ackMode {
+		acked = c.ackedLocked()
+	}
+	k := 0
+	for ; k < len(c.posted); k++ {
+		m := c.posted[k]
+		if c.ackMode && m.handed && !m.done && m.op != OpRead && m.end <= acked {
+			m.done = true
+		}
+		if !m.done {
+			break
+		}
+		m.releaseMRs()
+		if m.status != Success || m.flags&FlagSignaled != 0 {
+			n := int(m.length)
+			if m.status != Success {
+				n = 0
+			}
+			q.pushSend(m.id, m.status, rcWCOp(m.op), n)
+		}
+		c.posted[k] = nil
+	}
+	c.posted = c.posted[k:]
+	if c.ackMode && len(c.posted) > 0 && c.posted[0].handed && !c.posted[0].done {
+		q.dev.armTimer(time.Now().Add(50 * time.Microsecond))
+	}
+}
+
+// ackedLocked returns the stream octets the peer's TCP acknowledged: all
+// handed over less what is still in the socket's send queue (SIOCOUTQ).
+func (c *rcConn) ackedLocked() uint64 {
+	var out int
+	c.raw.Control(func(fd uintptr) {
+		v, err := unix.IoctlGetInt(int(fd), unix.SIOCOUTQ)
+		if err == nil {
+			out = v
+		}
+	})
+	return c.written - uint64(out)
+}
+
+// sendFPDU frames the next FPDU of m and writes it. It returns the
+// octets written and whether the socket filled up.
+func (c *rcConn) sendFPDU(m *rcMsg) (int, bool) {
+	h := c.hb[:udiwarp.MPAHeaderSize]
+	room := c.mulpdu
+	var n uint32
+	switch m.op {
+	case OpSend, OpSendInvalidate:
+		n = min(m.length-m.off, uint32(room-udiwarp.DDPUntaggedHeaderSize))
+		se := m.flags&FlagSolicited != 0
+		opc := udiwarp.OpSend
+		switch {
+		case m.op == OpSendInvalidate && se:
+			opc = udiwarp.OpSendSEInvalidate
+		case m.op == OpSendInvalidate:
+			opc = udiwarp.OpSendInvalidate
+		case se:
+			opc = udiwarp.OpSendSE
+		}
+		h = udiwarp.AppendUntagged(h, &udiwarp.UntaggedFields{Last: m.off+n == m.length, DV: udiwarp.DDPVersion,
+			RDMAP: udiwarp.NewRDMAPControl(opc), ULP: m.invSTag, QN: uint32(udiwarp.QueueSend), MSN: m.msn, MO: m.off})
+	case OpWrite, opRTR, opReadResponse:
+		n = min(m.length-m.off, uint32(room-udiwarp.DDPTaggedHeaderSize))
+		opc, stag, to := udiwarp.OpWrite, m.rstag, m.rto
+		if m.op == opReadResponse {
+			opc, stag, to = udiwarp.OpReadResponse, m.sinkSTag, m.sinkTO
+		}
+		h = udiwarp.AppendTagged(h, &udiwarp.TaggedFields{Last: m.off+n == m.length, DV: udiwarp.DDPVersion,
+			RDMAP: udiwarp.NewRDMAPControl(opc), STag: stag, TO: to + uint64(m.off)})
+	case OpRead:
+		h = udiwarp.AppendUntagged(h, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DDPVersion,
+			RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpReadRequest), QN: uint32(udiwarp.QueueReadRequest), MSN: m.msn})
+		h = udiwarp.AppendReadRequest(h, &udiwarp.ReadRequestFields{SinkSTag: m.sinkSTag, SinkTO: m.sinkTO, Size: m.length,
+			SourceSTag: m.rstag, SourceTO: m.rto})
+	case opTerminate:
+		h = udiwarp.AppendUntagged(h, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DDPVersion,
+			RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpTerminate), QN: uint32(udiwarp.QueueTerminate), MSN: m.msn})
+		h = append(h, m.body...)
+	}
+	// The payload, pinned for the system call.
+	var pieces [maxSGE + 1][]byte
+	np := 0
+	var pinned [maxSGE]*MR
+	npin := 0
+	defer func() {
+		for i := 0; i < npin; i++ {
+			pinned[i].unpin()
+		}
+	}()
+	if n > 0 {
+		if m.inline != nil {
+			pieces[0] = m.inline[m.off : m.off+n]
+			np = 1
+		} else {
+			off, left := m.off, n
+			for i := 0; i < m.nsge && left > 0; i++ {
+				g := m.sge[i]
+				if off >= g.Length {
+					off -= g.Length
+					continue
+				}
+				k := min(g.Length-off, left)
+				part := SGE{LKey: g.LKey, Addr: g.Addr + uint64(off), Length: k}
+				mr, b, st := c.q.dev.resolve(c.q.pd, &part, 0)
+				if st != Success { // cannot happen: the MRs are referenced
+					m.status, m.off, m.framed = st, m.length, true
+					return 0, false
+				}
+				pinned[npin] = mr
+				npin++
+				pieces[np] = b
+				np++
+				off, left = 0, left-k
+			}
+		}
+	}
+	ulpdu := len(h) - udiwarp.MPAHeaderSize + int(n)
+	binary.BigEndian.PutUint16(h, uint16(ulpdu))
+	var wrote int
+	var full bool
+	if c.framer.Markers {
+		// Markers interleave with the FPDU's bytes: build it whole.
+		payload := pieces[0]
+		if np > 1 {
+			c.gather = c.gather[:0]
+			for _, p := range pieces[:np] {
+				c.gather = append(c.gather, p...)
+			}
+			payload = c.gather
+		}
+		if np == 0 {
+			payload = nil
+		}
+		var err error
+		c.scratch, err = c.framer.Append(c.scratch[:0], h[udiwarp.MPAHeaderSize:], payload)
+		if err != nil {
+			m.status, m.off, m.framed = LocalQPOperationError, m.length, true
+			return 0, false
+		}
+		w, ok := c.write1(c.scratch)
+		if !ok { // the connection is gone; the reader fails the QP
+			m.off, m.framed = m.length, true
+			return 0, true
+		}
+		wrote = w
+		if w < len(c.scratch) {
+			c.rest = append(c.restBuf[:0], c.scratch[w:]...)
+			c.restBuf = c.rest[:0]
+			full = true
+		}
+	} else {
+		// ULPDU_Length, header | payload pieces | pad, CRC: one writev
+		// straight from registered memory.
+		pad := udiwarp.MPAPad(ulpdu)
+		var crc uint32
+		if c.framer.CRC {
+			crc = udiwarp.CRC32c(h)
+			for _, p := range pieces[:np] {
+				crc = udiwarp.UpdateCRC32c(crc, p)
+			}
+			crc = udiwarp.UpdateCRC32c(crc, zeros[:pad])
+		}
+		t := c.trailer[:pad+udiwarp.CRCSize]
+		clear(t[:pad])
+		udiwarp.PutCRC(t[pad:], crc)
+		niov := 0
+		add := func(b []byte) {
+			if len(b) > 0 {
+				c.iov[niov].Base = &b[0]
+				c.iov[niov].SetLen(len(b))
+				niov++
+			}
+		}
+		add(h)
+		for _, p := range pieces[:np] {
+			add(p)
+		}
+		add(t)
+		total := len(h) + int(n) + len(t)
+		w, ok := c.writev(niov)
+		if !ok { // the connection is gone; the reader fails the QP
+			m.off, m.framed = m.length, true
+			return 0, true
+		}
+		wrote = w
+		if w < total {
+			// Keep the unwritten tail: the registered memory may change
+			// after the WR completes, the FPDU must not.
+			c.rest = c.restBuf[:0]
+			skip := w
+			for i := range niov {
+				b := unsafe.Slice(c.iov[i].Base, c.iov[i].Len)
+				if skip >= len(b) {
+					skip -= len(b)
+					continue
+				}
+				c.rest = append(c.rest, b[skip:]...)
+				skip = 0
+			}
+			c.restBuf = c.rest[:0]
+			full = true
+		}
+	}
+	m.off += n
+	if m.off >= m.length || m.op == OpRead || m.op == opTerminate {
+		m.off, m.framed = m.length, true
+	}
+	c.q.dev.stats.RCFPDUsSent.Add(1)
+	return wrote, full
+}
+
+var zeros [4]byte
+
+// write1 writes b without waiting; ok is false when the connection is
+// gone (the QP then goes to ERROR through the reader).
+func (c *rcConn) write1(b []byte) (int, bool) {
+	c.iov[0].Base = &b[0]
+	c.iov[0].SetLen(len(b))
+	return c.writev(1)
+}
+
+func (c *rcConn) writev(niov int) (int, bool) {
+	var n int
+	var errno syscall.Errno
+	err := c.raw.Write(func(fd uintptr) bool {
+		r, _, e := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&c.iov[0])), uintptr(niov))
+		n, errno = int(r), e
+		return true
+	})
+	switch {
+	case err != nil:
+		return 0, false
+	case errno == unix.EAGAIN:
+		return 0, true
+	case errno != 0:
+		c.dead = true
+		return 0, false
+	}
+	c.written += uint64(n)
+	return n, true
+}
+
+// onWritable runs when a socket that was full has room.
+func (c *rcConn) onWritable() {
+	c.mu.Lock()
+	c.pumpLocked()
+	c.completeLocked()
+	dead := c.dead && len(c.rest) == 0
+	c.mu.Unlock()
+	if dead {
+		c.shutdown()
+	}
+}
+
+// onReadable reads what the socket holds and handles every whole FPDU.
+func (c *rcConn) onReadable() {
+	if !c.rxMu.TryLock() {
+		return
+	}
+	defer c.rxMu.Unlock()
+	for !c.closing.Load() {
+		if len(c.rx) == cap(c.rx) {
+			grown := make([]byte, len(c.rx), 2*cap(c.rx))
+			copy(grown, c.rx)
+			c.rx = grown
+		}
+		var n int
+		var errno syscall.Errno
+		err := c.raw.Read(func(fd uintptr) bool {
+			buf := c.rx[len(c.rx):cap(c.rx)]
+			r, _, e := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)))
+			n, errno = int(r), e
+			return true
+		})
+		if err == nil && errno == unix.EAGAIN {
+			return
+		}
+		if err != nil || errno != 0 || n == 0 {
+			c.lost()
+			return
+		}
+		c.rx = c.rx[:len(c.rx)+n]
+		if !c.process() {
+			return
+		}
+	}
+}
+
+// process handles the whole FPDUs at the front of rx; false means the
+// connection failed.
+func (c *rcConn) process() bool {
+	start := 0
+	for start < len(c.rx) {
+		ulpdu, n, need, err := c.deframer.Next(c.rx[start:])
+		if err != nil {
+			code, _ := udiwarp.CodeOf(err)
+			c.terminate(code, nil, nil, 0)
+			return false
+		}
+		if n == 0 {
+			if need > cap(c.rx) {
+				grown := make([]byte, len(c.rx), need+64<<10)
+				copy(grown, c.rx)
+				c.rx = grown
+			}
+			break
+		}
+		c.q.dev.stats.RCFPDUsReceived.Add(1)
+		if !c.handle(ulpdu) {
+			return false
+		}
+		start += n
+	}
+	c.rx = c.rx[:copy(c.rx, c.rx[start:])]
+	return true
+}
+
+// handle carries out one ULPDU after the checks of RFC 5040 §7.2 and RFC
+// 5041 §7; the first error terminates the stream.
+func (c *rcConn) handle(b []byte) bool {
+	q := c.q
+	st := &q.dev.stats
+	seg, err := udiwarp.ParseSegment(b, udiwarp.ProfileStream)
+	if err != nil {
+		hdr := b[:min(len(b), udiwarp.DDPUntaggedHeaderSize)]
+		if len(b) >= 1 && udiwarp.DDPControl(b[0]).Tagged() {
+			hdr = b[:min(len(b), udiwarp.DDPTaggedHeaderSize)]
+		}
+		code, _ := udiwarp.CodeOf(err)
+		c.terminate(code, hdr, nil, len(b))
+		return false
+	}
+	if c.rtrPending {
+		c.mu.Lock()
+		c.rtrPending = false // the initiator's first FPDU is its RTR
+		c.pumpLocked()
+		c.mu.Unlock()
+	}
+	op := seg.Opcode()
+	switch {
+	case op == udiwarp.OpWrite:
+		if code, ok := c.place(seg, AccessRemoteWrite); !ok {
+			c.terminate(code, ddpHdr(seg), nil, len(b))
+			return false
+		}
+		return true
+	case op == udiwarp.OpReadResponse:
+		return c.readResponse(seg, len(b))
+	}
+	h := seg.Untagged()
+	switch udiwarp.Queue(h.Queue()) {
+	case udiwarp.QueueSend:
+		if op != udiwarp.OpSend && op != udiwarp.OpSendSE && op != udiwarp.OpSendInvalidate && op != udiwarp.OpSendSEInvalidate {
+			c.terminate(udiwarp.RDMAPUnexpectedOpcode, ddpHdr(seg), nil, len(b))
+			return false
+		}
+		return c.receiveSend(seg, len(b))
+	case udiwarp.QueueReadRequest:
+		if op != udiwarp.OpReadRequest {
+			c.terminate(udiwarp.RDMAPUnexpectedOpcode, ddpHdr(seg), nil, len(b))
+			return false
+		}
+		return c.serveRead(seg, len(b))
+	case udiwarp.QueueTerminate:
+		if op != udiwarp.OpTerminate {
+			c.terminate(udiwarp.RDMAPUnexpectedOpcode, ddpHdr(seg), nil, len(b))
+			return false
+		}
+		st.RCTerminatesReceived.Add(1)
+		t := seg.Terminate()
+		ev := AsyncEvent{Type: AsyncRemoteError, QP: q, Source: c.peer(), Code: t.Code()}
+		if dh := t.DDPHeader(); len(dh) == udiwarp.DDPUntaggedHeaderSize {
+			ev.MSN = udiwarp.DDPUntagged(dh).MSN()
+		}
+		q.dev.raise(ev)
+		c.fail()
+		return false
+	}
+	c.terminate(udiwarp.DDPUntaggedInvalidQN, ddpHdr(seg), nil, len(b))
+	return false
+}
+
+func (c *rcConn) peer() (a netip.AddrPort) {
+	if ra, ok := c.tc.RemoteAddr().(*net.TCPAddr); ok {
+		return ra.AddrPort()
+	}
+	return
+}
+
+// place checks a tagged segment's STag, PD, access and bounds, and places
+// it; it returns the Terminate code of the first check that fails.
+func (c *rcConn) place(seg udiwarp.Segment, need Access) (udiwarp.ErrorCode, bool) {
+	st := &c.q.dev.stats
+	t := seg.Tagged()
+	if len(seg.Payload) == 0 {
+		return 0, true // zero length: no STag needed (RFC 5042 §6.3.5)
+	}
+	m := c.q.dev.mrs.lookup(t.STag())
+	switch {
+	case m == nil:
+		st.RxBadSTag.Add(1)
+		return udiwarp.DDPTaggedInvalidSTag, false
+	case m.pd != c.q.pd:
+		st.RxBadSTag.Add(1)
+		return udiwarp.DDPTaggedSTagNotAssociated, false
+	case m.access&need == 0 || m.revoked.Load():
+		st.RxAccess.Add(1)
+		return udiwarp.DDPTaggedInvalidSTag, false
+	}
+	to, n := t.TO(), uint64(len(seg.Payload))
+	if to < m.base || to-m.base > uint64(len(m.buf)) || n > uint64(len(m.buf))-(to-m.base) {
+		st.RxBounds.Add(1)
+		return udiwarp.DDPTaggedBaseBounds, false
+	}
+	m.pins.Add(1)
+	if !m.valid.Load() {
+		m.unpin()
+		return udiwarp.DDPTaggedInvalidSTag, false
+	}
+	copy(m.buf[to-m.base:], seg.Payload)
+	m.unpin()
+	return 0, true
+}
+
+// receiveSend places a Send segment into the receive at the head of the
+// queue: MSN and MO must follow on, the first segment takes a receive.
+func (c *rcConn) receiveSend(seg udiwarp.Segment, size int) bool {
+	q := c.q
+	st := &q.dev.stats
+	h := seg.Untagged()
+	r := &c.cur
+	if h.MSN() != c.rxSendMSN {
+		c.terminate(udiwarp.DDPUntaggedMSNRange, ddpHdr(seg), nil, size)
+		return false
+	}
+	if !r.have {
+		if h.MO() != 0 {
+			c.terminate(udiwarp.DDPUntaggedInvalidMO, ddpHdr(seg), nil, size)
+			return false
+		}
+		if ok, _ := q.takeRecv(&r.w); !ok {
+			st.RxNoRecv.Add(1)
+			c.terminate(udiwarp.DDPUntaggedNoBuffer, ddpHdr(seg), nil, size)
+			return false
+		}
+		r.have, r.got, r.bad = true, 0, Success
+	} else if h.MO() != r.got {
+		c.terminate(udiwarp.DDPUntaggedInvalidMO, ddpHdr(seg), nil, size)
+		return false
+	}
+	if r.bad == Success {
+		r.bad = q.scatterAt(&r.w, r.got, seg.Payload)
+	}
+	r.got += uint32(len(seg.Payload))
+	if r.bad == LocalLengthError {
+		st.RxRecvTooSmall.Add(1)
+		wc := WorkCompletion{ID: r.w.id, Status: LocalLengthError, Opcode: WCRecv, QPN: q.num}
+		q.recvCQ.push(&wc)
+		r.have = false
+		c.terminate(udiwarp.DDPUntaggedTooLong, ddpHdr(seg), nil, size)
+		return false
+	}
+	if !seg.Control.Last() {
+		return true
+	}
+	op := seg.Opcode()
+	wc := WorkCompletion{ID: r.w.id, Status: r.bad, Opcode: WCRecv, QPN: q.num, Solicited: op.Solicited(), Len: r.got, MSN: h.MSN()}
+	if op.Invalidates() && r.bad == Success {
+		stag := h.ULP()
+		m := q.dev.mrs.lookup(stag)
+		if m == nil || m.pd != q.pd {
+			r.have = false
+			c.terminate(udiwarp.RDMAPOpCannotInvalidate, ddpHdr(seg), nil, size)
+			return false
+		}
+		m.revoked.Store(true)
+		wc.Invalidated = stag
+	}
+	if r.bad == Success {
+		st.RxDelivered.Add(1)
+	}
+	r.have = false
+	c.rxSendMSN++
+	q.recvCQ.push(&wc)
+	return true
+}
+
+// serveRead checks a Read Request and queues its Read Responses.
+func (c *rcConn) serveRead(seg udiwarp.Segment, size int) bool {
+	q := c.q
+	h := seg.Untagged()
+	rr := seg.ReadRequest()
+	if h.MSN() != c.rxReadMSN {
+		c.terminate(udiwarp.DDPUntaggedMSNRange, ddpHdr(seg), nil, size)
+		return false
+	}
+	c.rxReadMSN++
+	c.mu.Lock()
+	over := c.serving >= c.neg.ird
+	c.mu.Unlock()
+	if over {
+		q.dev.stats.RCReadsOverIRD.Add(1)
+		c.terminate(udiwarp.RDMAPCatastrophicStream, ddpHdr(seg), []byte(seg.ReadRequest()), size)
+		return false
+	}
+	m := &rcMsg{op: opReadResponse, internal: true, length: rr.Size(), sinkSTag: rr.SinkSTag(), sinkTO: rr.SinkTO()}
+	if m.length > 0 {
+		m.sge[0] = SGE{LKey: rr.SourceSTag(), Addr: rr.SourceTO(), Length: m.length}
+		code := udiwarp.ErrorCode(0)
+		mr := q.dev.mrs.lookup(rr.SourceSTag())
+		switch {
+		case mr == nil:
+			code = udiwarp.RDMAPInvalidSTag
+		case mr.pd != q.pd:
+			code = udiwarp.RDMAPSTagNotAssociated
+		case mr.access&AccessRemoteRead == 0 || mr.revoked.Load():
+			code = udiwarp.RDMAPAccessRights
+		}
+		if code == 0 {
+			if _, _, rs := q.dev.resolve(q.pd, &m.sge[0], AccessRemoteRead); rs != Success {
+				code = udiwarp.RDMAPBaseBounds
+			} else {
+				mr.unpin()
+			}
+		}
+		if code != 0 {
+			q.dev.stats.RxBadSTag.Add(1)
+			c.terminate(code, ddpHdr(seg), []byte(seg.ReadRequest()), size)
+			return false
+		}
+		mr.rdRefs.Add(1)
+		m.mrs[0], m.nmr, m.nsge = mr, 1, 1
+	}
+	m.rstag = 0
+	c.mu.Lock()
+	c.serving++
+	c.queue = append(c.queue, m)
+	c.pumpLocked()
+	c.mu.Unlock()
+	return true
+}
+
+// readResponse places a Read Response segment into the sink of the oldest
+// outstanding Read; its last segment completes it.
+func (c *rcConn) readResponse(seg udiwarp.Segment, size int) bool {
+	c.mu.Lock()
+	var m *rcMsg
+	if len(c.reads) > 0 {
+		m = c.reads[0]
+	}
+	c.mu.Unlock()
+	t := seg.Tagged()
+	if m == nil || t.STag() != m.sinkSTag || t.TO() < m.sinkTO || t.TO()-m.sinkTO+uint64(len(seg.Payload)) > uint64(m.length) {
+		c.terminate(udiwarp.DDPTaggedBaseBounds, ddpHdr(seg), nil, size)
+		return false
+	}
+	if code, ok := c.place(seg, AccessRemoteWrite); !ok {
+		c.terminate(code, ddpHdr(seg), nil, size)
+		return false
+	}
+	if seg.Control.Last() {
+		c.mu.Lock()
+		c.reads = c.reads[1:]
+		m.respDone, m.done = true, true
+		c.pumpLocked() // a Read held back by ORD may go now
+		c.completeLocked()
+		c.mu.Unlock()
+	}
+	return true
+}
+
+// terminate sends a Terminate for the failed segment (RFC 5040 §7.1),
+// then fails the QP: outstanding WRs flush, the connection closes.
+func (c *rcConn) terminate(code udiwarp.ErrorCode, ddpHeader, rdmaHeader []byte, segLen int) {
+	q := c.q
+	q.dev.stats.RCTerminatesSent.Add(1)
+	f := udiwarp.TerminateFields{Code: code}
+	if len(ddpHeader) == udiwarp.DDPTaggedHeaderSize || len(ddpHeader) == udiwarp.DDPUntaggedHeaderSize {
+		f.DDPHeader = ddpHeader
+		f.SegmentLengthValid = segLen > 0
+		f.DDPSegmentLength = uint16(min(segLen, 0xFFFF))
+	}
+	if len(rdmaHeader) == udiwarp.ReadRequestSize {
+		f.RDMAHeader = rdmaHeader
+	}
+	body, err := udiwarp.AppendTerminate(nil, &f)
+	c.mu.Lock()
+	if err == nil && !c.dead {
+		// The Terminate goes next; nothing else after it.
+		for _, m := range c.queue {
+			if m.internal && m.op == opReadResponse {
+				m.releaseMRs()
+			}
+		}
+		c.queue = append(c.queue[:0], &rcMsg{op: opTerminate, internal: true, body: body, msn: c.termMSN})
+		c.termMSN++
+		c.rtrPending = false
+		c.pumpLocked()
+	}
+	c.mu.Unlock()
+	q.dev.raise(AsyncEvent{Type: AsyncQPFatal, QP: q, Code: code})
+	c.fail()
+}
+
+// lost handles the end of the TCP stream.
+func (c *rcConn) lost() {
+	if !c.closing.Load() {
+		c.q.dev.stats.RCConnectionsLost.Add(1)
+		c.q.dev.raise(AsyncEvent{Type: AsyncQPFatal, QP: c.q, Code: udiwarp.MPAConnectionLost})
+	}
+	c.fail()
+}
+
+// fail moves the QP to ERROR (flushing every WR) and closes the connection.
+func (c *rcConn) fail() {
+	c.closing.Store(true)
+	c.q.toError()
+}
+
+// flush completes every outstanding WR with WRFlushError and closes the
+// connection (QP to ERROR or destroyed). The caller holds q.sqMu.
+func (c *rcConn) flush() {
+	c.mu.Lock()
+	for _, m := range c.queue {
+		if m.internal {
+			m.releaseMRs()
+		}
+	}
+	c.queue = nil
+	for _, m := range c.posted {
+		if !m.done {
+			m.status, m.done = WRFlushError, true
+		}
+	}
+	c.reads = nil
+	c.completeLocked()
+	c.dead = true
+	c.mu.Unlock()
+	c.shutdown()
+}
+
+// shutdown takes the connection off the poller and closes it.
+func (c *rcConn) shutdown() {
+	c.closing.Store(true)
+	c.q.dev.rcUnregister(c)
+	c.tc.Close()
+}
+
+// rcInterest asks the poller to report (or stop reporting) room to write.
+func (d *Device) rcInterest(c *rcConn, out bool) {
+	ev := uint32(unix.EPOLLIN | unix.EPOLLRDHUP)
+	if out {
+		ev |= unix.EPOLLOUT
+	}
+	d.rcMu.Lock()
+	if d.rcEpoll >= 0 && d.rcConns[c.fd] == c {
+		unix.EpollCtl(d.rcEpoll, unix.EPOLL_CTL_MOD, c.fd, &unix.EpollEvent{Events: ev, Fd: int32(c.fd)})
+	}
+	d.rcMu.Unlock()
+}
+
+// scatterAt copies payload into w's SGL at byte offset off.
+func (q *QP) scatterAt(w *recvWQE, off uint32, payload []byte) Status {
+	room := uint64(0)
+	for i := 0; i < w.nsge; i++ {
+		room += uint64(w.sge[i].Length)
+	}
+	if uint64(off)+uint64(len(payload)) > room {
+		return LocalLengthError
+	}
+	pd := q.pd
+	if q.srq != nil {
+		pd = q.srq.pd
+	}
+	for i := 0; i < w.nsge && len(payload) > 0; i++ {
+		g := w.sge[i]
+		if off >= g.Length {
+			off -= g.Length
+			continue
+		}
+		part := SGE{LKey: g.LKey, Addr: g.Addr + uint64(off), Length: min(g.Length-off, uint32(len(payload)))}
+		m, b, st := q.dev.resolve(pd, &part, AccessLocalWrite)
+		if st != Success {
+			return st
+		}
+		k := copy(b, payload)
+		m.unpin()
+		payload = payload[k:]
+		off = 0
+	}
+	return Success
+}
+
+// rcAckTimer completes CompleteOnAck WRs whose bytes the peer acknowledged.
+func (q *QP) rcAckTimer() {
+	if c := q.rc.Load(); c != nil && c.ackMode {
+		c.mu.Lock()
+		c.completeLocked()
+		c.mu.Unlock()
+	}
+}
+
+// ddpHdr is the DDP header of seg, as a Terminate echoes it.
+func ddpHdr(seg udiwarp.Segment) []byte {
+	if seg.Control.Tagged() {
+		return seg.Header[:udiwarp.DDPTaggedHeaderSize]
+	}
+	return seg.Header[:udiwarp.DDPUntaggedHeaderSize]
+}
