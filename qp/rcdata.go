@@ -64,7 +64,6 @@ func (m *rcMsg) releaseMRs() {
 type rcRecv struct {
 	w    recvWQE
 	got  uint32
-	msn  uint32
 	bad  Status
 	have bool
 }
