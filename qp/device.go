@@ -263,12 +263,10 @@ func (d *Device) Bind(network, address string, opts ...BindOption) (*Socket, err
 // progressOnce runs one non-blocking receive pass over the device's
 // sockets in the caller's goroutine (busy-poll mode).
 func (d *Device) progressOnce() {
-	socks := d.socketList.Load()
-	if socks == nil {
-		return
-	}
-	for _, s := range *socks {
-		s.pollOnce()
+	if socks := d.socketList.Load(); socks != nil {
+		for _, s := range *socks {
+			s.pollOnce()
+		}
 	}
 	d.rcPollOnce()
 }

@@ -453,7 +453,7 @@ func (d *Device) rcRegister(c *rcConn) error {
 		list = append(list, x)
 	}
 	d.rcList.Store(&list)
-	return unix.EpollCtl(d.rcEpoll, unix.EPOLL_CTL_ADD, c.fd, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(c.fd)})
+	return unix.EpollCtl(d.rcEpoll, unix.EPOLL_CTL_ADD, c.fd, &unix.EpollEvent{Events: d.rcEvents(false), Fd: int32(c.fd)})
 }
 
 func (d *Device) rcUnregister(c *rcConn) {
@@ -512,11 +512,30 @@ func (d *Device) rcLoop() {
 	}
 }
 
+// rcEvents is what the poller waits for on a connection: data (unless
+// the device busy-polls: then CQ.Poll reads, and waking the poller on
+// every segment would only take a CPU from the spinners), and room to
+// write when a send is held back.
+func (d *Device) rcEvents(out bool) uint32 {
+	ev := uint32(unix.EPOLLRDHUP)
+	if d.cfg.Poll != PollBusy {
+		ev |= unix.EPOLLIN
+	}
+	if out {
+		ev |= unix.EPOLLOUT
+	}
+	return ev
+}
+
 // rcPollOnce reads every RC connection without waiting (busy polling).
 func (d *Device) rcPollOnce() {
 	if l := d.rcList.Load(); l != nil {
 		for _, c := range *l {
 			c.onReadable()
+			if c.ackMode && c.mu.TryLock() {
+				c.completeLocked() // the peer's TCP may have acknowledged more
+				c.mu.Unlock()
+			}
 		}
 	}
 }

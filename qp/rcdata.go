@@ -924,10 +924,7 @@ func (c *rcConn) shutdown() {
 
 // rcInterest asks the poller to report (or stop reporting) room to write.
 func (d *Device) rcInterest(c *rcConn, out bool) {
-	ev := uint32(unix.EPOLLIN | unix.EPOLLRDHUP)
-	if out {
-		ev |= unix.EPOLLOUT
-	}
+	ev := d.rcEvents(out)
 	d.rcMu.Lock()
 	if d.rcEpoll >= 0 && d.rcConns[c.fd] == c {
 		unix.EpollCtl(d.rcEpoll, unix.EPOLL_CTL_MOD, c.fd, &unix.EpollEvent{Events: ev, Fd: int32(c.fd)})

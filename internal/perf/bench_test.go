@@ -184,3 +184,38 @@ func BenchmarkRDSizes(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRC compares RC (iWARP over TCP and MPA) with plain Go TCP in
+// one run: half round trips at 64 B and 1 KiB with busy polling (rc-send
+// ping-pong; rc-write posted until the peer's TCP acknowledged it; rc-read
+// round trip), and goodput of 64 KiB and 512 KiB messages.
+func BenchmarkRC(b *testing.B) {
+	for _, size := range []int{64, 1024} {
+		for _, mode := range []Mode{ModeRawTCP, ModeRCSend, ModeRCWrite, ModeRCRead} {
+			b.Run(fmt.Sprintf("lat/size=%d/mode=%s", size, mode), func(b *testing.B) {
+				r, err := Run(Config{Mode: mode, Test: TestLat, Poll: qp.PollBusy, Size: size, Iters: b.N, Warmup: min(1000, b.N)})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(r.Median, "p50-µs")
+				b.ReportMetric(0, "ns/op")
+			})
+		}
+	}
+	for _, size := range []int{64 << 10, 512 << 10} {
+		for _, mode := range []Mode{ModeRawTCP, ModeRCSend, ModeRCWrite, ModeRCRead} {
+			b.Run(fmt.Sprintf("bw/size=%d/mode=%s", size, mode), func(b *testing.B) {
+				var gbps float64
+				for range min(b.N, 3) {
+					r, err := Run(Config{Mode: mode, Test: TestBW, Size: size, Duration: time.Second})
+					if err != nil {
+						b.Fatal(err)
+					}
+					gbps += r.Gbps
+				}
+				b.ReportMetric(gbps/float64(min(b.N, 3)), "Gb/s")
+				b.ReportMetric(0, "ns/op")
+			})
+		}
+	}
+}

@@ -40,7 +40,17 @@ const (
 	ModeRDRead Mode = "rd-read"
 	// ModeRDWriteRecord is Write-Record over RD: reliable underneath.
 	ModeRDWriteRecord Mode = "rd-wr"
+	// RC: iWARP over TCP and MPA. rc-write latency is half the time from
+	// posting a Write to its completion once the peer's TCP acknowledged
+	// it; rc-read latency is half a Read's round trip.
+	ModeRCSend  Mode = "rc-send"
+	ModeRCWrite Mode = "rc-write"
+	ModeRCRead  Mode = "rc-read"
+	// ModeRawTCP is plain Go TCP: the RC baseline.
+	ModeRawTCP Mode = "raw-tcp"
 )
+
+func (m Mode) rc() bool { return m == ModeRCSend || m == ModeRCWrite || m == ModeRCRead }
 
 func (m Mode) reliable() bool {
 	return m == ModeRDSend || m == ModeRDWrite || m == ModeRDRead || m == ModeRDWriteRecord
@@ -157,6 +167,14 @@ func Run(cfg Config) (Result, error) {
 		return rawLatency(cfg)
 	case cfg.Mode == ModeRawUDP && cfg.Test == TestBW:
 		return rawBandwidth(cfg)
+	case cfg.Mode.rc() && cfg.Test == TestLat:
+		return rcLatency(cfg)
+	case cfg.Mode.rc() && cfg.Test == TestBW:
+		return rcBandwidth(cfg)
+	case cfg.Mode == ModeRawTCP && cfg.Test == TestLat:
+		return rawTCPLatency(cfg)
+	case cfg.Mode == ModeRawTCP && cfg.Test == TestBW:
+		return rawTCPBandwidth(cfg)
 	}
 	return Result{}, fmt.Errorf("perf: no %s test for mode %s", cfg.Test, cfg.Mode)
 }

@@ -30,6 +30,16 @@ func TestRun(t *testing.T) {
 		{Mode: ModeRDRead, Test: TestBW, Size: 100000, Duration: 100 * time.Millisecond},
 		{Mode: ModeRDWriteRecord, Test: TestLat, Poll: qp.PollEvent, Size: 4000, Iters: 200, Warmup: 10},
 		{Mode: ModeRDWriteRecord, Test: TestBW, Size: 200000, Duration: 100 * time.Millisecond, Loss: 0.02, Seed: 5},
+		{Mode: ModeRCSend, Test: TestLat, Poll: qp.PollBusy, Size: 64, Iters: 200, Warmup: 10},
+		{Mode: ModeRCSend, Test: TestLat, Poll: qp.PollEvent, Size: 1024, Iters: 200, Warmup: 10},
+		{Mode: ModeRCWrite, Test: TestLat, Poll: qp.PollBusy, Size: 64, Iters: 200, Warmup: 10},
+		{Mode: ModeRCRead, Test: TestLat, Poll: qp.PollBusy, Size: 1024, Iters: 200, Warmup: 10},
+		{Mode: ModeRawTCP, Test: TestLat, Poll: qp.PollBusy, Size: 64, Iters: 200, Warmup: 10},
+		{Mode: ModeRawTCP, Test: TestLat, Poll: qp.PollEvent, Size: 1024, Iters: 200, Warmup: 10},
+		{Mode: ModeRCSend, Test: TestBW, Size: 65536, Duration: 100 * time.Millisecond},
+		{Mode: ModeRCWrite, Test: TestBW, Size: 512 << 10, Duration: 100 * time.Millisecond},
+		{Mode: ModeRCRead, Test: TestBW, Size: 65536, Duration: 100 * time.Millisecond},
+		{Mode: ModeRawTCP, Test: TestBW, Size: 65536, Duration: 100 * time.Millisecond},
 	} {
 		r, err := Run(c)
 		if err != nil {
@@ -41,7 +51,7 @@ func TestRun(t *testing.T) {
 			}
 		} else if r.Received == 0 || r.Gbps <= 0 || r.Sent < r.Received {
 			t.Fatalf("%s %s: %+v", c.Mode, c.Test, r)
-		} else if c.Mode.reliable() && r.Sent-r.Received > 1024 {
+		} else if (c.Mode.reliable() || c.Mode.rc()) && r.Sent-r.Received > 1024 {
 			t.Fatalf("%s %s: %d of %d lost on a reliable QP", c.Mode, c.Test, r.Lost, r.Sent) // (at most what was still in flight at the end)
 		} else if c.Mode == ModeUDWriteRecord && (r.ValidBytes < r.WholeBytes || r.WholeBytes != r.Received*uint64(c.Size) || r.ValidBytes > r.SentBytes) {
 			t.Fatalf("Write-Record byte accounting: %+v", r)

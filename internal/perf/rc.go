@@ -1,0 +1,445 @@
+package perf
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/udiwarp/udiwarp/qp"
+	"golang.org/x/sys/unix"
+)
+
+// RC (TCP + MPA) against plain Go TCP doing the same ping-pong or stream.
+
+// rcSide is one end of an RC run: a device, a region and a connected QP.
+type rcSide struct {
+	dev *qp.Device
+	pd  *qp.PD
+	mr  *qp.MR
+	q   *qp.QP
+	cq  *qp.CQ
+}
+
+func newRCSide(cfg Config, size int) (*rcSide, error) {
+	dev, err := qp.Open(qp.DeviceConfig{Poll: cfg.Poll})
+	if err != nil {
+		return nil, err
+	}
+	s := &rcSide{dev: dev, pd: dev.AllocPD()}
+	fail := func(err error) (*rcSide, error) { dev.Close(); return nil, err }
+	if s.mr, err = s.pd.RegisterMemory(make([]byte, rcDepth(size)*max(size, 1)), qp.AccessLocalWrite|qp.AccessRemoteWrite|qp.AccessRemoteRead); err != nil {
+		return fail(err)
+	}
+	if s.cq, err = dev.CreateCQ(4 * recvDepth); err != nil {
+		return fail(err)
+	}
+	if s.q, err = s.pd.CreateQP(qp.QPAttr{Type: qp.RC, SendCQ: s.cq, RecvCQ: s.cq, Caps: qp.QPCaps{MaxSendWR: 1024, MaxRecvWR: recvDepth}}); err != nil {
+		return fail(err)
+	}
+	if err := s.q.Modify(qp.ModifyAttr{State: qp.StateInit}); err != nil {
+		return fail(err)
+	}
+	return s, nil
+}
+
+// rcDepth is how many receives of size bytes an RC run keeps posted: as
+// many as UD's, within 32 MiB.
+func rcDepth(size int) int { return max(4, min(recvDepth, (32<<20)/max(size, 1))) }
+
+// rcPair connects a client QP to a server QP over loopback.
+func rcPair(cfg Config, size int) (cli, srv *rcSide, err error) {
+	if srv, err = newRCSide(cfg, size); err != nil {
+		return nil, nil, err
+	}
+	if cli, err = newRCSide(cfg, size); err != nil {
+		srv.dev.Close()
+		return nil, nil, err
+	}
+	fail := func(err error) (*rcSide, *rcSide, error) { cli.dev.Close(); srv.dev.Close(); return nil, nil, err }
+	l, err := srv.dev.ListenRC("127.0.0.1:0")
+	if err != nil {
+		return fail(err)
+	}
+	defer l.Close()
+	rc := qp.RCConfig{CompleteOnAck: cfg.Mode == ModeRCWrite && cfg.Test == TestLat, NoCRC: cfg.NoCRC}
+	acc := make(chan error, 1)
+	go func() {
+		r, err := l.Next(context.Background())
+		if err == nil {
+			err = r.Accept(srv.q, rc)
+		}
+		acc <- err
+	}()
+	if _, err := cli.q.Connect(context.Background(), l.Addr().String(), rc); err != nil {
+		return fail(err)
+	}
+	if err := <-acc; err != nil {
+		return fail(err)
+	}
+	return cli, srv, nil
+}
+
+// rcLatency: rc-send is a Send/Recv ping-pong; rc-read posts a Read and
+// waits for it (the request one way, the response the other); rc-write
+// posts a Write that completes when the peer's TCP acknowledged it.
+func rcLatency(cfg Config) (Result, error) {
+	slot := max(cfg.Size, 1)
+	cli, srv, err := rcPair(cfg, slot)
+	if err != nil {
+		return Result{}, err
+	}
+	defer cli.dev.Close()
+	defer srv.dev.Close()
+	busy := cfg.Poll == qp.PollBusy
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	if cfg.Mode == ModeRCSend {
+		for _, s := range []*rcSide{cli, srv} {
+			for k := range rcDepth(slot) {
+				s.q.PostRecv(&qp.RecvWR{ID: uint64(k * slot), SGL: []qp.SGE{s.mr.SGE(k*slot, slot)}})
+			}
+		}
+	}
+	// The server echoes Sends, and drives its device in busy mode.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		wc := make([]qp.WorkCompletion, 1)
+		send := qp.SendWR{SGL: []qp.SGE{srv.mr.SGE(0, cfg.Size)}}
+		recv := qp.RecvWR{SGL: make([]qp.SGE, 1)}
+		for next(srv.cq, busy, wc, &stop) {
+			if wc[0].Status != qp.Success {
+				return // flushed: the run is over
+			}
+			if wc[0].Opcode != qp.WCRecv {
+				continue
+			}
+			recv.ID = wc[0].ID
+			recv.SGL[0] = srv.mr.SGE(int(wc[0].ID), slot)
+			srv.q.PostRecv(&recv)
+			srv.q.PostSend(&send)
+		}
+	}()
+	defer func() { stop.Store(true); cli.dev.Close(); srv.dev.Close(); wg.Wait() }()
+	defer lockThread(cfg)()
+	wr := qp.SendWR{SGL: []qp.SGE{cli.mr.SGE(0, cfg.Size)}}
+	switch cfg.Mode {
+	case ModeRCWrite:
+		wr.Opcode, wr.Flags, wr.RemoteSTag, wr.RemoteTO = qp.OpWrite, qp.FlagSignaled, srv.mr.STag(), srv.mr.Addr()
+	case ModeRCRead:
+		wr.Opcode, wr.Flags, wr.RemoteSTag, wr.RemoteTO = qp.OpRead, qp.FlagSignaled, srv.mr.STag(), srv.mr.Addr()
+	}
+	want := map[Mode]qp.WCOpcode{ModeRCSend: qp.WCRecv, ModeRCWrite: qp.WCRDMAWrite, ModeRCRead: qp.WCRDMARead}[cfg.Mode]
+	wc := make([]qp.WorkCompletion, 1)
+	recv := qp.RecvWR{SGL: make([]qp.SGE, 1)}
+	ns := make([]int64, 0, cfg.Iters)
+	for it := range cfg.Warmup + cfg.Iters {
+		t0 := time.Now()
+		if err := cli.q.PostSend(&wr); err != nil {
+			return Result{}, err
+		}
+		for {
+			if !next(cli.cq, busy, wc, &stop) {
+				return Result{}, errStopped
+			}
+			if wc[0].Status != qp.Success {
+				return Result{}, errors.New("perf: RC completion " + wc[0].Status.String())
+			}
+			if wc[0].Opcode == want {
+				break
+			}
+		}
+		if it >= cfg.Warmup {
+			ns = append(ns, int64(time.Since(t0))/2)
+		}
+		if cfg.Mode == ModeRCSend {
+			recv.ID = wc[0].ID
+			recv.SGL[0] = cli.mr.SGE(int(wc[0].ID), slot)
+			cli.q.PostRecv(&recv)
+		}
+	}
+	return latResult(cfg, ns), nil
+}
+
+// rcBandwidth streams messages of cfg.Size: Sends counted at the
+// receiver, Writes and Reads by the source's completions (TCP delivers
+// what it took, in order; a Read completes when its data is placed).
+func rcBandwidth(cfg Config) (Result, error) {
+	slot := max(cfg.Size, 1)
+	cli, srv, err := rcPair(cfg, slot)
+	if err != nil {
+		return Result{}, err
+	}
+	defer cli.dev.Close()
+	defer srv.dev.Close()
+	busy := cfg.Poll == qp.PollBusy
+	var sending, stop atomic.Bool
+	var sent, done atomic.Uint64
+	var first, last atomic.Int64
+	var wg sync.WaitGroup
+	sending.Store(true)
+	credit := make(chan struct{}, 1)
+	mark := func(n int) {
+		now := time.Now().UnixNano()
+		first.CompareAndSwap(0, now)
+		last.Store(now)
+		done.Add(uint64(n))
+		select {
+		case credit <- struct{}{}:
+		default:
+		}
+	}
+	if cfg.Mode == ModeRCSend {
+		for k := range rcDepth(slot) {
+			srv.q.PostRecv(&qp.RecvWR{ID: uint64(k * slot), SGL: []qp.SGE{srv.mr.SGE(k*slot, slot)}})
+		}
+	}
+	wg.Add(1)
+	go func() { // the target: reposts receives, and drives its device in busy mode
+		defer wg.Done()
+		wcs := make([]qp.WorkCompletion, 64)
+		recv := qp.RecvWR{SGL: make([]qp.SGE, 1)}
+		for !stop.Load() {
+			n := srv.cq.Poll(wcs)
+			if n == 0 {
+				if !busy {
+					waitBriefly(srv.cq)
+				}
+				continue
+			}
+			k := 0
+			for _, wc := range wcs[:n] {
+				if wc.Status == qp.WRFlushError {
+					return
+				}
+				if wc.Opcode == qp.WCRecv && wc.Status == qp.Success {
+					k++
+					recv.ID = wc.ID
+					recv.SGL[0] = srv.mr.SGE(int(wc.ID), slot)
+					srv.q.PostRecv(&recv)
+				}
+			}
+			if k > 0 {
+				mark(k)
+			}
+		}
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		wr := qp.SendWR{SGL: []qp.SGE{cli.mr.SGE(0, cfg.Size)}}
+		switch cfg.Mode {
+		case ModeRCSend:
+			wr.Flags = qp.FlagSignaled
+		case ModeRCWrite:
+			wr.Opcode, wr.Flags, wr.RemoteSTag, wr.RemoteTO = qp.OpWrite, qp.FlagSignaled, srv.mr.STag(), srv.mr.Addr()
+		case ModeRCRead:
+			wr.Opcode, wr.Flags, wr.RemoteSTag, wr.RemoteTO = qp.OpRead, qp.FlagSignaled, srv.mr.STag(), srv.mr.Addr()
+		}
+		depth := 64
+		if cfg.Mode == ModeRCRead {
+			depth = 16 // ORD
+		}
+		// Sends need a receive posted at the target (RC has no
+		// receiver-not-ready: a Send without one ends the connection), and
+		// TCP completes them long before they are received: the sender
+		// keeps within the receives the target has posted (a credit count
+		// the harness shares in memory, as an application would carry it
+		// in its messages).
+		credits := rcDepth(slot) - 2
+		wcs := make([]qp.WorkCompletion, 64)
+		out := 0
+		for !stop.Load() {
+			for sending.Load() && out < depth && (cfg.Mode != ModeRCSend || int(sent.Load()-done.Load()) < credits) {
+				if cli.q.PostSend(&wr) != nil {
+					break
+				}
+				out++
+				sent.Add(1)
+			}
+			n := cli.cq.Poll(wcs)
+			if n == 0 {
+				if out == 0 || (cfg.Mode == ModeRCSend && int(sent.Load()-done.Load()) >= credits) {
+					select { // waiting for credits, not for a completion
+					case <-credit:
+					case <-time.After(10 * time.Millisecond):
+					}
+				} else if !busy {
+					waitBriefly(cli.cq)
+				}
+				continue
+			}
+			out -= n
+			if cfg.Mode != ModeRCSend {
+				mark(n)
+			}
+		}
+	}()
+	finish(cfg, &sending, &stop, &wg)
+	return bwResult(cfg, sent.Load(), done.Load(), time.Unix(0, first.Load()), time.Unix(0, last.Load())), nil
+}
+
+// The plain-TCP baseline: the fastest plain Go we know. Busy: raw
+// non-blocking read/write system calls on a connected socket, spinning on
+// a locked OS thread; event: net.TCPConn in the netpoller. Both with
+// TCP_NODELAY, as RC sets it.
+
+func tcpPair() (a, b *net.TCPConn, err error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer l.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := l.Accept()
+		acc <- c
+	}()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		return nil, nil, err
+	}
+	s := <-acc
+	if s == nil {
+		c.Close()
+		return nil, nil, errors.New("perf: accept failed")
+	}
+	return c.(*net.TCPConn), s.(*net.TCPConn), nil
+}
+
+// tcpIO reads or writes exactly len(b) bytes: spinning on raw system
+// calls in busy mode, through the netpoller in event mode.
+type tcpIO struct {
+	c    *net.TCPConn
+	fd   uintptr
+	busy bool
+	stop *atomic.Bool
+}
+
+func newTCPIO(c *net.TCPConn, busy bool, stop *atomic.Bool) *tcpIO {
+	t := &tcpIO{c: c, busy: busy, stop: stop}
+	rc, _ := c.SyscallConn()
+	rc.Control(func(fd uintptr) { t.fd = fd })
+	return t
+}
+
+func (t *tcpIO) full(b []byte, write bool) bool {
+	if !t.busy {
+		var err error
+		if write {
+			_, err = t.c.Write(b)
+		} else {
+			_, err = io.ReadFull(t.c, b)
+		}
+		return err == nil
+	}
+	call := uintptr(syscall.SYS_READ)
+	if write {
+		call = syscall.SYS_WRITE
+	}
+	for k := 1; len(b) > 0; k++ {
+		n, _, e := syscall.RawSyscall(call, t.fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+		if e == 0 && int(n) > 0 {
+			b = b[n:]
+			continue
+		}
+		if e == 0 || (e != unix.EAGAIN && e != unix.EINTR) || t.stop.Load() {
+			return false
+		}
+		if k%1024 == 0 {
+			runtime.Gosched()
+		}
+	}
+	return true
+}
+
+func rawTCPLatency(cfg Config) (Result, error) {
+	a, b, err := tcpPair()
+	if err != nil {
+		return Result{}, err
+	}
+	defer a.Close()
+	defer b.Close()
+	busy := cfg.Poll == qp.PollBusy
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	size := max(cfg.Size, 1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer lockThread(cfg)()
+		io := newTCPIO(b, busy, &stop)
+		buf := make([]byte, size)
+		for io.full(buf, false) && io.full(buf, true) {
+		}
+	}()
+	defer func() { stop.Store(true); a.Close(); b.Close(); wg.Wait() }()
+	defer lockThread(cfg)()
+	io := newTCPIO(a, busy, &stop)
+	buf := make([]byte, size)
+	ns := make([]int64, 0, cfg.Iters)
+	for it := range cfg.Warmup + cfg.Iters {
+		t0 := time.Now()
+		if !io.full(buf, true) || !io.full(buf, false) {
+			return Result{}, errors.New("perf: TCP ping-pong failed")
+		}
+		if it >= cfg.Warmup {
+			ns = append(ns, int64(time.Since(t0))/2)
+		}
+	}
+	return latResult(cfg, ns), nil
+}
+
+// rawTCPBandwidth streams cfg.Size-byte writes; the receiver counts bytes.
+func rawTCPBandwidth(cfg Config) (Result, error) {
+	a, b, err := tcpPair()
+	if err != nil {
+		return Result{}, err
+	}
+	defer a.Close()
+	defer b.Close()
+	var sending, stop atomic.Bool
+	var sent, got atomic.Uint64
+	var first, last atomic.Int64
+	var wg sync.WaitGroup
+	sending.Store(true)
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		buf := make([]byte, 1<<20)
+		for !stop.Load() {
+			b.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+			n, _ := b.Read(buf)
+			if n > 0 {
+				now := time.Now().UnixNano()
+				first.CompareAndSwap(0, now)
+				last.Store(now)
+				got.Add(uint64(n))
+			}
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		msg := make([]byte, max(cfg.Size, 1))
+		for sending.Load() {
+			a.SetWriteDeadline(time.Now().Add(20 * time.Millisecond))
+			if n, _ := a.Write(msg); n == len(msg) {
+				sent.Add(1)
+			}
+		}
+	}()
+	finish(cfg, &sending, &stop, &wg)
+	r := Result{Config: cfg, Sent: sent.Load(), Received: got.Load() / uint64(max(cfg.Size, 1))}
+	if el := time.Duration(last.Load() - first.Load()).Seconds(); el > 0 {
+		r.Gbps = float64(got.Load()) * 8 / el / 1e9
+		r.Mpps = float64(r.Received) / el / 1e6
+	}
+	return r, nil
+}
