@@ -25,15 +25,19 @@ type Impairment struct {
 	Delay     time.Duration // every datagram is delayed this long, plus
 	Jitter    time.Duration // a uniform extra delay in [0, Jitter)
 	// Burst is the probability that a datagram starts a burst: it and the
-	// BurstLen-1 after it are dropped.
-	Burst    float64
-	BurstLen int
+	// BurstLen-1 after it are dropped, as long as they come within
+	// BurstTime (default 2 ms) of the first: a burst is a short event in
+	// time (a queue overflowing), not a count that waits for traffic.
+	Burst     float64
+	BurstLen  int
+	BurstTime time.Duration
 	// Spike is the probability that a datagram is held SpikeDelay longer
 	// (a delay spike, longer than a retransmission timeout).
 	Spike      float64
 	SpikeDelay time.Duration
 
 	burstLeft int
+	burstEnd  time.Time
 
 	mu      sync.Mutex
 	rng     *rand.Rand
@@ -86,6 +90,9 @@ func (im *Impairment) send(s *Socket, t *txCtx) {
 		return
 	}
 	r := im.rng
+	if im.burstLeft > 0 && time.Now().After(im.burstEnd) {
+		im.burstLeft = 0
+	}
 	if im.burstLeft > 0 {
 		im.burstLeft--
 		im.Dropped.Add(1)
@@ -94,6 +101,11 @@ func (im *Impairment) send(s *Socket, t *txCtx) {
 	}
 	if im.Burst > 0 && r.Float64() < im.Burst {
 		im.burstLeft = max(im.BurstLen, 1) - 1
+		bt := im.BurstTime
+		if bt <= 0 {
+			bt = 2 * time.Millisecond
+		}
+		im.burstEnd = time.Now().Add(bt)
 		im.Bursts.Add(1)
 		im.Dropped.Add(1)
 		d.stats.TxImpaired.Add(1)

@@ -394,7 +394,7 @@ func (q *QP) attachRC(tc *net.TCPConn, neg rcNegotiated, cfg RCConfig, early []b
 	c.mulpdu = max(c.mulpdu, 256)
 	c.framer = udiwarp.MPAFramer{Markers: neg.markersOut, CRC: neg.crc}
 	c.deframer = udiwarp.MPADeframer{Markers: neg.markersIn, CRC: neg.crc}
-	c.rx = make([]byte, 0, 256<<10)
+	c.rx = make([]byte, 0, 16<<10) // grows, doubling, while reads fill it
 	c.rx = append(c.rx, early...)
 	c.rtrPending = neg.rtrWait
 	q.sqMu.Lock()

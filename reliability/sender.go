@@ -391,7 +391,18 @@ func (s *Sender[P]) OnTimer(now time.Time, resend func(seq uint32, p *P)) error 
 		return nil
 	}
 	s.pto++
-	return s.retransmit(seq, now, resend, true)
+	if err := s.retransmit(seq, now, resend, true); err != nil {
+		return err
+	}
+	// A second probe, as QUIC sends: the next packet waiting for its ack,
+	// so that a lost tail takes one timeout, not one per packet.
+	for next := seq + 1; Before(next, s.next); next++ {
+		if sl := &s.ring[next&s.mask]; sl.pending {
+			s.retransmit(next, now, resend, false)
+			break
+		}
+	}
+	return nil
 }
 
 // Unpush takes back the packet Push numbered seq, which must be the last
