@@ -87,9 +87,11 @@ type rcConn struct {
 	restBuf    []byte
 	scratch    []byte
 	gather     []byte
-	hb         [udiwarp.MPAHeaderSize + udiwarp.DDPUntaggedHeaderSize + udiwarp.ReadRequestSize]byte
-	trailer    [3 + udiwarp.CRCSize]byte
-	iov        [maxSGE + 2]unix.Iovec
+	hbs        [maxBatch][udiwarp.MPAHeaderSize + udiwarp.DDPUntaggedHeaderSize + udiwarp.ReadRequestSize + 64]byte
+	trs        [maxBatch][3 + udiwarp.CRCSize]byte
+	iov        [maxBatch * (maxSGE + 2)]unix.Iovec
+	pieces     [maxSGE + 1][]byte
+	pinned     []*MR
 	written    uint64 // stream octets handed to TCP
 	wantOut    bool
 	sendMSN    uint32
@@ -314,10 +316,14 @@ func (c *rcConn) ackedLocked() uint64 {
 	return c.written - uint64(out)
 }
 
-// sendFPDU frames the next FPDU of m and writes it. It returns the
-// octets written and whether the socket filled up.
-func (c *rcConn) sendFPDU(m *rcMsg) (int, bool) {
-	h := c.hb[:udiwarp.MPAHeaderSize]
+// maxBatch bounds the FPDUs of one writev: a large message goes to TCP
+// in a few system calls, not one per FPDU.
+const maxBatch = 16
+
+// fpduHeader appends to h (which holds the 2-byte ULPDU_Length slot) the
+// DDP/RDMAP header of m's next FPDU and returns it with that FPDU's
+// payload size.
+func (c *rcConn) fpduHeader(m *rcMsg, h []byte) ([]byte, uint32) {
 	room := c.mulpdu
 	var n uint32
 	switch m.op {
@@ -353,136 +359,171 @@ func (c *rcConn) sendFPDU(m *rcMsg) (int, bool) {
 			RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpTerminate), QN: uint32(udiwarp.QueueTerminate), MSN: m.msn})
 		h = append(h, m.body...)
 	}
-	// The payload, pinned for the system call.
-	var pieces [maxSGE + 1][]byte
-	np := 0
-	var pinned [maxSGE]*MR
-	npin := 0
-	defer func() {
-		for i := 0; i < npin; i++ {
-			pinned[i].unpin()
+	return h, n
+}
+
+// payload collects bytes [off, off+n) of m into pieces, pinning the
+// regions they lie in (appended to c.pinned).
+func (c *rcConn) payload(m *rcMsg, off, n uint32, pieces [][]byte) ([][]byte, Status) {
+	if n == 0 {
+		return pieces, Success
+	}
+	if m.inline != nil {
+		return append(pieces, m.inline[off:off+n]), Success
+	}
+	left := n
+	for i := 0; i < m.nsge && left > 0; i++ {
+		g := m.sge[i]
+		if off >= g.Length {
+			off -= g.Length
+			continue
 		}
+		k := min(g.Length-off, left)
+		part := SGE{LKey: g.LKey, Addr: g.Addr + uint64(off), Length: k}
+		mr, b, st := c.q.dev.resolve(c.q.pd, &part, 0)
+		if st != Success {
+			return pieces, st
+		}
+		c.pinned = append(c.pinned, mr)
+		pieces = append(pieces, b)
+		off, left = 0, left-k
+	}
+	return pieces, Success
+}
+
+// sendFPDU frames the next FPDUs of m — up to maxBatch of them in one
+// writev from registered memory, or one built whole when markers
+// interleave — and writes them. It returns the octets written and
+// whether the socket filled up.
+func (c *rcConn) sendFPDU(m *rcMsg) (int, bool) {
+	defer func() {
+		for _, mr := range c.pinned {
+			mr.unpin()
+		}
+		clear(c.pinned)
+		c.pinned = c.pinned[:0]
 	}()
-	if n > 0 {
-		if m.inline != nil {
-			pieces[0] = m.inline[m.off : m.off+n]
-			np = 1
-		} else {
-			off, left := m.off, n
-			for i := 0; i < m.nsge && left > 0; i++ {
-				g := m.sge[i]
-				if off >= g.Length {
-					off -= g.Length
-					continue
-				}
-				k := min(g.Length-off, left)
-				part := SGE{LKey: g.LKey, Addr: g.Addr + uint64(off), Length: k}
-				mr, b, st := c.q.dev.resolve(c.q.pd, &part, 0)
-				if st != Success { // cannot happen: the MRs are referenced
-					m.status, m.off, m.framed = st, m.length, true
-					return 0, false
-				}
-				pinned[npin] = mr
-				npin++
-				pieces[np] = b
-				np++
-				off, left = 0, left-k
-			}
+	if c.framer.Markers {
+		return c.sendMarked(m)
+	}
+	niov, total := 0, 0
+	add := func(b []byte) {
+		if len(b) > 0 {
+			c.iov[niov].Base = &b[0]
+			c.iov[niov].SetLen(len(b))
+			niov++
+			total += len(b)
 		}
 	}
-	ulpdu := len(h) - udiwarp.MPAHeaderSize + int(n)
-	binary.BigEndian.PutUint16(h, uint16(ulpdu))
-	var wrote int
-	var full bool
-	if c.framer.Markers {
-		// Markers interleave with the FPDU's bytes: build it whole.
-		payload := pieces[0]
-		if np > 1 {
-			c.gather = c.gather[:0]
-			for _, p := range pieces[:np] {
-				c.gather = append(c.gather, p...)
-			}
-			payload = c.gather
-		}
-		if np == 0 {
-			payload = nil
-		}
-		var err error
-		c.scratch, err = c.framer.Append(c.scratch[:0], h[udiwarp.MPAHeaderSize:], payload)
-		if err != nil {
-			m.status, m.off, m.framed = LocalQPOperationError, m.length, true
+	var framed uint32
+	off := m.off
+	for k := 0; k < maxBatch && niov+maxSGE+2 <= len(c.iov); k++ {
+		h, n := c.fpduHeader(&rcMsg{op: m.op, flags: m.flags, length: m.length, off: off, rstag: m.rstag, rto: m.rto,
+			sinkSTag: m.sinkSTag, sinkTO: m.sinkTO, invSTag: m.invSTag, msn: m.msn, body: m.body}, c.hbs[k][:udiwarp.MPAHeaderSize])
+		pieces, st := c.payload(m, off, n, c.pieces[:0])
+		if st != Success { // cannot happen: the MRs are referenced
+			m.status, m.off, m.framed = st, m.length, true
 			return 0, false
 		}
-		w, ok := c.write1(c.scratch)
-		if !ok { // the connection is gone; the reader fails the QP
-			m.off, m.framed = m.length, true
-			return 0, true
-		}
-		wrote = w
-		if w < len(c.scratch) {
-			c.rest = append(c.restBuf[:0], c.scratch[w:]...)
-			c.restBuf = c.rest[:0]
-			full = true
-		}
-	} else {
-		// ULPDU_Length, header | payload pieces | pad, CRC: one writev
-		// straight from registered memory.
+		ulpdu := len(h) - udiwarp.MPAHeaderSize + int(n)
+		binary.BigEndian.PutUint16(h, uint16(ulpdu))
 		pad := udiwarp.MPAPad(ulpdu)
 		var crc uint32
 		if c.framer.CRC {
 			crc = udiwarp.CRC32c(h)
-			for _, p := range pieces[:np] {
+			for _, p := range pieces {
 				crc = udiwarp.UpdateCRC32c(crc, p)
 			}
 			crc = udiwarp.UpdateCRC32c(crc, zeros[:pad])
 		}
-		t := c.trailer[:pad+udiwarp.CRCSize]
+		t := c.trs[k][:pad+udiwarp.CRCSize]
 		clear(t[:pad])
 		udiwarp.PutCRC(t[pad:], crc)
-		niov := 0
-		add := func(b []byte) {
-			if len(b) > 0 {
-				c.iov[niov].Base = &b[0]
-				c.iov[niov].SetLen(len(b))
-				niov++
-			}
-		}
 		add(h)
-		for _, p := range pieces[:np] {
+		for _, p := range pieces {
 			add(p)
 		}
 		add(t)
-		total := len(h) + int(n) + len(t)
-		w, ok := c.writev(niov)
-		if !ok { // the connection is gone; the reader fails the QP
-			m.off, m.framed = m.length, true
-			return 0, true
+		off += n
+		framed++
+		c.q.dev.stats.RCFPDUsSent.Add(1)
+		if off >= m.length || m.op == OpRead || m.op == opTerminate {
+			break
 		}
-		wrote = w
-		if w < total {
-			// Keep the unwritten tail: the registered memory may change
-			// after the WR completes, the FPDU must not.
-			c.rest = c.restBuf[:0]
-			skip := w
-			for i := range niov {
-				b := unsafe.Slice(c.iov[i].Base, c.iov[i].Len)
-				if skip >= len(b) {
-					skip -= len(b)
-					continue
-				}
-				c.rest = append(c.rest, b[skip:]...)
-				skip = 0
+	}
+	w, ok := c.writev(niov)
+	if !ok { // the connection is gone; the reader fails the QP
+		m.off, m.framed = m.length, true
+		return 0, true
+	}
+	full := false
+	if w < total {
+		// Keep the unwritten tail: headers and trailers live in buffers
+		// the next batch reuses.
+		c.rest = c.restBuf[:0]
+		skip := w
+		for i := range niov {
+			b := unsafe.Slice(c.iov[i].Base, c.iov[i].Len)
+			if skip >= len(b) {
+				skip -= len(b)
+				continue
 			}
-			c.restBuf = c.rest[:0]
-			full = true
+			c.rest = append(c.rest, b[skip:]...)
+			skip = 0
 		}
+		c.restBuf = c.rest[:0]
+		full = true
+	}
+	m.off = off
+	if m.off >= m.length || m.op == OpRead || m.op == opTerminate {
+		m.off, m.framed = m.length, true
+	}
+	return w, full
+}
+
+// sendMarked builds m's next FPDU whole, markers in place, and writes it.
+func (c *rcConn) sendMarked(m *rcMsg) (int, bool) {
+	h, n := c.fpduHeader(m, c.hbs[0][:udiwarp.MPAHeaderSize])
+	pieces, st := c.payload(m, m.off, n, c.pieces[:0])
+	if st != Success {
+		m.status, m.off, m.framed = st, m.length, true
+		return 0, false
+	}
+	var payload []byte
+	switch len(pieces) {
+	case 0:
+	case 1:
+		payload = pieces[0]
+	default:
+		c.gather = c.gather[:0]
+		for _, p := range pieces {
+			c.gather = append(c.gather, p...)
+		}
+		payload = c.gather
+	}
+	var err error
+	c.scratch, err = c.framer.Append(c.scratch[:0], h[udiwarp.MPAHeaderSize:], payload)
+	if err != nil {
+		m.status, m.off, m.framed = LocalQPOperationError, m.length, true
+		return 0, false
+	}
+	c.q.dev.stats.RCFPDUsSent.Add(1)
+	w, ok := c.write1(c.scratch)
+	if !ok {
+		m.off, m.framed = m.length, true
+		return 0, true
+	}
+	full := false
+	if w < len(c.scratch) {
+		c.rest = append(c.restBuf[:0], c.scratch[w:]...)
+		c.restBuf = c.rest[:0]
+		full = true
 	}
 	m.off += n
 	if m.off >= m.length || m.op == OpRead || m.op == opTerminate {
 		m.off, m.framed = m.length, true
 	}
-	c.q.dev.stats.RCFPDUsSent.Add(1)
-	return wrote, full
+	return w, full
 }
 
 var zeros [4]byte
