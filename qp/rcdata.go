@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -26,30 +27,32 @@ const (
 )
 
 type rcMsg struct {
-	id       uint64
-	op       SendOpcode
-	flags    SendFlags
-	nsge     int
-	sge      [maxSGE]SGE
-	mrs      [maxSGE]*MR // referenced (MR.rdRefs) until the WR completes
-	nmr      int
-	inline   []byte
-	length   uint32
-	off      uint32 // bytes framed so far
-	rstag    uint32
-	rto      uint64
-	sinkSTag uint32
-	sinkTO   uint64
-	invSTag  uint32
-	msn      uint32
-	internal bool
-	body     []byte // opTerminate: the RDMAP Terminate header and echoes
-	end      uint64 // stream offset just after its last byte
-	status   Status
-	framed   bool // its last FPDU is built
-	handed   bool // its last byte went to TCP
-	respDone bool // a Read's last response arrived
-	done     bool
+	id     uint64
+	op     SendOpcode
+	flags  SendFlags
+	nsge   int
+	sge    [maxSGE]SGE
+	mrs    [maxSGE]*MR // referenced (MR.rdRefs) until the WR completes
+	nmr    int
+	inline []byte
+	// inlineBuf keeps inline's storage when the message is recycled.
+	inlineBuf []byte
+	length    uint32
+	off       uint32 // bytes framed so far
+	rstag     uint32
+	rto       uint64
+	sinkSTag  uint32
+	sinkTO    uint64
+	invSTag   uint32
+	msn       uint32
+	internal  bool
+	body      []byte // opTerminate: the RDMAP Terminate header and echoes
+	end       uint64 // stream offset just after its last byte
+	status    Status
+	framed    bool // its last FPDU is built
+	handed    bool // its last byte went to TCP
+	respDone  bool // a Read's last response arrived
+	done      bool
 }
 
 func (m *rcMsg) releaseMRs() {
@@ -108,6 +111,7 @@ type rcConn struct {
 	rxTermMSN uint32
 	cur       rcRecv
 	closing   atomic.Bool
+	users     atomic.Int64 // system calls on fd in flight
 }
 
 // postRC queues a send WR on an RC QP and sends what TCP takes now.
@@ -124,8 +128,10 @@ func (q *QP) postRC(wr *SendWR) error {
 	if length > 1<<32-1 {
 		return fmt.Errorf("%w: a message of %d bytes (at most 4 GiB - 1)", ErrInvalidWR, length)
 	}
-	m := &rcMsg{id: wr.ID, op: wr.Opcode, flags: wr.Flags, length: uint32(length), rstag: wr.RemoteSTag, rto: wr.RemoteTO,
-		invSTag: wr.InvalidateSTag}
+	m := rcMsgPool.Get().(*rcMsg)
+	keep := m.inlineBuf[:0]
+	*m = rcMsg{id: wr.ID, op: wr.Opcode, flags: wr.Flags, length: uint32(length), rstag: wr.RemoteSTag, rto: wr.RemoteTO,
+		invSTag: wr.InvalidateSTag, inlineBuf: keep}
 	switch wr.Opcode {
 	case OpSend, OpSendInvalidate, OpWrite:
 	case OpRead:
@@ -136,7 +142,8 @@ func (q *QP) postRC(wr *SendWR) error {
 		return fmt.Errorf("%w: opcode %v is not available on RC QPs", ErrInvalidWR, wr.Opcode)
 	}
 	if wr.Inline != nil {
-		m.inline = append([]byte(nil), wr.Inline...)
+		m.inlineBuf = append(m.inlineBuf, wr.Inline...)
+		m.inline = m.inlineBuf
 	}
 	m.nsge = copy(m.sge[:], wr.SGL)
 	need := Access(0)
@@ -296,6 +303,7 @@ func (c *rcConn) completeLocked() {
 			q.pushSend(m.id, m.status, rcWCOp(m.op), n)
 		}
 		c.posted[k] = nil
+		rcMsgPool.Put(m) // nothing else refers to it now: it left the queue and the Reads
 	}
 	c.posted = c.posted[k:]
 	if c.ackMode && len(c.posted) > 0 && c.posted[0].handed && !c.posted[0].done {
@@ -307,12 +315,12 @@ func (c *rcConn) completeLocked() {
 // handed over less what is still in the socket's send queue (SIOCOUTQ).
 func (c *rcConn) ackedLocked() uint64 {
 	var out int
-	c.raw.Control(func(fd uintptr) {
-		v, err := unix.IoctlGetInt(int(fd), unix.SIOCOUTQ)
-		if err == nil {
+	if c.acquire() {
+		if v, err := unix.IoctlGetInt(c.fd, unix.SIOCOUTQ); err == nil {
 			out = v
 		}
-	})
+		c.release()
+	}
 	return c.written - uint64(out)
 }
 
@@ -323,12 +331,12 @@ const maxBatch = 16
 // fpduHeader appends to h (which holds the 2-byte ULPDU_Length slot) the
 // DDP/RDMAP header of m's next FPDU and returns it with that FPDU's
 // payload size.
-func (c *rcConn) fpduHeader(m *rcMsg, h []byte) ([]byte, uint32) {
+func (c *rcConn) fpduHeader(m *rcMsg, off uint32, h []byte) ([]byte, uint32) {
 	room := c.mulpdu
 	var n uint32
 	switch m.op {
 	case OpSend, OpSendInvalidate:
-		n = min(m.length-m.off, uint32(room-udiwarp.DDPUntaggedHeaderSize))
+		n = min(m.length-off, uint32(room-udiwarp.DDPUntaggedHeaderSize))
 		se := m.flags&FlagSolicited != 0
 		opc := udiwarp.OpSend
 		switch {
@@ -339,16 +347,16 @@ func (c *rcConn) fpduHeader(m *rcMsg, h []byte) ([]byte, uint32) {
 		case se:
 			opc = udiwarp.OpSendSE
 		}
-		h = udiwarp.AppendUntagged(h, &udiwarp.UntaggedFields{Last: m.off+n == m.length, DV: udiwarp.DDPVersion,
-			RDMAP: udiwarp.NewRDMAPControl(opc), ULP: m.invSTag, QN: uint32(udiwarp.QueueSend), MSN: m.msn, MO: m.off})
+		h = udiwarp.AppendUntagged(h, &udiwarp.UntaggedFields{Last: off+n == m.length, DV: udiwarp.DDPVersion,
+			RDMAP: udiwarp.NewRDMAPControl(opc), ULP: m.invSTag, QN: uint32(udiwarp.QueueSend), MSN: m.msn, MO: off})
 	case OpWrite, opRTR, opReadResponse:
-		n = min(m.length-m.off, uint32(room-udiwarp.DDPTaggedHeaderSize))
+		n = min(m.length-off, uint32(room-udiwarp.DDPTaggedHeaderSize))
 		opc, stag, to := udiwarp.OpWrite, m.rstag, m.rto
 		if m.op == opReadResponse {
 			opc, stag, to = udiwarp.OpReadResponse, m.sinkSTag, m.sinkTO
 		}
-		h = udiwarp.AppendTagged(h, &udiwarp.TaggedFields{Last: m.off+n == m.length, DV: udiwarp.DDPVersion,
-			RDMAP: udiwarp.NewRDMAPControl(opc), STag: stag, TO: to + uint64(m.off)})
+		h = udiwarp.AppendTagged(h, &udiwarp.TaggedFields{Last: off+n == m.length, DV: udiwarp.DDPVersion,
+			RDMAP: udiwarp.NewRDMAPControl(opc), STag: stag, TO: to + uint64(off)})
 	case OpRead:
 		h = udiwarp.AppendUntagged(h, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DDPVersion,
 			RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpReadRequest), QN: uint32(udiwarp.QueueReadRequest), MSN: m.msn})
@@ -418,8 +426,7 @@ func (c *rcConn) sendFPDU(m *rcMsg) (int, bool) {
 	var framed uint32
 	off := m.off
 	for k := 0; k < maxBatch && niov+maxSGE+2 <= len(c.iov); k++ {
-		h, n := c.fpduHeader(&rcMsg{op: m.op, flags: m.flags, length: m.length, off: off, rstag: m.rstag, rto: m.rto,
-			sinkSTag: m.sinkSTag, sinkTO: m.sinkTO, invSTag: m.invSTag, msn: m.msn, body: m.body}, c.hbs[k][:udiwarp.MPAHeaderSize])
+		h, n := c.fpduHeader(m, off, c.hbs[k][:udiwarp.MPAHeaderSize])
 		pieces, st := c.payload(m, off, n, c.pieces[:0])
 		if st != Success { // cannot happen: the MRs are referenced
 			m.status, m.off, m.framed = st, m.length, true
@@ -483,7 +490,7 @@ func (c *rcConn) sendFPDU(m *rcMsg) (int, bool) {
 
 // sendMarked builds m's next FPDU whole, markers in place, and writes it.
 func (c *rcConn) sendMarked(m *rcMsg) (int, bool) {
-	h, n := c.fpduHeader(m, c.hbs[0][:udiwarp.MPAHeaderSize])
+	h, n := c.fpduHeader(m, m.off, c.hbs[0][:udiwarp.MPAHeaderSize])
 	pieces, st := c.payload(m, m.off, n, c.pieces[:0])
 	if st != Success {
 		m.status, m.off, m.framed = st, m.length, true
@@ -528,6 +535,10 @@ func (c *rcConn) sendMarked(m *rcMsg) (int, bool) {
 
 var zeros [4]byte
 
+// rcMsgPool recycles application WRs: a small message's path allocates
+// nothing.
+var rcMsgPool = sync.Pool{New: func() any { return new(rcMsg) }}
+
 // write1 writes b without waiting; ok is false when the connection is
 // gone (the QP then goes to ERROR through the reader).
 func (c *rcConn) write1(b []byte) (int, bool) {
@@ -537,16 +548,13 @@ func (c *rcConn) write1(b []byte) (int, bool) {
 }
 
 func (c *rcConn) writev(niov int) (int, bool) {
-	var n int
-	var errno syscall.Errno
-	err := c.raw.Write(func(fd uintptr) bool {
-		r, _, e := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&c.iov[0])), uintptr(niov))
-		n, errno = int(r), e
-		return true
-	})
-	switch {
-	case err != nil:
+	if !c.acquire() {
 		return 0, false
+	}
+	r, _, errno := unix.RawSyscall(unix.SYS_WRITEV, uintptr(c.fd), uintptr(unsafe.Pointer(&c.iov[0])), uintptr(niov))
+	c.release()
+	n := int(r)
+	switch {
 	case errno == unix.EAGAIN:
 		return 0, true
 	case errno != 0:
@@ -581,24 +589,27 @@ func (c *rcConn) onReadable() {
 			copy(grown, c.rx)
 			c.rx = grown
 		}
-		var n int
-		var errno syscall.Errno
-		err := c.raw.Read(func(fd uintptr) bool {
-			buf := c.rx[len(c.rx):cap(c.rx)]
-			r, _, e := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)))
-			n, errno = int(r), e
-			return true
-		})
-		if err == nil && errno == unix.EAGAIN {
+		if !c.acquire() {
 			return
 		}
-		if err != nil || errno != 0 || n == 0 {
+		buf := c.rx[len(c.rx):cap(c.rx)]
+		r, _, errno := unix.RawSyscall(unix.SYS_READ, uintptr(c.fd), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)))
+		c.release()
+		n := int(r)
+		if errno == unix.EAGAIN {
+			return
+		}
+		if errno != 0 || n == 0 {
 			c.lost()
 			return
 		}
+		room := cap(c.rx) - len(c.rx)
 		c.rx = c.rx[:len(c.rx)+n]
 		if !c.process() {
 			return
+		}
+		if n < room {
+			return // the socket is drained: no second read to learn it
 		}
 	}
 }
@@ -960,8 +971,26 @@ func (c *rcConn) flush() {
 func (c *rcConn) shutdown() {
 	c.closing.Store(true)
 	c.q.dev.rcUnregister(c)
+	for c.users.Load() != 0 { // system calls in flight end first: the descriptor stays theirs
+		runtime.Gosched()
+	}
 	c.tc.Close()
 }
+
+// acquire reports whether the descriptor may be used for a system call;
+// each true must be paired with release. The connection's descriptor is
+// used directly (no RawConn callback per call: it costs a tenth of a
+// small message's time), so close waits for the calls in flight.
+func (c *rcConn) acquire() bool {
+	c.users.Add(1)
+	if c.closing.Load() {
+		c.users.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (c *rcConn) release() { c.users.Add(-1) }
 
 // rcInterest asks the poller to report (or stop reporting) room to write.
 func (d *Device) rcInterest(c *rcConn, out bool) {
