@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/udiwarp/udiwarp/reliability"
 	"github.com/udiwarp/udiwarp/udiwarp"
 )
 
@@ -64,8 +65,7 @@ func decode(args []string, stdout, stderr io.Writer) int {
 	} else {
 		var t udiwarp.FrameType
 		if t, err = udiwarp.Classify(b); err == nil && t == udiwarp.FrameRD {
-			fmt.Fprintln(stdout, "RD frame (the reliability header is decoded by package reliability)")
-			return 0
+			return decodeRD(b, stdout, stderr)
 		}
 		seg, err = udiwarp.ParseUDFrame(b)
 	}
@@ -77,5 +77,54 @@ func decode(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintln(stdout, seg)
+	return 0
+}
+
+// decodeRD describes an RD frame: its reliability header (docs/wire.md
+// §11) and, in a Data frame, the DDP segment it carries.
+func decodeRD(b []byte, stdout, stderr io.Writer) int {
+	frame, err := udiwarp.OpenDatagram(b)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	var h reliability.Header
+	if err := h.Parse(frame); err != nil {
+		fmt.Fprintf(stderr, "RD header: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "RD %v: QP %d -> QP %d, epoch %#08x, token %#016x, window %d", h.Type, h.SrcQPN, h.DstQPN, h.Epoch, h.Token, h.Window)
+	if h.Type == reliability.Data {
+		fmt.Fprintf(stdout, ", seq %d", h.Seq)
+	}
+	if h.HasInit {
+		fmt.Fprintf(stdout, ", issues token %#016x", h.Issued)
+	}
+	if h.WantsAck {
+		fmt.Fprint(stdout, ", ack now")
+	}
+	fmt.Fprintln(stdout)
+	if h.HasAck {
+		fmt.Fprintf(stdout, "  ack: cumulative %d, delay %d µs", h.Ack.Cumulative, h.Ack.Delay)
+		for _, r := range h.Ack.Ranges {
+			fmt.Fprintf(stdout, ", [%d, %d)", r.Start, r.Start+r.Len)
+		}
+		for _, e := range h.Ack.Errors {
+			fmt.Fprintf(stdout, ", error %d on %d", e.Code, e.Seq)
+		}
+		if h.HasRNR {
+			fmt.Fprint(stdout, ", receiver not ready")
+		}
+		fmt.Fprintln(stdout)
+	}
+	if h.Type != reliability.Data {
+		return 0
+	}
+	seg, err := udiwarp.ParseSegment(frame[h.Size:], udiwarp.ProfileDatagram)
+	if err != nil {
+		fmt.Fprintf(stderr, "its DDP segment: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "  %v\n", seg)
 	return 0
 }
