@@ -20,6 +20,9 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, `usage:
   udperf                           the loopback demo: UD Send/Recv beside plain UDP
   udperf demo [-quick]             the same
+  udperf local [flags]             one mode, server and client in this process over loopback
+  udperf compare -modes M1,M2 ...  several modes back to back, alternating, with ratios to M1
+                                   (flags: udperf local -h; JSON schema: docs/udperf.md)
   udperf decode [-stream] HEX...   check and describe a udiwarp datagram (or, with
                                    -stream, a DDP segment as MPA carries it)`)
 }
@@ -36,6 +39,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return demo(args[1:], stdout, stderr)
 	case "decode":
 		return decode(args[1:], stdout, stderr)
+	case "local":
+		return local(args[1:], stdout, stderr)
+	case "compare":
+		return compare(args[1:], stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "udperf: unknown command %q\n", args[0])
 	usage(stderr)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -40,5 +41,68 @@ func TestDecode(t *testing.T) {
 				t.Fatalf("stdout %q stderr %q", out.String(), errb.String())
 			}
 		})
+	}
+}
+
+// TestLocalAndCompare runs every mode for a few iterations through
+// `local` and a pair through `compare`, and checks the JSON.
+func TestLocalAndCompare(t *testing.T) {
+	for _, m := range []string{"ud-send", "ud-wr", "rd-send", "rd-write", "rd-read", "rd-wr", "rc-send", "rc-write", "rc-read", "raw-udp", "raw-udp-unconn", "raw-tcp"} {
+		for _, test := range []string{"lat", "bw"} {
+			if test == "bw" && m == "raw-udp-unconn" {
+				continue // latency only
+			}
+			t.Run(m+"/"+test, func(t *testing.T) {
+				var out, errb bytes.Buffer
+				args := []string{"local", "-mode", m, "-test", test, "-s", "1024", "-n", "50", "-w", "5", "-D", "100ms", "-poll", "event", "-json"}
+				if code := run(args, &out, &errb); code != 0 {
+					t.Fatalf("exit %d: %s", code, errb.String())
+				}
+				var doc document
+				if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
+					t.Fatalf("%v: %s", err, out.String())
+				}
+				if len(doc.Results) != 1 || doc.GoVersion == "" || doc.Flags["mode"] != m {
+					t.Fatalf("%+v", doc)
+				}
+				r := doc.Results[0]
+				if r.Mode != m || r.Bytes != 1024 || r.Iterations == 0 {
+					t.Fatalf("%+v", r)
+				}
+				if test == "lat" && !(r.TMin > 0 && r.TMin <= r.TTypical && r.TTypical <= r.TMax) {
+					t.Fatalf("latencies %+v", r)
+				}
+				if test == "bw" && (r.BWAvg <= 0 || r.Lost == nil || (reliableMode(m) && *r.Lost != 0)) {
+					t.Fatalf("bandwidth %+v", r)
+				}
+			})
+		}
+	}
+	var out, errb bytes.Buffer
+	if code := run([]string{"compare", "-modes", "ud-send,rd-send", "-n", "50", "-w", "5", "-rounds", "2", "-a", "-csv"}, &out, &errb); code != 0 {
+		t.Fatalf("compare: exit %d: %s", code, errb.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 1+2*15 || !strings.HasPrefix(lines[0], "mode,bytes,") || !strings.HasPrefix(lines[1], "ud-send,2,") || !strings.HasSuffix(lines[1], ",1.000") {
+		t.Fatalf("compare CSV:\n%s", out.String())
+	}
+}
+
+func TestBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"local", "-mode", "nope"},
+		{"local", "-test", "nope"},
+		{"local", "-poll", "sometimes"},
+		{"local", "-loss", "2"},
+		{"local", "-n", "0"},
+		{"local", "-bogus"},
+		{"compare"},
+		{"compare", "-modes", "ud-send,nope"},
+	} {
+		var out, errb bytes.Buffer
+		code := run(args, &out, &errb)
+		if code != 2 || errb.Len() == 0 || strings.Contains(errb.String(), "goroutine") {
+			t.Errorf("%v: exit %d, stderr %q", args, code, errb.String())
+		}
 	}
 }
