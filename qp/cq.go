@@ -79,6 +79,9 @@ func (cq *CQ) push(wc *WorkCompletion) bool {
 	*cq.ring.push() = *wc
 	cq.count.Store(int32(cq.ring.len()))
 	cq.mu.Unlock()
+	if int(wc.Status) < len(cq.dev.stats.Completions) {
+		cq.dev.stats.Completions[wc.Status].Add(1)
+	}
 	if cq.waiters.Load() > 0 {
 		select {
 		case cq.wake <- struct{}{}:

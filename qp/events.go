@@ -7,6 +7,7 @@ import (
 	"syscall"
 
 	"github.com/udiwarp/udiwarp/udiwarp"
+	"github.com/udiwarp/udiwarp/writerecord"
 )
 
 // AsyncEventType names an asynchronous event (ibv_event_type).
@@ -124,6 +125,12 @@ type Stats struct {
 	RCConnectionsLost    atomic.Uint64
 	RCBadRequests        atomic.Uint64 // MPA Requests that were not
 
+	// Bytes on the wire (UDP payloads and TCP stream octets), both ways.
+	RxBytes, TxBytes atomic.Uint64
+	// Completions counts the work completions the device's CQs took, by
+	// Status.
+	Completions [16]atomic.Uint64
+
 	TxDatagrams atomic.Uint64
 	TxDirect    atomic.Uint64 // sent in the poster's goroutine
 	TxGSO       atomic.Uint64 // sendmsg calls that carried several datagrams (UDP GSO)
@@ -171,4 +178,44 @@ func (s *Stats) countRx(err error) {
 	default:
 		s.RxBadHeader.Add(1)
 	}
+}
+
+// WriteRecordStats sums the Write-Record target engines of the device's
+// QPs: messages completed, recorded partial, discarded at their deadline,
+// superseded, evicted at a cap; and the messages in progress now.
+func (d *Device) WriteRecordStats() (st writerecord.Stats, inProgress int) {
+	for i := range d.qps {
+		q := d.qps[i].Load()
+		if q == nil {
+			continue
+		}
+		q.wrMu.Lock()
+		if q.wr != nil {
+			s := q.wr.Stats()
+			st.Completed += s.Completed
+			st.Partial += s.Partial
+			st.Expired += s.Expired
+			st.Superseded += s.Superseded
+			st.Stale += s.Stale
+			st.Evicted += s.Evicted
+			st.Duplicate += s.Duplicate
+			inProgress += q.wr.InProgress()
+		}
+		q.wrMu.Unlock()
+	}
+	return st, inProgress
+}
+
+// ValidityRanges returns the disjoint valid ranges held by every validity
+// map of the device's regions.
+func (d *Device) ValidityRanges() int {
+	n := 0
+	for i := range d.mrs.slots {
+		if m := d.mrs.slots[i].Load(); m != nil {
+			if vm := m.vmap.Load(); vm != nil {
+				n += vm.Ranges()
+			}
+		}
+	}
+	return n
 }

@@ -84,6 +84,7 @@ func (im *Impairment) send(s *Socket, t *txCtx) {
 		addr = netip.AddrPortFrom(netip.AddrFrom16(addr.Addr().As16()), addr.Port())
 	}
 	d := s.dev
+	d.stats.TxBytes.Add(uint64(n))
 	im.mu.Lock()
 	defer im.mu.Unlock()
 	if im.stopped {

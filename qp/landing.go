@@ -246,6 +246,7 @@ func (s *Socket) completeLandingLocked(l *landing, n int, truncated bool, src ne
 	q.rq.pop()
 	st := &s.dev.stats
 	st.RxDatagrams.Add(1)
+	st.RxBytes.Add(uint64(n))
 	st.RxDelivered.Add(1)
 	st.RxLanded.Add(1)
 	s.noteSize(payload)

@@ -562,6 +562,7 @@ func (c *rcConn) writev(niov int) (int, bool) {
 		return 0, false
 	}
 	c.written += uint64(n)
+	c.q.dev.stats.TxBytes.Add(uint64(n))
 	return n, true
 }
 
@@ -604,6 +605,7 @@ func (c *rcConn) onReadable() {
 			return
 		}
 		room := cap(c.rx) - len(c.rx)
+		c.q.dev.stats.RxBytes.Add(uint64(n))
 		c.rx = c.rx[:len(c.rx)+n]
 		if !c.process() {
 			return

@@ -160,6 +160,7 @@ func (s *SRQ) take(w *recvWQE) bool {
 func (d *Device) deliver(s *Socket, b []byte, truncated bool, src netip.AddrPort) {
 	st := &d.stats
 	st.RxDatagrams.Add(1)
+	st.RxBytes.Add(uint64(len(b)))
 	if truncated {
 		st.RxTooLong.Add(1)
 		return

@@ -232,6 +232,7 @@ func (t *txCtx) transmit(s *Socket) error {
 	switch t.errno {
 	case 0:
 		d.stats.TxDatagrams.Add(1)
+		d.stats.TxBytes.Add(uint64(t.n))
 		return nil
 	case unix.EAGAIN:
 		return errSocketFull

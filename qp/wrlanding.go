@@ -193,6 +193,7 @@ func (s *Socket) placeLandedLocked(l *landing, n int, truncated bool, src netip.
 	}
 	st := &s.dev.stats
 	st.RxDatagrams.Add(1)
+	st.RxBytes.Add(uint64(n))
 	st.RxWRPlaced.Add(1)
 	st.RxLanded.Add(1)
 	g.next += uint32(payload)

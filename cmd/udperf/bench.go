@@ -7,6 +7,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"runtime"
 	"slices"
@@ -15,6 +17,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/udiwarp/udiwarp/internal/metrics"
 	"github.com/udiwarp/udiwarp/internal/perf"
 	"github.com/udiwarp/udiwarp/qp"
 )
@@ -53,6 +56,8 @@ type benchFlags struct {
 	deadline    time.Duration
 	rounds      int
 	json, csv   bool
+	metrics     string
+	collector   *metrics.Collector
 }
 
 func (f *benchFlags) register(fs *flag.FlagSet, multi bool) {
@@ -77,6 +82,26 @@ func (f *benchFlags) register(fs *flag.FlagSet, multi bool) {
 	fs.DurationVar(&f.deadline, "deadline", 5*time.Millisecond, "Write-Record deadline with -partial")
 	fs.BoolVar(&f.json, "json", false, "one JSON document on stdout (docs/udperf.md)")
 	fs.BoolVar(&f.csv, "csv", false, "CSV on stdout")
+	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics at HOST:PORT/metrics while running")
+}
+
+// serveMetrics starts the -metrics server; the returned function stops it.
+func (f *benchFlags) serveMetrics(stderr io.Writer) (func(), error) {
+	if f.metrics == "" {
+		return func() {}, nil
+	}
+	ln, err := net.Listen("tcp", f.metrics)
+	if err != nil {
+		return nil, fmt.Errorf("-metrics %s: %w", f.metrics, err)
+	}
+	f.collector = metrics.New()
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", f.collector.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() { defer close(done); srv.Serve(ln) }()
+	fmt.Fprintf(stderr, "udperf: metrics at http://%s/metrics\n", ln.Addr())
+	return func() { srv.Close(); <-done }, nil
 }
 
 func modeList() string {
@@ -129,8 +154,12 @@ func (f *benchFlags) configs(m perf.Mode) ([]perf.Config, error) {
 	}
 	var out []perf.Config
 	for _, s := range sizes {
-		out = append(out, perf.Config{Mode: m, Test: test, Poll: poll, Size: s, Iters: f.iters, Warmup: warmup(f.warmup),
-			Duration: f.dur, QPs: f.qps, Segment: f.mtu, Loss: f.loss, Seed: f.seed, Partial: f.partial, Deadline: f.deadline})
+		c := perf.Config{Mode: m, Test: test, Poll: poll, Size: s, Iters: f.iters, Warmup: warmup(f.warmup),
+			Duration: f.dur, QPs: f.qps, Segment: f.mtu, Loss: f.loss, Seed: f.seed, Partial: f.partial, Deadline: f.deadline}
+		if f.collector != nil {
+			c.OnDevice = f.collector.Add
+		}
+		out = append(out, c)
 	}
 	return out, nil
 }
@@ -257,6 +286,12 @@ func local(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "udperf local: %v\n", err)
 		return 2
 	}
+	stop, err := f.serveMetrics(stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "udperf local: %v\n", err)
+		return 2
+	}
+	defer stop()
 	cfgs, err := f.configs(m)
 	if err != nil {
 		fmt.Fprintf(stderr, "udperf local: %v\n", err)
@@ -298,6 +333,12 @@ func compare(args []string, stdout, stderr io.Writer) int {
 		}
 		modes = append(modes, m)
 	}
+	stop, err := f.serveMetrics(stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "udperf compare: %v\n", err)
+		return 2
+	}
+	defer stop()
 	byMode := make([][]perf.Config, len(modes))
 	for i, m := range modes {
 		cfgs, err := f.configs(m)

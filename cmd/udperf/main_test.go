@@ -88,6 +88,19 @@ func TestLocalAndCompare(t *testing.T) {
 	}
 }
 
+func TestMetricsFlag(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"local", "-mode", "rd-send", "-n", "50", "-w", "5", "-metrics", "127.0.0.1:0"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(errb.String(), "/metrics") {
+		t.Fatalf("stderr %q", errb.String())
+	}
+	if code := run([]string{"local", "-metrics", "256.0.0.1:1"}, &out, &errb); code != 2 {
+		t.Fatalf("a bad -metrics address: exit %d", code)
+	}
+}
+
 func TestBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"local", "-mode", "nope"},

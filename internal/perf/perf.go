@@ -91,6 +91,18 @@ type Config struct {
 	Deadline time.Duration
 	// Interval paces a Write-Record bandwidth run: one message per interval.
 	Interval time.Duration
+	// OnDevice, when set, is called with every device the run opens (for
+	// metrics).
+	OnDevice func(*qp.Device)
+}
+
+// openDevice opens a device for cfg's run.
+func openDevice(cfg Config, dc qp.DeviceConfig) (*qp.Device, error) {
+	d, err := qp.Open(dc)
+	if err == nil && cfg.OnDevice != nil {
+		cfg.OnDevice(d)
+	}
+	return d, err
 }
 
 var errStopped = errors.New("perf: stopped")

@@ -36,7 +36,7 @@ func TestRun(t *testing.T) {
 		{Mode: ModeRCRead, Test: TestLat, Poll: qp.PollBusy, Size: 1024, Iters: 200, Warmup: 10},
 		{Mode: ModeRawTCP, Test: TestLat, Poll: qp.PollBusy, Size: 64, Iters: 200, Warmup: 10},
 		{Mode: ModeRawTCP, Test: TestLat, Poll: qp.PollEvent, Size: 1024, Iters: 200, Warmup: 10},
-		{Mode: ModeRCSend, Test: TestBW, Size: 65536, Duration: 100 * time.Millisecond},
+		{Mode: ModeRCSend, Test: TestBW, Size: 65536, Duration: 300 * time.Millisecond}, // credit-paced: slow under -race and load
 		{Mode: ModeRCWrite, Test: TestBW, Size: 512 << 10, Duration: 100 * time.Millisecond},
 		{Mode: ModeRCRead, Test: TestBW, Size: 65536, Duration: 100 * time.Millisecond},
 		{Mode: ModeRawTCP, Test: TestBW, Size: 65536, Duration: 100 * time.Millisecond},

@@ -28,7 +28,7 @@ type rcSide struct {
 }
 
 func newRCSide(cfg Config, size int) (*rcSide, error) {
-	dev, err := qp.Open(qp.DeviceConfig{Poll: cfg.Poll})
+	dev, err := openDevice(cfg, qp.DeviceConfig{Poll: cfg.Poll})
 	if err != nil {
 		return nil, err
 	}

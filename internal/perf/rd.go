@@ -18,7 +18,7 @@ func rdWriteSides(cfg Config, size int) (src, dst *udSide, region *qp.MR, err er
 	if src, err = newUDSide(cfg, max(size, 1)); err != nil {
 		return nil, nil, nil, err
 	}
-	if dst, err = newUDSide(Config{Mode: cfg.Mode, Poll: cfg.Poll, QPs: 1, NoCRC: cfg.NoCRC, Loss: cfg.Loss, Seed: cfg.Seed + 1}, 1); err != nil {
+	if dst, err = newUDSide(Config{Mode: cfg.Mode, Poll: cfg.Poll, QPs: 1, NoCRC: cfg.NoCRC, Loss: cfg.Loss, Seed: cfg.Seed + 1, OnDevice: cfg.OnDevice}, 1); err != nil {
 		src.dev.Close()
 		return nil, nil, nil, err
 	}
@@ -52,7 +52,7 @@ func serveTarget(cfg Config, dst *udSide) (stop func()) {
 // rdWriteLatency: post a signaled Write, wait for its completion; half
 // that time is the sample (the Write one way, its ack the other).
 func rdWriteLatency(cfg Config) (Result, error) {
-	src, dst, region, err := rdWriteSides(Config{Mode: cfg.Mode, Poll: cfg.Poll, QPs: 1, NoCRC: cfg.NoCRC}, cfg.Size)
+	src, dst, region, err := rdWriteSides(Config{Mode: cfg.Mode, Poll: cfg.Poll, QPs: 1, NoCRC: cfg.NoCRC, OnDevice: cfg.OnDevice}, cfg.Size)
 	if err != nil {
 		return Result{}, err
 	}

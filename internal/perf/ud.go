@@ -33,7 +33,7 @@ func newUDSide(cfg Config, slot int) (*udSide, error) {
 			dc.Impair = &qp.Impairment{Seed: cfg.Seed, Loss: cfg.Loss}
 		}
 	}
-	dev, err := qp.Open(dc)
+	dev, err := openDevice(cfg, dc)
 	if err != nil {
 		return nil, err
 	}
@@ -222,7 +222,7 @@ func udLatency(cfg Config) (Result, error) {
 
 func udBandwidth(cfg Config) (Result, error) {
 	slot := max(cfg.Size, 1)
-	tx, err := newUDSide(Config{Mode: cfg.Mode, Poll: cfg.Poll, QPs: cfg.QPs, NoCRC: cfg.NoCRC, Loss: cfg.Loss, Seed: cfg.Seed + 1}, slot)
+	tx, err := newUDSide(Config{Mode: cfg.Mode, Poll: cfg.Poll, QPs: cfg.QPs, NoCRC: cfg.NoCRC, Loss: cfg.Loss, Seed: cfg.Seed + 1, OnDevice: cfg.OnDevice}, slot)
 	if err != nil {
 		return Result{}, err
 	}

@@ -30,7 +30,7 @@ type wrSide struct {
 }
 
 func newWRSide(cfg Config, imp *qp.Impairment, slot int) (*wrSide, error) {
-	dev, err := qp.Open(qp.DeviceConfig{Poll: cfg.Poll, RecvBuffer: 32 << 20, NoCRC: cfg.NoCRC, Impair: imp})
+	dev, err := openDevice(cfg, qp.DeviceConfig{Poll: cfg.Poll, RecvBuffer: 32 << 20, NoCRC: cfg.NoCRC, Impair: imp})
 	if err != nil {
 		return nil, err
 	}

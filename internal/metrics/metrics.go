@@ -1,0 +1,125 @@
+// Package metrics exposes the counters of udiwarp devices to Prometheus,
+// named by its conventions (udiwarp_..._total, _bytes): datagrams and
+// bytes in and out, drops by reason, retransmissions, completions by
+// status, Write-Record messages by outcome, validity-map ranges and
+// messages in progress. The counters are read when Prometheus scrapes;
+// nothing is added to the data path.
+package metrics
+
+import (
+	"net/http"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/udiwarp/udiwarp/qp"
+)
+
+// Collector reads the stats of every device added to it. Devices that
+// close keep their last counts, so a run's totals survive it.
+type Collector struct {
+	mu   sync.Mutex
+	devs []*qp.Device
+
+	datagrams, bytes, drops, retrans, completions, wr *prometheus.Desc
+	ranges, inProgress, peers                         *prometheus.Desc
+}
+
+// New returns an empty Collector.
+func New() *Collector {
+	return &Collector{
+		datagrams:   prometheus.NewDesc("udiwarp_datagrams_total", "UDP datagrams, by direction.", []string{"direction"}, nil),
+		bytes:       prometheus.NewDesc("udiwarp_transferred_bytes_total", "Bytes on the wire (UDP payloads, TCP stream octets), by direction.", []string{"direction"}, nil),
+		drops:       prometheus.NewDesc("udiwarp_dropped_total", "Received datagrams dropped, by reason.", []string{"reason"}, nil),
+		retrans:     prometheus.NewDesc("udiwarp_retransmissions_total", "RD Data frames sent again.", nil, nil),
+		completions: prometheus.NewDesc("udiwarp_completions_total", "Work completions, by status.", []string{"status"}, nil),
+		wr:          prometheus.NewDesc("udiwarp_write_record_messages_total", "Write-Record messages at targets, by outcome.", []string{"outcome"}, nil),
+		ranges:      prometheus.NewDesc("udiwarp_validity_map_ranges", "Disjoint valid ranges in the regions' validity maps.", nil, nil),
+		inProgress:  prometheus.NewDesc("udiwarp_write_record_in_progress", "Write-Record messages in progress at targets.", nil, nil),
+		peers:       prometheus.NewDesc("udiwarp_rd_peers_created_total", "RD peer states created.", nil, nil),
+	}
+}
+
+// Add makes the collector report d.
+func (c *Collector) Add(d *qp.Device) {
+	c.mu.Lock()
+	c.devs = append(c.devs, d)
+	c.mu.Unlock()
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.datagrams, c.bytes, c.drops, c.retrans, c.completions, c.wr, c.ranges, c.inProgress, c.peers} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	devs := append([]*qp.Device(nil), c.devs...)
+	c.mu.Unlock()
+	sum := map[string]float64{}
+	add := func(k string, v uint64) { sum[k] += float64(v) }
+	completions := make([]float64, 16)
+	var ranges, inProgress float64
+	for _, d := range devs {
+		s := d.Stats()
+		add("rx", s.RxDatagrams.Load())
+		add("tx", s.TxDatagrams.Load())
+		add("rxb", s.RxBytes.Load())
+		add("txb", s.TxBytes.Load())
+		add("drop/crc", s.RxBadCRC.Load())
+		add("drop/bad_stag", s.RxBadSTag.Load()+s.RxAccess.Load())
+		add("drop/bounds", s.RxBounds.Load())
+		add("drop/no_recv", s.RxNoRecv.Load()+s.RxSRQOverdraft.Load())
+		add("drop/state_cap", s.RDRefused.Load())
+		add("drop/unknown_qp", s.RxUnknownQP.Load())
+		add("drop/malformed", s.RxTruncated.Load()+s.RxTooLong.Load()+s.RxBadVersion.Load()+s.RxBadHeader.Load()+s.RxBadOpcode.Load())
+		add("drop/unvalidated", s.RDRejected.Load())
+		add("drop/stale", s.RxWRStale.Load())
+		add("retrans", s.RDRetransmits.Load())
+		add("peers", s.RDPeers.Load())
+		for i := range completions {
+			completions[i] += float64(s.Completions[i].Load())
+		}
+		wr, n := d.WriteRecordStats()
+		add("wr/completed", wr.Completed)
+		add("wr/partial", wr.Partial)
+		add("wr/discarded", wr.Expired)
+		add("wr/superseded", wr.Superseded)
+		add("wr/evicted", wr.Evicted)
+		inProgress += float64(n)
+		ranges += float64(d.ValidityRanges())
+	}
+	counter := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+	}
+	counter(c.datagrams, sum["rx"], "in")
+	counter(c.datagrams, sum["tx"], "out")
+	counter(c.bytes, sum["rxb"], "in")
+	counter(c.bytes, sum["txb"], "out")
+	for _, r := range []string{"crc", "bad_stag", "bounds", "no_recv", "state_cap", "unknown_qp", "malformed", "unvalidated", "stale"} {
+		counter(c.drops, sum["drop/"+r], r)
+	}
+	counter(c.retrans, sum["retrans"])
+	counter(c.peers, sum["peers"])
+	for i, v := range completions {
+		if v > 0 || i == 0 {
+			counter(c.completions, v, qp.Status(i).String())
+		}
+	}
+	for _, o := range []string{"completed", "partial", "discarded", "superseded", "evicted"} {
+		counter(c.wr, sum["wr/"+o], o)
+	}
+	ch <- prometheus.MustNewConstMetric(c.ranges, prometheus.GaugeValue, ranges)
+	ch <- prometheus.MustNewConstMetric(c.inProgress, prometheus.GaugeValue, inProgress)
+}
+
+// Handler serves the collector's metrics (and the Go runtime's) at /metrics.
+func (c *Collector) Handler() http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c, collectors.NewGoCollector())
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+}
