@@ -191,5 +191,8 @@ func (cq *CQ) RequestNotify(solicitedOnly bool) {
 // matching completion arrives.
 func (cq *CQ) C() <-chan struct{} { return cq.notify }
 
+// Pending returns how many completions the CQ holds now.
+func (cq *CQ) Pending() int { return int(cq.count.Load()) }
+
 // Dropped returns how many completions the CQ refused after it overflowed.
 func (cq *CQ) Dropped() uint64 { return cq.dropped.Load() }

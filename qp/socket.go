@@ -419,3 +419,27 @@ func (s *Socket) deliverSplit(b []byte, truncated bool, gso int, src netip.AddrP
 		b = b[k:]
 	}
 }
+
+// SetReadBuffer sets the socket's kernel receive buffer (SO_RCVBUF, or
+// SO_RCVBUFFORCE where allowed), as net.UDPConn.SetReadBuffer does.
+func (s *Socket) SetReadBuffer(bytes int) error {
+	return s.setBuffer(unix.SO_RCVBUFFORCE, unix.SO_RCVBUF, bytes)
+}
+
+// SetWriteBuffer sets the socket's kernel send buffer.
+func (s *Socket) SetWriteBuffer(bytes int) error {
+	return s.setBuffer(unix.SO_SNDBUFFORCE, unix.SO_SNDBUF, bytes)
+}
+
+func (s *Socket) setBuffer(force, plain, bytes int) error {
+	var serr error
+	err := s.raw.Control(func(fd uintptr) {
+		if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, force, bytes) != nil {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, plain, bytes)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return serr
+}

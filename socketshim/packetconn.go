@@ -1,0 +1,367 @@
+package socketshim
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/udiwarp/udiwarp/qp"
+)
+
+// ShimQPN is the QP number a PacketConn's QP has: each PacketConn opens
+// its own device, whose first QP is number 1, so a peer is addressed by
+// its UDP address alone, as a socket application expects.
+const ShimQPN = 1
+
+// Options tune a PacketConn. The zero value is usable.
+type Options struct {
+	// RecvDepth is the number of receives kept posted (default 256): how
+	// many datagrams can wait to be read before new ones are dropped, as
+	// a socket's receive buffer bounds it.
+	RecvDepth int
+	// SendSlots is the number of datagrams that can be in the stack on
+	// their way out (default 64).
+	SendSlots int
+	// MaxAHs bounds the address-handle cache, one per destination
+	// (default 4096; the oldest goes first).
+	MaxAHs int
+}
+
+// PacketConn is a net.PacketConn over a UD queue pair: WriteTo posts a
+// Send to the destination's address handle (cached), ReadFrom returns the
+// next completed receive and its source. Deadlines behave as
+// net.UDPConn's: one in the past interrupts a blocked call at once, and
+// an expired one fails with an error for which os.IsTimeout and
+// net.Error.Timeout report true.
+type PacketConn struct {
+	dev    *qp.Device
+	sock   *qp.Socket
+	pd     *qp.PD
+	q      *qp.QP
+	rcq    *qp.CQ // receives
+	scq    *qp.CQ // sends
+	rbuf   *qp.MR
+	sbuf   *qp.MR
+	slot   int // bytes per buffer slot
+	depth  int
+	closed chan struct{}
+	once   sync.Once
+
+	rmu   sync.Mutex // one reader at a time
+	rwc   [1]qp.WorkCompletion
+	wmu   sync.Mutex
+	free  []int // free send slots
+	swcs  []qp.WorkCompletion
+	ahs   map[netip.AddrPort]*qp.AH
+	order []netip.AddrPort
+	maxAH int
+
+	rdl, wdl     atomic.Int64 // deadlines, UnixNano; 0 none
+	rkick, wkick chan struct{}
+}
+
+var errClosed = net.ErrClosed
+
+// ListenPacket opens a PacketConn on a UDP address ("udp", "udp4" or
+// "udp6"), with its own device, socket and UD QP.
+func ListenPacket(network, address string, opts *Options) (*PacketConn, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.RecvDepth <= 0 {
+		o.RecvDepth = 256
+	}
+	if o.SendSlots <= 0 {
+		o.SendSlots = 64
+	}
+	if o.MaxAHs <= 0 {
+		o.MaxAHs = 4096
+	}
+	switch network {
+	case "udp", "udp4", "udp6":
+	default:
+		return nil, &net.OpError{Op: "listen", Net: network, Err: net.UnknownNetworkError(network)}
+	}
+	dev, err := qp.Open(qp.DeviceConfig{})
+	if err != nil {
+		return nil, err
+	}
+	c := &PacketConn{dev: dev, depth: o.RecvDepth, closed: make(chan struct{}), ahs: map[netip.AddrPort]*qp.AH{}, maxAH: o.MaxAHs,
+		rkick: make(chan struct{}, 1), wkick: make(chan struct{}, 1)}
+	fail := func(err error) (*PacketConn, error) {
+		dev.Close()
+		return nil, &net.OpError{Op: "listen", Net: network, Err: err}
+	}
+	if c.sock, err = dev.Bind(network, address); err != nil {
+		return fail(err)
+	}
+	c.slot = c.sock.MaxMessage()
+	c.pd = dev.AllocPD()
+	if c.rbuf, err = c.pd.RegisterMemory(make([]byte, o.RecvDepth*c.slot), qp.AccessLocalWrite); err != nil {
+		return fail(err)
+	}
+	if c.sbuf, err = c.pd.RegisterMemory(make([]byte, o.SendSlots*c.slot), qp.AccessLocalWrite); err != nil {
+		return fail(err)
+	}
+	if c.rcq, err = dev.CreateCQ(2 * o.RecvDepth); err != nil {
+		return fail(err)
+	}
+	if c.scq, err = dev.CreateCQ(2 * o.SendSlots); err != nil {
+		return fail(err)
+	}
+	if c.q, err = c.pd.CreateQP(qp.QPAttr{Type: qp.UD, SendCQ: c.scq, RecvCQ: c.rcq,
+		Caps: qp.QPCaps{MaxSendWR: o.SendSlots, MaxRecvWR: o.RecvDepth, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: 512}}); err != nil {
+		return fail(err)
+	}
+	if c.q.QPN() != ShimQPN {
+		return fail(fmt.Errorf("socketshim: the QP got number %d, not %d", c.q.QPN(), ShimQPN))
+	}
+	for _, st := range []qp.ModifyAttr{{State: qp.StateInit, Socket: c.sock}, {State: qp.StateRTR}, {State: qp.StateRTS}} {
+		if err := c.q.Modify(st); err != nil {
+			return fail(err)
+		}
+	}
+	for i := range o.RecvDepth {
+		if err := c.q.PostRecv(&qp.RecvWR{ID: uint64(i), SGL: []qp.SGE{c.rbuf.SGE(i*c.slot, c.slot)}}); err != nil {
+			return fail(err)
+		}
+	}
+	for i := range o.SendSlots {
+		c.free = append(c.free, i)
+	}
+	c.swcs = make([]qp.WorkCompletion, o.SendSlots)
+	return c, nil
+}
+
+// Device returns the PacketConn's device (for its counters).
+func (c *PacketConn) Device() *qp.Device { return c.dev }
+
+// LocalAddr returns the local address.
+func (c *PacketConn) LocalAddr() net.Addr { return net.UDPAddrFromAddrPort(c.sock.LocalAddr()) }
+
+// ReadFrom reads the next datagram into b; a longer one is cut to
+// len(b), as a UDP socket does.
+func (c *PacketConn) ReadFrom(b []byte) (int, net.Addr, error) {
+	n, ap, err := c.ReadFromUDPAddrPort(b)
+	if err != nil {
+		return n, nil, err
+	}
+	return n, net.UDPAddrFromAddrPort(ap), nil
+}
+
+// ReadFromUDPAddrPort is ReadFrom without the allocation of a net.Addr.
+func (c *PacketConn) ReadFromUDPAddrPort(b []byte) (int, netip.AddrPort, error) {
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	for {
+		if c.isClosed() {
+			return 0, netip.AddrPort{}, c.opErr("read", errClosed)
+		}
+		if c.rcq.Poll(c.rwc[:]) == 1 {
+			wc := &c.rwc[0]
+			off := int(wc.ID) * c.slot
+			n := 0
+			if wc.Status == qp.Success {
+				n = copy(b, c.rbuf.Bytes()[off:off+int(wc.Len)])
+			}
+			src := wc.Source
+			if err := c.q.PostRecv(&qp.RecvWR{ID: wc.ID, SGL: []qp.SGE{c.rbuf.SGE(off, c.slot)}}); err != nil {
+				return 0, netip.AddrPort{}, c.opErr("read", err)
+			}
+			if wc.Status != qp.Success {
+				continue // flushed or too long for a slot: nothing a socket would return
+			}
+			return n, src, nil
+		}
+		if err := c.wait(c.rcq, &c.rdl, c.rkick); err != nil {
+			return 0, netip.AddrPort{}, c.opErr("read", err)
+		}
+	}
+}
+
+// wait parks until cq may have a completion, the deadline passes (or
+// moves), or the connection closes.
+func (c *PacketConn) wait(cq *qp.CQ, dl *atomic.Int64, kick chan struct{}) error {
+	d := dl.Load()
+	if d != 0 && time.Now().UnixNano() >= d {
+		return os.ErrDeadlineExceeded
+	}
+	cq.RequestNotify(false)
+	if cq.Pending() > 0 { // arrived while arming
+		return nil
+	}
+	var timer <-chan time.Time
+	if d != 0 {
+		t := time.NewTimer(time.Duration(d - time.Now().UnixNano()))
+		defer t.Stop()
+		timer = t.C
+	}
+	select {
+	case <-cq.C():
+	case <-kick: // a deadline changed: look again
+	case <-timer:
+		return os.ErrDeadlineExceeded
+	case <-c.closed:
+		return errClosed
+	}
+	return nil
+}
+
+// WriteTo sends b to addr as one datagram.
+func (c *PacketConn) WriteTo(b []byte, addr net.Addr) (int, error) {
+	var ap netip.AddrPort
+	switch a := addr.(type) {
+	case *net.UDPAddr:
+		ap = a.AddrPort()
+	default:
+		p, err := netip.ParseAddrPort(addr.String())
+		if err != nil {
+			return 0, c.opErr("write", fmt.Errorf("socketshim: address %v: %w", addr, err))
+		}
+		ap = p
+	}
+	return c.WriteToUDPAddrPort(b, ap)
+}
+
+// WriteToUDPAddrPort is WriteTo for a netip.AddrPort.
+func (c *PacketConn) WriteToUDPAddrPort(b []byte, ap netip.AddrPort) (int, error) {
+	if len(b) > c.slot {
+		return 0, c.opErr("write", fmt.Errorf("socketshim: a %d-byte datagram, at most %d: %w", len(b), c.slot, errMessageTooLong))
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.isClosed() {
+		return 0, c.opErr("write", errClosed)
+	}
+	ah, err := c.ah(ap)
+	if err != nil {
+		return 0, c.opErr("write", err)
+	}
+	if len(b) <= 512 {
+		if err := c.q.PostSend(&qp.SendWR{Inline: b, AH: ah}); err != nil {
+			return 0, c.opErr("write", err)
+		}
+		return len(b), nil
+	}
+	for len(c.free) == 0 {
+		if n := c.scq.Poll(c.swcs); n > 0 {
+			for _, wc := range c.swcs[:n] {
+				c.free = append(c.free, int(wc.ID))
+			}
+			continue
+		}
+		if err := c.wait(c.scq, &c.wdl, c.wkick); err != nil {
+			return 0, c.opErr("write", err)
+		}
+	}
+	i := c.free[len(c.free)-1]
+	c.free = c.free[:len(c.free)-1]
+	off := i * c.slot
+	copy(c.sbuf.Bytes()[off:], b)
+	if err := c.q.PostSend(&qp.SendWR{ID: uint64(i), Flags: qp.FlagSignaled, SGL: []qp.SGE{c.sbuf.SGE(off, len(b))}, AH: ah}); err != nil {
+		c.free = append(c.free, i)
+		return 0, c.opErr("write", err)
+	}
+	return len(b), nil
+}
+
+var errMessageTooLong = errors.New("message too long")
+
+// ah returns the cached address handle for ap, making it if needed.
+func (c *PacketConn) ah(ap netip.AddrPort) (*qp.AH, error) {
+	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	if ah := c.ahs[ap]; ah != nil {
+		return ah, nil
+	}
+	ah, err := c.pd.CreateAH(ap, ShimQPN)
+	if err != nil {
+		return nil, err
+	}
+	if len(c.order) >= c.maxAH {
+		delete(c.ahs, c.order[0])
+		c.order = c.order[1:]
+	}
+	c.ahs[ap] = ah
+	c.order = append(c.order, ap)
+	return ah, nil
+}
+
+// Close closes the connection; blocked reads and writes return at once.
+func (c *PacketConn) Close() error {
+	first := false
+	c.once.Do(func() {
+		first = true
+		close(c.closed)
+	})
+	if !first {
+		return c.opErr("close", errClosed)
+	}
+	c.rmu.Lock() // a reader in progress has returned
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	defer c.rmu.Unlock()
+	return c.dev.Close()
+}
+
+func (c *PacketConn) isClosed() bool {
+	select {
+	case <-c.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+func (c *PacketConn) opErr(op string, err error) error {
+	return &net.OpError{Op: op, Net: "udp", Source: c.LocalAddr(), Err: err}
+}
+
+// SetDeadline sets the read and write deadlines.
+func (c *PacketConn) SetDeadline(t time.Time) error {
+	c.SetReadDeadline(t)
+	return c.SetWriteDeadline(t)
+}
+
+// SetReadDeadline sets the deadline of ReadFrom calls, including one
+// blocked now. It is cheap: quic-go calls it before every read.
+func (c *PacketConn) SetReadDeadline(t time.Time) error {
+	return c.setDeadline(&c.rdl, c.rkick, t)
+}
+
+// SetWriteDeadline sets the deadline of WriteTo calls.
+func (c *PacketConn) SetWriteDeadline(t time.Time) error {
+	return c.setDeadline(&c.wdl, c.wkick, t)
+}
+
+func (c *PacketConn) setDeadline(dl *atomic.Int64, kick chan struct{}, t time.Time) error {
+	if c.isClosed() {
+		return c.opErr("set", errClosed)
+	}
+	v := int64(0)
+	if !t.IsZero() {
+		v = t.UnixNano()
+	}
+	if dl.Swap(v) != v {
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+// SetReadBuffer sets the kernel receive buffer of the UDP socket under
+// the QP (quic-go probes for it); datagrams wait first in the kernel,
+// then in the RecvDepth posted receives.
+func (c *PacketConn) SetReadBuffer(bytes int) error { return c.sock.SetReadBuffer(bytes) }
+
+// SetWriteBuffer sets the kernel send buffer.
+func (c *PacketConn) SetWriteBuffer(bytes int) error { return c.sock.SetWriteBuffer(bytes) }
+
+var _ net.PacketConn = (*PacketConn)(nil)

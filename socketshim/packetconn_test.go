@@ -1,0 +1,177 @@
+package socketshim
+
+import (
+	"bytes"
+	"errors"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func pair(t *testing.T) (a, b *PacketConn) {
+	t.Helper()
+	var err error
+	if a, err = ListenPacket("udp4", "127.0.0.1:0", nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	if b, err = ListenPacket("udp4", "127.0.0.1:0", nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return a, b
+}
+
+func TestPacketConnEcho(t *testing.T) {
+	a, b := pair(t)
+	buf := make([]byte, 70000)
+	for _, n := range []int{0, 1, 100, 512, 513, 1400, 9000, 65000} {
+		msg := bytes.Repeat([]byte{byte(n)}, n)
+		if k, err := a.WriteTo(msg, b.LocalAddr()); err != nil || k != n {
+			t.Fatalf("write %d: %d, %v", n, k, err)
+		}
+		b.SetReadDeadline(time.Now().Add(5 * time.Second))
+		k, from, err := b.ReadFrom(buf)
+		if err != nil || k != n || !bytes.Equal(buf[:k], msg) {
+			t.Fatalf("read %d: %d, %v", n, k, err)
+		}
+		if from.String() != a.LocalAddr().String() {
+			t.Fatalf("source %v, want %v", from, a.LocalAddr())
+		}
+		// and back, to the address the read returned
+		if _, err := b.WriteTo(msg, from); err != nil {
+			t.Fatal(err)
+		}
+		a.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if k, _, err := a.ReadFrom(buf); err != nil || k != n {
+			t.Fatalf("echo %d: %d, %v", n, k, err)
+		}
+	}
+	// A datagram longer than the buffer is cut, as UDP does.
+	a.WriteTo(bytes.Repeat([]byte{7}, 100), b.LocalAddr())
+	b.SetReadDeadline(time.Now().Add(5 * time.Second))
+	small := make([]byte, 10)
+	if k, _, err := b.ReadFrom(small); err != nil || k != 10 {
+		t.Fatalf("truncated read: %d, %v", k, err)
+	}
+	// Too long for a datagram: an error, nothing sent.
+	if _, err := a.WriteTo(make([]byte, 70000), b.LocalAddr()); err == nil {
+		t.Fatal("a 70000-byte datagram was accepted")
+	}
+	if a.Device().Stats().RxDatagrams.Load() == 0 || b.Device().Stats().TxDatagrams.Load() == 0 {
+		t.Fatal("the traffic did not go through the stack")
+	}
+}
+
+func TestPacketConnDeadlines(t *testing.T) {
+	a, _ := pair(t)
+	buf := make([]byte, 100)
+	// An expired deadline fails at once with a timeout.
+	a.SetReadDeadline(time.Now().Add(-time.Second))
+	_, _, err := a.ReadFrom(buf)
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() || !os.IsTimeout(err) || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("past deadline: %v", err)
+	}
+	// A future one times out when it passes.
+	start := time.Now()
+	a.SetReadDeadline(start.Add(50 * time.Millisecond))
+	if _, _, err = a.ReadFrom(buf); !os.IsTimeout(err) {
+		t.Fatalf("deadline: %v", err)
+	}
+	if el := time.Since(start); el < 45*time.Millisecond || el > 2*time.Second {
+		t.Fatalf("timed out after %v", el)
+	}
+	// A deadline set in the past while a read is blocked interrupts it at
+	// once (quic-go relies on this to unblock its reader).
+	a.SetReadDeadline(time.Time{})
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := a.ReadFrom(buf)
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	a.SetReadDeadline(time.Now().Add(-time.Second))
+	select {
+	case err := <-done:
+		if !os.IsTimeout(err) {
+			t.Fatalf("interrupted read: %v", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("a deadline in the past did not interrupt the blocked read")
+	}
+	// A deadline moved later while blocked lets the read go on.
+	a.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+	go func() {
+		_, _, err := a.ReadFrom(buf)
+		done <- err
+	}()
+	a.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	start = time.Now()
+	if err := <-done; !os.IsTimeout(err) || time.Since(start) < 100*time.Millisecond {
+		t.Fatalf("moved deadline: %v after %v", err, time.Since(start))
+	}
+}
+
+func TestPacketConnCloseUnblocks(t *testing.T) {
+	a, err := ListenPacket("udp4", "127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	var rerr error
+	go func() {
+		defer wg.Done()
+		_, _, rerr = a.ReadFrom(make([]byte, 10))
+	}()
+	time.Sleep(20 * time.Millisecond)
+	a.Close()
+	wg.Wait()
+	if !errors.Is(rerr, net.ErrClosed) {
+		t.Fatalf("read after close: %v", rerr)
+	}
+	if _, err := a.WriteTo([]byte("x"), a.LocalAddr()); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("write after close: %v", err)
+	}
+	if err := a.Close(); err == nil {
+		t.Fatal("second Close succeeded")
+	}
+}
+
+// TestPacketConnMany sends more datagrams than the receive depth while
+// the reader is slow: what exceeds it is dropped like a full socket
+// buffer, the rest arrive intact.
+func TestPacketConnMany(t *testing.T) {
+	a, b := pair(t)
+	const n = 1000
+	for i := range n {
+		msg := []byte{byte(i), byte(i >> 8)}
+		if _, err := a.WriteTo(append(msg, make([]byte, 600)...), b.LocalAddr()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	buf := make([]byte, 2000)
+	got := 0
+	for {
+		b.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		k, _, err := b.ReadFrom(buf)
+		if err != nil {
+			break
+		}
+		if k != 602 {
+			t.Fatalf("a %d-byte datagram", k)
+		}
+		got++
+	}
+	t.Logf("%d of %d read", got, n)
+	if got < 256 {
+		t.Fatalf("only %d datagrams", got)
+	}
+}
