@@ -365,3 +365,58 @@ func (c *PacketConn) SetReadBuffer(bytes int) error { return c.sock.SetReadBuffe
 func (c *PacketConn) SetWriteBuffer(bytes int) error { return c.sock.SetWriteBuffer(bytes) }
 
 var _ net.PacketConn = (*PacketConn)(nil)
+
+// Conn is a connected datagram socket over a PacketConn: Write sends to
+// the peer, Read returns only the peer's datagrams (as a connected UDP
+// socket filters them).
+type Conn struct {
+	*PacketConn
+	peer netip.AddrPort
+}
+
+// Dial opens a PacketConn on an ephemeral local port and connects it to
+// address, a peer's PacketConn.
+func Dial(network, address string) (*Conn, error) {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		ua, rerr := net.ResolveUDPAddr(network, address)
+		if rerr != nil {
+			return nil, &net.OpError{Op: "dial", Net: network, Err: rerr}
+		}
+		ap = ua.AddrPort()
+	}
+	local := "0.0.0.0:0"
+	if ap.Addr().Unmap().Is4() {
+		if ap.Addr().IsLoopback() {
+			local = "127.0.0.1:0"
+		}
+	} else {
+		local = "[::]:0"
+		if ap.Addr().IsLoopback() {
+			local = "[::1]:0"
+		}
+	}
+	pc, err := ListenPacket(network, local, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &Conn{PacketConn: pc, peer: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())}, nil
+}
+
+// Read reads the peer's next datagram.
+func (c *Conn) Read(b []byte) (int, error) {
+	for {
+		n, from, err := c.ReadFromUDPAddrPort(b)
+		if err != nil || from == c.peer {
+			return n, err
+		}
+	}
+}
+
+// Write sends b to the peer.
+func (c *Conn) Write(b []byte) (int, error) { return c.WriteToUDPAddrPort(b, c.peer) }
+
+// RemoteAddr returns the peer's address.
+func (c *Conn) RemoteAddr() net.Addr { return net.UDPAddrFromAddrPort(c.peer) }
+
+var _ net.Conn = (*Conn)(nil)
