@@ -191,6 +191,18 @@ func (cq *CQ) RequestNotify(solicitedOnly bool) {
 // matching completion arrives.
 func (cq *CQ) C() <-chan struct{} { return cq.notify }
 
+// Spin drives the device's receive path in the caller's goroutine for up
+// to d, until the CQ holds a completion, and reports whether it does: the
+// first part of a wait, before parking (what Wait does for EventSpin),
+// for callers that park on their own terms (socketshim's deadlines).
+func (cq *CQ) Spin(d time.Duration) bool {
+	start := nanotime()
+	for cq.count.Load() == 0 && nanotime()-start < int64(d) {
+		cq.dev.progressOnce()
+	}
+	return cq.count.Load() > 0
+}
+
 // Pending returns how many completions the CQ holds now.
 func (cq *CQ) Pending() int { return int(cq.count.Load()) }
 
