@@ -122,6 +122,7 @@ type message struct {
 	got      ranges // bytes placed, relative to the message start
 	placed   uint64
 	deadline time.Time
+	timeout  time.Duration
 	policy   Policy
 	// done marks a completed message kept as a tombstone until deadline,
 	// so that a late duplicate of one of its segments is dropped instead
@@ -273,7 +274,7 @@ func (e *Engine) Admit(s *Segment, now time.Time) Verdict {
 			timeout = l.Timeout
 		}
 	}
-	m = &message{key: k, msn: s.MSN, to: s.MessageTO, length: s.Length, deadline: now.Add(timeout), policy: policy}
+	m = &message{key: k, msn: s.MSN, to: s.MessageTO, length: s.Length, deadline: now.Add(timeout), timeout: timeout, policy: policy}
 	m.got = m.gotBuf[:0]
 	e.order.push(m, false)
 	l := e.perSource[s.Source]
@@ -356,8 +357,8 @@ func (e *Engine) Expire(now time.Time, emit func(Record)) time.Time {
 			m = next
 			continue
 		}
-		e.remove(m)
 		if m.done {
+			e.remove(m)
 			m = next
 			continue // a tombstone's time is up
 		}
@@ -371,6 +372,11 @@ func (e *Engine) Expire(now time.Time, emit func(Record)) time.Time {
 		} else {
 			e.stats.Expired++
 		}
+		// Keep it as a tombstone for one more timeout: a straggler or a
+		// duplicate of this MSN must be dropped, not start the message
+		// again (which would invalidate what its record made valid).
+		m.done, m.got = true, nil
+		m.deadline = now.Add(m.timeout)
 		m = next
 	}
 	var first time.Time

@@ -245,3 +245,35 @@ func BenchmarkMemoryPerMessage(b *testing.B) {
 		runtime.KeepAlive(e)
 	}
 }
+
+// TestStragglerAfterDeadline: once a message was recorded partial (or
+// discarded) at its deadline, a late segment of the same MSN is dropped;
+// it does not start the message again.
+func TestStragglerAfterDeadline(t *testing.T) {
+	for _, policy := range []Policy{DeliverPartial, Discard} {
+		e := New(Config{Timeout: time.Millisecond, Policy: policy})
+		a := Segment{Source: src(1), STag: 9, MSN: 4, Length: 2000, Offset: 0, N: 1000}
+		if e.Admit(&a, t0) != PlaceNew {
+			t.Fatal("first segment")
+		}
+		e.Placed(&a)
+		records := 0
+		e.Expire(t0.Add(2*time.Millisecond), func(Record) { records++ })
+		if want := map[Policy]int{DeliverPartial: 1, Discard: 0}[policy]; records != want {
+			t.Fatalf("%v: %d records", policy, records)
+		}
+		late := Segment{Source: src(1), STag: 9, MSN: 4, Length: 2000, Offset: 1000, N: 1000}
+		if v := e.Admit(&late, t0.Add(3*time.Millisecond)); v != Drop {
+			t.Fatalf("%v: a straggler after the deadline got %v", policy, v)
+		}
+		dup := a
+		if v := e.Admit(&dup, t0.Add(3*time.Millisecond)); v != Drop {
+			t.Fatalf("%v: a duplicate after the deadline got %v", policy, v)
+		}
+		// A newer MSN still starts a message.
+		next := Segment{Source: src(1), STag: 9, MSN: 5, Length: 2000, Offset: 0, N: 1000}
+		if v := e.Admit(&next, t0.Add(3*time.Millisecond)); v != PlaceNew {
+			t.Fatalf("%v: the next message got %v", policy, v)
+		}
+	}
+}
