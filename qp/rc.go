@@ -382,7 +382,7 @@ func (q *QP) attachRC(tc *net.TCPConn, neg rcNegotiated, cfg RCConfig, early []b
 	if v, err := unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_MAXSEG); err == nil && v > 0 {
 		mss = v
 	}
-	c := &rcConn{q: q, tc: tc, raw: raw, fd: fd, neg: neg, ackMode: cfg.CompleteOnAck,
+	c := &rcConn{q: q, tc: tc, fd: fd, neg: neg, ackMode: cfg.CompleteOnAck,
 		sendMSN: 1, readMSN: 1, termMSN: 1, rxSendMSN: 1, rxReadMSN: 1, rxTermMSN: 1}
 	// The largest ULPDU: what fits one TCP segment with MPA's 8 bytes of
 	// framing, as RFC 5044 §4.1 advises (MULPDU from the EMSS); markers

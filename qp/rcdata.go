@@ -8,7 +8,6 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 	"unsafe"
 
@@ -74,7 +73,6 @@ type rcRecv struct {
 type rcConn struct {
 	q       *QP
 	tc      *net.TCPConn
-	raw     syscall.RawConn
 	fd      int
 	neg     rcNegotiated
 	ackMode bool
