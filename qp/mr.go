@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/udiwarp/udiwarp/udiwarp"
 	"github.com/udiwarp/udiwarp/validitymap"
 	"github.com/udiwarp/udiwarp/writerecord"
 	"unsafe"
@@ -255,4 +256,45 @@ func (d *Device) resolve(pd *PD, s *SGE, need Access) (*MR, []byte, Status) {
 		return nil, nil, LocalProtectionError
 	}
 	return m, m.buf[off : off+uint64(s.Length)], Success
+}
+
+// placeTagged checks a tagged segment for a region of pd — the STag and
+// its key, the PD, the access it needs, that the local peer did not
+// revoke it, and bounds without wrap (RFC 5040 §7.2) — and copies its
+// payload in, holding the region against deregistration while it does.
+// It returns the DDP tagged error code of the first check that fails,
+// having counted it; ok means placed. A zero-length segment needs no
+// valid STag (RFC 5042 §6.3.5). RD Writes and Read Responses and RC
+// Writes and Read Responses all place through it.
+func (d *Device) placeTagged(pd *PD, stag uint32, to uint64, payload []byte, need Access) (udiwarp.ErrorCode, bool) {
+	if len(payload) == 0 {
+		return 0, true
+	}
+	st := &d.stats
+	m := d.mrs.lookup(stag)
+	switch {
+	case m == nil:
+		st.RxBadSTag.Add(1)
+		return udiwarp.DDPTaggedInvalidSTag, false
+	case m.pd != pd:
+		st.RxBadSTag.Add(1)
+		return udiwarp.DDPTaggedSTagNotAssociated, false
+	case m.access&need != need || m.revoked.Load():
+		st.RxAccess.Add(1)
+		return udiwarp.DDPTaggedInvalidSTag, false
+	}
+	n := uint64(len(payload))
+	if to < m.base || to-m.base > uint64(len(m.buf)) || n > uint64(len(m.buf))-(to-m.base) {
+		st.RxBounds.Add(1)
+		return udiwarp.DDPTaggedBaseBounds, false
+	}
+	m.pins.Add(1)
+	if !m.valid.Load() {
+		m.unpin()
+		st.RxBadSTag.Add(1)
+		return udiwarp.DDPTaggedInvalidSTag, false
+	}
+	copy(m.buf[to-m.base:], payload)
+	m.unpin()
+	return 0, true
 }

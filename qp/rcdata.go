@@ -715,39 +715,11 @@ func (c *rcConn) peer() (a netip.AddrPort) {
 	return
 }
 
-// place checks a tagged segment's STag, PD, access and bounds, and places
-// it; it returns the Terminate code of the first check that fails.
+// place places a tagged segment (Device.placeTagged) and returns the
+// Terminate code of the first check that fails.
 func (c *rcConn) place(seg udiwarp.Segment, need Access) (udiwarp.ErrorCode, bool) {
-	st := &c.q.dev.stats
 	t := seg.Tagged()
-	if len(seg.Payload) == 0 {
-		return 0, true // zero length: no STag needed (RFC 5042 §6.3.5)
-	}
-	m := c.q.dev.mrs.lookup(t.STag())
-	switch {
-	case m == nil:
-		st.RxBadSTag.Add(1)
-		return udiwarp.DDPTaggedInvalidSTag, false
-	case m.pd != c.q.pd:
-		st.RxBadSTag.Add(1)
-		return udiwarp.DDPTaggedSTagNotAssociated, false
-	case m.access&need == 0 || m.revoked.Load():
-		st.RxAccess.Add(1)
-		return udiwarp.DDPTaggedInvalidSTag, false
-	}
-	to, n := t.TO(), uint64(len(seg.Payload))
-	if to < m.base || to-m.base > uint64(len(m.buf)) || n > uint64(len(m.buf))-(to-m.base) {
-		st.RxBounds.Add(1)
-		return udiwarp.DDPTaggedBaseBounds, false
-	}
-	m.pins.Add(1)
-	if !m.valid.Load() {
-		m.unpin()
-		return udiwarp.DDPTaggedInvalidSTag, false
-	}
-	copy(m.buf[to-m.base:], seg.Payload)
-	m.unpin()
-	return 0, true
+	return c.q.dev.placeTagged(c.q.pd, t.STag(), t.TO(), seg.Payload, need)
 }
 
 // receiveSend places a Send segment into the receive at the head of the

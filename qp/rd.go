@@ -812,37 +812,13 @@ func (q *QP) rdDeliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool
 	return true
 }
 
-// rdPlace places an RDMA Write segment after the checks of RFC 5040
-// §7.2: STag and key, PD, remote-write access, bounds without wrap.
+// rdPlace places an RDMA Write or Read Response segment (Device.placeTagged).
 func (q *QP) rdPlace(seg udiwarp.Segment) (reliability.Code, bool) {
-	st := &q.dev.stats
 	t := seg.Tagged()
-	m := q.dev.mrs.lookup(t.STag())
-	if len(seg.Payload) == 0 {
-		return 0, true // a zero-length Write needs no valid STag (RFC 5042 §6.3.5)
-	}
-	if m == nil || m.pd != q.pd {
-		st.RxBadSTag.Add(1)
+	if _, ok := q.dev.placeTagged(q.pd, t.STag(), t.TO(), seg.Payload, AccessRemoteWrite); !ok {
 		return reliability.CodeRemoteAccess, false
 	}
-	if m.access&AccessRemoteWrite == 0 {
-		st.RxAccess.Add(1)
-		return reliability.CodeRemoteAccess, false
-	}
-	to, n := t.TO(), uint64(len(seg.Payload))
-	if to < m.base || to-m.base > uint64(len(m.buf)) || n > uint64(len(m.buf))-(to-m.base) {
-		st.RxBounds.Add(1)
-		return reliability.CodeRemoteAccess, false
-	}
-	m.pins.Add(1)
-	if !m.valid.Load() {
-		m.unpin()
-		st.RxBadSTag.Add(1)
-		return reliability.CodeRemoteAccess, false
-	}
-	copy(m.buf[to-m.base:], seg.Payload)
-	m.unpin()
-	st.RDWritePlaced.Add(1)
+	q.dev.stats.RDWritePlaced.Add(1)
 	return 0, true
 }
 
