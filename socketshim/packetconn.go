@@ -30,6 +30,14 @@ type Options struct {
 	// MaxAHs bounds the address-handle cache, one per destination
 	// (default 4096; the oldest goes first).
 	MaxAHs int
+	// Reliable runs the PacketConn over an RD QP instead of UD: every
+	// datagram is delivered once, in order per peer, or its sender's
+	// stack gives up on the peer (seed 003's reliable datagram socket).
+	// Both ends must be Reliable.
+	Reliable bool
+	// Device configures the PacketConn's own device (polling mode, socket
+	// buffers, an impairment layer for tests).
+	Device qp.DeviceConfig
 }
 
 // PacketConn is a net.PacketConn over a UD queue pair: WriteTo posts a
@@ -61,6 +69,7 @@ type PacketConn struct {
 	order []netip.AddrPort
 	maxAH int
 
+	reliable     bool
 	rdl, wdl     atomic.Int64 // deadlines, UnixNano; 0 none
 	rkick, wkick chan struct{}
 }
@@ -93,7 +102,7 @@ func ListenPacket(network, address string, opts *Options) (*PacketConn, error) {
 	default:
 		return nil, &net.OpError{Op: "listen", Net: network, Err: net.UnknownNetworkError(network)}
 	}
-	dev, err := qp.Open(qp.DeviceConfig{})
+	dev, err := qp.Open(o.Device)
 	if err != nil {
 		return nil, err
 	}
@@ -120,7 +129,12 @@ func ListenPacket(network, address string, opts *Options) (*PacketConn, error) {
 	if c.scq, err = dev.CreateCQ(2 * o.SendSlots); err != nil {
 		return fail(err)
 	}
-	if c.q, err = c.pd.CreateQP(qp.QPAttr{Type: qp.UD, SendCQ: c.scq, RecvCQ: c.rcq,
+	typ := qp.UD
+	if o.Reliable {
+		typ = qp.RD
+		c.reliable = true
+	}
+	if c.q, err = c.pd.CreateQP(qp.QPAttr{Type: typ, SendCQ: c.scq, RecvCQ: c.rcq,
 		Caps: qp.QPCaps{MaxSendWR: o.SendSlots, MaxRecvWR: o.RecvDepth, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: 512}}); err != nil {
 		return fail(err)
 	}
@@ -260,19 +274,19 @@ func (c *PacketConn) WriteToUDPAddrPort(b []byte, ap netip.AddrPort) (int, error
 		return 0, c.opErr("write", err)
 	}
 	if len(b) <= 512 {
-		if err := c.q.PostSend(&qp.SendWR{Inline: b, AH: ah}); err != nil {
+		// Copied at post: no slot. On RD the WR stays outstanding until
+		// acknowledged, so it is signaled, to be reaped like the others.
+		wr := qp.SendWR{ID: inlineID, Inline: b, AH: ah}
+		if c.reliable {
+			wr.Flags = qp.FlagSignaled
+		}
+		if err := c.post(&wr); err != nil {
 			return 0, c.opErr("write", err)
 		}
 		return len(b), nil
 	}
 	for len(c.free) == 0 {
-		if n := c.scq.Poll(c.swcs); n > 0 {
-			for _, wc := range c.swcs[:n] {
-				c.free = append(c.free, int(wc.ID))
-			}
-			continue
-		}
-		if err := c.wait(c.scq, &c.wdl, c.wkick); err != nil {
+		if err := c.reap(); err != nil {
 			return 0, c.opErr("write", err)
 		}
 	}
@@ -280,14 +294,57 @@ func (c *PacketConn) WriteToUDPAddrPort(b []byte, ap netip.AddrPort) (int, error
 	c.free = c.free[:len(c.free)-1]
 	off := i * c.slot
 	copy(c.sbuf.Bytes()[off:], b)
-	if err := c.q.PostSend(&qp.SendWR{ID: uint64(i), Flags: qp.FlagSignaled, SGL: []qp.SGE{c.sbuf.SGE(off, len(b))}, AH: ah}); err != nil {
+	if err := c.post(&qp.SendWR{ID: uint64(i), Flags: qp.FlagSignaled, SGL: []qp.SGE{c.sbuf.SGE(off, len(b))}, AH: ah}); err != nil {
 		c.free = append(c.free, i)
 		return 0, c.opErr("write", err)
 	}
 	return len(b), nil
 }
 
+// post posts wr, reaping completions while the send queue is full.
+func (c *PacketConn) post(wr *qp.SendWR) error {
+	for {
+		err := c.q.PostSend(wr)
+		if err == nil || !errors.Is(err, qp.ErrQueueFull) {
+			return err
+		}
+		if !c.reliable {
+			// UD: the queue holds datagrams the datamover has yet to send
+			// (the socket is full); unsignaled ones complete silently, so
+			// there is nothing to wait on but time.
+			if d := c.wdl.Load(); d != 0 && time.Now().UnixNano() >= d {
+				return os.ErrDeadlineExceeded
+			}
+			if c.isClosed() {
+				return errClosed
+			}
+			time.Sleep(10 * time.Microsecond)
+			continue
+		}
+		if err := c.reap(); err != nil {
+			return err
+		}
+	}
+}
+
 var errMessageTooLong = errors.New("message too long")
+
+// inlineID marks the completions of inline sends, which hold no slot.
+const inlineID = ^uint64(0)
+
+// reap takes send completions, freeing their slots, waiting for one if
+// none is there (within the write deadline).
+func (c *PacketConn) reap() error {
+	if n := c.scq.Poll(c.swcs); n > 0 {
+		for _, wc := range c.swcs[:n] {
+			if wc.ID != inlineID {
+				c.free = append(c.free, int(wc.ID))
+			}
+		}
+		return nil
+	}
+	return c.wait(c.scq, &c.wdl, c.wkick)
+}
 
 // ah returns the cached address handle for ap, making it if needed.
 func (c *PacketConn) ah(ap netip.AddrPort) (*qp.AH, error) {
