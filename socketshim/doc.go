@@ -9,7 +9,10 @@
 // unblocks everything. Dial returns a connected net.Conn. quic-go (QUIC
 // and HTTP/3) and miekg/dns run over them unchanged; see the tests.
 //
-// Not built yet (issue 8): an RD or Write-Record mode, RC sockets
+// Options.Reliable runs it over an RD QP instead: every datagram
+// delivered once, in order per peer.
+//
+// Not built yet (issue 8): a Write-Record mode, RC sockets
 // (net.Conn over RC QPs), the RDS-style zerocopy API of seed 001, and the
 // LD_PRELOAD library for unmodified programs.
 package socketshim
