@@ -192,7 +192,14 @@ type RCListener struct {
 	mu     sync.Mutex
 	open   map[*RCRequest]struct{}
 	closed bool
+	// slots bounds the MPA exchanges in progress: a flood of TCP
+	// connections that never send a Request costs at most this many
+	// goroutines, each for at most the 5 s handshake deadline.
+	slots chan struct{}
 }
+
+// maxHandshakes bounds an RCListener's MPA exchanges in progress.
+const maxHandshakes = 64
 
 // ListenRC listens for RC connections on a TCP address.
 func (d *Device) ListenRC(addr string) (*RCListener, error) {
@@ -204,7 +211,7 @@ func (d *Device) ListenRC(addr string) (*RCListener, error) {
 		return nil, fmt.Errorf("qp: listening for RC on %s: %w", addr, err)
 	}
 	l := &RCListener{dev: d, ln: ln.(*net.TCPListener), reqs: make(chan *RCRequest, 64), done: make(chan struct{}),
-		open: map[*RCRequest]struct{}{}}
+		open: map[*RCRequest]struct{}{}, slots: make(chan struct{}, maxHandshakes)}
 	l.wg.Add(1)
 	go l.acceptLoop()
 	d.rcMu.Lock()
@@ -223,8 +230,18 @@ func (l *RCListener) acceptLoop() {
 		if err != nil {
 			return
 		}
+		select {
+		case l.slots <- struct{}{}:
+		default:
+			l.dev.stats.RCBadRequests.Add(1) // too many half-open: refuse this one
+			c.Close()
+			continue
+		}
 		l.wg.Add(1)
-		go l.handshake(c) // bounded by the MPA timeout; ends with the request queued or refused
+		go func() { // bounded by the MPA timeout; ends with the request queued or refused
+			defer func() { <-l.slots }()
+			l.handshake(c)
+		}()
 	}
 }
 

@@ -3,6 +3,7 @@ package qp
 import (
 	"context"
 	"net"
+	"runtime"
 	"testing"
 	"time"
 
@@ -276,4 +277,38 @@ func TestRCInboundTerminate(t *testing.T) {
 		}
 	}
 	t.Fatal("no remote-error event with the Terminate's code")
+}
+
+// TestRCHandshakeFlood opens more TCP connections than the listener
+// takes MPA exchanges for, sends nothing on them, and checks that a real
+// initiator still gets through once the silent ones are refused or time
+// out, and that they cost a bounded number of goroutines.
+func TestRCHandshakeFlood(t *testing.T) {
+	srv := newRCServer(t, RCConfig{})
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	before := runtime.NumGoroutine()
+	for range 3 * maxHandshakes {
+		c, err := net.Dial("tcp", srv.l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	eventually(t, "the surplus refused", func() bool { return srv.dev.Stats().RCBadRequests.Load() >= 2*maxHandshakes })
+	if g := runtime.NumGoroutine() - before; g > maxHandshakes+8 {
+		t.Fatalf("%d goroutines for %d silent connections", g, len(conns))
+	}
+	for _, c := range conns { // the silent ones give up
+		c.Close()
+	}
+	good := newRCSide(t, DeviceConfig{})
+	if _, err := good.q.Connect(context.Background(), srv.l.Addr().String(), RCConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	srv.next(t)
 }
