@@ -23,6 +23,8 @@ func usage(w io.Writer) {
   udperf local [flags]             one mode, server and client in this process over loopback
   udperf compare -modes M1,M2 ...  several modes back to back, alternating, with ratios to M1
                                    (flags: udperf local -h; JSON schema: docs/udperf.md)
+  udperf server [-addr :18515]     the far end of client runs (another process, host or namespace)
+  udperf client -addr HOST:PORT    a run against a server: ud-send, rd-send, rc-send, raw-udp, raw-tcp
   udperf decode [-stream] HEX...   check and describe a udiwarp datagram (or, with
                                    -stream, a DDP segment as MPA carries it)`)
 }
@@ -43,6 +45,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return local(args[1:], stdout, stderr)
 	case "compare":
 		return compare(args[1:], stdout, stderr)
+	case "server":
+		return server(args[1:], stdout, stderr)
+	case "client":
+		return client(args[1:], stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "udperf: unknown command %q\n", args[0])
 	usage(stderr)

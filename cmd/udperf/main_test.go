@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
+	"net"
 	"strings"
 	"testing"
 )
@@ -117,5 +119,52 @@ func TestBadFlags(t *testing.T) {
 		if code != 2 || errb.Len() == 0 || strings.Contains(errb.String(), "goroutine") {
 			t.Errorf("%v: exit %d, stderr %q", args, code, errb.String())
 		}
+	}
+}
+
+// TestServerClient runs every server/client mode against a server in this
+// process over loopback, and checks the figures.
+func TestServerClient(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan int, 1)
+	go func() { done <- serveOn(ln, false, io.Discard) }()
+	defer func() { ln.Close(); <-done }()
+	for _, m := range []string{"ud-send", "rd-send", "rc-send", "raw-udp", "raw-tcp"} {
+		for _, test := range []string{"lat", "bw"} {
+			if m == "rc-send" && test == "bw" {
+				continue // needs credits the control protocol does not carry
+			}
+			t.Run(m+"/"+test, func(t *testing.T) {
+				var out, errb bytes.Buffer
+				args := []string{"client", "-addr", ln.Addr().String(), "-mode", m, "-test", test, "-s", "1000", "-n", "100", "-w", "10", "-D", "100ms", "-poll", "event", "-json"}
+				if code := run(args, &out, &errb); code != 0 {
+					t.Fatalf("exit %d: %s", code, errb.String())
+				}
+				var doc document
+				if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
+					t.Fatalf("%v: %s", err, out.String())
+				}
+				r := doc.Results[0]
+				if r.Mode != m || r.Bytes != 1000 {
+					t.Fatalf("%+v", r)
+				}
+				if test == "lat" && (r.Iterations != 100 || r.TTypical <= 0) {
+					t.Fatalf("%+v", r)
+				}
+				if test == "bw" && (r.BWAvg <= 0 || r.Iterations == 0) {
+					t.Fatalf("%+v", r)
+				}
+			})
+		}
+	}
+	var out, errb bytes.Buffer
+	if code := run([]string{"client", "-addr", ln.Addr().String(), "-mode", "ud-wr"}, &out, &errb); code != 2 {
+		t.Fatalf("a mode server/client does not run: exit %d", code)
+	}
+	if code := run([]string{"client", "-addr", "127.0.0.1:1", "-mode", "ud-send", "-n", "10"}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "refused") {
+		t.Fatalf("an unreachable server: exit %d, %q", code, errb.String())
 	}
 }

@@ -242,3 +242,7 @@ func bwResult(cfg Config, sent, received uint64, first, last time.Time) Result {
 	}
 	return r
 }
+
+// Summarize turns half-round-trip samples (nanoseconds) into a latency
+// Result, as Run does; for measurements made outside Run (udperf client).
+func Summarize(cfg Config, ns []int64) Result { return latResult(cfg, ns) }
