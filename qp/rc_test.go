@@ -196,3 +196,26 @@ func TestRCReject(t *testing.T) {
 		t.Fatalf("state %v after a reject", a.q.State())
 	}
 }
+
+// TestRCIPv6 connects over [::1].
+func TestRCIPv6(t *testing.T) {
+	a, b := newRCSide(t, DeviceConfig{}), newRCSide(t, DeviceConfig{})
+	l, err := b.dev.ListenRC("[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	defer l.Close()
+	go func() {
+		if r, err := l.Next(context.Background()); err == nil {
+			r.Accept(b.q, RCConfig{})
+		}
+	}()
+	if _, err := a.q.Connect(context.Background(), l.Addr().String(), RCConfig{Markers: true}); err != nil {
+		t.Fatal(err)
+	}
+	b.q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{b.mr.SGE(0, 10)}})
+	a.q.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("six")})
+	if wc := collect(t, b.cq, 1, 5*time.Second)[0]; wc.Status != Success || string(b.buf[:3]) != "six" {
+		t.Fatalf("%+v", wc)
+	}
+}
