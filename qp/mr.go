@@ -258,43 +258,125 @@ func (d *Device) resolve(pd *PD, s *SGE, need Access) (*MR, []byte, Status) {
 	return m, m.buf[off : off+uint64(s.Length)], Success
 }
 
-// placeTagged checks a tagged segment for a region of pd — the STag and
-// its key, the PD, the access it needs, that the local peer did not
-// revoke it, and bounds without wrap (RFC 5040 §7.2) — and copies its
-// payload in, holding the region against deregistration while it does.
-// It returns the DDP tagged error code of the first check that fails,
-// having counted it; ok means placed. A zero-length segment needs no
-// valid STag (RFC 5042 §6.3.5). RD Writes and Read Responses and RC
-// Writes and Read Responses all place through it.
-func (d *Device) placeTagged(pd *PD, stag uint32, to uint64, payload []byte, need Access) (udiwarp.ErrorCode, bool) {
-	if len(payload) == 0 {
-		return 0, true
-	}
+// tagFault is why a peer's access to a tagged region was refused.
+type tagFault uint8
+
+const (
+	faultNone   tagFault = iota
+	faultSTag            // no such region, a stale key, or deregistered
+	faultPD              // a region of another protection domain
+	faultAccess          // the access is not granted, or was revoked
+	faultBounds          // [to, to+n) is not inside the region
+)
+
+// remoteRegion checks a peer's access to n bytes at tagged offset to of
+// region stag — the STag and its key, the PD, the access (not revoked by
+// a Send with Invalidate), bounds without wrap: RFC 5040 §7.2 — and
+// returns the region pinned (the caller unpins), or why not, counted.
+// Every remote access goes through it: placement of Writes and Read
+// Responses, and the source of Read Responses, on RD and RC QPs.
+func (d *Device) remoteRegion(pd *PD, stag uint32, to, n uint64, need Access) (*MR, tagFault) {
 	st := &d.stats
 	m := d.mrs.lookup(stag)
 	switch {
 	case m == nil:
 		st.RxBadSTag.Add(1)
-		return udiwarp.DDPTaggedInvalidSTag, false
+		return nil, faultSTag
 	case m.pd != pd:
 		st.RxBadSTag.Add(1)
-		return udiwarp.DDPTaggedSTagNotAssociated, false
+		return nil, faultPD
 	case m.access&need != need || m.revoked.Load():
 		st.RxAccess.Add(1)
-		return udiwarp.DDPTaggedInvalidSTag, false
-	}
-	n := uint64(len(payload))
-	if to < m.base || to-m.base > uint64(len(m.buf)) || n > uint64(len(m.buf))-(to-m.base) {
+		return nil, faultAccess
+	case to < m.base || to-m.base > uint64(len(m.buf)) || n > uint64(len(m.buf))-(to-m.base):
 		st.RxBounds.Add(1)
-		return udiwarp.DDPTaggedBaseBounds, false
+		return nil, faultBounds
 	}
 	m.pins.Add(1)
 	if !m.valid.Load() {
 		m.unpin()
 		st.RxBadSTag.Add(1)
-		return udiwarp.DDPTaggedInvalidSTag, false
+		return nil, faultSTag
+	}
+	return m, faultNone
+}
+
+// ddpCode is a tagFault as RFC 5041 reports it for a tagged segment.
+func (f tagFault) ddpCode() udiwarp.ErrorCode {
+	switch f {
+	case faultPD:
+		return udiwarp.DDPTaggedSTagNotAssociated
+	case faultBounds:
+		return udiwarp.DDPTaggedBaseBounds
+	}
+	return udiwarp.DDPTaggedInvalidSTag
+}
+
+// rdmapCode is a tagFault as RFC 5040 reports it for a Read Request's
+// source.
+func (f tagFault) rdmapCode() udiwarp.ErrorCode {
+	switch f {
+	case faultPD:
+		return udiwarp.RDMAPSTagNotAssociated
+	case faultAccess:
+		return udiwarp.RDMAPAccessRights
+	case faultBounds:
+		return udiwarp.RDMAPBaseBounds
+	}
+	return udiwarp.RDMAPInvalidSTag
+}
+
+// placeTagged places a tagged segment's payload into the region it names
+// (remoteRegion's checks) and returns the DDP tagged error code of a
+// refusal; ok means placed. A zero-length segment needs no valid STag
+// (RFC 5042 §6.3.5).
+func (d *Device) placeTagged(pd *PD, stag uint32, to uint64, payload []byte, need Access) (udiwarp.ErrorCode, bool) {
+	if len(payload) == 0 {
+		return 0, true
+	}
+	m, f := d.remoteRegion(pd, stag, to, uint64(len(payload)), need)
+	if f != faultNone {
+		return f.ddpCode(), false
 	}
 	copy(m.buf[to-m.base:], payload)
 	m.unpin()
 	return 0, true
+}
+
+// mrRefs holds the regions a send WR's data lives in: each referenced
+// (MR.rdRefs), so that none is deregistered before the WR completes.
+type mrRefs struct {
+	mrs [maxSGE]*MR
+	n   int
+}
+
+// take references the region of every SGE of sgl, checked against pd and
+// need; on a fault it lets go of what it took and returns the status.
+func (r *mrRefs) take(d *Device, pd *PD, sgl []SGE, need Access) Status {
+	for i := range sgl {
+		m, _, st := d.resolve(pd, &sgl[i], need)
+		if st != Success {
+			r.release()
+			return st
+		}
+		r.add(m)
+		m.unpin()
+	}
+	return Success
+}
+
+// add references m.
+func (r *mrRefs) add(m *MR) {
+	m.rdRefs.Add(1)
+	r.mrs[r.n] = m
+	r.n++
+}
+
+// release lets go of every region.
+func (r *mrRefs) release() {
+	for i := 0; i < r.n; i++ {
+		r.mrs[i].rdRefs.Add(-1)
+		r.mrs[i] = nil
+	}
+	r.n = 0
 }

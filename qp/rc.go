@@ -465,11 +465,7 @@ func (d *Device) rcRegister(c *rcConn) error {
 		go d.rcLoop()
 	}
 	d.rcConns[c.fd] = c
-	list := make([]*rcConn, 0, len(d.rcConns))
-	for _, x := range d.rcConns {
-		list = append(list, x)
-	}
-	d.rcList.Store(&list)
+	d.rcRelistLocked()
 	return unix.EpollCtl(d.rcEpoll, unix.EPOLL_CTL_ADD, c.fd, &unix.EpollEvent{Events: d.rcEvents(false), Fd: int32(c.fd)})
 }
 
@@ -480,14 +476,20 @@ func (d *Device) rcUnregister(c *rcConn) {
 		return
 	}
 	delete(d.rcConns, c.fd)
+	d.rcRelistLocked()
+	if d.rcEpoll >= 0 {
+		unix.EpollCtl(d.rcEpoll, unix.EPOLL_CTL_DEL, c.fd, nil)
+	}
+}
+
+// rcRelistLocked publishes the connections for busy pollers, which read
+// the list without the lock. The caller holds rcMu.
+func (d *Device) rcRelistLocked() {
 	list := make([]*rcConn, 0, len(d.rcConns))
 	for _, x := range d.rcConns {
 		list = append(list, x)
 	}
 	d.rcList.Store(&list)
-	if d.rcEpoll >= 0 {
-		unix.EpollCtl(d.rcEpoll, unix.EPOLL_CTL_DEL, c.fd, nil)
-	}
 }
 
 // rcLoop waits on every RC socket of the device: it reads what arrives

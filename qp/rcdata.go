@@ -31,8 +31,7 @@ type rcMsg struct {
 	flags  SendFlags
 	nsge   int
 	sge    [maxSGE]SGE
-	mrs    [maxSGE]*MR // referenced (MR.rdRefs) until the WR completes
-	nmr    int
+	refs   mrRefs // the regions of its data, until the WR completes
 	inline []byte
 	// inlineBuf keeps inline's storage when the message is recycled.
 	inlineBuf []byte
@@ -54,13 +53,7 @@ type rcMsg struct {
 	done      bool
 }
 
-func (m *rcMsg) releaseMRs() {
-	for i := 0; i < m.nmr; i++ {
-		m.mrs[i].rdRefs.Add(-1)
-		m.mrs[i] = nil
-	}
-	m.nmr = 0
-}
+func (m *rcMsg) releaseMRs() { m.refs.release() }
 
 // rcRecv is the Send being received (its segments come in order).
 type rcRecv struct {
@@ -149,17 +142,9 @@ func (q *QP) postRC(wr *SendWR) error {
 		need = AccessLocalWrite | AccessRemoteWrite // Read Responses are tagged writes into the sink
 		m.sinkSTag, m.sinkTO = m.sge[0].LKey, m.sge[0].Addr
 	}
-	for i := range m.nsge {
-		mr, _, st := q.dev.resolve(q.pd, &m.sge[i], need)
-		if st != Success {
-			m.releaseMRs()
-			q.pushSend(wr.ID, st, rcWCOp(m.op), 0)
-			return nil
-		}
-		mr.rdRefs.Add(1)
-		mr.unpin()
-		m.mrs[m.nmr] = mr
-		m.nmr++
+	if st := m.refs.take(q.dev, q.pd, m.sge[:m.nsge], need); st != Success {
+		q.pushSend(wr.ID, st, rcWCOp(m.op), 0)
+		return nil
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -806,30 +791,14 @@ func (c *rcConn) serveRead(seg udiwarp.Segment, size int) bool {
 	m := &rcMsg{op: opReadResponse, internal: true, length: rr.Size(), sinkSTag: rr.SinkSTag(), sinkTO: rr.SinkTO()}
 	if m.length > 0 {
 		m.sge[0] = SGE{LKey: rr.SourceSTag(), Addr: rr.SourceTO(), Length: m.length}
-		code := udiwarp.ErrorCode(0)
-		mr := q.dev.mrs.lookup(rr.SourceSTag())
-		switch {
-		case mr == nil:
-			code = udiwarp.RDMAPInvalidSTag
-		case mr.pd != q.pd:
-			code = udiwarp.RDMAPSTagNotAssociated
-		case mr.access&AccessRemoteRead == 0 || mr.revoked.Load():
-			code = udiwarp.RDMAPAccessRights
-		}
-		if code == 0 {
-			if _, _, rs := q.dev.resolve(q.pd, &m.sge[0], AccessRemoteRead); rs != Success {
-				code = udiwarp.RDMAPBaseBounds
-			} else {
-				mr.unpin()
-			}
-		}
-		if code != 0 {
-			q.dev.stats.RxBadSTag.Add(1)
-			c.terminate(code, ddpHdr(seg), []byte(seg.ReadRequest()), size)
+		mr, f := q.dev.remoteRegion(q.pd, rr.SourceSTag(), rr.SourceTO(), uint64(m.length), AccessRemoteRead)
+		if f != faultNone {
+			c.terminate(f.rdmapCode(), ddpHdr(seg), []byte(seg.ReadRequest()), size)
 			return false
 		}
-		mr.rdRefs.Add(1)
-		m.mrs[0], m.nmr, m.nsge = mr, 1, 1
+		m.refs.add(mr)
+		mr.unpin()
+		m.nsge = 1
 	}
 	m.rstag = 0
 	c.mu.Lock()

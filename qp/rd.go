@@ -74,8 +74,7 @@ type rdWR struct {
 	peer   *rdPeer
 	nsge   int
 	sge    [maxSGE]SGE
-	mrs    [maxSGE]*MR // each holds a reference (MR.rdRefs) until completion
-	nmr    int
+	refs   mrRefs // the regions of its data, until completion
 	inline []byte
 	length uint32
 	rstag  uint32
@@ -218,17 +217,9 @@ func (q *QP) postRD(wr *SendWR, s *Socket) error {
 		need = AccessLocalWrite | AccessRemoteWrite
 		w.sinkSTag, w.sinkTO = w.sge[0].LKey, w.sge[0].Addr
 	}
-	for i := range w.nsge {
-		m, _, st := q.dev.resolve(q.pd, &w.sge[i], need)
-		if st != Success {
-			w.releaseMRs()
-			q.completeSend(wr.ID, st, 0)
-			return nil
-		}
-		m.rdRefs.Add(1)
-		m.unpin()
-		w.mrs[w.nmr] = m
-		w.nmr++
+	if st := w.refs.take(q.dev, q.pd, w.sge[:w.nsge], need); st != Success {
+		q.completeSend(wr.ID, st, 0)
+		return nil
 	}
 	switch w.op {
 	case OpSend:
@@ -289,13 +280,7 @@ func (q *QP) postRD(wr *SendWR, s *Socket) error {
 	return nil
 }
 
-func (w *rdWR) releaseMRs() {
-	for i := 0; i < w.nmr; i++ {
-		w.mrs[i].rdRefs.Add(-1)
-		w.mrs[i] = nil
-	}
-	w.nmr = 0
-}
+func (w *rdWR) releaseMRs() { w.refs.release() }
 
 // rdPeerFor returns the peer state for ah, making it (and starting
 // contact) if there is none. Caller holds r.mu.
@@ -624,7 +609,7 @@ func (q *QP) rdReceive(s *Socket, h *reliability.Header, frame []byte, src netip
 		if h.HasAck {
 			p.sendInit = false // the peer has our state
 			if err := q.rdOnAck(s, p, h, now); err != nil {
-				q.rdFailPeer(p, err, now)
+				q.rdFailPeer(p, err)
 				q.rdComplete()
 				q.rdArm(now)
 				return
@@ -839,15 +824,14 @@ func (q *QP) rdServeRead(p *rdPeer, seq uint32, seg udiwarp.Segment) {
 	w := &rdWR{op: opReadResponse, internal: true, peer: p, length: rr.Size(), rstag: rr.SinkSTag(), rto: rr.SinkTO()}
 	if w.length > 0 {
 		w.sge[0] = SGE{LKey: rr.SourceSTag(), Addr: rr.SourceTO(), Length: w.length}
-		m, _, rs := q.dev.resolve(q.pd, &w.sge[0], AccessRemoteRead)
-		if rs != Success {
-			st.RxBadSTag.Add(1)
+		m, f := q.dev.remoteRegion(q.pd, rr.SourceSTag(), rr.SourceTO(), uint64(w.length), AccessRemoteRead)
+		if f != faultNone {
 			p.noteErr(seq, reliability.CodeRemoteAccess)
 			return
 		}
-		m.rdRefs.Add(1)
+		w.refs.add(m)
 		m.unpin()
-		w.mrs[0], w.nmr, w.nsge = m, 1, 1
+		w.nsge = 1
 	} // a zero-length Read needs no valid STag (RFC 5042 §6.3.5)
 	w.seg = q.rdSegment(s)
 	w.nseg = max(1, (w.length+w.seg-1)/w.seg)
@@ -929,7 +913,7 @@ func (q *QP) rdComplete() {
 
 // rdFailPeer fails every WR to p with the status err maps to and drops
 // its state; the QP goes on serving its other peers.
-func (q *QP) rdFailPeer(p *rdPeer, err error, now time.Time) {
+func (q *QP) rdFailPeer(p *rdPeer, err error) {
 	st := RetryExceededError
 	if errors.Is(err, reliability.ErrRNRRetryExceeded) {
 		st = RNRRetryExceededError
@@ -1010,7 +994,7 @@ func (q *QP) rdTimer(now time.Time) time.Time {
 		if !p.established {
 			if !p.helloAt.IsZero() && !now.Before(p.helloAt.Add(q.rdHelloWait(p))) {
 				if p.helloTries >= r.cfg.MaxRetries {
-					q.rdFailPeer(p, reliability.ErrRetryExceeded, now)
+					q.rdFailPeer(p, reliability.ErrRetryExceeded)
 					continue
 				}
 				p.helloTries++
@@ -1024,7 +1008,7 @@ func (q *QP) rdTimer(now time.Time) time.Time {
 				q.rdData(s, p, seq, pk, now, true)
 			})
 			if err != nil {
-				q.rdFailPeer(p, err, now)
+				q.rdFailPeer(p, err)
 				continue
 			}
 		}

@@ -249,7 +249,7 @@ func (h *Header) Parse(frame []byte) error {
 			return ErrShort
 		}
 		end := uint32(0) // ranges are offsets from Cumulative: ascending, disjoint, not touching
-		for i := range n {
+		for range n {
 			s := uint32(binary.BigEndian.Uint16(frame[off:]))
 			l := uint32(binary.BigEndian.Uint16(frame[off+2:]))
 			off += 4
@@ -258,7 +258,6 @@ func (h *Header) Parse(frame []byte) error {
 			}
 			a.Ranges = append(a.Ranges, Range{Start: a.Cumulative + s, Len: l})
 			end = s + l
-			_ = i
 		}
 		if len(frame) < off+AckErrorSize*ne {
 			return ErrShort

@@ -228,7 +228,10 @@ func (s *Sender[P]) OnAck(a *AckBlock, window uint16, rnr bool, now time.Time,
 			return ErrAckUnsent
 		}
 	}
-	newest, sample := uint32(0), false
+	// The RTT sample comes from the newest packet this ack acknowledges,
+	// if it was sent only once (Karn).
+	var newest uint32
+	var haveNewest, sample bool
 	var sampleAt time.Time
 	note := func(seq uint32) {
 		sl := &s.ring[seq&s.mask]
@@ -239,12 +242,8 @@ func (s *Sender[P]) OnAck(a *AckBlock, window uint16, rnr bool, now time.Time,
 		if !s.anyAcked || Before(s.largest, seq) {
 			s.largest, s.anyAcked = seq, true
 		}
-		if !sample || Before(newest, seq) {
-			newest, sample = seq, !sl.resent
-			sampleAt = sl.sentAt
-			if sl.resent {
-				sample = false
-			}
+		if !haveNewest || Before(newest, seq) {
+			newest, haveNewest, sample, sampleAt = seq, true, !sl.resent, sl.sentAt
 		}
 		acked(seq, &sl.payload)
 		var zero P

@@ -85,19 +85,7 @@ func BenchmarkWriteRecord(b *testing.B) {
 		{Mode: ModeUDSend, Test: TestBW, Size: 64000},
 		{Mode: ModeUDWriteRecord, Test: TestBW, Size: 512 << 10, Segment: 64000},
 	} {
-		b.Run(fmt.Sprintf("bw/size=%d/mode=%s", c.Size, c.Mode), func(b *testing.B) {
-			var gbps float64
-			for range b.N {
-				c.Duration = time.Second
-				r, err := Run(c)
-				if err != nil {
-					b.Fatal(err)
-				}
-				gbps += r.Gbps
-			}
-			b.ReportMetric(gbps/float64(min(b.N, 3)), "Gb/s")
-			b.ReportMetric(0, "ns/op")
-		})
+		b.Run(fmt.Sprintf("bw/size=%d/mode=%s", c.Size, c.Mode), func(b *testing.B) { reportGoodput(b, c) })
 	}
 }
 
@@ -152,19 +140,7 @@ func BenchmarkRD(b *testing.B) {
 		{Mode: ModeRDWrite, Test: TestBW, Size: 512 << 10, Loss: 0.01, Seed: 1},
 		{Mode: ModeRDWrite, Test: TestBW, Size: 512 << 10, Loss: 0.05, Seed: 1},
 	} {
-		b.Run(fmt.Sprintf("bw/size=%d/mode=%s/loss=%g", c.Size, c.Mode, c.Loss), func(b *testing.B) {
-			var gbps float64
-			for range min(b.N, 3) { // one second each: -benchtime 1x
-				c.Duration = time.Second
-				r, err := Run(c)
-				if err != nil {
-					b.Fatal(err)
-				}
-				gbps += r.Gbps
-			}
-			b.ReportMetric(gbps/float64(min(b.N, 3)), "Gb/s")
-			b.ReportMetric(0, "ns/op")
-		})
+		b.Run(fmt.Sprintf("bw/size=%d/mode=%s/loss=%g", c.Size, c.Mode, c.Loss), func(b *testing.B) { reportGoodput(b, c) })
 	}
 }
 
@@ -205,17 +181,25 @@ func BenchmarkRC(b *testing.B) {
 	for _, size := range []int{64 << 10, 512 << 10} {
 		for _, mode := range []Mode{ModeRawTCP, ModeRCSend, ModeRCWrite, ModeRCRead} {
 			b.Run(fmt.Sprintf("bw/size=%d/mode=%s", size, mode), func(b *testing.B) {
-				var gbps float64
-				for range min(b.N, 3) {
-					r, err := Run(Config{Mode: mode, Test: TestBW, Size: size, Duration: time.Second})
-					if err != nil {
-						b.Fatal(err)
-					}
-					gbps += r.Gbps
-				}
-				b.ReportMetric(gbps/float64(min(b.N, 3)), "Gb/s")
-				b.ReportMetric(0, "ns/op")
+				reportGoodput(b, Config{Mode: mode, Test: TestBW, Size: size})
 			})
 		}
 	}
+}
+
+// reportGoodput runs c for one second, b.N times but at most three (use
+// -benchtime 1x), and reports the mean goodput.
+func reportGoodput(b *testing.B, c Config) {
+	runs := min(b.N, 3)
+	var gbps float64
+	for range runs {
+		c.Duration = time.Second
+		r, err := Run(c)
+		if err != nil {
+			b.Fatal(err)
+		}
+		gbps += r.Gbps
+	}
+	b.ReportMetric(gbps/float64(runs), "Gb/s")
+	b.ReportMetric(0, "ns/op")
 }

@@ -12,22 +12,37 @@ import (
 // RDMA Write over RD. The target posts nothing and sees nothing: a Write
 // is done when the source's completion says the target acknowledged it.
 
-// rdWriteSides opens a source and a target with a writable region of
-// size bytes.
-func rdWriteSides(cfg Config, size int) (src, dst *udSide, region *qp.MR, err error) {
-	if src, err = newUDSide(cfg, max(size, 1)); err != nil {
-		return nil, nil, nil, err
+// oneSidedRun is a source and a target for one-sided operations: a
+// region of the run's size at the target, and the source's handle for it.
+type oneSidedRun struct {
+	src, dst *udSide
+	region   *qp.MR
+	ah       *qp.AH
+}
+
+func (r *oneSidedRun) close() { r.src.dev.Close(); r.dst.dev.Close() }
+
+// rdWriteSides opens a source and a target with a region of size bytes.
+func rdWriteSides(cfg Config, size int) (*oneSidedRun, error) {
+	src, err := newUDSide(cfg, max(size, 1))
+	if err != nil {
+		return nil, err
 	}
-	if dst, err = newUDSide(Config{Mode: cfg.Mode, Poll: cfg.Poll, QPs: 1, NoCRC: cfg.NoCRC, Loss: cfg.Loss, Seed: cfg.Seed + 1, OnDevice: cfg.OnDevice}, 1); err != nil {
+	dst, err := newUDSide(Config{Mode: cfg.Mode, Poll: cfg.Poll, QPs: 1, NoCRC: cfg.NoCRC, Loss: cfg.Loss, Seed: cfg.Seed + 1, OnDevice: cfg.OnDevice}, 1)
+	if err != nil {
 		src.dev.Close()
-		return nil, nil, nil, err
+		return nil, err
 	}
-	if region, err = dst.pd.RegisterMemory(make([]byte, max(size, 1)), qp.AccessLocalWrite|qp.AccessRemoteWrite|qp.AccessRemoteRead); err != nil {
-		src.dev.Close()
-		dst.dev.Close()
-		return nil, nil, nil, err
+	r := &oneSidedRun{src: src, dst: dst}
+	if r.region, err = dst.pd.RegisterMemory(make([]byte, max(size, 1)), qp.AccessLocalWrite|qp.AccessRemoteWrite|qp.AccessRemoteRead); err != nil {
+		r.close()
+		return nil, err
 	}
-	return src, dst, region, nil
+	if r.ah, err = src.pd.CreateAH(dst.socks[0].LocalAddr(), dst.qps[0].QPN()); err != nil {
+		r.close()
+		return nil, err
+	}
+	return r, nil
 }
 
 // serveTarget polls the target's CQ: a busy-polled device receives only
@@ -52,21 +67,17 @@ func serveTarget(cfg Config, dst *udSide) (stop func()) {
 // rdWriteLatency: post a signaled Write, wait for its completion; half
 // that time is the sample (the Write one way, its ack the other).
 func rdWriteLatency(cfg Config) (Result, error) {
-	src, dst, region, err := rdWriteSides(Config{Mode: cfg.Mode, Poll: cfg.Poll, QPs: 1, NoCRC: cfg.NoCRC, OnDevice: cfg.OnDevice}, cfg.Size)
+	run, err := rdWriteSides(Config{Mode: cfg.Mode, Poll: cfg.Poll, QPs: 1, NoCRC: cfg.NoCRC, OnDevice: cfg.OnDevice}, cfg.Size)
 	if err != nil {
 		return Result{}, err
 	}
-	defer src.dev.Close()
-	defer dst.dev.Close()
-	ah, err := src.pd.CreateAH(dst.socks[0].LocalAddr(), dst.qps[0].QPN())
-	if err != nil {
-		return Result{}, err
-	}
-	defer serveTarget(cfg, dst)()
+	defer run.close()
+	src := run.src
+	defer serveTarget(cfg, run.dst)()
 	defer lockThread(cfg)()
 	busy := cfg.Poll == qp.PollBusy
 	var stop atomic.Bool
-	wr := oneSidedWR(cfg, src, ah, region)
+	wr := oneSidedWR(cfg, run)
 	wc := make([]qp.WorkCompletion, 1)
 	ns := make([]int64, 0, cfg.Iters)
 	for it := range cfg.Warmup + cfg.Iters {
@@ -94,17 +105,13 @@ const rdWriteDepth = 16
 // counts the bytes of those completed: completed means acknowledged,
 // which means placed at the target.
 func rdWriteBandwidth(cfg Config) (Result, error) {
-	src, dst, region, err := rdWriteSides(cfg, cfg.Size)
+	run, err := rdWriteSides(cfg, cfg.Size)
 	if err != nil {
 		return Result{}, err
 	}
-	defer src.dev.Close()
-	defer dst.dev.Close()
-	ah, err := src.pd.CreateAH(dst.socks[0].LocalAddr(), dst.qps[0].QPN())
-	if err != nil {
-		return Result{}, err
-	}
-	defer serveTarget(cfg, dst)()
+	defer run.close()
+	src := run.src
+	defer serveTarget(cfg, run.dst)()
 	busy := cfg.Poll == qp.PollBusy
 	var sending, stop atomic.Bool
 	var sent, done atomic.Uint64
@@ -116,7 +123,7 @@ func rdWriteBandwidth(cfg Config) (Result, error) {
 	go func() {
 		defer wg.Done()
 		q, cq := src.qps[0], src.cqs[0]
-		wr := oneSidedWR(cfg, src, ah, region)
+		wr := oneSidedWR(cfg, run)
 		wcs := make([]qp.WorkCompletion, rdWriteDepth)
 		out := 0
 		for !stop.Load() {
@@ -157,9 +164,9 @@ func rdWriteBandwidth(cfg Config) (Result, error) {
 // oneSidedWR is the WR a one-sided mode posts: a Write or Write-Record
 // from the source's buffer, or a Read into it (which then needs remote
 // write access: the source side's MR is registered with it).
-func oneSidedWR(cfg Config, src *udSide, ah *qp.AH, region *qp.MR) qp.SendWR {
-	wr := qp.SendWR{Opcode: qp.OpWrite, Flags: qp.FlagSignaled, SGL: []qp.SGE{src.mr.SGE(0, cfg.Size)}, AH: ah,
-		RemoteSTag: region.STag(), RemoteTO: region.Addr()}
+func oneSidedWR(cfg Config, run *oneSidedRun) qp.SendWR {
+	wr := qp.SendWR{Opcode: qp.OpWrite, Flags: qp.FlagSignaled, SGL: []qp.SGE{run.src.mr.SGE(0, cfg.Size)}, AH: run.ah,
+		RemoteSTag: run.region.STag(), RemoteTO: run.region.Addr()}
 	switch cfg.Mode {
 	case ModeRDRead:
 		wr.Opcode = qp.OpRead
