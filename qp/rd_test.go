@@ -492,3 +492,52 @@ func TestRDAndUDShareASocket(t *testing.T) {
 		})
 	}
 }
+
+// TestRDIdleReclaim: a peer with nothing outstanding is forgotten after
+// IdleTimeout, and contact is made again when traffic resumes.
+func TestRDIdleReclaim(t *testing.T) {
+	rd := RDConfig{IdleTimeout: 30 * time.Millisecond}
+	p := newRDPair(t, DeviceConfig{}, DeviceConfig{}, rd)
+	for i := range 2 {
+		p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*10, 10)}})
+	}
+	p.qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("one"), AH: p.ahAB})
+	collect(t, p.cqa, 1, 5*time.Second)
+	collect(t, p.cqb, 1, time.Second)
+	if peersOf(p.qa) != 1 || peersOf(p.qb) != 1 {
+		t.Fatalf("peers %d / %d", peersOf(p.qa), peersOf(p.qb))
+	}
+	eventually(t, "both peers reclaimed", func() bool { return peersOf(p.qa) == 0 && peersOf(p.qb) == 0 })
+	if p.a.dev.Stats().RDPeersReclaimed.Load() == 0 || p.b.dev.Stats().RDPeersReclaimed.Load() == 0 {
+		t.Fatal("not counted")
+	}
+	p.qa.PostSend(&SendWR{ID: 2, Flags: FlagSignaled, Inline: []byte("two"), AH: p.ahAB})
+	if wc := collect(t, p.cqa, 1, 5*time.Second)[0]; wc.Status != Success {
+		t.Fatalf("%+v", wc)
+	}
+	if wc := collect(t, p.cqb, 1, time.Second)[0]; wc.Status != Success || string(p.b.buf[10:13]) != "two" {
+		t.Fatalf("%+v", wc)
+	}
+}
+
+// TestRDFaultsReleaseMemory runs the RD fault cases, closes everything,
+// and checks that the heap is back near where it started: no peer state,
+// buffered frame or WR outlives its devices (goroutines are checked by
+// goleak in TestMain).
+func TestRDFaultsReleaseMemory(t *testing.T) {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	t.Run("faults", TestRDImpaired)
+	t.Run("restart", TestRDPeerRestart)
+	t.Run("gone", TestRDPeerGone)
+	for range 3 {
+		runtime.GC()
+	}
+	runtime.ReadMemStats(&after)
+	grown := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("heap %d → %d bytes (%+d)", before.HeapAlloc, after.HeapAlloc, grown)
+	if grown > 8<<20 { // each of the dozen devices the cases open holds far more than this while open
+		t.Fatalf("the heap grew by %d bytes after every device closed", grown)
+	}
+}
