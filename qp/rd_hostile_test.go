@@ -70,6 +70,19 @@ func TestRDUnvalidatedSources(t *testing.T) {
 		}
 		sendTo(t, c, f, b)
 	}
+	// The same first contacts and guessed tokens from 32 more addresses.
+	for k := range 32 {
+		o, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 1, byte(k+1))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 16 {
+			sendTo(t, o, rdFrame(reliability.Fields{Type: reliability.Hello, DstQPN: qb.QPN(), SrcQPN: uint32(i + 1), Epoch: 3, Init: true, Issued: 1}, nil), b)
+			sendTo(t, o, rdFrame(reliability.Fields{Type: reliability.Data, DstQPN: qb.QPN(), SrcQPN: uint32(i + 1), Epoch: 3, Token: uint64(k<<8 | i),
+				Init: true, Issued: 1}, send), b)
+		}
+		o.Close()
+	}
 	// Read what came back: Challenges only, each no larger than its cause.
 	c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
 	buf := make([]byte, 2048)
