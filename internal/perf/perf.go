@@ -40,9 +40,9 @@ const (
 	ModeRDRead Mode = "rd-read"
 	// ModeRDWriteRecord is Write-Record over RD: reliable underneath.
 	ModeRDWriteRecord Mode = "rd-wr"
-	// RC: iWARP over TCP and MPA. rc-write latency is half the time from
-	// posting a Write to its completion once the peer's TCP acknowledged
-	// it; rc-read latency is half a Read's round trip.
+	// RC: iWARP over TCP and MPA. rc-write latency is a Write ping-pong
+	// watched in memory, as perftest's ib_write_lat (busy polling only);
+	// rc-read latency is half a Read's round trip.
 	ModeRCSend  Mode = "rc-send"
 	ModeRCWrite Mode = "rc-write"
 	ModeRCRead  Mode = "rc-read"

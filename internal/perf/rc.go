@@ -22,6 +22,7 @@ import (
 type rcSide struct {
 	dev *qp.Device
 	pd  *qp.PD
+	buf []byte // mr's memory
 	mr  *qp.MR
 	q   *qp.QP
 	cq  *qp.CQ
@@ -34,7 +35,8 @@ func newRCSide(cfg Config, size int) (*rcSide, error) {
 	}
 	s := &rcSide{dev: dev, pd: dev.AllocPD()}
 	fail := func(err error) (*rcSide, error) { dev.Close(); return nil, err }
-	if s.mr, err = s.pd.RegisterMemory(make([]byte, rcDepth(size)*max(size, 1)), qp.AccessLocalWrite|qp.AccessRemoteWrite|qp.AccessRemoteRead); err != nil {
+	s.buf = make([]byte, rcDepth(size)*max(size, 1))
+	if s.mr, err = s.pd.RegisterMemory(s.buf, qp.AccessLocalWrite|qp.AccessRemoteWrite|qp.AccessRemoteRead); err != nil {
 		return fail(err)
 	}
 	if s.cq, err = dev.CreateCQ(4 * recvDepth); err != nil {
@@ -71,7 +73,7 @@ func rcPair(cfg Config, size int) (cli, srv *rcSide, err error) {
 		return fail(err)
 	}
 	defer l.Close()
-	rc := qp.RCConfig{CompleteOnAck: cfg.Mode == ModeRCWrite && cfg.Test == TestLat, NoCRC: cfg.NoCRC}
+	rc := qp.RCConfig{NoCRC: cfg.NoCRC}
 	acc := make(chan error, 1)
 	go func() {
 		r, err := l.Next(context.Background())
@@ -90,9 +92,12 @@ func rcPair(cfg Config, size int) (cli, srv *rcSide, err error) {
 }
 
 // rcLatency: rc-send is a Send/Recv ping-pong; rc-read posts a Read and
-// waits for it (the request one way, the response the other); rc-write
-// posts a Write that completes when the peer's TCP acknowledged it.
+// waits for it (the request one way, the response the other); rc-write is
+// a Write ping-pong (rcWriteLatency).
 func rcLatency(cfg Config) (Result, error) {
+	if cfg.Mode == ModeRCWrite {
+		return rcWriteLatency(cfg)
+	}
 	slot := max(cfg.Size, 1)
 	cli, srv, err := rcPair(cfg, slot)
 	if err != nil {
@@ -133,13 +138,10 @@ func rcLatency(cfg Config) (Result, error) {
 	defer func() { stop.Store(true); cli.dev.Close(); srv.dev.Close(); wg.Wait() }()
 	defer lockThread(cfg)()
 	wr := qp.SendWR{SGL: []qp.SGE{cli.mr.SGE(0, cfg.Size)}}
-	switch cfg.Mode {
-	case ModeRCWrite:
-		wr.Opcode, wr.Flags, wr.RemoteSTag, wr.RemoteTO = qp.OpWrite, qp.FlagSignaled, srv.mr.STag(), srv.mr.Addr()
-	case ModeRCRead:
+	if cfg.Mode == ModeRCRead {
 		wr.Opcode, wr.Flags, wr.RemoteSTag, wr.RemoteTO = qp.OpRead, qp.FlagSignaled, srv.mr.STag(), srv.mr.Addr()
 	}
-	want := map[Mode]qp.WCOpcode{ModeRCSend: qp.WCRecv, ModeRCWrite: qp.WCRDMAWrite, ModeRCRead: qp.WCRDMARead}[cfg.Mode]
+	want := map[Mode]qp.WCOpcode{ModeRCSend: qp.WCRecv, ModeRCRead: qp.WCRDMARead}[cfg.Mode]
 	wc := make([]qp.WorkCompletion, 1)
 	recv := qp.RecvWR{SGL: make([]qp.SGE, 1)}
 	ns := make([]int64, 0, cfg.Iters)
@@ -166,6 +168,80 @@ func rcLatency(cfg Config) (Result, error) {
 			recv.ID = wc[0].ID
 			recv.SGL[0] = cli.mr.SGE(int(wc[0].ID), slot)
 			cli.q.PostRecv(&recv)
+		}
+	}
+	return latResult(cfg, ns), nil
+}
+
+// rcWriteLatency is perftest's ib_write_lat over RC: each side RDMA
+// Writes its message into the other's region and learns that the other's
+// Write arrived by watching the last byte of its own region change, as an
+// RDMA application with no receive posted does. That needs busy polling:
+// a software stack places data only when something drives it, which here
+// is the CQ.Poll of the watching loop (ib_write_lat has no event mode
+// either).
+func rcWriteLatency(cfg Config) (Result, error) {
+	if cfg.Poll != qp.PollBusy {
+		return Result{}, errors.New("perf: rc-write lat watches memory for the peer's Write, as ib_write_lat does: it needs -poll busy")
+	}
+	if cfg.Size < 1 {
+		return Result{}, errors.New("perf: rc-write lat needs at least 1 byte: its last byte tells the Write arrived")
+	}
+	cli, srv, err := rcPair(cfg, cfg.Size)
+	if err != nil {
+		return Result{}, err
+	}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	defer func() { stop.Store(true); wg.Wait(); cli.dev.Close(); srv.dev.Close() }()
+	// Each region holds the outgoing message at 0 and the incoming one at
+	// cfg.Size (the region has room for at least four).
+	in := cfg.Size
+	last := cfg.Size - 1
+	// await drives s's device until the last byte of its incoming message
+	// is mark.
+	await := func(s *rcSide, mark byte, wcs []qp.WorkCompletion) bool {
+		for k := 1; s.buf[in+last] != mark; k++ {
+			for _, wc := range wcs[:s.cq.Poll(wcs)] {
+				if wc.Status != qp.Success {
+					return false
+				}
+			}
+			if k%1024 == 0 {
+				runtime.Gosched()
+				if stop.Load() {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	write := func(from, to *rcSide, mark byte) error {
+		from.buf[last] = mark
+		return from.q.PostSend(&qp.SendWR{Opcode: qp.OpWrite, Flags: qp.FlagSignaled, SGL: []qp.SGE{from.mr.SGE(0, cfg.Size)}, RemoteSTag: to.mr.STag(), RemoteTO: to.mr.Addr() + uint64(in)})
+	}
+	mark := func(it int) byte { return byte(it%255 + 1) }
+	wg.Add(1)
+	go func() { // the server writes each message back once it has arrived
+		defer wg.Done()
+		defer lockThread(cfg)()
+		wcs := make([]qp.WorkCompletion, 16)
+		for it := 0; await(srv, mark(it), wcs) && write(srv, cli, mark(it)) == nil; it++ {
+		}
+	}()
+	defer lockThread(cfg)()
+	wcs := make([]qp.WorkCompletion, 16)
+	ns := make([]int64, 0, cfg.Iters)
+	for it := range cfg.Warmup + cfg.Iters {
+		t0 := time.Now()
+		if err := write(cli, srv, mark(it)); err != nil {
+			return Result{}, err
+		}
+		if !await(cli, mark(it), wcs) {
+			return Result{}, errors.New("perf: rc-write ping-pong failed")
+		}
+		if it >= cfg.Warmup {
+			ns = append(ns, int64(time.Since(t0))/2)
 		}
 	}
 	return latResult(cfg, ns), nil
