@@ -44,6 +44,7 @@ type benchFlags struct {
 	test        string
 	size        int
 	all         bool
+	bidir       bool
 	iters       int
 	dur         time.Duration
 	warmup      int
@@ -70,6 +71,7 @@ func (f *benchFlags) register(fs *flag.FlagSet, multi bool) {
 	fs.StringVar(&f.test, "test", "lat", "lat (ping-pong, half round trip), bw (one-way goodput) or rate (message rate of -s messages)")
 	fs.IntVar(&f.size, "s", 64, "message size in bytes")
 	fs.BoolVar(&f.all, "a", false, "every size: powers of two from 2 bytes to the mode's largest")
+	fs.BoolVar(&f.bidir, "bidir", false, "bw, rate: two flows at once, one each way; figures are their sum")
 	fs.IntVar(&f.iters, "n", 10000, "iterations (lat)")
 	fs.DurationVar(&f.dur, "D", time.Second, "duration of a bw or rate run")
 	fs.IntVar(&f.warmup, "w", 1000, "warm-up iterations (lat)")
@@ -142,6 +144,9 @@ func (f *benchFlags) configs(m perf.Mode) ([]perf.Config, error) {
 	if f.size < 0 || f.iters <= 0 || f.qps <= 0 || f.dur <= 0 || f.warmup < 0 || f.mtu < 0 {
 		return nil, errors.New("sizes, counts and durations must be positive")
 	}
+	if f.bidir && test != perf.TestBW {
+		return nil, errors.New("-bidir is for -test bw and rate")
+	}
 	if f.loss < 0 || f.loss >= 1 {
 		return nil, fmt.Errorf("-loss %v: want a probability in [0, 1)", f.loss)
 	}
@@ -155,7 +160,7 @@ func (f *benchFlags) configs(m perf.Mode) ([]perf.Config, error) {
 	var out []perf.Config
 	for _, s := range sizes {
 		c := perf.Config{Mode: m, Test: test, Poll: poll, Size: s, Iters: f.iters, Warmup: warmup(f.warmup),
-			Duration: f.dur, QPs: f.qps, Segment: f.mtu, Loss: f.loss, Seed: f.seed, Partial: f.partial, Deadline: f.deadline}
+			Duration: f.dur, QPs: f.qps, Bidir: f.bidir, Segment: f.mtu, Loss: f.loss, Seed: f.seed, Partial: f.partial, Deadline: f.deadline}
 		if f.collector != nil {
 			c.OnDevice = f.collector.Add
 		}

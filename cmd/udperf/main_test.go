@@ -56,7 +56,11 @@ func TestLocalAndCompare(t *testing.T) {
 			}
 			t.Run(m+"/"+test, func(t *testing.T) {
 				var out, errb bytes.Buffer
-				args := []string{"local", "-mode", m, "-test", test, "-s", "1024", "-n", "50", "-w", "5", "-D", "100ms", "-poll", "event", "-json"}
+				poll := "event"
+				if m == "rc-write" && test == "lat" {
+					poll = "busy" // ib_write_lat watches memory
+				}
+				args := []string{"local", "-mode", m, "-test", test, "-s", "1024", "-n", "50", "-w", "5", "-D", "100ms", "-poll", poll, "-json"}
 				if code := run(args, &out, &errb); code != 0 {
 					t.Fatalf("exit %d: %s", code, errb.String())
 				}
@@ -90,6 +94,27 @@ func TestLocalAndCompare(t *testing.T) {
 	}
 }
 
+// TestBidir: two flows at once carry about twice one flow's messages, and
+// the reliable modes lose nothing.
+func TestBidir(t *testing.T) {
+	for _, m := range []string{"ud-send", "rd-write", "rc-send", "raw-tcp"} {
+		t.Run(m, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			if code := run([]string{"local", "-mode", m, "-test", "bw", "-bidir", "-s", "4096", "-D", "100ms", "-poll", "event", "-json"}, &out, &errb); code != 0 {
+				t.Fatalf("exit %d: %s", code, errb.String())
+			}
+			var doc document
+			if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
+				t.Fatal(err)
+			}
+			r := doc.Results[0]
+			if doc.Flags["bidir"] != "true" || r.BWAvg <= 0 || r.Iterations == 0 || (reliableMode(m) && *r.Lost != 0) {
+				t.Fatalf("%+v", r)
+			}
+		})
+	}
+}
+
 func TestMetricsFlag(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := run([]string{"local", "-mode", "rd-send", "-n", "50", "-w", "5", "-metrics", "127.0.0.1:0"}, &out, &errb); code != 0 {
@@ -110,6 +135,7 @@ func TestBadFlags(t *testing.T) {
 		{"local", "-poll", "sometimes"},
 		{"local", "-loss", "2"},
 		{"local", "-n", "0"},
+		{"local", "-bidir"},
 		{"local", "-bogus"},
 		{"compare"},
 		{"compare", "-modes", "ud-send,nope"},
@@ -132,14 +158,15 @@ func TestServerClient(t *testing.T) {
 	done := make(chan int, 1)
 	go func() { done <- serveOn(ln, false, io.Discard) }()
 	defer func() { ln.Close(); <-done }()
-	for _, m := range []string{"ud-send", "rd-send", "rc-send", "raw-udp", "raw-tcp"} {
+	for _, m := range []string{"ud-send", "ud-wr", "rd-send", "rd-write", "rd-read", "rd-wr", "rc-send", "rc-write", "rc-read", "raw-udp", "raw-tcp"} {
 		for _, test := range []string{"lat", "bw"} {
-			if m == "rc-send" && test == "bw" {
-				continue // needs credits the control protocol does not carry
-			}
 			t.Run(m+"/"+test, func(t *testing.T) {
 				var out, errb bytes.Buffer
-				args := []string{"client", "-addr", ln.Addr().String(), "-mode", m, "-test", test, "-s", "1000", "-n", "100", "-w", "10", "-D", "100ms", "-poll", "event", "-json"}
+				poll := "event"
+				if m == "rc-write" && test == "lat" {
+					poll = "busy" // ib_write_lat watches memory
+				}
+				args := []string{"client", "-addr", ln.Addr().String(), "-mode", m, "-test", test, "-s", "1000", "-n", "100", "-w", "10", "-D", "100ms", "-poll", poll, "-json"}
 				if code := run(args, &out, &errb); code != 0 {
 					t.Fatalf("exit %d: %s", code, errb.String())
 				}
@@ -161,8 +188,11 @@ func TestServerClient(t *testing.T) {
 		}
 	}
 	var out, errb bytes.Buffer
-	if code := run([]string{"client", "-addr", ln.Addr().String(), "-mode", "ud-wr"}, &out, &errb); code != 2 {
+	if code := run([]string{"client", "-addr", ln.Addr().String(), "-mode", "raw-udp-unconn"}, &out, &errb); code != 2 {
 		t.Fatalf("a mode server/client does not run: exit %d", code)
+	}
+	if code := run([]string{"client", "-addr", ln.Addr().String(), "-mode", "rc-write", "-poll", "event"}, &out, &errb); code != 2 {
+		t.Fatalf("rc-write lat in event mode: exit %d", code)
 	}
 	if code := run([]string{"client", "-addr", "127.0.0.1:1", "-mode", "ud-send", "-n", "10"}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "refused") {
 		t.Fatalf("an unreachable server: exit %d, %q", code, errb.String())

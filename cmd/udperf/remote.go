@@ -2,21 +2,17 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
-	"net/netip"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/udiwarp/udiwarp/internal/perf"
-	"github.com/udiwarp/udiwarp/qp"
 )
 
 // `udperf server` and `udperf client`: the two ends in two processes (or
@@ -24,11 +20,13 @@ import (
 // control port (TCP), asks for a run, learns the server's endpoint, runs
 // it, and prints the figures; bandwidth is measured where the data
 // arrives, at the server, and sent back on the control connection.
-// Modes: ud-send, rd-send, rc-send, raw-udp, raw-tcp.
+// Every mode but raw-udp-unconn (remoteqp.go has the queue-pair modes).
 
 const defaultControl = ":18515" // perftest's port
 
-var remoteModes = map[perf.Mode]bool{perf.ModeUDSend: true, perf.ModeRDSend: true, perf.ModeRCSend: true,
+var remoteModes = map[perf.Mode]bool{perf.ModeUDSend: true, perf.ModeUDWriteRecord: true,
+	perf.ModeRDSend: true, perf.ModeRDWrite: true, perf.ModeRDRead: true, perf.ModeRDWriteRecord: true,
+	perf.ModeRCSend: true, perf.ModeRCWrite: true, perf.ModeRCRead: true,
 	perf.ModeRawUDP: true, perf.ModeRawTCP: true}
 
 type runRequest struct {
@@ -37,12 +35,20 @@ type runRequest struct {
 	Size     int           `json:"size"`
 	Poll     string        `json:"poll"`
 	Duration time.Duration `json:"duration"`
+	Segment  int           `json:"segment,omitempty"` // Write-Record segment payload (-mtu)
+	// The client's region, for the server's Write-Records and Writes back.
+	STag uint32 `json:"stag,omitempty"`
+	TO   uint64 `json:"to,omitempty"`
 }
 
 type runReply struct {
 	Error string `json:"error,omitempty"`
 	Addr  string `json:"addr,omitempty"` // the data endpoint
 	QPN   uint32 `json:"qpn,omitempty"`
+	// The server's region, and (rc-send) the receives it posted.
+	STag    uint32 `json:"stag,omitempty"`
+	TO      uint64 `json:"to,omitempty"`
+	Credits int    `json:"credits,omitempty"`
 	// After a bandwidth run: what the server received.
 	Received uint64  `json:"received,omitempty"`
 	Gbps     float64 `json:"gbps,omitempty"`
@@ -94,8 +100,8 @@ func serveRun(c net.Conn, stderr io.Writer) error {
 		return fmt.Errorf("request: %w", err)
 	}
 	reply := func(r runReply) { enc.Encode(r) }
-	if !remoteModes[req.Mode] || (req.Test != "lat" && req.Test != "bw") || req.Size < 0 || req.Size > 65000 {
-		reply(runReply{Error: fmt.Sprintf("cannot serve mode %q test %q size %d (modes: ud-send, rd-send, rc-send, raw-udp, raw-tcp; lat or bw; at most 65000 bytes)", req.Mode, req.Test, req.Size)})
+	if !remoteModes[req.Mode] || (req.Test != "lat" && req.Test != "bw") || req.Size < 0 || req.Size > remoteMaxSize(req.Mode) {
+		reply(runReply{Error: fmt.Sprintf("cannot serve mode %q test %q size %d (every mode but raw-udp-unconn; lat or bw; at most %d bytes)", req.Mode, req.Test, req.Size, remoteMaxSize(req.Mode))})
 		return nil
 	}
 	host, _, _ := net.SplitHostPort(c.LocalAddr().String())
@@ -105,7 +111,7 @@ func serveRun(c net.Conn, stderr io.Writer) error {
 		return err
 	}
 	defer ep.close()
-	reply(runReply{Addr: ep.addr, QPN: ep.qpn})
+	reply(runReply{Addr: ep.addr, QPN: ep.qpn, STag: ep.stag, TO: ep.to, Credits: ep.credits})
 	// The run lasts until the client says done (or goes away).
 	var done struct{ Done bool }
 	json.NewDecoder(rd).Decode(&done)
@@ -116,15 +122,17 @@ func serveRun(c net.Conn, stderr io.Writer) error {
 
 // endpoint is the server's end of one run.
 type endpoint struct {
-	addr  string
-	qpn   uint32
-	stop  func() runReply
-	close func()
+	addr    string
+	qpn     uint32
+	stag    uint32
+	to      uint64
+	credits int
+	stop    func() runReply
+	close   func()
 }
 
 func newEndpoint(req runRequest, host string) (*endpoint, error) {
 	slot := max(req.Size, 1)
-	var stopFlag atomic.Bool
 	var wg sync.WaitGroup
 	var received, bytes atomic.Uint64
 	var first, last atomic.Int64
@@ -144,10 +152,6 @@ func newEndpoint(req runRequest, host string) (*endpoint, error) {
 		return r
 	}
 	echo := req.Test == "lat"
-	poll := qp.PollEvent
-	if req.Poll == "busy" {
-		poll = qp.PollBusy
-	}
 	ep := &endpoint{}
 	switch req.Mode {
 	case perf.ModeRawUDP:
@@ -217,104 +221,8 @@ func newEndpoint(req runRequest, host string) (*endpoint, error) {
 			}
 			wg.Wait()
 		}
-	default: // ud-send, rd-send, rc-send: a QP that echoes or counts Sends
-		dev, err := qp.Open(qp.DeviceConfig{Poll: poll, RecvBuffer: 32 << 20})
-		if err != nil {
-			return nil, err
-		}
-		pd := dev.AllocPD()
-		depth := 256
-		mr, err := pd.RegisterMemory(make([]byte, depth*slot), qp.AccessLocalWrite)
-		if err != nil {
-			dev.Close()
-			return nil, err
-		}
-		cq, _ := dev.CreateCQ(4 * depth)
-		typ := map[perf.Mode]qp.QPType{perf.ModeUDSend: qp.UD, perf.ModeRDSend: qp.RD, perf.ModeRCSend: qp.RC}[req.Mode]
-		q, err := pd.CreateQP(qp.QPAttr{Type: typ, SendCQ: cq, RecvCQ: cq, Caps: qp.QPCaps{MaxSendWR: 1024, MaxRecvWR: depth}})
-		if err != nil {
-			dev.Close()
-			return nil, err
-		}
-		var l *qp.RCListener
-		if typ == qp.RC {
-			q.Modify(qp.ModifyAttr{State: qp.StateInit})
-			if l, err = dev.ListenRC(net.JoinHostPort(host, "0")); err != nil {
-				dev.Close()
-				return nil, err
-			}
-			ep.addr = l.Addr().String()
-		} else {
-			sock, err := dev.Bind("udp", net.JoinHostPort(host, "0"))
-			if err != nil {
-				dev.Close()
-				return nil, err
-			}
-			for _, st := range []qp.ModifyAttr{{State: qp.StateInit, Socket: sock}, {State: qp.StateRTR}, {State: qp.StateRTS}} {
-				q.Modify(st)
-			}
-			ep.addr, ep.qpn = sock.LocalAddr().String(), q.QPN()
-		}
-		for k := range depth {
-			q.PostRecv(&qp.RecvWR{ID: uint64(k * slot), SGL: []qp.SGE{mr.SGE(k*slot, slot)}})
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if l != nil {
-				r, err := l.Next(context.Background())
-				if err != nil || r.Accept(q, qp.RCConfig{}) != nil {
-					return
-				}
-			}
-			ahs := map[netip.AddrPort]*qp.AH{}
-			wcs := make([]qp.WorkCompletion, 64)
-			for !stopFlag.Load() {
-				n := cq.Poll(wcs)
-				if n == 0 {
-					if poll != qp.PollBusy {
-						ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-						cq.Wait(ctx)
-						cancel()
-					}
-					continue
-				}
-				for _, wc := range wcs[:n] {
-					if wc.Opcode != qp.WCRecv {
-						continue
-					}
-					if wc.Status != qp.Success {
-						if wc.Status == qp.WRFlushError {
-							return
-						}
-						continue
-					}
-					q.PostRecv(&qp.RecvWR{ID: wc.ID, SGL: []qp.SGE{mr.SGE(int(wc.ID), slot)}})
-					if !echo {
-						note(int(wc.Len))
-						continue
-					}
-					wr := qp.SendWR{SGL: []qp.SGE{mr.SGE(int(wc.ID), int(wc.Len))}}
-					if typ != qp.RC {
-						ah := ahs[wc.Source]
-						if ah == nil {
-							ah, _ = pd.CreateAH(wc.Source, wc.SourceQPN)
-							ahs[wc.Source] = ah
-						}
-						wr.AH = ah
-					}
-					q.PostSend(&wr)
-				}
-			}
-		}()
-		ep.close = func() {
-			stopFlag.Store(true)
-			if l != nil {
-				l.Close()
-			}
-			dev.Close()
-			wg.Wait()
-		}
+	default:
+		return newQPEndpoint(req, host, note, result)
 	}
 	ep.stop = func() runReply {
 		time.Sleep(50 * time.Millisecond) // what is still on its way arrives
@@ -334,38 +242,42 @@ func client(args []string, stdout, stderr io.Writer) int {
 	}
 	m, err := parseMode(f.mode)
 	if err == nil && !remoteModes[m] {
-		err = fmt.Errorf("mode %s runs only in `udperf local` for now (server/client: ud-send, rd-send, rc-send, raw-udp, raw-tcp)", m)
+		err = fmt.Errorf("mode %s runs only in `udperf local` (server/client: every mode but raw-udp-unconn)", m)
 	}
 	if err == nil && *addr == "" {
 		err = errors.New("-addr HOST:PORT of the server is required")
 	}
-	if err == nil && f.all {
-		err = errors.New("-a is not available with client yet; give -s")
-	}
-	if err == nil && m == perf.ModeRCSend && f.test != "lat" {
-		// RC has no receiver-not-ready: a stream of Sends needs credits
-		// from the receiver, which the control protocol does not carry yet.
-		err = errors.New("rc-send runs only -test lat over server/client (bandwidth: udperf local)")
+	if err == nil && f.bidir {
+		err = errors.New("-bidir runs only in `udperf local` and `compare` for now")
 	}
 	var cfgs []perf.Config
 	if err == nil {
 		cfgs, err = f.configs(m)
 	}
+	if err == nil && m == perf.ModeRCWrite && f.test == "lat" && f.poll != "busy" {
+		err = errors.New("rc-write lat watches memory for the peer's Write, as ib_write_lat does: it needs -poll busy")
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "udperf client: %v\n", err)
 		return 2
 	}
-	cfg := cfgs[0]
-	if cfg.Size > 65000 {
-		fmt.Fprintln(stderr, "udperf client: -s at most 65000 over server/client")
-		return 2
+	var rows []row
+	for _, cfg := range cfgs {
+		if cfg.Size > remoteMaxSize(m) || (m == perf.ModeRCWrite && f.test == "lat" && cfg.Size < 1) {
+			if f.all {
+				continue
+			}
+			fmt.Fprintf(stderr, "udperf client: -s %d: %s carries 1 to %d bytes over server/client\n", cfg.Size, m, remoteMaxSize(m))
+			return 2
+		}
+		r, err := runRemote(*addr, cfg, f.test, f.poll)
+		if err != nil {
+			fmt.Fprintf(stderr, "udperf client: %s %d B: %v\n", m, cfg.Size, err)
+			return 1
+		}
+		rows = append(rows, rowOf(f.test, r))
 	}
-	r, err := runRemote(*addr, cfg, f.test, f.poll)
-	if err != nil {
-		fmt.Fprintf(stderr, "udperf client: %v\n", err)
-		return 1
-	}
-	return emit(stdout, stderr, "client", fs, &f, []row{rowOf(f.test, r)})
+	return emit(stdout, stderr, "client", fs, &f, rows)
 }
 
 // runRemote runs cfg against the server at addr.
@@ -378,7 +290,17 @@ func runRemote(addr string, cfg perf.Config, test, pollName string) (perf.Result
 	c.SetDeadline(time.Now().Add(cfg.Duration + 5*time.Minute))
 	dec := json.NewDecoder(c)
 	enc := json.NewEncoder(c)
-	if err := enc.Encode(runRequest{Mode: cfg.Mode, Test: test, Size: cfg.Size, Poll: pollName, Duration: cfg.Duration}); err != nil {
+	req := runRequest{Mode: cfg.Mode, Test: test, Size: cfg.Size, Poll: pollName, Duration: cfg.Duration, Segment: cfg.Segment}
+	var end *qpEnd
+	if cfg.Mode != perf.ModeRawUDP && cfg.Mode != perf.ModeRawTCP {
+		network, local := clientNetwork(addr)
+		if end, err = openQPEnd(cfg.Mode, cfg.Size, cfg.Poll, cfg.Segment, network, local); err != nil {
+			return perf.Result{}, err
+		}
+		defer end.dev.Close()
+		req.STag, req.TO = end.mr.STag(), end.mr.Addr()
+	}
+	if err := enc.Encode(req); err != nil {
 		return perf.Result{}, err
 	}
 	var rep runReply
@@ -388,7 +310,12 @@ func runRemote(addr string, cfg perf.Config, test, pollName string) (perf.Result
 	if rep.Error != "" {
 		return perf.Result{}, errors.New("server: " + rep.Error)
 	}
-	res, err := drive(cfg, test, rep)
+	var res perf.Result
+	if end != nil {
+		res, err = end.driveQP(cfg, test, rep)
+	} else {
+		res, err = drive(cfg, test, rep)
+	}
 	enc.Encode(struct{ Done bool }{true})
 	if err != nil {
 		return perf.Result{}, err
@@ -397,7 +324,7 @@ func runRemote(addr string, cfg perf.Config, test, pollName string) (perf.Result
 	if err := dec.Decode(&fin); err != nil {
 		return perf.Result{}, fmt.Errorf("the server's figures: %w", err)
 	}
-	if test == "bw" {
+	if test == "bw" && !clientMeasured(cfg.Mode) {
 		res.Received, res.Gbps, res.Mpps = fin.Received, fin.Gbps, fin.Mpps
 		if res.Sent > res.Received {
 			res.Lost = res.Sent - res.Received
@@ -407,7 +334,8 @@ func runRemote(addr string, cfg perf.Config, test, pollName string) (perf.Result
 	return res, nil
 }
 
-// drive runs the client's end: a ping-pong (lat) or a stream (bw).
+// drive runs the client's end of a plain-socket mode: a ping-pong (lat)
+// or a stream (bw).
 func drive(cfg perf.Config, test string, rep runReply) (perf.Result, error) {
 	size := max(cfg.Size, 1)
 	res := perf.Result{Config: cfg}
@@ -450,83 +378,7 @@ func drive(cfg perf.Config, test string, rep runReply) (perf.Result, error) {
 		}
 		push = func() bool { _, err := c.Write(msg); return err == nil }
 	default:
-		dev, err := qp.Open(qp.DeviceConfig{Poll: cfg.Poll, RecvBuffer: 32 << 20})
-		if err != nil {
-			return res, err
-		}
-		closeAll = func() { dev.Close() }
-		pd := dev.AllocPD()
-		mr, _ := pd.RegisterMemory(make([]byte, 64*size), qp.AccessLocalWrite)
-		cq, _ := dev.CreateCQ(4096)
-		typ := map[perf.Mode]qp.QPType{perf.ModeUDSend: qp.UD, perf.ModeRDSend: qp.RD, perf.ModeRCSend: qp.RC}[cfg.Mode]
-		q, err := pd.CreateQP(qp.QPAttr{Type: typ, SendCQ: cq, RecvCQ: cq, Caps: qp.QPCaps{MaxSendWR: 1024, MaxRecvWR: 64}})
-		if err != nil {
-			dev.Close()
-			return res, err
-		}
-		wr := qp.SendWR{SGL: []qp.SGE{mr.SGE(0, cfg.Size)}}
-		if typ == qp.RC {
-			q.Modify(qp.ModifyAttr{State: qp.StateInit})
-			if _, err := q.Connect(context.Background(), rep.Addr, qp.RCConfig{}); err != nil {
-				dev.Close()
-				return res, err
-			}
-		} else {
-			to, err := netip.ParseAddrPort(rep.Addr)
-			if err != nil {
-				dev.Close()
-				return res, err
-			}
-			network, local := "udp4", "0.0.0.0:0"
-			if to.Addr().Is6() && !to.Addr().Is4In6() {
-				network, local = "udp6", "[::]:0"
-			}
-			sock, err := dev.Bind(network, local)
-			if err != nil {
-				dev.Close()
-				return res, err
-			}
-			for _, st := range []qp.ModifyAttr{{State: qp.StateInit, Socket: sock}, {State: qp.StateRTR}, {State: qp.StateRTS}} {
-				q.Modify(st)
-			}
-			if wr.AH, err = pd.CreateAH(to, rep.QPN); err != nil {
-				dev.Close()
-				return res, err
-			}
-		}
-		for k := 1; k < 64; k++ {
-			q.PostRecv(&qp.RecvWR{ID: uint64(k * size), SGL: []qp.SGE{mr.SGE(k*size, size)}})
-		}
-		wc := make([]qp.WorkCompletion, 16)
-		busy := cfg.Poll == qp.PollBusy
-		ping = func() error {
-			if err := q.PostSend(&wr); err != nil {
-				return err
-			}
-			for end := time.Now().Add(2 * time.Second); time.Now().Before(end); {
-				n := cq.Poll(wc[:1])
-				if n == 0 {
-					if !busy {
-						ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-						cq.Wait(ctx)
-						cancel()
-					}
-					continue
-				}
-				if wc[0].Opcode == qp.WCRecv {
-					q.PostRecv(&qp.RecvWR{ID: wc[0].ID, SGL: []qp.SGE{mr.SGE(int(wc[0].ID), size)}})
-					if wc[0].Status != qp.Success {
-						return errors.New(wc[0].Status.String())
-					}
-					return nil
-				}
-			}
-			return os.ErrDeadlineExceeded
-		}
-		push = func() bool {
-			cq.Poll(wc) // reap send completions, if any
-			return q.PostSend(&wr) == nil
-		}
+		return res, fmt.Errorf("mode %s is not a plain-socket mode", cfg.Mode)
 	}
 	defer closeAll()
 	if test == "lat" {

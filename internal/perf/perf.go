@@ -89,6 +89,11 @@ type Config struct {
 	Seed     uint64
 	Partial  bool
 	Deadline time.Duration
+	// Bidir runs a bandwidth test as two flows at once, each with its own
+	// pair of QPs or sockets (in one process, the two directions of a link
+	// are two such flows), and reports their sum, as perftest's -b reports
+	// both directions together.
+	Bidir bool
 	// Interval paces a Write-Record bandwidth run: one message per interval.
 	Interval time.Duration
 	// OnDevice, when set, is called with every device the run opens (for
@@ -162,6 +167,43 @@ type Result struct {
 // Run performs one measurement.
 func Run(cfg Config) (Result, error) {
 	cfg.fill()
+	if cfg.Bidir && cfg.Test == TestBW {
+		return bidir(cfg)
+	}
+	return run(cfg)
+}
+
+// bidir runs two flows of cfg at once and adds them up.
+func bidir(cfg Config) (Result, error) {
+	cfg.Bidir = false
+	var rs [2]Result
+	var errs [2]error
+	var wg sync.WaitGroup
+	for i := range rs {
+		c := cfg
+		c.Seed += uint64(i) * 1000 // the impairment layer's draws differ per flow
+		wg.Go(func() { rs[i], errs[i] = run(c) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs[0], errs[1]); err != nil {
+		return Result{}, err
+	}
+	r := rs[0]
+	r.Bidir = true
+	b := rs[1]
+	r.Gbps += b.Gbps
+	r.Mpps += b.Mpps
+	r.Sent += b.Sent
+	r.Received += b.Received
+	r.Lost += b.Lost
+	r.Partial += b.Partial
+	r.ValidBytes += b.ValidBytes
+	r.WholeBytes += b.WholeBytes
+	r.SentBytes += b.SentBytes
+	return r, nil
+}
+
+func run(cfg Config) (Result, error) {
 	switch {
 	case (cfg.Mode == ModeUDSend || cfg.Mode == ModeRDSend) && cfg.Test == TestLat:
 		return udLatency(cfg)

@@ -1,0 +1,437 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/udiwarp/udiwarp/internal/perf"
+	"github.com/udiwarp/udiwarp/qp"
+)
+
+// The queue-pair modes over server/client. Both ends open a qpEnd: a
+// device, a region and a QP of the mode's type. The client sends its
+// region's handle in the request, the server answers with its own, and
+// then the client runs the mode:
+//
+//   - Send modes (ud-send, rd-send, rc-send): the server keeps receives
+//     posted and echoes (lat) or counts (bw) what arrives; rc-send's
+//     stream is paced by credits the server sends back, a zero-byte Send
+//     per creditBatch receives it reposted (RC has no receiver-not-ready:
+//     a Send without a posted receive ends the connection).
+//   - Write-Record (ud-wr, rd-wr): the server answers each record with a
+//     Write-Record into the client's region (lat) or counts the bytes
+//     recorded valid (bw).
+//   - RDMA Write and Read (rd-write, rd-read, rc-write, rc-read): the
+//     server only drives its device; the client measures, as the
+//     completions of its own WRs tell it everything (RD completes on the
+//     target's acknowledgement). rc-write lat is ib_write_lat's Write
+//     ping-pong: the server watches the last byte of its region and
+//     writes back.
+//
+// Each region holds the outgoing message at 0 and the incoming one (a
+// peer's Write or Write-Record) at slot.
+
+// creditBatch is how many reposted receives one rc-send credit message
+// returns.
+const creditBatch = 16
+
+// onesidedDepth is how many Writes or Reads a client keeps outstanding.
+const onesidedDepth = 16
+
+func qpTypeOf(m perf.Mode) qp.QPType {
+	switch m {
+	case perf.ModeUDSend, perf.ModeUDWriteRecord:
+		return qp.UD
+	case perf.ModeRCSend, perf.ModeRCWrite, perf.ModeRCRead:
+		return qp.RC
+	}
+	return qp.RD
+}
+
+func sendMode(m perf.Mode) bool {
+	return m == perf.ModeUDSend || m == perf.ModeRDSend || m == perf.ModeRCSend
+}
+
+func recordMode(m perf.Mode) bool { return m == perf.ModeUDWriteRecord || m == perf.ModeRDWriteRecord }
+
+// clientMeasured: modes whose bandwidth the client counts (completed WRs).
+func clientMeasured(m perf.Mode) bool {
+	return m == perf.ModeRDWrite || m == perf.ModeRDRead || m == perf.ModeRCWrite || m == perf.ModeRCRead
+}
+
+// remoteMaxSize is the largest message of a mode over server/client.
+func remoteMaxSize(m perf.Mode) int {
+	if m == perf.ModeUDSend || m == perf.ModeRawUDP {
+		return 65000
+	}
+	return 8 << 20
+}
+
+type qpEnd struct {
+	mode  perf.Mode
+	size  int
+	slot  int
+	depth int // receives posted (Send modes)
+	dev   *qp.Device
+	pd    *qp.PD
+	buf   []byte
+	mr    *qp.MR
+	cq    *qp.CQ
+	q     *qp.QP
+	sock  *qp.Socket
+}
+
+// openQPEnd opens one end; host is the address to bind (UD, RD) or "" for
+// RC, which connects or accepts later.
+func openQPEnd(m perf.Mode, size int, poll qp.PollMode, segment int, network, local string) (*qpEnd, error) {
+	e := &qpEnd{mode: m, size: size, slot: max(size, 1)}
+	var err error
+	if e.dev, err = qp.Open(qp.DeviceConfig{Poll: poll, RecvBuffer: 32 << 20}); err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*qpEnd, error) { e.dev.Close(); return nil, err }
+	e.pd = e.dev.AllocPD()
+	n := 2 * e.slot
+	if sendMode(m) {
+		e.depth = max(4, min(256, (32<<20)/e.slot))
+		n = e.depth * e.slot
+	}
+	e.buf = make([]byte, n)
+	if e.mr, err = e.pd.RegisterMemory(e.buf, qp.AccessLocalWrite|qp.AccessRemoteWrite|qp.AccessRemoteRead); err != nil {
+		return fail(err)
+	}
+	if e.cq, err = e.dev.CreateCQ(4096); err != nil {
+		return fail(err)
+	}
+	attr := qp.QPAttr{Type: qpTypeOf(m), SendCQ: e.cq, RecvCQ: e.cq, WriteRecordSegment: segment,
+		Caps: qp.QPCaps{MaxSendWR: 1024, MaxRecvWR: max(e.depth, 64)}}
+	if e.q, err = e.pd.CreateQP(attr); err != nil {
+		return fail(err)
+	}
+	if attr.Type == qp.RC {
+		if err := e.q.Modify(qp.ModifyAttr{State: qp.StateInit}); err != nil {
+			return fail(err)
+		}
+	} else {
+		if e.sock, err = e.dev.Bind(network, local); err != nil {
+			return fail(err)
+		}
+		for _, st := range []qp.ModifyAttr{{State: qp.StateInit, Socket: e.sock}, {State: qp.StateRTR}, {State: qp.StateRTS}} {
+			if err := e.q.Modify(st); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	for k := range e.depth {
+		if err := e.q.PostRecv(&qp.RecvWR{ID: uint64(k * e.slot), SGL: []qp.SGE{e.mr.SGE(k*e.slot, e.slot)}}); err != nil {
+			return fail(err)
+		}
+	}
+	return e, nil
+}
+
+func (e *qpEnd) repost(wc *qp.WorkCompletion) {
+	e.q.PostRecv(&qp.RecvWR{ID: wc.ID, SGL: []qp.SGE{e.mr.SGE(int(wc.ID), e.slot)}})
+}
+
+// wait polls the CQ for the next completion, parking in event mode; false
+// when stop is set.
+func (e *qpEnd) wait(wc []qp.WorkCompletion, busy bool, stop *atomic.Bool) bool {
+	for k := 1; !stop.Load(); k++ {
+		if e.cq.Poll(wc[:1]) == 1 {
+			return true
+		}
+		if busy {
+			if k%1024 == 0 {
+				runtime.Gosched()
+			}
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		e.cq.Wait(ctx)
+		cancel()
+	}
+	return false
+}
+
+// mark is the last byte of the it-th rc-write ping-pong message.
+func mark(it int) byte { return byte(it%255 + 1) }
+
+// serveQP is the server's loop: echo or count, until stop.
+func (e *qpEnd) serveQP(req runRequest, echo, busy bool, note func(int), stop *atomic.Bool) {
+	wcs := make([]qp.WorkCompletion, 64)
+	ahs := map[netip.AddrPort]*qp.AH{}
+	ahOf := func(wc *qp.WorkCompletion) *qp.AH {
+		ah := ahs[wc.Source]
+		if ah == nil {
+			ah, _ = e.pd.CreateAH(wc.Source, wc.SourceQPN)
+			ahs[wc.Source] = ah
+		}
+		return ah
+	}
+	watch := e.mode == perf.ModeRCWrite && echo
+	in := e.slot + e.size - 1
+	reposted := 0
+	for it := 0; !stop.Load(); {
+		if watch && e.size > 0 && e.buf[in] == mark(it) {
+			e.buf[e.size-1] = mark(it)
+			e.q.PostSend(&qp.SendWR{Opcode: qp.OpWrite, SGL: []qp.SGE{e.mr.SGE(0, e.size)}, RemoteSTag: req.STag, RemoteTO: req.TO + uint64(e.slot)})
+			it++
+		}
+		n := e.cq.Poll(wcs)
+		if n == 0 {
+			if !busy {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+				e.cq.Wait(ctx)
+				cancel()
+			}
+			continue
+		}
+		for i := range wcs[:n] {
+			wc := &wcs[i]
+			if wc.Status == qp.WRFlushError {
+				return
+			}
+			if wc.Status != qp.Success {
+				continue
+			}
+			switch wc.Opcode {
+			case qp.WCRecv:
+				e.repost(wc)
+				if echo {
+					wr := qp.SendWR{SGL: []qp.SGE{e.mr.SGE(int(wc.ID), int(wc.Len))}}
+					if e.sock != nil {
+						wr.AH = ahOf(wc)
+					}
+					e.q.PostSend(&wr)
+					continue
+				}
+				note(int(wc.Len))
+				if reposted++; e.mode == perf.ModeRCSend && reposted%creditBatch == 0 {
+					e.q.PostSend(&qp.SendWR{}) // creditBatch more receives are posted
+				}
+			case qp.WCWriteRecord:
+				if !echo {
+					note(int(wc.Len))
+					continue
+				}
+				e.q.PostSend(&qp.SendWR{Opcode: qp.OpWriteRecord, SGL: []qp.SGE{e.mr.SGE(0, e.size)}, AH: ahOf(wc),
+					RemoteSTag: req.STag, RemoteTO: req.TO + uint64(e.slot)})
+			}
+		}
+	}
+}
+
+// newQPEndpoint is the server's end of a queue-pair mode.
+func newQPEndpoint(req runRequest, host string, note func(int), result func() runReply) (*endpoint, error) {
+	poll := qp.PollEvent
+	if req.Poll == "busy" {
+		poll = qp.PollBusy
+	}
+	network := "udp4"
+	if a, err := netip.ParseAddr(host); err == nil && a.Is6() && !a.Is4In6() {
+		network = "udp6"
+	}
+	e, err := openQPEnd(req.Mode, req.Size, poll, req.Segment, network, net.JoinHostPort(host, "0"))
+	if err != nil {
+		return nil, err
+	}
+	ep := &endpoint{stag: e.mr.STag(), to: e.mr.Addr(), credits: e.depth - 2}
+	var l *qp.RCListener
+	if e.sock == nil {
+		if l, err = e.dev.ListenRC(net.JoinHostPort(host, "0")); err != nil {
+			e.dev.Close()
+			return nil, err
+		}
+		ep.addr = l.Addr().String()
+	} else {
+		ep.addr, ep.qpn = e.sock.LocalAddr().String(), e.q.QPN()
+	}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if l != nil {
+			r, err := l.Next(context.Background())
+			if err != nil || r.Accept(e.q, qp.RCConfig{}) != nil {
+				return
+			}
+		}
+		e.serveQP(req, req.Test == "lat", poll == qp.PollBusy, note, &stop)
+	}()
+	ep.close = func() {
+		stop.Store(true)
+		if l != nil {
+			l.Close()
+		}
+		e.dev.Close()
+		wg.Wait()
+	}
+	ep.stop = func() runReply {
+		time.Sleep(50 * time.Millisecond) // what is still on its way arrives
+		return result()
+	}
+	return ep, nil
+}
+
+// connect points the client's end at the server's: an AH (UD, RD) or an
+// RC connection; it returns the AH.
+func (e *qpEnd) connect(rep runReply) (*qp.AH, error) {
+	if e.sock == nil {
+		_, err := e.q.Connect(context.Background(), rep.Addr, qp.RCConfig{})
+		return nil, err
+	}
+	to, err := netip.ParseAddrPort(rep.Addr)
+	if err != nil {
+		return nil, err
+	}
+	return e.pd.CreateAH(to, rep.QPN)
+}
+
+// clientNetwork is the UDP network and wildcard address a client binds to
+// reach addr.
+func clientNetwork(addr string) (string, string) {
+	if ap, err := netip.ParseAddrPort(addr); err == nil && ap.Addr().Is6() && !ap.Addr().Is4In6() {
+		return "udp6", "[::]:0"
+	}
+	return "udp4", "0.0.0.0:0"
+}
+
+// driveQP runs the client's end of a queue-pair mode against the server
+// that answered rep.
+func (e *qpEnd) driveQP(cfg perf.Config, test string, rep runReply) (perf.Result, error) {
+	res := perf.Result{Config: cfg}
+	ah, err := e.connect(rep)
+	if err != nil {
+		return res, err
+	}
+	busy := cfg.Poll == qp.PollBusy
+	var stop atomic.Bool
+	wcs := make([]qp.WorkCompletion, 64)
+	wr := qp.SendWR{SGL: []qp.SGE{e.mr.SGE(0, cfg.Size)}, AH: ah, RemoteSTag: rep.STag, RemoteTO: rep.TO}
+	want := qp.WCRecv
+	switch e.mode {
+	case perf.ModeUDWriteRecord, perf.ModeRDWriteRecord:
+		wr.Opcode, want = qp.OpWriteRecord, qp.WCWriteRecord
+	case perf.ModeRDWrite, perf.ModeRCWrite:
+		wr.Opcode, wr.Flags, want = qp.OpWrite, qp.FlagSignaled, qp.WCRDMAWrite
+		wr.RemoteTO += uint64(e.slot)
+	case perf.ModeRDRead, perf.ModeRCRead:
+		wr.Opcode, wr.Flags, want = qp.OpRead, qp.FlagSignaled, qp.WCRDMARead
+	}
+	if test == "lat" {
+		in := e.slot + cfg.Size - 1
+		ping := func(it int) error {
+			if e.mode == perf.ModeRCWrite {
+				e.buf[cfg.Size-1] = mark(it)
+			}
+			if err := e.q.PostSend(&wr); err != nil {
+				return err
+			}
+			end := time.Now().Add(2 * time.Second)
+			if e.mode == perf.ModeRCWrite { // ib_write_lat: watch the last byte
+				for k := 0; e.buf[in] != mark(it); k++ {
+					e.cq.Poll(wcs)
+					if k%1024 == 0 && time.Now().After(end) {
+						return os.ErrDeadlineExceeded
+					}
+				}
+				return nil
+			}
+			for time.Now().Before(end) {
+				n := e.cq.Poll(wcs[:1])
+				if n == 0 {
+					if !busy {
+						ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+						e.cq.Wait(ctx)
+						cancel()
+					}
+					continue
+				}
+				if wcs[0].Opcode == qp.WCRecv {
+					e.repost(&wcs[0])
+				}
+				if wcs[0].Status != qp.Success {
+					return errors.New(wcs[0].Status.String())
+				}
+				if wcs[0].Opcode == want {
+					return nil
+				}
+			}
+			return os.ErrDeadlineExceeded
+		}
+		ns := make([]int64, 0, cfg.Iters)
+		for it := range max(cfg.Warmup, 0) + cfg.Iters {
+			t0 := time.Now()
+			if err := ping(it); err != nil {
+				return res, fmt.Errorf("round trip %d: %w", it, err)
+			}
+			if it >= cfg.Warmup {
+				ns = append(ns, int64(time.Since(t0))/2)
+			}
+		}
+		return perf.Summarize(cfg, ns), nil
+	}
+	end := time.Now().Add(cfg.Duration)
+	if clientMeasured(e.mode) {
+		// Keep onesidedDepth WRs outstanding; goodput is what completed.
+		var first, last time.Time
+		var done uint64
+		out := 0
+		for time.Now().Before(end) {
+			for out < onesidedDepth && e.q.PostSend(&wr) == nil {
+				out++
+				res.Sent++
+			}
+			if !e.wait(wcs, busy, &stop) {
+				break
+			}
+			out--
+			if wcs[0].Status != qp.Success {
+				return res, errors.New(wcs[0].Status.String())
+			}
+			last = time.Now()
+			if first.IsZero() {
+				first = last
+			}
+			done++
+		}
+		res.Received = done
+		if el := last.Sub(first).Seconds(); el > 0 && done > 1 {
+			res.Gbps = float64((done-1)*uint64(cfg.Size)) * 8 / el / 1e9
+			res.Mpps = float64(done-1) / el / 1e6
+		}
+		return res, nil
+	}
+	credits := rep.Credits
+	for time.Now().Before(end) {
+		for _, wc := range wcs[:e.cq.Poll(wcs)] {
+			if wc.Opcode == qp.WCRecv && wc.Status == qp.Success {
+				e.repost(&wc)
+				credits += creditBatch
+			}
+		}
+		if e.mode == perf.ModeRCSend && credits <= 0 {
+			if !busy {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+				e.cq.Wait(ctx)
+				cancel()
+			}
+			continue
+		}
+		if e.q.PostSend(&wr) == nil {
+			res.Sent++
+			credits--
+		}
+	}
+	return res, nil
+}
