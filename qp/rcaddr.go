@@ -1,0 +1,22 @@
+package qp
+
+import (
+	"net"
+	"net/netip"
+)
+
+// RCAddrs returns the local and remote TCP addresses of an RC QP's
+// connection; ok is false before Connect or Accept attached one.
+func (q *QP) RCAddrs() (local, remote netip.AddrPort, ok bool) {
+	c := q.rc.Load()
+	if c == nil {
+		return netip.AddrPort{}, netip.AddrPort{}, false
+	}
+	if a, isTCP := c.tc.LocalAddr().(*net.TCPAddr); isTCP {
+		local = a.AddrPort()
+	}
+	if a, isTCP := c.tc.RemoteAddr().(*net.TCPAddr); isTCP {
+		remote = a.AddrPort()
+	}
+	return local, remote, true
+}

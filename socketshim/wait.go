@@ -1,0 +1,122 @@
+package socketshim
+
+import (
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/udiwarp/udiwarp/qp"
+)
+
+// Waiting shared by the Write-Record PacketConn and the RC stream: there
+// a reader and a writer both poll one receive CQ (a reader waits for
+// data, a writer for credits or a handshake, and both arrive there), so
+// whoever polls rings a bell that wakes the other.
+
+// bell broadcasts "the state changed" to parked goroutines. Take C before
+// looking at the state, then park on it: a change in between is not lost.
+type bell struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+// C returns the channel the next ring closes.
+func (b *bell) C() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch == nil {
+		b.ch = make(chan struct{})
+	}
+	return b.ch
+}
+
+// ring wakes every goroutine parked on a channel C returned.
+func (b *bell) ring() {
+	b.mu.Lock()
+	if b.ch != nil {
+		close(b.ch)
+		b.ch = nil
+	}
+	b.mu.Unlock()
+}
+
+// park waits until cq may hold a completion, the bell rings, the deadline
+// (UnixNano in dl; 0 none) passes or moves (kick), or closed closes. It
+// spins a little first, as PacketConn.wait does. Returns
+// os.ErrDeadlineExceeded or errClosed, else nil: look again.
+func park(cq *qp.CQ, dl *atomic.Int64, kick, closed chan struct{}, rang <-chan struct{}) error {
+	d := dl.Load()
+	now := time.Now().UnixNano()
+	if d != 0 && now >= d {
+		return os.ErrDeadlineExceeded
+	}
+	select {
+	case <-closed:
+		return errClosed
+	case <-rang:
+		return nil
+	default:
+	}
+	spin := spinFor
+	if d != 0 {
+		spin = min(spin, time.Duration(d-now))
+	}
+	if cq.Spin(spin) {
+		return nil
+	}
+	cq.RequestNotify(false)
+	if cq.Pending() > 0 {
+		return nil
+	}
+	var timer <-chan time.Time
+	if d != 0 {
+		t := time.NewTimer(time.Duration(d - time.Now().UnixNano()))
+		defer t.Stop()
+		timer = t.C
+	}
+	select {
+	case <-cq.C():
+	case <-rang:
+	case <-kick:
+	case <-timer:
+		return os.ErrDeadlineExceeded
+	case <-closed:
+		return errClosed
+	}
+	return nil
+}
+
+// expired reports whether the deadline in dl has passed.
+func expired(dl *atomic.Int64) bool {
+	d := dl.Load()
+	return d != 0 && time.Now().UnixNano() >= d
+}
+
+// deadlines are a connection's read and write deadlines, set as
+// PacketConn's are: an atomic store and a kick to a parked call.
+type deadlines struct {
+	rdl, wdl     atomic.Int64
+	rkick, wkick chan struct{}
+}
+
+func (d *deadlines) init() {
+	d.rkick, d.wkick = make(chan struct{}, 1), make(chan struct{}, 1)
+}
+
+func setDL(dl *atomic.Int64, kick chan struct{}, t time.Time) {
+	v := int64(0)
+	if !t.IsZero() {
+		v = t.UnixNano()
+	}
+	if dl.Swap(v) != v {
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// errTimeout is a deadline's error: os.IsTimeout and net.Error.Timeout
+// report true for it, wrapped in a net.OpError.
+var errTimeout = os.ErrDeadlineExceeded
