@@ -1,0 +1,1010 @@
+// libudiwarp_preload.so: runs an unmodified program's UDP sockets over
+// udiwarp (RDMAP/DDP over UDP, one UD queue pair per socket), loaded with
+// LD_PRELOAD. This thin C half owns every interposed symbol, the table of
+// owned descriptors, blocking waits, errno and the fork policy; the data
+// path is the Go engine (libudiwarp_engine.so, -buildmode=c-shared), which
+// it dlopen()s on the first AF_INET/AF_INET6 SOCK_DGRAM socket. The
+// design is described in doc.go beside this file.
+//
+// Build: gcc -O2 -shared -fPIC -o libudiwarp_preload.so preload.c -ldl -lpthread
+
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAXFD 65536
+#define EXPORT __attribute__((visibility("default")))
+
+// ---- the real functions -------------------------------------------------
+
+static int (*r_socket)(int, int, int);
+static int (*r_bind)(int, const struct sockaddr *, socklen_t);
+static int (*r_connect)(int, const struct sockaddr *, socklen_t);
+static int (*r_close)(int);
+static int (*r_close_range)(unsigned, unsigned, int);
+static int (*r_dup)(int);
+static int (*r_dup2)(int, int);
+static int (*r_dup3)(int, int, int);
+static int (*r_fcntl)(int, int, ...);
+static int (*r_fcntl64)(int, int, ...);
+static int (*r_ioctl)(int, unsigned long, ...);
+static int (*r_setsockopt)(int, int, int, const void *, socklen_t);
+static int (*r_getsockopt)(int, int, int, void *, socklen_t *);
+static int (*r_getsockname)(int, struct sockaddr *, socklen_t *);
+static int (*r_getpeername)(int, struct sockaddr *, socklen_t *);
+static int (*r_shutdown)(int, int);
+static ssize_t (*r_sendto)(int, const void *, size_t, int, const struct sockaddr *, socklen_t);
+static ssize_t (*r_send)(int, const void *, size_t, int);
+static ssize_t (*r_sendmsg)(int, const struct msghdr *, int);
+static int (*r_sendmmsg)(int, struct mmsghdr *, unsigned, int);
+static ssize_t (*r_write)(int, const void *, size_t);
+static ssize_t (*r_writev)(int, const struct iovec *, int);
+static ssize_t (*r_recvfrom)(int, void *, size_t, int, struct sockaddr *, socklen_t *);
+static ssize_t (*r_recv)(int, void *, size_t, int);
+static ssize_t (*r_recvmsg)(int, struct msghdr *, int);
+static int (*r_recvmmsg)(int, struct mmsghdr *, unsigned, int, struct timespec *);
+static ssize_t (*r_read)(int, void *, size_t);
+static ssize_t (*r_readv)(int, const struct iovec *, int);
+static long (*r_syscall)(long, ...);
+
+static void resolve(void) {
+#define R(name) if (!r_##name) r_##name = dlsym(RTLD_NEXT, #name)
+	R(socket); R(bind); R(connect); R(close); R(close_range); R(dup); R(dup2); R(dup3);
+	R(fcntl); R(fcntl64); R(ioctl); R(setsockopt); R(getsockopt); R(getsockname);
+	R(getpeername); R(shutdown); R(sendto); R(send); R(sendmsg); R(sendmmsg); R(write);
+	R(writev); R(recvfrom); R(recv); R(recvmsg); R(recvmmsg); R(read); R(readv); R(syscall);
+#undef R
+	if (!r_fcntl64) r_fcntl64 = r_fcntl;
+}
+#define REAL(name) (r_##name ? r_##name : (resolve(), r_##name))
+
+// ---- the engine ------------------------------------------------------------
+
+enum { E_UNLOADED = 0, E_READY = 1, E_FAILED = -1, E_CHILD = -2 };
+static atomic_int estate;
+static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int (*e_init)(void);
+static long long (*e_adopt)(int, int, int *);
+static long long (*e_send)(long long, void *, int, void *, int);
+static long long (*e_recv)(long long, void *, int, void *, int *, int, int *, long long);
+static long long (*e_next_len)(long long);
+static int (*e_close)(long long);
+static void (*e_exit)(void);
+
+static long long spin_ns = 50000;
+
+// ---- descriptors -----------------------------------------------------------
+
+// usock is one owned socket. The program's descriptor(s) for it are an
+// eventfd the engine makes readable while datagrams wait; hidden is the
+// kernel UDP socket itself (a high, close-on-exec descriptor), which the
+// engine's device sends and receives on. A usock is never freed, so a
+// thread holding one while another closes it reads valid memory; its
+// resources are released once no descriptor and no call refers to it.
+struct usock {
+	atomic_int fds;      // program descriptors referring to it
+	atomic_int inflight; // calls in progress
+	atomic_int closing;  // the last program descriptor closed
+	atomic_int torn;     // resources released
+	int hidden, evfd, engfd;
+	atomic_llong h;      // engine handle, 0 until adopted
+	int family;
+	atomic_int nonblock; // the program's O_NONBLOCK
+	atomic_int kmode;    // kernel path: a forked child, or the engine refused it
+	long long rcvtimeo, sndtimeo; // ns, 0 none
+	atomic_int connected;
+	struct sockaddr_storage peer;
+	socklen_t peerlen;
+	pthread_mutex_t mu;
+};
+
+static _Atomic(struct usock *) owned[MAXFD];
+// protect marks descriptors that are not the program's: 1 the preload's
+// own (hidden sockets, eventfds), 2 the Go engine's and its runtime's.
+// The program closing one is a no-op that reports success.
+static _Atomic unsigned char protect[MAXFD];
+static atomic_int maxfd; // highest descriptor ever owned or protected
+
+static void seen(int fd) {
+	int m = atomic_load(&maxfd);
+	while (fd > m && !atomic_compare_exchange_weak(&maxfd, &m, fd)) {}
+}
+static void mark(int fd, unsigned char v) {
+	if (fd >= 0 && fd < MAXFD) {
+		atomic_store(&protect[fd], v);
+		if (v) seen(fd);
+	}
+}
+
+static inline struct usock *lookup(int fd) {
+	if ((unsigned)fd >= MAXFD) return NULL;
+	return atomic_load_explicit(&owned[fd], memory_order_acquire);
+}
+
+// hibase is where the preload puts its own descriptors: high, out of the
+// way of programs that expect small numbers (and of select's FD_SETSIZE).
+static int hibase(void) {
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur < 64) return 3;
+	if (rl.rlim_cur >= 2048) return 1024;
+	return (int)(rl.rlim_cur / 2);
+}
+
+static int movehigh(int fd) {
+	int h = REAL(fcntl)(fd, F_DUPFD_CLOEXEC, hibase());
+	if (h < 0) return fd;
+	REAL(close)(fd);
+	return h;
+}
+
+static long long now_ns(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void warn(const char *what) {
+	char b[256];
+	int n = snprintf(b, sizeof b, "udiwarp preload[%d]: %s\n", (int)getpid(), what);
+	if (n > 0) REAL(write)(2, b, (size_t)n < sizeof b ? (size_t)n : sizeof b - 1);
+}
+
+// ---- loading the engine ------------------------------------------------
+
+static void fdset(unsigned char *set) {
+	DIR *d = opendir("/proc/self/fd");
+	if (!d) return;
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL) {
+		int fd = atoi(e->d_name);
+		if (e->d_name[0] >= '0' && e->d_name[0] <= '9' && fd < MAXFD) set[fd] = 1;
+	}
+	closedir(d);
+}
+
+static void load(void) {
+	const char *path = getenv("UDIWARP_ENGINE");
+	char buf[PATH_MAX];
+	if (!path || !*path) {
+		Dl_info di;
+		if (!dladdr((void *)load, &di) || !di.dli_fname) {
+			warn("cannot find the engine: set UDIWARP_ENGINE; using the kernel");
+			atomic_store(&estate, E_FAILED);
+			return;
+		}
+		snprintf(buf, sizeof buf, "%s", di.dli_fname);
+		char *slash = strrchr(buf, '/');
+		size_t off = slash ? (size_t)(slash - buf + 1) : 0;
+		snprintf(buf + off, sizeof buf - off, "libudiwarp_engine.so");
+		path = buf;
+	}
+	const char *s = getenv("UDIWARP_PRELOAD_SPIN_NS");
+	if (s && *s) spin_ns = atoll(s);
+	unsigned char *before = calloc(MAXFD, 1), *after = calloc(MAXFD, 1);
+	if (!before || !after) {
+		free(before);
+		free(after);
+		atomic_store(&estate, E_FAILED);
+		return;
+	}
+	fdset(before);
+	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!h) {
+		char m[512];
+		snprintf(m, sizeof m, "cannot load the engine (%s); using the kernel", dlerror());
+		warn(m);
+		free(before);
+		free(after);
+		atomic_store(&estate, E_FAILED);
+		return;
+	}
+	e_init = dlsym(h, "udw_init");
+	e_adopt = dlsym(h, "udw_adopt");
+	e_send = dlsym(h, "udw_send");
+	e_recv = dlsym(h, "udw_recv");
+	e_next_len = dlsym(h, "udw_next_len");
+	e_close = dlsym(h, "udw_close");
+	e_exit = dlsym(h, "udw_exit");
+	if (!e_init || !e_adopt || !e_send || !e_recv || !e_next_len || !e_close || !e_exit || e_init() != 0) {
+		warn("the engine is incomplete; using the kernel");
+		free(before);
+		free(after);
+		atomic_store(&estate, E_FAILED);
+		return;
+	}
+	// Protect what the Go runtime opened (netpoller epoll and eventfd,
+	// cgroup files): a daemon closing every descriptor must not take them.
+	fdset(after);
+	for (int fd = 0; fd < MAXFD; fd++) {
+		if (!after[fd] || before[fd]) continue;
+		char p[64], l[128];
+		snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
+		ssize_t n = readlink(p, l, sizeof l - 1);
+		if (n <= 0) continue;
+		l[n] = 0;
+		if (!strncmp(l, "anon_inode:", 11) || !strncmp(l, "/sys/", 5) || !strncmp(l, "pipe:", 5)) mark(fd, 2);
+	}
+	free(before);
+	free(after);
+	atomic_store(&estate, E_READY);
+}
+
+static int engine_ready(void) {
+	int s = atomic_load(&estate);
+	if (s == E_READY) return 1;
+	if (s != E_UNLOADED) return 0;
+	pthread_mutex_lock(&load_mu);
+	if (atomic_load(&estate) == E_UNLOADED) load();
+	pthread_mutex_unlock(&load_mu);
+	return atomic_load(&estate) == E_READY;
+}
+
+// ---- fork --------------------------------------------------------------
+
+// A forked child never calls into Go (the runtime's other threads do not
+// exist there). Each owned descriptor becomes the kernel socket again, so
+// the child goes on with plain UDP on it.
+static void atfork_child(void) {
+	atomic_store(&estate, E_CHILD);
+	int m = atomic_load(&maxfd);
+	for (int fd = 0; fd <= m && fd < MAXFD; fd++) {
+		struct usock *u = atomic_load(&owned[fd]);
+		if (!u || atomic_load(&u->torn)) continue;
+		int fl = REAL(fcntl)(fd, F_GETFD);
+		REAL(dup3)(u->hidden, fd, fl >= 0 && (fl & FD_CLOEXEC) ? O_CLOEXEC : 0);
+	}
+	for (int fd = 0; fd <= m && fd < MAXFD; fd++) {
+		struct usock *u = atomic_load(&owned[fd]);
+		if (!u || atomic_exchange(&u->kmode, 1)) continue;
+		if (u->evfd >= 0) {
+			atomic_store(&protect[u->evfd], 0);
+			REAL(close)(u->evfd);
+			u->evfd = -1;
+		}
+	}
+	for (int fd = 0; fd <= m && fd < MAXFD; fd++)
+		if (atomic_load(&protect[fd]) == 2) atomic_store(&protect[fd], 0);
+}
+
+__attribute__((constructor)) static void init(void) {
+	resolve();
+	pthread_atfork(NULL, NULL, atfork_child);
+}
+
+__attribute__((destructor)) static void fini(void) {
+	if (atomic_load(&estate) == E_READY && e_exit) e_exit();
+}
+
+// ---- socket lifetime ---------------------------------------------------
+
+static void teardown(struct usock *u) {
+	if (atomic_exchange(&u->torn, 1)) return;
+	long long h = atomic_exchange(&u->h, 0);
+	if (h > 0 && atomic_load(&estate) == E_READY) {
+		e_close(h);
+		if (u->engfd >= 0) atomic_store(&protect[u->engfd], 0);
+	}
+	atomic_store(&protect[u->hidden], 0);
+	REAL(close)(u->hidden);
+	if (u->evfd >= 0) {
+		atomic_store(&protect[u->evfd], 0);
+		REAL(close)(u->evfd);
+	}
+}
+
+static void release_fd(struct usock *u) {
+	if (atomic_fetch_sub(&u->fds, 1) != 1) return;
+	atomic_store(&u->closing, 1);
+	if (u->evfd >= 0 && !atomic_load(&u->kmode)) {
+		uint64_t one = 1; // wake blocked readers: they see closing
+		REAL(write)(u->evfd, &one, sizeof one);
+	}
+	if (atomic_load(&u->inflight) == 0) teardown(u);
+}
+
+static struct usock *enter(int fd) {
+	struct usock *u = lookup(fd);
+	if (!u) return NULL;
+	atomic_fetch_add(&u->inflight, 1);
+	return u;
+}
+
+static void leave(struct usock *u) {
+	if (atomic_fetch_sub(&u->inflight, 1) == 1 && atomic_load(&u->closing)) teardown(u);
+}
+
+static int wants(int domain, int type, int proto) {
+	return (domain == AF_INET || domain == AF_INET6) && (type & 0xf) == SOCK_DGRAM &&
+	       (proto == 0 || proto == IPPROTO_UDP);
+}
+
+EXPORT int socket(int domain, int type, int proto) {
+	int fd = REAL(socket)(domain, type, proto);
+	if (fd < 0 || fd >= MAXFD || !wants(domain, type, proto) || !engine_ready()) return fd;
+	struct usock *u = calloc(1, sizeof *u);
+	if (!u) return fd;
+	int saved = errno;
+	u->hidden = REAL(fcntl)(fd, F_DUPFD_CLOEXEC, hibase());
+	int ev = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (u->hidden < 0 || ev < 0) goto fail;
+	u->evfd = movehigh(ev);
+	ev = -1;
+	// The program's descriptor becomes the eventfd; the socket lives on
+	// as hidden.
+	if (REAL(dup3)(u->evfd, fd, (type & SOCK_CLOEXEC) ? O_CLOEXEC : 0) < 0) goto fail;
+	u->family = domain;
+	u->engfd = -1;
+	atomic_store(&u->nonblock, (type & SOCK_NONBLOCK) != 0);
+	atomic_store(&u->fds, 1);
+	pthread_mutex_init(&u->mu, NULL);
+	mark(u->hidden, 1);
+	mark(u->evfd, 1);
+	seen(fd);
+	atomic_store(&owned[fd], u);
+	errno = saved;
+	return fd;
+fail:
+	if (u->hidden >= 0) REAL(close)(u->hidden);
+	if (u->evfd > 0) REAL(close)(u->evfd);
+	if (ev >= 0) REAL(close)(ev);
+	free(u);
+	errno = saved;
+	return fd;
+}
+
+// fallback puts the kernel socket back under fd: the engine would not
+// take it, and the program goes on over plain UDP.
+static void fallback(struct usock *u, int fd) {
+	if (atomic_exchange(&u->kmode, 1)) return;
+	int fl = REAL(fcntl)(fd, F_GETFD);
+	REAL(dup3)(u->hidden, fd, fl >= 0 && (fl & FD_CLOEXEC) ? O_CLOEXEC : 0);
+}
+
+// adopt hands the (bound) kernel socket to the engine, binding it to an
+// ephemeral port first if the program did not.
+static int adopt(struct usock *u, int fd) {
+	if (atomic_load(&u->h) > 0) return 0;
+	if (atomic_load(&u->kmode)) return 0;
+	pthread_mutex_lock(&u->mu);
+	int ret = 0;
+	if (atomic_load(&u->h) == 0 && !atomic_load(&u->kmode)) {
+		struct sockaddr_storage ss;
+		socklen_t sl = sizeof ss;
+		if (REAL(getsockname)(u->hidden, (struct sockaddr *)&ss, &sl) == 0 &&
+		    ((ss.ss_family == AF_INET && ((struct sockaddr_in *)&ss)->sin_port == 0) ||
+		     (ss.ss_family == AF_INET6 && ((struct sockaddr_in6 *)&ss)->sin6_port == 0))) {
+			memset(&ss, 0, sizeof ss);
+			ss.ss_family = (sa_family_t)u->family;
+			if (REAL(bind)(u->hidden, (struct sockaddr *)&ss,
+			               u->family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6)) != 0)
+				ret = -1;
+		}
+		if (ret == 0) {
+			int efd = -1;
+			long long h = atomic_load(&estate) == E_READY ? e_adopt(u->hidden, u->evfd, &efd) : -EIO;
+			if (h > 0) {
+				u->engfd = efd;
+				mark(efd, 2);
+				atomic_store(&u->h, h);
+			} else {
+				char m[128];
+				snprintf(m, sizeof m, "the engine refused socket %d (errno %lld); it stays on the kernel", fd, -h);
+				warn(m);
+				fallback(u, fd);
+			}
+		}
+	}
+	pthread_mutex_unlock(&u->mu);
+	return ret;
+}
+
+EXPORT int close(int fd) {
+	if ((unsigned)fd < MAXFD) {
+		if (atomic_load_explicit(&protect[fd], memory_order_relaxed)) return 0;
+		struct usock *u = atomic_exchange(&owned[fd], NULL);
+		if (u) {
+			int r = REAL(close)(fd);
+			release_fd(u);
+			return r;
+		}
+	}
+	return REAL(close)(fd);
+}
+
+// closerange closes [first, last] but the protected descriptors.
+static int closerange(unsigned first, unsigned last, int flags) {
+	if (flags & CLOSE_RANGE_CLOEXEC) return REAL(close_range) ? REAL(close_range)(first, last, flags) : (errno = ENOSYS, -1);
+	if (first > last) {
+		errno = EINVAL;
+		return -1;
+	}
+	unsigned m = (unsigned)atomic_load(&maxfd);
+	unsigned start = first;
+	for (unsigned fd = first; fd <= last && fd <= m && fd < MAXFD; fd++) {
+		if (atomic_load(&protect[fd])) {
+			if (fd > start) {
+				if (!REAL(close_range) || REAL(close_range)(start, fd - 1, flags) != 0)
+					for (unsigned i = start; i < fd; i++) REAL(close)((int)i);
+			}
+			start = fd + 1;
+		} else if (lookup((int)fd)) {
+			close((int)fd);
+		}
+	}
+	if (start <= last) {
+		if (!REAL(close_range) || REAL(close_range)(start, last, flags) != 0) {
+			if (last - start > MAXFD) {
+				errno = ENOSYS;
+				return -1;
+			}
+			for (unsigned i = start; i <= last; i++) REAL(close)((int)i);
+		}
+	}
+	return 0;
+}
+
+EXPORT int close_range(unsigned first, unsigned last, int flags) { return closerange(first, last, flags); }
+
+EXPORT void closefrom(int lowfd) {
+	if (lowfd < 0) lowfd = 0;
+	closerange((unsigned)lowfd, ~0U, 0);
+}
+
+// alias registers newfd, a duplicate of an owned descriptor.
+static void alias(struct usock *u, int newfd) {
+	if (newfd < 0 || newfd >= MAXFD) return;
+	atomic_fetch_add(&u->fds, 1);
+	seen(newfd);
+	struct usock *old = atomic_exchange(&owned[newfd], u);
+	if (old) release_fd(old);
+}
+
+EXPORT int dup(int fd) {
+	int r = REAL(dup)(fd);
+	struct usock *u = lookup(fd);
+	if (r >= 0 && u) alias(u, r);
+	return r;
+}
+
+static int dupto(int oldfd, int newfd, int flags, int three) {
+	if ((unsigned)newfd < MAXFD && atomic_load(&protect[newfd]) && atomic_load(&estate) != E_CHILD) {
+		errno = EBUSY; // the preload's or the engine's descriptor
+		return -1;
+	}
+	int r = three ? REAL(dup3)(oldfd, newfd, flags) : REAL(dup2)(oldfd, newfd);
+	if (r < 0 || oldfd == newfd) return r;
+	struct usock *u = lookup(oldfd);
+	if (u) {
+		alias(u, r);
+	} else if ((unsigned)r < MAXFD) {
+		struct usock *old = atomic_exchange(&owned[r], NULL);
+		if (old) release_fd(old);
+	}
+	return r;
+}
+
+EXPORT int dup2(int oldfd, int newfd) { return dupto(oldfd, newfd, 0, 0); }
+EXPORT int dup3(int oldfd, int newfd, int flags) { return dupto(oldfd, newfd, flags, 1); }
+
+static int dofcntl(int (*real)(int, int, ...), int fd, int cmd, void *arg) {
+	struct usock *u = lookup(fd);
+	if (!u) return real(fd, cmd, arg);
+	switch (cmd) {
+	case F_GETFL: {
+		int r = real(fd, F_GETFL);
+		if (r < 0) return r;
+		return (r & ~O_NONBLOCK) | (atomic_load(&u->nonblock) ? O_NONBLOCK : 0);
+	}
+	case F_SETFL: {
+		int fl = (int)(intptr_t)arg;
+		int r = real(fd, F_SETFL, fl | O_NONBLOCK); // the descriptor itself stays non-blocking
+		if (r == 0) atomic_store(&u->nonblock, (fl & O_NONBLOCK) != 0);
+		return r;
+	}
+	case F_DUPFD:
+	case F_DUPFD_CLOEXEC: {
+		int r = real(fd, cmd, arg);
+		if (r >= 0) alias(u, r);
+		return r;
+	}
+	}
+	return real(fd, cmd, arg);
+}
+
+EXPORT int fcntl(int fd, int cmd, ...) {
+	va_list ap;
+	va_start(ap, cmd);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	return dofcntl(REAL(fcntl), fd, cmd, arg);
+}
+
+EXPORT int fcntl64(int fd, int cmd, ...) {
+	va_list ap;
+	va_start(ap, cmd);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	return dofcntl(REAL(fcntl64), fd, cmd, arg);
+}
+
+EXPORT int ioctl(int fd, unsigned long req, ...) {
+	va_list ap;
+	va_start(ap, req);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	struct usock *u = enter(fd);
+	if (!u) return REAL(ioctl)(fd, req, arg);
+	int r;
+	if (req == FIONBIO && !atomic_load(&u->kmode)) {
+		atomic_store(&u->nonblock, arg && *(int *)arg != 0);
+		r = 0;
+	} else if (req == FIONREAD && !atomic_load(&u->kmode)) {
+		long long h = atomic_load(&u->h);
+		long long n = h > 0 ? e_next_len(h) : 0;
+		if (n < 0) {
+			errno = (int)-n;
+			r = -1;
+		} else {
+			*(int *)arg = (int)n;
+			r = 0;
+		}
+	} else if (req == FIONBIO) {
+		atomic_store(&u->nonblock, arg && *(int *)arg != 0);
+		r = 0;
+	} else {
+		r = REAL(ioctl)(u->hidden, req, arg);
+	}
+	leave(u);
+	return r;
+}
+
+EXPORT int bind(int fd, const struct sockaddr *addr, socklen_t len) {
+	struct usock *u = enter(fd);
+	if (!u) return REAL(bind)(fd, addr, len);
+	int r;
+	if (atomic_load(&u->h) > 0) {
+		errno = EINVAL; // bound already
+		r = -1;
+	} else {
+		r = REAL(bind)(u->hidden, addr, len);
+		if (r == 0 && !atomic_load(&u->kmode)) adopt(u, fd);
+	}
+	leave(u);
+	return r;
+}
+
+EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len) {
+	struct usock *u = enter(fd);
+	if (!u) return REAL(connect)(fd, addr, len);
+	int r = REAL(connect)(u->hidden, addr, len);
+	if (r == 0) {
+		pthread_mutex_lock(&u->mu);
+		if (addr->sa_family == AF_UNSPEC) {
+			atomic_store(&u->connected, 0);
+		} else {
+			memset(&u->peer, 0, sizeof u->peer);
+			memcpy(&u->peer, addr, len < sizeof u->peer ? len : sizeof u->peer);
+			u->peerlen = len;
+			atomic_store(&u->connected, 1);
+		}
+		pthread_mutex_unlock(&u->mu);
+		if (addr->sa_family != AF_UNSPEC && !atomic_load(&u->kmode)) adopt(u, fd);
+	}
+	leave(u);
+	return r;
+}
+
+#define FWD(call, plain)                                   \
+	struct usock *u = enter(fd);                       \
+	if (!u) return plain;                              \
+	int r = call;                                      \
+	leave(u);                                          \
+	return r;
+
+EXPORT int getsockname(int fd, struct sockaddr *a, socklen_t *l) { FWD(REAL(getsockname)(u->hidden, a, l), REAL(getsockname)(fd, a, l)) }
+EXPORT int getpeername(int fd, struct sockaddr *a, socklen_t *l) { FWD(REAL(getpeername)(u->hidden, a, l), REAL(getpeername)(fd, a, l)) }
+EXPORT int shutdown(int fd, int how) { FWD(REAL(shutdown)(u->hidden, how), REAL(shutdown)(fd, how)) }
+EXPORT int getsockopt(int fd, int lvl, int name, void *v, socklen_t *l) {
+	FWD(REAL(getsockopt)(u->hidden, lvl, name, v, l), REAL(getsockopt)(fd, lvl, name, v, l))
+}
+
+static long long tv_ns(const void *v, socklen_t l) {
+	if (!v || l < sizeof(struct timeval)) return 0;
+	const struct timeval *tv = v;
+	return (long long)tv->tv_sec * 1000000000LL + (long long)tv->tv_usec * 1000LL;
+}
+
+EXPORT int setsockopt(int fd, int lvl, int name, const void *v, socklen_t l) {
+	struct usock *u = enter(fd);
+	if (!u) return REAL(setsockopt)(fd, lvl, name, v, l);
+	int r = REAL(setsockopt)(u->hidden, lvl, name, v, l);
+	if (r == 0 && lvl == SOL_SOCKET && name == SO_RCVTIMEO) u->rcvtimeo = tv_ns(v, l);
+	if (r == 0 && lvl == SOL_SOCKET && name == SO_SNDTIMEO) u->sndtimeo = tv_ns(v, l);
+	leave(u);
+	return r;
+}
+
+// ---- waiting -----------------------------------------------------------
+
+// restartable reports whether a blocking call an interrupting signal
+// broke off should go on, as the kernel restarts a socket call when the
+// handler has SA_RESTART: here, when every installed handler has it.
+static int restartable(void) {
+	for (int sig = 1; sig < NSIG; sig++) {
+		if (sig == SIGKILL || sig == SIGSTOP || sig == SIGURG) continue;
+		struct sigaction sa;
+		if (sigaction(sig, NULL, &sa) != 0) continue;
+		if (sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN) continue;
+		if (!(sa.sa_flags & SA_RESTART)) return 0;
+	}
+	return 1;
+}
+
+// pollwait waits for events on fd until deadline (ns, -1 none), with the
+// Go runtime's preemption signal held off (it is not the program's and
+// must not interrupt it). 1 ready, 0 timed out, -1 interrupted.
+static int pollwait(int fd, short events, long long deadline) {
+	sigset_t mask;
+	pthread_sigmask(SIG_BLOCK, NULL, &mask);
+	sigaddset(&mask, SIGURG);
+	for (;;) {
+		struct timespec ts, *tp = NULL;
+		if (deadline >= 0) {
+			long long left = deadline - now_ns();
+			if (left <= 0) return 0;
+			ts.tv_sec = left / 1000000000LL;
+			ts.tv_nsec = left % 1000000000LL;
+			tp = &ts;
+		}
+		struct pollfd p = {.fd = fd, .events = events};
+		int n = ppoll(&p, 1, tp, &mask);
+		if (n > 0) return 1;
+		if (n == 0) return 0;
+		if (errno != EINTR) return 1; // let the call itself report it
+		if (!restartable()) return -1;
+	}
+}
+
+static long long deadline_of(long long timeo) { return timeo > 0 ? now_ns() + timeo : -1; }
+
+// ---- the data path -----------------------------------------------------
+
+// krecv and ksend are the kernel path (a forked child, or a socket the
+// engine refused), keeping the program's blocking mode over a descriptor
+// that is non-blocking underneath.
+static ssize_t krecv(struct usock *u, struct msghdr *m, int flags) {
+	int nb = atomic_load(&u->nonblock) || (flags & MSG_DONTWAIT);
+	long long dl = deadline_of(u->rcvtimeo);
+	for (;;) {
+		ssize_t r = REAL(recvmsg)(u->hidden, m, flags | MSG_DONTWAIT);
+		if (r >= 0 || nb || (errno != EAGAIN && errno != EWOULDBLOCK)) return r;
+		int w = pollwait(u->hidden, POLLIN, dl);
+		if (w == 0) {
+			errno = EAGAIN;
+			return -1;
+		}
+		if (w < 0) {
+			errno = EINTR;
+			return -1;
+		}
+	}
+}
+
+static ssize_t ksend(struct usock *u, const struct msghdr *m, int flags) {
+	int nb = atomic_load(&u->nonblock) || (flags & MSG_DONTWAIT);
+	long long dl = deadline_of(u->sndtimeo);
+	for (;;) {
+		ssize_t r = REAL(sendmsg)(u->hidden, m, flags | MSG_DONTWAIT);
+		if (r >= 0 || nb || (errno != EAGAIN && errno != EWOULDBLOCK)) return r;
+		int w = pollwait(u->hidden, POLLOUT, dl);
+		if (w == 0) {
+			errno = EAGAIN;
+			return -1;
+		}
+		if (w < 0) {
+			errno = EINTR;
+			return -1;
+		}
+	}
+}
+
+// urecv reads one datagram through the engine: a bounded spin in Go,
+// then a wait in C on the eventfd.
+static ssize_t urecv(struct usock *u, struct msghdr *m, int flags) {
+	if (atomic_load(&u->kmode)) return krecv(u, m, flags);
+	if (flags & ~(MSG_PEEK | MSG_TRUNC | MSG_DONTWAIT | MSG_WAITALL | MSG_CMSG_CLOEXEC | MSG_NOSIGNAL)) {
+		errno = EOPNOTSUPP; // MSG_OOB, MSG_ERRQUEUE: nothing of the kind here
+		return -1;
+	}
+	int nb = atomic_load(&u->nonblock) || (flags & MSG_DONTWAIT);
+	long long dl = deadline_of(u->rcvtimeo);
+	long long spin = nb ? 0 : spin_ns;
+	for (int i = 0;; i++) {
+		if (atomic_load(&u->closing)) {
+			errno = EBADF;
+			return -1;
+		}
+		if (atomic_load(&u->kmode)) return krecv(u, m, flags);
+		long long h = atomic_load(&u->h);
+		if (h > 0) {
+			int fl = m->msg_name ? (int)m->msg_namelen : 0;
+			int mf = 0;
+			long long r = e_recv(h, m->msg_iov, (int)m->msg_iovlen, m->msg_name, &fl, flags & (MSG_PEEK | MSG_TRUNC), &mf, spin);
+			if (r >= 0) {
+				if (m->msg_name) m->msg_namelen = (socklen_t)fl;
+				m->msg_controllen = 0;
+				m->msg_flags = mf;
+				return r;
+			}
+			if (r != -EAGAIN) {
+				errno = (int)-r;
+				return -1;
+			}
+		}
+		if (nb) {
+			errno = EAGAIN;
+			return -1;
+		}
+		int w = pollwait(u->evfd, POLLIN, dl);
+		if (w == 0) {
+			errno = EAGAIN;
+			return -1;
+		}
+		if (w < 0) {
+			errno = EINTR;
+			return -1;
+		}
+		spin = i < 2 ? spin_ns / 4 : 0;
+	}
+}
+
+static ssize_t usend(struct usock *u, const struct msghdr *m, int flags) {
+	if (atomic_load(&u->kmode)) return ksend(u, m, flags);
+	struct sockaddr_storage to;
+	socklen_t tolen = m->msg_namelen;
+	if (m->msg_name && tolen > 0) {
+		if (tolen > sizeof to) tolen = sizeof to;
+		memcpy(&to, m->msg_name, tolen);
+	} else {
+		if (!atomic_load(&u->connected)) {
+			errno = EDESTADDRREQ;
+			return -1;
+		}
+		pthread_mutex_lock(&u->mu);
+		to = u->peer;
+		tolen = u->peerlen;
+		pthread_mutex_unlock(&u->mu);
+	}
+	if (adopt(u, -1) != 0) return -1;
+	if (atomic_load(&u->kmode)) return ksend(u, m, flags);
+	int nb = atomic_load(&u->nonblock) || (flags & MSG_DONTWAIT);
+	long long dl = deadline_of(u->sndtimeo);
+	for (;;) {
+		long long h = atomic_load(&u->h);
+		if (h <= 0 || atomic_load(&u->closing)) {
+			errno = EBADF;
+			return -1;
+		}
+		long long r = e_send(h, m->msg_iov, (int)m->msg_iovlen, &to, (int)tolen);
+		if (r >= 0) return r;
+		if (r != -EAGAIN || nb) {
+			errno = (int)-r;
+			return -1;
+		}
+		if (dl >= 0 && now_ns() >= dl) {
+			errno = EAGAIN;
+			return -1;
+		}
+		struct timespec ts = {0, 20000}; // the send queue is full: let it drain
+		nanosleep(&ts, NULL);
+	}
+}
+
+// ---- the interposed data calls -----------------------------------------
+
+EXPORT ssize_t sendto(int fd, const void *buf, size_t len, int flags, const struct sockaddr *to, socklen_t tolen) {
+	struct usock *u = enter(fd);
+	if (!u) return REAL(sendto)(fd, buf, len, flags, to, tolen);
+	struct iovec iov = {(void *)buf, len};
+	struct msghdr m = {.msg_name = (void *)to, .msg_namelen = to ? tolen : 0, .msg_iov = &iov, .msg_iovlen = 1};
+	ssize_t r = usend(u, &m, flags);
+	leave(u);
+	return r;
+}
+
+EXPORT ssize_t send(int fd, const void *buf, size_t len, int flags) {
+	struct usock *u = enter(fd);
+	if (!u) return REAL(send)(fd, buf, len, flags);
+	struct iovec iov = {(void *)buf, len};
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+	ssize_t r = usend(u, &m, flags);
+	leave(u);
+	return r;
+}
+
+EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags) {
+	struct usock *u = enter(fd);
+	if (!u) return REAL(sendmsg)(fd, msg, flags);
+	ssize_t r = usend(u, msg, flags); // control messages (IP_PKTINFO, …) are not carried
+	leave(u);
+	return r;
+}
+
+EXPORT int sendmmsg(int fd, struct mmsghdr *vec, unsigned vlen, int flags) {
+	struct usock *u = enter(fd);
+	if (!u) return REAL(sendmmsg)(fd, vec, vlen, flags);
+	int n = 0;
+	for (unsigned i = 0; i < vlen && i < 1024; i++) {
+		ssize_t r = usend(u, &vec[i].msg_hdr, flags);
+		if (r < 0) {
+			if (n == 0) n = -1;
+			break;
+		}
+		vec[i].msg_len = (unsigned)r;
+		n++;
+	}
+	leave(u);
+	return n;
+}
+
+EXPORT ssize_t write(int fd, const void *buf, size_t len) {
+	struct usock *u = enter(fd);
+	if (!u) return REAL(write)(fd, buf, len);
+	struct iovec iov = {(void *)buf, len};
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+	ssize_t r = usend(u, &m, 0);
+	leave(u);
+	return r;
+}
+
+EXPORT ssize_t writev(int fd, const struct iovec *iov, int n) {
+	struct usock *u = enter(fd);
+	if (!u) return REAL(writev)(fd, iov, n);
+	struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
+	ssize_t r = usend(u, &m, 0);
+	leave(u);
+	return r;
+}
+
+EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sockaddr *from, socklen_t *fromlen) {
+	struct usock *u = enter(fd);
+	if (!u) return REAL(recvfrom)(fd, buf, len, flags, from, fromlen);
+	struct iovec iov = {buf, len};
+	struct msghdr m = {.msg_name = from && fromlen ? from : NULL, .msg_namelen = from && fromlen ? *fromlen : 0,
+	                   .msg_iov = &iov, .msg_iovlen = 1};
+	ssize_t r = urecv(u, &m, flags);
+	if (r >= 0 && from && fromlen) *fromlen = m.msg_namelen;
+	leave(u);
+	return r;
+}
+
+EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags) {
+	struct usock *u = enter(fd);
+	if (!u) return REAL(recv)(fd, buf, len, flags);
+	struct iovec iov = {buf, len};
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+	ssize_t r = urecv(u, &m, flags);
+	leave(u);
+	return r;
+}
+
+EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags) {
+	struct usock *u = enter(fd);
+	if (!u) return REAL(recvmsg)(fd, msg, flags);
+	ssize_t r = urecv(u, msg, flags);
+	leave(u);
+	return r;
+}
+
+EXPORT int recvmmsg(int fd, struct mmsghdr *vec, unsigned vlen, int flags, struct timespec *timeout) {
+	struct usock *u = enter(fd);
+	if (!u) return REAL(recvmmsg)(fd, vec, vlen, flags, timeout);
+	// The first datagram as the socket's mode says, the rest only if they
+	// are there already (MSG_WAITFORONE's behaviour).
+	int n = 0;
+	for (unsigned i = 0; i < vlen && i < 1024; i++) {
+		ssize_t r = urecv(u, &vec[i].msg_hdr, (flags & ~MSG_WAITFORONE) | (i > 0 ? MSG_DONTWAIT : 0));
+		if (r < 0) {
+			if (n == 0) n = -1;
+			break;
+		}
+		vec[i].msg_len = (unsigned)r;
+		n++;
+	}
+	leave(u);
+	return n;
+}
+
+EXPORT ssize_t read(int fd, void *buf, size_t len) {
+	struct usock *u = enter(fd);
+	if (!u) return REAL(read)(fd, buf, len);
+	struct iovec iov = {buf, len};
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+	ssize_t r = urecv(u, &m, 0);
+	leave(u);
+	return r;
+}
+
+EXPORT ssize_t readv(int fd, const struct iovec *iov, int n) {
+	struct usock *u = enter(fd);
+	if (!u) return REAL(readv)(fd, iov, n);
+	struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
+	ssize_t r = urecv(u, &m, 0);
+	leave(u);
+	return r;
+}
+
+// syscall(2) for the socket calls: libuv (dig's network manager) sends
+// and receives batches with syscall(__NR_sendmmsg / __NR_recvmmsg).
+EXPORT long syscall(long nr, ...) {
+	va_list ap;
+	va_start(ap, nr);
+	long a[6];
+	for (int i = 0; i < 6; i++) a[i] = va_arg(ap, long);
+	va_end(ap);
+	switch (nr) {
+	case SYS_sendmmsg:
+		if (lookup((int)a[0])) return sendmmsg((int)a[0], (struct mmsghdr *)a[1], (unsigned)a[2], (int)a[3]);
+		break;
+	case SYS_recvmmsg:
+		if (lookup((int)a[0])) return recvmmsg((int)a[0], (struct mmsghdr *)a[1], (unsigned)a[2], (int)a[3], (struct timespec *)a[4]);
+		break;
+	case SYS_sendmsg:
+		if (lookup((int)a[0])) return sendmsg((int)a[0], (const struct msghdr *)a[1], (int)a[2]);
+		break;
+	case SYS_recvmsg:
+		if (lookup((int)a[0])) return recvmsg((int)a[0], (struct msghdr *)a[1], (int)a[2]);
+		break;
+	case SYS_sendto:
+		if (lookup((int)a[0])) return sendto((int)a[0], (const void *)a[1], (size_t)a[2], (int)a[3], (const struct sockaddr *)a[4], (socklen_t)a[5]);
+		break;
+	case SYS_recvfrom:
+		if (lookup((int)a[0])) return recvfrom((int)a[0], (void *)a[1], (size_t)a[2], (int)a[3], (struct sockaddr *)a[4], (socklen_t *)a[5]);
+		break;
+	case SYS_close:
+		return close((int)a[0]);
+	case SYS_close_range:
+		return close_range((unsigned)a[0], (unsigned)a[1], (int)a[2]);
+	}
+	return REAL(syscall)(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
+}
+
+// The fortified variants (_FORTIFY_SOURCE builds call these).
+extern void __chk_fail(void) __attribute__((noreturn));
+
+EXPORT ssize_t __recvfrom_chk(int fd, void *buf, size_t len, size_t buflen, int flags, struct sockaddr *from, socklen_t *fromlen) {
+	if (len > buflen) __chk_fail();
+	return recvfrom(fd, buf, len, flags, from, fromlen);
+}
+
+EXPORT ssize_t __recv_chk(int fd, void *buf, size_t len, size_t buflen, int flags) {
+	if (len > buflen) __chk_fail();
+	return recv(fd, buf, len, flags);
+}
+
+EXPORT ssize_t __read_chk(int fd, void *buf, size_t len, size_t buflen) {
+	if (len > buflen) __chk_fail();
+	return read(fd, buf, len);
+}
