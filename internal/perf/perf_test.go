@@ -42,6 +42,15 @@ func TestRun(t *testing.T) {
 		{Mode: ModeRCWrite, Test: TestBW, Size: 512 << 10, Duration: 300 * time.Millisecond},
 		{Mode: ModeRCRead, Test: TestBW, Size: 65536, Duration: 300 * time.Millisecond},
 		{Mode: ModeRawTCP, Test: TestBW, Size: 65536, Duration: 100 * time.Millisecond},
+		// Busy polling: a device receives only in CQ.Poll, so each side of
+		// a stream must poll (an RD sender takes its acks there).
+		{Mode: ModeUDWriteRecord, Test: TestBW, Poll: qp.PollBusy, Size: 100000, Segment: 10000, Duration: 100 * time.Millisecond},
+		{Mode: ModeRDSend, Test: TestBW, Poll: qp.PollBusy, Size: 64000, Duration: 300 * time.Millisecond},
+		{Mode: ModeRDWrite, Test: TestBW, Poll: qp.PollBusy, Size: 65536, Duration: 300 * time.Millisecond},
+		{Mode: ModeRDRead, Test: TestBW, Poll: qp.PollBusy, Size: 65536, Duration: 300 * time.Millisecond},
+		{Mode: ModeRDWriteRecord, Test: TestBW, Poll: qp.PollBusy, Size: 200000, Duration: 300 * time.Millisecond},
+		{Mode: ModeRCSend, Test: TestBW, Poll: qp.PollBusy, Size: 65536, Duration: 300 * time.Millisecond},
+		{Mode: ModeRCRead, Test: TestBW, Poll: qp.PollBusy, Size: 65536, Duration: 300 * time.Millisecond},
 	} {
 		r, err := Run(c)
 		if err != nil {

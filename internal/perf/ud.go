@@ -277,9 +277,16 @@ func udBandwidth(cfg Config) (Result, error) {
 		}()
 		go func() {
 			defer wg.Done()
-			q := tx.qps[i]
+			q, cq := tx.qps[i], tx.cqs[i]
 			send := qp.SendWR{SGL: []qp.SGE{tx.mr.SGE(0, cfg.Size)}, AH: ah}
+			wcs := make([]qp.WorkCompletion, 64)
+			// A busy-polled device receives only in CQ.Poll: an RD sender
+			// takes its peer's challenge and acks there.
+			pollTx := busy && cfg.Mode.reliable()
 			for sending.Load() {
+				if pollTx {
+					cq.Poll(wcs)
+				}
 				if err := q.PostSend(&send); err != nil {
 					runtime.Gosched() // send queue full: the datamover is behind
 					continue
