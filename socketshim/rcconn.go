@@ -427,7 +427,7 @@ func (c *RCConn) Read(b []byte) (int, error) {
 		if err != nil {
 			return 0, c.opErr("read", err)
 		}
-		if err := park(c.rcq, &c.dl.rdl, c.dl.rkick, c.closed, rang); err != nil {
+		if err := park(c.rcq, &c.dl.rdl, c.dl.rkick, c.closed, rang, 0); err != nil {
 			return 0, c.opErr("read", err)
 		}
 	}
@@ -514,7 +514,7 @@ func (c *RCConn) Write(b []byte) (int, error) {
 			continue
 		}
 		c.mu.Unlock()
-		if err := park(c.rcq, &c.dl.wdl, c.dl.wkick, c.closed, rang); err != nil {
+		if err := park(c.rcq, &c.dl.wdl, c.dl.wkick, c.closed, rang, 0); err != nil {
 			return done, c.opErr("write", err)
 		}
 	}

@@ -42,10 +42,10 @@ func (b *bell) ring() {
 }
 
 // park waits until cq may hold a completion, the bell rings, the deadline
-// (UnixNano in dl; 0 none) passes or moves (kick), or closed closes. It
-// spins a little first, as PacketConn.wait does. Returns
-// os.ErrDeadlineExceeded or errClosed, else nil: look again.
-func park(cq *qp.CQ, dl *atomic.Int64, kick, closed chan struct{}, rang <-chan struct{}) error {
+// (UnixNano in dl; 0 none) passes or moves (kick), closed closes, or tmo
+// (if not 0) passes. It spins a little first, as PacketConn.wait does.
+// Returns os.ErrDeadlineExceeded or errClosed, else nil: look again.
+func park(cq *qp.CQ, dl *atomic.Int64, kick, closed chan struct{}, rang <-chan struct{}, tmo time.Duration) error {
 	d := dl.Load()
 	now := time.Now().UnixNano()
 	if d != 0 && now >= d {
@@ -75,10 +75,17 @@ func park(cq *qp.CQ, dl *atomic.Int64, kick, closed chan struct{}, rang <-chan s
 		defer t.Stop()
 		timer = t.C
 	}
+	var wake <-chan time.Time
+	if tmo > 0 {
+		t := time.NewTimer(tmo)
+		defer t.Stop()
+		wake = t.C
+	}
 	select {
 	case <-cq.C():
 	case <-rang:
 	case <-kick:
+	case <-wake:
 	case <-timer:
 		return os.ErrDeadlineExceeded
 	case <-closed:

@@ -155,11 +155,16 @@ func (e *qpEnd) wait(wc []qp.WorkCompletion, busy bool, stop *atomic.Bool) bool 
 			}
 			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-		e.cq.Wait(ctx)
-		cancel()
+		e.park(20 * time.Millisecond)
 	}
 	return false
+}
+
+// park waits up to d for the CQ to have a completion (event mode).
+func (e *qpEnd) park(d time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	e.cq.Wait(ctx)
+	cancel()
 }
 
 // mark is the last byte of the it-th rc-write ping-pong message.
@@ -189,9 +194,7 @@ func (e *qpEnd) serveQP(req runRequest, echo, busy bool, note func(int), stop *a
 		n := e.cq.Poll(wcs)
 		if n == 0 {
 			if !busy {
-				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-				e.cq.Wait(ctx)
-				cancel()
+				e.park(20 * time.Millisecond)
 			}
 			continue
 		}
@@ -351,9 +354,7 @@ func (e *qpEnd) driveQP(cfg perf.Config, test string, rep runReply) (perf.Result
 				n := e.cq.Poll(wcs[:1])
 				if n == 0 {
 					if !busy {
-						ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-						e.cq.Wait(ctx)
-						cancel()
+						e.park(20 * time.Millisecond)
 					}
 					continue
 				}
@@ -422,9 +423,7 @@ func (e *qpEnd) driveQP(cfg perf.Config, test string, rep runReply) (perf.Result
 		}
 		if e.mode == perf.ModeRCSend && credits <= 0 {
 			if !busy {
-				ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
-				e.cq.Wait(ctx)
-				cancel()
+				e.park(time.Millisecond)
 			}
 			continue
 		}
