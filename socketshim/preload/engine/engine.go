@@ -2,7 +2,7 @@
 
 // Command engine is the Go half of udiwarp's LD_PRELOAD library, built
 // with -buildmode=c-shared as libudiwarp_engine.so and dlopen()ed by
-// libudiwarp_preload.so (../preload.c) on a program's first datagram
+// libudiwarp_preload.so (../c/preload.c) on a program's first datagram
 // socket. See the preload package for the design.
 //
 // Every exported function is non-blocking but for a bounded spin: the C

@@ -4,9 +4,9 @@
 // owned descriptors, blocking waits, errno and the fork policy; the data
 // path is the Go engine (libudiwarp_engine.so, -buildmode=c-shared), which
 // it dlopen()s on the first AF_INET/AF_INET6 SOCK_DGRAM socket. The
-// design is described in doc.go beside this file.
+// design is described in ../doc.go.
 //
-// Build: gcc -O2 -shared -fPIC -o libudiwarp_preload.so preload.c -ldl -lpthread
+// Build: gcc -O2 -shared -fPIC -o libudiwarp_preload.so c/preload.c -ldl -lpthread
 
 #define _GNU_SOURCE
 #include <dirent.h>

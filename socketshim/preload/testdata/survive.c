@@ -1,0 +1,288 @@
+// survive: what real programs do to a preloaded process, one mode per
+// run (preload_test.go runs each under LD_PRELOAD and reads the engine's
+// counters). Every mode prints "ok MODE" and exits 0, or says what
+// failed and exits 1.
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/ioctl.h>
+#include <sys/select.h>
+#include <sys/time.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FAIL(...) do { fprintf(stderr, __VA_ARGS__); fprintf(stderr, " (errno %d %s)\n", errno, strerror(errno)); exit(1); } while (0)
+
+static int udp(struct sockaddr_in *a) {
+	int fd = socket(AF_INET, SOCK_DGRAM, 0);
+	if (fd < 0) FAIL("socket");
+	memset(a, 0, sizeof *a);
+	a->sin_family = AF_INET;
+	a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (bind(fd, (struct sockaddr *)a, sizeof *a) != 0) FAIL("bind");
+	socklen_t l = sizeof *a;
+	if (getsockname(fd, (struct sockaddr *)a, &l) != 0) FAIL("getsockname");
+	return fd;
+}
+
+static double now(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+// pingpong sends n datagrams from a to b's address and echoes them back.
+static double pingpong(int a, int b, struct sockaddr_in *aa, struct sockaddr_in *ba, int n) {
+	char buf[256];
+	double worst = 0;
+	for (int i = 0; i < n; i++) {
+		double t = now();
+		int len = snprintf(buf, sizeof buf, "ping %d", i);
+		if (sendto(a, buf, len, 0, (struct sockaddr *)ba, sizeof *ba) != len) FAIL("sendto a");
+		struct sockaddr_in from;
+		socklen_t fl = sizeof from;
+		ssize_t r = recvfrom(b, buf, sizeof buf, 0, (struct sockaddr *)&from, &fl);
+		if (r != len || from.sin_port != aa->sin_port) FAIL("recvfrom b: %zd", r);
+		if (sendto(b, buf, r, 0, (struct sockaddr *)&from, fl) != r) FAIL("sendto b");
+		if (recv(a, buf, sizeof buf, 0) != len) FAIL("recv a");
+		if (now() - t > worst) worst = now() - t;
+	}
+	return worst;
+}
+
+struct pair { int a, b; struct sockaddr_in aa, ba; int n; double worst; volatile int *stop; };
+
+static void *pairloop(void *p) {
+	struct pair *q = p;
+	if (q->stop) {
+		while (!*q->stop) pingpong(q->a, q->b, &q->aa, &q->ba, 10);
+	} else {
+		q->worst = pingpong(q->a, q->b, &q->aa, &q->ba, q->n);
+	}
+	return NULL;
+}
+
+// fork while threads are inside the shim: every child goes on over the
+// kernel with the inherited socket, and none hangs.
+static void mode_fork(void) {
+	struct pair p[4];
+	volatile int stop = 0;
+	pthread_t th[4];
+	for (int i = 0; i < 4; i++) {
+		p[i].a = udp(&p[i].aa);
+		p[i].b = udp(&p[i].ba);
+		p[i].stop = &stop;
+		pthread_create(&th[i], NULL, pairloop, &p[i]);
+	}
+	for (int k = 0; k < 20; k++) {
+		usleep(20000);
+		pid_t pid = fork();
+		if (pid < 0) FAIL("fork");
+		if (pid == 0) {
+			alarm(5);
+			struct sockaddr_in ka;
+			int k2 = udp(&ka); // a new socket in the child: the kernel's
+			char buf[64] = "from the child";
+			if (sendto(p[0].a, buf, 14, 0, (struct sockaddr *)&ka, sizeof ka) != 14) _exit(2);
+			if (recv(k2, buf, sizeof buf, 0) != 14) _exit(3);
+			close(p[0].a);
+			_exit(0);
+		}
+		int st;
+		double t = now();
+		while (waitpid(pid, &st, WNOHANG) == 0) {
+			if (now() - t > 5) {
+				kill(pid, SIGKILL);
+				FAIL("child %d hung", k);
+			}
+			usleep(1000);
+		}
+		if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) FAIL("child %d: status %x", k, st);
+	}
+	stop = 1;
+	for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+	pingpong(p[0].a, p[0].b, &p[0].aa, &p[0].ba, 100);
+	printf("ok fork\n");
+}
+
+// closeall: a daemon closes every descriptor it did not open itself, by
+// close() over /proc/self/fd and by closefrom(); the stack goes on.
+static void mode_closeall(void) {
+	struct sockaddr_in aa, ba;
+	int a = udp(&aa), b = udp(&ba);
+	pingpong(a, b, &aa, &ba, 100);
+	int fds[4096], n = 0;
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL && n < 4096)
+		if (e->d_name[0] >= '0' && e->d_name[0] <= '9') fds[n++] = atoi(e->d_name);
+	int dfd = dirfd(d);
+	for (int i = 0; i < n; i++)
+		if (fds[i] > 2 && fds[i] != dfd) close(fds[i]);
+	closedir(d);
+	a = udp(&aa);
+	b = udp(&ba);
+	pingpong(a, b, &aa, &ba, 100);
+	closefrom(3);
+	a = udp(&aa);
+	b = udp(&ba);
+	pingpong(a, b, &aa, &ba, 100);
+	printf("ok closeall\n");
+}
+
+static volatile int alarms;
+static void onalarm(int sig) { (void)sig; alarms++; }
+
+static void *sendlater(void *p) {
+	struct pair *q = p;
+	usleep(300000);
+	sendto(q->a, "late", 4, 0, (struct sockaddr *)&q->ba, sizeof q->ba);
+	return NULL;
+}
+
+// eintr: a signal without SA_RESTART interrupts a blocked receive; one
+// with SA_RESTART does not; SO_RCVTIMEO times out with EAGAIN.
+static void mode_eintr(void) {
+	struct pair q;
+	q.a = udp(&q.aa);
+	q.b = udp(&q.ba);
+	char buf[64];
+	struct sigaction sa = {0};
+	sa.sa_handler = onalarm;
+	sigaction(SIGALRM, &sa, NULL);
+	struct itimerval it = {{0, 0}, {0, 100000}};
+	setitimer(ITIMER_REAL, &it, NULL);
+	if (recv(q.b, buf, sizeof buf, 0) != -1 || errno != EINTR || alarms != 1) FAIL("no EINTR without SA_RESTART");
+	sa.sa_flags = SA_RESTART;
+	sigaction(SIGALRM, &sa, NULL);
+	pthread_t th;
+	pthread_create(&th, NULL, sendlater, &q);
+	setitimer(ITIMER_REAL, &it, NULL);
+	if (recv(q.b, buf, sizeof buf, 0) != 4 || alarms != 2) FAIL("not restarted with SA_RESTART (alarms %d)", alarms);
+	pthread_join(th, NULL);
+	struct timeval tv = {0, 100000};
+	if (setsockopt(q.b, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0) FAIL("SO_RCVTIMEO");
+	double t = now();
+	if (recv(q.b, buf, sizeof buf, 0) != -1 || errno != EAGAIN) FAIL("no EAGAIN at SO_RCVTIMEO");
+	if (now() - t < 0.09 || now() - t > 2) FAIL("SO_RCVTIMEO took %.3f s", now() - t);
+	printf("ok eintr\n");
+}
+
+// errno: bad input gets the errors a kernel UDP socket gives.
+static void mode_errno(void) {
+	struct sockaddr_in aa, ba;
+	int a = udp(&aa), b = udp(&ba);
+	char buf[128];
+	if (send(a, "x", 1, 0) != -1 || errno != EDESTADDRREQ) FAIL("send unconnected");
+	if (recv(b, buf, sizeof buf, MSG_DONTWAIT) != -1 || errno != EAGAIN) FAIL("MSG_DONTWAIT");
+	int fl = fcntl(b, F_GETFL);
+	if (fl < 0 || (fl & O_NONBLOCK)) FAIL("F_GETFL shows O_NONBLOCK");
+	if (fcntl(b, F_SETFL, fl | O_NONBLOCK) != 0 || !(fcntl(b, F_GETFL) & O_NONBLOCK)) FAIL("F_SETFL");
+	if (recv(b, buf, sizeof buf, 0) != -1 || errno != EAGAIN) FAIL("O_NONBLOCK recv");
+	int on = 0;
+	if (ioctl(b, FIONBIO, &on) != 0 || (fcntl(b, F_GETFL) & O_NONBLOCK)) FAIL("FIONBIO");
+	static char big[70000];
+	if (sendto(a, big, sizeof big, 0, (struct sockaddr *)&ba, sizeof ba) != -1 || errno != EMSGSIZE) FAIL("EMSGSIZE");
+	struct sockaddr_in6 v6 = {.sin6_family = AF_INET6, .sin6_port = htons(9), .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+	if (sendto(a, "x", 1, 0, (struct sockaddr *)&v6, sizeof v6) != -1 || errno != EAFNOSUPPORT) FAIL("EAFNOSUPPORT");
+	if (bind(a, (struct sockaddr *)&aa, sizeof aa) != -1 || errno != EINVAL) FAIL("bind twice");
+	if (sendto(a, "hello", 5, 0, (struct sockaddr *)&ba, sizeof ba) != 5) FAIL("sendto");
+	struct pollfd p = {b, POLLIN, 0};
+	if (poll(&p, 1, 2000) != 1) FAIL("poll");
+	int avail = 0;
+	if (ioctl(b, FIONREAD, &avail) != 0 || avail != 5) FAIL("FIONREAD %d", avail);
+	if (recv(b, buf, 3, MSG_PEEK) != 3 || recv(b, buf, 2, MSG_TRUNC) != 5) FAIL("MSG_PEEK / MSG_TRUNC");
+	struct msghdr m = {0};
+	struct iovec iov = {buf, 2};
+	m.msg_iov = &iov;
+	m.msg_iovlen = 1;
+	sendto(a, "hello", 5, 0, (struct sockaddr *)&ba, sizeof ba);
+	if (poll(&p, 1, 2000) != 1 || recvmsg(b, &m, 0) != 2 || !(m.msg_flags & MSG_TRUNC)) FAIL("recvmsg MSG_TRUNC");
+	int d = dup(b);
+	close(b);
+	sendto(a, "dup", 3, 0, (struct sockaddr *)&ba, sizeof ba);
+	if (poll(&(struct pollfd){d, POLLIN, 0}, 1, 2000) != 1 || recv(d, buf, sizeof buf, 0) != 3) FAIL("dup");
+	close(d);
+	if (close(d) != -1 || errno != EBADF) FAIL("close twice");
+	if (recv(d, buf, sizeof buf, 0) != -1 || errno != EBADF) FAIL("recv on a closed descriptor");
+	if (connect(a, (struct sockaddr *)&aa, sizeof aa) != 0) FAIL("connect to self");
+	if (write(a, "self", 4) != 4 || read(a, buf, sizeof buf) != 4) FAIL("write/read connected");
+	printf("ok errno\n");
+}
+
+// readiness: poll, select and epoll (edge-triggered too) see owned
+// sockets become readable, and not readable once drained.
+static void mode_poll(void) {
+	struct sockaddr_in aa, ba;
+	int a = udp(&aa), b = udp(&ba);
+	char buf[64];
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.fd = b}, out[4];
+	if (epoll_ctl(ep, EPOLL_CTL_ADD, b, &ev) != 0) FAIL("epoll_ctl");
+	struct pollfd p = {b, POLLIN, 0};
+	if (poll(&p, 1, 50) != 0) FAIL("readable before any datagram");
+	for (int round = 0; round < 50; round++) {
+		for (int i = 0; i < 3; i++) sendto(a, "r", 1, 0, (struct sockaddr *)&ba, sizeof ba);
+		if (epoll_wait(ep, out, 4, 2000) != 1 || out[0].data.fd != b) FAIL("epoll_wait");
+		fd_set rs;
+		FD_ZERO(&rs);
+		FD_SET(b, &rs);
+		struct timeval tv = {2, 0};
+		if (select(b + 1, &rs, NULL, NULL, &tv) != 1 || !FD_ISSET(b, &rs)) FAIL("select");
+		int got = 0;
+		while (recv(b, buf, sizeof buf, MSG_DONTWAIT) == 1) got++;
+		while (got < 3 && poll(&p, 1, 2000) == 1)
+			while (recv(b, buf, sizeof buf, MSG_DONTWAIT) == 1) got++;
+		if (got != 3) FAIL("round %d: %d datagrams", round, got);
+		if (poll(&p, 1, 0) != 0) FAIL("still readable when drained");
+		if (epoll_wait(ep, out, 4, 0) != 0) FAIL("edge-triggered epoll fired with nothing new");
+	}
+	p.events = POLLOUT;
+	if (poll(&p, 1, 0) != 1) FAIL("not writable");
+	printf("ok poll\n");
+}
+
+// threads: many more program threads than the engine has Ps, all
+// blocking in the shim at once.
+static void mode_threads(int n) {
+	struct pair *p = calloc(n, sizeof *p);
+	pthread_t *th = calloc(n, sizeof *th);
+	for (int i = 0; i < n; i++) {
+		p[i].a = udp(&p[i].aa);
+		p[i].b = udp(&p[i].ba);
+		p[i].n = 100;
+	}
+	double t = now();
+	for (int i = 0; i < n; i++) pthread_create(&th[i], NULL, pairloop, &p[i]);
+	double worst = 0;
+	for (int i = 0; i < n; i++) {
+		pthread_join(th[i], NULL);
+		if (p[i].worst > worst) worst = p[i].worst;
+	}
+	printf("ok threads %d: %.2f s, worst round trip %.2f ms\n", n, now() - t, worst * 1e3);
+}
+
+int main(int argc, char **argv) {
+	setvbuf(stdout, NULL, _IONBF, 0);
+	if (argc < 2) FAIL("usage: survive fork|closeall|eintr|errno|poll|threads N");
+	if (!strcmp(argv[1], "fork")) mode_fork();
+	else if (!strcmp(argv[1], "closeall")) mode_closeall();
+	else if (!strcmp(argv[1], "eintr")) mode_eintr();
+	else if (!strcmp(argv[1], "errno")) mode_errno();
+	else if (!strcmp(argv[1], "poll")) mode_poll();
+	else if (!strcmp(argv[1], "threads")) mode_threads(argc > 2 ? atoi(argv[2]) : 48);
+	else FAIL("unknown mode %s", argv[1]);
+	return 0;
+}
