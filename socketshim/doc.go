@@ -12,7 +12,13 @@
 // Options.Reliable runs it over an RD QP instead: every datagram
 // delivered once, in order per peer.
 //
+// Unmodified C programs get the same sockets through the LD_PRELOAD
+// library in socketshim/preload (libudiwarp_preload.so in front of a Go
+// engine built with -buildmode=c-shared): each UDP socket they open
+// becomes a device with one UD QP, number ShimQPN, on the address they
+// bound, so they talk to each other and to ListenPacket's PacketConns.
+// sockperf, dnsmasq with dig, and iperf run over it in its tests.
+//
 // Not built yet (issue 8): a Write-Record mode, RC sockets
-// (net.Conn over RC QPs), the RDS-style zerocopy API of seed 001, and the
-// LD_PRELOAD library for unmodified programs.
+// (net.Conn over RC QPs), and the RDS-style zerocopy API of seed 001.
 package socketshim

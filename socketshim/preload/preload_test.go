@@ -85,13 +85,27 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// need skips the test unless every program is installed (on PATH, or in
+// /usr/sbin, where Debian puts dnsmasq).
 func need(t *testing.T, progs ...string) {
 	t.Helper()
 	for _, p := range progs {
-		if _, err := exec.LookPath(p); err != nil {
+		if lookPath(p) == "" {
 			t.Skipf("%s is not installed (Debian: apt-get install sockperf dnsmasq-base bind9-dnsutils iperf)", p)
 		}
 	}
+}
+
+func lookPath(p string) string {
+	if path, err := exec.LookPath(p); err == nil {
+		return path
+	}
+	for _, d := range []string{"/usr/sbin", "/sbin"} {
+		if path, err := exec.LookPath(filepath.Join(d, p)); err == nil {
+			return path
+		}
+	}
+	return ""
 }
 
 // proc is a program run with or without the preload, in its own process
@@ -263,7 +277,7 @@ func TestDnsmasqDig(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	port := freePort(t)
-	srv := start(t, ctx, dir, true, "dnsmasq", "--no-daemon", "--conf-file=/dev/null", "--no-resolv", "--no-hosts",
+	srv := start(t, ctx, dir, true, lookPath("dnsmasq"), "--no-daemon", "--conf-file=/dev/null", "--no-resolv", "--no-hosts",
 		"--port="+strconv.Itoa(port), "--listen-address=127.0.0.1", "--bind-interfaces",
 		"--address=/test/1.2.3.4", "--pid-file=", "--user="+currentUser())
 	waitUDP(t, port, srv)
