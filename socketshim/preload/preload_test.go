@@ -16,6 +16,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/miekg/dns"
+	"github.com/udiwarp/udiwarp/socketshim"
 )
 
 // stats is the engine's stats file (engine.Stats).
@@ -374,5 +377,44 @@ func TestSurvive(t *testing.T) {
 				t.Errorf("engine sent %d and received %d datagrams: every datagram must go through it", st.Sent, st.Received)
 			}
 		})
+	}
+}
+
+// A preloaded dig asks a miekg/dns server running on a Go
+// socketshim.PacketConn in this process: the preload's mapping (one UD
+// QP, number socketshim.ShimQPN, at the socket's address) is the Go
+// shim's, so the two interoperate.
+func TestDigToSocketshim(t *testing.T) {
+	need(t, "dig")
+	dir := built(t)
+	pc, err := socketshim.ListenPacket("udp4", "127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan struct{})
+	srv := &dns.Server{PacketConn: pc, NotifyStartedFunc: func() { close(started) },
+		Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+			m := new(dns.Msg)
+			m.SetReply(r)
+			rr, _ := dns.NewRR(r.Question[0].Name + " 60 IN A 192.0.2.9")
+			m.Answer = append(m.Answer, rr)
+			w.WriteMsg(m)
+		})}
+	done := make(chan error, 1)
+	go func() { done <- srv.ActivateAndServe() }()
+	<-started
+	defer func() { srv.Shutdown(); <-done; pc.Close() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	port := pc.LocalAddr().(*net.UDPAddr).Port
+	dig := start(t, ctx, dir, true, "dig", "@127.0.0.1", "-p", strconv.Itoa(port), "+tries=1", "+time=3", "+short", "shim.example", "A")
+	if out := strings.TrimSpace(dig.wait(t)); out != "192.0.2.9" {
+		t.Fatalf("dig answered %q", out)
+	}
+	if ds := dig.readStats(t); ds.Sent < 1 || ds.Received < 1 {
+		t.Fatalf("dig's engine carried nothing: %+v", ds)
+	}
+	if pc.Device().Stats().RxDelivered.Load() == 0 {
+		t.Fatal("the query did not reach the Go shim's QP")
 	}
 }
