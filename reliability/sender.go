@@ -101,7 +101,13 @@ type slot[P any] struct {
 	sentAt  time.Time
 	retries uint16
 	pending bool // sent and not yet acked
-	resent  bool // retransmitted at least once: no RTT sample
+	// sacked: a selective ack covered it, so it is not sent again, but it
+	// is not acknowledged until the cumulative point passes it: the
+	// receiver may still refuse it (receiver not ready) and drop it, or
+	// fail it (an error is reported only for packets before the
+	// cumulative point). Its payload stays until then (RFC 2018 §8).
+	sacked bool
+	resent bool // retransmitted at least once: no RTT sample
 	// after is the first sequence number sent after this packet's latest
 	// transmission: the packet threshold counts acks from there, so that
 	// a retransmission is not declared lost again by the same acks (QUIC
@@ -199,15 +205,15 @@ func (s *Sender[P]) Oldest() (uint32, *P, bool) {
 // Each calls f on every packet not yet acknowledged, oldest first.
 func (s *Sender[P]) Each(f func(seq uint32, p *P)) {
 	for seq := s.una; Before(seq, s.next); seq++ {
-		if sl := &s.ring[seq&s.mask]; sl.pending {
+		if sl := &s.ring[seq&s.mask]; sl.pending || sl.sacked {
 			f(seq, &sl.payload)
 		}
 	}
 }
 
-// OnAck applies an ack from the peer: acked is called once per packet it
-// acknowledges for the first time, in sequence order for the cumulative
-// part. window is the peer's advertised window and rnr its
+// OnAck applies an ack from the peer: acked is called once per packet
+// when the cumulative point passes it, in sequence order; a packet only
+// selectively acked is not sent again, but is acknowledged only then. window is the peer's advertised window and rnr its
 // receiver-not-ready flag, which refuses the packet at the cumulative
 // point. Packets the ack shows lost are retransmitted through resend. An
 // ack naming a packet never sent changes nothing and returns
@@ -233,30 +239,41 @@ func (s *Sender[P]) OnAck(a *AckBlock, window uint16, rnr bool, now time.Time,
 	var newest uint32
 	var haveNewest, sample bool
 	var sampleAt time.Time
-	note := func(seq uint32) {
+	note := func(seq uint32, cumulative bool) {
 		sl := &s.ring[seq&s.mask]
-		if !sl.pending {
+		if sl.pending {
+			sl.pending = false
+			if !s.anyAcked || Before(s.largest, seq) {
+				s.largest, s.anyAcked = seq, true
+			}
+			if !haveNewest || Before(newest, seq) {
+				newest, haveNewest, sample, sampleAt = seq, true, !sl.resent, sl.sentAt
+			}
+		} else if !sl.sacked {
 			return
 		}
-		sl.pending = false
-		if !s.anyAcked || Before(s.largest, seq) {
-			s.largest, s.anyAcked = seq, true
+		if !cumulative {
+			sl.sacked = true
+			return
 		}
-		if !haveNewest || Before(newest, seq) {
-			newest, haveNewest, sample, sampleAt = seq, true, !sl.resent, sl.sentAt
-		}
+		sl.sacked = false
 		acked(seq, &sl.payload)
 		var zero P
 		sl.payload = zero
 	}
 	progressed := Before(s.una, cum)
 	for seq := s.una; Before(seq, cum); seq++ {
-		note(seq)
+		note(seq, true)
 	}
 	s.una = cum
+	if sl := &s.ring[s.una&s.mask]; Before(s.una, s.next) && sl.sacked {
+		// Selectively acked before, not delivered now: the receiver
+		// dropped it (it refused it once it was in order). It goes again.
+		sl.sacked, sl.pending = false, true
+	}
 	for _, r := range a.Ranges {
 		for seq := r.Start; Before(seq, r.Start+r.Len); seq++ {
-			note(seq)
+			note(seq, false)
 		}
 	}
 	if sample {

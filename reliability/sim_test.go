@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 )
@@ -323,8 +324,64 @@ func TestSenderRejectsBadAcks(t *testing.T) {
 	if err := s.OnAck(&AckBlock{Cumulative: 5, Ranges: []Range{{7, 2}}}, 256, false, now.Add(time.Millisecond), func(uint32, *int) { acked++ }, nop); err != nil {
 		t.Fatal(err)
 	}
-	if acked != 7 || s.InFlight() != 5 {
+	// 7 and 8 are only selectively acked: acknowledged when the
+	// cumulative point passes them.
+	if acked != 5 || s.InFlight() != 5 {
 		t.Fatalf("acked %d, in flight %d", acked, s.InFlight())
+	}
+	if err := s.OnAck(&AckBlock{Cumulative: 9}, 256, false, now.Add(2*time.Millisecond), func(uint32, *int) { acked++ }, nop); err != nil {
+		t.Fatal(err)
+	}
+	if acked != 9 || s.InFlight() != 1 {
+		t.Fatalf("acked %d, in flight %d", acked, s.InFlight())
+	}
+}
+
+// A receiver that refuses a packet it had selectively acked (it buffered
+// it behind a gap, then had no receive for it) drops it: the sender sends
+// it again after the receiver-not-ready wait, and acknowledges it only
+// when the cumulative point passes it, so nothing is lost or reported
+// done early.
+func TestSenderSackReneged(t *testing.T) {
+	s := NewSender[int](Config{})
+	now := time.Unix(1, 0)
+	for i := range 4 {
+		s.Push(i, now)
+	}
+	var acked, resent []uint32
+	ack := func(seq uint32, _ *int) { acked = append(acked, seq) }
+	resend := func(seq uint32, _ *int) { resent = append(resent, seq) }
+	// 0 delivered, 1 refused (not buffered), 2 and 3 buffered and SACKed.
+	if err := s.OnAck(&AckBlock{Cumulative: 1, Ranges: []Range{{2, 2}}}, 256, true, now, ack, resend); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(acked, []uint32{0}) {
+		t.Fatalf("acked %v", acked)
+	}
+	// The wait over, 1 goes again; it is delivered, 2 too, 3 is refused
+	// and dropped: the ack's cumulative point is 3, with RNR.
+	now = now.Add(time.Second)
+	if err := s.OnTimer(now, resend); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.OnAck(&AckBlock{Cumulative: 3}, 256, true, now, ack, resend); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(acked, []uint32{0, 1, 2}) || s.InFlight() != 1 {
+		t.Fatalf("acked %v, in flight %d", acked, s.InFlight())
+	}
+	now = now.Add(time.Second)
+	if err := s.OnTimer(now, resend); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(resent, []uint32{1, 3}) {
+		t.Fatalf("resent %v: the dropped packet 3 was not sent again", resent)
+	}
+	if err := s.OnAck(&AckBlock{Cumulative: 4}, 256, false, now, ack, resend); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(acked, []uint32{0, 1, 2, 3}) || s.InFlight() != 0 || !s.Deadline().IsZero() {
+		t.Fatalf("acked %v, in flight %d", acked, s.InFlight())
 	}
 }
 
