@@ -888,3 +888,111 @@ func TestWireHeader(t *testing.T) {
 		t.Fatal(s)
 	}
 }
+
+// A Read of a range past the client's region fails with REMOTE_ERROR
+// (the client refuses the Read Request), and the ACK stays home.
+func TestReadRemoteError(t *testing.T) {
+	client, server := pair(t, nil, nil)
+	peer := client.LocalAddr()
+	c := mapRequest(t, client, server, pattern(100, 1), 0)
+	sink := make([]byte, 20)
+	if _, err := server.SendMsg([]byte("ack"), peer, ArgsControl{Cookie: c, Remote: Range{90, 20}, Local: [][]byte{sink}, Flags: NotifyMe, Token: 1}); err != nil {
+		t.Fatal(err)
+	}
+	note(t, server, 1, StatusRemoteError, peer)
+	nothing(t, client)
+	if !bytes.Equal(sink, make([]byte, 20)) {
+		t.Fatal("a refused Read wrote the sink")
+	}
+	if err := client.FreeMR(c, Invalidate); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := server.SendMsg([]byte("ack"), peer, ArgsControl{Cookie: c, Remote: Range{0, 20}, Local: [][]byte{sink}, Flags: NotifyMe, Token: 2}); err != nil {
+		t.Fatal(err)
+	}
+	note(t, server, 2, StatusRemoteError, peer)
+	nothing(t, client)
+}
+
+// A client that reads late: messages and ACKs past its receive depth wait
+// at the server (receiver not ready, retried without limit), none is
+// lost, and they arrive in order.
+func TestSlowReader(t *testing.T) {
+	client, server := pair(t, &Options{RecvDepth: 2}, nil)
+	buf := make([]byte, 10*8)
+	c := mapRequest(t, client, server, buf, 0)
+	for i := range 10 {
+		write(t, server, client, "m"+string(rune('0'+i)), c, uint64(i*8), NotifyMe, uint32(i), bytes.Repeat([]byte{byte('a' + i)}, 8))
+	}
+	time.Sleep(100 * time.Millisecond) // the client's two receives are long taken
+	for i := range 10 {
+		recvMsg(t, client, "m"+string(rune('0'+i)))
+		if buf[i*8] != byte('a'+i) {
+			t.Fatalf("message %d before its data", i)
+		}
+	}
+	var got []StatusControl
+	for len(got) < 10 {
+		got = append(got, notes(t, server)...)
+	}
+	for i, n := range got {
+		if n.Token != uint32(i) || n.Status != StatusSuccess {
+			t.Fatalf("notifications %+v", got)
+		}
+	}
+}
+
+// Several goroutines run operations on one server at once, to two
+// clients; every ACK arrives with its data and every notification once.
+func TestConcurrent(t *testing.T) {
+	server := open(t, "udp4", "127.0.0.1:0", &Options{SendSlots: 8})
+	const workers, rounds = 4, 10
+	clients := []*Socket{open(t, "udp4", "127.0.0.1:0", nil), open(t, "udp4", "127.0.0.1:0", nil)}
+	bufs := make([][]byte, len(clients))
+	cookies := make([]Cookie, len(clients))
+	for i, cl := range clients {
+		bufs[i] = make([]byte, workers*rounds*16)
+		cookies[i] = mapRequest(t, cl, server, bufs[i], 0)
+	}
+	errs := make(chan error, workers)
+	for w := range workers {
+		go func() {
+			for r := range rounds {
+				k := w*rounds + r
+				i := k % len(clients)
+				data := bytes.Repeat([]byte{byte(k)}, 16)
+				_, err := server.SendMsg([]byte{byte(k)}, clients[i].LocalAddr(), ArgsControl{Cookie: cookies[i],
+					Remote: Range{uint64(k * 16), 16}, Local: [][]byte{data[:7], data[7:]}, Flags: ReadWrite | NotifyMe, Token: uint32(k)})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range workers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := map[uint32]bool{}
+	for len(seen) < workers*rounds {
+		for _, n := range notes(t, server) {
+			if seen[n.Token] || n.Status != StatusSuccess {
+				t.Fatalf("notification %+v (seen %v)", n, seen[n.Token])
+			}
+			seen[n.Token] = true
+		}
+	}
+	for i, cl := range clients {
+		for range workers * rounds / len(clients) {
+			got, _, _ := recv(t, cl)
+			k := int(got[0])
+			if k%len(clients) != i || !bytes.Equal(bufs[i][k*16:k*16+16], bytes.Repeat([]byte{byte(k)}, 16)) {
+				t.Fatalf("client %d: ACK %d without its data", i, k)
+			}
+		}
+		nothing(t, cl)
+	}
+}

@@ -829,7 +829,7 @@ func (s *Socket) cancelLocked(peer netip.AddrPort) int {
 func (s *Socket) run() {
 	defer s.wg.Done()
 	wcs := make([]qp.WorkCompletion, 64)
-	for {
+	for !s.isClosed() {
 		nr := s.rcq.Poll(wcs)
 		if nr > 0 {
 			s.mu.Lock()
