@@ -46,6 +46,11 @@ func (b *bell) ring() {
 // (if not 0) passes. It spins a little first, as PacketConn.wait does.
 // Returns os.ErrDeadlineExceeded or errClosed, else nil: look again.
 func park(cq *qp.CQ, dl *atomic.Int64, kick, closed chan struct{}, rang <-chan struct{}, tmo time.Duration) error {
+	return parkW(cq, nil, dl, kick, closed, rang, tmo)
+}
+
+// parkW is park that tells w (if not nil) a foreground goroutine waits.
+func parkW(cq *qp.CQ, w *watcher, dl *atomic.Int64, kick, closed chan struct{}, rang <-chan struct{}, tmo time.Duration) error {
 	d := dl.Load()
 	now := time.Now().UnixNano()
 	if d != 0 && now >= d {
@@ -65,7 +70,12 @@ func park(cq *qp.CQ, dl *atomic.Int64, kick, closed chan struct{}, rang <-chan s
 	if cq.Spin(spin) {
 		return nil
 	}
-	cq.RequestNotify(false)
+	if w != nil {
+		w.enter(cq)
+		defer w.exit()
+	} else {
+		cq.RequestNotify(false)
+	}
 	if cq.Pending() > 0 {
 		return nil
 	}
@@ -127,3 +137,73 @@ func setDL(dl *atomic.Int64, kick chan struct{}, t time.Time) {
 // errTimeout is a deadline's error: os.IsTimeout and net.Error.Timeout
 // report true for it, wrapped in a net.OpError.
 var errTimeout = os.ErrDeadlineExceeded
+
+// watcher lets a background goroutine answer a CQ's solicited
+// completions while no foreground goroutine waits on it, and stand aside
+// (not take the notification) while one does. The arming is under mu, so
+// the background never arms for solicited completions only while a
+// foreground goroutine counts on being woken by any.
+type watcher struct {
+	mu         sync.Mutex
+	fg         int
+	busy, idle chan struct{}
+}
+
+func (w *watcher) init() {
+	w.busy, w.idle = make(chan struct{}, 1), make(chan struct{}, 1)
+}
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// enter arms cq for any completion on behalf of a foreground waiter.
+func (w *watcher) enter(cq *qp.CQ) {
+	w.mu.Lock()
+	w.fg++
+	cq.RequestNotify(false)
+	w.mu.Unlock()
+	signal(w.busy)
+}
+
+func (w *watcher) exit() {
+	w.mu.Lock()
+	w.fg--
+	idle := w.fg == 0
+	w.mu.Unlock()
+	if idle {
+		signal(w.idle)
+	}
+}
+
+// run is the background goroutine: while no foreground goroutine waits,
+// it waits for a solicited completion on cq and calls poll.
+func (w *watcher) run(cq *qp.CQ, closed chan struct{}, poll func()) {
+	for {
+		w.mu.Lock()
+		if w.fg > 0 {
+			w.mu.Unlock()
+			select {
+			case <-w.idle:
+			case <-closed:
+				return
+			}
+			continue
+		}
+		cq.RequestNotify(true)
+		w.mu.Unlock()
+		if cq.Pending() > 0 {
+			poll()
+		}
+		select {
+		case <-cq.C():
+			poll()
+		case <-w.busy:
+		case <-closed:
+			return
+		}
+	}
+}

@@ -1,0 +1,826 @@
+package socketshim
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/udiwarp/udiwarp/qp"
+)
+
+// Write-Record mode (seed 003): a datagram socket whose WriteTo is an RDMA
+// Write-Record into a ring of slots the receiver registered for this
+// sender, and whose ReadFrom returns the next record that arrived whole.
+//
+// Handshake. The first WriteTo to a peer sends it a HELLO (a Send with
+// Solicited Event on the same UD QP: the shim's control messages are
+// solicited, so a stray datagram is never taken for one) carrying the
+// ring this side registered for that peer — STag, address, slot count and
+// size — and this socket's epoch (a random number per socket). The peer
+// answers with its own HELLO. The HELLO is sent again after 20, 40, 80 ...
+// ms; with no answer within HandshakeTimeout (or the write deadline) the
+// WriteTo fails: nothing waits forever. A HELLO with a new epoch from a
+// known address is a restarted peer: its ring and its view of ours start
+// again.
+//
+// Slots. Record k (k = 0, 1, ...) goes to slot k mod Slots at the slot's
+// start: an 8-byte header holding k, then the datagram. The receiver
+// takes records from its receive CQ's Write-Record entries (STag, offset,
+// length, source), each only if it is whole (the QP discards messages
+// with segments missing: nothing partial is ever returned), from the
+// ring's owner, at the slot its number says, and newer than the last;
+// ReadFrom copies it out and checks the header again after the copy, so a
+// slot rewritten meanwhile is dropped rather than returned.
+//
+// Credits. The receiver has consumed records below C (read, or passed
+// over: lost); the writer may write record k only while k < C + Slots, so
+// it never rewrites a slot whose record is unread. The receiver sends C
+// back in a CREDIT message each time it moved by a quarter of the ring. A
+// writer out of slots sends a PROBE (its next record number) every few
+// milliseconds: the receiver answers with C if records wait to be read;
+// if none does, the writer's records since C were lost, and the receiver
+// re-keys the ring (registers it again: a new STag, so no straggler of an
+// old record can land in it) and sends a HELLO with it. A writer that
+// gets no slot within CreditWait drops the datagram, as a full UDP
+// receive buffer would (CreditWait < 0: at once); its write deadline
+// still fails the WriteTo first.
+//
+// Copies. Up to 512 bytes go inline (copied at post); up to ZeroCopy
+// bytes are copied to a registered send slot and WriteTo returns at once;
+// larger ones are sent from the caller's buffer, registered for the time
+// of the send (zero copy: WriteTo returns once the stack sent it). The
+// record lands in the slot (directly from the socket when the stack can);
+// ReadFrom copies it to the caller, as a datagram socket must.
+
+// WROptions tune a Write-Record PacketConn. The zero value is usable.
+type WROptions struct {
+	// Slots is the ring's length per peer: records a writer may have
+	// unread at the receiver (default 32).
+	Slots int
+	// SlotSize is a slot's bytes, 8 of which are the record's header: the
+	// largest datagram is SlotSize-8 (default 65536; at most 16 MiB, so a
+	// datagram may be larger than UDP's and span several Write-Record
+	// segments).
+	SlotSize int
+	// MaxPeers bounds the peers with a ring here (default 64): a HELLO
+	// from one more is ignored.
+	MaxPeers int
+	// HandshakeTimeout bounds the exchange of rings with a new peer
+	// (default 2 s).
+	HandshakeTimeout time.Duration
+	// CreditWait is how long a WriteTo waits for a free slot at the peer
+	// before it drops the datagram (default 1 s; negative: drop at once).
+	CreditWait time.Duration
+	// ZeroCopy is the size from which a datagram is sent from the
+	// caller's buffer rather than copied (default 16 KiB).
+	ZeroCopy int
+	// SendSlots is the number of copied datagrams that can be on their
+	// way out at once (default 64).
+	SendSlots int
+	// Device configures the PacketConn's own device.
+	Device qp.DeviceConfig
+}
+
+const (
+	wrHeaderSize = 8
+	wrCtlSize    = 64 // control receives' size: every control message fits
+	wrCtlRecvs   = 128
+	wrInlineMax  = 512
+	wrMagic      = 0x55575231 // "UWR1"
+
+	wrHello  = 1
+	wrCredit = 2
+	wrProbe  = 3
+
+	wrAnswer = 1 // HELLO flag: the sender waits for our HELLO
+)
+
+// zcID marks the completion of a zero-copy send.
+const zcID = ^uint64(0) - 2
+
+// Errors of the Write-Record PacketConn.
+var (
+	// ErrNoPeer: the peer did not answer the Write-Record handshake (it is
+	// not there, or is not a Write-Record socket).
+	ErrNoPeer = errors.New("socketshim: the peer did not answer the Write-Record handshake")
+	// ErrPeerSlots: the datagram is larger than the peer's slots.
+	ErrPeerSlots = errors.New("socketshim: datagram larger than the peer's Write-Record slots")
+)
+
+// WRConn is a net.PacketConn in Write-Record mode; see the comment above
+// and the package comment. Deadlines, Close, LocalAddr and the buffer
+// setters are the PacketConn's.
+type WRConn struct {
+	pc    *PacketConn // its device, QP, CQs, deadlines and Close
+	o     WROptions
+	epoch uint64
+	bell  bell
+	stage int // bytes per send slot
+	hdr   *qp.MR
+
+	pmu sync.Mutex // polls the receive CQ
+	wcs []qp.WorkCompletion
+
+	mu     sync.Mutex
+	peers  map[netip.AddrPort]*wrPeer
+	byTag  map[uint32]*wrRing
+	rq     []wrEntry // whole records, in arrival order
+	rqHead int
+	ctl    [wrCtlSize]byte
+
+	stats WRStats
+	zcSeq uint64
+
+	watch watcher // answers control messages while the application waits on nothing
+	wg    sync.WaitGroup
+}
+
+// WRStats counts what the Write-Record mode did beside delivering.
+type WRStats struct {
+	Dropped    atomic.Uint64 // datagrams a WriteTo dropped: no slot at the peer within CreditWait
+	Discarded  atomic.Uint64 // records not returned: stale, out of place, rewritten, or not the ring owner's
+	Handshakes atomic.Uint64 // HELLOs received
+	Rekeys     atomic.Uint64 // rings registered again after a writer stalled on lost records
+	Probes     atomic.Uint64 // PROBEs sent
+	Credits    atomic.Uint64 // CREDITs sent
+}
+
+type wrPeer struct {
+	ap    netip.AddrPort
+	ah    *qp.AH
+	epoch uint64 // the peer's; 0 until its first HELLO
+	rx    *wrRing
+	tx    wrTx
+}
+
+// wrRing is the ring this side registered for one peer's records.
+type wrRing struct {
+	peer     *wrPeer
+	buf      []byte
+	mr       *qp.MR
+	consumed uint64 // C: records below are read or passed over
+	seen     uint64 // records below were queued or passed over
+	reported uint64 // the C the peer was last told
+	queued   int
+}
+
+// wrTx is what this side knows of the peer's ring for it.
+type wrTx struct {
+	ready          bool
+	stag           uint32
+	base           uint64
+	slots, size    int
+	next, freed    uint64 // records written; consumed as the peer said
+	helloAt        time.Time
+	helloEvery     time.Duration
+	handshakeStart time.Time
+	probeAt        time.Time
+	creditStart    time.Time
+}
+
+type wrEntry struct {
+	ring *wrRing
+	seq  uint64
+	off  int // the slot's first byte in ring.buf
+	n    int // payload bytes
+}
+
+// ListenWriteRecord opens a Write-Record PacketConn on a UDP address
+// ("udp", "udp4" or "udp6"), with its own device, socket and UD QP
+// (number ShimQPN). Its peers must be Write-Record PacketConns too.
+func ListenWriteRecord(network, address string, opts *WROptions) (*WRConn, error) {
+	var o WROptions
+	if opts != nil {
+		o = *opts
+	}
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&o.Slots, 32)
+	def(&o.SlotSize, 65536)
+	def(&o.MaxPeers, 64)
+	def(&o.ZeroCopy, 16<<10)
+	def(&o.SendSlots, 64)
+	if o.HandshakeTimeout == 0 {
+		o.HandshakeTimeout = 2 * time.Second
+	}
+	if o.CreditWait == 0 {
+		o.CreditWait = time.Second
+	}
+	bad := func(err error) (*WRConn, error) {
+		return nil, &net.OpError{Op: "listen", Net: network, Err: err}
+	}
+	switch {
+	case network != "udp" && network != "udp4" && network != "udp6":
+		return bad(net.UnknownNetworkError(network))
+	case o.Slots < 2 || o.Slots > 1<<14:
+		return bad(fmt.Errorf("socketshim: Slots %d, want 2..16384", o.Slots))
+	case o.SlotSize < 64 || o.SlotSize > 16<<20:
+		return bad(fmt.Errorf("socketshim: SlotSize %d, want 64..16 MiB", o.SlotSize))
+	case o.MaxPeers < 1 || o.MaxPeers > 1<<16:
+		return bad(fmt.Errorf("socketshim: MaxPeers %d, want 1..65536", o.MaxPeers))
+	case o.ZeroCopy < 1 || o.SendSlots < 1 || o.SendSlots > 1<<14 || o.HandshakeTimeout < 0:
+		return bad(fmt.Errorf("socketshim: ZeroCopy %d, SendSlots %d, HandshakeTimeout %v", o.ZeroCopy, o.SendSlots, o.HandshakeTimeout))
+	}
+	dev, err := qp.Open(o.Device)
+	if err != nil {
+		return bad(err)
+	}
+	fail := func(err error) (*WRConn, error) {
+		dev.Close()
+		return bad(err)
+	}
+	pc := &PacketConn{dev: dev, depth: wrCtlRecvs, closed: make(chan struct{}), ahs: map[netip.AddrPort]*qp.AH{}, maxAH: o.MaxPeers,
+		rkick: make(chan struct{}, 1), wkick: make(chan struct{}, 1)}
+	c := &WRConn{pc: pc, o: o, peers: map[netip.AddrPort]*wrPeer{}, byTag: map[uint32]*wrRing{}}
+	var e [8]byte
+	rand.Read(e[:])
+	c.epoch = binary.BigEndian.Uint64(e[:]) | 1
+	if pc.sock, err = dev.Bind(network, address); err != nil {
+		return fail(err)
+	}
+	c.stage = min(o.ZeroCopy, o.SlotSize-wrHeaderSize, pc.sock.MaxMessage()) + wrHeaderSize
+	pc.slot = wrCtlSize
+	pc.pd = dev.AllocPD()
+	if pc.rbuf, err = pc.pd.RegisterMemory(make([]byte, wrCtlRecvs*wrCtlSize), qp.AccessLocalWrite); err != nil {
+		return fail(err)
+	}
+	if pc.sbuf, err = pc.pd.RegisterMemory(make([]byte, o.SendSlots*c.stage), 0); err != nil {
+		return fail(err)
+	}
+	if c.hdr, err = pc.pd.RegisterMemory(make([]byte, wrHeaderSize), 0); err != nil {
+		return fail(err)
+	}
+	// Every completion a correct peer can cause fits: the control
+	// receives and a full ring per peer.
+	if pc.rcq, err = dev.CreateCQ(2*wrCtlRecvs + o.MaxPeers*o.Slots + 64); err != nil {
+		return fail(err)
+	}
+	if pc.scq, err = dev.CreateCQ(2*o.SendSlots + 16); err != nil {
+		return fail(err)
+	}
+	if pc.q, err = pc.pd.CreateQP(qp.QPAttr{Type: qp.UD, SendCQ: pc.scq, RecvCQ: pc.rcq,
+		Caps: qp.QPCaps{MaxSendWR: o.SendSlots + 256, MaxRecvWR: wrCtlRecvs, MaxSendSGE: 2, MaxRecvSGE: 1, MaxInline: wrInlineMax}}); err != nil {
+		return fail(err)
+	}
+	if pc.q.QPN() != ShimQPN {
+		return fail(fmt.Errorf("socketshim: the QP got number %d, not %d", pc.q.QPN(), ShimQPN))
+	}
+	for _, st := range []qp.ModifyAttr{{State: qp.StateInit, Socket: pc.sock}, {State: qp.StateRTR}, {State: qp.StateRTS}} {
+		if err := pc.q.Modify(st); err != nil {
+			return fail(err)
+		}
+	}
+	for i := range wrCtlRecvs {
+		if err := c.repost(i); err != nil {
+			return fail(err)
+		}
+	}
+	for i := range o.SendSlots {
+		pc.free = append(pc.free, i)
+	}
+	pc.swcs = make([]qp.WorkCompletion, o.SendSlots+16)
+	c.wcs = make([]qp.WorkCompletion, 32)
+	c.watch.init()
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		c.watch.run(pc.rcq, pc.closed, c.poll)
+	}()
+	return c, nil
+}
+
+func (c *WRConn) repost(i int) error {
+	return c.pc.q.PostRecv(&qp.RecvWR{ID: uint64(i), SGL: []qp.SGE{c.pc.rbuf.SGE(i*wrCtlSize, wrCtlSize)}})
+}
+
+// Stats returns the mode's counters.
+func (c *WRConn) Stats() *WRStats { return &c.stats }
+
+// Device returns the PacketConn's device (for its counters).
+func (c *WRConn) Device() *qp.Device { return c.pc.dev }
+
+// LocalAddr returns the local address.
+func (c *WRConn) LocalAddr() net.Addr { return c.pc.LocalAddr() }
+
+// Close closes the connection; blocked reads and writes return at once.
+func (c *WRConn) Close() error {
+	err := c.pc.Close()
+	c.wg.Wait()
+	return err
+}
+
+// SetDeadline sets the read and write deadlines.
+func (c *WRConn) SetDeadline(t time.Time) error { return c.pc.SetDeadline(t) }
+
+// SetReadDeadline sets the deadline of ReadFrom calls, including one
+// blocked now (one in the past interrupts it at once).
+func (c *WRConn) SetReadDeadline(t time.Time) error { return c.pc.SetReadDeadline(t) }
+
+// SetWriteDeadline sets the deadline of WriteTo calls, including one
+// waiting for the handshake or for a slot.
+func (c *WRConn) SetWriteDeadline(t time.Time) error { return c.pc.SetWriteDeadline(t) }
+
+// SetReadBuffer sets the kernel receive buffer of the UDP socket.
+func (c *WRConn) SetReadBuffer(bytes int) error { return c.pc.SetReadBuffer(bytes) }
+
+// SetWriteBuffer sets the kernel send buffer.
+func (c *WRConn) SetWriteBuffer(bytes int) error { return c.pc.SetWriteBuffer(bytes) }
+
+// peerLocked returns the state for ap, making it (and its ring) if
+// needed; nil when MaxPeers are known already.
+func (c *WRConn) peerLocked(ap netip.AddrPort) (*wrPeer, error) {
+	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	if p := c.peers[ap]; p != nil {
+		return p, nil
+	}
+	if len(c.peers) >= c.o.MaxPeers {
+		return nil, fmt.Errorf("socketshim: %d Write-Record peers already (MaxPeers)", len(c.peers))
+	}
+	ah, err := c.pc.pd.CreateAH(ap, ShimQPN)
+	if err != nil {
+		return nil, err
+	}
+	p := &wrPeer{ap: ap, ah: ah}
+	if err := c.newRingLocked(p, nil); err != nil {
+		return nil, err
+	}
+	c.peers[ap] = p
+	return p, nil
+}
+
+// newRingLocked registers a ring for p: fresh memory, or buf again under
+// a new STag (a re-key: what is still on its way to the old STag is
+// dropped by the stack, not placed).
+func (c *WRConn) newRingLocked(p *wrPeer, buf []byte) error {
+	if old := p.rx; old != nil {
+		delete(c.byTag, old.mr.STag())
+		old.mr.Deregister() // waits for a placement in progress
+	}
+	if buf == nil {
+		buf = make([]byte, c.o.Slots*c.o.SlotSize)
+	}
+	mr, err := c.pc.pd.RegisterMemory(buf, qp.AccessLocalWrite|qp.AccessRemoteWrite)
+	if err != nil {
+		p.rx = nil
+		return err
+	}
+	p.rx = &wrRing{peer: p, buf: buf, mr: mr}
+	c.byTag[mr.STag()] = p.rx
+	return nil
+}
+
+// poll takes the receive CQ's completions: records queue for ReadFrom,
+// control messages update the peers. It rings the bell on a change.
+func (c *WRConn) poll() {
+	c.pmu.Lock()
+	changed := false
+	for {
+		n := c.pc.rcq.Poll(c.wcs)
+		if n == 0 {
+			break
+		}
+		changed = true
+		c.mu.Lock()
+		for i := range c.wcs[:n] {
+			c.handleLocked(&c.wcs[i])
+		}
+		c.mu.Unlock()
+	}
+	c.pmu.Unlock()
+	if changed {
+		c.bell.ring()
+	}
+}
+
+func (c *WRConn) handleLocked(wc *qp.WorkCompletion) {
+	if wc.Opcode == qp.WCWriteRecord {
+		c.recordLocked(wc)
+		return
+	}
+	if wc.Status == qp.WRFlushError {
+		return // the QP is closing: no receive again
+	}
+	if wc.Status != qp.Success || !wc.Solicited || wc.Len < 24 {
+		if c.repost(int(wc.ID)) != nil {
+			return
+		}
+		if wc.Status == qp.Success {
+			c.stats.Discarded.Add(1) // not ours: a plain datagram
+		}
+		return
+	}
+	var m [wrCtlSize]byte
+	copy(m[:], c.pc.rbuf.Bytes()[int(wc.ID)*wrCtlSize:][:wc.Len])
+	c.repost(int(wc.ID))
+	c.controlLocked(wc.Source, m[:wc.Len])
+}
+
+// recordLocked queues a whole record that passes every check.
+func (c *WRConn) recordLocked(wc *qp.WorkCompletion) {
+	r := c.byTag[wc.STag]
+	src := netip.AddrPortFrom(wc.Source.Addr().Unmap(), wc.Source.Port())
+	size := uint64(c.o.SlotSize)
+	base := r.mrBase()
+	switch {
+	case wc.Status != qp.Success || wc.Partial || r == nil || src != r.peer.ap || r.peer.rx != r,
+		wc.TO < base || (wc.TO-base)%size != 0 || wc.Len < wrHeaderSize || uint64(wc.Len) > size:
+		c.stats.Discarded.Add(1)
+		return
+	}
+	off := int(wc.TO - base)
+	seq := binary.BigEndian.Uint64(r.buf[off:])
+	if seq < max(r.consumed, r.seen) || seq >= r.consumed+uint64(c.o.Slots) || seq%uint64(c.o.Slots) != uint64(off)/size {
+		c.stats.Discarded.Add(1)
+		return
+	}
+	r.seen = seq + 1
+	r.queued++
+	c.rq = append(c.rq, wrEntry{ring: r, seq: seq, off: off, n: int(wc.Len) - wrHeaderSize})
+}
+
+func (r *wrRing) mrBase() uint64 {
+	if r == nil {
+		return 0
+	}
+	return r.mr.Addr()
+}
+
+// controlLocked handles a HELLO, CREDIT or PROBE from src.
+func (c *WRConn) controlLocked(src netip.AddrPort, m []byte) {
+	if binary.BigEndian.Uint32(m) != wrMagic {
+		c.stats.Discarded.Add(1)
+		return
+	}
+	kind, flags := m[4], m[5]
+	epoch, theirView := binary.BigEndian.Uint64(m[8:]), binary.BigEndian.Uint64(m[16:])
+	src = netip.AddrPortFrom(src.Addr().Unmap(), src.Port())
+	if kind == wrHello && len(m) >= 48 {
+		c.stats.Handshakes.Add(1)
+		p, err := c.peerLocked(src)
+		if err != nil {
+			return // MaxPeers: its handshake times out
+		}
+		restarted := p.epoch != 0 && p.epoch != epoch
+		if restarted {
+			// A restarted peer: a new ring for it, and forget its old one.
+			p.tx = wrTx{}
+			if c.newRingLocked(p, nil) != nil {
+				return
+			}
+		}
+		p.epoch = epoch
+		stag, slots, size, base := binary.BigEndian.Uint32(m[24:]), int(binary.BigEndian.Uint32(m[28:])), int(binary.BigEndian.Uint32(m[32:])), binary.BigEndian.Uint64(m[40:])
+		if slots < 2 || size < wrHeaderSize+1 {
+			return
+		}
+		if !p.tx.ready || p.tx.stag != stag || p.tx.base != base {
+			p.tx = wrTx{ready: true, stag: stag, base: base, slots: slots, size: size}
+		}
+		if flags&wrAnswer != 0 || theirView != c.epoch || restarted {
+			c.helloLocked(p, false)
+		}
+		return
+	}
+	p := c.peers[src]
+	if p == nil || p.epoch != epoch || theirView != c.epoch || len(m) < 40 {
+		// From a peer we do not know (or whose restart we missed), or
+		// that knows an earlier socket here: tell it who we are.
+		if p, err := c.peerLocked(src); err == nil {
+			if p.epoch != epoch {
+				p.tx = wrTx{}
+			}
+			c.helloLocked(p, true)
+		}
+		return
+	}
+	stag, n := binary.BigEndian.Uint32(m[24:]), binary.BigEndian.Uint64(m[32:])
+	switch kind {
+	case wrCredit:
+		if p.tx.ready && p.tx.stag == stag && n > p.tx.freed && n <= p.tx.next {
+			p.tx.freed = n
+		}
+	case wrProbe:
+		r := p.rx
+		switch {
+		case r == nil:
+		case r.mr.STag() != stag:
+			c.helloLocked(p, false) // it writes to an old ring
+		case r.queued == 0 && n > r.consumed:
+			// Nothing waits to be read, yet the writer has records out:
+			// they were lost. A new STag makes sure none of them lands
+			// late in a slot the writer will use again.
+			c.stats.Rekeys.Add(1)
+			if c.newRingLocked(p, r.buf) == nil {
+				c.helloLocked(p, false)
+			}
+		default:
+			c.creditLocked(r)
+		}
+	}
+}
+
+// sendCtlLocked sends a control message (unsignaled, solicited); a full
+// queue drops it: every control message is sent again when it matters.
+func (c *WRConn) sendCtlLocked(p *wrPeer, m []byte) {
+	c.pc.q.PostSend(&qp.SendWR{ID: inlineID, Flags: qp.FlagSolicited, Inline: m, AH: p.ah})
+}
+
+func (c *WRConn) ctlHeader(kind, flags byte, p *wrPeer) []byte {
+	m := c.ctl[:]
+	clear(m)
+	binary.BigEndian.PutUint32(m, wrMagic)
+	m[4], m[5] = kind, flags
+	binary.BigEndian.PutUint64(m[8:], c.epoch)
+	binary.BigEndian.PutUint64(m[16:], p.epoch)
+	return m
+}
+
+// helloLocked sends p our ring for it.
+func (c *WRConn) helloLocked(p *wrPeer, answer bool) {
+	if p.rx == nil {
+		return
+	}
+	flags := byte(0)
+	if answer {
+		flags = wrAnswer
+	}
+	m := c.ctlHeader(wrHello, flags, p)
+	binary.BigEndian.PutUint32(m[24:], p.rx.mr.STag())
+	binary.BigEndian.PutUint32(m[28:], uint32(c.o.Slots))
+	binary.BigEndian.PutUint32(m[32:], uint32(c.o.SlotSize))
+	binary.BigEndian.PutUint64(m[40:], p.rx.mr.Addr())
+	c.sendCtlLocked(p, m[:48])
+}
+
+// creditLocked tells r's writer which records it may write.
+func (c *WRConn) creditLocked(r *wrRing) {
+	m := c.ctlHeader(wrCredit, 0, r.peer)
+	binary.BigEndian.PutUint32(m[24:], r.mr.STag())
+	binary.BigEndian.PutUint64(m[32:], r.consumed)
+	c.sendCtlLocked(r.peer, m[:40])
+	r.reported = r.consumed
+	c.stats.Credits.Add(1)
+}
+
+// ReadFrom reads the next whole record into b (a longer one is cut to
+// len(b), as a UDP socket does) and returns its writer's address.
+func (c *WRConn) ReadFrom(b []byte) (int, net.Addr, error) {
+	n, ap, err := c.ReadFromUDPAddrPort(b)
+	if err != nil {
+		return n, nil, err
+	}
+	return n, net.UDPAddrFromAddrPort(ap), nil
+}
+
+// ReadFromUDPAddrPort is ReadFrom without the allocation of a net.Addr.
+func (c *WRConn) ReadFromUDPAddrPort(b []byte) (int, netip.AddrPort, error) {
+	pc := c.pc
+	pc.rmu.Lock()
+	defer pc.rmu.Unlock()
+	for {
+		if pc.isClosed() {
+			return 0, netip.AddrPort{}, pc.opErr("read", errClosed)
+		}
+		if expired(&pc.rdl) {
+			return 0, netip.AddrPort{}, pc.opErr("read", errTimeout)
+		}
+		rang := c.bell.C()
+		c.poll()
+		c.mu.Lock()
+		if c.rqHead < len(c.rq) {
+			e := c.rq[c.rqHead]
+			c.rq[c.rqHead] = wrEntry{}
+			c.rqHead++
+			if c.rqHead == len(c.rq) {
+				c.rq, c.rqHead = c.rq[:0], 0
+			}
+			c.mu.Unlock()
+			n := copy(b, e.ring.buf[e.off+wrHeaderSize:e.off+wrHeaderSize+e.n])
+			// Still the record queued? (Only a writer breaking the
+			// credits, or a datagram older than the ring's turn, could
+			// have rewritten it.)
+			ok := binary.BigEndian.Uint64(e.ring.buf[e.off:]) == e.seq
+			c.mu.Lock()
+			r := e.ring
+			r.queued--
+			r.consumed = max(r.consumed, e.seq+1)
+			if r.peer.rx == r && r.consumed-r.reported >= uint64(max(1, c.o.Slots/4)) {
+				c.creditLocked(r)
+			}
+			c.mu.Unlock()
+			if !ok {
+				c.stats.Discarded.Add(1)
+				continue
+			}
+			return n, r.peer.ap, nil
+		}
+		c.mu.Unlock()
+		if err := parkW(pc.rcq, &c.watch, &pc.rdl, pc.rkick, pc.closed, rang, 0); err != nil {
+			return 0, netip.AddrPort{}, pc.opErr("read", err)
+		}
+	}
+}
+
+// WriteTo writes b as one record into the next slot of addr's ring.
+func (c *WRConn) WriteTo(b []byte, addr net.Addr) (int, error) {
+	var ap netip.AddrPort
+	switch a := addr.(type) {
+	case *net.UDPAddr:
+		ap = a.AddrPort()
+	default:
+		p, err := netip.ParseAddrPort(addr.String())
+		if err != nil {
+			return 0, c.pc.opErr("write", fmt.Errorf("socketshim: address %v: %w", addr, err))
+		}
+		ap = p
+	}
+	return c.WriteToUDPAddrPort(b, ap)
+}
+
+// WriteToUDPAddrPort is WriteTo for a netip.AddrPort.
+func (c *WRConn) WriteToUDPAddrPort(b []byte, ap netip.AddrPort) (int, error) {
+	pc := c.pc
+	if len(b) > c.o.SlotSize-wrHeaderSize {
+		return 0, pc.opErr("write", fmt.Errorf("socketshim: a %d-byte datagram, at most %d: %w", len(b), c.o.SlotSize-wrHeaderSize, errMessageTooLong))
+	}
+	if !ap.IsValid() || ap.Port() == 0 {
+		return 0, pc.opErr("write", fmt.Errorf("socketshim: invalid destination %v", ap))
+	}
+	pc.wmu.Lock()
+	defer pc.wmu.Unlock()
+	for {
+		if pc.isClosed() {
+			return 0, pc.opErr("write", errClosed)
+		}
+		if expired(&pc.wdl) {
+			return 0, pc.opErr("write", errTimeout)
+		}
+		rang := c.bell.C()
+		c.poll()
+		now := time.Now()
+		c.mu.Lock()
+		p, err := c.peerLocked(ap)
+		if err != nil {
+			c.mu.Unlock()
+			return 0, pc.opErr("write", err)
+		}
+		t := &p.tx
+		var tmo time.Duration
+		switch {
+		case !t.ready:
+			if t.handshakeStart.IsZero() {
+				t.handshakeStart, t.helloEvery = now, 20*time.Millisecond
+			} else if now.Sub(t.handshakeStart) >= c.o.HandshakeTimeout {
+				t.handshakeStart = time.Time{}
+				c.mu.Unlock()
+				return 0, pc.opErr("write", fmt.Errorf("%w %v within %v", ErrNoPeer, ap, c.o.HandshakeTimeout))
+			}
+			if now.Sub(t.helloAt) >= t.helloEvery {
+				c.helloLocked(p, true)
+				if !t.helloAt.IsZero() {
+					t.helloEvery = min(2*t.helloEvery, 500*time.Millisecond)
+				}
+				t.helloAt = now
+			}
+			tmo = t.helloEvery - now.Sub(t.helloAt)
+		case len(b)+wrHeaderSize > t.size:
+			c.mu.Unlock()
+			return 0, pc.opErr("write", fmt.Errorf("%w: %d bytes, the peer's slots take %d", ErrPeerSlots, len(b), t.size-wrHeaderSize))
+		case t.next-t.freed < uint64(t.slots):
+			seq, stag := t.next, t.stag
+			to := t.base + (seq%uint64(t.slots))*uint64(t.size)
+			t.next++
+			t.creditStart = time.Time{}
+			ah := p.ah
+			c.mu.Unlock()
+			if err := c.post(b, seq, ah, stag, to); err != nil {
+				return 0, pc.opErr("write", err)
+			}
+			return len(b), nil
+		default: // no slot: probe, wait, in the end drop
+			if t.creditStart.IsZero() {
+				t.creditStart = now
+			}
+			if c.o.CreditWait < 0 || now.Sub(t.creditStart) >= c.o.CreditWait {
+				t.creditStart = time.Time{}
+				c.mu.Unlock()
+				c.stats.Dropped.Add(1)
+				return len(b), nil
+			}
+			const probeEvery = 5 * time.Millisecond
+			if now.Sub(t.probeAt) >= probeEvery {
+				m := c.ctlHeader(wrProbe, 0, p)
+				binary.BigEndian.PutUint32(m[24:], t.stag)
+				binary.BigEndian.PutUint64(m[32:], t.next)
+				c.sendCtlLocked(p, m[:40])
+				c.stats.Probes.Add(1)
+				t.probeAt = now
+			}
+			tmo = min(probeEvery, c.o.CreditWait-now.Sub(t.creditStart))
+		}
+		c.mu.Unlock()
+		if err := parkW(pc.rcq, &c.watch, &pc.wdl, pc.wkick, pc.closed, rang, max(tmo, time.Millisecond)); err != nil {
+			return 0, pc.opErr("write", err)
+		}
+	}
+}
+
+// post sends record seq (header, then b) as a Write-Record to (stag, to):
+// inline, copied to a send slot, or from b itself (zero copy), by size.
+func (c *WRConn) post(b []byte, seq uint64, ah *qp.AH, stag uint32, to uint64) error {
+	pc := c.pc
+	if pc.scq.Pending() > 0 {
+		c.reapNow() // failed inline sends complete too: keep the CQ from filling
+	}
+	wr := qp.SendWR{ID: inlineID, Opcode: qp.OpWriteRecord, AH: ah, RemoteSTag: stag, RemoteTO: to}
+	n := wrHeaderSize + len(b)
+	switch {
+	case n <= wrInlineMax:
+		var m [wrInlineMax]byte
+		binary.BigEndian.PutUint64(m[:], seq)
+		copy(m[wrHeaderSize:], b)
+		wr.Inline = m[:n]
+		return pc.post(&wr)
+	case n <= c.stage:
+		for len(pc.free) == 0 {
+			if err := c.reap(false); err != nil {
+				return err
+			}
+		}
+		i := pc.free[len(pc.free)-1]
+		pc.free = pc.free[:len(pc.free)-1]
+		off := i * c.stage
+		s := pc.sbuf.Bytes()[off : off+n]
+		binary.BigEndian.PutUint64(s, seq)
+		copy(s[wrHeaderSize:], b)
+		wr.ID, wr.Flags, wr.SGL = uint64(i), qp.FlagSignaled, []qp.SGE{pc.sbuf.SGE(off, n)}
+		if err := pc.post(&wr); err != nil {
+			pc.free = append(pc.free, i)
+			return err
+		}
+		return nil
+	}
+	// Zero copy: b registered for the time of the send.
+	mr, err := pc.pd.RegisterMemory(b, 0)
+	if err != nil {
+		return err
+	}
+	defer mr.Deregister() // after the send completed, or, on a deadline, once no copy from b runs
+	binary.BigEndian.PutUint64(c.hdr.Bytes(), seq)
+	c.zcSeq++
+	wr.ID, wr.Flags, wr.SGL = zcID-c.zcSeq, qp.FlagSignaled, []qp.SGE{c.hdr.SGE(0, wrHeaderSize), mr.SGE(0, len(b))}
+	if err := pc.post(&wr); err != nil {
+		return err
+	}
+	return c.reap(true)
+}
+
+// reapNow takes the send completions there are, freeing send slots.
+func (c *WRConn) reapNow() {
+	pc := c.pc
+	n := pc.scq.Poll(pc.swcs)
+	for _, wc := range pc.swcs[:n] {
+		if wc.ID < uint64(c.o.SendSlots) {
+			pc.free = append(pc.free, int(wc.ID))
+		}
+	}
+}
+
+// reap takes send completions, freeing send slots; with zc it waits for
+// the current zero-copy send's, else for any (within the write deadline).
+func (c *WRConn) reap(zc bool) error {
+	pc := c.pc
+	want := zcID - c.zcSeq
+	for {
+		got := false
+		n := pc.scq.Poll(pc.swcs)
+		for _, wc := range pc.swcs[:n] {
+			switch {
+			case wc.ID < uint64(c.o.SendSlots):
+				pc.free = append(pc.free, int(wc.ID))
+				got = got || !zc
+			case wc.ID == want && zc:
+				got = true
+			}
+		}
+		if got {
+			return nil
+		}
+		if n == 0 {
+			if err := pc.wait(pc.scq, &pc.wdl, pc.wkick); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+var _ net.PacketConn = (*WRConn)(nil)
