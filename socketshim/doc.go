@@ -19,6 +19,36 @@
 // bound, so they talk to each other and to ListenPacket's PacketConns.
 // sockperf, dnsmasq with dig, and iperf run over it in its tests.
 //
-// Not built yet (issue 8): a Write-Record mode, RC sockets
-// (net.Conn over RC QPs), and the RDS-style zerocopy API of seed 001.
+// ListenWriteRecord returns the Write-Record mode of seed 003, a
+// net.PacketConn (*WRConn) whose WriteTo is an RDMA Write-Record into the
+// next slot of a ring the peer registered for this sender, and whose
+// ReadFrom returns the next record that arrived whole (a record with a
+// segment lost is never returned). Peers exchange their rings once, in a
+// HELLO handshake of solicited Sends over the same UD QP (resent with
+// back-off; ErrNoPeer after WROptions.HandshakeTimeout; a new epoch marks
+// a restarted peer). Records are numbered, and the receiver returns slots
+// as credits (a CREDIT message every quarter ring): a writer never
+// rewrites an unread slot. A writer out of slots sends PROBEs; if the
+// reader has nothing queued the records were lost, and it re-keys the
+// ring; with no slot within WROptions.CreditWait the datagram is dropped,
+// as a full UDP socket drops it. Small datagrams are copied (inline, or
+// to a registered send slot), large ones sent from the caller's buffer
+// (zero copy). Both ends must use ListenWriteRecord. The comment in
+// wrconn.go is the full protocol.
+//
+// DialRC and ListenRC give a byte stream, net.Conn and net.Listener
+// (*RCConn, *RCListener), over RC queue pairs (TCP + MPA), so UD and RC
+// sockets compare like for like. Writes are cut into Sends of at most the
+// peer's RCOptions.MessageSize; Read returns the bytes in order, a
+// message over several Reads if need be. RC has no receiver-not-ready,
+// so the receiver grants its posted receives as credits (piggybacked on
+// its messages, or in credit-only messages), and a Write waits for one
+// within its deadline. Close sends what was written and a FIN (the peer
+// reads io.EOF); CloseWrite half-closes; CloseRead is not offered (the
+// peer's writes would have nowhere to go but to fail its connection). A
+// peer that vanishes gives ErrConnLost (ECONNRESET). It passes
+// golang.org/x/net/nettest.TestConn. Both ends must be socketshim RC
+// sockets (the MPA private data says so; other requests are rejected).
+//
+// Not built yet (issue 8): the RDS-style zerocopy API of seed 001.
 package socketshim
