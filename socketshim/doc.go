@@ -50,5 +50,11 @@
 // golang.org/x/net/nettest.TestConn. Both ends must be socketshim RC
 // sockets (the MPA private data says so; other requests are rejected).
 //
-// Not built yet (issue 8): the RDS-style zerocopy API of seed 001.
+// The RDS zerocopy interface of seed 001 (rds-rdma(7)) is package
+// socketshim/rds: over an RD QP, a client maps memory and passes its RDMA
+// cookie (MapControl, DestControl, GetMR, FreeMR, UseOnce, Invalidate);
+// the server moves data with an RDMA Write or Read combined atomically
+// with a message (ArgsControl: the message arrives only after the RDMA
+// succeeded, never when it failed) and is notified (NotifyMe, RECVERR),
+// all through typed controls passed to SendMsg and returned by RecvMsg.
 package socketshim
