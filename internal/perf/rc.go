@@ -218,7 +218,7 @@ func rcWriteLatency(cfg Config) (Result, error) {
 	}
 	write := func(from, to *rcSide, mark byte) error {
 		from.buf[last] = mark
-		return from.q.PostSend(&qp.SendWR{Opcode: qp.OpWrite, Flags: qp.FlagSignaled, SGL: []qp.SGE{from.mr.SGE(0, cfg.Size)}, RemoteSTag: to.mr.STag(), RemoteTO: to.mr.Addr() + uint64(in)})
+		return from.q.PostSend(&qp.SendWR{Opcode: qp.OpWrite, SGL: []qp.SGE{from.mr.SGE(0, cfg.Size)}, RemoteSTag: to.mr.STag(), RemoteTO: to.mr.Addr() + uint64(in)})
 	}
 	mark := func(it int) byte { return byte(it%255 + 1) }
 	wg.Add(1)
