@@ -60,8 +60,6 @@ func sendMode(m perf.Mode) bool {
 	return m == perf.ModeUDSend || m == perf.ModeRDSend || m == perf.ModeRCSend
 }
 
-func recordMode(m perf.Mode) bool { return m == perf.ModeUDWriteRecord || m == perf.ModeRDWriteRecord }
-
 // clientMeasured: modes whose bandwidth the client counts (completed WRs).
 func clientMeasured(m perf.Mode) bool {
 	return m == perf.ModeRDWrite || m == perf.ModeRDRead || m == perf.ModeRCWrite || m == perf.ModeRCRead
