@@ -416,16 +416,7 @@ func (c *PacketConn) setDeadline(dl *atomic.Int64, kick chan struct{}, t time.Ti
 	if c.isClosed() {
 		return c.opErr("set", errClosed)
 	}
-	v := int64(0)
-	if !t.IsZero() {
-		v = t.UnixNano()
-	}
-	if dl.Swap(v) != v {
-		select {
-		case kick <- struct{}{}:
-		default:
-		}
-	}
+	setDL(dl, kick, t)
 	return nil
 }
 

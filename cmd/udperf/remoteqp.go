@@ -165,9 +165,6 @@ func (e *qpEnd) park(d time.Duration) {
 	cancel()
 }
 
-// mark is the last byte of the it-th rc-write ping-pong message.
-func mark(it int) byte { return byte(it%255 + 1) }
-
 // serveQP is the server's loop: echo or count, until stop.
 func (e *qpEnd) serveQP(req runRequest, echo, busy bool, note func(int), stop *atomic.Bool) {
 	wcs := make([]qp.WorkCompletion, 64)
@@ -184,8 +181,8 @@ func (e *qpEnd) serveQP(req runRequest, echo, busy bool, note func(int), stop *a
 	in := e.slot + e.size - 1
 	reposted := 0
 	for it := 0; !stop.Load(); {
-		if watch && e.size > 0 && e.buf[in] == mark(it) {
-			e.buf[e.size-1] = mark(it)
+		if watch && e.size > 0 && e.buf[in] == perf.WriteMark(it) {
+			e.buf[e.size-1] = perf.WriteMark(it)
 			e.q.PostSend(&qp.SendWR{Opcode: qp.OpWrite, SGL: []qp.SGE{e.mr.SGE(0, e.size)}, RemoteSTag: req.STag, RemoteTO: req.TO + uint64(e.slot)})
 			it++
 		}
@@ -333,14 +330,14 @@ func (e *qpEnd) driveQP(cfg perf.Config, test string, rep runReply) (perf.Result
 		in := e.slot + cfg.Size - 1
 		ping := func(it int) error {
 			if e.mode == perf.ModeRCWrite {
-				e.buf[cfg.Size-1] = mark(it)
+				e.buf[cfg.Size-1] = perf.WriteMark(it)
 			}
 			if err := e.q.PostSend(&wr); err != nil {
 				return err
 			}
 			end := time.Now().Add(2 * time.Second)
 			if e.mode == perf.ModeRCWrite { // ib_write_lat: watch the last byte
-				for k := 0; e.buf[in] != mark(it); k++ {
+				for k := 0; e.buf[in] != perf.WriteMark(it); k++ {
 					e.cq.Poll(wcs)
 					if k%1024 == 0 && time.Now().After(end) {
 						return os.ErrDeadlineExceeded

@@ -220,13 +220,12 @@ func rcWriteLatency(cfg Config) (Result, error) {
 		from.buf[last] = mark
 		return from.q.PostSend(&qp.SendWR{Opcode: qp.OpWrite, SGL: []qp.SGE{from.mr.SGE(0, cfg.Size)}, RemoteSTag: to.mr.STag(), RemoteTO: to.mr.Addr() + uint64(in)})
 	}
-	mark := func(it int) byte { return byte(it%255 + 1) }
 	wg.Add(1)
 	go func() { // the server writes each message back once it has arrived
 		defer wg.Done()
 		defer lockThread(cfg)()
 		wcs := make([]qp.WorkCompletion, 16)
-		for it := 0; await(srv, mark(it), wcs) && write(srv, cli, mark(it)) == nil; it++ {
+		for it := 0; await(srv, WriteMark(it), wcs) && write(srv, cli, WriteMark(it)) == nil; it++ {
 		}
 	}()
 	defer lockThread(cfg)()
@@ -234,10 +233,10 @@ func rcWriteLatency(cfg Config) (Result, error) {
 	ns := make([]int64, 0, cfg.Iters)
 	for it := range cfg.Warmup + cfg.Iters {
 		t0 := time.Now()
-		if err := write(cli, srv, mark(it)); err != nil {
+		if err := write(cli, srv, WriteMark(it)); err != nil {
 			return Result{}, err
 		}
-		if !await(cli, mark(it), wcs) {
+		if !await(cli, WriteMark(it), wcs) {
 			return Result{}, errors.New("perf: rc-write ping-pong failed")
 		}
 		if it >= cfg.Warmup {
@@ -246,6 +245,10 @@ func rcWriteLatency(cfg Config) (Result, error) {
 	}
 	return latResult(cfg, ns), nil
 }
+
+// WriteMark is the last byte of the it-th message of a Write ping-pong
+// (never zero, so a fresh region does not look written).
+func WriteMark(it int) byte { return byte(it%255 + 1) }
 
 // rcBandwidth streams messages of cfg.Size: Sends counted at the
 // receiver, Writes and Reads by the source's completions (TCP delivers

@@ -694,13 +694,14 @@ static long long deadline_of(long long timeo) { return timeo > 0 ? now_ns() + ti
 // krecv and ksend are the kernel path (a forked child, or a socket the
 // engine refused), keeping the program's blocking mode over a descriptor
 // that is non-blocking underneath.
-static ssize_t krecv(struct usock *u, struct msghdr *m, int flags) {
+static ssize_t kio(struct usock *u, struct msghdr *m, int flags, int send) {
 	int nb = atomic_load(&u->nonblock) || (flags & MSG_DONTWAIT);
-	long long dl = deadline_of(u->rcvtimeo);
+	long long dl = deadline_of(send ? u->sndtimeo : u->rcvtimeo);
 	for (;;) {
-		ssize_t r = REAL(recvmsg)(u->hidden, m, flags | MSG_DONTWAIT);
+		ssize_t r = send ? REAL(sendmsg)(u->hidden, m, flags | MSG_DONTWAIT)
+		                 : REAL(recvmsg)(u->hidden, m, flags | MSG_DONTWAIT);
 		if (r >= 0 || nb || (errno != EAGAIN && errno != EWOULDBLOCK)) return r;
-		int w = pollwait(u->hidden, POLLIN, dl);
+		int w = pollwait(u->hidden, send ? POLLOUT : POLLIN, dl);
 		if (w == 0) {
 			errno = EAGAIN;
 			return -1;
@@ -712,22 +713,10 @@ static ssize_t krecv(struct usock *u, struct msghdr *m, int flags) {
 	}
 }
 
+static ssize_t krecv(struct usock *u, struct msghdr *m, int flags) { return kio(u, m, flags, 0); }
+
 static ssize_t ksend(struct usock *u, const struct msghdr *m, int flags) {
-	int nb = atomic_load(&u->nonblock) || (flags & MSG_DONTWAIT);
-	long long dl = deadline_of(u->sndtimeo);
-	for (;;) {
-		ssize_t r = REAL(sendmsg)(u->hidden, m, flags | MSG_DONTWAIT);
-		if (r >= 0 || nb || (errno != EAGAIN && errno != EWOULDBLOCK)) return r;
-		int w = pollwait(u->hidden, POLLOUT, dl);
-		if (w == 0) {
-			errno = EAGAIN;
-			return -1;
-		}
-		if (w < 0) {
-			errno = EINTR;
-			return -1;
-		}
-	}
+	return kio(u, (struct msghdr *)m, flags, 1);
 }
 
 // urecv reads one datagram through the engine: a bounded spin in Go,
