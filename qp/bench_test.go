@@ -1,7 +1,11 @@
 package qp
 
 import (
+	"syscall"
 	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // BenchmarkPostSend measures the direct send path: header, CRC, sendmsg
@@ -84,5 +88,124 @@ func BenchmarkReceivePath(b *testing.B) {
 				a.qp.PostRecv(&wr)
 			}
 		})
+	}
+}
+
+// BenchmarkRoundTripCPU measures the CPU cost of one ping-pong round trip
+// with both ends in one goroutine, so that no wake-up or poll-detection
+// delay enters the figure: A sends, B receives and answers, A receives. On
+// loopback the kernel delivers a datagram during the sender's system call,
+// so each receive finds it queued. Beside UD Send/Recv, the same round trip
+// over plain UDP sockets: connected read/write, and unconnected
+// sendto/recvfrom (as a UD QP's socket must be). The difference between
+// them is exactly what the stack adds to busy-poll latency, twice.
+func BenchmarkRoundTripCPU(b *testing.B) {
+	for _, size := range []int{64, 1024} {
+		b.Run("size="+itoa(size)+"/mode=raw-udp", func(b *testing.B) { rawRoundTrip(b, size, true) })
+		b.Run("size="+itoa(size)+"/mode=raw-udp-unconn", func(b *testing.B) { rawRoundTrip(b, size, false) })
+		b.Run("size="+itoa(size)+"/mode=ud-send", func(b *testing.B) {
+			cfg := DeviceConfig{Poll: PollBusy}
+			x := newNode(b, cfg, "udp4", "127.0.0.1:0")
+			y := newNode(b, cfg, "udp4", "127.0.0.1:0")
+			const depth = 64
+			for i := range depth {
+				x.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{x.mr.SGE(4096*i, 4096)}})
+				y.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{y.mr.SGE(4096*i, 4096)}})
+			}
+			toY := SendWR{SGL: []SGE{x.mr.SGE(1<<19, size)}, AH: x.ah(y, y.qp)}
+			toX := SendWR{SGL: []SGE{y.mr.SGE(1<<19, size)}, AH: y.ah(x, x.qp)}
+			wc := make([]WorkCompletion, 1)
+			recv := RecvWR{SGL: make([]SGE, 1)}
+			await := func(n *node) {
+				for k := 0; n.cq.Poll(wc) == 0; k++ {
+					if k > 1e6 {
+						b.Fatal("no completion")
+					}
+				}
+				if wc[0].Status != Success || int(wc[0].Len) != size {
+					b.Fatalf("%+v", wc[0])
+				}
+				recv.ID = wc[0].ID
+				recv.SGL[0] = n.mr.SGE(4096*int(wc[0].ID), 4096)
+				if err := n.qp.PostRecv(&recv); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := x.qp.PostSend(&toY); err != nil {
+					b.Fatal(err)
+				}
+				await(y)
+				if err := y.qp.PostSend(&toX); err != nil {
+					b.Fatal(err)
+				}
+				await(x)
+			}
+		})
+	}
+}
+
+func rawRoundTrip(b *testing.B, size int, connected bool) {
+	open := func() (int, *unix.SockaddrInet4) {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { unix.Close(fd) })
+		if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+			b.Fatal(err)
+		}
+		sa, _ := unix.Getsockname(fd)
+		return fd, sa.(*unix.SockaddrInet4)
+	}
+	x, xa := open()
+	y, ya := open()
+	if connected {
+		unix.Connect(x, ya)
+		unix.Connect(y, xa)
+	}
+	buf := make([]byte, 65536)
+	msg := make([]byte, size)
+	// Raw system calls, as the fastest busy-polling code makes them: no
+	// scheduler hand-off, no sockaddr conversion or allocation.
+	send := func(fd int, to *unix.SockaddrInet4) {
+		var e syscall.Errno
+		if connected {
+			_, _, e = syscall.RawSyscall(syscall.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&msg[0])), uintptr(size))
+		} else {
+			sa := unix.RawSockaddrInet4{Family: unix.AF_INET, Port: uint16(to.Port>>8) | uint16(to.Port&0xff)<<8, Addr: to.Addr}
+			_, _, e = syscall.RawSyscall6(syscall.SYS_SENDTO, uintptr(fd), uintptr(unsafe.Pointer(&msg[0])), uintptr(size),
+				0, uintptr(unsafe.Pointer(&sa)), unix.SizeofSockaddrInet4)
+		}
+		if e != 0 {
+			b.Fatal(e)
+		}
+	}
+	var from unix.RawSockaddrAny
+	recv := func(fd int) {
+		for k := 0; ; k++ {
+			var n uintptr
+			var e syscall.Errno
+			if connected {
+				n, _, e = syscall.RawSyscall(syscall.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)))
+			} else {
+				fl := uint32(unix.SizeofSockaddrAny)
+				n, _, e = syscall.RawSyscall6(syscall.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)),
+					0, uintptr(unsafe.Pointer(&from)), uintptr(unsafe.Pointer(&fl)))
+			}
+			if e == 0 && int(n) == size {
+				return
+			}
+			if k > 1e6 {
+				b.Fatal("no datagram", e)
+			}
+		}
+	}
+	for b.Loop() {
+		send(x, ya)
+		recv(y)
+		send(y, xa)
+		recv(x)
 	}
 }

@@ -219,11 +219,13 @@ func (s *Socket) recvmmsg(vlen int) bool {
 		if s.wrg.q != nil {
 			landed = s.prepareWRLanding(vlen)
 		}
-		if landed == 0 {
-			landed = s.prepareLanding(vlen)
-		}
-		if big && landed > 0 {
-			vlen = landed // large datagrams: read no more than can land in place
+		// Large Sends land in their posted receives. Small ones do not:
+		// copying a few hundred bytes costs less than binding a batch of
+		// receives (BenchmarkRoundTripCPU).
+		if landed == 0 && big {
+			if landed = s.prepareLanding(vlen); landed > 0 {
+				vlen = landed // read no more than can land in place
+			}
 		}
 	}
 	for i := range b.hs[:vlen] {
