@@ -223,9 +223,10 @@ func (s *Socket) recvmmsg(vlen int) bool {
 		// copying a few hundred bytes costs less than binding a batch of
 		// receives (BenchmarkRoundTripCPU).
 		if landed == 0 && big {
-			if landed = s.prepareLanding(vlen); landed > 0 {
-				vlen = landed // read no more than can land in place
-			}
+			landed = s.prepareLanding(vlen)
+		}
+		if big && landed > 0 {
+			vlen = landed // large datagrams: read no more than can land in place
 		}
 	}
 	for i := range b.hs[:vlen] {
