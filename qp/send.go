@@ -90,7 +90,6 @@ type txCtx struct {
 	iov    [maxSGE + 2]unix.Iovec
 	hdr    [udiwarp.WriteRecordHeaderSize]byte
 	crc    [udiwarp.CRCSize]byte
-	flat   [flatMax]byte // a small datagram, copied whole (see flatMax)
 	mrs    [maxSGE]*MR
 	nmr    int
 	n      int
@@ -109,31 +108,7 @@ func (t *txCtx) init(q *QP) {
 	t.msg.Iov = &t.iov[0]
 }
 
-// flatMax is the largest datagram sent from one contiguous copy rather
-// than from its pieces: below it, copying header, payload and CRC into one
-// buffer and calling sendto(2) costs less than the kernel's handling of a
-// msghdr with three iovecs (0.3–0.5 µs per datagram on loopback, measured
-// on this project's machine; see BENCHMARKS.md). Above it the copy costs
-// more than it saves, and the payload leaves from the registered buffer.
-const flatMax = 2048
-
 func (t *txCtx) sendmsg(fd uintptr) {
-	if t.msg.Controllen == 0 && t.msg.Iovlen > 1 {
-		n := 0
-		for i := range t.iov[:t.msg.Iovlen] {
-			n += int(t.iov[i].Len)
-		}
-		if n <= flatMax {
-			b := t.flat[:0]
-			for i := range t.iov[:t.msg.Iovlen] {
-				b = append(b, unsafe.Slice(t.iov[i].Base, t.iov[i].Len)...)
-			}
-			r, _, e := unix.RawSyscall6(unix.SYS_SENDTO, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)),
-				unix.MSG_DONTWAIT, uintptr(unsafe.Pointer(t.msg.Name)), uintptr(t.msg.Namelen))
-			t.n, t.errno = int(r), e
-			return
-		}
-	}
 	r, _, e := unix.RawSyscall(unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(&t.msg)), unix.MSG_DONTWAIT)
 	t.n, t.errno = int(r), e
 }
