@@ -273,6 +273,11 @@ func (c *PacketConn) WriteToUDPAddrPort(b []byte, ap netip.AddrPort) (int, error
 	if err != nil {
 		return 0, c.opErr("write", err)
 	}
+	if c.reliable {
+		// RD completes every send when the peer acknowledges it; take what
+		// has completed, so the CQ never holds more than the send queue.
+		c.drain()
+	}
 	if len(b) <= 512 {
 		// Copied at post: no slot. On RD the WR stays outstanding until
 		// acknowledged, so it is signaled, to be reaped like the others.
@@ -331,6 +336,21 @@ var errMessageTooLong = errors.New("message too long")
 
 // inlineID marks the completions of inline sends, which hold no slot.
 const inlineID = ^uint64(0)
+
+// drain takes whatever send completions are there, without waiting.
+func (c *PacketConn) drain() {
+	for {
+		n := c.scq.Poll(c.swcs)
+		for _, wc := range c.swcs[:n] {
+			if wc.ID != inlineID {
+				c.free = append(c.free, int(wc.ID))
+			}
+		}
+		if n < len(c.swcs) {
+			return
+		}
+	}
+}
 
 // reap takes send completions, freeing their slots, waiting for one if
 // none is there (within the write deadline).

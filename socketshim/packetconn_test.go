@@ -3,6 +3,7 @@ package socketshim
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"sync"
@@ -210,5 +211,48 @@ func TestReliablePacketConn(t *testing.T) {
 	}
 	if a.Device().Stats().RDRetransmits.Load() == 0 {
 		t.Fatal("nothing was retransmitted: the loss did not act")
+	}
+}
+
+// TestReliablePacketConnSmallWrites sends many more small (inline)
+// datagrams over RD than the send CQ holds: their completions, which come
+// as the peer acknowledges, must be reaped as they come, or the CQ
+// overflows and the QP stops.
+func TestReliablePacketConnSmallWrites(t *testing.T) {
+	mk := func() *PacketConn {
+		c, err := ListenPacket("udp4", "127.0.0.1:0", &Options{Reliable: true, SendSlots: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	a, b := mk(), mk()
+	const n = 2000
+	errc := make(chan error, 1)
+	go func() {
+		for i := range n {
+			if _, err := a.WriteTo([]byte{byte(i), byte(i >> 8), 3, 4}, b.LocalAddr()); err != nil {
+				errc <- fmt.Errorf("write %d: %w", i, err)
+				return
+			}
+		}
+		errc <- nil
+	}()
+	buf := make([]byte, 100)
+	for i := range n {
+		b.SetReadDeadline(time.Now().Add(10 * time.Second))
+		k, _, err := b.ReadFrom(buf)
+		if err != nil || k != 4 || int(buf[0])|int(buf[1])<<8 != i&0xffff {
+			t.Fatalf("datagram %d: %d bytes %x, %v", i, k, buf[:k], err)
+		}
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ev := <-a.Device().Events():
+		t.Fatalf("sender's device raised %v", ev)
+	default:
 	}
 }
