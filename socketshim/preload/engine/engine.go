@@ -61,7 +61,12 @@ type sock struct {
 	evfd int
 
 	signaled atomic.Bool
-	done     chan struct{}
+	// sigMu orders the notifier's look-and-signal against a reader's
+	// settle: without it a notifier woken for a datagram the reader has
+	// already taken could make the eventfd readable over an empty queue,
+	// and an edge-triggered epoll would fire with nothing to read.
+	sigMu sync.Mutex
+	done  chan struct{}
 
 	rmu  sync.Mutex
 	rwc  [1]qp.WorkCompletion
@@ -226,16 +231,23 @@ func (s *sock) setup(uc *net.UDPConn) error {
 func (s *sock) notifier() {
 	for {
 		s.rcq.RequestNotify(false)
-		if s.rcq.Pending() > 0 {
-			s.signal()
-		}
+		s.signalPending()
 		select {
 		case <-s.rcq.C():
-			s.signal()
+			s.signalPending()
 		case <-s.done:
 			return
 		}
 	}
+}
+
+// signalPending makes the eventfd readable if completions wait.
+func (s *sock) signalPending() {
+	s.sigMu.Lock()
+	if s.rcq.Pending() > 0 {
+		s.signal()
+	}
+	s.sigMu.Unlock()
 }
 
 var one = [8]byte{1}
@@ -250,6 +262,8 @@ func (s *sock) signal() {
 // drain first, then clear the flag, then look again, so that a datagram
 // completing meanwhile always leaves it readable.
 func (s *sock) settle() {
+	s.sigMu.Lock()
+	defer s.sigMu.Unlock()
 	if s.held != nil || s.rcq.Pending() > 0 {
 		s.signal()
 		return
