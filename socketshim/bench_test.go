@@ -28,12 +28,17 @@ func udpPair(b *testing.B) (pconn, pconn) {
 	return a, c
 }
 
-func shimPair(b *testing.B) (pconn, pconn) {
-	a, err := ListenPacket("udp4", "127.0.0.1:0", nil)
+// shimPair opens two PacketConns; kind "socketshim-nocrc" turns the
+// CRC32c off, to show what the software CRC costs (an RNIC computes it in
+// hardware).
+func shimPair(b *testing.B, kind string) (pconn, pconn) {
+	o := &Options{}
+	o.Device.NoCRC = kind == "socketshim-nocrc"
+	a, err := ListenPacket("udp4", "127.0.0.1:0", o)
 	if err != nil {
 		b.Fatal(err)
 	}
-	c, err := ListenPacket("udp4", "127.0.0.1:0", nil)
+	c, err := ListenPacket("udp4", "127.0.0.1:0", o)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -45,11 +50,11 @@ func shimPair(b *testing.B) (pconn, pconn) {
 // median, over the shim's PacketConn and over net.UDPConn, in one run.
 func BenchmarkPingPong(b *testing.B) {
 	for _, size := range []int{64, 1024} {
-		for _, kind := range []string{"net.UDPConn", "socketshim"} {
+		for _, kind := range []string{"net.UDPConn", "socketshim", "socketshim-nocrc"} {
 			b.Run(fmt.Sprintf("size=%d/%s", size, kind), func(b *testing.B) {
 				var a, c pconn
-				if kind == "socketshim" {
-					a, c = shimPair(b)
+				if kind != "net.UDPConn" {
+					a, c = shimPair(b, kind)
 				} else {
 					a, c = udpPair(b)
 				}
@@ -91,11 +96,11 @@ func BenchmarkPingPong(b *testing.B) {
 // BenchmarkStream sends 64000-byte datagrams for a second and reports
 // what the receiver read.
 func BenchmarkStream(b *testing.B) {
-	for _, kind := range []string{"net.UDPConn", "socketshim"} {
+	for _, kind := range []string{"net.UDPConn", "socketshim", "socketshim-nocrc"} {
 		b.Run(kind, func(b *testing.B) {
 			var a, c pconn
-			if kind == "socketshim" {
-				a, c = shimPair(b)
+			if kind != "net.UDPConn" {
+				a, c = shimPair(b, kind)
 			} else {
 				a, c = udpPair(b)
 				c.(*net.UDPConn).SetReadBuffer(32 << 20)
