@@ -1,6 +1,7 @@
 package qp
 
 import (
+	"net"
 	"syscall"
 	"testing"
 	"unsafe"
@@ -147,15 +148,18 @@ func BenchmarkRoundTripCPU(b *testing.B) {
 }
 
 func rawRoundTrip(b *testing.B, size int, connected bool) {
+	// net.UDPConn sockets, as udperf's baselines and the device's own
+	// sockets are: registered with the netpoller, whose wake-up callback
+	// every arriving datagram runs.
 	open := func() (int, *unix.SockaddrInet4) {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.Cleanup(func() { unix.Close(fd) })
-		if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-			b.Fatal(err)
-		}
+		b.Cleanup(func() { c.Close() })
+		var fd int
+		rc, _ := c.SyscallConn()
+		rc.Control(func(f uintptr) { fd = int(f) })
 		sa, _ := unix.Getsockname(fd)
 		return fd, sa.(*unix.SockaddrInet4)
 	}
