@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"runtime"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -101,8 +99,7 @@ type rcConn struct {
 	rxReadMSN uint32
 	rxTermMSN uint32
 	cur       rcRecv
-	closing   atomic.Bool
-	users     atomic.Int64 // system calls on fd in flight
+	fdUse     // system calls on fd in flight, and closing
 }
 
 // postRC queues a send WR on an RC QP and sends what TCP takes now.
@@ -912,26 +909,9 @@ func (c *rcConn) flush() {
 func (c *rcConn) shutdown() {
 	c.closing.Store(true)
 	c.q.dev.rcUnregister(c)
-	for c.users.Load() != 0 { // system calls in flight end first: the descriptor stays theirs
-		runtime.Gosched()
-	}
+	c.retire()
 	c.tc.Close()
 }
-
-// acquire reports whether the descriptor may be used for a system call;
-// each true must be paired with release. The connection's descriptor is
-// used directly (no RawConn callback per call: it costs a tenth of a
-// small message's time), so close waits for the calls in flight.
-func (c *rcConn) acquire() bool {
-	c.users.Add(1)
-	if c.closing.Load() {
-		c.users.Add(-1)
-		return false
-	}
-	return true
-}
-
-func (c *rcConn) release() { c.users.Add(-1) }
 
 // rcInterest asks the poller to report (or stop reporting) room to write.
 func (d *Device) rcInterest(c *rcConn, out bool) {

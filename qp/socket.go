@@ -41,13 +41,12 @@ type Socket struct {
 	// would allocate.
 	readableFn, writableFn func(fd uintptr) bool
 	rx                     rxBatch
-	// fd is used directly for non-blocking system calls; users counts the
-	// calls in flight so that close never pulls it from under one.
-	fd      uintptr
-	users   atomic.Int64
-	closing atomic.Bool
-	noGSO   atomic.Bool // the kernel refused UDP_SEGMENT once
-	gro     bool        // UDP_GRO is on: a read may hold several datagrams
+	// fd is used directly for non-blocking system calls, each between
+	// acquire and release, so that close never pulls it from under one.
+	fd uintptr
+	fdUse
+	noGSO atomic.Bool // the kernel refused UDP_SEGMENT once
+	gro   bool        // UDP_GRO is on: a read may hold several datagrams
 
 	// Datamover: QPs with queued work, served round-robin.
 	txMu    sync.Mutex
@@ -174,27 +173,41 @@ func (s *Socket) start() {
 	}
 }
 
+// fdUse lets system calls use a descriptor directly (no RawConn callback
+// per call: it costs a tenth of a small message's time) while another
+// goroutine may close it: calls run between acquire and release, and
+// retire waits for those in flight before the descriptor is closed.
+type fdUse struct {
+	closing atomic.Bool
+	users   atomic.Int64
+}
+
 // acquire reports whether the descriptor may be used; every true must be
 // paired with release.
-func (s *Socket) acquire() bool {
-	s.users.Add(1)
-	if s.closing.Load() {
-		s.users.Add(-1)
+func (u *fdUse) acquire() bool {
+	u.users.Add(1)
+	if u.closing.Load() {
+		u.users.Add(-1)
 		return false
 	}
 	return true
 }
 
-func (s *Socket) release() { s.users.Add(-1) }
+func (u *fdUse) release() { u.users.Add(-1) }
+
+// retire refuses new calls and waits for those in flight to end.
+func (u *fdUse) retire() {
+	u.closing.Store(true)
+	for u.users.Load() != 0 {
+		runtime.Gosched()
+	}
+}
 
 func (s *Socket) close() {
 	s.txMu.Lock()
 	s.closed = true
 	s.txMu.Unlock()
-	s.closing.Store(true)
-	for s.users.Load() != 0 {
-		runtime.Gosched()
-	}
+	s.retire()
 	s.conn.Close()
 }
 

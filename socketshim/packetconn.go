@@ -69,9 +69,8 @@ type PacketConn struct {
 	order []netip.AddrPort
 	maxAH int
 
-	reliable     bool
-	rdl, wdl     atomic.Int64 // deadlines, UnixNano; 0 none
-	rkick, wkick chan struct{}
+	reliable bool
+	deadlines
 }
 
 var errClosed = net.ErrClosed
@@ -106,8 +105,8 @@ func ListenPacket(network, address string, opts *Options) (*PacketConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &PacketConn{dev: dev, depth: o.RecvDepth, closed: make(chan struct{}), ahs: map[netip.AddrPort]*qp.AH{}, maxAH: o.MaxAHs,
-		rkick: make(chan struct{}, 1), wkick: make(chan struct{}, 1)}
+	c := &PacketConn{dev: dev, depth: o.RecvDepth, closed: make(chan struct{}), ahs: map[netip.AddrPort]*qp.AH{}, maxAH: o.MaxAHs}
+	c.deadlines.init()
 	fail := func(err error) (*PacketConn, error) {
 		dev.Close()
 		return nil, &net.OpError{Op: "listen", Net: network, Err: err}
@@ -205,42 +204,9 @@ func (c *PacketConn) ReadFromUDPAddrPort(b []byte) (int, netip.AddrPort, error) 
 }
 
 // wait parks until cq may have a completion, the deadline passes (or
-// moves), or the connection closes.
+// moves), or the connection closes; it spins a little first (park).
 func (c *PacketConn) wait(cq *qp.CQ, dl *atomic.Int64, kick chan struct{}) error {
-	d := dl.Load()
-	now := time.Now().UnixNano()
-	if d != 0 && now >= d {
-		return os.ErrDeadlineExceeded
-	}
-	// Spin a little in this goroutine first: a reply that comes within it
-	// costs no goroutine hand-off (the device's receive goroutine waking,
-	// then this one).
-	spin := spinFor
-	if d != 0 {
-		spin = min(spin, time.Duration(d-now))
-	}
-	if cq.Spin(spin) {
-		return nil
-	}
-	cq.RequestNotify(false)
-	if cq.Pending() > 0 { // arrived while arming
-		return nil
-	}
-	var timer <-chan time.Time
-	if d != 0 {
-		t := time.NewTimer(time.Duration(d - time.Now().UnixNano()))
-		defer t.Stop()
-		timer = t.C
-	}
-	select {
-	case <-cq.C():
-	case <-kick: // a deadline changed: look again
-	case <-timer:
-		return os.ErrDeadlineExceeded
-	case <-c.closed:
-		return errClosed
-	}
-	return nil
+	return park(cq, dl, kick, c.closed, nil, 0)
 }
 
 // WriteTo sends b to addr as one datagram.
@@ -317,7 +283,7 @@ func (c *PacketConn) post(wr *qp.SendWR) error {
 			// UD: the queue holds datagrams the datamover has yet to send
 			// (the socket is full); unsignaled ones complete silently, so
 			// there is nothing to wait on but time.
-			if d := c.wdl.Load(); d != 0 && time.Now().UnixNano() >= d {
+			if expired(&c.wdl) {
 				return os.ErrDeadlineExceeded
 			}
 			if c.isClosed() {
@@ -402,14 +368,7 @@ func (c *PacketConn) Close() error {
 	return c.dev.Close()
 }
 
-func (c *PacketConn) isClosed() bool {
-	select {
-	case <-c.closed:
-		return true
-	default:
-		return false
-	}
-}
+func (c *PacketConn) isClosed() bool { return isDone(c.closed) }
 
 func (c *PacketConn) opErr(op string, err error) error {
 	return &net.OpError{Op: op, Net: "udp", Source: c.LocalAddr(), Err: err}

@@ -591,14 +591,7 @@ func (c *RCConn) Close() error {
 	return c.dev.Close()
 }
 
-func (c *RCConn) isClosed() bool {
-	select {
-	case <-c.closed:
-		return true
-	default:
-		return false
-	}
-}
+func (c *RCConn) isClosed() bool { return isDone(c.closed) }
 
 func (c *RCConn) opErr(op string, err error) error {
 	return &net.OpError{Op: op, Net: "tcp", Source: c.local, Addr: c.remote, Err: err}

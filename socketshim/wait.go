@@ -43,7 +43,8 @@ func (b *bell) ring() {
 
 // park waits until cq may hold a completion, the bell rings, the deadline
 // (UnixNano in dl; 0 none) passes or moves (kick), closed closes, or tmo
-// (if not 0) passes. It spins a little first, as PacketConn.wait does.
+// (if not 0) passes. It spins for spinFor first: a completion that comes
+// within it costs no goroutine hand-off.
 // Returns os.ErrDeadlineExceeded or errClosed, else nil: look again.
 func park(cq *qp.CQ, dl *atomic.Int64, kick, closed chan struct{}, rang <-chan struct{}, tmo time.Duration) error {
 	return parkW(cq, nil, dl, kick, closed, rang, tmo)
@@ -102,6 +103,16 @@ func parkW(cq *qp.CQ, w *watcher, dl *atomic.Int64, kick, closed chan struct{}, 
 		return errClosed
 	}
 	return nil
+}
+
+// isDone reports whether ch is closed.
+func isDone(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // expired reports whether the deadline in dl has passed.

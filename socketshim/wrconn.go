@@ -238,8 +238,8 @@ func ListenWriteRecord(network, address string, opts *WROptions) (*WRConn, error
 		dev.Close()
 		return bad(err)
 	}
-	pc := &PacketConn{dev: dev, depth: wrCtlRecvs, closed: make(chan struct{}), ahs: map[netip.AddrPort]*qp.AH{}, maxAH: o.MaxPeers,
-		rkick: make(chan struct{}, 1), wkick: make(chan struct{}, 1)}
+	pc := &PacketConn{dev: dev, depth: wrCtlRecvs, closed: make(chan struct{}), ahs: map[netip.AddrPort]*qp.AH{}, maxAH: o.MaxPeers}
+	pc.deadlines.init()
 	c := &WRConn{pc: pc, o: o, peers: map[netip.AddrPort]*wrPeer{}, byTag: map[uint32]*wrRing{}}
 	var e [8]byte
 	rand.Read(e[:])
