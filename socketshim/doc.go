@@ -6,7 +6,8 @@
 // ReadFrom returns the next completed receive with its source. Deadlines
 // behave as net.UDPConn's — one in the past interrupts a blocked read at
 // once, an expired one fails with os.ErrDeadlineExceeded — and Close
-// unblocks everything. Dial returns a connected net.Conn. quic-go (QUIC
+// unblocks everything. Dial on "udp" returns a connected net.Conn (*Conn)
+// over it. quic-go (QUIC
 // and HTTP/3) and miekg/dns run over them unchanged; see the tests.
 //
 // Options.Reliable runs it over an RD QP instead: every datagram
@@ -36,8 +37,9 @@
 // (zero copy). Both ends must use ListenWriteRecord. The comment in
 // wrconn.go is the full protocol.
 //
-// DialRC and ListenRC give a byte stream, net.Conn and net.Listener
-// (*RCConn, *RCListener), over RC queue pairs (TCP + MPA), so UD and RC
+// Dial and Listen on "tcp" (or DialRC and ListenRC, which take options)
+// give a byte stream, net.Conn and net.Listener (*RCConn, *RCListener),
+// over RC queue pairs (TCP + MPA), so UD and RC
 // sockets compare like for like. Writes are cut into Sends of at most the
 // peer's RCOptions.MessageSize; Read returns the bytes in order, a
 // message over several Reads if need be. RC has no receiver-not-ready,

@@ -1,6 +1,7 @@
 package socketshim
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -417,9 +418,35 @@ type Conn struct {
 	peer netip.AddrPort
 }
 
-// Dial opens a PacketConn on an ephemeral local port and connects it to
-// address, a peer's PacketConn.
-func Dial(network, address string) (*Conn, error) {
+// Dial connects to address as net.Dial does, over udiwarp: on "udp",
+// "udp4" or "udp6" it opens a PacketConn on an ephemeral local port and
+// returns it connected (*Conn) to a peer's PacketConn; on "tcp", "tcp4"
+// or "tcp6" it returns an RC stream (*RCConn) to a Listen or ListenRC
+// listener (DialRC, with default options and no setup deadline).
+func Dial(network, address string) (net.Conn, error) {
+	switch network {
+	case "tcp", "tcp4", "tcp6":
+		return DialRC(context.Background(), network, address, nil)
+	case "udp", "udp4", "udp6":
+		return dialUD(network, address)
+	}
+	return nil, &net.OpError{Op: "dial", Net: network, Err: net.UnknownNetworkError(network)}
+}
+
+// Listen listens for RC streams on a TCP address ("tcp", "tcp4" or
+// "tcp6") as net.Listen does, with default options (ListenRC). Datagram
+// networks have no listener: use ListenPacket.
+func Listen(network, address string) (net.Listener, error) {
+	switch network {
+	case "tcp", "tcp4", "tcp6":
+		return ListenRC(network, address, nil)
+	}
+	return nil, &net.OpError{Op: "listen", Net: network, Err: net.UnknownNetworkError(network)}
+}
+
+// dialUD opens a PacketConn on an ephemeral local port and connects it
+// to address, a peer's PacketConn.
+func dialUD(network, address string) (*Conn, error) {
 	ap, err := netip.ParseAddrPort(address)
 	if err != nil {
 		ua, rerr := net.ResolveUDPAddr(network, address)

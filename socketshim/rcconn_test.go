@@ -342,3 +342,69 @@ func TestRCConnBadInput(t *testing.T) {
 		t.Errorf("Accept after Close: %v", err)
 	}
 }
+
+// TestDialListen goes through the net-style entry points: Listen and
+// Dial on "tcp" give an RC stream, Dial on "udp4" a connected datagram
+// socket, and networks without a udiwarp meaning a clear error.
+func TestDialListen(t *testing.T) {
+	l, err := Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		io.Copy(c, c)
+	}()
+	c, err := Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, ok := c.(*RCConn); !ok {
+		t.Fatalf("Dial(tcp) gave %T, not *RCConn", c)
+	}
+	msg := bytes.Repeat([]byte("udiwarp "), 1000)
+	if _, err := c.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(msg))
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("echo: %v", err)
+	}
+
+	pc, err := ListenPacket("udp4", "127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	u, err := Dial("udp4", pc.LocalAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	if _, ok := u.(*Conn); !ok {
+		t.Fatalf("Dial(udp4) gave %T, not *Conn", u)
+	}
+	if _, err := u.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 16)
+	pc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, from, err := pc.ReadFrom(buf); err != nil || string(buf[:n]) != "ping" || from.String() != u.LocalAddr().String() {
+		t.Fatalf("datagram %q from %v: %v", buf[:n], from, err)
+	}
+
+	var unknown net.UnknownNetworkError
+	if _, err := Listen("udp", "127.0.0.1:0"); !errors.As(err, &unknown) {
+		t.Fatalf("Listen(udp): %v", err)
+	}
+	if _, err := Dial("unix", "/tmp/x"); !errors.As(err, &unknown) {
+		t.Fatalf("Dial(unix): %v", err)
+	}
+}
