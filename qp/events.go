@@ -90,10 +90,10 @@ type Stats struct {
 	RxBadSTag      atomic.Uint64 // Write-Record: unknown STag, stale key, or another PD
 	RxAccess       atomic.Uint64 // Write-Record: region without remote-write access
 	RxBounds       atomic.Uint64 // Write-Record: message outside its region
-	RxWRStale      atomic.Uint64 // Write-Record: segment of an older message than the one in progress
+	RxWRStale      atomic.Uint64 // Write-Record: segment the engine dropped (older, duplicate, too far ahead, ...: WriteRecordStats says which)
 	RxWRPlaced     atomic.Uint64 // Write-Record segments placed
 	RxWRComplete   atomic.Uint64 // Write-Record messages recorded complete
-	RxWRPartial    atomic.Uint64 // Write-Record messages recorded partial at their deadline
+	RxWRPartial    atomic.Uint64 // Write-Record messages recorded partial (at their deadline or at MaxRanges)
 
 	// RD (reliable datagram) QPs.
 	RDPeers          atomic.Uint64 // peer states created
@@ -181,8 +181,8 @@ func (s *Stats) countRx(err error) {
 }
 
 // WriteRecordStats sums the Write-Record target engines of the device's
-// QPs: messages completed, recorded partial, discarded at their deadline,
-// superseded, evicted at a cap; and the messages in progress now.
+// QPs (every counter of writerecord.Stats) and the messages in progress
+// now.
 func (d *Device) WriteRecordStats() (st writerecord.Stats, inProgress int) {
 	for i := range d.qps {
 		q := d.qps[i].Load()
@@ -199,6 +199,10 @@ func (d *Device) WriteRecordStats() (st writerecord.Stats, inProgress int) {
 			st.Stale += s.Stale
 			st.Evicted += s.Evicted
 			st.Duplicate += s.Duplicate
+			st.FarAhead += s.FarAhead
+			st.Mismatch += s.Mismatch
+			st.Displaced += s.Displaced
+			st.Fragmented += s.Fragmented
 			inProgress += q.wr.InProgress()
 		}
 		q.wrMu.Unlock()

@@ -209,6 +209,9 @@ func (q *QP) receiveWriteRecord(s *Socket, seg udiwarp.Segment, src netip.AddrPo
 	v := q.wr.Admit(&ws, now)
 	if v == writerecord.Drop {
 		st.RxWRStale.Add(1)
+		if rec, ok := q.wr.Ended(); ok { // its message ended at MaxRanges, deliver-partial
+			q.recordWriteRecord(m, &rec)
+		}
 		return
 	}
 	if v == writerecord.PlaceNew {

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/google/btree"
 	"github.com/udiwarp/udiwarp/validitymap"
 )
 
@@ -42,6 +43,21 @@ type Config struct {
 	// that began longest ago is evicted and counted, never recorded.
 	MaxMessages  int
 	MaxPerSource int
+	// MSNWindow bounds how far ahead of the message that holds a
+	// (source, STag) — in progress, or completed and remembered — a
+	// segment's MSN may be and still supersede it (default 1024, at most
+	// 2^31-1). A segment further ahead is dropped and counted
+	// (Stats.FarAhead), so that one datagram with a far-ahead MSN, forged
+	// or not, cannot take a flow's key. See docs/wire.md §4.3.
+	MSNWindow int
+	// MaxRanges caps the disjoint runs of bytes one message in progress
+	// may hold (default 1024). A segment that would add a run beyond it
+	// ends the message at once, by its policy: deliver-partial records the
+	// runs that arrived, discard records nothing; the segment and the rest
+	// of the message are dropped (Stats.Fragmented). With MaxMessages it
+	// bounds the engine's memory (MaxMessages × MaxRanges runs of 16
+	// bytes) and each segment's work (O(log MaxRanges)).
+	MaxRanges int
 }
 
 func (c *Config) fill() {
@@ -53,6 +69,13 @@ func (c *Config) fill() {
 	}
 	if c.MaxPerSource <= 0 {
 		c.MaxPerSource = 64
+	}
+	if c.MSNWindow <= 0 {
+		c.MSNWindow = 1024
+	}
+	c.MSNWindow = min(c.MSNWindow, 1<<31-1)
+	if c.MaxRanges <= 0 {
+		c.MaxRanges = 1024
 	}
 }
 
@@ -99,12 +122,16 @@ type Record struct {
 // Stats counts what the engine did.
 type Stats struct {
 	Completed  uint64 // messages recorded complete
-	Partial    uint64 // messages recorded partial at their deadline
+	Partial    uint64 // messages recorded partial, at their deadline or at MaxRanges
 	Expired    uint64 // messages discarded at their deadline
 	Superseded uint64 // messages discarded for a newer MSN
 	Stale      uint64 // segments dropped: older MSN than the message in progress
 	Evicted    uint64 // messages discarded at a cap
-	Duplicate  uint64 // segments dropped: their message already completed
+	Duplicate  uint64 // segments dropped: their message, or a newer one, already completed
+	FarAhead   uint64 // segments dropped: MSN more than MSNWindow ahead of their key's message
+	Mismatch   uint64 // segments dropped: the MSN of the message in progress, another extent
+	Displaced  uint64 // messages (or remembered ones) ended by two messages they blocked (§4.3)
+	Fragmented uint64 // messages ended at MaxRanges (recorded partial or discarded by policy)
 }
 
 type key struct {
@@ -128,11 +155,15 @@ type message struct {
 	// so that a late duplicate of one of its segments is dropped instead
 	// of starting the message again (and invalidating what it made valid).
 	done bool
+	// strikes counts the messages this one blocked that sent their last
+	// segment since it last made progress (at most 2: then it ends), and
+	// strikeMSN is the last of them, so that a duplicate counts once.
+	strikes   uint8
+	strikeMSN uint32
 	// Intrusive links, so that a message costs one allocation: all
 	// messages by first arrival (Engine.order), and its source's.
 	prev, next   *message
 	sprev, snext *message
-	gotBuf       [1]validitymap.Range // got's storage while it is one run
 }
 
 // chain is a doubly linked list of messages, oldest first.
@@ -196,12 +227,18 @@ type Engine struct {
 	perSource map[Source]*chain // each source's messages by first arrival
 	order     chain             // all messages by first arrival
 	stats     Stats
+	fl        *btree.FreeListG[validitymap.Range] // nodes of split messages' runs
+	// ended is the record of a message the last Admit ended at MaxRanges
+	// with deliver-partial, until Ended takes it.
+	ended    Record
+	hasEnded bool
 }
 
 // New returns an Engine.
 func New(cfg Config) *Engine {
 	cfg.fill()
-	e := &Engine{cfg: cfg, msgs: map[key]*message{}, perSource: map[Source]*chain{}}
+	e := &Engine{cfg: cfg, msgs: map[key]*message{}, perSource: map[Source]*chain{},
+		fl: btree.NewFreeListG[validitymap.Range](btree.DefaultFreeListSize)}
 	return e
 }
 
@@ -225,34 +262,60 @@ const (
 	// before placing, invalidate [MessageTO, MessageTO+Length) in the
 	// region's validity map, since its old contents are being overwritten.
 	PlaceNew
-	// Drop the segment: an older message's straggler.
+	// Drop the segment: an older message's straggler, a duplicate, a
+	// segment too far ahead or of another extent than its MSN's message,
+	// or one that ended its message at MaxRanges (then Ended has a record
+	// for the caller to make).
 	Drop
 )
 
-// newer reports whether MSN a comes after b in serial-number arithmetic.
-func newer(a, b uint32) bool { return int32(a-b) > 0 }
-
-// Admit decides a segment's fate before its bytes are placed. A segment of
-// a newer message than the one in progress for its (source, STag)
-// discards that message; a segment of an older one is dropped.
+// Admit decides a segment's fate before its bytes are placed (the rules
+// are docs/wire.md §4.3). One message holds each (source, STag): a
+// segment of a newer message, up to MSNWindow ahead, discards it; a
+// segment of an older one, or further ahead, is dropped; and when two
+// messages it so blocked have sent their last segment while it made no
+// progress, the holder ends and the segment is admitted as if the key
+// were free.
 func (e *Engine) Admit(s *Segment, now time.Time) Verdict {
+	e.hasEnded = false
 	k := key{s.Source, s.STag}
-	m := e.msgs[k]
-	switch {
-	case m == nil:
-	case m.done && !newer(s.MSN, m.msn):
-		e.stats.Duplicate++
-		return Drop
-	case m.done:
-		e.remove(m) // a newer message: the tombstone has served
-	case m.msn == s.MSN:
-		return Place
-	case newer(s.MSN, m.msn):
-		e.stats.Superseded++
-		e.remove(m)
-	default:
-		e.stats.Stale++
-		return Drop
+	if m := e.msgs[k]; m != nil {
+		d := int32(s.MSN - m.msn) // serial-number arithmetic
+		switch {
+		case d == 0 && m.done:
+			e.stats.Duplicate++
+			return Drop
+		case d == 0 && (s.MessageTO != m.to || s.Length != m.length):
+			// Another message claims this MSN (one of the two is not the
+			// source's): its bytes must never count towards m's record.
+			e.stats.Mismatch++
+			if !e.strike(m, s) {
+				return Drop
+			}
+		case d == 0:
+			if m.got.len() >= e.cfg.MaxRanges && m.got.adds(uint64(s.Offset), uint64(s.Offset)+uint64(s.N)) {
+				e.fragment(m, now)
+				return Drop
+			}
+			return Place
+		case d > 0 && int(d) <= e.cfg.MSNWindow:
+			if !m.done {
+				e.stats.Superseded++
+			} // else a newer message: the tombstone has served
+			e.remove(m)
+		default:
+			switch {
+			case d > 0:
+				e.stats.FarAhead++
+			case m.done:
+				e.stats.Duplicate++
+			default:
+				e.stats.Stale++
+			}
+			if !e.strike(m, s) {
+				return Drop
+			}
+		}
 	}
 	if s.Offset == 0 && s.N == s.Length {
 		return PlaceNew // whole in one segment: no state needed (UD may duplicate it; each copy is recorded)
@@ -274,8 +337,7 @@ func (e *Engine) Admit(s *Segment, now time.Time) Verdict {
 			timeout = l.Timeout
 		}
 	}
-	m = &message{key: k, msn: s.MSN, to: s.MessageTO, length: s.Length, deadline: now.Add(timeout), timeout: timeout, policy: policy}
-	m.got = m.gotBuf[:0]
+	m := &message{key: k, msn: s.MSN, to: s.MessageTO, length: s.Length, deadline: now.Add(timeout), timeout: timeout, policy: policy}
 	e.order.push(m, false)
 	l := e.perSource[s.Source]
 	if l == nil {
@@ -287,7 +349,59 @@ func (e *Engine) Admit(s *Segment, now time.Time) Verdict {
 	return PlaceNew
 }
 
+// strike notes that s, a segment m blocks, may be the last of its message,
+// and reports whether that ended m: the second such message (another MSN
+// than the first) since m last made progress is evidence that m is not
+// the source's current message — a forgery, or a source that restarted
+// its numbering — and not a reordered straggler, which comes alone.
+func (e *Engine) strike(m *message, s *Segment) bool {
+	if s.Offset+s.N != s.Length || (m.strikes > 0 && m.strikeMSN == s.MSN) {
+		return false
+	}
+	m.strikes++
+	m.strikeMSN = s.MSN
+	if m.strikes < 2 {
+		return false
+	}
+	e.stats.Displaced++
+	e.remove(m)
+	return true
+}
+
+// fragment ends m, which reached MaxRanges, by its policy, and keeps it
+// as a tombstone so that the rest of its segments are dropped.
+func (e *Engine) fragment(m *message, now time.Time) {
+	e.stats.Fragmented++
+	if m.policy == DeliverPartial && m.placed > 0 {
+		e.stats.Partial++
+		e.ended, e.hasEnded = m.partial(), true
+	}
+	m.done = true
+	m.got.reset()
+	m.deadline = now.Add(m.timeout)
+}
+
+// Ended returns the record of the message that the last Admit ended at
+// MaxRanges, when its policy is deliver-partial: exactly its runs that
+// arrived. The caller records it as it records Placed's and Expire's.
+func (e *Engine) Ended() (Record, bool) {
+	r, ok := e.ended, e.hasEnded
+	e.ended, e.hasEnded = Record{}, false
+	return r, ok
+}
+
+// partial is m's record of the runs that arrived.
+func (m *message) partial() Record {
+	rec := Record{Source: m.key.src, STag: m.key.stag, MSN: m.msn, MessageTO: m.to, Length: m.length}
+	rec.Valid = make([]validitymap.Range, 0, m.got.len())
+	m.got.each(func(r validitymap.Range) {
+		rec.Valid = append(rec.Valid, validitymap.Range{Start: m.to + r.Start, End: m.to + r.End})
+	})
+	return rec
+}
+
 func (e *Engine) remove(m *message) {
+	m.got.reset()
 	e.order.unlink(m, false)
 	delete(e.msgs, m.key)
 	l := e.perSource[m.key.src]
@@ -314,13 +428,17 @@ func (e *Engine) Placed(s *Segment) (Record, bool) {
 		}
 		return Record{}, false
 	}
-	m.placed += m.got.add(uint64(s.Offset), uint64(s.Offset)+uint64(s.N))
+	if n := m.got.add(uint64(s.Offset), uint64(s.Offset)+uint64(s.N), e.fl); n > 0 {
+		m.placed += n
+		m.strikes = 0 // it makes progress: what it blocked were stragglers
+	}
 	if m.placed < uint64(m.length) {
 		return Record{}, false
 	}
 	// Keep a tombstone until the message's deadline so that late
 	// duplicates are recognised; its ranges are no longer needed.
-	m.done, m.got = true, nil
+	m.done = true
+	m.got.reset()
 	e.stats.Completed++
 	return rec, true
 }
@@ -340,10 +458,14 @@ func (e *Engine) Deadline(s *Segment, now time.Time) time.Time {
 // beyond is placed yet). ok is false for any other message.
 func (e *Engine) Next(src Source, stag, msn uint32) (off uint32, ok bool) {
 	m := e.msgs[key{src, stag}]
-	if m == nil || m.done || m.msn != msn || len(m.got) != 1 || m.got[0].Start != 0 {
+	if m == nil || m.done || m.msn != msn || m.got.len() != 1 {
 		return 0, false
 	}
-	return uint32(m.got[0].End), true
+	r, _ := m.got.first()
+	if r.Start != 0 {
+		return 0, false
+	}
+	return uint32(r.End), true
 }
 
 // Expire handles every message whose deadline has passed: with
@@ -364,18 +486,15 @@ func (e *Engine) Expire(now time.Time, emit func(Record)) time.Time {
 		}
 		if m.policy == DeliverPartial && m.placed > 0 {
 			e.stats.Partial++
-			rec := Record{Source: m.key.src, STag: m.key.stag, MSN: m.msn, MessageTO: m.to, Length: m.length}
-			for _, r := range m.got {
-				rec.Valid = append(rec.Valid, validitymap.Range{Start: m.to + r.Start, End: m.to + r.End})
-			}
-			emit(rec)
+			emit(m.partial())
 		} else {
 			e.stats.Expired++
 		}
 		// Keep it as a tombstone for one more timeout: a straggler or a
 		// duplicate of this MSN must be dropped, not start the message
 		// again (which would invalidate what its record made valid).
-		m.done, m.got = true, nil
+		m.done = true
+		m.got.reset()
 		m.deadline = now.Add(m.timeout)
 		m = next
 	}

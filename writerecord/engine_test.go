@@ -205,12 +205,12 @@ func TestRangesAdd(t *testing.T) {
 	for _, c := range []struct{ s, e, new uint64 }{
 		{10, 20, 10}, {30, 40, 10}, {15, 35, 10}, {0, 5, 5}, {0, 50, 15}, {50, 50, 0}, {60, 70, 10}, {55, 65, 5},
 	} {
-		if got := r.add(c.s, c.e); got != c.new {
-			t.Fatalf("add(%d,%d) new %d, want %d (ranges %v)", c.s, c.e, got, c.new, r)
+		if got := r.add(c.s, c.e, nil); got != c.new {
+			t.Fatalf("add(%d,%d) new %d, want %d (ranges %v)", c.s, c.e, got, c.new, r.list())
 		}
 	}
-	if want := (ranges{{Start: 0, End: 50}, {Start: 55, End: 70}}); !slices.Equal(r, want) {
-		t.Fatalf("%v, want %v", r, want)
+	if want := []validitymap.Range{{Start: 0, End: 50}, {Start: 55, End: 70}}; !slices.Equal(r.list(), want) {
+		t.Fatalf("%v, want %v", r.list(), want)
 	}
 }
 

@@ -1,0 +1,134 @@
+package qp
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/udiwarp/udiwarp/internal/spoof"
+	"github.com/udiwarp/udiwarp/writerecord"
+)
+
+// wrHandled is how many Write-Record segments the target's engine has
+// decided on (placed or dropped).
+func wrHandled(n *node) uint64 {
+	st := n.dev.Stats()
+	return st.RxWRPlaced.Load() + st.RxWRStale.Load()
+}
+
+// waitRecords collects Write-Record completions from cq until one with
+// MSN last arrives. The bound only ends a hung test: with the 60 s
+// deadline the target is given, a flow the stack blocks stays blocked
+// for minutes, and a flow it serves is recorded in milliseconds.
+func waitRecords(t *testing.T, cq *CQ, last uint32) map[uint32]WorkCompletion {
+	t.Helper()
+	got := map[uint32]WorkCompletion{}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	wcs := make([]WorkCompletion, 16)
+	for {
+		n := cq.Poll(wcs)
+		for _, wc := range wcs[:n] {
+			if wc.Opcode != WCWriteRecord {
+				continue
+			}
+			if _, dup := got[wc.MSN]; dup {
+				t.Fatalf("message %d recorded twice", wc.MSN)
+			}
+			got[wc.MSN] = wc
+		}
+		if _, ok := got[last]; ok {
+			return got
+		}
+		if n == 0 {
+			if err := cq.Wait(ctx); err != nil {
+				t.Fatalf("waiting for the record of message %d, have %d records: %v", last, len(got), err)
+			}
+		}
+	}
+}
+
+// TestWriteRecordSpoofedFarAheadMSN forges, from the legitimate source's
+// address and QP number, one segment of a multi-segment message whose MSN
+// is 2^20 ahead, to a UD Write-Record target whose messages may take 60 s.
+// Before the fix that one datagram superseded the source's state and the
+// source's next messages were dropped as stale for two deadlines (two
+// minutes here). Now a segment more than MSNWindow ahead of the message
+// holding the key is dropped; and when no state exists for the forgery to
+// be measured against, the source's own messages end it after two.
+func TestWriteRecordSpoofedFarAheadMSN(t *testing.T) {
+	sp := spoof.NewT(t)
+	const size, seg = 1000, 500
+	for _, tc := range []struct {
+		name string
+		// first: legitimate messages recorded before the forgery.
+		first int
+		// lost: of the messages after it, how many may be lost at most.
+		lost int
+	}{
+		{"after a message", 1, 0},
+		{"before any message", 0, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+			src := a.newQP(QPAttr{Type: UD, SendCQ: a.cq, RecvCQ: a.cq, WriteRecordSegment: seg})
+			b, region, q := wrTarget(t, writerecord.Config{Timeout: 60 * time.Second}, RecordCQ)
+			ah := a.ah(b, q)
+			send := func(msn int) {
+				off := (msn - 1) * size
+				fill(a.buf[off:off+size], msn)
+				if err := src.PostSend(&SendWR{Opcode: OpWriteRecord, SGL: []SGE{a.mr.SGE(off, size)}, AH: ah,
+					RemoteSTag: region.STag(), RemoteTO: region.Addr() + uint64(off)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for msn := 1; msn <= tc.first; msn++ {
+				send(msn)
+				if wc := waitWC(t, b.cq, 1)[0]; wc.MSN != uint32(msn) || wc.Partial {
+					t.Fatalf("record %+v", wc)
+				}
+			}
+			// The forgery: the first half of a message far ahead, from the
+			// source's own address and QP number, into bytes of its own.
+			before := wrHandled(b)
+			forged := wrDatagram(q.QPN(), src.QPN(), region.STag(), region.Addr()+500_000, uint32(tc.first)+1<<20,
+				make([]byte, size), 0, seg, false)
+			if err := sp.Send(a.sock.LocalAddr(), b.sock.LocalAddr(), forged); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "the forged segment to be handled", func() bool { return wrHandled(b) > before })
+
+			const more = 5
+			last := tc.first + more
+			for msn := tc.first + 1; msn <= last; msn++ {
+				send(msn)
+			}
+			recs := waitRecords(t, b.cq, uint32(last))
+			for msn := tc.first + 1; msn <= last; msn++ {
+				wc, ok := recs[uint32(msn)]
+				if !ok {
+					continue
+				}
+				off := (msn - 1) * size
+				if wc.Status != Success || wc.Partial || wc.Len != size || wc.TO != region.Addr()+uint64(off) ||
+					!bytes.Equal(region.Bytes()[off:off+size], a.buf[off:off+size]) {
+					t.Fatalf("record of message %d: %+v", msn, wc)
+				}
+			}
+			if lost := more - len(recs); lost > tc.lost {
+				t.Fatalf("%d of the %d messages after the forgery lost (at most %d may be): records %v", lost, more, tc.lost, keys(recs))
+			}
+			wst, _ := b.dev.WriteRecordStats()
+			t.Logf("engine: %+v", wst)
+		})
+	}
+}
+
+func keys(m map[uint32]WorkCompletion) []uint32 {
+	var out []uint32
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
