@@ -3,11 +3,14 @@ package qp
 import (
 	"bytes"
 	"context"
+	"math/rand/v2"
+	"net"
 	"testing"
 	"time"
 
 	"github.com/udiwarp/udiwarp/internal/spoof"
 	"github.com/udiwarp/udiwarp/writerecord"
+	"golang.org/x/net/ipv4"
 )
 
 // wrHandled is how many Write-Record segments the target's engine has
@@ -131,4 +134,100 @@ func keys(m map[uint32]WorkCompletion) []uint32 {
 		out = append(out, k)
 	}
 	return out
+}
+
+// TestWriteRecordTinySegmentFlood floods one QP of a target with 80 000
+// one-byte segments of one message, none touching another, in random
+// order, while a legitimate source writes messages to another QP on the
+// same socket. Before the fix each segment cost a copy of the message's
+// whole run list on the receive goroutine (80 000 cost seconds, and an
+// unpaced stream made the kernel drop the other QP's datagrams). The
+// flood is paced by what the target has read, so that nothing is lost to
+// the kernel and what is asserted is counts, not rates: every legitimate
+// message is recorded, and the flooded message ends at MaxRanges with one
+// partial record of exactly the runs that arrived, after which each of
+// its segments is dropped.
+func TestWriteRecordTinySegmentFlood(t *testing.T) {
+	total := 80_000
+	if testing.Short() || raceEnabled {
+		total = 20_000
+	}
+	const maxRanges = 1024
+	b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	region, err := b.pd.RegisterMemory(make([]byte, 1<<20), AccessLocalWrite|AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	floodCQ, err := b.dev.CreateCQ(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flooded := b.newQP(QPAttr{Type: UD, SendCQ: floodCQ, RecvCQ: floodCQ, WriteRecord: writerecord.Config{Policy: writerecord.DeliverPartial, MaxRanges: maxRanges}})
+	q := b.newQP(QPAttr{Type: UD, SendCQ: b.cq, RecvCQ: b.cq})
+	a := newNode(t, DeviceConfig{}, "udp4", "127.0.0.2:0")
+	legit := a.newQP(QPAttr{Type: UD, SendCQ: a.cq, RecvCQ: a.cq, WriteRecordSegment: 500})
+	ah := a.ah(b, q)
+
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 3)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pc := ipv4.NewPacketConn(c)
+	dst := net.UDPAddrFromAddrPort(b.sock.LocalAddr())
+	const floodTO = 600_000
+	msg := make([]byte, 2*total)
+	order := rand.New(rand.NewPCG(7, 8)).Perm(total)
+	const batch = 256
+	msgs := make([]ipv4.Message, batch)
+	const legitSize = 1000
+	sent, rounds := 0, 0
+	for sent < total {
+		k := min(batch, total-sent)
+		for i := range k {
+			mo := 2 * order[sent+i]
+			msgs[i].Buffers = [][]byte{wrDatagram(flooded.QPN(), 77, region.STag(), region.Addr()+floodTO, 1, msg, mo, 1, false)}
+			msgs[i].Addr = dst
+		}
+		for off := 0; off < k; {
+			n, err := pc.WriteBatch(msgs[off:k], 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			off += n
+		}
+		sent += k
+		// One legitimate two-segment message per round, to its own bytes.
+		off := (rounds % 256) * legitSize
+		fill(a.buf[off:off+legitSize], rounds)
+		if err := legit.PostSend(&SendWR{Opcode: OpWriteRecord, SGL: []SGE{a.mr.SGE(off, legitSize)}, AH: ah,
+			RemoteSTag: region.STag(), RemoteTO: region.Addr() + uint64(off)}); err != nil {
+			t.Fatal(err)
+		}
+		rounds++
+		wc := waitWC(t, b.cq, 1)[0]
+		if wc.Status != Success || wc.Partial || wc.QPN != q.QPN() || wc.MSN != uint32(rounds) || wc.Len != legitSize ||
+			!bytes.Equal(region.Bytes()[off:off+legitSize], a.buf[off:off+legitSize]) {
+			t.Fatalf("legitimate message %d: %+v", rounds, wc)
+		}
+	}
+	eventually(t, "the flood to be read", func() bool { return wrHandled(b) >= uint64(total+2*rounds) })
+	wcs := waitWC(t, floodCQ, 1)
+	quiet(t, floodCQ)
+	wc := wcs[0]
+	if wc.Opcode != WCWriteRecord || !wc.Partial || wc.MSN != 1 || wc.SourceQPN != 77 || len(wc.Valid) != maxRanges {
+		t.Fatalf("flooded message's record: partial %v, MSN %d, %d runs (want %d)", wc.Partial, wc.MSN, len(wc.Valid), maxRanges)
+	}
+	for i, r := range wc.Valid {
+		if r.Len() != 1 || (r.Start-region.Addr()-floodTO)%2 != 0 || i > 0 && r.Start <= wc.Valid[i-1].Start {
+			t.Fatalf("run %d: %+v", i, r)
+		}
+	}
+	flooded.wrMu.Lock()
+	st := flooded.wr.Stats()
+	flooded.wrMu.Unlock()
+	if st.Fragmented != 1 || st.Partial != 1 || st.Duplicate != uint64(total-maxRanges-1) {
+		t.Fatalf("flooded QP's engine: %+v", st)
+	}
+	t.Logf("%d flood segments, %d legitimate messages; engine %+v", total, rounds, st)
 }
