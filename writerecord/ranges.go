@@ -23,10 +23,10 @@ type ranges struct {
 // rtree holds a split message's runs, with scratch for the tree's
 // iterators, bound once per tree so that an insertion allocates nothing.
 type rtree struct {
-	bt              *btree.BTreeG[validitymap.Range]
-	found           validitymap.Range
-	ok              bool
-	floorFn, nextFn btree.ItemIteratorG[validitymap.Range]
+	bt    *btree.BTreeG[validitymap.Range]
+	found validitymap.Range
+	ok    bool
+	first btree.ItemIteratorG[validitymap.Range] // keeps the first item visited
 }
 
 const rangesDegree = 8
@@ -70,7 +70,7 @@ func (rs *ranges) reset() {
 func (rs *ranges) floor(p uint64) (validitymap.Range, bool) {
 	t := rs.t
 	t.ok = false
-	t.bt.DescendLessOrEqual(validitymap.Range{Start: p}, t.floorFn)
+	t.bt.DescendLessOrEqual(validitymap.Range{Start: p}, t.first)
 	return t.found, t.ok
 }
 
@@ -78,7 +78,7 @@ func (rs *ranges) floor(p uint64) (validitymap.Range, bool) {
 func (rs *ranges) ceil(p uint64) (validitymap.Range, bool) {
 	t := rs.t
 	t.ok = false
-	t.bt.AscendGreaterOrEqual(validitymap.Range{Start: p}, t.nextFn)
+	t.bt.AscendGreaterOrEqual(validitymap.Range{Start: p}, t.first)
 	return t.found, t.ok
 }
 
@@ -119,8 +119,7 @@ func (rs *ranges) add(s, e uint64, fl *btree.FreeListG[validitymap.Range]) uint6
 			fl = btree.NewFreeListG[validitymap.Range](btree.DefaultFreeListSize)
 		}
 		t := &rtree{bt: btree.NewWithFreeListG(rangesDegree, rangeLess, fl)}
-		t.floorFn = func(r validitymap.Range) bool { t.found, t.ok = r, true; return false }
-		t.nextFn = t.floorFn
+		t.first = func(r validitymap.Range) bool { t.found, t.ok = r, true; return false }
 		t.bt.ReplaceOrInsert(r)
 		t.bt.ReplaceOrInsert(validitymap.Range{Start: s, End: e})
 		rs.t = t
