@@ -127,7 +127,7 @@ type Stats struct {
 	Superseded uint64 // messages discarded for a newer MSN
 	Stale      uint64 // segments dropped: older MSN than the message in progress
 	Evicted    uint64 // messages discarded at a cap
-	Duplicate  uint64 // segments dropped: their message, or a newer one, already completed
+	Duplicate  uint64 // segments dropped: their message, or a newer one, is remembered (completed or past its deadline)
 	FarAhead   uint64 // segments dropped: MSN more than MSNWindow ahead of their key's message
 	Mismatch   uint64 // segments dropped: the MSN of the message in progress, another extent
 	Displaced  uint64 // messages (or remembered ones) ended by two messages they blocked (§4.3)
@@ -277,7 +277,9 @@ const (
 // progress, the holder ends and the segment is admitted as if the key
 // were free.
 func (e *Engine) Admit(s *Segment, now time.Time) Verdict {
-	e.hasEnded = false
+	if e.hasEnded { // the caller did not take it
+		e.ended, e.hasEnded = Record{}, false
+	}
 	k := key{s.Source, s.STag}
 	if m := e.msgs[k]; m != nil {
 		d := int32(s.MSN - m.msn) // serial-number arithmetic
