@@ -748,14 +748,21 @@ func (c *rcConn) receiveSend(seg udiwarp.Segment, size int) bool {
 	op := seg.Opcode()
 	wc := WorkCompletion{ID: r.w.id, Status: r.bad, Opcode: WCRecv, QPN: q.num, Solicited: op.Solicited(), Len: r.got, MSN: h.MSN()}
 	if op.Invalidates() && r.bad == Success {
+		// Only an STag of this PD registered with AccessRemoteInvalidate:
+		// otherwise a remote protection error (as siw reports it), and the
+		// STag keeps working; an unknown STag is a remote operation error.
 		stag := h.ULP()
 		m := q.dev.mrs.lookup(stag)
-		if m == nil || m.pd != q.pd {
+		if m == nil || m.pd != q.pd || m.access&AccessRemoteInvalidate == 0 {
+			code := udiwarp.RDMAPProtCannotInvalidate
+			if m == nil {
+				code = udiwarp.RDMAPOpCannotInvalidate
+			}
 			r.have = false
-			c.terminate(udiwarp.RDMAPOpCannotInvalidate, ddpHdr(seg), nil, size)
+			c.terminate(code, ddpHdr(seg), nil, size)
 			return false
 		}
-		m.revoked.Store(true)
+		m.Invalidate()
 		wc.Invalidated = stag
 	}
 	if r.bad == Success {
