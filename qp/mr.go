@@ -413,6 +413,20 @@ func (d *Device) placeTagged(pd *PD, stag uint32, to uint64, payload []byte, nee
 	return 0, true
 }
 
+// pinRemote is pin for the source of a Read Response: the peer's
+// remote-read access to it, checked (checkRemote) as each segment is
+// built, so a region invalidated under a Read gives no more bytes.
+func (t *txCtx) pinRemote(g *SGE) ([]byte, Status) {
+	m, f := t.q.dev.checkRemote(t.q.pd, g.LKey, g.Addr, uint64(g.Length), AccessRemoteRead)
+	if f != faultNone {
+		t.release()
+		return nil, RemoteAccessError
+	}
+	t.mrs[t.nmr] = m
+	t.nmr++
+	return m.buf[g.Addr : g.Addr+uint64(g.Length)], Success
+}
+
 // mrRefs holds the regions a send WR's data lives in: each referenced
 // (MR.rdRefs), so that none is deregistered before the WR completes.
 type mrRefs struct {
