@@ -343,3 +343,54 @@ func TestSpoofedWriteRecordGuesses(t *testing.T) {
 func unsafePointer(b []byte) unsafe.Pointer { return unsafe.Pointer(&b[0]) }
 
 func (m *MR) revokeForTest() { m.Invalidate() }
+
+// TestRCReadInvalidatedSource: a Read Response is checked as it is sent,
+// not only when the Read Request arrives: a source region the owner
+// invalidates while the response is still going out (the requester, busy
+// polled, reads nothing meanwhile, so TCP holds the rest back) gives the
+// peer no more bytes: the stream ends with a Terminate (access rights)
+// and the Read fails.
+func TestRCReadInvalidatedSource(t *testing.T) {
+	const size = 32 << 20 // more than loopback TCP buffers hold
+	a, b := newRCSide(t, DeviceConfig{Poll: PollBusy}), newRCSide(t, DeviceConfig{})
+	rcConnect(t, a, b, RCConfig{}, RCConfig{})
+	src, err := b.pd.RegisterMemory(make([]byte, size), AccessLocalWrite|AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink, err := a.pd.RegisterMemory(make([]byte, size), AccessLocalWrite|AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.q.PostSend(&SendWR{ID: 1, Opcode: OpRead, Flags: FlagSignaled, SGL: []SGE{sink.SGE(0, size)}, RemoteSTag: src.STag(), RemoteTO: src.Addr()}); err != nil {
+		t.Fatal(err)
+	}
+	// Drive a (busy polled) until b sends the response, then let TCP fill.
+	st := b.dev.Stats()
+	var none [1]WorkCompletion
+	eventually(t, "the response under way", func() bool {
+		if a.cq.Poll(none[:]) > 0 {
+			t.Fatalf("completion %+v", none[0])
+		}
+		return st.TxBytes.Load() > 0
+	})
+	for last := uint64(0); ; {
+		time.Sleep(20 * time.Millisecond)
+		n := st.TxBytes.Load()
+		if n == last {
+			break
+		}
+		last = n
+	}
+	if st.TxBytes.Load() >= size {
+		t.Skip("TCP took the whole response before the invalidation")
+	}
+	src.Invalidate()
+	wc := collect(t, a.cq, 1, 10*time.Second)[0]
+	if wc.ID != 1 || wc.Status == Success {
+		t.Fatalf("Read of an invalidated source: %+v", wc)
+	}
+	if ev := nextEvent(t, a.dev, AsyncRemoteError); ev.Code != udiwarp.RDMAPAccessRights {
+		t.Fatalf("requester's event %+v", ev)
+	}
+}
