@@ -394,3 +394,50 @@ func TestRCReadInvalidatedSource(t *testing.T) {
 		t.Fatalf("requester's event %+v", ev)
 	}
 }
+
+// TestRDReadInvalidatedSource: on RD, a Read Response segment is checked
+// as it is sent: once the owner invalidates the source, the rest of the
+// response goes out empty and the requester completes the Read with
+// RemoteAccessError, never Success; a later Read is refused outright.
+// The responder sends two small segments per round trip, its datagrams
+// delayed, so the Read is in flight when the source is invalidated.
+func TestRDReadInvalidatedSource(t *testing.T) {
+	const size = 64 << 10
+	rd := RDConfig{Segment: 1024}
+	rd.Window = 2
+	a := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	b := newNode(t, DeviceConfig{Impair: &Impairment{Delay: 20 * time.Millisecond}}, "udp4", "127.0.0.1:0")
+	qa, cqa := rdQPOn(t, a, RDConfig{})
+	qb, _ := rdQPOn(t, b, rd)
+	src, err := b.pd.RegisterMemory(bytes.Repeat([]byte{7}, size), AccessLocalWrite|AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink, err := a.pd.RegisterMemory(make([]byte, size), AccessLocalWrite|AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ah := a.ah(b, qb)
+	if err := qa.PostSend(&SendWR{ID: 1, Opcode: OpRead, Flags: FlagSignaled, SGL: []SGE{sink.SGE(0, size)}, AH: ah,
+		RemoteSTag: src.STag(), RemoteTO: src.Addr()}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the Read served", func() bool { return b.dev.Stats().RDReadsServed.Load() == 1 })
+	src.Invalidate()
+	if wc := collect(t, cqa, 1, 10*time.Second)[0]; wc.ID != 1 || wc.Status != RemoteAccessError {
+		t.Fatalf("Read of a source invalidated under it: %+v", wc)
+	}
+	if bytes.Count(sink.Bytes(), []byte{7}) == size {
+		t.Fatal("the whole source arrived after the invalidation")
+	}
+	if err := qa.PostSend(&SendWR{ID: 2, Opcode: OpRead, Flags: FlagSignaled, SGL: []SGE{sink.SGE(0, 16)}, AH: ah,
+		RemoteSTag: src.STag(), RemoteTO: src.Addr()}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := collect(t, cqa, 1, 10*time.Second)[0]; wc.ID != 2 || wc.Status != RemoteAccessError {
+		t.Fatalf("a later Read: %+v", wc)
+	}
+	if err := src.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+}
