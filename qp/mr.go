@@ -2,6 +2,7 @@ package qp
 
 import (
 	"crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"runtime"
 	"sync"
@@ -10,7 +11,6 @@ import (
 	"github.com/udiwarp/udiwarp/udiwarp"
 	"github.com/udiwarp/udiwarp/validitymap"
 	"github.com/udiwarp/udiwarp/writerecord"
-	"unsafe"
 )
 
 // Access is the set of rights a memory region grants.
@@ -20,6 +20,12 @@ const (
 	AccessLocalWrite  Access = 1 << iota // receives and Read Responses may write it
 	AccessRemoteWrite                    // peers may RDMA Write / Write-Record into it
 	AccessRemoteRead                     // peers may RDMA Read it
+	// AccessRemoteInvalidate lets a peer's Send with Invalidate (RC QPs)
+	// end remote access to the region. Without it such a Send is refused
+	// with the RDMAP remote protection error "STag cannot be invalidated"
+	// and the STag keeps working (RFC 5040 §6.4; verbs: remote
+	// invalidation only of what was registered for it).
+	AccessRemoteInvalidate
 )
 
 func (a Access) String() string {
@@ -27,7 +33,8 @@ func (a Access) String() string {
 	for _, f := range []struct {
 		bit  Access
 		name string
-	}{{AccessLocalWrite, "local-write"}, {AccessRemoteWrite, "remote-write"}, {AccessRemoteRead, "remote-read"}} {
+	}{{AccessLocalWrite, "local-write"}, {AccessRemoteWrite, "remote-write"}, {AccessRemoteRead, "remote-read"},
+		{AccessRemoteInvalidate, "remote-invalidate"}} {
 		if a&f.bit != 0 {
 			if s != "" {
 				s += "|"
@@ -48,12 +55,14 @@ type PD struct {
 }
 
 // MR is a registered memory region. Its STag (both the lkey and the rkey)
-// is a 24-bit table index and an 8-bit key that is random and differs on
-// every registration, so a stale STag never reaches new memory.
+// is a 24-bit index and an 8-bit key, all 32 bits drawn at random on
+// every registration (mrTable), so a stale STag never reaches new memory
+// and an off-path sender cannot predict one. The region is zero-based:
+// tagged offsets and SGE addresses are byte offsets into it, from 0
+// (Addr), never the buffer's address in memory.
 type MR struct {
 	pd     *PD
 	buf    []byte
-	base   uint64 // the region's address space starts here (its first byte's address)
 	stag   uint32
 	access Access
 	// pins counts the copies into or out of buf in progress; Deregister
@@ -65,7 +74,10 @@ type MR struct {
 	// rdRefs counts the RD and RC work requests whose data, not yet
 	// acknowledged or sent, lives here: the buffer is their source (seed 002).
 	rdRefs atomic.Int32
-	// revoked: a peer's Send with Invalidate ended remote access (RC).
+	// revoked: remote access has ended, by a peer's Send with Invalidate
+	// (RC, AccessRemoteInvalidate) or by Invalidate. Nothing clears it: a
+	// revoked STag stays revoked until the memory is registered again,
+	// under a new STag.
 	revoked atomic.Bool
 	vmap    atomic.Pointer[validitymap.Map]
 	// wrLimits overrides the receiving QP's Write-Record deadline and
@@ -87,7 +99,8 @@ func (m *MR) SetWriteRecordLimits(l *writerecord.Limits) {
 
 // TrackValidity gives the region a validity map (seed 003's second
 // recording design) that Write-Record messages arriving for it update,
-// in region offsets (TO - Addr()); limit bounds its disjoint ranges
+// in region offsets (the tagged offsets themselves: regions are
+// zero-based); limit bounds its disjoint ranges
 // (validitymap.DefaultLimit when <= 0). It returns the map; calling it
 // again returns the same one.
 func (m *MR) TrackValidity(limit int) *validitymap.Map {
@@ -111,9 +124,13 @@ func (m *MR) STag() uint32 { return m.stag }
 func (m *MR) LKey() uint32 { return m.stag }
 func (m *MR) RKey() uint32 { return m.stag }
 
-// Addr is the address of the region's first byte: SGE addresses and
-// tagged offsets are in this space, as in verbs.
-func (m *MR) Addr() uint64 { return m.base }
+// Addr is the address of the region's first byte in the space SGE
+// addresses and tagged offsets use. Regions are zero-based (as verbs'
+// IBV_ACCESS_ZERO_BASED): it is always 0, and a tagged offset is a byte
+// offset into the region, which tells a peer nothing about the process's
+// memory and gives an off-path sender nothing to guess beyond the STag
+// (docs/verbs.md, "Remote access").
+func (m *MR) Addr() uint64 { return 0 }
 
 // Len is the region's length in bytes.
 func (m *MR) Len() int { return len(m.buf) }
@@ -126,7 +143,7 @@ func (m *MR) Bytes() []byte { return m.buf }
 
 // SGE returns a scatter-gather element for buf[off : off+n].
 func (m *MR) SGE(off, n int) SGE {
-	return SGE{Addr: m.base + uint64(off), Length: uint32(n), LKey: m.stag}
+	return SGE{Addr: uint64(off), Length: uint32(n), LKey: m.stag}
 }
 
 // SGE is one piece of a scatter-gather list: Length bytes at address Addr
@@ -137,30 +154,69 @@ type SGE struct {
 	LKey   uint32
 }
 
-// mrTable maps STag indexes to regions. Lookups are lock-free.
+// mrTable maps STags to regions. Lookups are lock-free and O(1): the
+// low bits of an STag's 24-bit index name the slot (mask), and the region
+// there answers only to its whole STag. Allocation draws the slot at
+// random among the free ones and the index's high bits and the 8-bit key
+// at random too, so an STag is a random 32-bit value: successive
+// registrations are unrelated, and an off-path sender that knows N STags
+// are registered hits one with probability N/2^32 per guess.
 type mrTable struct {
-	mu      sync.Mutex // serializes allocation
-	slots   []atomic.Pointer[MR]
-	lastKey []uint8
-	next    uint32
-	used    int
+	mu       sync.Mutex // serializes allocation
+	slots    []atomic.Pointer[MR]
+	lastSTag []uint32 // the STag each slot had last, never given again next
+	mask     uint32   // len(slots)-1: a power of two less one
+	max      int      // regions at most (DeviceConfig.MaxMR)
+	used     int
 }
 
 func newMRTable(n int) *mrTable {
-	return &mrTable{slots: make([]atomic.Pointer[MR], n+1), lastKey: make([]uint8, n+1), next: 1}
+	size := 2 // slot 0 is never used: index 0 is no STag
+	for size < n+1 {
+		size <<= 1
+	}
+	return &mrTable{slots: make([]atomic.Pointer[MR], size), lastSTag: make([]uint32, size), mask: uint32(size - 1), max: n}
 }
+
+// slot is the slot an STag names.
+func (t *mrTable) slot(stag uint32) uint32 { return stag >> 8 & t.mask }
 
 // lookup returns the valid region whose STag is stag, or nil.
 func (t *mrTable) lookup(stag uint32) *MR {
-	i := stag >> 8
-	if i == 0 || int(i) >= len(t.slots) {
-		return nil
-	}
-	m := t.slots[i].Load()
+	m := t.slots[t.slot(stag)].Load()
 	if m == nil || m.stag != stag {
 		return nil
 	}
 	return m
+}
+
+// allocLocked picks a free slot at random and a random STag for it that
+// is not the one the slot had last. The caller holds mu and has checked
+// that a slot is free.
+func (t *mrTable) allocLocked() (uint32, uint32) {
+	var r [8]byte
+	_, _ = rand.Read(r[:])
+	x := binary.LittleEndian.Uint64(r[:])
+	i := uint32(x) & t.mask
+	// A few random probes find a free slot unless the table is nearly
+	// full; then the scan from the last probe does.
+	for tries := 0; i == 0 || t.slots[i].Load() != nil; tries++ {
+		if tries < 8 {
+			_, _ = rand.Read(r[:4])
+			i = binary.LittleEndian.Uint32(r[:4]) & t.mask
+		} else {
+			i = (i + 1) & t.mask
+		}
+	}
+	for {
+		stag := uint32(x>>32)&^(t.mask<<8) | i<<8
+		if stag != t.lastSTag[i] {
+			t.lastSTag[i] = stag
+			return i, stag
+		}
+		_, _ = rand.Read(r[:])
+		x = binary.LittleEndian.Uint64(r[:])
+	}
 }
 
 // RegisterMemory registers buf with the given access rights (ibv_reg_mr).
@@ -180,34 +236,13 @@ func (pd *PD) RegisterMemory(buf []byte, access Access) (*MR, error) {
 	t := d.mrs
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.used >= len(t.slots)-1 {
+	if t.used >= t.max {
 		return nil, fmt.Errorf("%w: %d memory regions registered", ErrTooMany, t.used)
 	}
-	for t.slots[t.next].Load() != nil {
-		t.next++
-		if int(t.next) >= len(t.slots) {
-			t.next = 1
-		}
-	}
-	idx := t.next
-	t.next++
-	if int(t.next) >= len(t.slots) {
-		t.next = 1
-	}
-	m := &MR{pd: pd, buf: buf, base: uint64(uintptr(unsafe.Pointer(&buf[0]))), access: access}
+	i, stag := t.allocLocked()
+	m := &MR{pd: pd, buf: buf, stag: stag, access: access}
 	m.valid.Store(true)
-	// A fresh key, never the one this index had last, so a stale STag
-	// cannot reach the new region.
-	var key [1]byte
-	for {
-		_, _ = rand.Read(key[:])
-		if key[0] != t.lastKey[idx] {
-			break
-		}
-	}
-	t.lastKey[idx] = key[0]
-	m.stag = idx<<8 | uint32(key[0])
-	t.slots[idx].Store(m)
+	t.slots[i].Store(m)
 	t.used++
 	return m, nil
 }
@@ -219,7 +254,7 @@ func (pd *PD) RegisterMemory(buf []byte, access Access) (*MR, error) {
 func (m *MR) Deregister() error {
 	t := m.pd.dev.mrs
 	t.mu.Lock()
-	i := m.stag >> 8
+	i := t.slot(m.stag)
 	if t.slots[i].Load() != m {
 		t.mu.Unlock()
 		return fmt.Errorf("%w: MR with STag %#08x is not registered", ErrNotFound, m.stag)
@@ -232,10 +267,29 @@ func (m *MR) Deregister() error {
 	t.used--
 	t.mu.Unlock()
 	m.valid.Store(false)
-	for m.pins.Load() != 0 { // copies in progress finish; no new one starts
+	m.drain()
+	return nil
+}
+
+// drain waits until no copy into or out of the region that began before
+// is still running.
+func (m *MR) drain() {
+	for m.pins.Load() != 0 {
 		runtime.Gosched()
 	}
-	return nil
+}
+
+// Invalidate ends remote access to the region at once, as a peer's Send
+// with Invalidate would (a local invalidate, for the region's owner):
+// once it returns, no tagged Write, Write-Record or Read Request naming
+// the STag is served, no byte is placed into the region or read out of it
+// for a peer, and Read Responses not yet sent from it go out empty, so
+// the peer's Read fails (docs/wire.md §11). It is for good: the STag
+// stays revoked until the memory is registered again. Local use (SGEs)
+// goes on; Deregister frees the region once no work request needs it.
+func (m *MR) Invalidate() {
+	m.revoked.Store(true)
+	m.drain()
 }
 
 // resolve checks an SGE against the QP's PD and the access it needs and
@@ -246,8 +300,8 @@ func (d *Device) resolve(pd *PD, s *SGE, need Access) (*MR, []byte, Status) {
 	if m == nil || m.pd != pd || m.access&need != need {
 		return nil, nil, LocalProtectionError
 	}
-	off := s.Addr - m.base
-	if s.Addr < m.base || off > uint64(len(m.buf)) || uint64(s.Length) > uint64(len(m.buf))-off {
+	off := s.Addr // regions are zero-based
+	if off > uint64(len(m.buf)) || uint64(s.Length) > uint64(len(m.buf))-off {
 		return nil, nil, LocalProtectionError
 	}
 	m.pins.Add(1)
@@ -270,32 +324,48 @@ const (
 )
 
 // remoteRegion checks a peer's access to n bytes at tagged offset to of
-// region stag — the STag and its key, the PD, the access (not revoked by
-// a Send with Invalidate), bounds without wrap: RFC 5040 §7.2 — and
-// returns the region pinned (the caller unpins), or why not, counted.
-// Every remote access goes through it: placement of Writes and Read
-// Responses, and the source of Read Responses, on RD and RC QPs.
+// region stag — the STag and its key, the PD, the access (not revoked),
+// bounds without wrap: RFC 5040 §7.2 — and returns the region pinned (the
+// caller unpins), or why not, counted. It is the one check of remote
+// access: every tagged placement (RDMA Write, Read Response, Write-Record
+// on UD, RD and RC QPs, the Write-Record landing path) and every tagged
+// read (a Read Request, and each Read Response segment as it is sent)
+// goes through it or, where nothing was received to count, checkRemote.
 func (d *Device) remoteRegion(pd *PD, stag uint32, to, n uint64, need Access) (*MR, tagFault) {
+	m, f := d.checkRemote(pd, stag, to, n, need)
 	st := &d.stats
+	switch f {
+	case faultSTag, faultPD:
+		st.RxBadSTag.Add(1)
+	case faultAccess:
+		st.RxAccess.Add(1)
+	case faultBounds:
+		st.RxBounds.Add(1)
+	}
+	return m, f
+}
+
+// checkRemote is remoteRegion without the counting, for a check that no
+// received segment asked for: a Read Response about to be sent, a place
+// the landing path prepares.
+func (d *Device) checkRemote(pd *PD, stag uint32, to, n uint64, need Access) (*MR, tagFault) {
 	m := d.mrs.lookup(stag)
 	switch {
 	case m == nil:
-		st.RxBadSTag.Add(1)
 		return nil, faultSTag
 	case m.pd != pd:
-		st.RxBadSTag.Add(1)
 		return nil, faultPD
 	case m.access&need != need || m.revoked.Load():
-		st.RxAccess.Add(1)
 		return nil, faultAccess
-	case to < m.base || to-m.base > uint64(len(m.buf)) || n > uint64(len(m.buf))-(to-m.base):
-		st.RxBounds.Add(1)
+	case to > uint64(len(m.buf)) || n > uint64(len(m.buf))-to: // zero-based
 		return nil, faultBounds
 	}
 	m.pins.Add(1)
-	if !m.valid.Load() {
+	if !m.valid.Load() || m.revoked.Load() { // deregistered or revoked meanwhile: Deregister and Invalidate drain pins
 		m.unpin()
-		st.RxBadSTag.Add(1)
+		if m.revoked.Load() {
+			return nil, faultAccess
+		}
 		return nil, faultSTag
 	}
 	return m, faultNone
@@ -338,9 +408,23 @@ func (d *Device) placeTagged(pd *PD, stag uint32, to uint64, payload []byte, nee
 	if f != faultNone {
 		return f.ddpCode(), false
 	}
-	copy(m.buf[to-m.base:], payload)
+	copy(m.buf[to:], payload)
 	m.unpin()
 	return 0, true
+}
+
+// pinRemote is pin for the source of a Read Response: the peer's
+// remote-read access to it, checked (checkRemote) as each segment is
+// built, so a region invalidated under a Read gives no more bytes.
+func (t *txCtx) pinRemote(g *SGE) ([]byte, Status) {
+	m, f := t.q.dev.checkRemote(t.q.pd, g.LKey, g.Addr, uint64(g.Length), AccessRemoteRead)
+	if f != faultNone {
+		t.release()
+		return nil, RemoteAccessError
+	}
+	t.mrs[t.nmr] = m
+	t.nmr++
+	return m.buf[g.Addr : g.Addr+uint64(g.Length)], Success
 }
 
 // mrRefs holds the regions a send WR's data lives in: each referenced

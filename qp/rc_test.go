@@ -156,7 +156,7 @@ func TestRCOperations(t *testing.T) {
 func TestRCSendInvalidate(t *testing.T) {
 	a, b := newRCSide(t, DeviceConfig{}), newRCSide(t, DeviceConfig{})
 	rcConnect(t, a, b, RCConfig{}, RCConfig{})
-	target, _ := b.pd.RegisterMemory(make([]byte, 64), AccessLocalWrite|AccessRemoteWrite)
+	target, _ := b.pd.RegisterMemory(make([]byte, 64), AccessLocalWrite|AccessRemoteWrite|AccessRemoteInvalidate)
 	b.q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{b.mr.SGE(0, 16)}})
 	a.q.PostSend(&SendWR{ID: 1, Opcode: OpSendInvalidate, Flags: FlagSignaled | FlagSolicited, Inline: []byte("bye"), InvalidateSTag: target.STag()})
 	if wc := collect(t, b.cq, 1, 5*time.Second)[0]; wc.Status != Success || wc.Invalidated != target.STag() || !wc.Solicited {

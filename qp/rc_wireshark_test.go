@@ -91,7 +91,7 @@ func TestRCWiresharkDecode(t *testing.T) {
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
-		inv, _ := b.pd.RegisterMemory(make([]byte, 16), AccessLocalWrite|AccessRemoteWrite)
+		inv, _ := b.pd.RegisterMemory(make([]byte, 16), AccessLocalWrite|AccessRemoteWrite|AccessRemoteInvalidate)
 		sizes := []int{0, 1, 61, 1000, 70000}
 		for k := range sizes {
 			bq.PostRecv(&RecvWR{ID: uint64(k), SGL: []SGE{b.mr.SGE(k*100000, 100000)}})

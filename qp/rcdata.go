@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -91,6 +92,9 @@ type rcConn struct {
 	termMSN    uint32
 	rtrPending bool // responder in revision 2: nothing goes out before the initiator's RTR
 	dead       bool
+	// revokedTerm: a Read Response's source was invalidated under it; a
+	// Terminate is queued and the device's timer fails the QP.
+	revokedTerm atomic.Bool
 
 	rxMu      sync.Mutex // the receive side: one reader at a time
 	deframer  udiwarp.MPADeframer
@@ -368,9 +372,21 @@ func (c *rcConn) payload(m *rcMsg, off, n uint32, pieces [][]byte) ([][]byte, St
 		}
 		k := min(g.Length-off, left)
 		part := SGE{LKey: g.LKey, Addr: g.Addr + uint64(off), Length: k}
-		mr, b, st := c.q.dev.resolve(c.q.pd, &part, 0)
-		if st != Success {
-			return pieces, st
+		var mr *MR
+		var b []byte
+		if m.op == opReadResponse {
+			// The peer's remote-read access, checked as each FPDU is built:
+			// a source invalidated under the Read gives no more bytes.
+			var f tagFault
+			if mr, f = c.q.dev.checkRemote(c.q.pd, part.LKey, part.Addr, uint64(k), AccessRemoteRead); f != faultNone {
+				return pieces, RemoteAccessError
+			}
+			b = mr.buf[part.Addr : part.Addr+uint64(k)]
+		} else {
+			var st Status
+			if mr, b, st = c.q.dev.resolve(c.q.pd, &part, 0); st != Success {
+				return pieces, st
+			}
 		}
 		c.pinned = append(c.pinned, mr)
 		pieces = append(pieces, b)
@@ -408,6 +424,10 @@ func (c *rcConn) sendFPDU(m *rcMsg) (int, bool) {
 	for k := 0; k < maxBatch && niov+maxSGE+2 <= len(c.iov); k++ {
 		h, n := c.fpduHeader(m, off, c.hbs[k][:udiwarp.MPAHeaderSize])
 		pieces, st := c.payload(m, off, n, c.pieces[:0])
+		if st != Success && m.op == opReadResponse {
+			c.sourceRevokedLocked()
+			return 0, false
+		}
 		if st != Success { // cannot happen: the MRs are referenced
 			m.status, m.off, m.framed = st, m.length, true
 			return 0, false
@@ -472,6 +492,10 @@ func (c *rcConn) sendFPDU(m *rcMsg) (int, bool) {
 func (c *rcConn) sendMarked(m *rcMsg) (int, bool) {
 	h, n := c.fpduHeader(m, m.off, c.hbs[0][:udiwarp.MPAHeaderSize])
 	pieces, st := c.payload(m, m.off, n, c.pieces[:0])
+	if st != Success && m.op == opReadResponse {
+		c.sourceRevokedLocked()
+		return 0, false
+	}
 	if st != Success {
 		m.status, m.off, m.framed = st, m.length, true
 		return 0, false
@@ -748,14 +772,21 @@ func (c *rcConn) receiveSend(seg udiwarp.Segment, size int) bool {
 	op := seg.Opcode()
 	wc := WorkCompletion{ID: r.w.id, Status: r.bad, Opcode: WCRecv, QPN: q.num, Solicited: op.Solicited(), Len: r.got, MSN: h.MSN()}
 	if op.Invalidates() && r.bad == Success {
+		// Only an STag of this PD registered with AccessRemoteInvalidate:
+		// otherwise a remote protection error (as siw reports it), and the
+		// STag keeps working; an unknown STag is a remote operation error.
 		stag := h.ULP()
 		m := q.dev.mrs.lookup(stag)
-		if m == nil || m.pd != q.pd {
+		if m == nil || m.pd != q.pd || m.access&AccessRemoteInvalidate == 0 {
+			code := udiwarp.RDMAPProtCannotInvalidate
+			if m == nil {
+				code = udiwarp.RDMAPOpCannotInvalidate
+			}
 			r.have = false
-			c.terminate(udiwarp.RDMAPOpCannotInvalidate, ddpHdr(seg), nil, size)
+			c.terminate(code, ddpHdr(seg), nil, size)
 			return false
 		}
-		m.revoked.Store(true)
+		m.Invalidate()
 		wc.Invalidated = stag
 	}
 	if r.bad == Success {
@@ -955,8 +986,34 @@ func (q *QP) scatterAt(w *recvWQE, off uint32, payload []byte) Status {
 	return Success
 }
 
-// rcAckTimer completes CompleteOnAck WRs whose bytes the peer acknowledged.
+// sourceRevokedLocked ends the stream when the source of the Read
+// Response being sent was invalidated (MR.Invalidate) after the Read was
+// served: a Terminate (RDMAP remote protection, access rights) goes next
+// instead of the rest, so the peer's Read fails, and the device's timer
+// fails this QP as terminate does, outside the locks the pump holds.
+func (c *rcConn) sourceRevokedLocked() {
+	body, _ := udiwarp.AppendTerminate(nil, &udiwarp.TerminateFields{Code: udiwarp.RDMAPAccessRights})
+	for _, m := range c.queue {
+		if m.internal && m.op == opReadResponse {
+			m.releaseMRs()
+		}
+	}
+	c.queue = append(c.queue[:0], &rcMsg{op: opTerminate, internal: true, body: body, msn: c.termMSN})
+	c.termMSN++
+	c.rtrPending = false
+	c.q.dev.stats.RCTerminatesSent.Add(1)
+	c.revokedTerm.Store(true)
+	c.q.dev.armTimer(time.Now())
+}
+
+// rcAckTimer completes CompleteOnAck WRs whose bytes the peer acknowledged,
+// and fails a QP whose Read Response source was invalidated.
 func (q *QP) rcAckTimer() {
+	if c := q.rc.Load(); c != nil && c.revokedTerm.Swap(false) {
+		q.dev.raise(AsyncEvent{Type: AsyncQPFatal, QP: q, Code: udiwarp.RDMAPAccessRights})
+		c.fail()
+		return
+	}
 	if c := q.rc.Load(); c != nil && c.ackMode {
 		c.mu.Lock()
 		c.completeLocked()

@@ -93,6 +93,7 @@ type rdWR struct {
 	sinkTO   uint64
 	respDone bool
 	internal bool
+	got      uint64 // RDMA Read: response bytes placed; short at the last one fails it
 }
 
 // rdPkt is what a peer's sender keeps per packet: enough to build it
@@ -429,10 +430,19 @@ func (q *QP) rdData(s *Socket, p *rdPeer, seq uint32, pk *rdPkt, now time.Time, 
 	}
 	t := &r.tx
 	t.begin(b)
+	n := pk.n
 	if st := q.rdGather(t, w, pk.off, pk.n); st != Success {
-		return nil // cannot happen: the MRs are referenced; the peer's ack completes it
+		if !w.internal {
+			return nil // cannot happen: the MRs are referenced; the peer's ack completes it
+		}
+		// A Read Response whose source is no longer readable by the peer
+		// (MR.Invalidate since the Read was served): the segment goes out
+		// empty, and the requester, short of bytes at the last one, fails
+		// the Read (docs/wire.md §11).
+		t.begin(b)
+		n = 0
 	}
-	t.finish(s, &p.ah, int(pk.n))
+	t.finish(s, &p.ah, int(n))
 	err := t.transmit(s)
 	t.release()
 	if err == nil {
@@ -456,7 +466,11 @@ func (q *QP) rdGather(t *txCtx, w *rdWR, off, n uint32) Status {
 		}
 		k := min(g.Length-off, n)
 		part := SGE{LKey: g.LKey, Addr: g.Addr + uint64(off), Length: k}
-		b, st := t.pin(&part)
+		pin := t.pin
+		if w.internal {
+			pin = t.pinRemote // a Read Response: the peer's access, checked as it is sent
+		}
+		b, st := pin(&part)
 		if st != Success {
 			return st
 		}
@@ -860,8 +874,12 @@ func (q *QP) rdReadResponse(p *rdPeer, seg udiwarp.Segment) {
 		if _, ok := q.rdPlace(seg); !ok && w.status == Success {
 			w.status = LocalProtectionError // the sink went bad under the Read
 		}
+		w.got += uint64(len(seg.Payload))
 	}
 	if seg.Control.Last() {
+		if w.got != uint64(w.length) && w.status == Success {
+			w.status = RemoteAccessError // the responder's source was invalidated under the Read
+		}
 		p.reads = p.reads[1:]
 		w.respDone = true
 		if w.acked == w.nseg {

@@ -170,31 +170,28 @@ func (m RecordMode) cq() bool   { return m == RecordCQ || m == RecordBoth }
 func (m RecordMode) map_() bool { return m == RecordMap || m == RecordBoth }
 
 // receiveWriteRecord checks, places and records one Write-Record segment
-// addressed to q. Every check comes before a byte is written; the record
-// comes after.
-func (q *QP) receiveWriteRecord(s *Socket, seg udiwarp.Segment, src netip.AddrPort) {
+// addressed to q. Every check comes before a byte is written — the QP's
+// state, then remote access to the whole message's range through the one
+// check, Device.remoteRegion (STag and key, PD, remote-write access not
+// revoked, bounds) — and the record comes after. It reports false when a
+// check refused the segment (nothing placed, counted), true when the
+// segment was placed or dropped as a stale or duplicate segment of a
+// message the engine is done with (RxWRStale).
+func (q *QP) receiveWriteRecord(s *Socket, seg udiwarp.Segment, src netip.AddrPort) bool {
 	d := q.dev
 	st := &d.stats
 	if qs := q.State(); qs != StateRTR && qs != StateRTS {
 		st.RxQPState.Add(1)
-		return
+		return false
 	}
 	h := seg.WriteRecord()
 	stag := h.Tagged().STag()
-	m := d.mrs.lookup(stag)
-	if m == nil || m.pd != q.pd {
-		st.RxBadSTag.Add(1) // unknown, stale key, or not this QP's PD
-		return
-	}
-	if m.access&AccessRemoteWrite == 0 {
-		st.RxAccess.Add(1)
-		return
-	}
 	mto, ml := h.MessageTO(), uint64(h.MessageLength())
-	if mto < m.base || mto-m.base > uint64(len(m.buf)) || ml > uint64(len(m.buf))-(mto-m.base) {
-		st.RxBounds.Add(1) // the whole message must fit the region
-		return
+	m, f := d.remoteRegion(q.pd, stag, mto, ml, AccessRemoteWrite) // the whole message must fit the region
+	if f != faultNone {
+		return false
 	}
+	defer m.unpin()
 	ws := writerecord.Segment{Source: writerecord.Source{Addr: src, QPN: h.SrcQPN()}, STag: stag, MSN: h.MSN(),
 		MessageTO: mto, Length: h.MessageLength(), Offset: h.MO(), N: uint32(len(seg.Payload)), Limits: m.wrLimits.Load()}
 	var now time.Time // the engine needs it only to start a multi-segment message
@@ -212,35 +209,29 @@ func (q *QP) receiveWriteRecord(s *Socket, seg udiwarp.Segment, src netip.AddrPo
 		if rec, ok := q.wr.Ended(); ok { // its message ended at MaxRanges, deliver-partial
 			q.recordWriteRecord(m, &rec)
 		}
-		return
+		return true
 	}
 	if v == writerecord.PlaceNew {
 		if vm := m.vmap.Load(); vm != nil {
-			vm.Invalidate(mto-m.base, ml) // its old contents are being overwritten
+			vm.Invalidate(mto, ml) // its old contents are being overwritten
 		}
 		if ws.N != ws.Length {
 			d.armTimer(q.wr.Deadline(&ws, now))
 		}
 	}
-	m.pins.Add(1)
-	if !m.valid.Load() {
-		m.unpin()
-		st.RxBadSTag.Add(1)
-		return
-	}
-	copy(m.buf[h.Tagged().TO()-m.base:], seg.Payload)
-	m.unpin()
+	copy(m.buf[h.Tagged().TO():], seg.Payload) // zero-based: TO is the offset
 	st.RxWRPlaced.Add(1)
 	if rec, ok := q.wr.Placed(&ws); ok {
 		q.recordWriteRecord(m, &rec)
 		if s != nil && s.wrg.q == q {
 			s.wrg.q = nil
 		}
-		return
+		return true
 	}
 	if s != nil { // nil: an RD frame, which does not land in place
 		s.guessWriteRecord(q, m, &ws)
 	}
+	return true
 }
 
 // recordWriteRecord records a message whose bytes are all placed (or, for
@@ -251,10 +242,10 @@ func (q *QP) recordWriteRecord(m *MR, rec *writerecord.Record) {
 	if mode.map_() && m != nil {
 		if vm := m.vmap.Load(); vm != nil {
 			if rec.Complete {
-				vm.Insert(rec.MessageTO-m.base, uint64(rec.Length))
+				vm.Insert(rec.MessageTO, uint64(rec.Length))
 			}
 			for _, r := range rec.Valid {
-				vm.Insert(r.Start-m.base, r.Len())
+				vm.Insert(r.Start, r.Len())
 			}
 		}
 	}

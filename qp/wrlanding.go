@@ -27,7 +27,12 @@ import (
 // the right segment, if it comes, overwrites them. The QP's wrMu is held
 // from before the system call until every landed datagram is handled, so
 // the message cannot be superseded, expire or be recorded meanwhile, and
-// the region is pinned, so it cannot be deregistered.
+// the region is pinned, so it cannot be deregistered. Every predicted
+// place passes the one remote-access check (Device.checkRemote) before
+// the system call, and again before a landed segment counts as placed:
+// a region revoked or deregistered since the guess lands nothing, and
+// one revoked during the call (MR.Invalidate waits for the pins) records
+// nothing.
 
 // wrGuess is the message the socket expects more segments of.
 type wrGuess struct {
@@ -83,22 +88,26 @@ func (s *Socket) prepareWRLanding(vlen int) int {
 		g.q = nil
 		return 0
 	}
-	m := g.m
 	b := &s.rx
-	base := g.mto - m.base
 	off := g.next
 	k := 0
 	for ; k < min(vlen, maxLanding) && off < g.length; k++ {
-		m.pins.Add(1)
-		if !m.valid.Load() {
+		n := min(g.seg, g.length-off)
+		// Each predicted place passes the one remote-access check, as the
+		// segment would on the ordinary path: a region revoked,
+		// deregistered or re-registered since the guess lands nothing.
+		m, f := s.dev.checkRemote(q.pd, g.stag, g.mto+uint64(off), uint64(n), AccessRemoteWrite)
+		if f != faultNone {
+			break
+		}
+		if m != g.m {
 			m.unpin()
 			break
 		}
-		n := min(g.seg, g.length-off)
 		l := &b.land[k]
 		l.q, l.nseg, l.hlen = q, 1, udiwarp.WriteRecordHeaderSize
 		l.mrs[0] = m
-		l.segs[0] = m.buf[base+uint64(off) : base+uint64(off)+uint64(n)]
+		l.segs[0] = m.buf[g.mto+uint64(off) : g.mto+uint64(off)+uint64(n)]
 		l.room = int(n)
 		l.tail = b.bufs[k]
 		l.iov[0].Base = &l.hdr[0]
@@ -186,6 +195,14 @@ func (s *Socket) placeLandedLocked(l *landing, n int, truncated bool, src netip.
 	if st := q.State(); st != StateRTR && st != StateRTS {
 		return false
 	}
+	// Revoked while the datagram landed (Invalidate waited for this
+	// landing's pins before returning): not placed; the ordinary path
+	// refuses and counts it.
+	m, f := s.dev.checkRemote(q.pd, g.stag, g.mto+uint64(g.next), uint64(payload), AccessRemoteWrite)
+	if f != faultNone {
+		return false
+	}
+	m.unpin()
 	ws := writerecord.Segment{Source: g.src, STag: g.stag, MSN: g.msn, MessageTO: g.mto, Length: g.length,
 		Offset: g.next, N: uint32(payload)}
 	if q.wr.Admit(&ws, time.Time{}) != writerecord.Place {

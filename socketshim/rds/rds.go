@@ -28,9 +28,9 @@
 // mapping, the high 32 bits the offset of the mapped bytes in it, as
 // Linux lays out rds_rdma_cookie_t (here always 0: a region is registered
 // exactly over the mapped bytes, with no page alignment to make up for).
-// A udiwarp region is addressed by its buffer's address, which the 64
-// bits leave no room for, so an RDMA request (a message with a MapControl
-// or DestControl) carries the region's address and length beside the
+// An RDMA request (a message with a MapControl or DestControl) carries
+// the region's base tagged offset (0: udiwarp regions are zero-based, the
+// offset never reveals a buffer's address) and its length beside the
 // cookie, and the server's socket remembers them per peer and cookie
 // (Options.MaxPeerCookies, oldest forgotten first). A cookie is usable by
 // a server that received it in an RDMA request from that client, as the
@@ -60,7 +60,11 @@
 // invalidated together — when Options.LazyFlush of them accumulate, when
 // a new mapping needs room, or on FreeMR(0, Invalidate) — unless the
 // mapping or the FreeMR call has Invalidate, which invalidates it at
-// once, as rds-rdma(7) describes. A server also refuses to use a UseOnce
+// once, as rds-rdma(7) describes. Invalidating revokes remote access
+// before FreeMR returns (qp.MR.Invalidate) even while a server's RDMA
+// Read of the mapping is in flight: that Read fails (StatusRemoteError,
+// no ACK) and every later RDMA with the cookie does too; the region is
+// deregistered once the Read Responses already sent are acknowledged. A server also refuses to use a UseOnce
 // cookie twice itself (StatusRemoteError), so the second use fails even
 // before the client's ACK arrived.
 package rds

@@ -1042,3 +1042,41 @@ func TestAtomicUnderLoss(t *testing.T) {
 	}
 	nothing(t, client)
 }
+
+// FREE_MR with Invalidate while a peer's RDMA Read of the mapping is in
+// flight (issue 13, item 9) revokes remote access at once: the Read ends
+// with REMOTE_ERROR and no ACK, and later RDMAs with the cookie fail. The
+// client's Read Responses leave slowly, two small segments at a time, so
+// the Read is still in flight when FreeMR returns.
+func TestFreeMRInvalidateDuringRead(t *testing.T) {
+	co := &Options{Device: qp.DeviceConfig{Impair: &qp.Impairment{Delay: 20 * time.Millisecond}},
+		RD: qp.RDConfig{Segment: 1024, Config: reliability.Config{Window: 2}}}
+	client, server := pair(t, co, nil)
+	peer := client.LocalAddr()
+	buf := pattern(64<<10, 9)
+	orig := slices.Clone(buf)
+	c := mapRequest(t, client, server, buf, 0)
+	sink := make([]byte, len(buf))
+	if _, err := server.SendMsg([]byte("read"), peer, ArgsControl{Cookie: c, Remote: Range{0, uint64(len(buf))},
+		Local: [][]byte{sink}, Flags: NotifyMe, Token: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(wait); client.dev.Stats().RDReadsServed.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the client never served the Read")
+		}
+	}
+	if err := client.FreeMR(c, Invalidate); err != nil {
+		t.Fatal(err)
+	}
+	note(t, server, 1, StatusRemoteError, peer)
+	write(t, server, client, "after", c, 0, NotifyMe, 2, []byte("zz"))
+	note(t, server, 2, StatusRemoteError, peer)
+	nothing(t, client)
+	if !bytes.Equal(buf, orig) {
+		t.Fatal("an invalidated mapping was written")
+	}
+	if st := client.Stats(); st.Mappings != 0 || st.Invalidated != 1 {
+		t.Fatalf("client stats %+v", st)
+	}
+}

@@ -175,6 +175,7 @@ type Socket struct {
 	recvErr  bool
 	maps     map[Cookie]*mapping
 	lazy     []*qp.MR
+	dying    []*qp.MR // invalidated, deregistered once no Read Response needs them
 	known    map[peerKey]*peerCookie
 	order    []peerKey // known, oldest first
 	ops      map[uint64]*op
@@ -342,6 +343,7 @@ func (s *Socket) FreeMR(c Cookie, flags MapFlags) error {
 		s.flushLocked()
 		return nil
 	}
+	s.retireLocked()
 	m := s.maps[c]
 	if m == nil {
 		return s.opErr("freemr", errorf(ErrBadCookie, "%v", c))
@@ -364,6 +366,7 @@ func (s *Socket) checkMap(buf []byte, flags MapFlags) error {
 
 // mapLocked registers buf and records the mapping.
 func (s *Socket) mapLocked(buf []byte, flags MapFlags) (Cookie, error) {
+	s.retireLocked()
 	if len(s.maps)+len(s.lazy) >= s.opt.MaxMappings {
 		s.flushLocked()
 	}
@@ -405,13 +408,30 @@ func (s *Socket) flushLocked() {
 	s.lazy = s.lazy[:0]
 }
 
-// invalidate deregisters a mapping's region: once it returns no peer's
-// RDMA reaches the memory. A client's region is never the source of one
-// of its own work requests, so it cannot be busy.
+// invalidate ends a mapping: once it returns no peer's RDMA reaches the
+// memory (MR.Invalidate): an RDMA arriving for it fails, and a peer's
+// Read of it still in flight ends with REMOTE_ERROR. The region is then
+// deregistered, at once or — while Read Responses from it wait for the
+// peer's acknowledgement (ErrBusy) — by a later call (retireLocked) or
+// Close; it never becomes usable again.
 func (s *Socket) invalidate(mr *qp.MR) {
-	if mr.Deregister() == nil {
-		s.st.Invalidated++
+	mr.Invalidate()
+	s.st.Invalidated++
+	if err := mr.Deregister(); errors.Is(err, qp.ErrBusy) {
+		s.dying = append(s.dying, mr)
 	}
+}
+
+// retireLocked deregisters the invalidated regions that were still busy.
+func (s *Socket) retireLocked() {
+	keep := s.dying[:0]
+	for _, mr := range s.dying {
+		if err := mr.Deregister(); errors.Is(err, qp.ErrBusy) {
+			keep = append(keep, mr)
+		}
+	}
+	clear(s.dying[len(keep):])
+	s.dying = keep
 }
 
 // learnLocked remembers a peer's cookie from an RDMA request.
