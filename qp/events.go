@@ -138,6 +138,11 @@ type Stats struct {
 	TxParked    atomic.Uint64 // times a socket was full
 	TxErrors    atomic.Uint64 // sendmsg failures other than a full socket
 	TxImpaired  atomic.Uint64 // dropped, duplicated, delayed or corrupted by the impairment layer
+	// TxRepliesWithheld counts error messages and RD Challenges not sent:
+	// larger than what the datagram that drew them had left, or that
+	// datagram was addressed to a multicast or broadcast address
+	// (docs/wire.md §6.2, §11.2).
+	TxRepliesWithheld atomic.Uint64
 	EventsLost  atomic.Uint64
 
 	lastTxErrno atomic.Uint32
