@@ -143,7 +143,7 @@ type Stats struct {
 	// datagram was addressed to a multicast or broadcast address
 	// (docs/wire.md §6.2, §11.2).
 	TxRepliesWithheld atomic.Uint64
-	EventsLost  atomic.Uint64
+	EventsLost        atomic.Uint64
 
 	lastTxErrno atomic.Uint32
 }
