@@ -10,6 +10,7 @@ import (
 	"github.com/udiwarp/udiwarp/internal/spoof"
 	"github.com/udiwarp/udiwarp/reliability"
 	"github.com/udiwarp/udiwarp/udiwarp"
+	"golang.org/x/net/ipv6"
 )
 
 // reflectTarget is a device with every kind of datagram QP a forged
@@ -110,7 +111,7 @@ func (r *reflectTarget) replies(t *testing.T, sp *spoof.Sender, src netip.AddrPo
 	t.Helper()
 	st := r.dev.Stats()
 	tx0, rx0 := st.TxDatagrams.Load(), st.RxDatagrams.Load()
-	dst := r.sock.LocalAddr()
+	dst := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), r.sock.LocalAddr().Port())
 	if err := sp.Send(src, dst, b); err != nil {
 		t.Fatal(err)
 	}
@@ -143,9 +144,19 @@ func (r *reflectTarget) replies(t *testing.T, sp *spoof.Sender, src netip.AddrPo
 // (docs/wire.md §6.2 and §11.2), and the frames that must draw one (a
 // Challenge for a Hello, an error message for a Send large enough to
 // carry it) still do.
+//
+// The target's socket is bound to 127.0.0.1, to the IPv4 wildcard and to
+// the dual-stack IPv6 wildcard: the destination check must let unicast
+// replies through on each.
 func TestNoAmplification(t *testing.T) {
+	for _, bind := range []struct{ network, addr string }{{"udp4", "127.0.0.1:0"}, {"udp4", "0.0.0.0:0"}, {"udp", "[::]:0"}} {
+		t.Run(bind.network+" "+bind.addr, func(t *testing.T) { testNoAmplification(t, bind.network, bind.addr) })
+	}
+}
+
+func testNoAmplification(t *testing.T, network, addr string) {
 	sp := spoof.NewT(t)
-	r := newReflectTarget(t, newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0"))
+	r := newReflectTarget(t, newNode(t, DeviceConfig{}, network, addr))
 	victim, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 77, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
@@ -182,73 +193,100 @@ func TestNoAmplification(t *testing.T) {
 // host (a Send with no receive posted, at the group's QP number and at a
 // member QP's own number; an RD Hello) to a multicast group that two
 // devices joined. No member answers: a reply to a group-addressed datagram
-// would multiply by the group's size what an off-path sender sends.
+// would multiply by the group's size what an off-path sender sends. IPv4
+// sends from a forged source, IPv6 (which the raw sender does not forge)
+// from the victim's own socket.
 func TestNoReplyToMulticast(t *testing.T) {
-	ns := newNetns(t, "link set lo up multicast on", "route add 224.0.0.0/4 dev lo")
-	inNetns(t, ns, func() {
-		sp := spoof.NewT(t) // in the namespace: its packets go to its loopback
-		lo, err := net.InterfaceByName("lo")
-		if err != nil {
+	for _, tc := range []struct {
+		network, any, group, ifname, victim string
+		setup                               []string
+	}{
+		{"udp4", "0.0.0.0", "239.12.34.57", "lo", "127.77.0.2:0", []string{"link set lo up multicast on", "route add 224.0.0.0/4 dev lo"}},
+		{"udp6", "[::]", "ff15::1235", "mc0", "[fd00:75:64::1]:0", []string{"link set lo up", "link add mc0 type veth peer name mc1",
+			"link set mc0 up", "link set mc1 up", "-6 addr add fd00:75:64::1/64 dev mc0 nodad"}},
+	} {
+		t.Run(tc.network, func(t *testing.T) {
+			ns := newNetns(t, tc.setup...)
+			inNetns(t, ns, func() { testNoReplyToMulticast(t, tc.network, tc.any, tc.group, tc.ifname, tc.victim) })
+		})
+	}
+}
+
+func testNoReplyToMulticast(t *testing.T, network, any, groupName, ifname, victimAddr string) {
+	ifi, err := net.InterfaceByName(ifname)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := 47500 + int(netnsSeq.Load())
+	group := netip.MustParseAddr(groupName)
+	to := netip.AddrPortFrom(group, uint16(port))
+	var members []*reflectTarget
+	for range 2 {
+		n := newNode(t, DeviceConfig{}, network, fmt.Sprintf("%s:%d", any, port), ReuseAddr())
+		r := newReflectTarget(t, n)
+		if err := r.ud.JoinMulticast(group, ifi); err != nil {
 			t.Fatal(err)
 		}
-		port := 47500 + int(netnsSeq.Load())
-		group := netip.MustParseAddr("239.12.34.57")
-		to := netip.AddrPortFrom(group, uint16(port))
-		var members []*reflectTarget
-		for range 2 {
-			n := newNode(t, DeviceConfig{}, "udp4", fmt.Sprintf("0.0.0.0:%d", port), ReuseAddr())
-			r := newReflectTarget(t, n)
-			if err := r.ud.JoinMulticast(group, lo); err != nil {
+		members = append(members, r)
+	}
+	// The QP numbers are the same on both devices (created in the same order).
+	ud, rd := members[0].ud.QPN(), members[0].rd.QPN()
+	victim, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(netip.MustParseAddrPort(victimAddr)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer victim.Close()
+	src := victim.LocalAddr().(*net.UDPAddr).AddrPort()
+	var send func(b []byte) error
+	if group.Is4() {
+		sp := spoof.NewT(t) // in the namespace: its packets go to its loopback
+		send = func(b []byte) error { return sp.Send(src, to, b) }
+	} else {
+		if err := ipv6.NewPacketConn(victim).SetMulticastInterface(ifi); err != nil {
+			t.Fatal(err)
+		}
+		send = func(b []byte) error { _, err := victim.WriteToUDPAddrPort(b, to); return err }
+	}
+	sendTo := func(qpn uint32) []byte { return udiwarpSend(qpn, 77, make([]byte, 1000)) }
+	hello := udiwarp.SealDatagram(reliability.Append(nil, &reliability.Fields{Type: reliability.Hello, DstQPN: rd, SrcQPN: 77, Epoch: 9, Init: true, Issued: 1}), 0)
+	for _, tc := range []struct {
+		name string
+		b    []byte
+	}{
+		{"UD Send to the group's QP number", sendTo(MulticastQPN)},
+		{"UD Send to a member's QP number", sendTo(ud)},
+		{"RD Hello", hello},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var tx0, rx0 []uint64
+			for _, m := range members {
+				tx0 = append(tx0, m.dev.Stats().TxDatagrams.Load())
+				rx0 = append(rx0, m.dev.Stats().RxDatagrams.Load())
+			}
+			read := func(k uint64) {
+				for i, m := range members {
+					eventually(t, "the members to read the datagram", func() bool { return m.dev.Stats().RxDatagrams.Load() >= rx0[i]+k })
+				}
+			}
+			if err := send(tc.b); err != nil {
 				t.Fatal(err)
 			}
-			members = append(members, r)
-		}
-		// The QP numbers are the same on both devices (created in the same order).
-		ud, rd := members[0].ud.QPN(), members[0].rd.QPN()
-		victim, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 77, 0, 2)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer victim.Close()
-		src := victim.LocalAddr().(*net.UDPAddr).AddrPort()
-		sendTo := func(qpn uint32) []byte { return udiwarpSend(qpn, 77, make([]byte, 1000)) }
-		hello := udiwarp.SealDatagram(reliability.Append(nil, &reliability.Fields{Type: reliability.Hello, DstQPN: rd, SrcQPN: 77, Epoch: 9, Init: true, Issued: 1}), 0)
-		for _, tc := range []struct {
-			name string
-			b    []byte
-		}{
-			{"UD Send to the group's QP number", sendTo(MulticastQPN)},
-			{"UD Send to a member's QP number", sendTo(ud)},
-			{"RD Hello", hello},
-		} {
-			t.Run(tc.name, func(t *testing.T) {
-				var tx0, rx0 []uint64
-				for _, m := range members {
-					tx0 = append(tx0, m.dev.Stats().TxDatagrams.Load())
-					rx0 = append(rx0, m.dev.Stats().RxDatagrams.Load())
+			read(1)
+			if err := send(udiwarpSend(4000, 77, nil)); err != nil { // the marker
+				t.Fatal(err)
+			}
+			read(2)
+			for i, m := range members {
+				if n := m.dev.Stats().TxDatagrams.Load() - tx0[i]; n != 0 {
+					t.Errorf("member %d sent %d replies to a datagram addressed to the group", i, n)
 				}
-				read := func(k uint64) {
-					for i, m := range members {
-						eventually(t, "the members to read the datagram", func() bool { return m.dev.Stats().RxDatagrams.Load() >= rx0[i]+k })
-					}
+				if m.dev.Stats().TxRepliesWithheld.Load() == 0 {
+					t.Errorf("member %d withheld no reply", i)
 				}
-				if err := sp.Send(src, to, tc.b); err != nil {
-					t.Fatal(err)
-				}
-				read(1)
-				if err := sp.Send(src, to, udiwarpSend(4000, 77, nil)); err != nil { // the marker
-					t.Fatal(err)
-				}
-				read(2)
-				for i, m := range members {
-					if n := m.dev.Stats().TxDatagrams.Load() - tx0[i]; n != 0 {
-						t.Errorf("member %d sent %d replies to a datagram addressed to the group", i, n)
-					}
-				}
-			})
-		}
-		for _, m := range members {
-			m.cq.Poll(make([]WorkCompletion, 16))
-		}
-	})
+			}
+		})
+	}
+	for _, m := range members {
+		m.cq.Poll(make([]WorkCompletion, 16))
+	}
 }
