@@ -104,6 +104,7 @@ type Device struct {
 
 	events     chan AsyncEvent
 	eventsLost atomic.Uint64
+	ev         eventBook // what is in events; see raise
 	closed     atomic.Bool
 	done       chan struct{}
 	wg         sync.WaitGroup
@@ -135,7 +136,7 @@ func Open(cfg DeviceConfig) (*Device, error) {
 		mrs:     newMRTable(cfg.MaxMR),
 		qps:     make([]atomic.Pointer[QP], cfg.MaxQP+1),
 		qpNext:  1,
-		events:  make(chan AsyncEvent, 256),
+		events:  make(chan AsyncEvent, eventQueueLen),
 		done:    make(chan struct{}),
 		rcEpoll: -1, rcWake: -1, rcConns: map[int]*rcConn{},
 	}
@@ -152,18 +153,15 @@ func (d *Device) Config() DeviceConfig { return d.cfg }
 // AllocPD creates a protection domain.
 func (d *Device) AllocPD() *PD { return &PD{dev: d, id: d.pdNext.Add(1)} }
 
-// Events delivers asynchronous events: CQ overflow, SRQ limits, error
-// messages from peers. Events that find the channel full are counted in
-// Stats().EventsLost, never waited for.
+// Events delivers asynchronous events: CQ overflow, SRQ limits, QP
+// fatal, error messages from peers. It holds 256 events and is never
+// waited for. A quarter of it is kept for the device's own events, which
+// remote ones can never crowd out; remote error messages are queued at
+// most one per (QP, source) at a time — more from a source whose event is
+// still waiting are dropped — and only while the remote share has room.
+// Dropped remote events are counted in Stats().RemoteEventsDropped, local
+// events that found the channel full in Stats().EventsLost.
 func (d *Device) Events() <-chan AsyncEvent { return d.events }
-
-func (d *Device) raise(e AsyncEvent) {
-	select {
-	case d.events <- e:
-	default:
-		d.eventsLost.Add(1)
-	}
-}
 
 // Close stops the device: every socket is closed, every goroutine the
 // device started has returned, and every QP is in ERROR with its

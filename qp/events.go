@@ -3,6 +3,7 @@ package qp
 import (
 	"fmt"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 	"syscall"
 
@@ -63,6 +64,74 @@ func (e AsyncEvent) String() string {
 		return fmt.Sprintf("%v from %v QP %d: %v (MSN %d)", e.Type, e.Source, e.SourceQPN, e.Code, e.MSN)
 	}
 	return e.Type.String()
+}
+
+const (
+	eventQueueLen     = 256 // the Events channel
+	eventLocalReserve = 64  // of it, room remote events may not take
+)
+
+// eventBook keeps, for the Events channel, the sources of the remote
+// events waiting in it, so that a flood of error messages (forged ones
+// cost nothing to send) can neither crowd out the device's own events nor
+// let one source fill the queue. Under mu, every send to the channel
+// appends its key; the application takes events from the channel's front,
+// so the oldest keys beyond the channel's length are those taken.
+type eventBook struct {
+	mu      sync.Mutex
+	keys    [eventQueueLen + 1]eventKey // a ring: the keys of the events sent, oldest first
+	head, n int
+	pending map[eventKey]struct{} // remote events waiting, one per key
+}
+
+// eventKey is a remote event's source; the zero key marks a local event.
+type eventKey struct {
+	qp  *QP
+	src netip.AddrPort
+}
+
+// raise queues an event without waiting (see Events for the rules).
+func (d *Device) raise(e AsyncEvent) {
+	b := &d.ev
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for b.n > len(d.events) { // taken by the application
+		k := b.keys[b.head]
+		b.keys[b.head] = eventKey{}
+		b.head = (b.head + 1) % len(b.keys)
+		b.n--
+		if k != (eventKey{}) {
+			delete(b.pending, k)
+		}
+	}
+	var k eventKey
+	if e.Type == AsyncRemoteError {
+		k = eventKey{e.QP, e.Source}
+		if _, waiting := b.pending[k]; waiting || len(b.pending) >= eventQueueLen-eventLocalReserve {
+			d.stats.RemoteEventsDropped.Add(1)
+			return
+		}
+	}
+	tail := (b.head + b.n) % len(b.keys)
+	b.keys[tail] = k
+	b.n++
+	select {
+	case d.events <- e:
+		if k != (eventKey{}) {
+			if b.pending == nil {
+				b.pending = map[eventKey]struct{}{}
+			}
+			b.pending[k] = struct{}{}
+		}
+	default:
+		b.keys[tail] = eventKey{}
+		b.n--
+		if k != (eventKey{}) {
+			d.stats.RemoteEventsDropped.Add(1)
+		} else {
+			d.eventsLost.Add(1)
+		}
+	}
 }
 
 // Stats are a device's counters. Every datagram that arrives is counted
@@ -138,7 +207,16 @@ type Stats struct {
 	TxParked    atomic.Uint64 // times a socket was full
 	TxErrors    atomic.Uint64 // sendmsg failures other than a full socket
 	TxImpaired  atomic.Uint64 // dropped, duplicated, delayed or corrupted by the impairment layer
-	EventsLost  atomic.Uint64
+	// TxRepliesWithheld counts error messages and RD Challenges not sent:
+	// larger than what the datagram that drew them had left, or that
+	// datagram was addressed to a multicast or broadcast address
+	// (docs/wire.md §6.2, §11.2).
+	TxRepliesWithheld atomic.Uint64
+	EventsLost        atomic.Uint64 // the device's own events that found the Events channel full
+	// RemoteEventsDropped counts error messages from peers not queued as
+	// events: their source already had one waiting, or the remote share
+	// of the queue was full (Device.Events).
+	RemoteEventsDropped atomic.Uint64
 
 	lastTxErrno atomic.Uint32
 }

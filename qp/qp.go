@@ -94,7 +94,10 @@ type QPAttr struct {
 	Record RecordMode
 	// ReportErrors makes the QP tell the source of a message it had to drop
 	// (no receive posted, receive too small) with an error message naming
-	// the message's MSN (seed 003).
+	// the message's MSN (seed 003). The message is 46 bytes and is sent
+	// only when no larger than the datagram that drew it (a Send of at
+	// least 24 bytes) and never for one addressed to a multicast or
+	// broadcast address (docs/wire.md §6.2).
 	ReportErrors bool
 	// RD tunes an RD QP's reliability: window, timeouts, retry limits,
 	// peer cap (package reliability; zero values are the defaults).

@@ -643,14 +643,18 @@ func (q *QP) rdReceive(s *Socket, h *reliability.Header, frame []byte, src netip
 	q.rdArm(now)
 }
 
-// rdChallenge answers a source without valid state, echoing echo.
+// rdChallenge answers a source without valid state, echoing echo, if
+// mayAnswer allows a Challenge of its size to the datagram that drew it.
 func (q *QP) rdChallenge(s *Socket, h *reliability.Header, src netip.AddrPort, echo uint64) {
 	r := q.rd
-	if h.SrcQPN == 0 || h.SrcQPN > udiwarp.MaxQPN || src.Addr().IsMulticast() {
+	if h.SrcQPN == 0 || h.SrcQPN > udiwarp.MaxQPN {
 		return
 	}
 	b := reliability.Append(r.hb[:0], &reliability.Fields{Type: reliability.Challenge, DstQPN: h.SrcQPN, SrcQPN: q.num,
 		Epoch: r.epoch, Token: echo, Init: true, Issued: r.tokens.Issue(src, h.SrcQPN, h.Epoch, q.num)})
+	if !s.mayAnswer(src, len(b)+udiwarp.CRCSize) {
+		return
+	}
 	r.tmp.setAddr(src, h.SrcQPN)
 	q.rdControl(s, &r.tmp, b)
 	q.dev.stats.RDChallenges.Add(1)

@@ -161,6 +161,7 @@ func (d *Device) deliver(s *Socket, b []byte, truncated bool, src netip.AddrPort
 	st := &d.stats
 	st.RxDatagrams.Add(1)
 	st.RxBytes.Add(uint64(len(b)))
+	s.rxLeft = len(b)
 	if truncated {
 		st.RxTooLong.Add(1)
 		return
@@ -297,15 +298,20 @@ func (q *QP) scatter(w *recvWQE, payload []byte) Status {
 	return Success
 }
 
-// reportError tells the source of a dropped message, if the QP asks for it.
-// It never waits: if the socket cannot take the message now, it is dropped.
+// reportError tells the source of a dropped message, if the QP asks for it
+// and mayAnswer allows it (the error message is 46 bytes: a Send of fewer
+// than 24 bytes of payload is not answered). It never waits: if the socket
+// cannot take the message now, it is dropped.
 func (q *QP) reportError(seg udiwarp.Segment, src netip.AddrPort, code udiwarp.ErrorCode) {
 	if !q.attr.ReportErrors {
 		return
 	}
 	s := q.sock.Load()
+	if !s.mayAnswer(src, errorMessageSize) {
+		return
+	}
 	h := seg.Untagged()
-	var b [udiwarp.DDPUntaggedHeaderSize + 6 + udiwarp.DDPUntaggedHeaderSize + udiwarp.CRCSize]byte
+	var b [errorMessageSize]byte
 	out := udiwarp.AppendUntagged(b[:0], &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
 		RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpTerminate), ULP: q.num,
 		QN: udiwarp.DatagramQN(h.SrcQPN(), udiwarp.QueueTerminate), MSN: q.errMSN.Add(1)})
@@ -317,4 +323,39 @@ func (q *QP) reportError(seg udiwarp.Segment, src netip.AddrPort, code udiwarp.E
 		out = udiwarp.SealDatagram(out, 0)
 	}
 	s.sendNow(out, src)
+}
+
+// errorMessageSize is the datagram error message about an untagged
+// segment: Terminate with the 18-byte DDP header echoed, and the CRC.
+const errorMessageSize = udiwarp.DDPUntaggedHeaderSize + 6 + udiwarp.DDPUntaggedHeaderSize + udiwarp.CRCSize
+
+// mayAnswer reports whether the datagram being delivered on s, from src,
+// may draw a reply of size bytes that the stack builds on its own (a
+// datagram error message, an RD Challenge) to an address that has proved
+// nothing. It is the one home of the rule of docs/wire.md §6.2 and §11.2:
+//
+//   - no reply to a datagram addressed to a multicast or broadcast
+//     address, or whose destination the kernel did not tell: a group
+//     would multiply what an off-path sender sends by its size;
+//   - no reply to a source that cannot be one (multicast, broadcast,
+//     unspecified, port 0);
+//   - the replies one datagram draws are together no larger than it.
+//
+// A reply allowed is charged to the datagram; one refused is counted in
+// Stats.TxRepliesWithheld. It runs on the receive path only (it reads the
+// datagram's control messages).
+func (s *Socket) mayAnswer(src netip.AddrPort, size int) bool {
+	a := src.Addr()
+	ok := a.IsValid() && !a.IsUnspecified() && !a.IsMulticast() && src.Port() != 0 &&
+		a != netip.AddrFrom4([4]byte{255, 255, 255, 255}) && size <= s.rxLeft
+	if ok {
+		_, unicast, known := s.rxDst()
+		ok = known && unicast
+	}
+	if !ok {
+		s.dev.stats.TxRepliesWithheld.Add(1)
+		return false
+	}
+	s.rxLeft -= size
+	return true
 }

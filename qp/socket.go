@@ -54,7 +54,14 @@ type Socket struct {
 	txWake  chan struct{}
 	mcastMu sync.RWMutex
 	mcast   map[netip.Addr][]*QP
-	pktinfo atomic.Bool // set once a group is joined
+	// pktinfo: the kernel gives each datagram's destination address
+	// (IP_PKTINFO, IPV6_PKTINFO), for multicast delivery and for the rule
+	// that no datagram addressed to a group or a broadcast address draws a
+	// reply (mayAnswer).
+	pktinfo atomic.Bool
+	// rxLeft is how many bytes of replies the datagram being delivered may
+	// still draw (mayAnswer); under rxMu.
+	rxLeft int
 	// streak counts inline polls in a row that found a datagram.
 	streak int
 	// landQP is the QP the last Send was for: batch receives land in its
@@ -86,7 +93,7 @@ type rxBatch struct {
 	iovs  []unix.Iovec
 	land  []landing // direct placement into posted receives, per slot
 	names []unix.RawSockaddrAny
-	ctrl  [][rxCtrlSize]byte // IP_PKTINFO / IPV6_PKTINFO, once a group is joined
+	ctrl  [][rxCtrlSize]byte // UDP_GRO, IP_PKTINFO, IPV6_PKTINFO
 	bufs  [][]byte
 	n     int
 	errno syscall.Errno
@@ -94,7 +101,9 @@ type rxBatch struct {
 	landWR bool
 }
 
-const rxCtrlSize = 64
+// rxCtrlSize holds a datagram's control messages: UDP_GRO (24 bytes),
+// IP_PKTINFO (32) and, on an IPv6 socket, IPV6_PKTINFO (40).
+const rxCtrlSize = 128
 
 const maxUDPv4 = 65507
 const maxUDPv6 = 65527
@@ -149,6 +158,13 @@ func newSocket(d *Device, conn *net.UDPConn) (*Socket, error) {
 		// GRO: datagrams a peer sent with UDP GSO arrive in one read, cut
 		// by dispatch; one system call for up to 64 datagrams.
 		s.gro = unix.SetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_GRO, 1) == nil
+		// Each datagram's destination. IP_PKTINFO also on an IPv6 socket:
+		// for IPv4 datagrams it tells a broadcast destination apart.
+		info := unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_PKTINFO, 1) == nil
+		if s.v6 {
+			info = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO, 1) == nil
+		}
+		s.pktinfo.Store(info)
 	})
 	s.readableFn, s.writableFn = s.readable, s.writable
 	return s, nil

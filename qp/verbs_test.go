@@ -371,7 +371,9 @@ func TestErrorMessages(t *testing.T) {
 	cq, _ := b.dev.CreateCQ(16)
 	reporter := b.newQP(QPAttr{Type: UD, SendCQ: cq, RecvCQ: cq, ReportErrors: true})
 	ah := a.ah(b, reporter)
-	a.qp.PostSend(&SendWR{Inline: []byte("nobody listens"), AH: ah})
+	// At least 24 bytes: the 46-byte error message is no larger than the
+	// datagram that draws it (docs/wire.md §6.2).
+	a.qp.PostSend(&SendWR{Inline: []byte("nobody listens to this message"), AH: ah})
 	e := nextEvent(t, a.dev, AsyncRemoteError)
 	if e.QP != a.qp || e.Code != udiwarp.DDPUntaggedNoBuffer || e.MSN != 1 || e.SourceQPN != reporter.QPN() || e.Source != b.sock.LocalAddr() {
 		t.Fatalf("error event %v %+v", e, e)

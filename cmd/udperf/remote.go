@@ -73,51 +73,115 @@ func server(args []string, stdout, stderr io.Writer) int {
 	return serveOn(ln, *once, stderr)
 }
 
-// serveOn serves client runs, one at a time, from ln until it closes.
+// requestTimeout bounds how long a control connection may take to send
+// its request; runSlack how long past its duration a run may wait for the
+// client's "done" (as long as the client itself waits).
+var (
+	requestTimeout = 10 * time.Second
+	runSlack       = 5 * time.Minute
+)
+
+// busyError is the answer to a request that arrives during another run.
+const busyError = "busy: another client's run is in progress; try again when it ends"
+
+// serveOn serves control connections from ln until it closes (or, with
+// once, until one run has been served). Each connection has its own
+// goroutine and must send its request within requestTimeout, so an idle
+// or slow connection holds up nobody; runs are serialised, and a request
+// that arrives during another client's run is answered at once with
+// busyError. When ln closes, serveOn closes every control connection and
+// returns once their goroutines have.
 func serveOn(ln net.Listener, once bool, stderr io.Writer) int {
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex // conns, stderr
+		conns   = map[net.Conn]struct{}{}
+		running sync.Mutex // held for the length of a run
+		served  atomic.Bool
+		stop    sync.Once
+	)
+	logf := func(format string, args ...any) {
+		mu.Lock()
+		fmt.Fprintf(stderr, format, args...)
+		mu.Unlock()
+	}
+	defer func() {
+		mu.Lock()
+		for c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	}()
 	for {
 		c, err := ln.Accept()
 		if err != nil {
-			fmt.Fprintf(stderr, "udperf server: %v\n", err)
+			if served.Load() {
+				return 0
+			}
+			logf("udperf server: %v\n", err)
 			return 1
 		}
-		if err := serveRun(c, stderr); err != nil {
-			fmt.Fprintf(stderr, "udperf server: %v\n", err)
-		}
-		if once {
-			return 0
-		}
+		mu.Lock()
+		conns[c] = struct{}{}
+		mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ran, err := serveRun(c, &running)
+			mu.Lock()
+			delete(conns, c)
+			mu.Unlock()
+			if err != nil {
+				logf("udperf server: %v: %v\n", c.RemoteAddr(), err)
+			}
+			if ran && once {
+				stop.Do(func() { served.Store(true); ln.Close() })
+			}
+		}()
 	}
 }
 
-// serveRun serves one client's run on control connection c.
-func serveRun(c net.Conn, stderr io.Writer) error {
+// serveRun serves one client's run on control connection c, if no other
+// run holds running. It reports whether it ran one.
+func serveRun(c net.Conn, running *sync.Mutex) (ran bool, err error) {
 	defer c.Close()
 	rd := bufio.NewReader(c)
 	enc := json.NewEncoder(c)
 	var req runRequest
+	c.SetReadDeadline(time.Now().Add(requestTimeout))
 	if err := json.NewDecoder(rd).Decode(&req); err != nil {
-		return fmt.Errorf("request: %w", err)
+		return false, fmt.Errorf("request: %w", err)
 	}
 	reply := func(r runReply) { enc.Encode(r) }
 	if !remoteModes[req.Mode] || (req.Test != "lat" && req.Test != "bw") || req.Size < 0 || req.Size > remoteMaxSize(req.Mode) {
 		reply(runReply{Error: fmt.Sprintf("cannot serve mode %q test %q size %d (every mode but raw-udp-unconn; lat or bw; at most %d bytes)", req.Mode, req.Test, req.Size, remoteMaxSize(req.Mode))})
-		return nil
+		return false, nil
+	}
+	if !running.TryLock() {
+		reply(runReply{Error: busyError})
+		return false, nil
 	}
 	host, _, _ := net.SplitHostPort(c.LocalAddr().String())
 	ep, err := newEndpoint(req, host)
 	if err != nil {
+		running.Unlock()
 		reply(runReply{Error: err.Error()})
-		return err
+		return true, err
 	}
-	defer ep.close()
 	reply(runReply{Addr: ep.addr, QPN: ep.qpn, STag: ep.stag, TO: ep.to, Credits: ep.credits})
-	// The run lasts until the client says done (or goes away).
+	// The run lasts until the client says done (or goes away, or takes
+	// longer than it would wait itself).
+	c.SetReadDeadline(time.Now().Add(max(req.Duration, 0) + runSlack))
 	var done struct{ Done bool }
 	json.NewDecoder(rd).Decode(&done)
 	r := ep.stop()
+	// Free before the figures go out: a client that starts its next run
+	// once it has them is not told the server is busy.
+	ep.close()
+	running.Unlock()
 	reply(r)
-	return nil
+	return true, nil
 }
 
 // endpoint is the server's end of one run.
