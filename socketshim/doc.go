@@ -11,7 +11,13 @@
 // and HTTP/3) and miekg/dns run over them unchanged; see the tests.
 //
 // Options.Reliable runs it over an RD QP instead: every datagram
-// delivered once, in order per peer.
+// delivered once, in order per peer, or reported: a datagram the stack
+// could not deliver (retries or receiver-not-ready retries exhausted, the
+// peer restarted) is reported by the next WriteTo to its destination,
+// which sends nothing and returns a *net.OpError (Addr the destination)
+// wrapping a *SendError (the completion status), as a connected UDP
+// socket reports an ICMP error on its next call. Options.RD tunes the
+// retries.
 //
 // Unmodified C programs get the same sockets through the LD_PRELOAD
 // library in socketshim/preload (libudiwarp_preload.so in front of a Go
