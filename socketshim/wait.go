@@ -149,11 +149,12 @@ func setDL(dl *atomic.Int64, kick chan struct{}, t time.Time) {
 // report true for it, wrapped in a net.OpError.
 var errTimeout = os.ErrDeadlineExceeded
 
-// watcher lets a background goroutine answer a CQ's solicited
-// completions while no foreground goroutine waits on it, and stand aside
-// (not take the notification) while one does. The arming is under mu, so
-// the background never arms for solicited completions only while a
-// foreground goroutine counts on being woken by any.
+// watcher lets a background goroutine take a CQ's completions while no
+// foreground goroutine waits on it, and stand aside (not take the
+// notification) while one does: control messages are answered, and
+// records taken off the CQ as they come, even while the application
+// calls nothing, so no peer can fill the CQ (the Write-Record socket).
+// The arming is under mu.
 type watcher struct {
 	mu         sync.Mutex
 	fg         int
@@ -191,7 +192,7 @@ func (w *watcher) exit() {
 }
 
 // run is the background goroutine: while no foreground goroutine waits,
-// it waits for a solicited completion on cq and calls poll.
+// it waits for a completion on cq and calls poll.
 func (w *watcher) run(cq *qp.CQ, closed chan struct{}, poll func()) {
 	for {
 		w.mu.Lock()
@@ -204,7 +205,7 @@ func (w *watcher) run(cq *qp.CQ, closed chan struct{}, poll func()) {
 			}
 			continue
 		}
-		cq.RequestNotify(true)
+		cq.RequestNotify(false)
 		w.mu.Unlock()
 		if cq.Pending() > 0 {
 			poll()

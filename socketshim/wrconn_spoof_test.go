@@ -245,16 +245,24 @@ func TestWRConnCreditOverrun(t *testing.T) {
 	if v.pc.rcq.Overflowed() {
 		t.Fatalf("the receive CQ overflowed (%d completions refused)", v.pc.rcq.Dropped())
 	}
-	exchange(t, o, v, 2, 50)
+	exchange(t, o, v, 2, 25)
 	exchange(t, v, o, 0, 10)
-	t.Logf("flood: %d records, %d datagrams received, %d records complete", n, rx, v.Device().Stats().RxWRComplete.Load())
+	t.Logf("flood: %d records, %d datagrams received, %d records complete, %d overruns, %d discarded, CQ depth %d",
+		n, rx, v.Device().Stats().RxWRComplete.Load(), v.Stats().Overruns.Load(), v.Stats().Discarded.Load(), v.pc.rcq.Depth())
+	v.mu.Lock()
+	forgotten := v.peers[addrPort(m.LocalAddr())] == nil
+	v.mu.Unlock()
+	if v.Stats().Overruns.Load() == 0 || !forgotten {
+		t.Fatalf("the overrun was not counted (%d), or its writer not forgotten (%v)", v.Stats().Overruns.Load(), forgotten)
+	}
 }
 
 // TestWRConnQuietPeersExpire: peers that stay quiet for IdleTimeout are
-// forgotten on both sides (their rings deregistered), and a later write
-// finds the peer again.
+// forgotten on both sides (their rings deregistered: the first side to
+// expire the other tells it with a BYE), and a later write finds the peer
+// again.
 func TestWRConnQuietPeersExpire(t *testing.T) {
-	o := &WROptions{}
+	o := &WROptions{IdleTimeout: 200 * time.Millisecond}
 	a, b := wrPair(t, o, o)
 	exchange(t, a, b, 0, 3)
 	exchange(t, b, a, 0, 3)
@@ -264,6 +272,9 @@ func TestWRConnQuietPeersExpire(t *testing.T) {
 			defer c.mu.Unlock()
 			return len(c.peers) == 0 && len(c.byTag) == 0
 		})
+	}
+	if a.Stats().Expired.Load()+b.Stats().Expired.Load() == 0 { // the first to expire tells the other (BYE)
+		t.Fatalf("expired: %d, %d", a.Stats().Expired.Load(), b.Stats().Expired.Load())
 	}
 	exchange(t, a, b, 3, 3)
 	exchange(t, b, a, 3, 3)
