@@ -43,7 +43,7 @@ import (
 // answers with a CHALLENGE (its cookie for the source as mine, the
 // message's mine as echo; 40 bytes, smaller than any message that draws
 // it), keeping no state. A CHALLENGE counts only if its echo is the
-// receiver's cookie for the challenger and the receiver has a peer there
+// receiver's cookie for the challenger and the receiver has state for it
 // (it wrote to it): it takes the cookie and sends its HELLO again. So a
 // spoofed source can neither create a peer (no ring, no state) nor touch
 // an established one: a forged HELLO from a peer's address draws a
@@ -181,8 +181,8 @@ type WRConn struct {
 	o      WROptions
 	tokens *reliability.Tokens // the cookies
 	bell   bell
-	stage int // bytes per send slot
-	hdr   *qp.MR
+	stage  int // bytes per send slot
+	hdr    *qp.MR
 
 	pmu sync.Mutex // polls the receive CQ
 	wcs []qp.WorkCompletion
@@ -840,7 +840,9 @@ func (c *WRConn) ReadFromUDPAddrPort(b []byte) (int, netip.AddrPort, error) {
 			ok := binary.BigEndian.Uint64(e.ring.buf[e.off:]) == e.seq
 			c.mu.Lock()
 			r := e.ring
-			r.queued--
+			if r.queued > 0 { // 0: its ring was dropped meanwhile
+				r.queued--
+			}
 			r.consumed = max(r.consumed, e.seq+1)
 			if r.peer.rx == r && r.consumed-r.reported >= uint64(max(1, c.o.Slots/4)) {
 				c.creditLocked(r)

@@ -151,6 +151,51 @@ func TestWRConnSpoofedHello(t *testing.T) {
 
 	exchange(t, b, a, 5, 20)
 	exchange(t, a, b, 5, 20)
+
+	// Every other kind, forged from a's address with the real session
+	// epochs and rings (all an attacker might guess) but no valid cookie,
+	// changes nothing either: no BYE forgets, no CREDIT or PROBE moves the
+	// numbering or re-keys, no CHALLENGE is taken.
+	b.mu.Lock()
+	p = b.peers[aAP]
+	epoch, view, rxTag, txTag := p.epoch, p.myEpoch, p.rx.mr.STag(), p.tx.stag
+	b.mu.Unlock()
+	for _, k := range []struct {
+		kind byte
+		n    int
+		stag uint32
+	}{{wrBye, wrShortLen, 0}, {wrCredit, wrNoteLen, txTag}, {wrProbe, wrNoteLen, rxTag}, {wrChallenge, wrShortLen, 0}} {
+		m := make([]byte, k.n)
+		rand.Read(m)
+		binary.BigEndian.PutUint32(m, wrMagic)
+		m[4], m[5], m[6], m[7] = k.kind, 0, 0, 0
+		binary.BigEndian.PutUint64(m[8:], epoch)
+		binary.BigEndian.PutUint64(m[16:], view)
+		if k.n == wrNoteLen {
+			binary.BigEndian.PutUint32(m[24:], k.stag)
+			binary.BigEndian.PutUint32(m[28:], 0)
+			binary.BigEndian.PutUint64(m[32:], 1000) // far ahead
+		}
+		ch, disc := b.Stats().Challenges.Load(), b.Stats().Discarded.Load()
+		if err := s.Send(aAP, bAP, udSendFrame(t, m)); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the forged message to be taken", func() bool {
+			return b.Stats().Challenges.Load() > ch || b.Stats().Discarded.Load() > disc
+		})
+		b.mu.Lock()
+		q := b.peers[aAP]
+		same := q == p && q.epoch == epoch && q.rx != nil && q.rx.mr.STag() == rxTag && q.tx.stag == txTag
+		b.mu.Unlock()
+		if !same {
+			t.Fatalf("a forged message of kind %d changed the peer's state", k.kind)
+		}
+	}
+	if b.Stats().Rekeys.Load() != 0 {
+		t.Fatalf("%d re-keys", b.Stats().Rekeys.Load())
+	}
+	exchange(t, b, a, 25, 20)
+	exchange(t, a, b, 25, 20)
 }
 
 // TestWRConnSpoofedHelloFlood: HELLOs from 100 forged sources create no
