@@ -220,6 +220,7 @@ type wrPeer struct {
 	myEpoch uint64 // our session with it (random)
 	epoch   uint64 // its session with us; 0 until its first HELLO
 	cookie  uint64 // its cookie for us, to echo; 0 until it told us
+	mine    uint64 // our cookie for it
 	last    time.Time
 	rx      *wrRing
 	tx      wrTx
@@ -429,7 +430,7 @@ func (c *WRConn) peerLocked(ap netip.AddrPort) (*wrPeer, error) {
 	}
 	var e [8]byte
 	rand.Read(e[:])
-	p := &wrPeer{ap: ap, ah: ah, myEpoch: binary.BigEndian.Uint64(e[:]) | 1, last: time.Now()}
+	p := &wrPeer{ap: ap, ah: ah, myEpoch: binary.BigEndian.Uint64(e[:]) | 1, mine: c.cookie(ap), last: time.Now()}
 	if err := c.newRingLocked(p, nil); err != nil {
 		return nil, err
 	}
@@ -627,8 +628,13 @@ func (c *WRConn) controlLocked(src netip.AddrPort, m []byte, now time.Time) {
 	m = m[:want]
 	epoch, view := binary.BigEndian.Uint64(m[8:]), binary.BigEndian.Uint64(m[16:])
 	mine, echo := binary.BigEndian.Uint64(m[want-16:]), binary.BigEndian.Uint64(m[want-8:])
-	valid := c.tokens.Valid(echo, src, ShimQPN, 0, ShimQPN)
 	p := c.peers[src]
+	var valid bool
+	if p != nil {
+		valid = echo == p.mine // the same cookie, kept
+	} else {
+		valid = c.tokens.Valid(echo, src, ShimQPN, 0, ShimQPN)
+	}
 	if kind == wrChallenge {
 		// The answer to a message of ours to a peer we know; anything else
 		// is a forgery or a stray.
@@ -753,7 +759,7 @@ func (c *WRConn) challengeLocked(src netip.AddrPort, mine uint64) {
 // ctlHeader and cut to its length, with its cookies at the end; a full
 // queue drops it: every control message is sent again when it matters.
 func (c *WRConn) sendCtlLocked(p *wrPeer, m []byte) {
-	binary.BigEndian.PutUint64(m[len(m)-16:], c.cookie(p.ap))
+	binary.BigEndian.PutUint64(m[len(m)-16:], p.mine)
 	binary.BigEndian.PutUint64(m[len(m)-8:], p.cookie)
 	c.pc.q.PostSend(&qp.SendWR{ID: inlineID, Flags: qp.FlagSolicited, Inline: m, AH: p.ah})
 	p.last = time.Now()
