@@ -219,7 +219,9 @@ func (c *PacketConn) wait(cq *qp.CQ, dl *atomic.Int64, kick chan struct{}) error
 	return park(cq, dl, kick, c.closed, nil, 0)
 }
 
-// WriteTo sends b to addr as one datagram.
+// WriteTo sends b to addr as one datagram. On a Reliable PacketConn it
+// returns instead the failure of an earlier datagram to addr that the
+// stack could not deliver (a *SendError; see WriteToUDPAddrPort).
 func (c *PacketConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 	var ap netip.AddrPort
 	switch a := addr.(type) {
