@@ -66,7 +66,10 @@ import (
 // IdleTimeout, and no record of it waiting to be read, is forgotten: its
 // ring is deregistered, and it is told with a BYE (which makes it forget
 // us too, or, with records of ours unread, stop writing to our old ring).
-// Either side's next message then starts a new session.
+// Either side's next message then starts a new session. (Were the BYE
+// lost, the records the other side writes to the forgotten ring would be
+// lost, as datagrams may be, until its credits run out and its PROBE
+// starts the new session.)
 //
 // Slots. Record k (k = 0, 1, ...) goes to slot k mod Slots at the slot's
 // start: an 8-byte header holding k, then the datagram. The receiver
@@ -630,15 +633,16 @@ func (c *WRConn) controlLocked(src netip.AddrPort, m []byte, now time.Time) {
 	mine, echo := binary.BigEndian.Uint64(m[want-16:]), binary.BigEndian.Uint64(m[want-8:])
 	p := c.peers[src]
 	var valid bool
-	if p != nil {
+	switch {
+	case p != nil:
 		valid = echo == p.mine // the same cookie, kept
-	} else {
+	case kind != wrChallenge: // (one for no peer is dropped anyway)
 		valid = c.tokens.Valid(echo, src, ShimQPN, 0, ShimQPN)
 	}
 	if kind == wrChallenge {
 		// The answer to a message of ours to a peer we know; anything else
 		// is a forgery or a stray.
-		if !valid || p == nil || mine == 0 {
+		if p == nil || !valid || mine == 0 {
 			c.stats.Discarded.Add(1)
 			return
 		}

@@ -222,8 +222,8 @@ func TestWRConnSpoofedHelloFlood(t *testing.T) {
 	v.mu.Lock()
 	peers, rings := len(v.peers), len(v.byTag)
 	v.mu.Unlock()
-	if peers != 0 || rings != 0 {
-		t.Fatalf("%d forged HELLOs made %d peers and %d rings", n, peers, rings)
+	if peers != 0 || rings != 0 || v.Stats().Challenges.Load() != n {
+		t.Fatalf("%d forged HELLOs made %d peers and %d rings, drew %d challenges", n, peers, rings, v.Stats().Challenges.Load())
 	}
 	if sent := v.Device().Stats().TxBytes.Load() - txBefore; sent > uint64(n*len(frame)) {
 		t.Fatalf("%d forged HELLOs of %d bytes drew %d bytes", n, len(frame), sent)
