@@ -191,13 +191,27 @@ func (w *watcher) exit() {
 	}
 }
 
+// drainEvery is how long the watcher lets ordinary completions gather
+// once it has taken some, before it looks again (solicited ones it takes
+// at once): under a stream it wakes about once per drainEvery, not once
+// per completion, and a CQ gains at most drainEvery's worth of them
+// before they are taken.
+const drainEvery = time.Millisecond
+
 // run is the background goroutine: while no foreground goroutine waits,
-// it waits for a completion on cq and calls poll.
+// it waits for a completion on cq and calls poll; after a poll it waits
+// drainEvery (or a solicited completion) before the next, as long as
+// completions keep coming.
 func (w *watcher) run(cq *qp.CQ, closed chan struct{}, poll func()) {
+	gather := time.NewTimer(time.Hour)
+	gather.Stop()
+	defer gather.Stop()
+	gathering := false
 	for {
 		w.mu.Lock()
 		if w.fg > 0 {
 			w.mu.Unlock()
+			gathering = false
 			select {
 			case <-w.idle:
 			case <-closed:
@@ -205,17 +219,43 @@ func (w *watcher) run(cq *qp.CQ, closed chan struct{}, poll func()) {
 			}
 			continue
 		}
-		cq.RequestNotify(false)
+		cq.RequestNotify(gathering) // gathering: solicited ones only
 		w.mu.Unlock()
-		if cq.Pending() > 0 {
-			poll()
+		if !gathering {
+			if cq.Pending() > 0 {
+				poll()
+				gathering = true
+				continue
+			}
+			select {
+			case <-cq.C():
+				poll()
+				gathering = true
+			case <-w.busy:
+			case <-closed:
+				return
+			}
+			continue
 		}
+		gather.Reset(drainEvery)
 		select {
 		case <-cq.C():
-			poll()
+			poll() // a control message: answer it now
+		case <-gather.C:
+			if cq.Pending() > 0 {
+				poll()
+			} else {
+				gathering = false
+			}
 		case <-w.busy:
 		case <-closed:
 			return
+		}
+		if !gather.Stop() {
+			select {
+			case <-gather.C:
+			default:
+			}
 		}
 	}
 }
