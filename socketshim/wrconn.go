@@ -99,8 +99,10 @@ import (
 // more is breaking them: the record is dropped and counted
 // (WRStats.Overruns) and the peer forgotten — its ring deregistered, so
 // the stack places none of its records any more. The receive CQ holds
-// every peer's 2·Slots and a margin, and a background goroutine takes
-// completions off it as they come, so no writer can overflow it.
+// every peer's 2·Slots and a margin of 16384, and a background goroutine
+// takes completions off it within about a millisecond (the watcher's
+// drainEvery) while the application calls nothing, so a writer is found
+// out long before it could overflow it.
 //
 // Copies. Up to 512 bytes go inline (copied at post); up to ZeroCopy
 // bytes are copied to a registered send slot and WriteTo returns at once;
@@ -157,6 +159,8 @@ const (
 	wrChallenge = 4
 	wrBye       = 5
 
+	wrSpare = 4 // forgotten rings kept for reuse: a peer coming and going costs no allocation
+
 	wrHelloLen = 64 // message lengths
 	wrNoteLen  = 56 // CREDIT, PROBE
 	wrShortLen = 40 // CHALLENGE, BYE
@@ -195,6 +199,7 @@ type WRConn struct {
 	byTag  map[uint32]*wrRing
 	rq     []wrEntry // whole records, in arrival order
 	rqHead int
+	spare  [][]byte // rings of forgotten peers, for new ones (at most wrSpare)
 	ctl    [wrCtlSize]byte
 
 	stats WRStats
@@ -450,7 +455,11 @@ func (c *WRConn) newRingLocked(p *wrPeer, buf []byte) error {
 		c.dropRingLocked(old)
 	}
 	if buf == nil {
-		buf = make([]byte, c.o.Slots*c.o.SlotSize)
+		if n := len(c.spare); n > 0 {
+			buf, c.spare = c.spare[n-1], c.spare[:n-1]
+		} else {
+			buf = make([]byte, c.o.Slots*c.o.SlotSize)
+		}
 	}
 	mr, err := c.pc.pd.RegisterMemory(buf, qp.AccessLocalWrite|qp.AccessRemoteWrite)
 	if err != nil {
@@ -486,10 +495,16 @@ func (c *WRConn) dropRingLocked(r *wrRing) {
 	r.queued = 0
 }
 
-// forgetLocked drops every trace of p: ring, records unread, state.
+// forgetLocked drops every trace of p: ring, records unread, state. The
+// ring's memory is kept for another peer if no ReadFrom can be copying
+// from it (none of its records was queued).
 func (c *WRConn) forgetLocked(p *wrPeer) {
-	if p.rx != nil {
-		c.dropRingLocked(p.rx)
+	if r := p.rx; r != nil {
+		idle := r.queued == 0
+		c.dropRingLocked(r)
+		if idle && len(c.spare) < wrSpare {
+			c.spare = append(c.spare, r.buf)
+		}
 	}
 	if c.peers[p.ap] == p {
 		delete(c.peers, p.ap)
