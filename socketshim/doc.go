@@ -11,7 +11,13 @@
 // and HTTP/3) and miekg/dns run over them unchanged; see the tests.
 //
 // Options.Reliable runs it over an RD QP instead: every datagram
-// delivered once, in order per peer.
+// delivered once, in order per peer, or reported: a datagram the stack
+// could not deliver (retries or receiver-not-ready retries exhausted, the
+// peer restarted) is reported by the next WriteTo to its destination,
+// which sends nothing and returns a *net.OpError (Addr the destination)
+// wrapping a *SendError (the completion status), as a connected UDP
+// socket reports an ICMP error on its next call. Options.RD tunes the
+// retries.
 //
 // Unmodified C programs get the same sockets through the LD_PRELOAD
 // library in socketshim/preload (libudiwarp_preload.so in front of a Go
@@ -26,10 +32,20 @@
 // ReadFrom returns the next record that arrived whole (a record with a
 // segment lost is never returned). Peers exchange their rings once, in a
 // HELLO handshake of solicited Sends over the same UD QP (resent with
-// back-off; ErrNoPeer after WROptions.HandshakeTimeout; a new epoch marks
-// a restarted peer). Records are numbered, and the receiver returns slots
+// back-off; ErrNoPeer after WROptions.HandshakeTimeout; a new session
+// epoch marks a restarted peer). The handshake checks return
+// routability first: a control message counts only if it echoes the
+// cookie (a keyed hash of its source address) the receiver sent to that
+// address; any other draws a CHALLENGE carrying the cookie, no larger
+// than itself, and changes nothing. So a spoofed source creates no peer,
+// registers no ring and cannot reset a flow. Peers quiet for
+// WROptions.IdleTimeout are forgotten (their rings deregistered).
+// Records are numbered, and the receiver returns slots
 // as credits (a CREDIT message every quarter ring): a writer never
-// rewrites an unread slot. A writer out of slots sends PROBEs; if the
+// rewrites an unread slot; a peer with more records than its credits
+// allow is dropped, counted (WRStats.Overruns) and forgotten, and the
+// receive CQ, sized by the credits and drained in the background, never
+// overflows. A writer out of slots sends PROBEs; if the
 // reader has nothing queued the records were lost, and it re-keys the
 // ring; with no slot within WROptions.CreditWait the datagram is dropped,
 // as a full UDP socket drops it. Small datagrams are copied (inline, or

@@ -34,8 +34,13 @@ type Options struct {
 	// Reliable runs the PacketConn over an RD QP instead of UD: every
 	// datagram is delivered once, in order per peer, or its sender's
 	// stack gives up on the peer (seed 003's reliable datagram socket).
-	// Both ends must be Reliable.
+	// Both ends must be Reliable. A datagram its stack could not deliver
+	// is reported by the next WriteTo to the same destination (see
+	// WriteTo and SendError).
 	Reliable bool
+	// RD tunes the RD QP of a Reliable PacketConn: window, timeouts,
+	// retry limits, peer cap (zero values are qp's defaults).
+	RD qp.RDConfig
 	// Device configures the PacketConn's own device (polling mode, socket
 	// buffers, an impairment layer for tests).
 	Device qp.DeviceConfig
@@ -66,6 +71,8 @@ type PacketConn struct {
 	wmu   sync.Mutex
 	free  []int // free send slots
 	swcs  []qp.WorkCompletion
+	dst   []netip.AddrPort // Reliable: each send slot's destination
+	serrs map[netip.AddrPort]*SendError
 	ahs   map[netip.AddrPort]*qp.AH
 	order []netip.AddrPort
 	maxAH int
@@ -134,7 +141,7 @@ func ListenPacket(network, address string, opts *Options) (*PacketConn, error) {
 		typ = qp.RD
 		c.reliable = true
 	}
-	if c.q, err = c.pd.CreateQP(qp.QPAttr{Type: typ, SendCQ: c.scq, RecvCQ: c.rcq,
+	if c.q, err = c.pd.CreateQP(qp.QPAttr{Type: typ, SendCQ: c.scq, RecvCQ: c.rcq, RD: o.RD,
 		Caps: qp.QPCaps{MaxSendWR: o.SendSlots, MaxRecvWR: o.RecvDepth, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: 512}}); err != nil {
 		return fail(err)
 	}
@@ -155,6 +162,8 @@ func ListenPacket(network, address string, opts *Options) (*PacketConn, error) {
 		c.free = append(c.free, i)
 	}
 	c.swcs = make([]qp.WorkCompletion, o.SendSlots)
+	c.dst = make([]netip.AddrPort, o.SendSlots)
+	c.serrs = map[netip.AddrPort]*SendError{}
 	return c, nil
 }
 
@@ -210,7 +219,9 @@ func (c *PacketConn) wait(cq *qp.CQ, dl *atomic.Int64, kick chan struct{}) error
 	return park(cq, dl, kick, c.closed, nil, 0)
 }
 
-// WriteTo sends b to addr as one datagram.
+// WriteTo sends b to addr as one datagram. On a Reliable PacketConn it
+// returns instead the failure of an earlier datagram to addr that the
+// stack could not deliver (a *SendError; see WriteToUDPAddrPort).
 func (c *PacketConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 	var ap netip.AddrPort
 	switch a := addr.(type) {
@@ -227,6 +238,18 @@ func (c *PacketConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 }
 
 // WriteToUDPAddrPort is WriteTo for a netip.AddrPort.
+//
+// On a Reliable PacketConn a datagram is on its way when WriteTo returns:
+// RD reports its fate later, in a completion. A datagram it could not
+// deliver (its peer acknowledged nothing within the retry limit, had no
+// receive posted through the receiver-not-ready retries, or restarted
+// meanwhile) is reported, as an ICMP error is on a connected UDP socket,
+// by the next WriteTo to the same destination: that call sends nothing
+// and returns a *net.OpError whose Addr is the destination, wrapping a
+// *SendError with the completion status and how many datagrams to it
+// failed since the last report. The next WriteTo sends again (RD then
+// contacts the peer anew). A failure to a destination never written to
+// again is not reported.
 func (c *PacketConn) WriteToUDPAddrPort(b []byte, ap netip.AddrPort) (int, error) {
 	if len(b) > c.slot {
 		return 0, c.opErr("write", fmt.Errorf("socketshim: a %d-byte datagram, at most %d: %w", len(b), c.slot, errMessageTooLong))
@@ -236,41 +259,108 @@ func (c *PacketConn) WriteToUDPAddrPort(b []byte, ap netip.AddrPort) (int, error
 	if c.isClosed() {
 		return 0, c.opErr("write", errClosed)
 	}
+	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	ah, err := c.ah(ap)
 	if err != nil {
 		return 0, c.opErr("write", err)
 	}
 	if c.reliable {
-		// RD completes every send when the peer acknowledges it; take what
-		// has completed, so the CQ never holds more than the send queue.
+		// RD completes every send when the peer acknowledges it (or it
+		// fails); take what has completed, so the CQ never holds more than
+		// the send queue, and report a failure to ap.
 		c.drain()
-	}
-	if len(b) <= 512 {
-		// Copied at post: no slot. On RD the WR stays outstanding until
-		// acknowledged, so it is signaled, to be reaped like the others.
-		wr := qp.SendWR{ID: inlineID, Inline: b, AH: ah}
-		if c.reliable {
-			wr.Flags = qp.FlagSignaled
+		if err := c.sendErr(ap); err != nil {
+			return 0, err
 		}
-		if err := c.post(&wr); err != nil {
+	} else if len(b) <= 512 {
+		// Copied at post: no slot, no completion (UD sends only fail
+		// locally, as a datagram a socket drops).
+		if err := c.post(&qp.SendWR{ID: inlineID, Inline: b, AH: ah}); err != nil {
 			return 0, c.opErr("write", err)
 		}
 		return len(b), nil
 	}
+	// A slot: for the copy of b, and on RD for every send, so that its
+	// completion names the destination (the send queue holds SendSlots
+	// WRs: the slots cost no concurrency).
 	for len(c.free) == 0 {
 		if err := c.reap(); err != nil {
 			return 0, c.opErr("write", err)
 		}
+		if err := c.sendErr(ap); err != nil {
+			return 0, err
+		}
 	}
 	i := c.free[len(c.free)-1]
 	c.free = c.free[:len(c.free)-1]
-	off := i * c.slot
-	copy(c.sbuf.Bytes()[off:], b)
-	if err := c.post(&qp.SendWR{ID: uint64(i), Flags: qp.FlagSignaled, SGL: []qp.SGE{c.sbuf.SGE(off, len(b))}, AH: ah}); err != nil {
+	wr := qp.SendWR{ID: uint64(i), Flags: qp.FlagSignaled, AH: ah}
+	if len(b) <= 512 {
+		wr.Inline = b // copied at post
+	} else {
+		off := i * c.slot
+		copy(c.sbuf.Bytes()[off:], b)
+		wr.SGL = []qp.SGE{c.sbuf.SGE(off, len(b))}
+	}
+	c.dst[i] = ap
+	if err := c.post(&wr); err != nil {
 		c.free = append(c.free, i)
 		return 0, c.opErr("write", err)
 	}
 	return len(b), nil
+}
+
+// SendError reports datagrams a Reliable PacketConn's stack could not
+// deliver to Addr: their RD Sends completed with Status
+// (qp.RetryExceededError: the peer acknowledged nothing within the retry
+// limit; qp.RNRRetryExceededError: it had no receive posted;
+// qp.RemoteAbortedError: it restarted while they were in flight, and they
+// may or may not have arrived). WriteTo returns it, in a *net.OpError,
+// on the next call to Addr; Count datagrams to Addr failed since the
+// last report, Status is the first one's.
+type SendError struct {
+	Addr   netip.AddrPort
+	Status qp.Status
+	Count  int
+}
+
+func (e *SendError) Error() string {
+	s := "a datagram"
+	if e.Count > 1 {
+		s = fmt.Sprintf("%d datagrams", e.Count)
+	}
+	return fmt.Sprintf("socketshim: %s to %v not delivered: %v", s, e.Addr, e.Status)
+}
+
+// sent takes a send completion: it frees the slot and, on RD, keeps a
+// failure for the next WriteTo to its destination (WRFlushError is the
+// QP closing, not a peer's fault).
+func (c *PacketConn) sent(wc *qp.WorkCompletion) {
+	if wc.ID == inlineID {
+		return
+	}
+	i := int(wc.ID)
+	c.free = append(c.free, i)
+	if !c.reliable || wc.Status == qp.Success || wc.Status == qp.WRFlushError {
+		return
+	}
+	ap := c.dst[i]
+	if e := c.serrs[ap]; e != nil {
+		e.Count++
+		return
+	}
+	if len(c.serrs) < c.maxAH { // bounded as the AH cache is
+		c.serrs[ap] = &SendError{Addr: ap, Status: wc.Status, Count: 1}
+	}
+}
+
+// sendErr returns (and forgets) the failure kept for ap, if any.
+func (c *PacketConn) sendErr(ap netip.AddrPort) error {
+	e := c.serrs[ap]
+	if e == nil {
+		return nil
+	}
+	delete(c.serrs, ap)
+	return &net.OpError{Op: "write", Net: "udp", Source: c.LocalAddr(), Addr: net.UDPAddrFromAddrPort(ap), Err: e}
 }
 
 // post posts wr, reaping completions while the send queue is full.
@@ -308,10 +398,8 @@ const inlineID = ^uint64(0)
 func (c *PacketConn) drain() {
 	for {
 		n := c.scq.Poll(c.swcs)
-		for _, wc := range c.swcs[:n] {
-			if wc.ID != inlineID {
-				c.free = append(c.free, int(wc.ID))
-			}
+		for i := range c.swcs[:n] {
+			c.sent(&c.swcs[i])
 		}
 		if n < len(c.swcs) {
 			return
@@ -323,10 +411,8 @@ func (c *PacketConn) drain() {
 // none is there (within the write deadline).
 func (c *PacketConn) reap() error {
 	if n := c.scq.Poll(c.swcs); n > 0 {
-		for _, wc := range c.swcs[:n] {
-			if wc.ID != inlineID {
-				c.free = append(c.free, int(wc.ID))
-			}
+		for i := range c.swcs[:n] {
+			c.sent(&c.swcs[i])
 		}
 		return nil
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/udiwarp/udiwarp/qp"
+	"github.com/udiwarp/udiwarp/reliability"
 	"go.uber.org/goleak"
 )
 
@@ -254,5 +255,56 @@ func TestReliablePacketConnSmallWrites(t *testing.T) {
 	case ev := <-a.Device().Events():
 		t.Fatalf("sender's device raised %v", ev)
 	default:
+	}
+}
+
+// TestReliablePacketConnPeerGone: a Reliable PacketConn writing to a peer
+// that went away (closed: nothing acknowledges, the retries run out) gets
+// an error from a later WriteTo to it, naming the destination and the
+// completion status, not nil for ever.
+func TestReliablePacketConnPeerGone(t *testing.T) {
+	mk := func() *PacketConn {
+		// Few, short retries: the peer is given up on soon.
+		rd := qp.RDConfig{Config: reliability.Config{MaxRetries: 2, InitialRTT: time.Millisecond, MaxRTO: 20 * time.Millisecond}}
+		c, err := ListenPacket("udp4", "127.0.0.1:0", &Options{Reliable: true, SendSlots: 8, RD: rd})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	a, b := mk(), mk()
+	buf := make([]byte, 100)
+	if _, err := a.WriteTo([]byte("hello"), b.LocalAddr()); err != nil {
+		t.Fatal(err)
+	}
+	b.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, _, err := b.ReadFrom(buf); err != nil {
+		t.Fatal(err)
+	}
+	dst := b.LocalAddr()
+	b.Close()
+	deadline := time.Now().Add(60 * time.Second)
+	var err error
+	for i := 0; err == nil; i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d writes to a closed peer, every one nil", i)
+		}
+		a.SetWriteDeadline(time.Now().Add(10 * time.Second))
+		msg := []byte("x")
+		if i%2 == 1 {
+			msg = make([]byte, 1000) // a slot's send, not inline
+		}
+		_, err = a.WriteTo(msg, dst)
+		if err == nil {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	t.Logf("%v", err)
+	var se *SendError
+	var oe *net.OpError
+	if !errors.As(err, &se) || se.Status == qp.Success || se.Status == qp.WRFlushError || se.Count < 1 || se.Addr.String() != dst.String() ||
+		!errors.As(err, &oe) || oe.Addr == nil || oe.Addr.String() != dst.String() {
+		t.Fatalf("a write to a closed peer: %v (%#v)", err, se)
 	}
 }

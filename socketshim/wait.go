@@ -149,11 +149,12 @@ func setDL(dl *atomic.Int64, kick chan struct{}, t time.Time) {
 // report true for it, wrapped in a net.OpError.
 var errTimeout = os.ErrDeadlineExceeded
 
-// watcher lets a background goroutine answer a CQ's solicited
-// completions while no foreground goroutine waits on it, and stand aside
-// (not take the notification) while one does. The arming is under mu, so
-// the background never arms for solicited completions only while a
-// foreground goroutine counts on being woken by any.
+// watcher lets a background goroutine take a CQ's completions while no
+// foreground goroutine waits on it, and stand aside (not take the
+// notification) while one does: control messages are answered, and
+// records taken off the CQ as they come, even while the application
+// calls nothing, so no peer can fill the CQ (the Write-Record socket).
+// The arming is under mu.
 type watcher struct {
 	mu         sync.Mutex
 	fg         int
@@ -190,13 +191,27 @@ func (w *watcher) exit() {
 	}
 }
 
+// drainEvery is how long the watcher lets ordinary completions gather
+// once it has taken some, before it looks again (solicited ones it takes
+// at once): under a stream it wakes about once per drainEvery, not once
+// per completion, and a CQ gains at most drainEvery's worth of them
+// before they are taken.
+const drainEvery = time.Millisecond
+
 // run is the background goroutine: while no foreground goroutine waits,
-// it waits for a solicited completion on cq and calls poll.
+// it waits for a completion on cq and calls poll; after a poll it waits
+// drainEvery (or a solicited completion) before the next, as long as
+// completions keep coming.
 func (w *watcher) run(cq *qp.CQ, closed chan struct{}, poll func()) {
+	gather := time.NewTimer(time.Hour)
+	gather.Stop()
+	defer gather.Stop()
+	gathering := false
 	for {
 		w.mu.Lock()
 		if w.fg > 0 {
 			w.mu.Unlock()
+			gathering = false
 			select {
 			case <-w.idle:
 			case <-closed:
@@ -204,17 +219,43 @@ func (w *watcher) run(cq *qp.CQ, closed chan struct{}, poll func()) {
 			}
 			continue
 		}
-		cq.RequestNotify(true)
+		cq.RequestNotify(gathering) // gathering: solicited ones only
 		w.mu.Unlock()
-		if cq.Pending() > 0 {
-			poll()
+		if !gathering {
+			if cq.Pending() > 0 {
+				poll()
+				gathering = true
+				continue
+			}
+			select {
+			case <-cq.C():
+				poll()
+				gathering = true
+			case <-w.busy:
+			case <-closed:
+				return
+			}
+			continue
 		}
+		gather.Reset(drainEvery)
 		select {
 		case <-cq.C():
-			poll()
+			poll() // a control message: answer it now
+		case <-gather.C:
+			if cq.Pending() > 0 {
+				poll()
+			} else {
+				gathering = false
+			}
 		case <-w.busy:
 		case <-closed:
 			return
+		}
+		if !gather.Stop() {
+			select {
+			case <-gather.C:
+			default:
+			}
 		}
 	}
 }

@@ -12,22 +12,64 @@ import (
 	"time"
 
 	"github.com/udiwarp/udiwarp/qp"
+	"github.com/udiwarp/udiwarp/reliability"
 )
 
 // Write-Record mode (seed 003): a datagram socket whose WriteTo is an RDMA
 // Write-Record into a ring of slots the receiver registered for this
 // sender, and whose ReadFrom returns the next record that arrived whole.
 //
-// Handshake. The first WriteTo to a peer sends it a HELLO (a Send with
-// Solicited Event on the same UD QP: the shim's control messages are
-// solicited, so a stray datagram is never taken for one) carrying the
-// ring this side registered for that peer — STag, address, slot count and
-// size — and this socket's epoch (a random number per socket). The peer
-// answers with its own HELLO. The HELLO is sent again after 20, 40, 80 ...
-// ms; with no answer within HandshakeTimeout (or the write deadline) the
-// WriteTo fails: nothing waits forever. A HELLO with a new epoch from a
-// known address is a restarted peer: its ring and its view of ours start
-// again.
+// Control messages are Sends with Solicited Event on the same UD QP (so
+// a stray datagram is never taken for one), big-endian:
+//
+//	 0  magic "UWR2"       4  kind           5  flags    6  zero (2)
+//	 8  epoch: the sender's session with the receiver (0 in a CHALLENGE)
+//	16  view: the receiver's session as the sender knows it (0: none)
+//	24  the kind's body (HELLO 24 bytes, CREDIT and PROBE 16, others none)
+//	    mine (8): the cookie the sender gives the receiver's address
+//	    echo (8): the receiver's cookie for the sender's address, or 0
+//
+// HELLO (kind 1, 64 bytes; flag 1: answer me) carries the ring the sender
+// registered for the receiver: STag at 24, slots at 28, slot size at 32,
+// zero at 36, base at 40. CREDIT (2) and PROBE (3), 56 bytes, carry an
+// STag at 24 (then 4 zero bytes) and a record number at 32. CHALLENGE (4)
+// and BYE (5) are 40 bytes.
+//
+// Return routability. A cookie is a keyed hash of the address it is given
+// to (reliability.Tokens, under a secret drawn per socket): only a host
+// that receives what is sent to an address learns the cookie for it. A
+// HELLO, CREDIT, PROBE or BYE counts only if its echo is the receiver's
+// cookie for its source; otherwise it changes nothing, and the receiver
+// answers with a CHALLENGE (its cookie for the source as mine, the
+// message's mine as echo; 40 bytes, smaller than any message that draws
+// it), keeping no state. A CHALLENGE counts only if its echo is the
+// receiver's cookie for the challenger and the receiver has state for it
+// (it wrote to it): it takes the cookie and sends its HELLO again. So a
+// spoofed source can neither create a peer (no ring, no state) nor touch
+// an established one: a forged HELLO from a peer's address draws a
+// CHALLENGE to the real peer, which drops it (its echo is not the real
+// peer's cookie).
+//
+// Handshake. The first WriteTo to a peer makes its state — a ring
+// registered for its records and a session epoch (random, per peer state)
+// — and sends a HELLO; the peer answers with a CHALLENGE, the HELLO goes
+// again echoing its cookie, and the peer, now sure of the address, makes
+// its state and answers with its HELLO (echoing ours). The HELLO is sent
+// again after 20, 40, 80 ... ms; with no answer within HandshakeTimeout
+// (or the write deadline) the WriteTo fails: nothing waits forever. A
+// HELLO (with a valid cookie) with a new epoch from a known peer is a new
+// session of it (it restarted, or forgot us): its ring and its view of
+// ours start again, and its records of the old session not yet read are
+// dropped.
+//
+// Expiry. A peer with nothing sent to it or received from it for
+// IdleTimeout, and no record of it waiting to be read, is forgotten: its
+// ring is deregistered, and it is told with a BYE (which makes it forget
+// us too, or, with records of ours unread, stop writing to our old ring).
+// Either side's next message then starts a new session. (Were the BYE
+// lost, the records the other side writes to the forgotten ring would be
+// lost, as datagrams may be, until its credits run out and its PROBE
+// starts the new session.)
 //
 // Slots. Record k (k = 0, 1, ...) goes to slot k mod Slots at the slot's
 // start: an 8-byte header holding k, then the datagram. The receiver
@@ -51,6 +93,17 @@ import (
 // receive buffer would (CreditWait < 0: at once); its write deadline
 // still fails the WriteTo first.
 //
+// Overrun. A writer that keeps the credits has at most 2·Slots records
+// completing at the receiver between two advances of C (Slots in the
+// window, and at most Slots late ones it had passed over). A peer that has
+// more is breaking them: the record is dropped and counted
+// (WRStats.Overruns) and the peer forgotten — its ring deregistered, so
+// the stack places none of its records any more. The receive CQ holds
+// every peer's 2·Slots and a margin of 16384, and a background goroutine
+// takes completions off it within about a millisecond (the watcher's
+// drainEvery) while the application calls nothing, so a writer is found
+// out long before it could overflow it.
+//
 // Copies. Up to 512 bytes go inline (copied at post); up to ZeroCopy
 // bytes are copied to a registered send slot and WriteTo returns at once;
 // larger ones are sent from the caller's buffer, registered for the time
@@ -69,11 +122,17 @@ type WROptions struct {
 	// segments).
 	SlotSize int
 	// MaxPeers bounds the peers with a ring here (default 64): a HELLO
-	// from one more is ignored.
+	// from one more is ignored. Only a peer whose address answered a
+	// cookie challenge (or that this side wrote to) counts.
 	MaxPeers int
 	// HandshakeTimeout bounds the exchange of rings with a new peer
 	// (default 2 s).
 	HandshakeTimeout time.Duration
+	// IdleTimeout forgets a peer after this long with nothing sent to it
+	// or received from it (and no record of it unread): its ring is
+	// deregistered, and its next message starts a new session (default
+	// 30 s; negative: never).
+	IdleTimeout time.Duration
 	// CreditWait is how long a WriteTo waits for a free slot at the peer
 	// before it drops the datagram (default 1 s; negative: drop at once).
 	CreditWait time.Duration
@@ -92,11 +151,19 @@ const (
 	wrCtlSize    = 64 // control receives' size: every control message fits
 	wrCtlRecvs   = 128
 	wrInlineMax  = 512
-	wrMagic      = 0x55575231 // "UWR1"
+	wrMagic      = 0x55575232 // "UWR2"
 
-	wrHello  = 1
-	wrCredit = 2
-	wrProbe  = 3
+	wrHello     = 1
+	wrCredit    = 2
+	wrProbe     = 3
+	wrChallenge = 4
+	wrBye       = 5
+
+	wrSpare = 4 // forgotten rings kept for reuse: a peer coming and going costs no allocation
+
+	wrHelloLen = 64 // message lengths
+	wrNoteLen  = 56 // CREDIT, PROBE
+	wrShortLen = 40 // CHALLENGE, BYE
 
 	wrAnswer = 1 // HELLO flag: the sender waits for our HELLO
 )
@@ -117,12 +184,12 @@ var (
 // and the package comment. Deadlines, Close, LocalAddr and the buffer
 // setters are the PacketConn's.
 type WRConn struct {
-	pc    *PacketConn // its device, QP, CQs, deadlines and Close
-	o     WROptions
-	epoch uint64
-	bell  bell
-	stage int // bytes per send slot
-	hdr   *qp.MR
+	pc     *PacketConn // its device, QP, CQs, deadlines and Close
+	o      WROptions
+	tokens *reliability.Tokens // the cookies
+	bell   bell
+	stage  int // bytes per send slot
+	hdr    *qp.MR
 
 	pmu sync.Mutex // polls the receive CQ
 	wcs []qp.WorkCompletion
@@ -132,6 +199,7 @@ type WRConn struct {
 	byTag  map[uint32]*wrRing
 	rq     []wrEntry // whole records, in arrival order
 	rqHead int
+	spare  [][]byte // rings of forgotten peers, for new ones (at most wrSpare)
 	ctl    [wrCtlSize]byte
 
 	stats WRStats
@@ -145,18 +213,25 @@ type WRConn struct {
 type WRStats struct {
 	Dropped    atomic.Uint64 // datagrams a WriteTo dropped: no slot at the peer within CreditWait
 	Discarded  atomic.Uint64 // records not returned: stale, out of place, rewritten, or not the ring owner's
-	Handshakes atomic.Uint64 // HELLOs received
+	Handshakes atomic.Uint64 // HELLOs received (with a valid cookie or not)
+	Challenges atomic.Uint64 // CHALLENGEs sent: messages whose source had not proved its address
+	Overruns   atomic.Uint64 // records dropped for exceeding their writer's credits (the writer is then forgotten)
+	Expired    atomic.Uint64 // peers forgotten after IdleTimeout
 	Rekeys     atomic.Uint64 // rings registered again after a writer stalled on lost records
 	Probes     atomic.Uint64 // PROBEs sent
 	Credits    atomic.Uint64 // CREDITs sent
 }
 
 type wrPeer struct {
-	ap    netip.AddrPort
-	ah    *qp.AH
-	epoch uint64 // the peer's; 0 until its first HELLO
-	rx    *wrRing
-	tx    wrTx
+	ap      netip.AddrPort
+	ah      *qp.AH
+	myEpoch uint64 // our session with it (random)
+	epoch   uint64 // its session with us; 0 until its first HELLO
+	cookie  uint64 // its cookie for us, to echo; 0 until it told us
+	mine    uint64 // our cookie for it
+	last    time.Time
+	rx      *wrRing
+	tx      wrTx
 }
 
 // wrRing is the ring this side registered for one peer's records.
@@ -168,6 +243,7 @@ type wrRing struct {
 	seen     uint64 // records below were queued or passed over
 	reported uint64 // the C the peer was last told
 	queued   int
+	arrivals int // the owner's records completed since C last advanced
 }
 
 // wrTx is what this side knows of the peer's ring for it.
@@ -215,6 +291,9 @@ func ListenWriteRecord(network, address string, opts *WROptions) (*WRConn, error
 	if o.CreditWait == 0 {
 		o.CreditWait = time.Second
 	}
+	if o.IdleTimeout == 0 {
+		o.IdleTimeout = 30 * time.Second
+	}
 	bad := func(err error) (*WRConn, error) {
 		return nil, &net.OpError{Op: "listen", Net: network, Err: err}
 	}
@@ -240,10 +319,7 @@ func ListenWriteRecord(network, address string, opts *WROptions) (*WRConn, error
 	}
 	pc := &PacketConn{dev: dev, depth: wrCtlRecvs, closed: make(chan struct{}), ahs: map[netip.AddrPort]*qp.AH{}, maxAH: o.MaxPeers}
 	pc.deadlines.init()
-	c := &WRConn{pc: pc, o: o, peers: map[netip.AddrPort]*wrPeer{}, byTag: map[uint32]*wrRing{}}
-	var e [8]byte
-	rand.Read(e[:])
-	c.epoch = binary.BigEndian.Uint64(e[:]) | 1
+	c := &WRConn{pc: pc, o: o, tokens: reliability.NewTokens(), peers: map[netip.AddrPort]*wrPeer{}, byTag: map[uint32]*wrRing{}}
 	if pc.sock, err = dev.Bind(network, address); err != nil {
 		return fail(err)
 	}
@@ -259,9 +335,15 @@ func ListenWriteRecord(network, address string, opts *WROptions) (*WRConn, error
 	if c.hdr, err = pc.pd.RegisterMemory(make([]byte, wrHeaderSize), 0); err != nil {
 		return fail(err)
 	}
-	// Every completion a correct peer can cause fits: the control
-	// receives and a full ring per peer.
-	if pc.rcq, err = dev.CreateCQ(2*wrCtlRecvs + o.MaxPeers*o.Slots + 64); err != nil {
+	// Every completion a peer keeping its credits can cause fits (the
+	// control receives, 2·Slots records per peer), and a margin for what
+	// an overrunning one gets in before it is found out; the watcher takes
+	// completions off as they come.
+	maxCQE := o.Device.MaxCQE
+	if maxCQE <= 0 {
+		maxCQE = 1 << 20
+	}
+	if pc.rcq, err = dev.CreateCQ(min(2*wrCtlRecvs+2*o.MaxPeers*o.Slots+16384, maxCQE)); err != nil {
 		return fail(err)
 	}
 	if pc.scq, err = dev.CreateCQ(2*o.SendSlots + 16); err != nil {
@@ -295,6 +377,10 @@ func ListenWriteRecord(network, address string, opts *WROptions) (*WRConn, error
 		defer c.wg.Done()
 		c.watch.run(pc.rcq, pc.closed, c.poll)
 	}()
+	if o.IdleTimeout > 0 {
+		c.wg.Add(1)
+		go c.sweep()
+	}
 	return c, nil
 }
 
@@ -336,7 +422,8 @@ func (c *WRConn) SetReadBuffer(bytes int) error { return c.pc.SetReadBuffer(byte
 func (c *WRConn) SetWriteBuffer(bytes int) error { return c.pc.SetWriteBuffer(bytes) }
 
 // peerLocked returns the state for ap, making it (and its ring) if
-// needed; nil when MaxPeers are known already.
+// needed; an error when MaxPeers are known already. Its callers are the
+// local WriteTo and messages whose source proved its address.
 func (c *WRConn) peerLocked(ap netip.AddrPort) (*wrPeer, error) {
 	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	if p := c.peers[ap]; p != nil {
@@ -349,7 +436,9 @@ func (c *WRConn) peerLocked(ap netip.AddrPort) (*wrPeer, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &wrPeer{ap: ap, ah: ah}
+	var e [8]byte
+	rand.Read(e[:])
+	p := &wrPeer{ap: ap, ah: ah, myEpoch: binary.BigEndian.Uint64(e[:]) | 1, mine: c.cookie(ap), last: time.Now()}
 	if err := c.newRingLocked(p, nil); err != nil {
 		return nil, err
 	}
@@ -359,14 +448,18 @@ func (c *WRConn) peerLocked(ap netip.AddrPort) (*wrPeer, error) {
 
 // newRingLocked registers a ring for p: fresh memory, or buf again under
 // a new STag (a re-key: what is still on its way to the old STag is
-// dropped by the stack, not placed).
+// dropped by the stack, not placed). Records of the old ring not yet read
+// are dropped with it (a re-key happens only when there are none).
 func (c *WRConn) newRingLocked(p *wrPeer, buf []byte) error {
 	if old := p.rx; old != nil {
-		delete(c.byTag, old.mr.STag())
-		old.mr.Deregister() // waits for a placement in progress
+		c.dropRingLocked(old)
 	}
 	if buf == nil {
-		buf = make([]byte, c.o.Slots*c.o.SlotSize)
+		if n := len(c.spare); n > 0 {
+			buf, c.spare = c.spare[n-1], c.spare[:n-1]
+		} else {
+			buf = make([]byte, c.o.Slots*c.o.SlotSize)
+		}
 	}
 	mr, err := c.pc.pd.RegisterMemory(buf, qp.AccessLocalWrite|qp.AccessRemoteWrite)
 	if err != nil {
@@ -376,6 +469,72 @@ func (c *WRConn) newRingLocked(p *wrPeer, buf []byte) error {
 	p.rx = &wrRing{peer: p, buf: buf, mr: mr}
 	c.byTag[mr.STag()] = p.rx
 	return nil
+}
+
+// dropRingLocked deregisters r (it waits for a placement in progress) and
+// drops its records not yet read.
+func (c *WRConn) dropRingLocked(r *wrRing) {
+	delete(c.byTag, r.mr.STag())
+	r.mr.Deregister()
+	if r.peer.rx == r {
+		r.peer.rx = nil
+	}
+	if r.queued == 0 {
+		return
+	}
+	q := c.rq[:c.rqHead]
+	for _, e := range c.rq[c.rqHead:] {
+		if e.ring != r {
+			q = append(q, e)
+		} else {
+			c.stats.Discarded.Add(1)
+		}
+	}
+	clear(c.rq[len(q):])
+	c.rq = q
+	r.queued = 0
+}
+
+// forgetLocked drops every trace of p: ring, records unread, state. The
+// ring's memory is kept for another peer if no ReadFrom can be copying
+// from it (none of its records was queued).
+func (c *WRConn) forgetLocked(p *wrPeer) {
+	if r := p.rx; r != nil {
+		idle := r.queued == 0
+		c.dropRingLocked(r)
+		if idle && len(c.spare) < wrSpare {
+			c.spare = append(c.spare, r.buf)
+		}
+	}
+	if c.peers[p.ap] == p {
+		delete(c.peers, p.ap)
+	}
+}
+
+// sweep forgets the peers that went quiet, until Close.
+func (c *WRConn) sweep() {
+	defer c.wg.Done()
+	t := time.NewTicker(min(max(c.o.IdleTimeout/4, time.Millisecond), time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-c.pc.closed:
+			return
+		case now := <-t.C:
+			c.mu.Lock()
+			for _, p := range c.peers {
+				if now.Sub(p.last) < c.o.IdleTimeout || (p.rx != nil && p.rx.queued > 0) {
+					continue
+				}
+				if p.cookie != 0 && p.epoch != 0 {
+					c.sendCtlLocked(p, c.ctlHeader(wrBye, 0, p)[:wrShortLen])
+				}
+				c.forgetLocked(p)
+				c.stats.Expired.Add(1)
+			}
+			c.mu.Unlock()
+		}
+	}
 }
 
 // poll takes the receive CQ's completions: records queue for ReadFrom,
@@ -389,9 +548,10 @@ func (c *WRConn) poll() {
 			break
 		}
 		changed = true
+		now := time.Now()
 		c.mu.Lock()
 		for i := range c.wcs[:n] {
-			c.handleLocked(&c.wcs[i])
+			c.handleLocked(&c.wcs[i], now)
 		}
 		c.mu.Unlock()
 	}
@@ -401,15 +561,15 @@ func (c *WRConn) poll() {
 	}
 }
 
-func (c *WRConn) handleLocked(wc *qp.WorkCompletion) {
+func (c *WRConn) handleLocked(wc *qp.WorkCompletion, now time.Time) {
 	if wc.Opcode == qp.WCWriteRecord {
-		c.recordLocked(wc)
+		c.recordLocked(wc, now)
 		return
 	}
 	if wc.Status == qp.WRFlushError {
 		return // the QP is closing: no receive again
 	}
-	if wc.Status != qp.Success || !wc.Solicited || wc.Len < 24 {
+	if wc.Status != qp.Success || !wc.Solicited || wc.Len < wrShortLen {
 		if c.repost(int(wc.ID)) != nil {
 			return
 		}
@@ -421,17 +581,30 @@ func (c *WRConn) handleLocked(wc *qp.WorkCompletion) {
 	var m [wrCtlSize]byte
 	copy(m[:], c.pc.rbuf.Bytes()[int(wc.ID)*wrCtlSize:][:wc.Len])
 	c.repost(int(wc.ID))
-	c.controlLocked(wc.Source, m[:wc.Len])
+	c.controlLocked(wc.Source, m[:wc.Len], now)
 }
 
-// recordLocked queues a whole record that passes every check.
-func (c *WRConn) recordLocked(wc *qp.WorkCompletion) {
+// recordLocked queues a whole record that passes every check; the ring's
+// owner pays for every record against its credits.
+func (c *WRConn) recordLocked(wc *qp.WorkCompletion, now time.Time) {
 	r := c.byTag[wc.STag]
 	src := netip.AddrPortFrom(wc.Source.Addr().Unmap(), wc.Source.Port())
+	if r == nil || src != r.peer.ap {
+		c.stats.Discarded.Add(1) // a ring gone, or not the owner's record
+		return
+	}
+	r.peer.last = now
+	if r.arrivals++; r.arrivals > 2*c.o.Slots {
+		// More than a writer keeping its credits can have: stop it here,
+		// before it fills the CQ.
+		c.stats.Overruns.Add(1)
+		c.forgetLocked(r.peer)
+		return
+	}
 	size := uint64(c.o.SlotSize)
-	base := r.mrBase()
+	base := r.mr.Addr()
 	switch {
-	case wc.Status != qp.Success || wc.Partial || r == nil || src != r.peer.ap || r.peer.rx != r,
+	case wc.Status != qp.Success || wc.Partial,
 		wc.TO < base || (wc.TO-base)%size != 0 || wc.Len < wrHeaderSize || uint64(wc.Len) > size:
 		c.stats.Discarded.Add(1)
 		return
@@ -447,31 +620,82 @@ func (c *WRConn) recordLocked(wc *qp.WorkCompletion) {
 	c.rq = append(c.rq, wrEntry{ring: r, seq: seq, off: off, n: int(wc.Len) - wrHeaderSize})
 }
 
-func (r *wrRing) mrBase() uint64 {
-	if r == nil {
-		return 0
-	}
-	return r.mr.Addr()
+// cookie is this socket's cookie for ap.
+func (c *WRConn) cookie(ap netip.AddrPort) uint64 {
+	return c.tokens.Issue(ap, ShimQPN, 0, ShimQPN)
 }
 
-// controlLocked handles a HELLO, CREDIT or PROBE from src.
-func (c *WRConn) controlLocked(src netip.AddrPort, m []byte) {
-	if binary.BigEndian.Uint32(m) != wrMagic {
+// controlLocked handles a control message from src.
+func (c *WRConn) controlLocked(src netip.AddrPort, m []byte, now time.Time) {
+	src = netip.AddrPortFrom(src.Addr().Unmap(), src.Port())
+	want := 0
+	kind, flags := m[4], m[5]
+	switch kind {
+	case wrHello:
+		want = wrHelloLen
+		c.stats.Handshakes.Add(1)
+	case wrCredit, wrProbe:
+		want = wrNoteLen
+	case wrChallenge, wrBye:
+		want = wrShortLen
+	}
+	if binary.BigEndian.Uint32(m) != wrMagic || want == 0 || len(m) < want {
 		c.stats.Discarded.Add(1)
 		return
 	}
-	kind, flags := m[4], m[5]
-	epoch, theirView := binary.BigEndian.Uint64(m[8:]), binary.BigEndian.Uint64(m[16:])
-	src = netip.AddrPortFrom(src.Addr().Unmap(), src.Port())
-	if kind == wrHello && len(m) >= 48 {
-		c.stats.Handshakes.Add(1)
-		p, err := c.peerLocked(src)
-		if err != nil {
-			return // MaxPeers: its handshake times out
+	m = m[:want]
+	epoch, view := binary.BigEndian.Uint64(m[8:]), binary.BigEndian.Uint64(m[16:])
+	mine, echo := binary.BigEndian.Uint64(m[want-16:]), binary.BigEndian.Uint64(m[want-8:])
+	p := c.peers[src]
+	var valid bool
+	switch {
+	case p != nil:
+		valid = echo == p.mine // the same cookie, kept
+	case kind != wrChallenge: // (one for no peer is dropped anyway)
+		valid = c.tokens.Valid(echo, src, ShimQPN, 0, ShimQPN)
+	}
+	if kind == wrChallenge {
+		// The answer to a message of ours to a peer we know; anything else
+		// is a forgery or a stray.
+		if p == nil || !valid || mine == 0 {
+			c.stats.Discarded.Add(1)
+			return
 		}
+		p.cookie, p.last = mine, now
+		c.helloLocked(p, true)
+		return
+	}
+	if !valid {
+		// The source has not shown it receives at its address: nothing
+		// changes; a CHALLENGE (smaller than this message) goes there.
+		c.challengeLocked(src, mine)
+		return
+	}
+	// The source receives what is sent to src: it may make and change
+	// its state here.
+	switch kind {
+	case wrBye:
+		if p != nil && p.epoch == epoch && view == p.myEpoch {
+			if p.rx == nil || p.rx.queued == 0 {
+				c.forgetLocked(p)
+			} else {
+				p.tx = wrTx{} // our ring there is gone; its records here wait to be read
+			}
+		}
+		return
+	case wrHello:
+		fresh := p == nil
+		if fresh {
+			var err error
+			if p, err = c.peerLocked(src); err != nil {
+				return // MaxPeers: its handshake times out
+			}
+		}
+		p.cookie, p.last = mine, now
 		restarted := p.epoch != 0 && p.epoch != epoch
 		if restarted {
-			// A restarted peer: a new ring for it, and forget its old one.
+			// A new session of the peer: a new ring for it, and forget its
+			// old one.
 			p.tx = wrTx{}
 			if c.newRingLocked(p, nil) != nil {
 				return
@@ -485,23 +709,27 @@ func (c *WRConn) controlLocked(src netip.AddrPort, m []byte) {
 		if !p.tx.ready || p.tx.stag != stag || p.tx.base != base {
 			p.tx = wrTx{ready: true, stag: stag, base: base, slots: slots, size: size}
 		}
-		if flags&wrAnswer != 0 || theirView != c.epoch || restarted {
+		if flags&wrAnswer != 0 || view != p.myEpoch || restarted || fresh {
 			c.helloLocked(p, false)
 		}
 		return
 	}
-	p := c.peers[src]
-	if p == nil || p.epoch != epoch || theirView != c.epoch || len(m) < 40 {
-		// From a peer we do not know (or whose restart we missed), or
-		// that knows an earlier socket here: tell it who we are.
-		if p, err := c.peerLocked(src); err == nil {
-			if p.epoch != epoch {
-				p.tx = wrTx{}
-			}
-			c.helloLocked(p, true)
+	if p == nil || p.epoch != epoch || view != p.myEpoch {
+		// From a peer we do not know (we forgot it, or missed its new
+		// session), or that knows another session of ours: tell it who we
+		// are.
+		var err error
+		if p, err = c.peerLocked(src); err != nil {
+			return
 		}
+		if p.epoch != epoch {
+			p.tx = wrTx{}
+		}
+		p.cookie, p.last = mine, now
+		c.helloLocked(p, true)
 		return
 	}
+	p.cookie, p.last = mine, now
 	stag, n := binary.BigEndian.Uint32(m[24:]), binary.BigEndian.Uint64(m[32:])
 	switch kind {
 	case wrCredit:
@@ -528,10 +756,32 @@ func (c *WRConn) controlLocked(src netip.AddrPort, m []byte) {
 	}
 }
 
-// sendCtlLocked sends a control message (unsignaled, solicited); a full
+// challengeLocked answers a message from src that did not echo our cookie
+// for it: our cookie, and its own (mine) to prove the answer is ours. No
+// state: an address handle made and dropped.
+func (c *WRConn) challengeLocked(src netip.AddrPort, mine uint64) {
+	ah, err := c.pc.pd.CreateAH(src, ShimQPN)
+	if err != nil {
+		return
+	}
+	m := c.ctl[:wrShortLen]
+	clear(m)
+	binary.BigEndian.PutUint32(m, wrMagic)
+	m[4] = wrChallenge
+	binary.BigEndian.PutUint64(m[24:], c.cookie(src))
+	binary.BigEndian.PutUint64(m[32:], mine)
+	c.pc.q.PostSend(&qp.SendWR{ID: inlineID, Flags: qp.FlagSolicited, Inline: m, AH: ah})
+	c.stats.Challenges.Add(1)
+}
+
+// sendCtlLocked sends p a control message (unsignaled, solicited) made by
+// ctlHeader and cut to its length, with its cookies at the end; a full
 // queue drops it: every control message is sent again when it matters.
 func (c *WRConn) sendCtlLocked(p *wrPeer, m []byte) {
+	binary.BigEndian.PutUint64(m[len(m)-16:], p.mine)
+	binary.BigEndian.PutUint64(m[len(m)-8:], p.cookie)
 	c.pc.q.PostSend(&qp.SendWR{ID: inlineID, Flags: qp.FlagSolicited, Inline: m, AH: p.ah})
+	p.last = time.Now()
 }
 
 func (c *WRConn) ctlHeader(kind, flags byte, p *wrPeer) []byte {
@@ -539,7 +789,7 @@ func (c *WRConn) ctlHeader(kind, flags byte, p *wrPeer) []byte {
 	clear(m)
 	binary.BigEndian.PutUint32(m, wrMagic)
 	m[4], m[5] = kind, flags
-	binary.BigEndian.PutUint64(m[8:], c.epoch)
+	binary.BigEndian.PutUint64(m[8:], p.myEpoch)
 	binary.BigEndian.PutUint64(m[16:], p.epoch)
 	return m
 }
@@ -558,15 +808,19 @@ func (c *WRConn) helloLocked(p *wrPeer, answer bool) {
 	binary.BigEndian.PutUint32(m[28:], uint32(c.o.Slots))
 	binary.BigEndian.PutUint32(m[32:], uint32(c.o.SlotSize))
 	binary.BigEndian.PutUint64(m[40:], p.rx.mr.Addr())
-	c.sendCtlLocked(p, m[:48])
+	c.sendCtlLocked(p, m[:wrHelloLen])
 }
 
-// creditLocked tells r's writer which records it may write.
+// creditLocked tells r's writer which records it may write. When C moved,
+// the writer's allowance of records starts again.
 func (c *WRConn) creditLocked(r *wrRing) {
 	m := c.ctlHeader(wrCredit, 0, r.peer)
 	binary.BigEndian.PutUint32(m[24:], r.mr.STag())
 	binary.BigEndian.PutUint64(m[32:], r.consumed)
-	c.sendCtlLocked(r.peer, m[:40])
+	c.sendCtlLocked(r.peer, m[:wrNoteLen])
+	if r.consumed != r.reported {
+		r.arrivals = 0
+	}
 	r.reported = r.consumed
 	c.stats.Credits.Add(1)
 }
@@ -611,7 +865,9 @@ func (c *WRConn) ReadFromUDPAddrPort(b []byte) (int, netip.AddrPort, error) {
 			ok := binary.BigEndian.Uint64(e.ring.buf[e.off:]) == e.seq
 			c.mu.Lock()
 			r := e.ring
-			r.queued--
+			if r.queued > 0 { // 0: its ring was dropped meanwhile
+				r.queued--
+			}
 			r.consumed = max(r.consumed, e.seq+1)
 			if r.peer.rx == r && r.consumed-r.reported >= uint64(max(1, c.o.Slots/4)) {
 				c.creditLocked(r)
@@ -700,6 +956,7 @@ func (c *WRConn) WriteToUDPAddrPort(b []byte, ap netip.AddrPort) (int, error) {
 			to := t.base + (seq%uint64(t.slots))*uint64(t.size)
 			t.next++
 			t.creditStart = time.Time{}
+			p.last = now
 			ah := p.ah
 			c.mu.Unlock()
 			if err := c.post(b, seq, ah, stag, to); err != nil {
@@ -721,7 +978,7 @@ func (c *WRConn) WriteToUDPAddrPort(b []byte, ap netip.AddrPort) (int, error) {
 				m := c.ctlHeader(wrProbe, 0, p)
 				binary.BigEndian.PutUint32(m[24:], t.stag)
 				binary.BigEndian.PutUint64(m[32:], t.next)
-				c.sendCtlLocked(p, m[:40])
+				c.sendCtlLocked(p, m[:wrNoteLen])
 				c.stats.Probes.Add(1)
 				t.probeAt = now
 			}
