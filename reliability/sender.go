@@ -30,8 +30,10 @@ type Config struct {
 	// RNRDelay is the first wait after a receiver-not-ready answer; it
 	// doubles on each one in a row, up to MaxRTO. Default 1 ms.
 	RNRDelay time.Duration
-	// RNRRetries is how many receiver-not-ready answers in a row are
-	// borne before giving up; negative means without limit. Default 7.
+	// RNRRetries is how many refusals in a row (receiver-not-ready
+	// answers to the packet at the cumulative point, each followed by a
+	// wait and a retransmission) are borne before giving up; negative
+	// means without limit. Default 7.
 	RNRRetries int
 	// FirstSeq is the first sequence number of a session, the same on
 	// both sides (tests use it to cross the 2^32 wrap). Default 0.
@@ -284,9 +286,16 @@ func (s *Sender[P]) OnAck(a *AckBlock, window uint16, rnr bool, now time.Time,
 	}
 	s.limit = cum + uint32(window)
 	if progressed {
-		s.rnrCount = 0 // the receiver took something: its wait starts over
+		// The receiver took something: its wait starts over.
+		s.rnrCount, s.rnrWait, s.rnrUntil = 0, false, time.Time{}
 	}
-	if rnr && Before(cum, s.next) {
+	// A refusal counts once. While the sender waits, the refused packet
+	// has not gone again, so a receiver-not-ready ack then answers a copy
+	// sent before the wait began (the packets in flight behind a refused
+	// one each draw an ack at the same cumulative point): the same
+	// refusal, not another. Counting those would spend the whole budget
+	// on one refusal before the backoff ever ran.
+	if rnr && Before(cum, s.next) && !s.rnrWait {
 		if s.cfg.RNRRetries >= 0 && s.rnrCount >= s.cfg.RNRRetries {
 			return ErrRNRRetryExceeded
 		}
