@@ -1,10 +1,13 @@
 package qp
 
 import (
+	"encoding/binary"
+	"net"
 	"testing"
 	"time"
 
 	"github.com/udiwarp/udiwarp/reliability"
+	"github.com/udiwarp/udiwarp/udiwarp"
 )
 
 // TestRDReceiverNotReadyRetries: with the default RNR retry limit (7) and
@@ -38,5 +41,303 @@ func TestRDReceiverNotReadyRetries(t *testing.T) {
 		if wc.ID != uint64(i) || wc.Status != Success || p.b.buf[i] != byte(i) {
 			t.Fatalf("receive %d: %+v", i, wc)
 		}
+	}
+}
+
+// rdFlow is the messages one RD QP sends another in a session test: each
+// is a 4-byte tag, unique in the flow; the receiver posts 8-byte
+// receives. It records what every send WR completed with and what the
+// receiver got, in order.
+type rdFlow struct {
+	t        *testing.T
+	name     string
+	from, to *node
+	qf, qt   *QP
+	scq, rcq *CQ // the sender's send CQ, the receiver's receive CQ
+	ah       *AH
+	base     int // where in the nodes' buffers this flow's bytes live
+	tags     uint32
+	slots    int
+	status   map[uint32]Status
+	got      []uint32
+}
+
+// rdSessionQP is an RD QP with its own send and receive CQs.
+func rdSessionQP(t *testing.T, n *node, rd RDConfig) (q *QP, scq, rcq *CQ) {
+	t.Helper()
+	var err error
+	if scq, err = n.dev.CreateCQ(4096); err != nil {
+		t.Fatal(err)
+	}
+	if rcq, err = n.dev.CreateCQ(4096); err != nil {
+		t.Fatal(err)
+	}
+	return n.newQP(QPAttr{Type: RD, SendCQ: scq, RecvCQ: rcq, RD: rd, Caps: QPCaps{MaxSendWR: 1024, MaxRecvWR: 1024}}), scq, rcq
+}
+
+func newRDFlow(t *testing.T, name string, from, to *node, qf, qt *QP, scq, rcq *CQ, base int) *rdFlow {
+	return &rdFlow{t: t, name: name, from: from, to: to, qf: qf, qt: qt, scq: scq, rcq: rcq, ah: from.ah(to, qt),
+		base: base, status: map[uint32]Status{}}
+}
+
+func (f *rdFlow) recvs(n int) {
+	f.t.Helper()
+	for range n {
+		if err := f.qt.PostRecv(&RecvWR{ID: uint64(f.slots), SGL: []SGE{f.to.mr.SGE(f.base+8*f.slots, 8)}}); err != nil {
+			f.t.Fatal(err)
+		}
+		f.slots++
+	}
+}
+
+// send posts n messages and returns their tags.
+func (f *rdFlow) send(n int) []uint32 {
+	f.t.Helper()
+	var tags []uint32
+	for range n {
+		tag := f.tags
+		f.tags++
+		off := f.base + 4*int(tag)
+		binary.BigEndian.PutUint32(f.from.buf[off:], tag|0x5a000000)
+		if err := f.qf.PostSend(&SendWR{ID: uint64(tag), Flags: FlagSignaled, SGL: []SGE{f.from.mr.SGE(off, 4)}, AH: f.ah}); err != nil {
+			f.t.Fatal(err)
+		}
+		tags = append(tags, tag)
+	}
+	return tags
+}
+
+// complete waits for n send completions and records them.
+func (f *rdFlow) complete(n int) {
+	f.t.Helper()
+	for _, wc := range collect(f.t, f.scq, n, 20*time.Second) {
+		f.status[uint32(wc.ID)] = wc.Status
+	}
+}
+
+// receive takes what the receiver got so far.
+func (f *rdFlow) receive() {
+	f.t.Helper()
+	syncRD(f.qt)
+	var wcs [64]WorkCompletion
+	for {
+		n := f.rcq.Poll(wcs[:])
+		if n == 0 {
+			return
+		}
+		for _, wc := range wcs[:n] {
+			if wc.Status != Success || wc.Len != 4 {
+				f.t.Fatalf("%s: a receive completed %+v", f.name, wc)
+			}
+			v := binary.BigEndian.Uint32(f.to.buf[f.base+8*int(wc.ID):])
+			if v>>24 != 0x5a {
+				f.t.Fatalf("%s: receive %d holds %#x", f.name, wc.ID, v)
+			}
+			f.got = append(f.got, v&0xffffff)
+		}
+	}
+}
+
+// check asserts the delivery contract for the tags sent so far: the
+// receiver got messages in order and each once; every WR that completed
+// Success was delivered; among strict (WRs posted after a session was
+// lost), every WR that completed in error was not delivered; and the
+// WRs in want completed Success.
+func (f *rdFlow) check(strict, want []uint32) {
+	f.t.Helper()
+	f.receive()
+	quietPoll(f.t, f.rcq) // nothing delivered late, after its WR completed
+	got := map[uint32]bool{}
+	for i, tag := range f.got {
+		if i > 0 && tag <= f.got[i-1] {
+			f.t.Fatalf("%s: delivered out of order or twice: %v", f.name, f.got)
+		}
+		got[tag] = true
+	}
+	for tag, st := range f.status {
+		if st == Success && !got[tag] {
+			f.t.Fatalf("%s: message %d completed Success and was never delivered (delivered %v)", f.name, tag, f.got)
+		}
+	}
+	for _, tag := range strict {
+		if st, ok := f.status[tag]; ok && st != Success && got[tag] {
+			f.t.Fatalf("%s: message %d completed %v and was delivered", f.name, tag, st)
+		}
+	}
+	for _, tag := range want {
+		if st := f.status[tag]; st != Success {
+			f.t.Fatalf("%s: message %d completed %v, want Success (delivered %v)", f.name, tag, st, f.got)
+		}
+	}
+}
+
+// exchange sends n messages and checks that all of them arrive and
+// complete Success.
+func (f *rdFlow) exchange(n int) {
+	f.t.Helper()
+	f.recvs(n)
+	tags := f.send(n)
+	f.complete(n)
+	f.check(tags, tags)
+}
+
+// rdSessionPair is two nodes with an RD QP each and the flows both ways.
+type rdSessionPair struct {
+	a, b   *node
+	qa, qb *QP
+	ab, ba *rdFlow
+}
+
+func newRDSessionPair(t *testing.T, rdA, rdB RDConfig) *rdSessionPair {
+	p := &rdSessionPair{a: newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0"), b: newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")}
+	var sa, ra, sb, rb *CQ
+	p.qa, sa, ra = rdSessionQP(t, p.a, rdA)
+	p.qb, sb, rb = rdSessionQP(t, p.b, rdB)
+	p.ab = newRDFlow(t, "a→b", p.a, p.b, p.qa, p.qb, sa, rb, 0)
+	p.ba = newRDFlow(t, "b→a", p.b, p.a, p.qb, p.qa, sb, ra, 1<<19)
+	return p
+}
+
+// hasPeer reports whether q holds state for the peer QP o on node n.
+func hasPeer(q *QP, n *node, o *QP) bool {
+	q.rd.mu.Lock()
+	defer q.rd.mu.Unlock()
+	return q.rd.peers[rdKey{n.sock.LocalAddr(), o.QPN()}] != nil
+}
+
+// TestRDSessionAfterPeerFailure: a fails its peer b (an RNR failure)
+// while b keeps its state for a; new traffic then flows both ways, the
+// side that failed first or the side that kept its state first. Every
+// message is delivered once and in order, a WR completes Success only
+// for a delivered message, and the message whose WR failed is never
+// delivered.
+func TestRDSessionAfterPeerFailure(t *testing.T) {
+	for _, survivorFirst := range []bool{false, true} {
+		name := "failed side first"
+		if survivorFirst {
+			name = "survivor first"
+		}
+		t.Run(name, func(t *testing.T) {
+			rdA := RDConfig{Config: reliability.Config{RNRRetries: 1, RNRDelay: time.Millisecond}}
+			p := newRDSessionPair(t, rdA, RDConfig{})
+			p.ab.exchange(5)
+			p.ba.exchange(3)
+			// A Send b has no receive for: a gives up on b, b keeps a.
+			failed := p.ab.send(1)
+			p.ab.complete(1)
+			if st := p.ab.status[failed[0]]; st != RNRRetryExceededError {
+				t.Fatalf("the refused Send completed %v", st)
+			}
+			if hasPeer(p.qa, p.b, p.qb) || !hasPeer(p.qb, p.a, p.qa) {
+				t.Fatal("a should have dropped b, and b kept a")
+			}
+			if survivorFirst {
+				p.ba.exchange(5)
+				p.ab.exchange(10)
+			} else {
+				p.ab.exchange(10)
+				p.ba.exchange(5)
+			}
+			p.ab.check(failed, nil)
+		})
+	}
+}
+
+// TestRDSessionAfterIdleReclaim: b reclaims its idle peer a while a,
+// with a longer IdleTimeout, keeps b. The side that kept its state
+// sends first, then the other: every message is delivered once and in
+// order and every WR completes Success.
+func TestRDSessionAfterIdleReclaim(t *testing.T) {
+	rd := RDConfig{Config: reliability.Config{InitialRTT: time.Millisecond, MaxRTO: 20 * time.Millisecond, MaxRetries: 6}}
+	rdB := rd
+	rdB.IdleTimeout = 20 * time.Millisecond
+	for _, keeperFirst := range []bool{true, false} {
+		name := "keeper first"
+		if !keeperFirst {
+			name = "reclaimer first"
+		}
+		t.Run(name, func(t *testing.T) {
+			p := newRDSessionPair(t, rd, rdB)
+			p.ab.exchange(4)
+			p.ba.exchange(6)
+			eventually(t, "b reclaiming a", func() bool { return !hasPeer(p.qb, p.a, p.qa) })
+			if !hasPeer(p.qa, p.b, p.qb) {
+				t.Fatal("a dropped b too")
+			}
+			if keeperFirst {
+				p.ab.exchange(8)
+				p.ba.exchange(8)
+			} else {
+				p.ba.exchange(8)
+				p.ab.exchange(8)
+			}
+		})
+	}
+}
+
+// rdContact completes RD contact with q on node n from c under source QP
+// qpn, as any host can: Hello, the Challenge back, then a Data frame with
+// the issued token (carrying a segment that is not valid DDP, consumed
+// with an error). q then holds state for (c's address, qpn).
+func rdContact(t *testing.T, c *net.UDPConn, n *node, q *QP, qpn uint32) {
+	t.Helper()
+	sendTo(t, c, rdFrame(reliability.Fields{Type: reliability.Hello, DstQPN: q.QPN(), SrcQPN: qpn, Epoch: 77, Init: true, Issued: 1}, nil), n)
+	buf := make([]byte, 2048)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for {
+		k, _, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			t.Fatalf("waiting for a Challenge: %v", err)
+		}
+		var h reliability.Header
+		if h.Parse(buf[:k-udiwarp.CRCSize]) != nil || h.Type != reliability.Challenge || h.DstQPN != qpn {
+			continue // an ack for an earlier contact
+		}
+		sendTo(t, c, rdFrame(reliability.Fields{Type: reliability.Data, DstQPN: q.QPN(), SrcQPN: qpn, Epoch: 77, Token: h.Issued,
+			Init: true, Issued: 1, AckNow: true}, []byte("junk, not DDP")), n)
+		return
+	}
+}
+
+// TestRDSessionAfterEviction: another host completes contact with b
+// under many (address, QP) pairs and so evicts b's idle state for a,
+// which keeps its state for b. The pair goes on working both ways, the
+// evicted side first or the side that kept its state first: every
+// message is delivered once and in order and every WR completes Success.
+func TestRDSessionAfterEviction(t *testing.T) {
+	const maxPeers = 4
+	rd := RDConfig{Config: reliability.Config{InitialRTT: time.Millisecond, MaxRTO: 20 * time.Millisecond, MaxRetries: 6}}
+	rdB := rd
+	rdB.MaxPeers = maxPeers
+	for _, keeperFirst := range []bool{false, true} {
+		name := "evicted side first"
+		if keeperFirst {
+			name = "keeper first"
+		}
+		t.Run(name, func(t *testing.T) {
+			p := newRDSessionPair(t, rd, rdB)
+			p.ab.exchange(3)
+			p.ba.exchange(5)
+			// Contact from 2×maxPeers other (address, QP) pairs.
+			for k := range 2 * maxPeers {
+				c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 3, byte(k+1))})
+				if err != nil {
+					t.Fatal(err)
+				}
+				rdContact(t, c, p.b, p.qb, uint32(100+k))
+				c.Close()
+			}
+			eventually(t, "b evicting a", func() bool { return !hasPeer(p.qb, p.a, p.qa) })
+			if !hasPeer(p.qa, p.b, p.qb) {
+				t.Fatal("a dropped b too")
+			}
+			if keeperFirst {
+				p.ab.exchange(8)
+				p.ba.exchange(8)
+			} else {
+				p.ba.exchange(8)
+				p.ab.exchange(8)
+			}
+		})
 	}
 }

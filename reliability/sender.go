@@ -173,6 +173,21 @@ func (s *Sender[P]) Config() Config { return s.cfg }
 // RTT returns the sender's estimate of the peer's round-trip time.
 func (s *Sender[P]) RTT() *RTT { return &s.rtt }
 
+// Next returns the sequence number the next packet will have; the
+// packets in flight are those from Next()-InFlight() up to it.
+func (s *Sender[P]) Next() uint32 { return s.next }
+
+// Find returns the packet in flight whose sequence number ends in the 16
+// bits low (the window is at most 2^15, so there is at most one), and
+// whether it went only once (never retransmitted).
+func (s *Sender[P]) Find(low uint16) (seq uint32, once, ok bool) {
+	seq = s.una + uint32(low-uint16(s.una))
+	if !Before(seq, s.next) {
+		return 0, false, false
+	}
+	return seq, !s.ring[seq&s.mask].resent, true
+}
+
 // InFlight returns how many packets are sent and not cumulatively acked.
 func (s *Sender[P]) InFlight() int { return int(s.next - s.una) }
 
