@@ -341,3 +341,70 @@ func TestRDSessionAfterEviction(t *testing.T) {
 		})
 	}
 }
+
+// TestRDLateFrameOfEndedSession: a Data frame that opened a session
+// (INIT, its keyed token, a Send) arrives again after the receiver
+// dropped the session (idle reclaim): a late duplicate, or the peer
+// sending it again. Its token is still the one the receiver issued, but
+// the session is over: the frame opens nothing and is not delivered a
+// second time; the receiver answers with a Challenge.
+func TestRDLateFrameOfEndedSession(t *testing.T) {
+	b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	qb, cqb := rdQPOn(t, b, RDConfig{IdleTimeout: 20 * time.Millisecond})
+	for i := range 2 {
+		qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*10, 10)}})
+	}
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const qpn = 9
+	read := func() reliability.Header {
+		t.Helper()
+		buf := make([]byte, 2048)
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		k, _, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var h reliability.Header
+		if err := h.Parse(buf[:k-udiwarp.CRCSize]); err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	sendTo(t, c, rdFrame(reliability.Fields{Type: reliability.Hello, DstQPN: qb.QPN(), SrcQPN: qpn, Epoch: 77, Init: true, Issued: 1}, nil), b)
+	ch := read()
+	if ch.Type != reliability.Challenge {
+		t.Fatalf("answer to Hello: %v", ch.Type)
+	}
+	send := udiwarp.AppendUntagged(nil, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
+		RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpSend), ULP: qpn, QN: udiwarp.DatagramQN(qb.QPN(), udiwarp.QueueSend), MSN: 1})
+	data := rdFrame(reliability.Fields{Type: reliability.Data, DstQPN: qb.QPN(), SrcQPN: qpn, Epoch: 77, Token: ch.Issued,
+		Init: true, Issued: 1, AckNow: true}, append(send, "once"...))
+	sendTo(t, c, data, b)
+	if wc := collect(t, cqb, 1, 5*time.Second)[0]; wc.Status != Success || string(b.buf[:4]) != "once" {
+		t.Fatalf("%+v", wc)
+	}
+	if h := read(); h.Type != reliability.Ack || h.Ack.Cumulative != 1 {
+		t.Fatalf("answer to Data: %v, cumulative %d", h.Type, h.Ack.Cumulative)
+	}
+	eventually(t, "b reclaiming the idle peer", func() bool { return peersOf(qb) == 0 })
+	// Take what b sent before it reclaimed the peer (acks), then send the
+	// frame again.
+	for {
+		c.SetReadDeadline(time.Now())
+		if _, _, err := c.ReadFromUDPAddrPort(make([]byte, 2048)); err != nil {
+			break
+		}
+	}
+	sendTo(t, c, data, b)
+	if h := read(); h.Type != reliability.Challenge {
+		t.Fatalf("the late frame drew %v (cumulative %d), not a Challenge", h.Type, h.Ack.Cumulative)
+	}
+	if n := peersOf(qb); n != 0 {
+		t.Fatalf("the late frame opened a session (%d peers)", n)
+	}
+	quietPoll(t, cqb) // not delivered twice
+}
