@@ -127,6 +127,7 @@ type rdPeer struct {
 	key         rdKey
 	ah          AH     // the peer's address, for sendmsg
 	epoch       uint32 // ours in this session: every frame to the peer carries it
+	prevEpoch   uint32 // ours before rdRenew drew epoch, until established again
 	established bool
 	myToken     uint64 // the peer's frames carry it
 	theirToken  uint64 // ours to it carry it
@@ -661,7 +662,7 @@ func (q *QP) rdReceive(s *Socket, h *reliability.Header, frame []byte, src netip
 				st.RDPeerRestarts.Add(1)
 				q.rdRestart(p, now)
 			}
-			p.epoch = epoch
+			p.epoch, p.prevEpoch = epoch, 0
 			p.myToken, p.theirToken, p.theirEpoch, p.established, p.sendInit = h.Token, h.Issued, h.Epoch, true, false
 		case h.Type == reliability.Data:
 			// No state, a stale epoch or a wrong token: answer with a
@@ -712,6 +713,14 @@ func (q *QP) rdKeyed(p *rdPeer, h *reliability.Header, src netip.AddrPort, epoch
 	}
 	if p != nil && r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.num, p.epoch) {
 		*epoch = p.epoch
+		return true
+	}
+	if p != nil && !p.established && p.prevEpoch != 0 && r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.num, p.prevEpoch) {
+		// The peer opened a new session (its epoch is not buried) and
+		// took the epoch a Challenge of ours gave before we renewed:
+		// the pair is new all the same, and refusing it would have each
+		// side renew in turn.
+		*epoch = p.prevEpoch
 		return true
 	}
 	if p == nil || !p.established {
@@ -1145,7 +1154,7 @@ func (q *QP) rdRenew(s *Socket, p *rdPeer, seq16 uint16, now time.Time) {
 		w.again = false
 	}
 	p.queue = queue
-	p.epoch = reliability.NewEpoch()
+	p.prevEpoch, p.epoch = p.epoch, reliability.NewEpoch()
 	p.newToken()
 	p.theirToken, p.theirEpoch, p.sendInit = 0, 0, false
 	p.helloAt, p.helloTries = time.Time{}, 0
