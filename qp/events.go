@@ -167,7 +167,7 @@ type Stats struct {
 	// RD (reliable datagram) QPs.
 	RDPeers          atomic.Uint64 // peer states created
 	RDPeersReclaimed atomic.Uint64 // peer states reclaimed idle or at the cap
-	RDPeerRestarts   atomic.Uint64 // peers that came back with a new epoch
+	RDPeerRestarts   atomic.Uint64 // sessions ended because the peer reopened (a new epoch) or had no state for ours (its Challenge)
 	RDPeerFailures   atomic.Uint64 // peers given up on (retry limit)
 	RDRejected       atomic.Uint64 // frames without valid state or token (answered with a Challenge at most)
 	RDRefused        atomic.Uint64 // validated first contacts refused at the peer cap

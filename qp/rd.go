@@ -22,14 +22,29 @@ import (
 // until then the registered buffer is the retransmit source, so its MRs
 // cannot be deregistered. See docs/wire.md §11 and docs/verbs.md.
 //
-// Contact (docs/wire.md §11.3): the side that posts first sends Hello with
-// its epoch and a random token; the peer answers with a stateless
-// Challenge (echoing that token, issuing its own, computed from the
-// source address, QP and epoch) and keeps nothing; the first Data frame
-// carries the issued token back and creates the peer's state. So state
-// exists only for return-routable sources, a spoofed datagram cannot
-// create, reset or feed a peer, and nothing is sent to an unvalidated
-// address that is larger than what came from it.
+// Contact (docs/wire.md §11.2): the side that posts first sends Hello with
+// a fresh session epoch and a random token; the peer answers with a
+// stateless Challenge (echoing that token, issuing its own, computed from
+// the source address, QP and epoch and its own session epoch, which it
+// derives from the opener's when it has no state) and keeps nothing; the
+// first Data frame carries the issued token back and creates the peer's
+// state. So state exists only for return-routable sources, a spoofed
+// datagram cannot create, reset or feed a peer, and nothing is sent to an
+// unvalidated address that is larger than what came from it.
+//
+// Sessions: every peer state is one session, named by the two sides'
+// epochs, which are new for every session, and its tokens bind both, so
+// no frame of one session counts in another. When one side drops a
+// peer's state (a retry or RNR failure, eviction under the peer cap, idle
+// reclaim) and the other keeps it, the survivor learns it from the first
+// validated frame of the new session (a new epoch with a keyed token: the
+// peer reopened) or from a Challenge echoing its own current token (the
+// peer has no state for it: it reopens). Either way what it had in flight
+// completes with RemoteAbortedError — unless the Challenge shows that
+// nothing in flight can have been delivered, and then it goes again in
+// the new session — and nothing of the old session is delivered after.
+// The (peer, epoch) of every ended session is remembered for a while
+// (rdGraveyard) so that a late frame of it cannot open it again.
 
 // RDConfig tunes a QP's reliable-datagram service.
 type RDConfig struct {
@@ -94,6 +109,7 @@ type rdWR struct {
 	respDone bool
 	internal bool
 	got      uint64 // RDMA Read: response bytes placed; short at the last one fails it
+	again    bool   // rdRenew: in flight, provably not delivered, goes again
 }
 
 // rdPkt is what a peer's sender keeps per packet: enough to build it
@@ -110,7 +126,9 @@ type rdErr struct {
 
 type rdPeer struct {
 	key         rdKey
-	ah          AH // the peer's address, for sendmsg
+	ah          AH     // the peer's address, for sendmsg
+	epoch       uint32 // ours in this session: every frame to the peer carries it
+	prevEpoch   uint32 // ours before rdRenew drew epoch, until established again
 	established bool
 	myToken     uint64 // the peer's frames carry it
 	theirToken  uint64 // ours to it carry it
@@ -132,13 +150,26 @@ type rdPeer struct {
 	wrMSN       map[uint32]uint32 // Write-Record MSNs to it, per STag
 }
 
+// rdGraveyard is how many ended sessions a QP remembers: a Data frame of
+// one of them with a valid keyed token (late, or sent again by a peer
+// that has not yet learnt the session ended) must not open it again.
+const rdGraveyard = 256
+
+// rdGrave names an ended session: the peer and the epoch it had in it.
+type rdGrave struct {
+	key   rdKey
+	epoch uint32
+}
+
 // rdQP is the RD state of a QP, under mu.
 type rdQP struct {
 	mu      sync.Mutex
 	cfg     RDConfig
-	epoch   uint32
 	tokens  *reliability.Tokens
 	peers   map[rdKey]*rdPeer
+	graves  map[rdGrave]struct{}
+	ring    [rdGraveyard]rdGrave // graves, oldest at ringAt once full
+	ringAt  int
 	out     []*rdWR // every WR not completed, in post order
 	tx      txCtx
 	hb      [reliability.MaxHeaderSize + udiwarp.WriteRecordHeaderSize]byte
@@ -162,7 +193,7 @@ func newRDQP(q *QP, cfg RDConfig) *rdQP {
 	if cfg.IRD <= 0 {
 		cfg.IRD = defaultIRD
 	}
-	r := &rdQP{cfg: cfg, epoch: reliability.NewEpoch(), tokens: reliability.NewTokens(), peers: map[rdKey]*rdPeer{}}
+	r := &rdQP{cfg: cfg, tokens: reliability.NewTokens(), peers: map[rdKey]*rdPeer{}, graves: map[rdGrave]struct{}{}}
 	r.tx.init(q)
 	return r
 }
@@ -295,12 +326,44 @@ func (q *QP) rdPeerFor(ah *AH, now time.Time) (*rdPeer, error) {
 		return nil, fmt.Errorf("%w: %d RD peers with work outstanding", ErrTooMany, len(r.peers))
 	}
 	p := q.rdNewPeer(k, now)
+	p.newToken()
+	return p, nil
+}
+
+// newToken draws the random token our Hello carries for a new session.
+func (p *rdPeer) newToken() {
 	var tok [8]byte
-	for p.myToken == 0 {
+	for p.myToken = 0; p.myToken == 0; {
 		rand.Read(tok[:])
 		p.myToken = binary.BigEndian.Uint64(tok[:])
 	}
-	return p, nil
+}
+
+// rdForget drops p's state, remembering its session if it had one.
+// Caller holds r.mu.
+func (q *QP) rdForget(p *rdPeer) {
+	q.rdBury(p)
+	delete(q.rd.peers, p.key)
+}
+
+// rdBury remembers that p's session ended: a Data frame of it, even with
+// a valid keyed token, opens nothing (rdReceive). The graveyard keeps the
+// last rdGraveyard sessions.
+func (q *QP) rdBury(p *rdPeer) {
+	if !p.established {
+		return
+	}
+	r := q.rd
+	g := rdGrave{p.key, p.theirEpoch}
+	if _, ok := r.graves[g]; ok {
+		return
+	}
+	if len(r.graves) == rdGraveyard {
+		delete(r.graves, r.ring[r.ringAt])
+	}
+	r.ring[r.ringAt] = g
+	r.ringAt = (r.ringAt + 1) % rdGraveyard
+	r.graves[g] = struct{}{}
 }
 
 // rdRoom makes room for one more peer under the cap, reclaiming the
@@ -319,7 +382,7 @@ func (q *QP) rdRoom() bool {
 	if idle == nil {
 		return false
 	}
-	delete(r.peers, idle.key)
+	q.rdForget(idle)
 	q.dev.stats.RDPeersReclaimed.Add(1)
 	return true
 }
@@ -330,7 +393,7 @@ func (p *rdPeer) idle() bool {
 
 func (q *QP) rdNewPeer(k rdKey, now time.Time) *rdPeer {
 	r := q.rd
-	p := &rdPeer{key: k, last: now}
+	p := &rdPeer{key: k, last: now, epoch: reliability.NewEpoch()}
 	p.ah.setAddr(k.addr, k.qpn)
 	p.snd = reliability.NewSender[rdPkt](r.cfg.Config)
 	p.rcv = reliability.NewReceiver[[]byte](r.cfg.Config, nil)
@@ -344,7 +407,7 @@ func (q *QP) rdHello(s *Socket, p *rdPeer, now time.Time) {
 	r := q.rd
 	p.helloAt = now
 	b := reliability.Append(r.hb[:0], &reliability.Fields{Type: reliability.Hello, Window: p.rcv.Window(),
-		DstQPN: p.key.qpn, SrcQPN: q.num, Epoch: r.epoch, Init: true, Issued: p.myToken})
+		DstQPN: p.key.qpn, SrcQPN: q.num, Epoch: p.epoch, Init: true, Issued: p.myToken})
 	q.rdControl(s, &p.ah, b)
 }
 
@@ -399,7 +462,7 @@ func (q *QP) rdData(s *Socket, p *rdPeer, seq uint32, pk *rdPkt, now time.Time, 
 	r := q.rd
 	w := pk.w
 	f := reliability.Fields{Type: reliability.Data, Window: p.rcv.Window(), DstQPN: p.key.qpn, SrcQPN: q.num,
-		Epoch: r.epoch, Token: p.theirToken, Seq: seq, Init: p.sendInit, Issued: p.myToken, AckNow: ackNow}
+		Epoch: p.epoch, Token: p.theirToken, Seq: seq, Init: p.sendInit, Issued: p.myToken, AckNow: ackNow}
 	if !p.rcv.AckDue(now).IsZero() {
 		f.Ack = q.rdAckBlock(p, now, &f.RNR)
 	}
@@ -497,7 +560,7 @@ func (q *QP) rdAckBlock(p *rdPeer, now time.Time, rnr *bool) *reliability.AckBlo
 func (q *QP) rdSendAck(s *Socket, p *rdPeer, now time.Time) {
 	r := q.rd
 	f := reliability.Fields{Type: reliability.Ack, Window: p.rcv.Window(), DstQPN: p.key.qpn, SrcQPN: q.num,
-		Epoch: r.epoch, Token: p.theirToken, Init: p.sendInit, Issued: p.myToken}
+		Epoch: p.epoch, Token: p.theirToken, Init: p.sendInit, Issued: p.myToken}
 	f.Ack = q.rdAckBlock(p, now, &f.RNR)
 	q.rdControl(s, &p.ah, reliability.Append(r.hb[:0], &f))
 	q.dev.stats.RDAcksSent.Add(1)
@@ -568,19 +631,23 @@ func (q *QP) rdReceive(s *Socket, h *reliability.Header, frame []byte, src netip
 	p := r.peers[k]
 	switch h.Type {
 	case reliability.Hello:
-		q.rdChallenge(s, h, src, h.Issued)
+		q.rdChallenge(s, h, src, h.Issued, p)
 		return
 	case reliability.Challenge:
 		switch {
 		case p != nil && !p.established && h.Token == p.myToken:
 			p.theirEpoch, p.theirToken, p.established, p.sendInit = h.Epoch, h.Issued, true, true
-		case p != nil && p.established && h.Token == p.theirToken && h.Epoch != p.theirEpoch:
-			// The peer lost our state (it restarted) and proved it is
-			// where our frames go: what was in flight is lost with its
-			// old incarnation; queued work starts a new session.
+		case p != nil && p.established && h.Token == p.theirToken:
+			// The peer answered a frame of this session with a
+			// Challenge: it has no state for it (it restarted, or
+			// dropped ours), and it proved it is where our frames go
+			// (only a receiver of them knows the token echoed). The
+			// session is over; we open a new one.
 			st.RDPeerRestarts.Add(1)
-			q.rdRestart(p, now)
-			p.theirEpoch, p.theirToken, p.established, p.sendInit = h.Epoch, h.Issued, true, true
+			q.rdRenew(s, p, h.Window, now)
+			q.rdComplete()
+			q.rdArm(now)
+			return
 		default:
 			st.RDRejected.Add(1)
 			return
@@ -591,9 +658,10 @@ func (q *QP) rdReceive(s *Socket, h *reliability.Header, frame []byte, src netip
 		// of our Hello, or the keyed one of our Challenge (both sides may
 		// have opened contact at once).
 		known := p != nil && p.established && h.Epoch == p.theirEpoch
+		var epoch uint32
 		switch {
-		case known && (h.Token == p.myToken || r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.num)):
-		case h.Type == reliability.Data && h.HasInit && r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.num):
+		case known && (h.Token == p.myToken || r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.num, p.epoch)):
+		case h.Type == reliability.Data && h.HasInit && q.rdKeyed(p, h, src, &epoch):
 			// First contact, validated: the source received our Challenge.
 			switch {
 			case p == nil:
@@ -603,17 +671,18 @@ func (q *QP) rdReceive(s *Socket, h *reliability.Header, frame []byte, src netip
 				}
 				p = q.rdNewPeer(k, now)
 			case p.established:
-				// A new epoch from a return-routable source: the peer
-				// restarted.
+				// A new session from a return-routable source: the peer
+				// reopened (it restarted, or dropped our state).
 				st.RDPeerRestarts.Add(1)
 				q.rdRestart(p, now)
 			}
+			p.epoch, p.prevEpoch = epoch, 0
 			p.myToken, p.theirToken, p.theirEpoch, p.established, p.sendInit = h.Token, h.Issued, h.Epoch, true, false
 		case h.Type == reliability.Data:
 			// No state, a stale epoch or a wrong token: answer with a
 			// Challenge no larger than the frame; change nothing.
 			st.RDRejected.Add(1)
-			q.rdChallenge(s, h, src, h.Token)
+			q.rdChallenge(s, h, src, h.Token, p)
 			return
 		default:
 			st.RDRejected.Add(1)
@@ -643,15 +712,63 @@ func (q *QP) rdReceive(s *Socket, h *reliability.Header, frame []byte, src netip
 	q.rdArm(now)
 }
 
+// rdKeyed reports whether h, a Data frame opening a session, carries the
+// keyed token a Challenge of ours issued for its source and epoch, and
+// sets *epoch to our epoch in that session: p's when we have state for
+// the source (the Challenge carried it), else the one derived from the
+// source's epoch (a Challenge without state did), which a peer state not
+// yet established also takes (its Hello's epoch is then unknown to the
+// peer, or answered by a Challenge that no longer matters). A session
+// that ended (rdBury) is not opened again.
+func (q *QP) rdKeyed(p *rdPeer, h *reliability.Header, src netip.AddrPort, epoch *uint32) bool {
+	r := q.rd
+	if _, dead := r.graves[rdGrave{rdKey{src, h.SrcQPN}, h.Epoch}]; dead {
+		return false
+	}
+	if p != nil && r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.num, p.epoch) {
+		*epoch = p.epoch
+		return true
+	}
+	if p != nil && !p.established && p.prevEpoch != 0 && r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.num, p.prevEpoch) {
+		// The peer opened a new session (its epoch is not buried) and
+		// took the epoch a Challenge of ours gave before we renewed:
+		// the pair is new all the same, and refusing it would have each
+		// side renew in turn.
+		*epoch = p.prevEpoch
+		return true
+	}
+	if p == nil || !p.established {
+		if d := r.tokens.Epoch(src, h.SrcQPN, h.Epoch, q.num); r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.num, d) {
+			*epoch = d
+			return true
+		}
+	}
+	return false
+}
+
 // rdChallenge answers a source without valid state, echoing echo, if
-// mayAnswer allows a Challenge of its size to the datagram that drew it.
-func (q *QP) rdChallenge(s *Socket, h *reliability.Header, src netip.AddrPort, echo uint64) {
+// mayAnswer allows a Challenge of its size to the datagram that drew it. Our
+// epoch in it is p's when we have state for the source, else derived from
+// the source's epoch. Answering a Data frame, its window field carries
+// the low 16 bits of the frame's sequence number: the peer learns which
+// of its frames found no session (rdRenew).
+func (q *QP) rdChallenge(s *Socket, h *reliability.Header, src netip.AddrPort, echo uint64, p *rdPeer) {
 	r := q.rd
 	if h.SrcQPN == 0 || h.SrcQPN > udiwarp.MaxQPN {
 		return
 	}
-	b := reliability.Append(r.hb[:0], &reliability.Fields{Type: reliability.Challenge, DstQPN: h.SrcQPN, SrcQPN: q.num,
-		Epoch: r.epoch, Token: echo, Init: true, Issued: r.tokens.Issue(src, h.SrcQPN, h.Epoch, q.num)})
+	var epoch uint32
+	if p != nil {
+		epoch = p.epoch
+	} else {
+		epoch = r.tokens.Epoch(src, h.SrcQPN, h.Epoch, q.num)
+	}
+	var seq16 uint16
+	if h.Type == reliability.Data {
+		seq16 = uint16(h.Seq)
+	}
+	b := reliability.Append(r.hb[:0], &reliability.Fields{Type: reliability.Challenge, Window: seq16, DstQPN: h.SrcQPN, SrcQPN: q.num,
+		Epoch: epoch, Token: echo, Init: true, Issued: r.tokens.Issue(src, h.SrcQPN, h.Epoch, q.num, epoch)})
 	if !s.mayAnswer(src, len(b)+udiwarp.CRCSize) {
 		return
 	}
@@ -942,14 +1059,14 @@ func (q *QP) rdFailPeer(p *rdPeer, err error) {
 	}
 	q.dev.stats.RDPeerFailures.Add(1)
 	q.rdAbort(p, st, true)
-	delete(q.rd.peers, p.key)
+	q.rdForget(p)
 }
 
 // rdAbort completes every WR to p with st: those in flight and, if all,
 // those still queued too.
 func (q *QP) rdAbort(p *rdPeer, st Status, all bool) {
 	p.snd.Each(func(_ uint32, pk *rdPkt) {
-		if !pk.w.done {
+		if !pk.w.done && !pk.w.again {
 			pk.w.status, pk.w.done = st, true
 			if pk.w.internal {
 				pk.w.releaseMRs()
@@ -990,10 +1107,12 @@ func (q *QP) rdAbort(p *rdPeer, st Status, all bool) {
 	}
 }
 
-// rdRestart handles a peer that came back with a new epoch: the WRs in
-// flight to its old incarnation fail with RemoteAbortedError, queued
-// ones start over in the new session.
+// rdRestart handles a peer that came back with a new session: the WRs in
+// flight to its old one fail with RemoteAbortedError (it may or may not
+// have carried them out), queued ones start over in the new session, and
+// the old session is buried.
 func (q *QP) rdRestart(p *rdPeer, now time.Time) {
+	q.rdBury(p)
 	q.rdAbort(p, RemoteAbortedError, false)
 	r := q.rd
 	p.snd = reliability.NewSender[rdPkt](r.cfg.Config)
@@ -1001,6 +1120,71 @@ func (q *QP) rdRestart(p *rdPeer, now time.Time) {
 	p.nerr = 0
 	p.established = false
 	p.last = now
+}
+
+// rdRenew ends p's session after the peer answered its frame seq16 (the
+// low 16 bits of a sequence number) with a Challenge: the peer has no
+// state for the session, and we open a new one, with a new epoch and
+// token (the old ones may still open the old session at the peer).
+//
+// What was in flight is lost with the old session, but not all of it
+// need fail: if the challenged frame went only once, its one copy found
+// no session, so the peer never carried it out, nor, delivering in order,
+// anything after it. The WRs wholly at or after it go again in the new
+// session; those before it may have been carried out before the peer
+// dropped the session (an ack lost) and complete with
+// RemoteAbortedError, as does everything when the frame is unknown or
+// went more than once.
+func (q *QP) rdRenew(s *Socket, p *rdPeer, seq16 uint16, now time.Time) {
+	cut := p.snd.Next() // frames before cut may have been delivered
+	if seq, once, ok := p.snd.Find(seq16); ok && once {
+		cut = seq
+	}
+	// A WR's segments are numbered one after another (rdPump), so the
+	// first of its segments in flight decides: it goes again if that
+	// one is at or after the cut and none of it was acknowledged.
+	var again []*rdWR
+	var last *rdWR
+	p.snd.Each(func(seq uint32, pk *rdPkt) {
+		w := pk.w
+		if w == last {
+			return
+		}
+		last = w
+		if !w.done && !w.internal && w.acked == 0 && !reliability.Before(seq, cut) {
+			w.again = true
+			again = append(again, w)
+		}
+	})
+	for _, w := range again {
+		w.sent, w.acked = 0, 0
+		if w.op == OpRead {
+			p.dropRead(w)
+		}
+	}
+	q.rdRestart(p, now)
+	// The WRs that go again come first, in post order; then the queue
+	// as it was, less any of them.
+	queue := make([]*rdWR, 0, len(again)+len(p.queue))
+	queue = append(queue, again...)
+	for _, w := range p.queue {
+		if !w.again && !w.done {
+			queue = append(queue, w)
+		}
+	}
+	for _, w := range again {
+		w.again = false
+	}
+	p.queue = queue
+	p.prevEpoch, p.epoch = p.epoch, reliability.NewEpoch()
+	p.newToken()
+	p.theirToken, p.theirEpoch, p.sendInit = 0, 0, false
+	p.helloAt, p.helloTries = time.Time{}, 0
+	if len(p.queue) == 0 {
+		delete(q.rd.peers, p.key) // nothing to send: contact waits for the next WR
+		return
+	}
+	q.rdHello(s, p, now)
 }
 
 // rdTimer runs the QP's RD timers at now and returns the next deadline.
@@ -1041,7 +1225,7 @@ func (q *QP) rdTimer(now time.Time) time.Time {
 			q.rdToMover(s)
 		}
 		if p.idle() && now.Sub(p.last) > r.cfg.IdleTimeout {
-			delete(r.peers, p.key)
+			q.rdForget(p)
 			q.dev.stats.RDPeersReclaimed.Add(1)
 		}
 	}

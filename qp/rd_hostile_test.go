@@ -148,7 +148,9 @@ func TestRDSpoofedPeer(t *testing.T) {
 	send := udiwarp.AppendUntagged(nil, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
 		RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpSend), ULP: qa.QPN(), QN: udiwarp.DatagramQN(qb.QPN(), udiwarp.QueueSend), MSN: 2})
 	send = append(send, "spoofed"...)
-	epoch := qa.rd.epoch
+	qa.rd.mu.Lock()
+	epoch := qa.rd.peers[rdKey{b.sock.LocalAddr(), qb.QPN()}].epoch // a's epoch in its session with b
+	qa.rd.mu.Unlock()
 	for i := range 200 {
 		for _, f := range []reliability.Fields{
 			// a "restart": a new epoch with a guessed token

@@ -12,9 +12,12 @@ import (
 //	 0      type<<2 | 0b11 (the frame-type rule: low bits 3 = RD)
 //	 1      flags: ACK, INIT, RNR, ACKNOW
 //	 2..3   window: packets the frame's sender can still take from its peer
+//	        (CHALLENGE answering Data: the low 16 bits of its sequence
+//	        number, which names the frame that found no session)
 //	 4..7   destination QP number
 //	 8..11  source QP number
-//	12..15  source epoch: the sending QP's incarnation, random, never 0
+//	12..15  source epoch: the sender's epoch in its session with the
+//	        receiver, new for every session, never 0
 //	16..23  token: what the receiver issued to authenticate the sender
 //	        (CHALLENGE: the token of the frame it answers, echoed)
 //	[24..27 sequence number]            Data
@@ -39,7 +42,9 @@ const (
 	// Hello opens contact: the sender's epoch and the token it issues.
 	Hello Type = 3
 	// Challenge answers a frame from a peer the receiver has no state for,
-	// statelessly: the token it echoes and the token the receiver issues.
+	// statelessly: the token it echoes and the token the receiver issues
+	// (and, answering Data, the low 16 bits of its sequence number in the
+	// window field).
 	Challenge Type = 4
 )
 

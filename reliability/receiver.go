@@ -232,7 +232,10 @@ func (r *Receiver[F]) AckDue(now time.Time) time.Time {
 // Ack fills a with the receiver's state and resets the ack timer: the
 // cumulative point, up to MaxAckRanges ranges buffered beyond it, and the
 // delay since the oldest unacked arrival. It reports whether the
-// receiver is refusing the packet at the cumulative point.
+// receiver refused the packet at the cumulative point since the previous
+// ack: each refusal is reported once, so that the acks the packets
+// behind it draw (they are buffered, not refused) do not each count as
+// one more refusal at the sender.
 func (r *Receiver[F]) Ack(a *AckBlock, now time.Time) (rnr bool) {
 	a.Cumulative = r.next
 	a.Ranges = a.store[:0]
@@ -266,7 +269,9 @@ func (r *Receiver[F]) Ack(a *AckBlock, now time.Time) (rnr bool) {
 		}
 	}
 	r.unacked, r.urgent = 0, false
-	return r.rnr
+	rnr = r.rnr
+	r.rnr = false // reported: the acks that follow report the next refusal, if any
+	return rnr
 }
 
 // Reset drops everything buffered (the peer restarted or went away).

@@ -30,8 +30,10 @@ type Config struct {
 	// RNRDelay is the first wait after a receiver-not-ready answer; it
 	// doubles on each one in a row, up to MaxRTO. Default 1 ms.
 	RNRDelay time.Duration
-	// RNRRetries is how many receiver-not-ready answers in a row are
-	// borne before giving up; negative means without limit. Default 7.
+	// RNRRetries is how many refusals in a row (receiver-not-ready
+	// answers to the packet at the cumulative point, each followed by a
+	// wait and a retransmission) are borne before giving up; negative
+	// means without limit. Default 7.
 	RNRRetries int
 	// FirstSeq is the first sequence number of a session, the same on
 	// both sides (tests use it to cross the 2^32 wrap). Default 0.
@@ -171,6 +173,21 @@ func (s *Sender[P]) Config() Config { return s.cfg }
 // RTT returns the sender's estimate of the peer's round-trip time.
 func (s *Sender[P]) RTT() *RTT { return &s.rtt }
 
+// Next returns the sequence number the next packet will have; the
+// packets in flight are those from Next()-InFlight() up to it.
+func (s *Sender[P]) Next() uint32 { return s.next }
+
+// Find returns the packet in flight whose sequence number ends in the 16
+// bits low (the window is at most 2^15, so there is at most one), and
+// whether it went only once (never retransmitted).
+func (s *Sender[P]) Find(low uint16) (seq uint32, once, ok bool) {
+	seq = s.una + uint32(low-uint16(s.una))
+	if !Before(seq, s.next) {
+		return 0, false, false
+	}
+	return seq, !s.ring[seq&s.mask].resent, true
+}
+
 // InFlight returns how many packets are sent and not cumulatively acked.
 func (s *Sender[P]) InFlight() int { return int(s.next - s.una) }
 
@@ -284,9 +301,16 @@ func (s *Sender[P]) OnAck(a *AckBlock, window uint16, rnr bool, now time.Time,
 	}
 	s.limit = cum + uint32(window)
 	if progressed {
-		s.rnrCount = 0 // the receiver took something: its wait starts over
+		// The receiver took something: its wait starts over.
+		s.rnrCount, s.rnrWait, s.rnrUntil = 0, false, time.Time{}
 	}
-	if rnr && Before(cum, s.next) {
+	// A refusal counts once. While the sender waits, the refused packet
+	// has not gone again, so a receiver-not-ready ack then answers a copy
+	// sent before the wait began (the packets in flight behind a refused
+	// one each draw an ack at the same cumulative point): the same
+	// refusal, not another. Counting those would spend the whole budget
+	// on one refusal before the backoff ever ran.
+	if rnr && Before(cum, s.next) && !s.rnrWait {
 		if s.cfg.RNRRetries >= 0 && s.rnrCount >= s.cfg.RNRRetries {
 			return ErrRNRRetryExceeded
 		}

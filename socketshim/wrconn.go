@@ -622,7 +622,7 @@ func (c *WRConn) recordLocked(wc *qp.WorkCompletion, now time.Time) {
 
 // cookie is this socket's cookie for ap.
 func (c *WRConn) cookie(ap netip.AddrPort) uint64 {
-	return c.tokens.Issue(ap, ShimQPN, 0, ShimQPN)
+	return c.tokens.Issue(ap, ShimQPN, 0, ShimQPN, 0)
 }
 
 // controlLocked handles a control message from src.
@@ -652,7 +652,7 @@ func (c *WRConn) controlLocked(src netip.AddrPort, m []byte, now time.Time) {
 	case p != nil:
 		valid = echo == p.mine // the same cookie, kept
 	case kind != wrChallenge: // (one for no peer is dropped anyway)
-		valid = c.tokens.Valid(echo, src, ShimQPN, 0, ShimQPN)
+		valid = c.tokens.Valid(echo, src, ShimQPN, 0, ShimQPN, 0)
 	}
 	if kind == wrChallenge {
 		// The answer to a message of ours to a peer we know; anything else
