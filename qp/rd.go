@@ -49,6 +49,16 @@ type RDConfig struct {
 	// this QP serve at once; a Read over it is refused with a remote
 	// operation error (default 16).
 	ORD, IRD int
+	// MaxPeersPerAddr caps the peers one source address (any port, any
+	// source QP) may have created by first contact (default 64), so one
+	// host cannot fill MaxPeers.
+	MaxPeersPerAddr int
+	// MaxHeldBytes is the most a peer's receiver buffers ahead of a gap
+	// (default 4 MiB), MaxQPHeldBytes the most all of the QP's peers
+	// buffer together (default 32 MiB). A frame over either budget is
+	// dropped unacknowledged (its sender sends it again) and counted
+	// (Stats.RDOverBudget).
+	MaxHeldBytes, MaxQPHeldBytes int
 }
 
 // opReadResponse is the internal WR a QP queues to answer a Read Request.
@@ -145,6 +155,7 @@ type rdQP struct {
 	tmp     AH // for Challenges to sources without state
 	next    time.Time
 	inMover bool
+	held    int // bytes all peers' receivers buffer ahead of gaps
 }
 
 func newRDQP(q *QP, cfg RDConfig) *rdQP {
@@ -231,7 +242,7 @@ func (q *QP) postRD(wr *SendWR, s *Socket) error {
 	case OpRead:
 		w.seg = 1 // the request: one segment
 	}
-	w.nseg = max(1, (w.length+w.seg-1)/w.seg)
+	w.nseg = rdSegments(w.length, w.seg)
 	if w.op == OpRead {
 		w.nseg = 1
 	}
@@ -281,6 +292,13 @@ func (q *QP) postRD(wr *SendWR, s *Socket) error {
 }
 
 func (w *rdWR) releaseMRs() { w.refs.release() }
+
+// rdSegments is how many segments of seg bytes carry a message of length
+// bytes: at least one (an empty message is one empty segment). It counts
+// in 64 bits: a length near 4 GiB must not wrap to a single segment.
+func rdSegments(length, seg uint32) uint32 {
+	return uint32(max(1, (uint64(length)+uint64(seg)-1)/uint64(seg)))
+}
 
 // rdPeerFor returns the peer state for ah, making it (and starting
 // contact) if there is none. Caller holds r.mu.
@@ -744,7 +762,12 @@ func (q *QP) rdDeliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool
 				p.noteErr(seq, reliability.CodeInvalidRequest)
 				return true
 			}
-			q.receiveWriteRecord(nil, seg, src)
+			if f := q.receiveWriteRecord(nil, seg, src); f != faultNone {
+				// Refused by the target region: reported in the acks as
+				// an RDMA Write's refusal is, so the WR completes with
+				// RemoteAccessError.
+				p.noteErr(seq, reliability.CodeRemoteAccess)
+			}
 		case seg.Opcode() == udiwarp.OpWrite:
 			if code, ok := q.rdPlace(seg); !ok {
 				p.noteErr(seq, code)
@@ -834,7 +857,7 @@ func (q *QP) rdServeRead(p *rdPeer, seq uint32, seg udiwarp.Segment) {
 		w.nsge = 1
 	} // a zero-length Read needs no valid STag (RFC 5042 §6.3.5)
 	w.seg = q.rdSegment(s)
-	w.nseg = max(1, (w.length+w.seg-1)/w.seg)
+	w.nseg = rdSegments(w.length, w.seg)
 	p.queue = append(p.queue, w)
 	p.serving++
 	st.RDReadsServed.Add(1)
