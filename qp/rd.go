@@ -69,6 +69,10 @@ const (
 	defaultIdleTimeout = 30 * time.Second
 	defaultORD         = 16
 	defaultIRD         = 16
+
+	defaultMaxPeersPerAddr = 64
+	defaultMaxHeldBytes    = 4 << 20
+	defaultMaxQPHeldBytes  = 32 << 20
 )
 
 type rdKey struct {
@@ -139,6 +143,8 @@ type rdPeer struct {
 	serving     int               // Read Responses being sent to it (IRD)
 	readMSN     uint32            // Read Request MSNs to it
 	wrMSN       map[uint32]uint32 // Write-Record MSNs to it, per STag
+	held        int               // bytes its receiver buffers ahead of a gap
+	moved       time.Time         // when its receiver last delivered (or the peer was made)
 }
 
 // rdQP is the RD state of a QP, under mu.
@@ -155,7 +161,8 @@ type rdQP struct {
 	tmp     AH // for Challenges to sources without state
 	next    time.Time
 	inMover bool
-	held    int // bytes all peers' receivers buffer ahead of gaps
+	held    int                // bytes all peers' receivers buffer ahead of gaps
+	perAddr map[netip.Addr]int // peers per source address
 }
 
 func newRDQP(q *QP, cfg RDConfig) *rdQP {
@@ -172,7 +179,17 @@ func newRDQP(q *QP, cfg RDConfig) *rdQP {
 	if cfg.IRD <= 0 {
 		cfg.IRD = defaultIRD
 	}
-	r := &rdQP{cfg: cfg, epoch: reliability.NewEpoch(), tokens: reliability.NewTokens(), peers: map[rdKey]*rdPeer{}}
+	if cfg.MaxPeersPerAddr <= 0 {
+		cfg.MaxPeersPerAddr = defaultMaxPeersPerAddr
+	}
+	if cfg.MaxHeldBytes <= 0 {
+		cfg.MaxHeldBytes = defaultMaxHeldBytes
+	}
+	if cfg.MaxQPHeldBytes <= 0 {
+		cfg.MaxQPHeldBytes = defaultMaxQPHeldBytes
+	}
+	r := &rdQP{cfg: cfg, epoch: reliability.NewEpoch(), tokens: reliability.NewTokens(), peers: map[rdKey]*rdPeer{},
+		perAddr: map[netip.Addr]int{}}
 	r.tx.init(q)
 	return r
 }
@@ -308,7 +325,7 @@ func (q *QP) rdPeerFor(ah *AH, now time.Time) (*rdPeer, error) {
 	if p := r.peers[k]; p != nil {
 		return p, nil
 	}
-	if !q.rdRoom() {
+	if !q.rdRoom(now) {
 		return nil, fmt.Errorf("%w: %d RD peers with work outstanding", ErrTooMany, len(r.peers))
 	}
 	p := q.rdNewPeer(k, now)
@@ -321,37 +338,101 @@ func (q *QP) rdPeerFor(ah *AH, now time.Time) (*rdPeer, error) {
 }
 
 // rdRoom makes room for one more peer under the cap, reclaiming the
-// longest-idle peer with nothing outstanding; false if none can go.
-func (q *QP) rdRoom() bool {
+// longest-idle reclaimable peer; false if none can go.
+func (q *QP) rdRoom(now time.Time) bool {
 	r := q.rd
 	if len(r.peers) < r.cfg.MaxPeers {
 		return true
 	}
+	return q.rdReclaimOne(now, func(*rdPeer) bool { return true })
+}
+
+// rdAddrRoom makes room for one more peer from addr under the
+// per-address limit, reclaiming that address's longest-idle reclaimable
+// peer; false if none can go.
+func (q *QP) rdAddrRoom(addr netip.Addr, now time.Time) bool {
+	r := q.rd
+	if r.perAddr[addr] < r.cfg.MaxPeersPerAddr {
+		return true
+	}
+	return q.rdReclaimOne(now, func(p *rdPeer) bool { return p.key.addr.Addr() == addr })
+}
+
+// rdReclaimOne forgets the longest-idle reclaimable peer that which
+// selects; false if there is none.
+func (q *QP) rdReclaimOne(now time.Time, which func(*rdPeer) bool) bool {
 	var idle *rdPeer
-	for _, p := range r.peers {
-		if p.idle() && (idle == nil || p.last.Before(idle.last)) {
+	for _, p := range q.rd.peers {
+		if q.rdReclaimable(p, now) && which(p) && (idle == nil || p.last.Before(idle.last)) {
 			idle = p
 		}
 	}
 	if idle == nil {
 		return false
 	}
-	delete(r.peers, idle.key)
+	q.rdForget(idle)
 	q.dev.stats.RDPeersReclaimed.Add(1)
 	return true
 }
 
-func (p *rdPeer) idle() bool {
-	return p.outstanding == 0 && len(p.queue) == 0 && p.snd.InFlight() == 0 && p.rcv.Held() == 0
+// quiet: nothing of ours is outstanding to p.
+func (p *rdPeer) quiet() bool {
+	return p.outstanding == 0 && len(p.queue) == 0 && p.snd.InFlight() == 0
+}
+
+// rdReclaimable: p can be forgotten at the cap: nothing of ours is
+// outstanding to it, and it holds nothing, or holds frames ahead of a gap
+// that has not moved for IdleTimeout (its sender gave up on the gap, or
+// never meant to fill it: buffered frames must not pin a peer's state).
+func (q *QP) rdReclaimable(p *rdPeer, now time.Time) bool {
+	return p.quiet() && (p.rcv.Held() == 0 || now.Sub(p.moved) > q.rd.cfg.IdleTimeout)
+}
+
+// rdReclaimAt is when the timer forgets p: IdleTimeout after its last
+// traffic if it is idle, after its receiver last moved if it holds
+// frames; zero while work of ours to it is outstanding.
+func (q *QP) rdReclaimAt(p *rdPeer) time.Time {
+	switch {
+	case !p.quiet():
+		return time.Time{}
+	case p.rcv.Held() > 0:
+		return p.moved.Add(q.rd.cfg.IdleTimeout)
+	}
+	return p.last.Add(q.rd.cfg.IdleTimeout)
+}
+
+// rdForget drops p's state: what its receiver holds is let go of (and
+// leaves the byte budgets), and it leaves its address's count.
+func (q *QP) rdForget(p *rdPeer) {
+	r := q.rd
+	p.rcv.Reset()
+	delete(r.peers, p.key)
+	a := p.key.addr.Addr()
+	if r.perAddr[a]--; r.perAddr[a] <= 0 {
+		delete(r.perAddr, a)
+	}
+}
+
+// rdNewReceiver returns a receiver for p whose buffered frames are
+// counted against the byte budgets until delivered or let go of.
+func (q *QP) rdNewReceiver(p *rdPeer) *reliability.Receiver[[]byte] {
+	return reliability.NewReceiver[[]byte](q.rd.cfg.Config, func(b []byte) { q.rdUnhold(p, b) })
+}
+
+// rdUnhold takes a buffered frame off the byte budgets.
+func (q *QP) rdUnhold(p *rdPeer, b []byte) {
+	p.held -= len(b)
+	q.rd.held -= len(b)
 }
 
 func (q *QP) rdNewPeer(k rdKey, now time.Time) *rdPeer {
 	r := q.rd
-	p := &rdPeer{key: k, last: now}
+	p := &rdPeer{key: k, last: now, moved: now}
 	p.ah.setAddr(k.addr, k.qpn)
 	p.snd = reliability.NewSender[rdPkt](r.cfg.Config)
-	p.rcv = reliability.NewReceiver[[]byte](r.cfg.Config, nil)
+	p.rcv = q.rdNewReceiver(p)
 	r.peers[k] = p
+	r.perAddr[k.addr.Addr()]++
 	q.dev.stats.RDPeers.Add(1)
 	return p
 }
@@ -601,7 +682,11 @@ func (q *QP) rdReceive(s *Socket, h *reliability.Header, frame []byte, src netip
 			// First contact, validated: the source received our Challenge.
 			switch {
 			case p == nil:
-				if !q.rdRoom() {
+				if !q.rdAddrRoom(src.Addr(), now) {
+					st.RDAddrLimited.Add(1)
+					return
+				}
+				if !q.rdRoom(now) {
 					st.RDRefused.Add(1)
 					return
 				}
@@ -724,9 +809,25 @@ func (q *QP) rdOnData(p *rdPeer, h *reliability.Header, seg []byte, src netip.Ad
 	if h.WantsAck {
 		p.rcv.Urge()
 	}
-	deliver := func(seq uint32, b []byte) bool { return q.rdDeliver(p, seq, b, src) }
+	deliver := func(seq uint32, b []byte) bool {
+		ok := q.rdDeliver(p, seq, b, src)
+		if ok && seq != h.Seq { // one the receiver held (a refused one it lets go of itself)
+			q.rdUnhold(p, b)
+		}
+		return ok
+	}
+	next := p.rcv.Next()
 	switch v := p.rcv.Classify(h.Seq); v {
 	case reliability.Buffered:
+		r := q.rd
+		if p.held+len(seg) > r.cfg.MaxHeldBytes || r.held+len(seg) > r.cfg.MaxQPHeldBytes {
+			// Over the peer's or the QP's budget: dropped unacknowledged,
+			// as if lost; the sender sends it again.
+			st.RDOverBudget.Add(1)
+			return
+		}
+		p.held += len(seg)
+		r.held += len(seg)
 		p.rcv.Receive(h.Seq, append([]byte(nil), seg...), now, deliver)
 		st.RDBuffered.Add(1)
 	case reliability.Duplicate:
@@ -737,6 +838,9 @@ func (q *QP) rdOnData(p *rdPeer, h *reliability.Header, seg []byte, src netip.Ad
 		st.RDBeyondWindow.Add(1)
 	default:
 		p.rcv.Receive(h.Seq, seg, now, deliver)
+	}
+	if p.rcv.Next() != next {
+		p.moved = now // the gap moved: what it holds is not stalled
 	}
 }
 
@@ -943,7 +1047,7 @@ func (q *QP) rdFailPeer(p *rdPeer, err error) {
 	}
 	q.dev.stats.RDPeerFailures.Add(1)
 	q.rdAbort(p, st, true)
-	delete(q.rd.peers, p.key)
+	q.rdForget(p)
 }
 
 // rdAbort completes every WR to p with st: those in flight and, if all,
@@ -998,7 +1102,7 @@ func (q *QP) rdRestart(p *rdPeer, now time.Time) {
 	q.rdAbort(p, RemoteAbortedError, false)
 	r := q.rd
 	p.snd = reliability.NewSender[rdPkt](r.cfg.Config)
-	p.rcv = reliability.NewReceiver[[]byte](r.cfg.Config, nil)
+	p.rcv = q.rdNewReceiver(p)
 	p.nerr = 0
 	p.established = false
 	p.last = now
@@ -1041,8 +1145,8 @@ func (q *QP) rdTimer(now time.Time) time.Time {
 		if len(p.queue) > 0 && q.rdPump(s, p, now) {
 			q.rdToMover(s)
 		}
-		if p.idle() && now.Sub(p.last) > r.cfg.IdleTimeout {
-			delete(r.peers, p.key)
+		if at := q.rdReclaimAt(p); !at.IsZero() && now.After(at) {
+			q.rdForget(p)
 			q.dev.stats.RDPeersReclaimed.Add(1)
 		}
 	}
@@ -1077,8 +1181,8 @@ func (q *QP) rdDeadline(now time.Time) time.Time {
 		if len(p.queue) > 0 && !p.snd.CanSend(now) && p.snd.InFlight() == 0 {
 			early(now.Add(r.cfg.RNRDelay)) // waiting out a receiver-not-ready
 		}
-		if p.idle() {
-			early(p.last.Add(r.cfg.IdleTimeout + time.Millisecond))
+		if at := q.rdReclaimAt(p); !at.IsZero() {
+			early(at.Add(time.Millisecond))
 		}
 	}
 	return next
@@ -1110,4 +1214,5 @@ func (q *QP) rdFlush() {
 	}
 	q.rdComplete()
 	clear(r.peers)
+	clear(r.perAddr)
 }

@@ -1,0 +1,185 @@
+package qp
+
+import (
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/udiwarp/udiwarp/reliability"
+	"github.com/udiwarp/udiwarp/udiwarp"
+)
+
+// heldBytes is what q's RD receivers hold ahead of gaps, and how many
+// peers it has from addr.
+func heldOf(q *QP, addr net.IP) (frames, peers int) {
+	q.rd.mu.Lock()
+	defer q.rd.mu.Unlock()
+	for k, p := range q.rd.peers {
+		frames += p.rcv.Held()
+		if net.IP(k.addr.Addr().AsSlice()).Equal(addr) {
+			peers++
+		}
+	}
+	return frames, peers
+}
+
+// TestRDHeldMemoryBounded (item 6): one return-routable source opens
+// peers under many source QP numbers and sends each a window of frames
+// ahead of a gap that never fills. What the QP holds stays within its
+// byte budgets, the source gets no more than its share of peers, a peer
+// at another address is still served, and the stalled peers are
+// reclaimed.
+func TestRDHeldMemoryBounded(t *testing.T) {
+	const (
+		window   = 64
+		frame    = 16 << 10
+		perPeer  = 128 << 10
+		perQP    = 512 << 10
+		perAddr  = 4
+		maxPeers = 16
+		qpns     = 24
+	)
+	rd := RDConfig{Config: reliability.Config{Window: window}, MaxPeers: maxPeers, MaxPeersPerAddr: perAddr,
+		MaxHeldBytes: perPeer, MaxQPHeldBytes: perQP, IdleTimeout: 300 * time.Millisecond}
+	b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	qb, cqb := rdQPOn(t, b, rd)
+	evilIP := net.IPv4(127, 0, 0, 2)
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: evilIP})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	payload := make([]byte, frame)
+	for i := range qpns {
+		qpn := uint32(100 + i)
+		r := rawContact(t, c, b, qb, qpn)
+		// Sequence 0 never comes: every later frame is held, if at all.
+		for seq := uint32(1); seq < window; seq++ {
+			r.data(seq, rdSendSeg(qb.QPN(), qpn, seq+1, payload), false, 0, window)
+		}
+	}
+	// Wait until b has read everything the source sent (each frame is
+	// counted as held, over budget, refused or rejected).
+	st := b.dev.Stats()
+	eventually(t, "every frame read", func() bool { return st.RxDatagrams.Load() >= qpns*window })
+	frames, peers := heldOf(qb, evilIP)
+	t.Logf("%d frames held (%d bytes), %d peers from one address; %d over budget", frames, frames*frame, peers, st.RDOverBudget.Load())
+	if frames*frame > perQP {
+		t.Fatalf("%d bytes held ahead of gaps, budget %d", frames*frame, perQP)
+	}
+	if peers > perAddr {
+		t.Fatalf("%d peers from one address, limit %d", peers, perAddr)
+	}
+	if st.RDOverBudget.Load() == 0 || st.RDAddrLimited.Load() == 0 {
+		t.Fatalf("not counted: %d over budget, %d refused over the address limit", st.RDOverBudget.Load(), st.RDAddrLimited.Load())
+	}
+	// A peer at another address gets service.
+	a := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	qa, cqa := rdQPOn(t, a, RDConfig{Config: reliability.Config{MaxRetries: 4, MaxRTO: 100 * time.Millisecond}})
+	qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{b.mr.SGE(0, 100)}})
+	qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("legit"), AH: a.ah(b, qb)})
+	if wc := collect(t, cqa, 1, 10*time.Second)[0]; wc.Status != Success {
+		t.Fatalf("the peer at another address: %+v", wc)
+	}
+	if wc := collect(t, cqb, 1, time.Second)[0]; wc.Status != Success || string(b.buf[:5]) != "legit" {
+		t.Fatalf("%+v", wc)
+	}
+	// The stalled peers (frames held, no progress) are reclaimed.
+	eventually(t, "the stalled peers reclaimed", func() bool { f, n := heldOf(qb, evilIP); return f == 0 && n == 0 })
+	if b.rdHeld(qb) != 0 {
+		t.Fatalf("%d bytes still counted as held", b.rdHeld(qb))
+	}
+}
+
+func (n *node) rdHeld(q *QP) int {
+	q.rd.mu.Lock()
+	defer q.rd.mu.Unlock()
+	return q.rd.held
+}
+
+// TestRDZeroWindowPin (item 7): a return-routable peer asks for a Read
+// and advertises a zero window, so the Read Responses stay queued. The
+// owner can deregister the region at once (the queued responses are
+// flushed: the requester is told the Read failed), the timer does not
+// spin while the window is shut, and the zero-window probes run out and
+// fail the peer.
+func TestRDZeroWindowPin(t *testing.T) {
+	rd := RDConfig{Config: reliability.Config{InitialRTT: time.Millisecond, MaxRTO: 40 * time.Millisecond, MaxRetries: 4}}
+	b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	qb, _ := rdQPOn(t, b, rd)
+	src, _ := b.pd.RegisterMemory(make([]byte, 1<<20), AccessLocalWrite|AccessRemoteRead)
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := rawContact(t, c, b, qb, 77)
+	st := b.dev.Stats()
+	timers := st.Timers.Load()
+	// The Read Request, with an ack that shuts the window.
+	const size, sinkSTag = 300000, 0x4200
+	r.data(0, rdReadReq(qb.QPN(), 77, 1, sinkSTag, size, src.STag(), src.Addr()), true, 0, 0)
+	eventually(t, "the Read Request served", func() bool { return st.RDReadsServed.Load() == 1 })
+	// The owner deregisters: no ErrBusy for a peer's responses.
+	if err := src.Deregister(); err != nil {
+		t.Fatalf("Deregister with a peer's Read Responses queued behind a zero window: %v", err)
+	}
+	// The responder tells the requester: a last Read Response that ends
+	// short of the Read (the probe carries it), and gives up on the peer
+	// when the probes run out.
+	var last bool
+	for !last {
+		h, seg := r.read(5 * time.Second)
+		if h == nil {
+			t.Fatal("no last Read Response")
+		}
+		if h.Type != reliability.Data {
+			continue
+		}
+		s, err := udiwarp.ParseSegment(seg, udiwarp.ProfileDatagram)
+		if err != nil || s.Opcode() != udiwarp.OpReadResponse {
+			t.Fatalf("%v %v", s.Opcode(), err)
+		}
+		if tg := s.Tagged(); s.Control.Last() {
+			last = true
+			if tg.STag() != sinkSTag || tg.TO()+uint64(len(s.Payload)) >= size {
+				t.Fatalf("a last Read Response at %d+%d of a %d-byte Read: as if complete", tg.TO(), len(s.Payload), size)
+			}
+		}
+	}
+	eventually(t, "the peer failed after its probes", func() bool { return st.RDPeerFailures.Load() == 1 })
+	fires, probes := st.Timers.Load()-timers, st.RDWindowProbes.Load()
+	t.Logf("%d timer runs, %d zero-window probes", fires, probes)
+	if probes == 0 || probes > uint64(rd.MaxRetries)+1 {
+		t.Fatalf("%d probes", probes)
+	}
+	if fires > 10*(probes+4) {
+		t.Fatalf("the timer ran %d times for %d probes", fires, probes)
+	}
+	if peersOf(qb) != 0 {
+		t.Fatal("the peer still has state")
+	}
+}
+
+// TestRDDeregisterFlushesReads (item 7): a region a live peer is reading
+// can be deregistered; the Read in progress completes with an error at
+// the requester, never Success.
+func TestRDDeregisterFlushesReads(t *testing.T) {
+	rd := RDConfig{Config: reliability.Config{Window: 2}}
+	p := newRDPair(t, DeviceConfig{}, DeviceConfig{Impair: &Impairment{Delay: 2 * time.Millisecond}}, rd)
+	const n = 256 << 20 // ~4000 responses at two per round trip: far longer than the test takes
+	src, _ := p.b.pd.RegisterMemory(make([]byte, n), AccessLocalWrite|AccessRemoteRead)
+	sink, _ := p.a.pd.RegisterMemory(make([]byte, n), AccessLocalWrite|AccessRemoteWrite)
+	p.qa.PostSend(&SendWR{ID: 1, Opcode: OpRead, Flags: FlagSignaled, SGL: []SGE{sink.SGE(0, n)}, AH: p.ahAB, RemoteSTag: src.STag(), RemoteTO: src.Addr()})
+	eventually(t, "a Read Response placed", func() bool { return p.a.dev.Stats().RDWritePlaced.Load() >= 1 })
+	if err := src.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+	if wc := collect(t, p.cqa, 1, 10*time.Second)[0]; wc.Status == Success || wc.Opcode != WCRDMARead {
+		t.Fatalf("a Read of a region deregistered under it: %+v", wc)
+	}
+	if !errors.Is(src.Deregister(), ErrNotFound) {
+		t.Fatal("deregistered twice")
+	}
+}
