@@ -224,6 +224,11 @@ func (m *MR) Deregister() error {
 		t.mu.Unlock()
 		return fmt.Errorf("%w: MR with STag %#08x is not registered", ErrNotFound, m.stag)
 	}
+	if m.rdRefs.Load() > 0 {
+		// A peer's Read does not hold the region: its responses are cut
+		// short (the requester's Read fails); the owner's own WRs do.
+		m.pd.dev.rdCutReads(m)
+	}
 	if n := m.rdRefs.Load(); n > 0 {
 		t.mu.Unlock()
 		return fmt.Errorf("%w: MR with STag %#08x: %d work requests not yet acknowledged send from it", ErrBusy, m.stag, n)

@@ -107,6 +107,10 @@ type rdWR struct {
 	sinkTO   uint64
 	respDone bool
 	internal bool
+	// cut: a Read Response whose source region was deregistered (rdCut):
+	// its segments not yet acknowledged go empty, and its last ends short
+	// of the Read, which fails it at the requester.
+	cut bool
 }
 
 // rdPkt is what a peer's sender keeps per packet: enough to build it
@@ -114,6 +118,7 @@ type rdWR struct {
 type rdPkt struct {
 	w      *rdWR
 	off, n uint32
+	last   bool // the last segment of w
 }
 
 type rdErr struct {
@@ -136,6 +141,7 @@ type rdPeer struct {
 	helloAt     time.Time
 	helloTries  int
 	last        time.Time
+	probe       bool                            // a zero-window probe is due: one packet may go past the window
 	errs        [reliability.MaxAckErrors]rdErr // recent errors, reported in acks
 	nerr        int
 	outstanding int               // WRs posted to it and not completed
@@ -459,7 +465,14 @@ func (q *QP) rdControl(s *Socket, ah *AH, hdr []byte) {
 // rdPump numbers and sends queued segments to p while its window and the
 // socket allow. It reports whether the socket filled up with work left.
 func (q *QP) rdPump(s *Socket, p *rdPeer, now time.Time) (full bool) {
-	for len(p.queue) > 0 && p.snd.CanSend(now) {
+	for len(p.queue) > 0 {
+		probing := false
+		if !p.snd.CanSend(now) {
+			if !p.probe {
+				break
+			}
+			probing = true // the window is shut: one packet past it asks for a new one
+		}
 		w := p.queue[0]
 		if w.done { // failed meanwhile
 			p.queue = p.queue[1:]
@@ -469,15 +482,22 @@ func (q *QP) rdPump(s *Socket, p *rdPeer, now time.Time) (full bool) {
 			break // ORD reached: later WRs wait their turn, in order
 		}
 		off := w.sent * w.seg
-		pk := rdPkt{w: w, off: off, n: min(w.seg, w.length-off)}
+		pk := rdPkt{w: w, off: off, n: min(w.seg, w.length-off), last: w.sent+1 == w.nseg}
+		if w.op == OpRead || w.cut {
+			pk.n = 0
+		}
 		if w.op == OpRead {
-			pk.off, pk.n = 0, 0
+			pk.off = 0
 		}
 		seq := p.snd.Push(pk, now)
-		last := w.sent+1 == w.nseg && len(p.queue) == 1
-		if err := q.rdData(s, p, seq, &pk, now, last && w.flags&FlagSignaled != 0); err == errSocketFull {
+		tail := pk.last && len(p.queue) == 1
+		if err := q.rdData(s, p, seq, &pk, now, probing || (tail && w.flags&FlagSignaled != 0)); err == errSocketFull {
 			p.snd.Unpush(seq)
 			return true
+		}
+		if probing {
+			p.probe = false
+			q.dev.stats.RDWindowProbes.Add(1)
 		}
 		w.sent++
 		if w.op == OpRead {
@@ -502,7 +522,7 @@ func (q *QP) rdData(s *Socket, p *rdPeer, seq uint32, pk *rdPkt, now time.Time, 
 		f.Ack = q.rdAckBlock(p, now, &f.RNR)
 	}
 	b := reliability.Append(r.hb[:0], &f)
-	last := pk.off+pk.n == w.length
+	last := pk.last
 	switch w.op {
 	case OpSend:
 		opc := udiwarp.OpSend
@@ -988,6 +1008,11 @@ func (q *QP) rdReadResponse(p *rdPeer, seg udiwarp.Segment) {
 			w.status = LocalProtectionError // the sink went bad under the Read
 		}
 	}
+	if seg.Control.Last() && to-w.sinkTO+uint64(len(seg.Payload)) != uint64(w.length) && w.status == Success {
+		// The responder ended the Read short: its source region was
+		// deregistered under it (rdCut).
+		w.status = RemoteAccessError
+	}
 	if seg.Control.Last() {
 		p.reads = p.reads[1:]
 		w.respDone = true
@@ -1142,6 +1167,17 @@ func (q *QP) rdTimer(now time.Time) time.Time {
 		if due := p.rcv.AckDue(now); !due.IsZero() && !now.Before(due) {
 			q.rdSendAck(s, p, now)
 		}
+		if len(p.queue) > 0 {
+			// A zero window holds our queued work (and the regions it
+			// names): probe it, and give the peer up when the probes run
+			// out.
+			due, err := p.snd.Probe(now)
+			if err != nil {
+				q.rdFailPeer(p, err)
+				continue
+			}
+			p.probe = p.probe || due
+		}
 		if len(p.queue) > 0 && q.rdPump(s, p, now) {
 			q.rdToMover(s)
 		}
@@ -1179,7 +1215,9 @@ func (q *QP) rdDeadline(now time.Time) time.Time {
 		early(p.snd.Deadline())
 		early(p.rcv.AckDue(now))
 		if len(p.queue) > 0 && !p.snd.CanSend(now) && p.snd.InFlight() == 0 {
-			early(now.Add(r.cfg.RNRDelay)) // waiting out a receiver-not-ready
+			// Waiting out a receiver-not-ready, or for the next probe of
+			// a shut window.
+			early(p.snd.Resume())
 		}
 		if at := q.rdReclaimAt(p); !at.IsZero() {
 			early(at.Add(time.Millisecond))
@@ -1197,6 +1235,60 @@ func (q *QP) rdArm(now time.Time) {
 	}
 	r.next = next
 	q.dev.armTimer(next)
+}
+
+// rdCutReads cuts short the Read Responses the device's RD QPs are
+// sending out of m, which its owner is deregistering (MR.Deregister): a
+// peer's Read does not hold a region. The caller holds the MR table's
+// lock (no RD path takes it, so the order is safe).
+func (d *Device) rdCutReads(m *MR) {
+	for i := range d.qps {
+		if q := d.qps[i].Load(); q != nil && q.rd != nil {
+			q.rdCut(m)
+		}
+	}
+}
+
+// rdCut lets go of m in every Read Response of q that sends from it.
+// What was transmitted stays transmitted; every segment not yet
+// acknowledged goes (again) empty, and the response ends with an empty
+// last segment short of the Read's length, so the requester completes
+// the Read with RemoteAccessError, never Success.
+func (q *QP) rdCut(m *MR) {
+	r := q.rd
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	cut := func(w *rdWR) {
+		if !w.internal || w.done || w.cut || !w.refs.holds(m) {
+			return
+		}
+		w.cut = true
+		w.releaseMRs()
+		if w.sent < w.nseg {
+			w.nseg = w.sent + 1 // one more segment: the empty last
+		}
+		q.dev.stats.RDReadsFlushed.Add(1)
+	}
+	for _, p := range r.peers {
+		for _, w := range p.queue {
+			cut(w)
+		}
+		p.snd.Each(func(_ uint32, pk *rdPkt) {
+			if cut(pk.w); pk.w.cut {
+				pk.n = 0
+			}
+		})
+	}
+}
+
+// holds reports whether m is among the regions.
+func (r *mrRefs) holds(m *MR) bool {
+	for i := 0; i < r.n; i++ {
+		if r.mrs[i] == m {
+			return true
+		}
+	}
+	return false
 }
 
 // rdFlush fails every WR of the QP with WRFlushError (ERROR, Destroy).

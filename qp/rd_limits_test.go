@@ -186,4 +186,3 @@ func TestRDWriteRecordRefused(t *testing.T) {
 	}
 	quietPoll(t, p.cqb) // only the one that fit is recorded
 }
-

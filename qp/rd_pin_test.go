@@ -183,3 +183,45 @@ func TestRDDeregisterFlushesReads(t *testing.T) {
 		t.Fatal("deregistered twice")
 	}
 }
+
+// TestRDZeroWindowProbeLimit (item 7): a peer that acknowledges what it
+// gets but keeps its window shut draws one probe per backed-off probe
+// timeout, not a timer at 1 kHz, and is given up on after MaxRetries
+// probes: it cannot hold the region it reads for longer than that.
+func TestRDZeroWindowProbeLimit(t *testing.T) {
+	rd := RDConfig{Config: reliability.Config{InitialRTT: time.Millisecond, MaxRTO: 40 * time.Millisecond, MaxRetries: 4}}
+	b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	qb, _ := rdQPOn(t, b, rd)
+	src, _ := b.pd.RegisterMemory(make([]byte, 1<<20), AccessLocalWrite|AccessRemoteRead)
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := rawContact(t, c, b, qb, 78)
+	st := b.dev.Stats()
+	timers := st.Timers.Load()
+	r.data(0, rdReadReq(qb.QPN(), 78, 1, 0x4200, 1<<20, src.STag(), src.Addr()), true, 0, 0)
+	// Acknowledge every probe at once, and keep the window shut.
+	seq := uint32(1)
+	for end := time.Now().Add(10 * time.Second); st.RDPeerFailures.Load() == 0; {
+		if time.Now().After(end) {
+			t.Fatalf("the peer kept the window shut through %d probes and was not given up on", st.RDWindowProbes.Load())
+		}
+		if h, _ := r.read(20 * time.Millisecond); h != nil && h.Type == reliability.Data {
+			r.data(seq, nil, true, h.Seq+1, 0) // an empty Data frame: it carries the ack
+			seq++
+		}
+	}
+	fires, probes := st.Timers.Load()-timers, st.RDWindowProbes.Load()
+	t.Logf("%d timer runs, %d zero-window probes", fires, probes)
+	if probes != uint64(rd.MaxRetries) {
+		t.Fatalf("%d probes, MaxRetries %d", probes, rd.MaxRetries)
+	}
+	if fires > 10*(probes+4) {
+		t.Fatalf("the timer ran %d times for %d probes", fires, probes)
+	}
+	if err := src.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+}

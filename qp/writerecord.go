@@ -305,6 +305,7 @@ func (d *Device) onTimer() {
 	d.wg.Add(1) // Close waits for a sweep in progress
 	d.wrTimerMu.Unlock()
 	defer d.wg.Done()
+	d.stats.Timers.Add(1)
 	now := time.Now()
 	var next time.Time
 	early := func(t time.Time) {
