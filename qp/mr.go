@@ -215,7 +215,10 @@ func (pd *PD) RegisterMemory(buf []byte, access Access) (*MR, error) {
 // Deregister removes the region (ibv_dereg_mr). It returns once no
 // placement into or copy out of the buffer can still happen; after that
 // the buffer is the caller's again. WRs still naming the region complete
-// with LocalProtectionError.
+// with LocalProtectionError. It returns ErrBusy while one of the owner's
+// own RD or RC WRs not yet acknowledged sends from the region; Read
+// Responses an RD QP is sending from it to a peer do not hold it: they
+// are cut short and the peer's Read fails (docs/verbs.md).
 func (m *MR) Deregister() error {
 	t := m.pd.dev.mrs
 	t.mu.Lock()

@@ -35,11 +35,13 @@ import (
 type RDConfig struct {
 	reliability.Config
 	// MaxPeers caps the peers with state (default 1024); a new peer over
-	// the cap replaces the longest-idle peer with nothing outstanding, or
-	// is refused (its sender retries).
+	// the cap replaces the longest-idle reclaimable peer (nothing of ours
+	// outstanding to it; nothing held, or held frames stalled for
+	// IdleTimeout), or is refused (its sender retries).
 	MaxPeers int
 	// IdleTimeout reclaims a peer with nothing outstanding after this long
-	// without traffic (default 30 s).
+	// without traffic, and one that holds frames ahead of a gap after this
+	// long without its gap moving (default 30 s).
 	IdleTimeout time.Duration
 	// Segment is the largest payload of one RDMA Write, Read Response or
 	// Write-Record segment (default: what one datagram carries).
@@ -467,11 +469,13 @@ func (q *QP) rdControl(s *Socket, ah *AH, hdr []byte) {
 func (q *QP) rdPump(s *Socket, p *rdPeer, now time.Time) (full bool) {
 	for len(p.queue) > 0 {
 		probing := false
-		if !p.snd.CanSend(now) {
-			if !p.probe {
-				break
-			}
+		switch {
+		case p.snd.CanSend(now):
+			p.probe = false
+		case p.probe:
 			probing = true // the window is shut: one packet past it asks for a new one
+		default:
+			return false
 		}
 		w := p.queue[0]
 		if w.done { // failed meanwhile

@@ -1,6 +1,7 @@
 package qp
 
 import (
+	"errors"
 	"net"
 	"testing"
 	"time"
@@ -99,7 +100,14 @@ func TestRDWriteNear4GiB(t *testing.T) {
 		t.Fatal(err)
 	}
 	cq, _ := p.a.dev.CreateCQ(16)
-	q := p.a.newQP(QPAttr{Type: RD, SendCQ: cq, RecvCQ: cq, RD: RDConfig{Config: reliability.Config{Window: 8}}, Caps: QPCaps{MaxSendSGE: 4}})
+	q := p.a.newQP(QPAttr{Type: RD, SendCQ: cq, RecvCQ: cq, RD: RDConfig{Config: reliability.Config{Window: 8}}, Caps: QPCaps{MaxSendSGE: 5}})
+	// Over 4 GiB - 1: refused when posted.
+	over := []SGE{big.SGE(0, 1<<30), big.SGE(0, 1<<30), big.SGE(0, 1<<30), big.SGE(0, 1<<30), big.SGE(0, 1)}
+	for _, op := range []SendOpcode{OpWrite, OpWriteRecord} {
+		if err := q.PostSend(&SendWR{ID: 6, Opcode: op, Flags: FlagSignaled, SGL: over, AH: p.a.ah(p.b, p.qb), RemoteSTag: 1}); !errors.Is(err, ErrInvalidWR) {
+			t.Fatalf("%v of 4 GiB + 1 bytes: %v", op, err)
+		}
+	}
 	dst, _ := p.b.pd.RegisterMemory(make([]byte, 1<<20), AccessLocalWrite|AccessRemoteWrite)
 	sgl := []SGE{big.SGE(0, 1<<30), big.SGE(0, 1<<30), big.SGE(0, 1<<30), big.SGE(0, 1<<30-100)}
 	if err := q.PostSend(&SendWR{ID: 7, Opcode: OpWrite, Flags: FlagSignaled, SGL: sgl, AH: p.a.ah(p.b, p.qb), RemoteSTag: dst.STag(), RemoteTO: dst.Addr()}); err != nil {

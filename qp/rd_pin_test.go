@@ -172,13 +172,17 @@ func TestRDDeregisterFlushesReads(t *testing.T) {
 	src, _ := p.b.pd.RegisterMemory(make([]byte, n), AccessLocalWrite|AccessRemoteRead)
 	sink, _ := p.a.pd.RegisterMemory(make([]byte, n), AccessLocalWrite|AccessRemoteWrite)
 	p.qa.PostSend(&SendWR{ID: 1, Opcode: OpRead, Flags: FlagSignaled, SGL: []SGE{sink.SGE(0, n)}, AH: p.ahAB, RemoteSTag: src.STag(), RemoteTO: src.Addr()})
+	t0 := time.Now()
 	eventually(t, "a Read Response placed", func() bool { return p.a.dev.Stats().RDWritePlaced.Load() >= 1 })
+	t.Logf("placed after %v", time.Since(t0))
 	if err := src.Deregister(); err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("deregistered after %v", time.Since(t0))
 	if wc := collect(t, p.cqa, 1, 10*time.Second)[0]; wc.Status == Success || wc.Opcode != WCRDMARead {
 		t.Fatalf("a Read of a region deregistered under it: %+v", wc)
 	}
+	t.Logf("completed after %v", time.Since(t0))
 	if !errors.Is(src.Deregister(), ErrNotFound) {
 		t.Fatal("deregistered twice")
 	}

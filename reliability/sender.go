@@ -25,7 +25,8 @@ type Config struct {
 	MaxRTO time.Duration
 	// MaxRetries is how many timeouts one packet may take (each followed
 	// by a retransmission, the timeout doubling) before the peer is
-	// declared unreachable. Default 10.
+	// declared unreachable. Default 10. It also bounds the zero-window
+	// probes a peer that keeps its window shut draws (Sender.Probe).
 	MaxRetries int
 	// RNRDelay is the first wait after a receiver-not-ready answer; it
 	// doubles on each one in a row, up to MaxRTO. Default 1 ms.
