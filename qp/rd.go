@@ -890,11 +890,16 @@ func (q *QP) rdDeliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool
 				p.noteErr(seq, reliability.CodeInvalidRequest)
 				return true
 			}
-			if f := q.receiveWriteRecord(nil, seg, src); f != faultNone {
+			switch f, placed := q.receiveWriteRecord(nil, seg, src); {
+			case f != faultNone:
 				// Refused by the target region: reported in the acks as
 				// an RDMA Write's refusal is, so the WR completes with
 				// RemoteAccessError.
 				p.noteErr(seq, reliability.CodeRemoteAccess)
+			case !placed:
+				// Dropped as an older message's (a stale MSN): not
+				// placed, so never Success at the source.
+				p.noteErr(seq, reliability.CodeRemoteOperation)
 			}
 		case seg.Opcode() == udiwarp.OpWrite:
 			if code, ok := q.rdPlace(seg); !ok {

@@ -194,3 +194,42 @@ func TestRDWriteRecordRefused(t *testing.T) {
 	}
 	quietPoll(t, p.cqb) // only the one that fit is recorded
 }
+
+// TestRDWriteRecordStaleNotSuccess (item 5): a Write-Record segment the
+// target drops as an older message's (a stale MSN) is not placed, so
+// the ack reports it in error; before, nothing was reported and its WR
+// would complete Success.
+func TestRDWriteRecordStaleNotSuccess(t *testing.T) {
+	b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	qb, _ := rdQPOn(t, b, RDConfig{})
+	region, _ := b.pd.RegisterMemory(make([]byte, 1<<16), AccessLocalWrite|AccessRemoteWrite)
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := rawContact(t, c, b, qb, 90)
+	wrSeg := func(msn, mo, length uint32, n int, last bool) []byte {
+		h := udiwarp.AppendWriteRecord(nil, &udiwarp.WriteRecordFields{Last: last, RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpWrite),
+			STag: region.STag(), TO: region.Addr() + uint64(mo), MSN: msn, MO: mo, MessageLength: length, DstQPN: qb.QPN(), SrcQPN: 90})
+		return append(h, make([]byte, n)...)
+	}
+	r.data(0, wrSeg(2, 0, 2000, 1000, false), false, 0, 256) // MSN 2 in progress
+	r.data(1, wrSeg(1, 0, 100, 100, true), false, 0, 256)    // MSN 1: older, dropped
+	for {
+		h, _ := r.read(5 * time.Second)
+		if h == nil {
+			t.Fatal("no ack")
+		}
+		if !h.HasAck || h.Ack.Cumulative != 2 {
+			continue
+		}
+		if code, bad := h.Ack.Error(1); !bad || code != reliability.CodeRemoteOperation {
+			t.Fatalf("the dropped segment is acknowledged without an error (errors %+v)", h.Ack.Errors)
+		}
+		if _, bad := h.Ack.Error(0); bad {
+			t.Fatal("the placed segment reported in error")
+		}
+		return
+	}
+}

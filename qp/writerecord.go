@@ -171,35 +171,36 @@ func (m RecordMode) map_() bool { return m == RecordMap || m == RecordBoth }
 
 // receiveWriteRecord checks, places and records one Write-Record segment
 // addressed to q. Every check comes before a byte is written; the record
-// comes after. It returns why the target region refused the segment
-// (faultNone when it did not: placed, or dropped as stale), which an RD
-// QP reports to the source in its acks.
-func (q *QP) receiveWriteRecord(s *Socket, seg udiwarp.Segment, src netip.AddrPort) tagFault {
+// comes after. It reports whether the segment was placed and, if the
+// target region refused it, why (faultNone when it was placed or dropped
+// for another reason: a stale message's, or the QP's state); an RD QP
+// reports both to the source in its acks.
+func (q *QP) receiveWriteRecord(s *Socket, seg udiwarp.Segment, src netip.AddrPort) (tagFault, bool) {
 	d := q.dev
 	st := &d.stats
 	if qs := q.State(); qs != StateRTR && qs != StateRTS {
 		st.RxQPState.Add(1)
-		return faultNone
+		return faultNone, false
 	}
 	h := seg.WriteRecord()
 	stag := h.Tagged().STag()
 	m := d.mrs.lookup(stag)
 	if m == nil {
 		st.RxBadSTag.Add(1) // unknown or stale key
-		return faultSTag
+		return faultSTag, false
 	}
 	if m.pd != q.pd {
 		st.RxBadSTag.Add(1) // not this QP's PD
-		return faultPD
+		return faultPD, false
 	}
 	if m.access&AccessRemoteWrite == 0 {
 		st.RxAccess.Add(1)
-		return faultAccess
+		return faultAccess, false
 	}
 	mto, ml := h.MessageTO(), uint64(h.MessageLength())
 	if mto < m.base || mto-m.base > uint64(len(m.buf)) || ml > uint64(len(m.buf))-(mto-m.base) {
 		st.RxBounds.Add(1) // the whole message must fit the region
-		return faultBounds
+		return faultBounds, false
 	}
 	ws := writerecord.Segment{Source: writerecord.Source{Addr: src, QPN: h.SrcQPN()}, STag: stag, MSN: h.MSN(),
 		MessageTO: mto, Length: h.MessageLength(), Offset: h.MO(), N: uint32(len(seg.Payload)), Limits: m.wrLimits.Load()}
@@ -215,7 +216,7 @@ func (q *QP) receiveWriteRecord(s *Socket, seg udiwarp.Segment, src netip.AddrPo
 	v := q.wr.Admit(&ws, now)
 	if v == writerecord.Drop {
 		st.RxWRStale.Add(1)
-		return faultNone
+		return faultNone, false
 	}
 	if v == writerecord.PlaceNew {
 		if vm := m.vmap.Load(); vm != nil {
@@ -229,7 +230,7 @@ func (q *QP) receiveWriteRecord(s *Socket, seg udiwarp.Segment, src netip.AddrPo
 	if !m.valid.Load() {
 		m.unpin()
 		st.RxBadSTag.Add(1)
-		return faultSTag
+		return faultSTag, false
 	}
 	copy(m.buf[h.Tagged().TO()-m.base:], seg.Payload)
 	m.unpin()
@@ -239,12 +240,12 @@ func (q *QP) receiveWriteRecord(s *Socket, seg udiwarp.Segment, src netip.AddrPo
 		if s != nil && s.wrg.q == q {
 			s.wrg.q = nil
 		}
-		return faultNone
+		return faultNone, true
 	}
 	if s != nil { // nil: an RD frame, which does not land in place
 		s.guessWriteRecord(q, m, &ws)
 	}
-	return faultNone
+	return faultNone, true
 }
 
 // recordWriteRecord records a message whose bytes are all placed (or, for
