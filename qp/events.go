@@ -184,6 +184,14 @@ type Stats struct {
 	RDWritePlaced    atomic.Uint64 // RDMA Write and Read Response segments placed
 	RDReadsServed    atomic.Uint64 // Read Requests answered
 	RDReadsRefused   atomic.Uint64 // Read Requests over IRD
+	RDOverBudget     atomic.Uint64 // Data frames ahead of a gap dropped over the peer's or the QP's byte budget
+	RDAddrLimited    atomic.Uint64 // validated first contacts refused over the per-address peer limit
+	RDWindowProbes   atomic.Uint64 // frames sent into a zero window to probe it
+	RDReadsFlushed   atomic.Uint64 // Read Responses cut short because their region was deregistered
+
+	// Timers counts the runs of the device timer (Write-Record deadlines,
+	// RD and RC timers).
+	Timers atomic.Uint64
 
 	// RC (TCP + MPA) QPs.
 	RCFPDUsSent          atomic.Uint64

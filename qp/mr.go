@@ -250,7 +250,10 @@ func (pd *PD) RegisterMemory(buf []byte, access Access) (*MR, error) {
 // Deregister removes the region (ibv_dereg_mr). It returns once no
 // placement into or copy out of the buffer can still happen; after that
 // the buffer is the caller's again. WRs still naming the region complete
-// with LocalProtectionError.
+// with LocalProtectionError. It returns ErrBusy while one of the owner's
+// own RD or RC WRs not yet acknowledged sends from the region; Read
+// Responses an RD QP is sending from it to a peer do not hold it: they
+// are cut short and the peer's Read fails (docs/verbs.md).
 func (m *MR) Deregister() error {
 	t := m.pd.dev.mrs
 	t.mu.Lock()
@@ -258,6 +261,11 @@ func (m *MR) Deregister() error {
 	if t.slots[i].Load() != m {
 		t.mu.Unlock()
 		return fmt.Errorf("%w: MR with STag %#08x is not registered", ErrNotFound, m.stag)
+	}
+	if m.rdRefs.Load() > 0 {
+		// A peer's Read does not hold the region: its responses are cut
+		// short (the requester's Read fails); the owner's own WRs do.
+		m.pd.dev.rdCutReads(m)
 	}
 	if n := m.rdRefs.Load(); n > 0 {
 		t.mu.Unlock()

@@ -50,11 +50,13 @@ import (
 type RDConfig struct {
 	reliability.Config
 	// MaxPeers caps the peers with state (default 1024); a new peer over
-	// the cap replaces the longest-idle peer with nothing outstanding, or
-	// is refused (its sender retries).
+	// the cap replaces the longest-idle reclaimable peer (nothing of ours
+	// outstanding to it; nothing held, or held frames stalled for
+	// IdleTimeout), or is refused (its sender retries).
 	MaxPeers int
 	// IdleTimeout reclaims a peer with nothing outstanding after this long
-	// without traffic (default 30 s).
+	// without traffic, and one that holds frames ahead of a gap after this
+	// long without its gap moving (default 30 s).
 	IdleTimeout time.Duration
 	// Segment is the largest payload of one RDMA Write, Read Response or
 	// Write-Record segment (default: what one datagram carries).
@@ -64,6 +66,16 @@ type RDConfig struct {
 	// this QP serve at once; a Read over it is refused with a remote
 	// operation error (default 16).
 	ORD, IRD int
+	// MaxPeersPerAddr caps the peers one source address (any port, any
+	// source QP) may have created by first contact (default 64), so one
+	// host cannot fill MaxPeers.
+	MaxPeersPerAddr int
+	// MaxHeldBytes is the most a peer's receiver buffers ahead of a gap
+	// (default 4 MiB), MaxQPHeldBytes the most all of the QP's peers
+	// buffer together (default 32 MiB). A frame over either budget is
+	// dropped unacknowledged (its sender sends it again) and counted
+	// (Stats.RDOverBudget).
+	MaxHeldBytes, MaxQPHeldBytes int
 }
 
 // opReadResponse is the internal WR a QP queues to answer a Read Request.
@@ -74,6 +86,10 @@ const (
 	defaultIdleTimeout = 30 * time.Second
 	defaultORD         = 16
 	defaultIRD         = 16
+
+	defaultMaxPeersPerAddr = 64
+	defaultMaxHeldBytes    = 4 << 20
+	defaultMaxQPHeldBytes  = 32 << 20
 )
 
 type rdKey struct {
@@ -110,6 +126,10 @@ type rdWR struct {
 	internal bool
 	got      uint64 // RDMA Read: response bytes placed; short at the last one fails it
 	again    bool   // rdRenew: in flight, provably not delivered, goes again
+	// cut: a Read Response whose source region was deregistered (rdCut):
+	// its segments not yet acknowledged go empty, and its last ends short
+	// of the Read, which fails it at the requester.
+	cut bool
 }
 
 // rdPkt is what a peer's sender keeps per packet: enough to build it
@@ -117,6 +137,7 @@ type rdWR struct {
 type rdPkt struct {
 	w      *rdWR
 	off, n uint32
+	last   bool // the last segment of w
 }
 
 type rdErr struct {
@@ -141,6 +162,7 @@ type rdPeer struct {
 	helloAt     time.Time
 	helloTries  int
 	last        time.Time
+	probe       bool                            // a zero-window probe is due: one packet may go past the window
 	errs        [reliability.MaxAckErrors]rdErr // recent errors, reported in acks
 	nerr        int
 	outstanding int               // WRs posted to it and not completed
@@ -148,6 +170,8 @@ type rdPeer struct {
 	serving     int               // Read Responses being sent to it (IRD)
 	readMSN     uint32            // Read Request MSNs to it
 	wrMSN       map[uint32]uint32 // Write-Record MSNs to it, per STag
+	held        int               // bytes its receiver buffers ahead of a gap
+	moved       time.Time         // when its receiver last delivered (or the peer was made)
 }
 
 // rdGraveyard is how many ended sessions a QP remembers: a Data frame of
@@ -177,6 +201,8 @@ type rdQP struct {
 	tmp     AH // for Challenges to sources without state
 	next    time.Time
 	inMover bool
+	held    int                // bytes all peers' receivers buffer ahead of gaps
+	perAddr map[netip.Addr]int // peers per source address
 }
 
 func newRDQP(q *QP, cfg RDConfig) *rdQP {
@@ -193,7 +219,17 @@ func newRDQP(q *QP, cfg RDConfig) *rdQP {
 	if cfg.IRD <= 0 {
 		cfg.IRD = defaultIRD
 	}
-	r := &rdQP{cfg: cfg, tokens: reliability.NewTokens(), peers: map[rdKey]*rdPeer{}, graves: map[rdGrave]struct{}{}}
+	if cfg.MaxPeersPerAddr <= 0 {
+		cfg.MaxPeersPerAddr = defaultMaxPeersPerAddr
+	}
+	if cfg.MaxHeldBytes <= 0 {
+		cfg.MaxHeldBytes = defaultMaxHeldBytes
+	}
+	if cfg.MaxQPHeldBytes <= 0 {
+		cfg.MaxQPHeldBytes = defaultMaxQPHeldBytes
+	}
+	r := &rdQP{cfg: cfg, tokens: reliability.NewTokens(), peers: map[rdKey]*rdPeer{}, graves: map[rdGrave]struct{}{},
+		perAddr: map[netip.Addr]int{}}
 	r.tx.init(q)
 	return r
 }
@@ -263,7 +299,7 @@ func (q *QP) postRD(wr *SendWR, s *Socket) error {
 	case OpRead:
 		w.seg = 1 // the request: one segment
 	}
-	w.nseg = max(1, (w.length+w.seg-1)/w.seg)
+	w.nseg = rdSegments(w.length, w.seg)
 	if w.op == OpRead {
 		w.nseg = 1
 	}
@@ -314,6 +350,13 @@ func (q *QP) postRD(wr *SendWR, s *Socket) error {
 
 func (w *rdWR) releaseMRs() { w.refs.release() }
 
+// rdSegments is how many segments of seg bytes carry a message of length
+// bytes: at least one (an empty message is one empty segment). It counts
+// in 64 bits: a length near 4 GiB must not wrap to a single segment.
+func rdSegments(length, seg uint32) uint32 {
+	return uint32(max(1, (uint64(length)+uint64(seg)-1)/uint64(seg)))
+}
+
 // rdPeerFor returns the peer state for ah, making it (and starting
 // contact) if there is none. Caller holds r.mu.
 func (q *QP) rdPeerFor(ah *AH, now time.Time) (*rdPeer, error) {
@@ -322,7 +365,7 @@ func (q *QP) rdPeerFor(ah *AH, now time.Time) (*rdPeer, error) {
 	if p := r.peers[k]; p != nil {
 		return p, nil
 	}
-	if !q.rdRoom() {
+	if !q.rdRoom(now) {
 		return nil, fmt.Errorf("%w: %d RD peers with work outstanding", ErrTooMany, len(r.peers))
 	}
 	p := q.rdNewPeer(k, now)
@@ -337,13 +380,6 @@ func (p *rdPeer) newToken() {
 		rand.Read(tok[:])
 		p.myToken = binary.BigEndian.Uint64(tok[:])
 	}
-}
-
-// rdForget drops p's state, remembering its session if it had one.
-// Caller holds r.mu.
-func (q *QP) rdForget(p *rdPeer) {
-	q.rdBury(p)
-	delete(q.rd.peers, p.key)
 }
 
 // rdBury remembers that p's session ended: a Data frame of it, even with
@@ -367,15 +403,32 @@ func (q *QP) rdBury(p *rdPeer) {
 }
 
 // rdRoom makes room for one more peer under the cap, reclaiming the
-// longest-idle peer with nothing outstanding; false if none can go.
-func (q *QP) rdRoom() bool {
+// longest-idle reclaimable peer; false if none can go.
+func (q *QP) rdRoom(now time.Time) bool {
 	r := q.rd
 	if len(r.peers) < r.cfg.MaxPeers {
 		return true
 	}
+	return q.rdReclaimOne(now, func(*rdPeer) bool { return true })
+}
+
+// rdAddrRoom makes room for one more peer from addr under the
+// per-address limit, reclaiming that address's longest-idle reclaimable
+// peer; false if none can go.
+func (q *QP) rdAddrRoom(addr netip.Addr, now time.Time) bool {
+	r := q.rd
+	if r.perAddr[addr] < r.cfg.MaxPeersPerAddr {
+		return true
+	}
+	return q.rdReclaimOne(now, func(p *rdPeer) bool { return p.key.addr.Addr() == addr })
+}
+
+// rdReclaimOne forgets the longest-idle reclaimable peer that which
+// selects; false if there is none.
+func (q *QP) rdReclaimOne(now time.Time, which func(*rdPeer) bool) bool {
 	var idle *rdPeer
-	for _, p := range r.peers {
-		if p.idle() && (idle == nil || p.last.Before(idle.last)) {
+	for _, p := range q.rd.peers {
+		if q.rdReclaimable(p, now) && which(p) && (idle == nil || p.last.Before(idle.last)) {
 			idle = p
 		}
 	}
@@ -387,17 +440,66 @@ func (q *QP) rdRoom() bool {
 	return true
 }
 
-func (p *rdPeer) idle() bool {
-	return p.outstanding == 0 && len(p.queue) == 0 && p.snd.InFlight() == 0 && p.rcv.Held() == 0
+// quiet: nothing of ours is outstanding to p.
+func (p *rdPeer) quiet() bool {
+	return p.outstanding == 0 && len(p.queue) == 0 && p.snd.InFlight() == 0
+}
+
+// rdReclaimable: p can be forgotten at the cap: nothing of ours is
+// outstanding to it, and it holds nothing, or holds frames ahead of a gap
+// that has not moved for IdleTimeout (its sender gave up on the gap, or
+// never meant to fill it: buffered frames must not pin a peer's state).
+func (q *QP) rdReclaimable(p *rdPeer, now time.Time) bool {
+	return p.quiet() && (p.rcv.Held() == 0 || now.Sub(p.moved) > q.rd.cfg.IdleTimeout)
+}
+
+// rdReclaimAt is when the timer forgets p: IdleTimeout after its last
+// traffic if it is idle, after its receiver last moved if it holds
+// frames; zero while work of ours to it is outstanding.
+func (q *QP) rdReclaimAt(p *rdPeer) time.Time {
+	switch {
+	case !p.quiet():
+		return time.Time{}
+	case p.rcv.Held() > 0:
+		return p.moved.Add(q.rd.cfg.IdleTimeout)
+	}
+	return p.last.Add(q.rd.cfg.IdleTimeout)
+}
+
+// rdForget drops p's state, remembering its session if it had one (rdBury):
+// what its receiver holds is let go of (and leaves the byte budgets), and
+// it leaves its address's count. Caller holds r.mu.
+func (q *QP) rdForget(p *rdPeer) {
+	r := q.rd
+	q.rdBury(p)
+	p.rcv.Reset()
+	delete(r.peers, p.key)
+	a := p.key.addr.Addr()
+	if r.perAddr[a]--; r.perAddr[a] <= 0 {
+		delete(r.perAddr, a)
+	}
+}
+
+// rdNewReceiver returns a receiver for p whose buffered frames are
+// counted against the byte budgets until delivered or let go of.
+func (q *QP) rdNewReceiver(p *rdPeer) *reliability.Receiver[[]byte] {
+	return reliability.NewReceiver[[]byte](q.rd.cfg.Config, func(b []byte) { q.rdUnhold(p, b) })
+}
+
+// rdUnhold takes a buffered frame off the byte budgets.
+func (q *QP) rdUnhold(p *rdPeer, b []byte) {
+	p.held -= len(b)
+	q.rd.held -= len(b)
 }
 
 func (q *QP) rdNewPeer(k rdKey, now time.Time) *rdPeer {
 	r := q.rd
-	p := &rdPeer{key: k, last: now, epoch: reliability.NewEpoch()}
+	p := &rdPeer{key: k, last: now, moved: now, epoch: reliability.NewEpoch()}
 	p.ah.setAddr(k.addr, k.qpn)
 	p.snd = reliability.NewSender[rdPkt](r.cfg.Config)
-	p.rcv = reliability.NewReceiver[[]byte](r.cfg.Config, nil)
+	p.rcv = q.rdNewReceiver(p)
 	r.peers[k] = p
+	r.perAddr[k.addr.Addr()]++
 	q.dev.stats.RDPeers.Add(1)
 	return p
 }
@@ -424,7 +526,16 @@ func (q *QP) rdControl(s *Socket, ah *AH, hdr []byte) {
 // rdPump numbers and sends queued segments to p while its window and the
 // socket allow. It reports whether the socket filled up with work left.
 func (q *QP) rdPump(s *Socket, p *rdPeer, now time.Time) (full bool) {
-	for len(p.queue) > 0 && p.snd.CanSend(now) {
+	for len(p.queue) > 0 {
+		probing := false
+		switch {
+		case p.snd.CanSend(now):
+			p.probe = false
+		case p.probe:
+			probing = true // the window is shut: one packet past it asks for a new one
+		default:
+			return false
+		}
 		w := p.queue[0]
 		if w.done { // failed meanwhile
 			p.queue = p.queue[1:]
@@ -434,15 +545,22 @@ func (q *QP) rdPump(s *Socket, p *rdPeer, now time.Time) (full bool) {
 			break // ORD reached: later WRs wait their turn, in order
 		}
 		off := w.sent * w.seg
-		pk := rdPkt{w: w, off: off, n: min(w.seg, w.length-off)}
+		pk := rdPkt{w: w, off: off, n: min(w.seg, w.length-off), last: w.sent+1 == w.nseg}
+		if w.op == OpRead || w.cut {
+			pk.n = 0
+		}
 		if w.op == OpRead {
-			pk.off, pk.n = 0, 0
+			pk.off = 0
 		}
 		seq := p.snd.Push(pk, now)
-		last := w.sent+1 == w.nseg && len(p.queue) == 1
-		if err := q.rdData(s, p, seq, &pk, now, last && w.flags&FlagSignaled != 0); err == errSocketFull {
+		tail := pk.last && len(p.queue) == 1
+		if err := q.rdData(s, p, seq, &pk, now, probing || (tail && w.flags&FlagSignaled != 0)); err == errSocketFull {
 			p.snd.Unpush(seq)
 			return true
+		}
+		if probing {
+			p.probe = false
+			q.dev.stats.RDWindowProbes.Add(1)
 		}
 		w.sent++
 		if w.op == OpRead {
@@ -467,7 +585,7 @@ func (q *QP) rdData(s *Socket, p *rdPeer, seq uint32, pk *rdPkt, now time.Time, 
 		f.Ack = q.rdAckBlock(p, now, &f.RNR)
 	}
 	b := reliability.Append(r.hb[:0], &f)
-	last := pk.off+pk.n == w.length
+	last := pk.last
 	switch w.op {
 	case OpSend:
 		opc := udiwarp.OpSend
@@ -665,7 +783,11 @@ func (q *QP) rdReceive(s *Socket, h *reliability.Header, frame []byte, src netip
 			// First contact, validated: the source received our Challenge.
 			switch {
 			case p == nil:
-				if !q.rdRoom() {
+				if !q.rdAddrRoom(src.Addr(), now) {
+					st.RDAddrLimited.Add(1)
+					return
+				}
+				if !q.rdRoom(now) {
 					st.RDRefused.Add(1)
 					return
 				}
@@ -841,9 +963,25 @@ func (q *QP) rdOnData(p *rdPeer, h *reliability.Header, seg []byte, src netip.Ad
 	if h.WantsAck {
 		p.rcv.Urge()
 	}
-	deliver := func(seq uint32, b []byte) bool { return q.rdDeliver(p, seq, b, src) }
+	deliver := func(seq uint32, b []byte) bool {
+		ok := q.rdDeliver(p, seq, b, src)
+		if ok && seq != h.Seq { // one the receiver held (a refused one it lets go of itself)
+			q.rdUnhold(p, b)
+		}
+		return ok
+	}
+	next := p.rcv.Next()
 	switch v := p.rcv.Classify(h.Seq); v {
 	case reliability.Buffered:
+		r := q.rd
+		if p.held+len(seg) > r.cfg.MaxHeldBytes || r.held+len(seg) > r.cfg.MaxQPHeldBytes {
+			// Over the peer's or the QP's budget: dropped unacknowledged,
+			// as if lost; the sender sends it again.
+			st.RDOverBudget.Add(1)
+			return
+		}
+		p.held += len(seg)
+		r.held += len(seg)
 		p.rcv.Receive(h.Seq, append([]byte(nil), seg...), now, deliver)
 		st.RDBuffered.Add(1)
 	case reliability.Duplicate:
@@ -854,6 +992,9 @@ func (q *QP) rdOnData(p *rdPeer, h *reliability.Header, seg []byte, src netip.Ad
 		st.RDBeyondWindow.Add(1)
 	default:
 		p.rcv.Receive(h.Seq, seg, now, deliver)
+	}
+	if p.rcv.Next() != next {
+		p.moved = now // the gap moved: what it holds is not stalled
 	}
 }
 
@@ -879,7 +1020,17 @@ func (q *QP) rdDeliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool
 				p.noteErr(seq, reliability.CodeInvalidRequest)
 				return true
 			}
-			q.receiveWriteRecord(nil, seg, src)
+			switch f, placed := q.receiveWriteRecord(nil, seg, src); {
+			case f != faultNone:
+				// Refused by the target region: reported in the acks as
+				// an RDMA Write's refusal is, so the WR completes with
+				// RemoteAccessError.
+				p.noteErr(seq, reliability.CodeRemoteAccess)
+			case !placed:
+				// Dropped as an older message's (a stale MSN): not
+				// placed, so never Success at the source.
+				p.noteErr(seq, reliability.CodeRemoteOperation)
+			}
 		case seg.Opcode() == udiwarp.OpWrite:
 			if code, ok := q.rdPlace(seg); !ok {
 				p.noteErr(seq, code)
@@ -969,7 +1120,7 @@ func (q *QP) rdServeRead(p *rdPeer, seq uint32, seg udiwarp.Segment) {
 		w.nsge = 1
 	} // a zero-length Read needs no valid STag (RFC 5042 §6.3.5)
 	w.seg = q.rdSegment(s)
-	w.nseg = max(1, (w.length+w.seg-1)/w.seg)
+	w.nseg = rdSegments(w.length, w.seg)
 	p.queue = append(p.queue, w)
 	p.serving++
 	st.RDReadsServed.Add(1)
@@ -999,7 +1150,9 @@ func (q *QP) rdReadResponse(p *rdPeer, seg udiwarp.Segment) {
 	}
 	if seg.Control.Last() {
 		if w.got != uint64(w.length) && w.status == Success {
-			w.status = RemoteAccessError // the responder's source was invalidated under the Read
+			// The responder ended the Read short: its source region was
+			// invalidated (sent empty) or deregistered (rdCut) under it.
+			w.status = RemoteAccessError
 		}
 		p.reads = p.reads[1:]
 		w.respDone = true
@@ -1116,7 +1269,7 @@ func (q *QP) rdRestart(p *rdPeer, now time.Time) {
 	q.rdAbort(p, RemoteAbortedError, false)
 	r := q.rd
 	p.snd = reliability.NewSender[rdPkt](r.cfg.Config)
-	p.rcv = reliability.NewReceiver[[]byte](r.cfg.Config, nil)
+	p.rcv = q.rdNewReceiver(p)
 	p.nerr = 0
 	p.established = false
 	p.last = now
@@ -1221,10 +1374,21 @@ func (q *QP) rdTimer(now time.Time) time.Time {
 		if due := p.rcv.AckDue(now); !due.IsZero() && !now.Before(due) {
 			q.rdSendAck(s, p, now)
 		}
+		if len(p.queue) > 0 {
+			// A zero window holds our queued work (and the regions it
+			// names): probe it, and give the peer up when the probes run
+			// out.
+			due, err := p.snd.Probe(now)
+			if err != nil {
+				q.rdFailPeer(p, err)
+				continue
+			}
+			p.probe = p.probe || due
+		}
 		if len(p.queue) > 0 && q.rdPump(s, p, now) {
 			q.rdToMover(s)
 		}
-		if p.idle() && now.Sub(p.last) > r.cfg.IdleTimeout {
+		if at := q.rdReclaimAt(p); !at.IsZero() && now.After(at) {
 			q.rdForget(p)
 			q.dev.stats.RDPeersReclaimed.Add(1)
 		}
@@ -1258,10 +1422,12 @@ func (q *QP) rdDeadline(now time.Time) time.Time {
 		early(p.snd.Deadline())
 		early(p.rcv.AckDue(now))
 		if len(p.queue) > 0 && !p.snd.CanSend(now) && p.snd.InFlight() == 0 {
-			early(now.Add(r.cfg.RNRDelay)) // waiting out a receiver-not-ready
+			// Waiting out a receiver-not-ready, or for the next probe of
+			// a shut window.
+			early(p.snd.Resume())
 		}
-		if p.idle() {
-			early(p.last.Add(r.cfg.IdleTimeout + time.Millisecond))
+		if at := q.rdReclaimAt(p); !at.IsZero() {
+			early(at.Add(time.Millisecond))
 		}
 	}
 	return next
@@ -1276,6 +1442,60 @@ func (q *QP) rdArm(now time.Time) {
 	}
 	r.next = next
 	q.dev.armTimer(next)
+}
+
+// rdCutReads cuts short the Read Responses the device's RD QPs are
+// sending out of m, which its owner is deregistering (MR.Deregister): a
+// peer's Read does not hold a region. The caller holds the MR table's
+// lock (no RD path takes it, so the order is safe).
+func (d *Device) rdCutReads(m *MR) {
+	for i := range d.qps {
+		if q := d.qps[i].Load(); q != nil && q.rd != nil {
+			q.rdCut(m)
+		}
+	}
+}
+
+// rdCut lets go of m in every Read Response of q that sends from it.
+// What was transmitted stays transmitted; every segment not yet
+// acknowledged goes (again) empty, and the response ends with an empty
+// last segment short of the Read's length, so the requester completes
+// the Read with RemoteAccessError, never Success.
+func (q *QP) rdCut(m *MR) {
+	r := q.rd
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	cut := func(w *rdWR) {
+		if !w.internal || w.done || w.cut || !w.refs.holds(m) {
+			return
+		}
+		w.cut = true
+		w.releaseMRs()
+		if w.sent < w.nseg {
+			w.nseg = w.sent + 1 // one more segment: the empty last
+		}
+		q.dev.stats.RDReadsFlushed.Add(1)
+	}
+	for _, p := range r.peers {
+		for _, w := range p.queue {
+			cut(w)
+		}
+		p.snd.Each(func(_ uint32, pk *rdPkt) {
+			if cut(pk.w); pk.w.cut {
+				pk.n = 0
+			}
+		})
+	}
+}
+
+// holds reports whether m is among the regions.
+func (r *mrRefs) holds(m *MR) bool {
+	for i := 0; i < r.n; i++ {
+		if r.mrs[i] == m {
+			return true
+		}
+	}
+	return false
 }
 
 // rdFlush fails every WR of the QP with WRFlushError (ERROR, Destroy).
@@ -1293,4 +1513,5 @@ func (q *QP) rdFlush() {
 	}
 	q.rdComplete()
 	clear(r.peers)
+	clear(r.perAddr)
 }

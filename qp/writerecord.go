@@ -173,23 +173,24 @@ func (m RecordMode) map_() bool { return m == RecordMap || m == RecordBoth }
 // addressed to q. Every check comes before a byte is written — the QP's
 // state, then remote access to the whole message's range through the one
 // check, Device.remoteRegion (STag and key, PD, remote-write access not
-// revoked, bounds) — and the record comes after. It reports false when a
-// check refused the segment (nothing placed, counted), true when the
-// segment was placed or dropped as a stale or duplicate segment of a
-// message the engine is done with (RxWRStale).
-func (q *QP) receiveWriteRecord(s *Socket, seg udiwarp.Segment, src netip.AddrPort) bool {
+// revoked, bounds) — and the record comes after. It reports whether the
+// segment was placed and, if the target region refused it, why (faultNone
+// when it was placed or dropped for another reason: a stale or duplicate
+// segment of a message the engine is done with, or the QP's state); an RD
+// QP reports both to the source in its acks.
+func (q *QP) receiveWriteRecord(s *Socket, seg udiwarp.Segment, src netip.AddrPort) (tagFault, bool) {
 	d := q.dev
 	st := &d.stats
 	if qs := q.State(); qs != StateRTR && qs != StateRTS {
 		st.RxQPState.Add(1)
-		return false
+		return faultNone, false
 	}
 	h := seg.WriteRecord()
 	stag := h.Tagged().STag()
 	mto, ml := h.MessageTO(), uint64(h.MessageLength())
 	m, f := d.remoteRegion(q.pd, stag, mto, ml, AccessRemoteWrite) // the whole message must fit the region
 	if f != faultNone {
-		return false
+		return f, false
 	}
 	defer m.unpin()
 	ws := writerecord.Segment{Source: writerecord.Source{Addr: src, QPN: h.SrcQPN()}, STag: stag, MSN: h.MSN(),
@@ -209,7 +210,7 @@ func (q *QP) receiveWriteRecord(s *Socket, seg udiwarp.Segment, src netip.AddrPo
 		if rec, ok := q.wr.Ended(); ok { // its message ended at MaxRanges, deliver-partial
 			q.recordWriteRecord(m, &rec)
 		}
-		return true
+		return faultNone, false
 	}
 	if v == writerecord.PlaceNew {
 		if vm := m.vmap.Load(); vm != nil {
@@ -226,12 +227,12 @@ func (q *QP) receiveWriteRecord(s *Socket, seg udiwarp.Segment, src netip.AddrPo
 		if s != nil && s.wrg.q == q {
 			s.wrg.q = nil
 		}
-		return true
+		return faultNone, true
 	}
 	if s != nil { // nil: an RD frame, which does not land in place
 		s.guessWriteRecord(q, m, &ws)
 	}
-	return true
+	return faultNone, true
 }
 
 // recordWriteRecord records a message whose bytes are all placed (or, for
@@ -292,6 +293,7 @@ func (d *Device) onTimer() {
 	d.wg.Add(1) // Close waits for a sweep in progress
 	d.wrTimerMu.Unlock()
 	defer d.wg.Done()
+	d.stats.Timers.Add(1)
 	now := time.Now()
 	var next time.Time
 	early := func(t time.Time) {

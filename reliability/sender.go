@@ -25,7 +25,8 @@ type Config struct {
 	MaxRTO time.Duration
 	// MaxRetries is how many timeouts one packet may take (each followed
 	// by a retransmission, the timeout doubling) before the peer is
-	// declared unreachable. Default 10.
+	// declared unreachable. Default 10. It also bounds the zero-window
+	// probes a peer that keeps its window shut draws (Sender.Probe).
 	MaxRetries int
 	// RNRDelay is the first wait after a receiver-not-ready answer; it
 	// doubles on each one in a row, up to MaxRTO. Default 1 ms.
@@ -139,6 +140,11 @@ type Sender[P any] struct {
 	rnrUntil time.Time
 	rnrWait  bool // the packet at una waits for rnrUntil
 	rnrCount int
+	// Zero window: when the peer's window is shut with nothing in
+	// flight, the next probe (one packet past the window) goes at probeAt;
+	// probes counts them until the window opens.
+	probeAt time.Time
+	probes  int
 	// Retransmits counts retransmissions; Spurious acks for packets
 	// already acked or never sent.
 	Retransmits, Unsent uint64
@@ -300,6 +306,14 @@ func (s *Sender[P]) OnAck(a *AckBlock, window uint16, rnr bool, now time.Time,
 		s.pto = 0
 	}
 	s.limit = cum + uint32(window)
+	switch {
+	case Before(s.next, s.limit): // the window is open
+		s.probeAt, s.probes = time.Time{}, 0
+	case s.una == s.next && s.probeAt.IsZero():
+		// Shut, and nothing in flight that could bring a new window: probe
+		// it after a probe timeout, backed off per probe.
+		s.probeAt = now.Add(min(s.PTO()<<min(s.probes, 30), s.cfg.MaxRTO))
+	}
 	if progressed {
 		// The receiver took something: its wait starts over.
 		s.rnrCount, s.rnrWait, s.rnrUntil = 0, false, time.Time{}
@@ -443,6 +457,35 @@ func (s *Sender[P]) OnTimer(now time.Time, resend func(seq uint32, p *P)) error 
 		}
 	}
 	return nil
+}
+
+// Probe reports whether a zero-window probe is due at now: the peer's
+// window is shut, nothing is in flight, and the probe wait has passed.
+// The caller then sends one packet past the window (Push); it is
+// retransmitted and counted against MaxRetries like any other, and its
+// ack brings the peer's window. A peer that keeps the window shut
+// through MaxRetries probes is holding the sender's data for good:
+// Probe returns ErrRetryExceeded.
+func (s *Sender[P]) Probe(now time.Time) (bool, error) {
+	if s.una != s.next || Before(s.next, s.limit) || s.probeAt.IsZero() || now.Before(s.probeAt) {
+		return false, nil
+	}
+	if s.probes >= s.cfg.MaxRetries {
+		return false, ErrRetryExceeded
+	}
+	s.probes++
+	s.probeAt = time.Time{}
+	return true, nil
+}
+
+// Resume returns when a sender with nothing in flight that cannot send
+// now may send again: the next zero-window probe if the peer's window is
+// shut, else the end of a receiver-not-ready wait.
+func (s *Sender[P]) Resume() time.Time {
+	if !Before(s.next, s.limit) {
+		return s.probeAt
+	}
+	return s.rnrUntil
 }
 
 // Unpush takes back the packet Push numbered seq, which must be the last
