@@ -237,11 +237,11 @@ type fzDev struct {
 	arena   []byte
 	orig    []byte
 	regions [fzNRegions]*MR
-	offs    [fzNRegions]int // each region's offset in the arena
-	qps     [3]*QP          // ud, udwr, rd
-	cqs     [4]*CQ          // recv CQs of the three QPs, then the send CQ
+	offs    [fzNRegions]int      // each region's offset in the arena
+	qps     [3]*QP               // ud, udwr, rd
+	cqs     [4]*CQ               // recv CQs of the three QPs, then the send CQ
 	recvs   map[uint64][]fzRange // posted receive ID -> its SGL, in recv-region offsets
-	posted  []fzRange       // posted receive SGEs, in recv-region offsets
+	posted  []fzRange            // posted receive SGEs, in recv-region offsets
 	srcs    [4]netip.AddrPort
 	addrs   map[netip.AddrPort]bool
 }
@@ -431,8 +431,9 @@ func (z *fzDev) waitHandled(t *testing.T, n int) {
 		}
 		time.Sleep(20 * time.Microsecond)
 	}
+	//lint:ignore SA2001 an empty critical section: it waits for the batch in progress
 	z.sock.rxMu.Lock()
-	z.sock.rxMu.Unlock() //nolint:staticcheck // SA2001: an empty critical section, to wait for the batch in progress
+	z.sock.rxMu.Unlock()
 }
 
 // expireWriteRecords runs every QP's Write-Record deadlines at now, as
