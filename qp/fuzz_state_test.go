@@ -431,8 +431,8 @@ func (z *fzDev) waitHandled(t *testing.T, n int) {
 		}
 		time.Sleep(20 * time.Microsecond)
 	}
-	//lint:ignore SA2001 an empty critical section: it waits for the batch in progress
 	z.sock.rxMu.Lock()
+	//lint:ignore SA2001 an empty critical section: it waits for the batch in progress
 	z.sock.rxMu.Unlock()
 }
 
