@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/udiwarp/udiwarp/internal/spoof"
 	"github.com/udiwarp/udiwarp/reliability"
 	"github.com/udiwarp/udiwarp/udiwarp"
 	"github.com/udiwarp/udiwarp/writerecord"
@@ -25,7 +26,9 @@ import (
 // device has a UD QP (ReportErrors, posted receives, Write-Record records
 // on its CQ), a UD Write-Record QP (CQ and validity map, small caps, a
 // small CQ that can overflow) and an RD QP (small peer cap, window, IRD
-// and ORD) with work of its own in progress toward source 0. Its regions
+// and ORD) with work of its own in progress toward source 0, and a UD QP
+// that receives from an SRQ with a hold limit and an armed watermark.
+// Datagrams may also be forged from the device's own address. Its regions
 // lie in one arena between guard bytes: no remote access, remote read,
 // remote write, remote write with a validity map, remote read and write,
 // a deregistered one, one of another PD, and the receive buffers.
@@ -33,7 +36,7 @@ import (
 // A datagram marked "fix" is patched before it is sent, so that the
 // fuzzer reaches past the checks it cannot guess: STag values 0..7 become
 // the STags of regions 0..7 (tagged headers and Read Requests), TOs
-// become offsets into the named region, destination QP numbers 1..3
+// become offsets into the named region, destination QP numbers 1..4
 // become the QPs', an RD Data or Ack frame gets the keyed token the QP
 // would issue to its source (as if it had received the Challenge), a
 // Challenge the random token of the peer it answers; then the CRC is
@@ -102,6 +105,7 @@ type fzStep struct {
 	src  int
 	fix  bool
 	wait bool // send only once the device has handled every earlier datagram
+	self bool // forged (internal/spoof) from the device's own address instead
 	b    []byte
 }
 
@@ -109,7 +113,10 @@ type fzStep struct {
 // source, ctl&4 marks the datagram to be fixed up, ctl&8 makes it wait
 // until the device has handled every datagram before it (so that it
 // arrives in a read of its own, after what they changed; without it,
-// datagrams sent back to back may share one recvmmsg batch).
+// datagrams sent back to back may share one recvmmsg batch), ctl&16
+// forges it from the device's own address (what the device answers
+// goes to itself; no token is fixed up: an off-path sender never sees
+// the Challenges).
 func fzDecode(in []byte) []fzStep {
 	in = in[:min(len(in), fzMaxInput)]
 	var steps []fzStep
@@ -118,7 +125,7 @@ func fzDecode(in []byte) []fzStep {
 		n := int(binary.BigEndian.Uint16(in[1:]))
 		in = in[3:]
 		n = min(n, len(in), maxUDPv4)
-		steps = append(steps, fzStep{src: int(ctl & 3), fix: ctl&4 != 0, wait: ctl&8 != 0, b: in[:n:n]})
+		steps = append(steps, fzStep{src: int(ctl & 3), fix: ctl&4 != 0, wait: ctl&8 != 0, self: ctl&16 != 0, b: in[:n:n]})
 		in = in[n:]
 	}
 	return steps
@@ -133,6 +140,9 @@ func fzEncode(steps ...fzStep) []byte {
 		}
 		if s.wait {
 			ctl |= 8
+		}
+		if s.self {
+			ctl |= 16
 		}
 		out = append(out, ctl)
 		out = binary.BigEndian.AppendUint16(out, uint16(len(s.b)))
@@ -238,8 +248,9 @@ type fzDev struct {
 	orig    []byte
 	regions [fzNRegions]*MR
 	offs    [fzNRegions]int      // each region's offset in the arena
-	qps     [3]*QP               // ud, udwr, rd
-	cqs     [4]*CQ               // recv CQs of the three QPs, then the send CQ
+	qps     [4]*QP               // ud, udwr, rd, srq
+	cqs     [5]*CQ               // the QPs' receive CQs, then the send CQ
+	srq     *SRQ
 	recvs   map[uint64][]fzRange // posted receive ID -> its SGL, in recv-region offsets
 	posted  []fzRange            // posted receive SGEs, in recv-region offsets
 	srcs    [4]netip.AddrPort
@@ -292,18 +303,25 @@ func fzNewDev(t *testing.T, srcs [4]netip.AddrPort) *fzDev {
 	if err := z.regions[fzDereg].Deregister(); err != nil {
 		t.Fatal(err)
 	}
-	for i, depth := range []int{64, 8, 64, 64} {
+	for i, depth := range []int{64, 8, 64, 64, 64} {
 		if z.cqs[i], err = dev.CreateCQ(depth); err != nil {
 			t.Fatal(err)
 		}
 	}
+	if z.srq, err = z.pd.CreateSRQ(8, 2); err != nil {
+		t.Fatal(err)
+	}
+	send := z.cqs[4]
 	attrs := []QPAttr{
-		{Type: UD, SendCQ: z.cqs[3], RecvCQ: z.cqs[0], ReportErrors: true, Caps: QPCaps{MaxRecvWR: 16}},
-		{Type: UD, SendCQ: z.cqs[3], RecvCQ: z.cqs[1], Record: RecordBoth, Caps: QPCaps{MaxRecvWR: 16},
+		{Type: UD, SendCQ: send, RecvCQ: z.cqs[0], ReportErrors: true, Caps: QPCaps{MaxRecvWR: 16}},
+		{Type: UD, SendCQ: send, RecvCQ: z.cqs[1], Record: RecordBoth, Caps: QPCaps{MaxRecvWR: 16},
 			WriteRecord: writerecord.Config{MaxMessages: 8, MaxPerSource: 4, Policy: writerecord.DeliverPartial}},
-		{Type: RD, SendCQ: z.cqs[3], RecvCQ: z.cqs[2], Record: RecordBoth, Caps: QPCaps{MaxRecvWR: 16},
+		{Type: RD, SendCQ: send, RecvCQ: z.cqs[2], Record: RecordBoth, Caps: QPCaps{MaxRecvWR: 16},
 			RD:          RDConfig{Config: reliability.Config{Window: 16, MaxRetries: 3}, MaxPeers: 3, IRD: 2, ORD: 2, Segment: 1024},
 			WriteRecord: writerecord.Config{MaxMessages: 8, MaxPerSource: 4}},
+		// Receives from an SRQ, holding at most 2 unpolled; it reports
+		// errors.
+		{Type: UD, SendCQ: send, RecvCQ: z.cqs[3], SRQ: z.srq, SRQLimit: 2, ReportErrors: true},
 	}
 	for i, a := range attrs {
 		q, err := z.pd.CreateQP(a)
@@ -320,7 +338,7 @@ func fzNewDev(t *testing.T, srcs [4]netip.AddrPort) *fzDev {
 	// Posted receives in the receive region, with gaps between them.
 	rv := z.regions[fzRecv]
 	id := uint64(100)
-	post := func(q *QP, sgl ...fzRange) {
+	post := func(q interface{ PostRecv(*RecvWR) error }, sgl ...fzRange) {
 		var wr RecvWR
 		for _, r := range sgl {
 			wr.SGL = append(wr.SGL, rv.SGE(r.lo, r.hi-r.lo))
@@ -340,6 +358,12 @@ func fzNewDev(t *testing.T, srcs [4]netip.AddrPort) *fzDev {
 	post(z.qps[2], fzRange{2400, 2500})
 	post(z.qps[2], fzRange{2600, 3100}, fzRange{3200, 3300})
 	post(z.qps[2], fzRange{3400, 4000})
+	post(z.srq, fzRange{4010, 4030})
+	post(z.srq, fzRange{4040, 4050}, fzRange{4060, 4090})
+	post(z.srq, fzRange{4090, 4096})
+	if err := z.srq.Arm(2); err != nil {
+		t.Fatal(err)
+	}
 	// The RD QP's own work toward source 0: a Send and a Read whose sink
 	// is the write region's first 64 bytes. Their Hello goes out now.
 	ah, err := z.pd.CreateAH(srcs[0], fzLocalQPN)
@@ -375,13 +399,30 @@ func fzExec(t *testing.T, steps []fzStep) {
 	sent := make([][]byte, 0, len(steps))
 	var fromSrc [4]struct{ bytes, largest int }
 	dst := z.sock.LocalAddr()
+	self := false
 	for _, s := range steps {
 		if s.wait {
-			z.waitHandled(t, len(sent))
+			z.waitHandled(t, len(sent), self)
 		}
 		b := s.b
+		if s.self {
+			sp := fzSpoofer()
+			if sp == nil {
+				continue // no raw sockets here
+			}
+			if s.fix {
+				b = z.fixup(b, dst, false)
+			}
+			if sp.Send(dst, dst, b) != nil {
+				continue
+			}
+			self = true
+			z.addrs[dst] = true
+			sent = append(sent, b)
+			continue
+		}
 		if s.fix {
-			b = z.fixup(b, srcs[s.src])
+			b = z.fixup(b, srcs[s.src], true)
 		}
 		if _, err := conns[s.src].WriteToUDPAddrPort(b, dst); err != nil {
 			// EMSGSIZE and the like: the datagram never left.
@@ -391,9 +432,9 @@ func fzExec(t *testing.T, steps []fzStep) {
 		fromSrc[s.src].bytes += len(b)
 		fromSrc[s.src].largest = max(fromSrc[s.src].largest, len(b))
 	}
-	z.waitHandled(t, len(sent))
+	z.waitHandled(t, len(sent), self)
 	st := z.dev.Stats()
-	if n := st.RxDatagrams.Load(); n != uint64(len(sent)) {
+	if n := st.RxDatagrams.Load(); n != uint64(len(sent)) && !self {
 		t.Fatalf("the device counted %d datagrams, %d were sent", n, len(sent))
 	}
 	z.expireWriteRecords(time.Now().Add(time.Hour))
@@ -421,7 +462,12 @@ func fzExec(t *testing.T, steps []fzStep) {
 // placed where it landed), under the socket's rxMu, which the receive
 // goroutine holds until the whole batch is handled: taking it once the
 // count is reached waits for the rest of that batch.
-func (z *fzDev) waitHandled(t *testing.T, n int) {
+//
+// With datagrams forged from the device's own address (self), what it
+// answered them went to itself too: it waits, further, until its socket
+// has nothing queued while no batch is being handled. A reflection loop
+// never gets there, and fails the exec.
+func (z *fzDev) waitHandled(t *testing.T, n int, self bool) {
 	t.Helper()
 	st := z.dev.Stats()
 	deadline := time.Now().Add(fzProcessed)
@@ -431,9 +477,34 @@ func (z *fzDev) waitHandled(t *testing.T, n int) {
 		}
 		time.Sleep(20 * time.Microsecond)
 	}
-	z.sock.rxMu.Lock()
-	//lint:ignore SA2001 an empty critical section: it waits for the batch in progress
-	z.sock.rxMu.Unlock()
+	for {
+		z.sock.rxMu.Lock()
+		queued := 0
+		if self {
+			z.sock.raw.Control(func(fd uintptr) { queued, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+		}
+		z.sock.rxMu.Unlock()
+		if queued == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the device's socket still holds %d bytes after %v, %d datagrams read for %d sent (a reflection loop?)",
+				queued, fzProcessed, st.RxDatagrams.Load(), n)
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+}
+
+var fzSpoof struct {
+	once sync.Once
+	s    *spoof.Sender
+}
+
+// fzSpoofer returns the process's raw-socket sender, or nil where raw
+// sockets are not allowed.
+func fzSpoofer() *spoof.Sender {
+	fzSpoof.once.Do(func() { fzSpoof.s, _ = spoof.New() })
+	return fzSpoof.s
 }
 
 // expireWriteRecords runs every QP's Write-Record deadlines at now, as
@@ -455,7 +526,7 @@ func (z *fzDev) expireWriteRecords(now time.Time) {
 
 // fixup patches a copy of b: region STags and offsets, QP numbers, RD
 // tokens; then the CRC.
-func (z *fzDev) fixup(b []byte, src netip.AddrPort) []byte {
+func (z *fzDev) fixup(b []byte, src netip.AddrPort, tokens bool) []byte {
 	if len(b) < udiwarp.MinDatagramSize {
 		return b
 	}
@@ -467,7 +538,7 @@ func (z *fzDev) fixup(b []byte, src netip.AddrPort) []byte {
 		var h reliability.Header
 		if h.Parse(f) == nil {
 			q := z.dev.lookupQP(h.DstQPN)
-			if q != nil && q.rd != nil {
+			if q != nil && q.rd != nil && tokens {
 				q.rd.mu.Lock()
 				switch h.Type {
 				case reliability.Data, reliability.Ack:
@@ -494,7 +565,7 @@ func (z *fzDev) fixup(b []byte, src netip.AddrPort) []byte {
 }
 
 func (z *fzDev) fixQPN(p []byte) {
-	if v := binary.BigEndian.Uint32(p); v >= 1 && v <= 3 {
+	if v := binary.BigEndian.Uint32(p); v >= 1 && v <= uint32(len(z.qps)) {
 		binary.BigEndian.PutUint32(p, z.qps[v-1].num)
 	}
 }
@@ -529,7 +600,7 @@ func (z *fzDev) fixDDP(s []byte) {
 		return
 	}
 	qn := binary.BigEndian.Uint32(s[6:])
-	if d := qn >> 2; d >= 1 && d <= 3 {
+	if d := qn >> 2; d >= 1 && d <= uint32(len(z.qps)) {
 		binary.BigEndian.PutUint32(s[6:], z.qps[d-1].num<<2|qn&3)
 	}
 	if udiwarp.RDMAPControl(s[1]).Opcode() == udiwarp.OpReadRequest && len(s) >= udiwarp.DDPUntaggedHeaderSize+udiwarp.ReadRequestSize {
@@ -701,7 +772,7 @@ func (z *fzDev) check(t *testing.T, sent [][]byte) {
 		n := cq.Poll(wcs[:])
 		for _, wc := range wcs[:n] {
 			switch {
-			case wc.Opcode == WCWriteRecord && i < 3: // a target's record (the send CQ's would be our own)
+			case wc.Opcode == WCWriteRecord && i < len(z.qps): // a target's record (the send CQ's would be our own)
 				records++
 				z.checkRecord(t, c, &wc)
 			case wc.Opcode == WCRecv:
@@ -830,7 +901,7 @@ func (z *fzDev) checkRecord(t *testing.T, c *fzClaims, wc *WorkCompletion) {
 
 // Seeds: every frame type, alone and in the sequences that reach state
 // (RD contact then data; Write-Record first, middle, last). QP numbers
-// 1..3 are the UD, UD Write-Record and RD QPs; STags 0..7 the regions;
+// 1..4 are the UD, UD Write-Record, RD and SRQ QPs; STags 0..7 the regions;
 // TOs offsets; every seed but the corrupted ones is fixed up.
 
 func fzUD(src int, b []byte) fzStep {
@@ -888,7 +959,7 @@ func fzPattern(n int, k byte) []byte {
 }
 
 func fzSeeds() [][]byte {
-	const ud, udwr, rd = 1, 2, 3
+	const ud, udwr, rd, srq = 1, 2, 3, 4
 	const peer = 40 // the fuzzer's RD QP number
 	const epoch = 0x1234
 	wr := func(dst, stag uint32, to uint64, msn, mo, ml uint32, payload []byte) []byte {
@@ -972,6 +1043,15 @@ func fzSeeds() [][]byte {
 		{fzUD(1, fzSend(ud, 7, 1, udiwarp.OpSend, 0, nil)), fzUD(1, fzSend(ud, 7, 2, udiwarp.OpSend, 0, nil)),
 			fzUD(1, fzSend(ud, 7, 3, udiwarp.OpSend, 0, nil)), fzUD(1, fzSend(ud, 7, 4, udiwarp.OpSend, 0, nil))},
 		{{src: 3, b: fzRD(3, reliability.Fields{Type: reliability.Data, DstQPN: rd, SrcQPN: peer, Epoch: epoch, Seq: 0}, nil).b}},
+		// Sends to the SRQ QP: past its hold limit and past its receives.
+		{fzUD(0, fzSend(srq, 7, 1, udiwarp.OpSend, 0, []byte("s1"))), fzUD(0, fzSend(srq, 7, 2, udiwarp.OpSend, 0, []byte("s2"))),
+			fzUD(0, fzSend(srq, 7, 3, udiwarp.OpSend, 0, []byte("s3"))), fzUD(1, fzSend(srq, 7, 4, udiwarp.OpSend, 0, fzPattern(40, 24)))},
+		// Forged from the device's own address: an error message it
+		// answers to itself, a Hello it challenges itself for, a Send from
+		// its own QP to another.
+		{{self: true, fix: true, b: udiwarp.SealDatagram(fzSend(ud, ud, 1, udiwarp.OpSend, 0, fzPattern(200, 25)), 0)},
+			{self: true, fix: true, b: fzRD(0, reliability.Fields{Type: reliability.Hello, Window: 16, DstQPN: rd, SrcQPN: rd, Epoch: epoch, Init: true, Issued: 1}, nil).b},
+			{self: true, fix: true, b: udiwarp.SealDatagram(fzSend(srq, ud, 1, udiwarp.OpSend, 0, []byte("self")), 0)}},
 		// RD Data with no segment, and an RD Terminate.
 		{data(1, 0, true, nil), data(1, 1, false, fzTerm(rd, peer, udiwarp.DDPUntaggedNoBuffer, send))},
 	}
@@ -999,7 +1079,7 @@ func fzSummary(st *Stats) string {
 		{"rdChallenges", st.RDChallenges.Load()}, {"rdData", st.RDDataSent.Load()}, {"rdBuffered", st.RDBuffered.Load()},
 		{"rdDup", st.RDDuplicates.Load()}, {"rdNotReady", st.RDNotReady.Load()}, {"rdWritePlaced", st.RDWritePlaced.Load()},
 		{"rdReadsServed", st.RDReadsServed.Load()}, {"rdBadAcks", st.RDBadAcks.Load()}, {"rdRestarts", st.RDPeerRestarts.Load()},
-		{"errors", st.Completions[RemoteAccessError].Load()}} {
+		{"srqOverdraft", st.RxSRQOverdraft.Load()}, {"tx", st.TxDatagrams.Load()}} {
 		if c.v != 0 {
 			out += fmt.Sprintf(" %s=%d", c.name, c.v)
 		}
