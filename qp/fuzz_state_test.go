@@ -615,9 +615,9 @@ func (z *fzDev) fixDDP(s []byte) {
 
 // fzClaims is what the input's datagrams could have written, per region.
 type fzClaims struct {
-	touch   [fzNRegions][]bool      // named by a tagged payload or a Write-Record message
-	wrCover [fzNRegions][]bool      // carried by a Write-Record payload
-	values  [][4]uint64 // the byte values tagged payloads carry per place, in the validity-map region
+	touch   [fzNRegions][]bool // named by a tagged payload or a Write-Record message
+	wrCover [fzNRegions][]bool // carried by a Write-Record payload
+	values  [][4]uint64        // the byte values tagged payloads carry per place, in the validity-map region
 	wrSegs  int
 	sends   map[string]bool // the payloads untagged segments carry
 }
