@@ -49,6 +49,7 @@ type landing struct {
 	mrs  [maxSGE]*MR
 	nseg int
 	room int
+	wrTO uint64 // Write-Record landing: the region offset segs[0] starts at
 	tail []byte // the spare buffer after the SGEs
 	// After the system call: done (completed where it landed), or the
 	// datagram copied out to flat for the ordinary path.

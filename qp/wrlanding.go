@@ -24,7 +24,11 @@ import (
 // beyond every byte of it placed so far (Engine.Next only predicts while
 // the placed bytes are one run from the message's start). A datagram that
 // lands there but is something else leaves bytes that no record names;
-// the right segment, if it comes, overwrites them. The QP's wrMu is held
+// the right segment, if it comes, overwrites them. Another message may
+// have completed over part of that range meanwhile (messages to one
+// region may overlap): the bytes such a stray datagram overwrote leave
+// the validity map (strayLanded), which then never calls valid a byte
+// that no Write-Record payload put there. The QP's wrMu is held
 // from before the system call until every landed datagram is handled, so
 // the message cannot be superseded, expire or be recorded meanwhile, and
 // the region is pinned, so it cannot be deregistered. Every predicted
@@ -109,6 +113,7 @@ func (s *Socket) prepareWRLanding(vlen int) int {
 		l.mrs[0] = m
 		l.segs[0] = m.buf[g.mto+uint64(off) : g.mto+uint64(off)+uint64(n)]
 		l.room = int(n)
+		l.wrTO = g.mto + uint64(off)
 		l.tail = b.bufs[k]
 		l.iov[0].Base = &l.hdr[0]
 		l.iov[0].SetLen(l.hlen)
@@ -149,6 +154,7 @@ func (s *Socket) endWRLanding(k int) {
 			if !inPlace || merged || !s.placeLandedLocked(l, size, h.hdr.Flags&unix.MSG_TRUNC != 0, sockaddrToAddrPort(&b.names[i])) {
 				inPlace = false
 				l.flat = l.flatten(size)
+				l.strayLanded(size)
 			}
 		}
 		l.unlockMRs()
@@ -162,6 +168,20 @@ func (s *Socket) endWRLanding(k int) {
 	}
 	b.landWR = false
 	q.wrMu.Unlock()
+}
+
+// strayLanded handles a datagram of size bytes that the kernel wrote at
+// a predicted place but that is not the predicted segment: the region
+// bytes it overwrote hold something no record names, so the validity map
+// (if the region keeps one) stops calling them valid. They were valid only
+// if another message had completed over the predicted message's range
+// since its first segment invalidated it; the predicted message's own
+// segment would overwrite them too.
+func (l *landing) strayLanded(size int) {
+	n := min(max(size-l.hlen, 0), l.room)
+	if vm := l.mrs[0].vmap.Load(); vm != nil && n > 0 {
+		vm.Invalidate(l.wrTO, uint64(n))
+	}
 }
 
 // placeLandedLocked finishes a datagram that landed at the predicted
