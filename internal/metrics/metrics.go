@@ -24,6 +24,7 @@ type Collector struct {
 
 	datagrams, bytes, drops, retrans, completions, wr *prometheus.Desc
 	ranges, inProgress, peers                         *prometheus.Desc
+	wrSegDrops, withheld, eventsDropped, probes       *prometheus.Desc
 }
 
 // New returns an empty Collector.
@@ -38,6 +39,13 @@ func New() *Collector {
 		ranges:      prometheus.NewDesc("udiwarp_validity_map_ranges", "Disjoint valid ranges in the regions' validity maps.", nil, nil),
 		inProgress:  prometheus.NewDesc("udiwarp_write_record_in_progress", "Write-Record messages in progress at targets.", nil, nil),
 		peers:       prometheus.NewDesc("udiwarp_rd_peers_created_total", "RD peer states created.", nil, nil),
+		wrSegDrops: prometheus.NewDesc("udiwarp_write_record_segments_dropped_total",
+			"Write-Record segments the target's engine dropped, by reason (docs/wire.md §4.3).", []string{"reason"}, nil),
+		withheld: prometheus.NewDesc("udiwarp_replies_withheld_total",
+			"Error messages and RD Challenges not sent: larger than what drew them, or drawn by a multicast or broadcast datagram.", nil, nil),
+		eventsDropped: prometheus.NewDesc("udiwarp_async_events_dropped_total",
+			"Asynchronous events not queued, by origin: the device's own (Events full) or a peer's (coalesced or over their share).", []string{"origin"}, nil),
+		probes: prometheus.NewDesc("udiwarp_rd_window_probes_total", "RD frames sent into a peer's zero window to probe it.", nil, nil),
 	}
 }
 
@@ -50,7 +58,8 @@ func (c *Collector) Add(d *qp.Device) {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.datagrams, c.bytes, c.drops, c.retrans, c.completions, c.wr, c.ranges, c.inProgress, c.peers} {
+	for _, d := range []*prometheus.Desc{c.datagrams, c.bytes, c.drops, c.retrans, c.completions, c.wr, c.ranges, c.inProgress, c.peers,
+		c.wrSegDrops, c.withheld, c.eventsDropped, c.probes} {
 		ch <- d
 	}
 }
@@ -79,6 +88,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		add("drop/malformed", s.RxTruncated.Load()+s.RxTooLong.Load()+s.RxBadVersion.Load()+s.RxBadHeader.Load()+s.RxBadOpcode.Load())
 		add("drop/unvalidated", s.RDRejected.Load())
 		add("drop/stale", s.RxWRStale.Load())
+		add("drop/over_budget", s.RDOverBudget.Load())
+		add("drop/address_limit", s.RDAddrLimited.Load())
+		add("withheld", s.TxRepliesWithheld.Load())
+		add("events/local", s.EventsLost.Load())
+		add("events/remote", s.RemoteEventsDropped.Load())
+		add("probes", s.RDWindowProbes.Load())
 		add("retrans", s.RDRetransmits.Load())
 		add("peers", s.RDPeers.Load())
 		for i := range completions {
@@ -90,6 +105,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		add("wr/discarded", wr.Expired)
 		add("wr/superseded", wr.Superseded)
 		add("wr/evicted", wr.Evicted)
+		add("wr/displaced", wr.Displaced)
+		add("wr/fragmented", wr.Fragmented)
+		add("wrseg/stale", wr.Stale)
+		add("wrseg/duplicate", wr.Duplicate)
+		add("wrseg/far_ahead", wr.FarAhead)
+		add("wrseg/mismatch", wr.Mismatch)
 		inProgress += float64(n)
 		ranges += float64(d.ValidityRanges())
 	}
@@ -100,7 +121,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.datagrams, sum["tx"], "out")
 	counter(c.bytes, sum["rxb"], "in")
 	counter(c.bytes, sum["txb"], "out")
-	for _, r := range []string{"crc", "bad_stag", "bounds", "no_recv", "state_cap", "unknown_qp", "malformed", "unvalidated", "stale"} {
+	for _, r := range []string{"crc", "bad_stag", "bounds", "no_recv", "state_cap", "unknown_qp", "malformed", "unvalidated", "stale",
+		"over_budget", "address_limit"} {
 		counter(c.drops, sum["drop/"+r], r)
 	}
 	counter(c.retrans, sum["retrans"])
@@ -110,9 +132,16 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			counter(c.completions, v, qp.Status(i).String())
 		}
 	}
-	for _, o := range []string{"completed", "partial", "discarded", "superseded", "evicted"} {
+	for _, o := range []string{"completed", "partial", "discarded", "superseded", "evicted", "displaced", "fragmented"} {
 		counter(c.wr, sum["wr/"+o], o)
 	}
+	for _, r := range []string{"stale", "duplicate", "far_ahead", "mismatch"} {
+		counter(c.wrSegDrops, sum["wrseg/"+r], r)
+	}
+	counter(c.withheld, sum["withheld"])
+	counter(c.eventsDropped, sum["events/local"], "local")
+	counter(c.eventsDropped, sum["events/remote"], "remote")
+	counter(c.probes, sum["probes"])
 	ch <- prometheus.MustNewConstMetric(c.ranges, prometheus.GaugeValue, ranges)
 	ch <- prometheus.MustNewConstMetric(c.inProgress, prometheus.GaugeValue, inProgress)
 }

@@ -45,6 +45,12 @@ func TestScrape(t *testing.T) {
 		`udiwarp_write_record_messages_total{outcome="partial"}`,
 		`udiwarp_write_record_in_progress`,
 		`udiwarp_validity_map_ranges`,
+		`udiwarp_dropped_total{reason="over_budget"}`,
+		`udiwarp_write_record_segments_dropped_total{reason="far_ahead"}`,
+		`udiwarp_write_record_messages_total{outcome="displaced"}`,
+		`udiwarp_replies_withheld_total`,
+		`udiwarp_async_events_dropped_total{origin="remote"}`,
+		`udiwarp_rd_window_probes_total`,
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("no %s in the scrape", want)
