@@ -180,9 +180,12 @@ func (d *Device) deliver(s *Socket, b []byte, truncated bool, src netip.AddrPort
 		st.countRx(err)
 		return
 	}
+	// A UD frame reaches only a UD QP: an RD QP takes nothing but RD frames
+	// from validated peers (deliverRD), or a spoofed UD Send would take its
+	// posted receives and a spoofed Write-Record its regions.
 	if seg.Control.Tagged() { // a Write-Record: ParseUDFrame allows no other tagged segment
 		q := d.lookupQP(seg.WriteRecord().DstQPN())
-		if q == nil || q.sock.Load() != s {
+		if q == nil || q.typ != UD || q.sock.Load() != s {
 			st.RxUnknownQP.Add(1)
 			return
 		}
@@ -196,7 +199,7 @@ func (d *Device) deliver(s *Socket, b []byte, truncated bool, src netip.AddrPort
 		return
 	}
 	q := d.lookupQP(dst)
-	if q == nil || q.sock.Load() != s {
+	if q == nil || q.typ != UD || q.sock.Load() != s {
 		st.RxUnknownQP.Add(1)
 		return
 	}
