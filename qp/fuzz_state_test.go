@@ -872,6 +872,9 @@ func (z *fzDev) check(t *testing.T, sent [][]byte) {
 	if len(r.peers) > r.cfg.MaxPeers {
 		t.Fatalf("%d RD peers, cap %d", len(r.peers), r.cfg.MaxPeers)
 	}
+	if err := rdAccounting(r); err != nil {
+		t.Fatal(err)
+	}
 	for k, p := range r.peers {
 		if !z.addrs[k.addr] {
 			t.Fatalf("RD peer %v: not a source of the input", k)

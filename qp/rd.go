@@ -1334,7 +1334,7 @@ func (q *QP) rdRenew(s *Socket, p *rdPeer, seq16 uint16, now time.Time) {
 	p.theirToken, p.theirEpoch, p.sendInit = 0, 0, false
 	p.helloAt, p.helloTries = time.Time{}, 0
 	if len(p.queue) == 0 {
-		delete(q.rd.peers, p.key) // nothing to send: contact waits for the next WR
+		q.rdForget(p) // nothing to send: contact waits for the next WR
 		return
 	}
 	q.rdHello(s, p, now)

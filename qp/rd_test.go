@@ -346,8 +346,15 @@ func TestRDPeerGone(t *testing.T) {
 // TestRDPeerRestart: the target restarts (a new device on the same
 // address, the same QP number, a new epoch). The WRs in flight to its old
 // incarnation fail with RemoteAbortedError; later ones reach the new one.
+//
+// The retry budget is far longer than bringing up the new incarnation
+// takes on a loaded machine (MaxRetries at the default 10 with a 20 ms
+// MaxRTO gave out in ~170 ms, and the WR failed RetryExceeded first).
+// The WR in flight draws the new incarnation's Challenge on a frame sent
+// more than once, with nothing left to send: the path that dropped the
+// peer without leaving its address's count (checkRDAccounting).
 func TestRDPeerRestart(t *testing.T) {
-	rd := RDConfig{Config: reliability.Config{InitialRTT: time.Millisecond, MaxRTO: 20 * time.Millisecond}}
+	rd := RDConfig{Config: reliability.Config{InitialRTT: time.Millisecond, MaxRTO: 20 * time.Millisecond, MaxRetries: 100000}}
 	p := newRDPair(t, DeviceConfig{}, DeviceConfig{}, rd)
 	addr := p.b.sock.LocalAddr()
 	p.qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{p.b.mr.SGE(0, 10)}})
@@ -358,7 +365,8 @@ func TestRDPeerRestart(t *testing.T) {
 	// Messages the old incarnation will never acknowledge: no receive
 	// posted (it is not ready), then it goes away.
 	p.qa.PostSend(&SendWR{ID: 2, Flags: FlagSignaled, Inline: []byte("two"), AH: p.ahAB})
-	time.Sleep(5 * time.Millisecond)
+	notReady := p.b.dev.Stats()
+	eventually(t, "the old incarnation refusing the Send", func() bool { return notReady.RDNotReady.Load() > 0 })
 	p.b.dev.Close()
 
 	b2 := newNode(t, DeviceConfig{}, "udp4", addr.String())
@@ -367,11 +375,14 @@ func TestRDPeerRestart(t *testing.T) {
 		t.Skipf("the new QP got number %d, not %d", qb2.QPN(), p.qb.QPN())
 	}
 	qb2.PostRecv(&RecvWR{ID: 9, SGL: []SGE{b2.mr.SGE(0, 10)}})
-	if wc := collect(t, p.cqa, 1, 5*time.Second)[0]; wc.ID != 2 || wc.Status != RemoteAbortedError {
+	if wc := collect(t, p.cqa, 1, time.Minute)[0]; wc.ID != 2 || wc.Status != RemoteAbortedError {
 		t.Fatalf("in flight across the restart: %+v", wc)
 	}
+	if err := checkRDAccounting(p.qa); err != nil {
+		t.Fatal(err)
+	}
 	p.qa.PostSend(&SendWR{ID: 3, Flags: FlagSignaled, Inline: []byte("three"), AH: p.ahAB})
-	if wc := collect(t, p.cqa, 1, 5*time.Second)[0]; wc.ID != 3 || wc.Status != Success {
+	if wc := collect(t, p.cqa, 1, time.Minute)[0]; wc.ID != 3 || wc.Status != Success {
 		t.Fatalf("after the restart: %+v", wc)
 	}
 	if wc := collect(t, cqb2, 1, time.Second)[0]; wc.Status != Success || string(b2.buf[:5]) != "three" {

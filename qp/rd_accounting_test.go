@@ -1,0 +1,44 @@
+package qp
+
+import (
+	"fmt"
+	"net/netip"
+)
+
+// rdAccounting checks the RD QP's books against its peers: each source
+// address's peer count is the number of peers it has (no count left
+// behind by a peer dropped some other way than rdForget), and the bytes
+// held ahead of gaps are the peers' sum, none negative, within the
+// budgets. The caller holds r.mu.
+func rdAccounting(r *rdQP) error {
+	count := map[netip.Addr]int{}
+	held := 0
+	for k, p := range r.peers {
+		count[k.addr.Addr()]++
+		if p.held < 0 || p.held > r.cfg.MaxHeldBytes {
+			return fmt.Errorf("RD peer %v holds %d bytes, budget %d", k, p.held, r.cfg.MaxHeldBytes)
+		}
+		held += p.held
+	}
+	for a, n := range r.perAddr {
+		if count[a] != n {
+			return fmt.Errorf("address %v counted for %d RD peers, has %d", a, n, count[a])
+		}
+	}
+	for a, n := range count {
+		if r.perAddr[a] != n {
+			return fmt.Errorf("address %v has %d RD peers, counted for %d", a, n, r.perAddr[a])
+		}
+	}
+	if held != r.held || r.held > r.cfg.MaxQPHeldBytes {
+		return fmt.Errorf("RD QP holds %d bytes, its peers %d, budget %d", r.held, held, r.cfg.MaxQPHeldBytes)
+	}
+	return nil
+}
+
+// checkRDAccounting is rdAccounting under the QP's RD lock.
+func checkRDAccounting(q *QP) error {
+	q.rd.mu.Lock()
+	defer q.rd.mu.Unlock()
+	return rdAccounting(q.rd)
+}
