@@ -11,6 +11,7 @@ import (
 
 	"github.com/udiwarp/udiwarp/reliability"
 	"github.com/udiwarp/udiwarp/udiwarp"
+	"github.com/udiwarp/udiwarp/writerecord"
 )
 
 // RD: reliable datagram queue pairs. One RD QP talks to any number of
@@ -501,7 +502,26 @@ func (q *QP) rdNewPeer(k rdKey, now time.Time) *rdPeer {
 	r.peers[k] = p
 	r.perAddr[k.addr.Addr()]++
 	q.dev.stats.RDPeers.Add(1)
+	q.rdEndWriteRecords(k)
 	return p
+}
+
+// rdEndWriteRecords ends, at the QP's Write-Record engine, the messages
+// from the peer k: a new session with it numbers its Write-Records from
+// MSN 1 again, and nothing of an ended session can still arrive, so what
+// the engine remembers of the old one would only drop the new messages
+// as an older message's. Caller holds r.mu.
+func (q *QP) rdEndWriteRecords(k rdKey) {
+	q.wrMu.Lock()
+	defer q.wrMu.Unlock()
+	if q.wr == nil {
+		return
+	}
+	q.wr.EndSource(writerecord.Source{Addr: k.addr, QPN: k.qpn}, func(rec writerecord.Record) {
+		if m := q.dev.mrs.lookup(rec.STag); m != nil {
+			q.recordWriteRecord(m, &rec)
+		} // else the region was deregistered: nothing of it is valid
+	})
 }
 
 // rdHello (re)sends Hello to a peer we have no tokens from yet.
@@ -1267,6 +1287,8 @@ func (q *QP) rdAbort(p *rdPeer, st Status, all bool) {
 func (q *QP) rdRestart(p *rdPeer, now time.Time) {
 	q.rdBury(p)
 	q.rdAbort(p, RemoteAbortedError, false)
+	q.rdEndWriteRecords(p.key)
+	p.probe = false
 	r := q.rd
 	p.snd = reliability.NewSender[rdPkt](r.cfg.Config)
 	p.rcv = q.rdNewReceiver(p)

@@ -402,6 +402,34 @@ func (m *message) partial() Record {
 	return rec
 }
 
+// EndSource ends every message of src at once, as its deadline would
+// (deliver-partial emits the record of what arrived; discard records
+// nothing), and forgets it with src's remembered messages, so that src
+// may number its messages from anywhere again. Its owner calls it when
+// src's numbering provably starts over: an RD peer's new session, whose
+// messages start at MSN 1 while the old session's can no longer arrive
+// (docs/wire.md §11.2). Sources that are not authenticated must not be
+// able to cause it.
+func (e *Engine) EndSource(src Source, emit func(Record)) {
+	l := e.perSource[src]
+	if l == nil {
+		return
+	}
+	for m := l.head; m != nil; {
+		next := m.snext
+		if !m.done {
+			if m.policy == DeliverPartial && m.placed > 0 {
+				e.stats.Partial++
+				emit(m.partial())
+			} else {
+				e.stats.Expired++
+			}
+		}
+		e.remove(m)
+		m = next
+	}
+}
+
 func (e *Engine) remove(m *message) {
 	m.got.reset()
 	e.order.unlink(m, false)
