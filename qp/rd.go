@@ -67,9 +67,11 @@ type RDConfig struct {
 	// this QP serve at once; a Read over it is refused with a remote
 	// operation error (default 16).
 	ORD, IRD int
-	// MaxPeersPerAddr caps the peers one source address (any port, any
-	// source QP) may have created by first contact (default 64), so one
-	// host cannot fill MaxPeers.
+	// MaxPeersPerAddr caps the peers one address (any port, any QP) may
+	// have (default 64), so one host cannot fill MaxPeers. The peers this
+	// QP opened to the address count too, but the cap is enforced on
+	// first contacts from it: one over the cap first reclaims a
+	// reclaimable peer of the address, else it is refused (RDAddrLimited).
 	MaxPeersPerAddr int
 	// MaxHeldBytes is the most a peer's receiver buffers ahead of a gap
 	// (default 4 MiB), MaxQPHeldBytes the most all of the QP's peers
