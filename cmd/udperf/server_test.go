@@ -51,7 +51,11 @@ func clientRun(t *testing.T, addr string, mode string) (int, string) {
 // that never sends its request does not stop another client's run, and the
 // server closes it once the request deadline passes.
 func TestServerIdleControlConnection(t *testing.T) {
-	defer func(d time.Duration) { requestTimeout = d }(requestTimeout)
+	// Restored by a cleanup registered before the server's, so it runs
+	// after the server's goroutines, which read it, are gone (a deferred
+	// restore ran before them: a data race).
+	old := requestTimeout
+	t.Cleanup(func() { requestTimeout = old })
 	requestTimeout = 500 * time.Millisecond
 	addr := startServer(t)
 	idle, err := net.Dial("tcp", addr)
