@@ -151,6 +151,8 @@ func TestRDSpoofedPeer(t *testing.T) {
 	qa.rd.mu.Lock()
 	epoch := qa.rd.peers[rdKey{b.sock.LocalAddr(), qb.QPN()}].epoch // a's epoch in its session with b
 	qa.rd.mu.Unlock()
+	bst := b.dev.Stats()
+	toB := bst.RxDatagrams.Load()
 	for i := range 200 {
 		for _, f := range []reliability.Fields{
 			// a "restart": a new epoch with a guessed token
@@ -167,12 +169,21 @@ func TestRDSpoofedPeer(t *testing.T) {
 			if _, err := evil.WriteToUDPAddrPort(rdFrame(f, send), dst); err != nil {
 				t.Fatal(err)
 			}
+			if dst == b.sock.LocalAddr() {
+				toB++
+			}
+		}
+		if i%16 == 15 || i == 199 {
+			// Paced by what b has read, so that b's socket buffer drops
+			// none of them however slowly b runs, and every one is seen.
+			eventually(t, "b reading the spoofed frames", func() bool { return bst.RxDatagrams.Load() >= toB })
 		}
 	}
-	time.Sleep(50 * time.Millisecond)
 	// Unicast to a port two sockets share goes to one of them: let a have
 	// its port back.
 	evil.Close()
+	b.sock.rxMu.Lock() // the batch in hand is handled
+	b.sock.rxMu.Unlock()
 	if r := b.dev.Stats().RDRejected.Load(); r < 400 {
 		t.Fatalf("b rejected %d of the 400 spoofed Data frames", r)
 	}

@@ -263,12 +263,25 @@ func latResult(cfg Config, ns []int64) Result {
 	return r
 }
 
-// finish ends a bandwidth run: senders stop after cfg.Duration, receivers
-// 50 ms later, to take in what is still on its way.
-func finish(cfg Config, sending, stop *atomic.Bool, wg *sync.WaitGroup) {
+// drainLimit bounds how long a reliable bandwidth run waits, once its
+// senders stop, for the messages still on their way.
+const drainLimit = 30 * time.Second
+
+// finish ends a bandwidth run: senders stop after cfg.Duration; receivers
+// 50 ms later, to take in what is still on its way, or, for a transport
+// that loses nothing (drained non-nil), once drained reports that every
+// message sent has arrived, within drainLimit. So a reliable run reports
+// as lost only what was really lost, however slowly a loaded machine
+// (or a lossy link's retransmissions) brings in its last messages.
+func finish(cfg Config, sending, stop *atomic.Bool, wg *sync.WaitGroup, drained func() bool) {
 	time.Sleep(cfg.Duration)
 	sending.Store(false)
 	time.Sleep(50 * time.Millisecond)
+	if drained != nil {
+		for end := time.Now().Add(drainLimit); !drained() && time.Now().Before(end); {
+			time.Sleep(time.Millisecond)
+		}
+	}
 	stop.Store(true)
 	wg.Wait()
 }

@@ -364,7 +364,7 @@ func rcBandwidth(cfg Config) (Result, error) {
 			}
 		}
 	}()
-	finish(cfg, &sending, &stop, &wg)
+	finish(cfg, &sending, &stop, &wg, func() bool { return done.Load() >= sent.Load() })
 	return bwResult(cfg, sent.Load(), done.Load(), time.Unix(0, first.Load()), time.Unix(0, last.Load())), nil
 }
 
@@ -517,7 +517,7 @@ func rawTCPBandwidth(cfg Config) (Result, error) {
 			}
 		}
 	}()
-	finish(cfg, &sending, &stop, &wg)
+	finish(cfg, &sending, &stop, &wg, func() bool { return got.Load() >= sent.Load()*uint64(max(cfg.Size, 1)) })
 	r := Result{Config: cfg, Sent: sent.Load(), Received: got.Load() / uint64(max(cfg.Size, 1))}
 	if el := time.Duration(last.Load() - first.Load()).Seconds(); el > 0 {
 		r.Gbps = float64(got.Load()) * 8 / el / 1e9

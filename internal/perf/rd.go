@@ -114,7 +114,7 @@ func rdWriteBandwidth(cfg Config) (Result, error) {
 	defer serveTarget(cfg, run.dst)()
 	busy := cfg.Poll == qp.PollBusy
 	var sending, stop atomic.Bool
-	var sent, done atomic.Uint64
+	var sent, done, ended atomic.Uint64 // ended: completions of any status
 	var first, last atomic.Int64
 	var failed atomic.Value
 	var wg sync.WaitGroup
@@ -144,6 +144,7 @@ func rdWriteBandwidth(cfg Config) (Result, error) {
 			now := time.Now().UnixNano()
 			first.CompareAndSwap(0, now)
 			last.Store(now)
+			ended.Add(uint64(n))
 			for _, wc := range wcs[:n] {
 				out--
 				if wc.Status != qp.Success {
@@ -154,7 +155,7 @@ func rdWriteBandwidth(cfg Config) (Result, error) {
 			}
 		}
 	}()
-	finish(cfg, &sending, &stop, &wg)
+	finish(cfg, &sending, &stop, &wg, func() bool { return ended.Load() >= sent.Load() }) // every WR completes
 	if f := failed.Load(); f != nil {
 		return Result{}, errors.New("perf: write completed with " + f.(string))
 	}

@@ -282,10 +282,20 @@ func udBandwidth(cfg Config) (Result, error) {
 			wcs := make([]qp.WorkCompletion, 64)
 			// A busy-polled device receives only in CQ.Poll: an RD sender
 			// takes its peer's challenge and acks there.
+			// It polls until the run ends, not only while it sends: the
+			// acks of its last messages still come in after that (a
+			// reliable run drains, finish), and unread they would make
+			// the sender retransmit until it gives the peer up.
 			pollTx := busy && cfg.Mode.reliable()
-			for sending.Load() {
+			for {
 				if pollTx {
 					cq.Poll(wcs)
+				}
+				if !sending.Load() {
+					if !pollTx || stop.Load() {
+						return
+					}
+					continue
 				}
 				if err := q.PostSend(&send); err != nil {
 					runtime.Gosched() // send queue full: the datamover is behind
@@ -295,6 +305,10 @@ func udBandwidth(cfg Config) (Result, error) {
 			}
 		}()
 	}
-	finish(cfg, &sending, &stop, &wg)
+	var drained func() bool
+	if cfg.Mode.reliable() {
+		drained = func() bool { return received.Load() >= sent.Load() }
+	}
+	finish(cfg, &sending, &stop, &wg, drained)
 	return bwResult(cfg, sent.Load(), received.Load(), time.Unix(0, first.Load()), time.Unix(0, last.Load())), nil
 }
