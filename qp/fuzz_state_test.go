@@ -861,8 +861,10 @@ func (z *fzDev) check(t *testing.T, sent [][]byte) {
 	// State within its caps.
 	for _, q := range z.qps {
 		q.wrMu.Lock()
-		if q.wr != nil && q.wr.InProgress() > q.attr.WriteRecord.MaxMessages {
-			t.Errorf("QP %d: %d Write-Record messages in progress, cap %d", q.num, q.wr.InProgress(), q.attr.WriteRecord.MaxMessages)
+		// The engine's cap, defaults filled in (a QP without a
+		// Write-Record configuration takes Write-Records too).
+		if q.wr != nil && q.wr.InProgress() > q.wr.Config().MaxMessages {
+			t.Errorf("QP %d: %d Write-Record messages in progress, cap %d", q.num, q.wr.InProgress(), q.wr.Config().MaxMessages)
 		}
 		q.wrMu.Unlock()
 	}
