@@ -121,3 +121,11 @@ func eventually(t testing.TB, what string, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// rxSettled returns once the batch s's receive path has in hand, if any,
+// is handled: datagrams a counter says were read are then processed.
+func rxSettled(s *Socket) {
+	s.rxMu.Lock()
+	//lint:ignore SA2001 an empty critical section on purpose: it orders the test after the batch in hand
+	s.rxMu.Unlock()
+}

@@ -182,8 +182,7 @@ func TestRDSpoofedPeer(t *testing.T) {
 	// Unicast to a port two sockets share goes to one of them: let a have
 	// its port back.
 	evil.Close()
-	b.sock.rxMu.Lock() // the batch in hand is handled
-	b.sock.rxMu.Unlock()
+	rxSettled(b.sock)
 	if r := b.dev.Stats().RDRejected.Load(); r < 400 {
 		t.Fatalf("b rejected %d of the 400 spoofed Data frames", r)
 	}

@@ -46,8 +46,7 @@ func TestRDQPRefusesUDFrames(t *testing.T) {
 		}
 	}
 	eventually(t, "the forged datagrams read", func() bool { return st.RxDatagrams.Load() >= want })
-	b.sock.rxMu.Lock() // the batch in hand is handled
-	b.sock.rxMu.Unlock()
+	rxSettled(b.sock)
 	var wc [1]WorkCompletion
 	if cqb.Poll(wc[:]) != 0 {
 		t.Fatalf("a forged UD frame completed on the RD QP: %+v", wc[0])
