@@ -512,13 +512,15 @@ func rawTCPBandwidth(cfg Config) (Result, error) {
 		msg := make([]byte, max(cfg.Size, 1))
 		for sending.Load() {
 			a.SetWriteDeadline(time.Now().Add(20 * time.Millisecond))
-			if n, _ := a.Write(msg); n == len(msg) {
-				sent.Add(1)
-			}
+			// Bytes, not messages: a Write cut short by its deadline
+			// still sent what it wrote.
+			n, _ := a.Write(msg)
+			sent.Add(uint64(n))
 		}
 	}()
-	finish(cfg, &sending, &stop, &wg, func() bool { return got.Load() >= sent.Load()*uint64(max(cfg.Size, 1)) })
-	r := Result{Config: cfg, Sent: sent.Load(), Received: got.Load() / uint64(max(cfg.Size, 1))}
+	finish(cfg, &sending, &stop, &wg, func() bool { return got.Load() >= sent.Load() })
+	size := uint64(max(cfg.Size, 1))
+	r := Result{Config: cfg, Sent: sent.Load() / size, Received: got.Load() / size}
 	if el := time.Duration(last.Load() - first.Load()).Seconds(); el > 0 {
 		r.Gbps = float64(got.Load()) * 8 / el / 1e9
 		r.Mpps = float64(r.Received) / el / 1e6
