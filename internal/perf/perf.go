@@ -273,7 +273,9 @@ const drainLimit = 30 * time.Second
 // message sent has arrived, within drainLimit. So a reliable run reports
 // as lost only what was really lost, however slowly a loaded machine
 // (or a lossy link's retransmissions) brings in its last messages.
-func finish(cfg Config, sending, stop *atomic.Bool, wg *sync.WaitGroup, drained func() bool) {
+// It returns when the run started (give or take the goroutines' start).
+func finish(cfg Config, sending, stop *atomic.Bool, wg *sync.WaitGroup, drained func() bool) (start time.Time) {
+	start = time.Now()
 	time.Sleep(cfg.Duration)
 	sending.Store(false)
 	time.Sleep(50 * time.Millisecond)
@@ -284,9 +286,16 @@ func finish(cfg Config, sending, stop *atomic.Bool, wg *sync.WaitGroup, drained 
 	}
 	stop.Store(true)
 	wg.Wait()
+	return start
 }
 
-func bwResult(cfg Config, sent, received uint64, first, last time.Time) Result {
+// bwResult turns a bandwidth run's counts into a Result: goodput over
+// the messages after the first, from the first arrival to the last. When
+// every message arrived at once (one batch of completions: a slow
+// receiver, or few large messages), that span is empty and the run's whole
+// span from its start stands in: a lower bound, never a zero for data
+// that arrived.
+func bwResult(cfg Config, start time.Time, sent, received uint64, first, last time.Time) Result {
 	r := Result{Config: cfg, Sent: sent, Received: received}
 	if sent > received {
 		r.Lost = sent - received
@@ -294,6 +303,9 @@ func bwResult(cfg Config, sent, received uint64, first, last time.Time) Result {
 	if el := last.Sub(first).Seconds(); received > 1 && el > 0 {
 		r.Gbps = float64(received-1) * float64(cfg.Size) * 8 / el / 1e9
 		r.Mpps = float64(received-1) / el / 1e6
+	} else if el := last.Sub(start).Seconds(); received > 0 && el > 0 {
+		r.Gbps = float64(received) * float64(cfg.Size) * 8 / el / 1e9
+		r.Mpps = float64(received) / el / 1e6
 	}
 	return r
 }

@@ -288,6 +288,6 @@ func rawBandwidth(cfg Config) (Result, error) {
 			}
 		}()
 	}
-	finish(cfg, &sending, &stop, &wg, nil) // UDP: what is not there 50 ms later is lost
-	return bwResult(cfg, sent.Load(), received.Load(), time.Unix(0, first.Load()), time.Unix(0, last.Load())), nil
+	start := finish(cfg, &sending, &stop, &wg, nil) // UDP: what is not there 50 ms later is lost
+	return bwResult(cfg, start, sent.Load(), received.Load(), time.Unix(0, first.Load()), time.Unix(0, last.Load())), nil
 }

@@ -364,8 +364,8 @@ func rcBandwidth(cfg Config) (Result, error) {
 			}
 		}
 	}()
-	finish(cfg, &sending, &stop, &wg, func() bool { return done.Load() >= sent.Load() })
-	return bwResult(cfg, sent.Load(), done.Load(), time.Unix(0, first.Load()), time.Unix(0, last.Load())), nil
+	start := finish(cfg, &sending, &stop, &wg, func() bool { return done.Load() >= sent.Load() })
+	return bwResult(cfg, start, sent.Load(), done.Load(), time.Unix(0, first.Load()), time.Unix(0, last.Load())), nil
 }
 
 // The plain-TCP baseline: the fastest plain Go we know. Busy: raw
@@ -518,10 +518,14 @@ func rawTCPBandwidth(cfg Config) (Result, error) {
 			sent.Add(uint64(n))
 		}
 	}()
-	finish(cfg, &sending, &stop, &wg, func() bool { return got.Load() >= sent.Load() })
+	start := finish(cfg, &sending, &stop, &wg, func() bool { return got.Load() >= sent.Load() })
 	size := uint64(max(cfg.Size, 1))
 	r := Result{Config: cfg, Sent: sent.Load() / size, Received: got.Load() / size}
-	if el := time.Duration(last.Load() - first.Load()).Seconds(); el > 0 {
+	el := time.Duration(last.Load() - first.Load()).Seconds()
+	if el <= 0 { // all of it in one read: the run's span stands in (bwResult)
+		el = time.Unix(0, last.Load()).Sub(start).Seconds()
+	}
+	if el > 0 {
 		r.Gbps = float64(got.Load()) * 8 / el / 1e9
 		r.Mpps = float64(r.Received) / el / 1e6
 	}

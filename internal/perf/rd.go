@@ -155,11 +155,11 @@ func rdWriteBandwidth(cfg Config) (Result, error) {
 			}
 		}
 	}()
-	finish(cfg, &sending, &stop, &wg, func() bool { return ended.Load() >= sent.Load() }) // every WR completes
+	start := finish(cfg, &sending, &stop, &wg, func() bool { return ended.Load() >= sent.Load() }) // every WR completes
 	if f := failed.Load(); f != nil {
 		return Result{}, errors.New("perf: write completed with " + f.(string))
 	}
-	return bwResult(cfg, sent.Load(), done.Load(), time.Unix(0, first.Load()), time.Unix(0, last.Load())), nil
+	return bwResult(cfg, start, sent.Load(), done.Load(), time.Unix(0, first.Load()), time.Unix(0, last.Load())), nil
 }
 
 // oneSidedWR is the WR a one-sided mode posts: a Write or Write-Record

@@ -309,6 +309,6 @@ func udBandwidth(cfg Config) (Result, error) {
 	if cfg.Mode.reliable() {
 		drained = func() bool { return received.Load() >= sent.Load() }
 	}
-	finish(cfg, &sending, &stop, &wg, drained)
-	return bwResult(cfg, sent.Load(), received.Load(), time.Unix(0, first.Load()), time.Unix(0, last.Load())), nil
+	start := finish(cfg, &sending, &stop, &wg, drained)
+	return bwResult(cfg, start, sent.Load(), received.Load(), time.Unix(0, first.Load()), time.Unix(0, last.Load())), nil
 }
