@@ -173,8 +173,20 @@ func serveRun(c net.Conn, running *sync.Mutex) (ran bool, err error) {
 	// The run lasts until the client says done (or goes away, or takes
 	// longer than it would wait itself).
 	c.SetReadDeadline(time.Now().Add(max(req.Duration, 0) + runSlack))
-	var done struct{ Done bool }
+	var done struct {
+		Done bool
+		Sent uint64 // messages the client sent (bw)
+	}
 	json.NewDecoder(rd).Decode(&done)
+	if req.Test == "bw" && reliableMode(string(req.Mode)) {
+		// A reliable transport loses nothing: take in what is still on
+		// its way, however slowly, before counting, so that the client's
+		// Lost is what was really lost.
+		want := done.Sent * uint64(max(req.Size, 1))
+		for end := time.Now().Add(drainLimit); ep.bytes() < want && time.Now().Before(end); {
+			time.Sleep(time.Millisecond)
+		}
+	}
 	r := ep.stop()
 	// Free before the figures go out: a client that starts its next run
 	// once it has them is not told the server is busy.
@@ -193,7 +205,12 @@ type endpoint struct {
 	credits int
 	stop    func() runReply
 	close   func()
+	bytes   func() uint64 // received so far
 }
+
+// drainLimit bounds how long the server waits, once a reliable bandwidth
+// run's client is done, for the messages still on their way.
+const drainLimit = 30 * time.Second
 
 func newEndpoint(req runRequest, host string) (*endpoint, error) {
 	slot := max(req.Size, 1)
@@ -207,16 +224,23 @@ func newEndpoint(req runRequest, host string) (*endpoint, error) {
 		received.Add(1)
 		bytes.Add(uint64(n))
 	}
+	start := time.Now()
 	result := func() runReply {
 		r := runReply{Received: received.Load()}
-		if el := time.Duration(last.Load() - first.Load()).Seconds(); el > 0 && r.Received > 1 {
+		el := time.Duration(last.Load() - first.Load()).Seconds()
+		if el <= 0 || r.Received <= 1 {
+			// All of it at once: the run's span stands in (a lower
+			// bound, never a zero for data that arrived).
+			el = time.Unix(0, last.Load()).Sub(start).Seconds()
+		}
+		if el > 0 && r.Received > 0 {
 			r.Gbps = float64(bytes.Load()) * 8 / el / 1e9
 			r.Mpps = float64(r.Received) / el / 1e6
 		}
 		return r
 	}
 	echo := req.Test == "lat"
-	ep := &endpoint{}
+	ep := &endpoint{bytes: bytes.Load}
 	switch req.Mode {
 	case perf.ModeRawUDP:
 		pc, err := net.ListenPacket("udp", net.JoinHostPort(host, "0"))
@@ -380,7 +404,10 @@ func runRemote(addr string, cfg perf.Config, test, pollName string) (perf.Result
 	} else {
 		res, err = drive(cfg, test, rep)
 	}
-	enc.Encode(struct{ Done bool }{true})
+	enc.Encode(struct {
+		Done bool
+		Sent uint64
+	}{true, res.Sent})
 	if err != nil {
 		return perf.Result{}, err
 	}
