@@ -178,7 +178,7 @@ func serveRun(c net.Conn, running *sync.Mutex) (ran bool, err error) {
 		Sent uint64 // messages the client sent (bw)
 	}
 	json.NewDecoder(rd).Decode(&done)
-	if req.Test == "bw" && reliableMode(string(req.Mode)) {
+	if req.Test == "bw" && reliableMode(string(req.Mode)) && !clientMeasured(req.Mode) {
 		// A reliable transport loses nothing: take in what is still on
 		// its way, however slowly, before counting, so that the client's
 		// Lost is what was really lost.
@@ -310,7 +310,11 @@ func newEndpoint(req runRequest, host string) (*endpoint, error) {
 			wg.Wait()
 		}
 	default:
-		return newQPEndpoint(req, host, note, result)
+		qep, err := newQPEndpoint(req, host, note, result)
+		if qep != nil {
+			qep.bytes = bytes.Load
+		}
+		return qep, err
 	}
 	ep.stop = func() runReply {
 		time.Sleep(50 * time.Millisecond) // what is still on its way arrives
