@@ -182,6 +182,33 @@ func (f *rdFlow) exchange(n int) {
 	f.check(tags, tags)
 }
 
+// resume is the first exchange of a side that kept its session after the
+// peer dropped it (the survivor): its first frames draw the peer's
+// Challenge and it opens a new session. A WR whose frame it had sent more
+// than once by the time the Challenge came back (a retransmission on a
+// slow machine) may have been carried out in the old session for all the
+// survivor can prove, so it completes RemoteAbortedError — and then it
+// must not have been delivered; every other completes Success and was.
+// A second exchange must then complete entirely.
+func (f *rdFlow) resume(n int) {
+	f.t.Helper()
+	f.recvs(n)
+	tags := f.send(n)
+	f.complete(n)
+	var want []uint32
+	for _, tag := range tags {
+		switch f.status[tag] {
+		case Success:
+			want = append(want, tag)
+		case RemoteAbortedError:
+		default:
+			f.t.Fatalf("%s: message %d completed %v after the session was lost", f.name, tag, f.status[tag])
+		}
+	}
+	f.check(tags, want)
+	f.exchange(n)
+}
+
 // rdSessionPair is two nodes with an RD QP each and the flows both ways.
 type rdSessionPair struct {
 	a, b   *node
@@ -233,7 +260,7 @@ func TestRDSessionAfterPeerFailure(t *testing.T) {
 				t.Fatal("a should have dropped b, and b kept a")
 			}
 			if survivorFirst {
-				p.ba.exchange(5)
+				p.ba.resume(5)
 				p.ab.exchange(10)
 			} else {
 				p.ab.exchange(10)
@@ -258,7 +285,9 @@ func setIdleTimeout(q *QP, d time.Duration) {
 // TestRDSessionAfterIdleReclaim: b reclaims its idle peer a while a,
 // with a longer IdleTimeout, keeps b. The side that kept its state
 // sends first, or the other: every message is delivered once and in
-// order and every WR completes Success.
+// order; every WR completes Success but, for the side that kept its
+// state, one it had sent again before the Challenge came back, which
+// completes RemoteAbortedError undelivered (resume).
 func TestRDSessionAfterIdleReclaim(t *testing.T) {
 	rd := RDConfig{Config: reliability.Config{InitialRTT: time.Millisecond, MaxRTO: 20 * time.Millisecond, MaxRetries: 6}, IdleTimeout: time.Hour}
 	for _, keeperFirst := range []bool{true, false} {
@@ -277,7 +306,7 @@ func TestRDSessionAfterIdleReclaim(t *testing.T) {
 				t.Fatal("a dropped b too")
 			}
 			if keeperFirst {
-				p.ab.exchange(8)
+				p.ab.resume(8)
 				p.ba.exchange(8)
 			} else {
 				p.ba.exchange(8)
@@ -348,7 +377,7 @@ func TestRDSessionAfterEviction(t *testing.T) {
 				t.Fatal("a dropped b too")
 			}
 			if keeperFirst {
-				p.ab.exchange(8)
+				p.ab.resume(8)
 				p.ba.exchange(8)
 			} else {
 				p.ba.exchange(8)
