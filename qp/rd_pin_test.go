@@ -107,15 +107,7 @@ func (n *node) rdHeld(q *QP) int {
 // fail the peer.
 func TestRDZeroWindowPin(t *testing.T) {
 	rd := RDConfig{Config: reliability.Config{InitialRTT: 5 * time.Millisecond, MaxRTO: 100 * time.Millisecond, MaxRetries: 8}}
-	b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
-	qb, _ := rdQPOn(t, b, rd)
-	src, _ := b.pd.RegisterMemory(make([]byte, 1<<20), AccessLocalWrite|AccessRemoteRead)
-	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	r := rawContact(t, c, b, qb, 77)
+	b, qb, src, r := rawReader(t, rd, 77)
 	st := b.dev.Stats()
 	timers := st.Timers.Load()
 	// The Read Request, with an ack that shuts the window.
@@ -201,15 +193,7 @@ func TestRDDeregisterFlushesReads(t *testing.T) {
 // probes: it cannot hold the region it reads for longer than that.
 func TestRDZeroWindowProbeLimit(t *testing.T) {
 	rd := RDConfig{Config: reliability.Config{InitialRTT: time.Millisecond, MaxRTO: 100 * time.Millisecond, MaxRetries: 6}}
-	b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
-	qb, _ := rdQPOn(t, b, rd)
-	src, _ := b.pd.RegisterMemory(make([]byte, 1<<20), AccessLocalWrite|AccessRemoteRead)
-	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	r := rawContact(t, c, b, qb, 78)
+	b, qb, src, r := rawReader(t, rd, 78)
 	st := b.dev.Stats()
 	timers := st.Timers.Load()
 	r.data(0, rdReadReq(qb.QPN(), 78, 1, 0x4200, 1<<20, src.STag(), src.Addr()), true, 0, 0)
@@ -237,4 +221,23 @@ func TestRDZeroWindowProbeLimit(t *testing.T) {
 	if err := src.Deregister(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// rawReader is an RD QP on a new node with a 1 MiB region of remote-read
+// access, and a raw-socket peer (source QP qpn) that completed contact
+// with it, for the tests of what a reading peer can hold.
+func rawReader(t *testing.T, rd RDConfig, qpn uint32) (*node, *QP, *MR, *rawRD) {
+	t.Helper()
+	b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	qb, _ := rdQPOn(t, b, rd)
+	src, err := b.pd.RegisterMemory(make([]byte, 1<<20), AccessLocalWrite|AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return b, qb, src, rawContact(t, c, b, qb, qpn)
 }

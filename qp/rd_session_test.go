@@ -226,6 +226,22 @@ func newRDSessionPair(t *testing.T, rdA, rdB RDConfig) *rdSessionPair {
 	return p
 }
 
+// goOnAfterBLost checks that a kept its state for b after b dropped its
+// state for a, then exchanges both ways, a (the keeper) first or b first.
+func (p *rdSessionPair) goOnAfterBLost(keeperFirst bool) {
+	p.ab.t.Helper()
+	if !hasPeer(p.qa, p.b, p.qb) {
+		p.ab.t.Fatal("a dropped b too")
+	}
+	if keeperFirst {
+		p.ab.resume(8)
+		p.ba.exchange(8)
+	} else {
+		p.ba.exchange(8)
+		p.ab.exchange(8)
+	}
+}
+
 // hasPeer reports whether q holds state for the peer QP o on node n.
 func hasPeer(q *QP, n *node, o *QP) bool {
 	q.rd.mu.Lock()
@@ -302,16 +318,7 @@ func TestRDSessionAfterIdleReclaim(t *testing.T) {
 			setIdleTimeout(p.qb, time.Millisecond)
 			eventually(t, "b reclaiming a", func() bool { return !hasPeer(p.qb, p.a, p.qa) })
 			setIdleTimeout(p.qb, time.Hour)
-			if !hasPeer(p.qa, p.b, p.qb) {
-				t.Fatal("a dropped b too")
-			}
-			if keeperFirst {
-				p.ab.resume(8)
-				p.ba.exchange(8)
-			} else {
-				p.ba.exchange(8)
-				p.ab.exchange(8)
-			}
+			p.goOnAfterBLost(keeperFirst)
 		})
 	}
 }
@@ -375,16 +382,7 @@ func TestRDSessionAfterEviction(t *testing.T) {
 				rdContact(t, c, p.b, p.qb, uint32(100+k))
 				c.Close()
 			}
-			if !hasPeer(p.qa, p.b, p.qb) {
-				t.Fatal("a dropped b too")
-			}
-			if keeperFirst {
-				p.ab.resume(8)
-				p.ba.exchange(8)
-			} else {
-				p.ba.exchange(8)
-				p.ab.exchange(8)
-			}
+			p.goOnAfterBLost(keeperFirst)
 		})
 	}
 }
