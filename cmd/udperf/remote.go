@@ -183,9 +183,7 @@ func serveRun(c net.Conn, running *sync.Mutex) (ran bool, err error) {
 		// its way, however slowly, before counting, so that the client's
 		// Lost is what was really lost.
 		want := done.Sent * uint64(max(req.Size, 1))
-		for end := time.Now().Add(drainLimit); ep.bytes() < want && time.Now().Before(end); {
-			time.Sleep(time.Millisecond)
-		}
+		perf.WaitUntil(perf.DrainLimit, func() bool { return ep.bytes() >= want })
 	}
 	r := ep.stop()
 	// Free before the figures go out: a client that starts its next run
@@ -207,10 +205,6 @@ type endpoint struct {
 	close   func()
 	bytes   func() uint64 // received so far
 }
-
-// drainLimit bounds how long the server waits, once a reliable bandwidth
-// run's client is done, for the messages still on their way.
-const drainLimit = 30 * time.Second
 
 func newEndpoint(req runRequest, host string) (*endpoint, error) {
 	slot := max(req.Size, 1)

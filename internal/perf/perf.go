@@ -263,14 +263,26 @@ func latResult(cfg Config, ns []int64) Result {
 	return r
 }
 
-// drainLimit bounds how long a reliable bandwidth run waits, once its
-// senders stop, for the messages still on their way.
-const drainLimit = 30 * time.Second
+// DrainLimit bounds how long a reliable bandwidth run waits, once its
+// senders stop, for the messages still on their way (here and at a
+// udperf server).
+const DrainLimit = 30 * time.Second
+
+// WaitUntil checks cond every millisecond until it holds or limit has
+// passed, and reports whether it held.
+func WaitUntil(limit time.Duration, cond func() bool) bool {
+	for end := time.Now().Add(limit); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			return false
+		}
+	}
+	return true
+}
 
 // finish ends a bandwidth run: senders stop after cfg.Duration; receivers
 // 50 ms later, to take in what is still on its way, or, for a transport
 // that loses nothing (drained non-nil), once drained reports that every
-// message sent has arrived, within drainLimit. So a reliable run reports
+// message sent has arrived, within DrainLimit. So a reliable run reports
 // as lost only what was really lost, however slowly a loaded machine
 // (or a lossy link's retransmissions) brings in its last messages.
 // It returns when the run started (give or take the goroutines' start).
@@ -280,9 +292,7 @@ func finish(cfg Config, sending, stop *atomic.Bool, wg *sync.WaitGroup, drained 
 	sending.Store(false)
 	time.Sleep(50 * time.Millisecond)
 	if drained != nil {
-		for end := time.Now().Add(drainLimit); !drained() && time.Now().Before(end); {
-			time.Sleep(time.Millisecond)
-		}
+		WaitUntil(DrainLimit, drained)
 	}
 	stop.Store(true)
 	wg.Wait()
