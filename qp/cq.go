@@ -3,6 +3,7 @@ package qp
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -140,12 +141,20 @@ func (cq *CQ) Poll(wcs []WorkCompletion) int {
 	return k
 }
 
-// Wait blocks until the CQ holds a completion or ctx ends. In event mode
-// it first polls the device in the caller's goroutine for up to
-// DeviceConfig.EventSpin, then parks until the receive goroutine delivers.
+// Wait blocks until the CQ holds a completion or ctx ends, in either
+// polling mode. In event mode it first polls the device in the caller's
+// goroutine for up to DeviceConfig.EventSpin, then parks until the
+// receive goroutine delivers. On a busy-poll device without
+// BusyPollThread nothing receives but the application, so Wait drives the
+// receive path itself, spinning in the caller's goroutine (as CQ.Poll
+// does once) until a completion arrives or ctx ends; with BusyPollThread
+// it parks while that thread receives.
 func (cq *CQ) Wait(ctx context.Context) error {
 	if cq.count.Load() > 0 {
 		return nil
+	}
+	if cq.progress != nil && !cq.dev.cfg.BusyPollThread {
+		return cq.spinWait(ctx)
 	}
 	if spin := cq.dev.cfg.EventSpin; spin > 0 && cq.progress == nil {
 		start := nanotime()
@@ -168,6 +177,26 @@ func (cq *CQ) Wait(ctx context.Context) error {
 			return ErrClosed
 		case <-ctx.Done():
 			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// spinWait is Wait on a busy-poll device without a poller thread.
+func (cq *CQ) spinWait(ctx context.Context) error {
+	done := ctx.Done()
+	for k := 1; cq.count.Load() == 0; k++ {
+		if cq.dev.closed.Load() {
+			return ErrClosed
+		}
+		select {
+		case <-done:
+			return ctx.Err()
+		default:
+		}
+		cq.progress()
+		if k%1024 == 0 {
+			runtime.Gosched() // spinners may outnumber cores
 		}
 	}
 	return nil

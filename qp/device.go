@@ -24,7 +24,8 @@ const (
 	PollEvent PollMode = iota
 	// PollBusy never parks: CQ.Poll receives in the caller's goroutine when
 	// its CQ is empty, and, with BusyPollThread, a goroutine locked to an OS
-	// thread spins on non-blocking receives.
+	// thread spins on non-blocking receives. Without BusyPollThread, CQ.Wait
+	// spins on the receive path in the caller's goroutine.
 	PollBusy
 )
 

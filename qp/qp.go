@@ -82,7 +82,8 @@ type QPAttr struct {
 	SRQLimit int
 	// WriteRecordSegment is the largest Write-Record payload per datagram
 	// this QP sends: about 1400 for a 1500-byte Ethernet path; default and
-	// maximum the socket's MaxWriteRecordSegment (65 489 over IPv4).
+	// maximum the socket's MaxWriteRecordSegment (65 469 over IPv4, 65 489
+	// over IPv6).
 	WriteRecordSegment int
 	// WriteRecord configures the target side of Write-Record at this QP:
 	// per-message timeout, the policy at the deadline, and the caps on

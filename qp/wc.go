@@ -99,6 +99,9 @@ type WorkCompletion struct {
 	// Write-Record at the target: the region and the message's first byte
 	// (Len is its length). Partial says the message's deadline passed
 	// with bytes missing; Valid then lists exactly the ranges that arrived.
+	// TO and Valid are tagged offsets; regions are zero-based (MR.Addr()
+	// is 0), so they are also offsets into the region, the same numbers
+	// the region's validity map (MR.TrackValidity) holds.
 	STag    uint32
 	TO      uint64
 	Partial bool
