@@ -25,7 +25,11 @@ func stdReadRequest(msn uint32, rr ReadRequestFields) []byte {
 }
 
 func TestKnownBytes(t *testing.T) {
-	// First bytes quoted by PROTOCOL-FACTS §1.2 for standard iWARP.
+	// The first two bytes of standard iWARP segments: DDP control (T, L,
+	// DV 1; RFC 5041 §6) then RDMAP control (RV 1 and the opcode; RFC 5040
+	// §4), as urdma's include/proto.h and Linux siw's iwarp.h give them:
+	// a one-segment RDMA Write starts C1 40, a Send 41 43, a Read Request
+	// 41 41, a last Read Response C1 42, a Terminate 41 47.
 	for _, tc := range []struct {
 		name string
 		b    []byte
