@@ -2,10 +2,15 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 )
 
-func main() {
-	fmt.Fprintln(os.Stderr, "udstream: not built yet; it needs the verbs library (issue 3) and Write-Record (issue 4)")
-	os.Exit(2)
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// run is udstream's entry point: until issue 17 builds it, one honest line
+// whatever the arguments, and exit 2.
+func run(_ []string, _, stderr io.Writer) int {
+	fmt.Fprintln(stderr, "udstream: not built yet; issue 17 (streaming media over Write-Record with ffmpeg and VLC) will build it")
+	return 2
 }
