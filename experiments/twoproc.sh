@@ -184,7 +184,7 @@ done
 
 # The table: per (tool, mode, size) in the order of the runs.
 {
-  echo "Two processes pinned (server/passive side on CPU 1, client on CPU 0), loopback, busy polling, one-way µs (half the round trip); $rounds rounds from $start, udperf and fi_pingpong alternating; udperf -n $n -w $w, fi_pingpong -I $fi_n; $(uname -r), $(go version | cut -d' ' -f3). Mean: the median over the rounds of each run's mean; median: the median of each run's median (fi_pingpong prints only its mean, usec/xfer). \\`experiments/twoproc.sh\\` (ROUNDS=$rounds)."
+  echo "Two processes pinned (server/passive side on CPU 1, client on CPU 0), loopback, busy polling, one-way µs (half the round trip); $rounds rounds from $start, udperf and fi_pingpong alternating; udperf -n $n -w $w, fi_pingpong -I $fi_n; $(uname -r), $(go version | cut -d' ' -f3). Mean: the median over the rounds of each run's mean; median: the median of each run's median (fi_pingpong prints only its mean, usec/xfer). \`experiments/twoproc.sh\` (ROUNDS=$rounds)."
   echo
   echo "| mode / provider | bytes | mean µs | median µs | mean ratio to raw-udp | median ratio to raw-udp | run means |"
   echo "|---|---|---|---|---|---|---|"
