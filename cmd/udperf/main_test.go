@@ -29,7 +29,7 @@ func TestDecode(t *testing.T) {
 		{"RD frame", []string{"decode", "07 03 01 00 00 00 00 05 00 00 00 06 01 02 03 04 22 22 22 22 22 22 22 22 00 00 00 07 11 11 11 11 11 11 11 11 00 00 00 03 00 19 01 01 00 02 00 02 00 00 00 01 01 00 00 00 42 43 00 00 00 06 00 00 00 14 00 00 00 01 00 00 00 00 68 69 b5 db 9d 3c"}, 0,
 			"RD Data: QP 6 -> QP 5, epoch 0x01020304, token 0x2222222222222222, window 256, seq 7", ""},
 		{"RD frame, bad CRC", []string{"decode", "0300000000"}, 1, "", "CRC"},
-		{"not hex", []string{"decode", "zz"}, 2, "", "invalid byte"},
+		{"not hex", []string{"decode", "zz"}, 2, "", "is not hex"},
 		{"unknown command", []string{"nope"}, 2, "", "unknown command"},
 		{"usage", []string{"-h"}, 0, "udperf decode", ""},
 		{"demo", []string{"demo", "-quick"}, 0, "ratio", ""},
