@@ -563,27 +563,12 @@ func compare(args []string, stdout, stderr io.Writer) int {
 	// Size by size, so that a size's rows are printed once its rounds are
 	// done; within a size, round by round, alternating the order of the
 	// modes so that neither always runs first.
-sizes:
-	for s := range nsizes {
-		samples := make([][]row, len(modes)) // [mode][round]
-		for r := range f.rounds {
-			for k := range modes {
-				if ctx.Err() != nil {
-					interrupted = true
-					break sizes
-				}
-				i := k
-				if r%2 == 1 {
-					i = len(modes) - 1 - k
-				}
-				res, err := measure(byMode[i][s])
-				if err != nil {
-					runErr = fmt.Errorf("%s %s %d B: %w", modes[i], f.test, byMode[i][s].Size, err)
-					break sizes
-				}
-				samples[i] = append(samples[i], rowOf(f.test, res))
-				out.bar.done++
-				out.bar.draw()
+	// printSize prints a size's rows from the rounds measured: all of
+	// them, or, after an interrupt, those done if every mode has one.
+	printSize := func(samples [][]row) error {
+		for _, rs := range samples {
+			if len(rs) == 0 {
+				return nil
 			}
 		}
 		base := figure(f.test, median(f.test, samples[0]))
@@ -600,9 +585,38 @@ sizes:
 					w.Mode, w.Bytes, w.Rounds, *w.Spread)
 			}
 			if err := out.row(w); err != nil {
-				runErr = err
-				break sizes
+				return err
 			}
+		}
+		return nil
+	}
+sizes:
+	for s := range nsizes {
+		samples := make([][]row, len(modes)) // [mode][round]
+		for r := range f.rounds {
+			for k := range modes {
+				if ctx.Err() != nil {
+					interrupted = true
+					runErr = printSize(samples)
+					break sizes
+				}
+				i := k
+				if r%2 == 1 {
+					i = len(modes) - 1 - k
+				}
+				res, err := measure(byMode[i][s])
+				if err != nil {
+					runErr = fmt.Errorf("%s %s %d B: %w", modes[i], f.test, byMode[i][s].Size, err)
+					break sizes
+				}
+				samples[i] = append(samples[i], rowOf(f.test, res))
+				out.bar.done++
+				out.bar.draw()
+			}
+		}
+		if err := printSize(samples); err != nil {
+			runErr = err
+			break
 		}
 	}
 	out.bar.clear()

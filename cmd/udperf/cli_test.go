@@ -378,11 +378,14 @@ func TestInterrupt(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(filepath.Dir(bin)) })
-	for _, format := range []string{"table", "json"} {
+	for _, format := range []string{"table", "json", "compare"} {
 		t.Run(format, func(t *testing.T) {
 			args := []string{"local", "-a", "-mode", "raw-udp", "-test", "lat", "-n", "2000"}
-			if format == "json" {
+			switch format {
+			case "json":
 				args = append(args, "-json")
+			case "compare":
+				args = []string{"compare", "-a", "-modes", "raw-udp,raw-udp-unconn", "-rounds", "2", "-test", "lat", "-n", "2000", "-csv"}
 			}
 			cmd := exec.Command(bin, args...)
 			var errb bytes.Buffer
@@ -411,7 +414,7 @@ func TestInterrupt(t *testing.T) {
 			// end: wait until a run has opened its sockets (the handler is
 			// installed before the first run).
 			deadline := time.After(2 * time.Minute) // only a hung run gets here
-			if format == "table" {
+			if format != "json" {
 				for n := 0; n < 2; n++ {
 					select {
 					case _, ok := <-lines:
@@ -456,6 +459,19 @@ func TestInterrupt(t *testing.T) {
 				return
 			}
 			ls := strings.Split(strings.TrimSuffix(all.String(), "\n"), "\n")
+			if format == "compare" {
+				// Whole sizes: each with both modes.
+				recs, err := csv.NewReader(strings.NewReader(all.String())).ReadAll()
+				if err != nil || len(recs) < 3 || len(recs)%2 != 1 || len(recs) >= 1+2*15 {
+					t.Fatalf("%v: %s", err, all.String())
+				}
+				for i, r := range recs[1:] {
+					if r[0] != []string{"raw-udp", "raw-udp-unconn"}[i%2] || r[1] != strconv.Itoa(2<<(i/2)) || r[2] != "2000" {
+						t.Fatalf("row %d: %q", i+1, r)
+					}
+				}
+				return
+			}
 			if len(ls) < 2 || len(ls) >= 16 || !strings.HasPrefix(strings.TrimSpace(ls[0]), "bytes") {
 				t.Fatalf("stdout:\n%s", all.String())
 			}

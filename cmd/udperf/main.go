@@ -52,8 +52,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "client":
 		return client(args[1:], stdout, stderr)
 	}
-	fmt.Fprintf(stderr, "udperf: unknown command %q\n", args[0])
-	usage(stderr)
+	if _, err := parseMode(args[0]); err == nil {
+		fmt.Fprintf(stderr, "udperf: unknown command %q: did you mean udperf local -mode %s?\n", args[0], args[0])
+	} else {
+		fmt.Fprintf(stderr, "udperf: unknown command %q (commands: demo, local, compare, server, client, decode; udperf -h)\n", args[0])
+	}
 	return 2
 }
 

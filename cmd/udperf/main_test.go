@@ -31,6 +31,7 @@ func TestDecode(t *testing.T) {
 		{"RD frame, bad CRC", []string{"decode", "0300000000"}, 1, "", "CRC"},
 		{"not hex", []string{"decode", "zz"}, 2, "", "is not hex"},
 		{"unknown command", []string{"nope"}, 2, "", "unknown command"},
+		{"a mode for a command", []string{"rd-send"}, 2, "", "did you mean udperf local -mode rd-send?"},
 		{"usage", []string{"-h"}, 0, "udperf decode", ""},
 		{"demo", []string{"demo", "-quick"}, 0, "ratio", ""},
 	} {
