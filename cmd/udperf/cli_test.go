@@ -354,30 +354,15 @@ func TestSpreadWarning(t *testing.T) {
 	}
 }
 
-// udperfBinary builds udperf once per test binary.
-var udperfBinary = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "udperf-test")
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "udperf")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build: %v: %s", err, out)
-	}
-	return bin, nil
-})
-
 // TestInterrupt: SIGINT in the middle of a sweep ends it after the run in
 // progress; the rows measured are printed (the table: well-formed rows;
 // JSON: a valid document marked interrupted with at least one result),
 // and the exit code is 130.
 func TestInterrupt(t *testing.T) {
-	bin, err := udperfBinary()
-	if err != nil {
-		t.Fatal(err)
+	bin := filepath.Join(t.TempDir(), "udperf")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v: %s", err, out)
 	}
-	t.Cleanup(func() { os.RemoveAll(filepath.Dir(bin)) })
 	for _, format := range []string{"table", "json", "compare"} {
 		t.Run(format, func(t *testing.T) {
 			args := []string{"local", "-a", "-mode", "raw-udp", "-test", "lat", "-n", "2000"}
