@@ -57,6 +57,7 @@ func TestRefusedInOneLine(t *testing.T) {
 		{[]string{"client", "-addr", "127.0.0.1:1", "-loss", "0.1"}, "-loss does not apply to client"},
 		{[]string{"client", "-addr", "127.0.0.1:1", "stray"}, `unexpected argument "stray"`},
 		{[]string{"server", "-bogus"}, "-bogus"},
+		{[]string{"server", "-d", "mlx5_0"}, "-d: udiwarp has no device to pick"},
 		{[]string{"server", "extra"}, `unexpected argument "extra"`},
 		{[]string{"demo", "-bogus"}, "-bogus"},
 		{[]string{"decode", "-bogus"}, "-bogus"},

@@ -106,6 +106,7 @@ func TestDecodeRefused(t *testing.T) {
 		{"not hex", "zz", `"zz" is not hex`},
 		{"odd digits", "42 4 300", `"4": an odd number of hex digits`},
 		{"a line missing from a dump", "0000  42 43 00 00 00 06 00 00 00 14 00 00 00 01 00 00\n0020  00 00 68 69 8f fc cd 02", "line 2: offset 0020, but 16 bytes (0x10) come before it"},
+		{"two packets", "0000  42 43\n0000  42 43\n", "line 2: a second dump starts here, after 2 bytes"},
 		{"od's repeated lines", "0000000 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00\n*\n0000040\n", "od -v"},
 		{"nothing", "  \n", "no bytes"},
 	} {

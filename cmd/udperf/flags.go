@@ -212,6 +212,12 @@ func (c *command) perftestHabits(poll *string) {
 	}
 	c.fs.Var(&noopFlag{}, "F", "accepted for perftest's habit and ignored (udperf checks no CPU frequency)")
 	c.fs.Var(&noopFlag{}, "report_gbits", "accepted for perftest's habit and ignored (figures are in Gb/s already)")
+	c.noDevice()
+}
+
+// noDevice registers perftest's -d and -i (device and port), refused with
+// a hint: there is no device to pick.
+func (c *command) noDevice() {
 	where := "use -addr HOST:PORT to pick the far end"
 	switch c.fs.Name() {
 	case "local", "compare":

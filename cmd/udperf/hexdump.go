@@ -87,6 +87,9 @@ func cutOffset(line string, at int, dump bool) (rest string, ok bool, err error)
 	check := func(base int, rest string) (string, bool, error) {
 		v, err := strconv.ParseUint(digits, base, 64)
 		if err != nil || v != uint64(at) {
+			if dump && err == nil && v == 0 {
+				return "", false, fmt.Errorf("a second dump starts here, after %d bytes: give one frame (tshark -c 1, or the lines of one packet)", at)
+			}
 			if dump {
 				return "", false, fmt.Errorf("offset %s, but %d bytes (%#x) come before it: is a line missing?", digits, at, at)
 			}

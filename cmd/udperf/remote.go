@@ -59,6 +59,7 @@ func server(args []string, stdout, stderr io.Writer) int {
 	fs := cmd.fs
 	addr := fs.String("addr", defaultControl, "control address to listen on")
 	once := fs.Bool("once", false, "serve one run, then exit")
+	cmd.noDevice()
 	if code, ok := cmd.parse(args, stdout, stderr); !ok {
 		return code
 	}
