@@ -171,8 +171,24 @@ func (f *benchFlags) configs(m perf.Mode) ([]perf.Config, error) {
 	default:
 		return nil, fmt.Errorf("-test %q: want lat, bw or rate", f.test)
 	}
-	if f.cmd != nil && f.cmd.set("e") && f.cmd.set("poll") && f.poll != "event" {
-		return nil, fmt.Errorf("-e (event polling) and -poll %s contradict each other", f.poll)
+	// Flags that would do nothing beside the others given.
+	if c := f.cmd; c != nil {
+		for _, r := range []struct {
+			bad bool
+			why string
+		}{
+			{c.set("e") && c.set("poll") && f.poll != "event", fmt.Sprintf("-e (event polling) and -poll %s contradict each other", f.poll)},
+			{test == perf.TestLat && c.set("D"), "-D: a lat run is -n round trips; -D is for -test bw and rate"},
+			{test == perf.TestBW && c.set("n"), "-n: a bw or rate run lasts -D; -n is for -test lat"},
+			{test == perf.TestBW && c.set("w"), "-w: a bw or rate run has no warm-up round trips; -w is for -test lat"},
+			{f.all && c.set("s"), "-a and -s together: -a runs every size"},
+			{c.set("deadline") && !f.partial, "-deadline is the deadline of -partial: give both"},
+			{c.set("seed") && f.loss == 0, "-seed seeds the losses of -loss: give both"},
+		} {
+			if r.bad {
+				return nil, errors.New(r.why)
+			}
+		}
 	}
 	poll := qp.PollBusy
 	switch f.poll {

@@ -89,6 +89,9 @@ func strayArgument(cmd, arg string) string {
 	if cmd == "compare" {
 		return fmt.Sprintf("did you mean -modes %s?", arg)
 	}
+	if len(ms) > 1 {
+		return fmt.Sprintf("did you mean udperf compare -modes %s?", arg)
+	}
 	return fmt.Sprintf("did you mean -mode %s?", arg)
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -61,7 +62,7 @@ func TestLocalAndCompare(t *testing.T) {
 				if m == "rc-write" && test == "lat" {
 					poll = "busy" // ib_write_lat watches memory
 				}
-				args := []string{"local", "-mode", m, "-test", test, "-s", "1024", "-n", "50", "-w", "5", "-D", "100ms", "-poll", poll, "-json"}
+				args := append([]string{"local", "-mode", m, "-test", test, "-s", "1024", "-poll", poll, "-json"}, runLength(test, 50, 5, "100ms")...)
 				if code := run(args, &out, &errb); code != 0 {
 					t.Fatalf("exit %d: %s", code, errb.String())
 				}
@@ -93,6 +94,15 @@ func TestLocalAndCompare(t *testing.T) {
 	if len(lines) != 1+2*15 || !strings.HasPrefix(lines[0], "mode,bytes,") || !strings.HasPrefix(lines[1], "ud-send,2,") || strings.Split(lines[1], ",")[10] != "1.000" {
 		t.Fatalf("compare CSV:\n%s", out.String())
 	}
+}
+
+// runLength is how long a test's run is: -n and -w for lat, -D for bw
+// (each is refused with the other test).
+func runLength(test string, n, w int, d string) []string {
+	if test == "lat" {
+		return []string{"-n", strconv.Itoa(n), "-w", strconv.Itoa(w)}
+	}
+	return []string{"-D", d}
 }
 
 // TestBidir: two flows at once carry about twice one flow's messages, and
@@ -167,7 +177,7 @@ func TestServerClient(t *testing.T) {
 				if m == "rc-write" && test == "lat" {
 					poll = "busy" // ib_write_lat watches memory
 				}
-				args := []string{"client", "-addr", ln.Addr().String(), "-mode", m, "-test", test, "-s", "1000", "-n", "100", "-w", "10", "-D", "100ms", "-poll", poll, "-json"}
+				args := append([]string{"client", "-addr", ln.Addr().String(), "-mode", m, "-test", test, "-s", "1000", "-poll", poll, "-json"}, runLength(test, 100, 10, "100ms")...)
 				if code := run(args, &out, &errb); code != 0 {
 					t.Fatalf("exit %d: %s", code, errb.String())
 				}
