@@ -28,5 +28,6 @@ table inet loss {
 NFT
   ip netns exec "$ns" "$bin" compare -modes rc-write,ud-wr,rd-write -test bw -s 524288 -mtu 64000 \
     -D 1s -rounds "$rounds" -partial -deadline 5ms -poll event -csv |
-    awk -F, -v pm="$pm" 'NR > 1 { printf "%s,%s,%s,%s,%s\n", pm, $1, $2, $5, $NF }'
+    awk -F, -v pm="$pm" 'NR == 1 { for (i = 1; i <= NF; i++) { if ($i ~ /^BW average/) f = i; if ($i == "ratio") r = i } next }
+      { printf "%s,%s,%s,%s,%s\n", pm, $1, $2, $f, $r }'
 done

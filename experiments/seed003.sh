@@ -24,8 +24,8 @@ echo "table,mode,bytes,figure,ratio"
 cmp() { # table, then udperf compare flags
   local table="$1"; shift
   "$bin" compare -rounds "$rounds" -poll busy -csv "$@" |
-    awk -F, -v t="$table" 'NR == 1 { for (i = 1; i <= NF; i++) { if ($i ~ /^t_typical/) f = i; if ($i ~ /^BW average/) f = i } next }
-      { printf "%s,%s,%s,%s,%s\n", t, $1, $2, $f, $NF }'
+    awk -F, -v t="$table" 'NR == 1 { for (i = 1; i <= NF; i++) { if ($i ~ /^t_typical/) f = i; if ($i ~ /^BW average/) f = i; if ($i == "ratio") r = i } next }
+      { printf "%s,%s,%s,%s,%s\n", t, $1, $2, $f, $r }'
 }
 for s in 64 1024 2048; do
   cmp send-lat -modes rc-send,ud-send -test lat -s "$s" -n "$n"

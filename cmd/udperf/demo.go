@@ -1,10 +1,9 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"io"
-	"text/tabwriter"
+	"strconv"
 	"time"
 
 	"github.com/udiwarp/udiwarp/internal/perf"
@@ -15,11 +14,10 @@ import (
 // latency and bandwidth, each beside the same measurement over plain UDP
 // sockets, with the ratio.
 func demo(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	quick := fs.Bool("quick", false, "fewer iterations (for tests)")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	cmd := newCommand("demo", "udperf demo [-quick]", "Two devices in one process over loopback: UD Send/Recv beside plain UDP sockets, with ratios.")
+	quick := cmd.fs.Bool("quick", false, "fewer iterations (for tests)")
+	if code, ok := cmd.parse(args, stdout, stderr); !ok {
+		return code
 	}
 	iters, dur := 5000, time.Second
 	if *quick {
@@ -28,8 +26,9 @@ func demo(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintln(stdout, "udiwarp loopback demo: two devices in one process, UD Send/Recv beside plain UDP sockets")
 	fmt.Fprintln(stdout, "latency is half the round trip (median, µs); bandwidth is receiver goodput (Gb/s)")
 	fmt.Fprintln(stdout)
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "test\tpoll\tbytes\traw-udp\tud-send\tratio\t")
+	// Fixed widths: each row is printed as soon as it is measured.
+	const line = "%9s  %5s  %5s  %14s  %14s  %5s\n"
+	fmt.Fprintf(stdout, line, "test", "poll", "bytes", "raw-udp", "ud-send", "ratio")
 	type row struct {
 		test perf.Test
 		poll qp.PollMode
@@ -61,9 +60,8 @@ func demo(args []string, stdout, stderr io.Writer) int {
 		if vals[0] > 0 {
 			ratio = vals[1] / vals[0]
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f %s\t%.2f %s\t%.2f\t\n", name, r.poll, r.size, vals[0], unit, vals[1], unit, ratio)
+		fmt.Fprintf(stdout, line, name, r.poll, strconv.Itoa(r.size), fmt.Sprintf("%.2f %s", vals[0], unit), fmt.Sprintf("%.2f %s", vals[1], unit), fmt.Sprintf("%.2f", ratio))
 	}
-	tw.Flush()
 	fmt.Fprintln(stdout)
 	fmt.Fprintln(stdout, "ratio = ud-send / raw-udp: below 1 is better for latency, above 1 for bandwidth")
 	return 0

@@ -1,8 +1,7 @@
 package main
 
 import (
-	"encoding/hex"
-	"flag"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -25,8 +24,11 @@ func usage(w io.Writer) {
                                    (flags: udperf local -h; JSON schema: docs/udperf.md)
   udperf server [-addr :18515]     the far end of client runs (another process, host or namespace)
   udperf client -addr HOST:PORT    a run against a server: ud-send, rd-send, rc-send, raw-udp, raw-tcp
-  udperf decode [-stream] HEX...   check and describe a udiwarp datagram (or, with
-                                   -stream, a DDP segment as MPA carries it)`)
+  udperf decode [-stream] HEX|-    check and describe a udiwarp datagram (or, with
+                                   -stream, a DDP segment as MPA carries it); hex or
+                                   a dump (xxd, od, tshark -x), "-" for stdin
+
+udperf COMMAND -h lists a command's flags.`)
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -50,24 +52,55 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "client":
 		return client(args[1:], stdout, stderr)
 	}
-	fmt.Fprintf(stderr, "udperf: unknown command %q\n", args[0])
-	usage(stderr)
+	if _, err := parseMode(args[0]); err == nil {
+		fmt.Fprintf(stderr, "udperf: unknown command %q: did you mean udperf local -mode %s?\n", args[0], args[0])
+	} else {
+		fmt.Fprintf(stderr, "udperf: unknown command %q (commands: demo, local, compare, server, client, decode; udperf -h)\n", args[0])
+	}
 	return 2
 }
 
+// decodeAbout is `udperf decode -h`'s text.
+const decodeAbout = `Checks one udiwarp datagram (a UD frame or an RD frame; with -stream, a DDP segment as MPA
+carries it) against docs/wire.md and prints its fields, or the field that is wrong and the
+Terminate it would draw.
+
+HEX is the frame's bytes: plain hex in one run or groups, with spaces, commas, colons or 0x
+prefixes, or a dump with its offset column and ASCII column as docs/wire.md, xxd, hexdump -C,
+od -tx1 and tshark -x print them. "-" reads it from stdin:
+
+  xxd -p frame.bin | udperf decode -
+  tshark -r cap.pcap -x -c 1 | udperf decode -      (Ethernet, IP and UDP headers are taken off)`
+
 func decode(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("decode", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	stream := fs.Bool("stream", false, "decode a standard (DV=1) DDP segment without datagram framing")
-	if err := fs.Parse(args); err != nil {
+	return decodeFrom(args, os.Stdin, stdout, stderr)
+}
+
+// decodeFrom is decode with stdin given.
+func decodeFrom(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	cmd := newCommand("decode", "udperf decode [-stream] HEX... | -", decodeAbout)
+	cmd.positional = true
+	stream := cmd.fs.Bool("stream", false, "decode a standard (DV=1) DDP segment without datagram framing")
+	if code, ok := cmd.parse(args, stdout, stderr); !ok {
+		return code
+	}
+	if cmd.fs.NArg() == 0 {
+		cmd.usage(stderr)
 		return 2
 	}
-	b, err := hex.DecodeString(strings.Map(func(r rune) rune {
-		if strings.ContainsRune(" \t\n:", r) {
-			return -1
+	text := strings.Join(cmd.fs.Args(), " ")
+	if cmd.fs.NArg() == 1 && cmd.fs.Arg(0) == "-" {
+		in, err := io.ReadAll(io.LimitReader(stdin, 1<<20))
+		if err != nil {
+			fmt.Fprintf(stderr, "udperf decode: stdin: %v\n", err)
+			return 2
 		}
-		return r
-	}, strings.Join(fs.Args(), "")))
+		text = string(in)
+	}
+	b, err := parseHex(text)
+	if err == nil && len(b) == 0 {
+		err = errors.New("no bytes given")
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "udperf decode: %v\n", err)
 		return 2
@@ -76,6 +109,10 @@ func decode(args []string, stdout, stderr io.Writer) int {
 	if *stream {
 		seg, err = udiwarp.ParseSegment(b, udiwarp.ProfileStream)
 	} else {
+		if p, what, ok := udpPayload(b); ok {
+			fmt.Fprintln(stdout, what)
+			b = p
+		}
 		var t udiwarp.FrameType
 		if t, err = udiwarp.Classify(b); err == nil && t == udiwarp.FrameRD {
 			return decodeRD(b, stdout, stderr)

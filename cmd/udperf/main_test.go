@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -29,8 +30,9 @@ func TestDecode(t *testing.T) {
 		{"RD frame", []string{"decode", "07 03 01 00 00 00 00 05 00 00 00 06 01 02 03 04 22 22 22 22 22 22 22 22 00 00 00 07 11 11 11 11 11 11 11 11 00 00 00 03 00 19 01 01 00 02 00 02 00 00 00 01 01 00 00 00 42 43 00 00 00 06 00 00 00 14 00 00 00 01 00 00 00 00 68 69 b5 db 9d 3c"}, 0,
 			"RD Data: QP 6 -> QP 5, epoch 0x01020304, token 0x2222222222222222, window 256, seq 7", ""},
 		{"RD frame, bad CRC", []string{"decode", "0300000000"}, 1, "", "CRC"},
-		{"not hex", []string{"decode", "zz"}, 2, "", "invalid byte"},
+		{"not hex", []string{"decode", "zz"}, 2, "", "is not hex"},
 		{"unknown command", []string{"nope"}, 2, "", "unknown command"},
+		{"a mode for a command", []string{"rd-send"}, 2, "", "did you mean udperf local -mode rd-send?"},
 		{"usage", []string{"-h"}, 0, "udperf decode", ""},
 		{"demo", []string{"demo", "-quick"}, 0, "ratio", ""},
 	} {
@@ -60,7 +62,7 @@ func TestLocalAndCompare(t *testing.T) {
 				if m == "rc-write" && test == "lat" {
 					poll = "busy" // ib_write_lat watches memory
 				}
-				args := []string{"local", "-mode", m, "-test", test, "-s", "1024", "-n", "50", "-w", "5", "-D", "100ms", "-poll", poll, "-json"}
+				args := append([]string{"local", "-mode", m, "-test", test, "-s", "1024", "-poll", poll, "-json"}, runLength(test, 50, 5, "100ms")...)
 				if code := run(args, &out, &errb); code != 0 {
 					t.Fatalf("exit %d: %s", code, errb.String())
 				}
@@ -89,9 +91,18 @@ func TestLocalAndCompare(t *testing.T) {
 		t.Fatalf("compare: exit %d: %s", code, errb.String())
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(lines) != 1+2*15 || !strings.HasPrefix(lines[0], "mode,bytes,") || !strings.HasPrefix(lines[1], "ud-send,2,") || !strings.HasSuffix(lines[1], ",1.000") {
+	if len(lines) != 1+2*15 || !strings.HasPrefix(lines[0], "mode,bytes,") || !strings.HasPrefix(lines[1], "ud-send,2,") || strings.Split(lines[1], ",")[10] != "1.000" {
 		t.Fatalf("compare CSV:\n%s", out.String())
 	}
+}
+
+// runLength is how long a test's run is: -n and -w for lat, -D for bw
+// (each is refused with the other test).
+func runLength(test string, n, w int, d string) []string {
+	if test == "lat" {
+		return []string{"-n", strconv.Itoa(n), "-w", strconv.Itoa(w)}
+	}
+	return []string{"-D", d}
 }
 
 // TestBidir: two flows at once carry about twice one flow's messages, and
@@ -108,7 +119,7 @@ func TestBidir(t *testing.T) {
 				t.Fatal(err)
 			}
 			r := doc.Results[0]
-			if doc.Flags["bidir"] != "true" || r.BWAvg <= 0 || r.Iterations == 0 || (reliableMode(m) && *r.Lost != 0) {
+			if doc.Flags["bidir"] != true || r.BWAvg <= 0 || r.Iterations == 0 || (reliableMode(m) && *r.Lost != 0) {
 				t.Fatalf("%+v", r)
 			}
 		})
@@ -166,7 +177,7 @@ func TestServerClient(t *testing.T) {
 				if m == "rc-write" && test == "lat" {
 					poll = "busy" // ib_write_lat watches memory
 				}
-				args := []string{"client", "-addr", ln.Addr().String(), "-mode", m, "-test", test, "-s", "1000", "-n", "100", "-w", "10", "-D", "100ms", "-poll", poll, "-json"}
+				args := append([]string{"client", "-addr", ln.Addr().String(), "-mode", m, "-test", test, "-s", "1000", "-poll", poll, "-json"}, runLength(test, 100, 10, "100ms")...)
 				if code := run(args, &out, &errb); code != 0 {
 					t.Fatalf("exit %d: %s", code, errb.String())
 				}

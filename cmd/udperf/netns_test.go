@@ -80,8 +80,9 @@ func TestServerClientNetns(t *testing.T) {
 			var err error
 			// The server may still be starting: the first client retries.
 			for try := 0; try < 50; try++ {
-				c := exec.CommandContext(ctx, "ip", "netns", "exec", cli, bin, "client", "-addr", "10.211.7.1:18515",
-					"-mode", tc.mode, "-test", tc.test, "-s", tc.size, "-poll", tc.poll, "-n", "200", "-w", "20", "-D", "200ms", "-mtu", "1400", "-json")
+				args := append([]string{"netns", "exec", cli, bin, "client", "-addr", "10.211.7.1:18515",
+					"-mode", tc.mode, "-test", tc.test, "-s", tc.size, "-poll", tc.poll, "-mtu", "1400", "-json"}, runLength(tc.test, 200, 20, "200ms")...)
+				c := exec.CommandContext(ctx, "ip", args...)
 				if out, err = c.Output(); err == nil || !strings.Contains(string(errOut(err)), "refused") {
 					break
 				}

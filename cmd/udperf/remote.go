@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -56,12 +55,13 @@ type runReply struct {
 }
 
 func server(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("server", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	cmd := newCommand("server", "udperf server [-addr :18515] [-once]", "The far end of `udperf client` runs (another process, host or namespace).")
+	fs := cmd.fs
 	addr := fs.String("addr", defaultControl, "control address to listen on")
 	once := fs.Bool("once", false, "serve one run, then exit")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	cmd.noDevice()
+	if code, ok := cmd.parse(args, stdout, stderr); !ok {
+		return code
 	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
@@ -318,13 +318,13 @@ func newEndpoint(req runRequest, host string) (*endpoint, error) {
 }
 
 func client(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("client", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	cmd := newCommand("client", "udperf client -addr HOST:PORT [flags]", "A run against `udperf server`: every mode but raw-udp-unconn. JSON and CSV schema: docs/udperf.md.")
+	fs := cmd.fs
 	addr := fs.String("addr", "", "the server's control address (HOST:PORT)")
 	var f benchFlags
-	f.register(fs, false)
-	if err := fs.Parse(args); err != nil {
-		return 2
+	f.register(cmd, "client")
+	if code, ok := cmd.parse(args, stdout, stderr); !ok {
+		return code
 	}
 	m, err := parseMode(f.mode)
 	if err == nil && !remoteModes[m] {
@@ -332,9 +332,6 @@ func client(args []string, stdout, stderr io.Writer) int {
 	}
 	if err == nil && *addr == "" {
 		err = errors.New("-addr HOST:PORT of the server is required")
-	}
-	if err == nil && f.bidir {
-		err = errors.New("-bidir runs only in `udperf local` and `compare` for now")
 	}
 	var cfgs []perf.Config
 	if err == nil {

@@ -1,0 +1,496 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/udiwarp/udiwarp/internal/perf"
+	"github.com/udiwarp/udiwarp/qp"
+)
+
+// TestRefusedInOneLine: every flag or value refused is one line on
+// stderr naming it, exit 2, nothing on stdout, and nothing measured.
+func TestRefusedInOneLine(t *testing.T) {
+	defer watchRuns(t)()
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"local", "-bogus"}, "-bogus"},
+		{[]string{"local", "--bogus"}, "-bogus"},
+		{[]string{"local", "-s", "big"}, "-s"},
+		{[]string{"local", "-D", "soon"}, "-D"},
+		{[]string{"local", "-D", "-3"}, "-D"},
+		{[]string{"local", "-n"}, "-n"},
+		{[]string{"local", "-n", "0"}, "-n"},
+		{[]string{"local", "-d", "mlx5_0"}, "no device to pick"},
+		{[]string{"local", "-i", "1"}, "no device port"},
+		{[]string{"client", "-d", "mlx5_0", "-addr", "127.0.0.1:1"}, "use -addr"},
+		{[]string{"local", "-json", "-csv"}, "-json and -csv"},
+		{[]string{"local", "-mode", "ud-send", "-test", "bw", "-s", "65536"}, "-s 65536: ud-send carries at most 65485 bytes"},
+		{[]string{"local", "-mode", "rd-send", "-s", "65400"}, "-s 65400: rd-send carries at most"},
+		{[]string{"local", "-mode", "raw-udp", "-s", "65508"}, "-s 65508: raw-udp"},
+		{[]string{"local", "rd-send"}, "did you mean -mode rd-send?"},
+		{[]string{"local", "-mode", "rd-send", "extra"}, `unexpected argument "extra"`},
+		{[]string{"compare", "rd-send,ud-send"}, "did you mean -modes rd-send,ud-send?"},
+		{[]string{"compare", "-modes", "raw-udp,ud-send,raw-tcp", "-s", "65500"}, "mode ud-send: -s 65500"},
+		{[]string{"compare", "-modes", "ud-send,nope"}, `-modes: unknown mode "nope"`},
+		{[]string{"compare"}, "-modes M1,M2,... is required"},
+		{[]string{"compare", "-modes", "ud-send", "-rounds", "0"}, "-rounds"},
+		{[]string{"local", "-e", "-poll", "busy"}, "-e (event polling) and -poll busy"},
+		{[]string{"local", "-bidir"}, "-bidir is for -test bw and rate"},
+		{[]string{"local", "-D", "3"}, "-D: a lat run is -n round trips"},
+		{[]string{"local", "-test", "bw", "-n", "5"}, "-n: a bw or rate run lasts -D"},
+		{[]string{"local", "-test", "rate", "-w", "5"}, "-w: a bw or rate run has no warm-up"},
+		{[]string{"local", "-a", "-s", "5"}, "-a and -s together"},
+		{[]string{"local", "-mode", "ud-wr", "-deadline", "1s"}, "-deadline is the deadline of -partial"},
+		{[]string{"local", "-mode", "ud-wr", "-seed", "3"}, "-seed seeds the losses of -loss"},
+		{[]string{"local", "rd-send,ud-send"}, "did you mean udperf compare -modes rd-send,ud-send?"},
+		{[]string{"client", "-addr", "127.0.0.1:1", "-D", "3"}, "-D: a lat run"},
+		{[]string{"local", "-mode", "nope"}, `unknown mode "nope"`},
+		{[]string{"local", "-poll", "sometimes"}, "-poll"},
+		{[]string{"local", "-loss", "2"}, "-loss"},
+		{[]string{"client", "-addr", "127.0.0.1:1", "-loss", "0.1"}, "-loss does not apply to client"},
+		{[]string{"client", "-addr", "127.0.0.1:1", "stray"}, `unexpected argument "stray"`},
+		{[]string{"server", "-bogus"}, "-bogus"},
+		{[]string{"server", "-d", "mlx5_0"}, "-d: udiwarp has no device to pick"},
+		{[]string{"server", "extra"}, `unexpected argument "extra"`},
+		{[]string{"demo", "-bogus"}, "-bogus"},
+		{[]string{"decode", "-bogus"}, "-bogus"},
+	} {
+		var out, errb bytes.Buffer
+		code := run(tc.args, &out, &errb)
+		if code != 2 || out.Len() != 0 || strings.Count(errb.String(), "\n") != 1 || !strings.Contains(errb.String(), tc.says) {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit 2 and one line saying %q", tc.args, code, out.String(), errb.String(), tc.says)
+		}
+	}
+}
+
+// watchRuns makes any measurement fail the test (for tests of what is
+// refused before anything runs); the returned function restores measure.
+func watchRuns(t *testing.T) func() {
+	old := measure
+	measure = func(c perf.Config) (perf.Result, error) {
+		t.Errorf("%s %d B ran; it should have been refused", c.Mode, c.Size)
+		return perf.Result{}, fmt.Errorf("refused")
+	}
+	return func() { measure = old }
+}
+
+// TestHelp: -h prints the command's usage on stdout, listing only the
+// flags it acts on, and exits 0.
+func TestHelp(t *testing.T) {
+	for _, tc := range []struct {
+		cmd        string
+		has, hasnt []string
+	}{
+		{"local", []string{"-mode", "-D seconds", "-e", "-F", "-report_gbits", "-bidir", "-loss"}, []string{"-modes", "-rounds", "-addr", "-d\n", "-i\n"}},
+		{"compare", []string{"-modes", "-rounds", "-D seconds"}, []string{"-mode ", "-addr"}},
+		{"client", []string{"-addr", "-mode", "-s", "-D seconds", "-e"}, []string{"-loss", "-seed", "-partial", "-deadline", "-bidir", "-metrics", "-qps", "-modes"}},
+		{"server", []string{"-addr", "-once"}, []string{"-mode", "-s "}},
+		{"decode", []string{"-stream", "xxd -p"}, []string{"-mode"}},
+		{"demo", []string{"-quick"}, []string{"-mode"}},
+	} {
+		var out, errb bytes.Buffer
+		if code := run([]string{tc.cmd, "-h"}, &out, &errb); code != 0 || errb.Len() != 0 {
+			t.Errorf("%s -h: exit %d, stderr %q", tc.cmd, code, errb.String())
+		}
+		for _, s := range tc.has {
+			if !strings.Contains(out.String(), s) {
+				t.Errorf("%s -h lacks %q:\n%s", tc.cmd, s, out.String())
+			}
+		}
+		for _, s := range tc.hasnt {
+			if strings.Contains(out.String(), s) {
+				t.Errorf("%s -h lists %q:\n%s", tc.cmd, s, out.String())
+			}
+		}
+	}
+}
+
+// TestPerftestHabits: -D 3 is 3 seconds and -D 500ms half of one; -e is
+// -poll event; -F and --report_gbits are accepted; long forms work. The
+// settings reach the run (seen by measure) and the JSON.
+func TestPerftestHabits(t *testing.T) {
+	old := measure
+	defer func() { measure = old }()
+	var got []perf.Config
+	measure = func(c perf.Config) (perf.Result, error) {
+		got = append(got, c)
+		return perf.Result{Config: c, Received: 1, Gbps: 1, Mpps: 1}, nil
+	}
+	for _, tc := range []struct {
+		args []string
+		dur  time.Duration
+		poll qp.PollMode
+	}{
+		{[]string{"-D", "3"}, 3 * time.Second, qp.PollBusy},
+		{[]string{"-D", "0.25"}, 250 * time.Millisecond, qp.PollBusy},
+		{[]string{"-D", "500ms"}, 500 * time.Millisecond, qp.PollBusy},
+		{[]string{"--D=2", "-e"}, 2 * time.Second, qp.PollEvent},
+		{[]string{"-e", "-poll", "event", "-F", "--report_gbits"}, time.Second, qp.PollEvent},
+		{[]string{"--poll", "event"}, time.Second, qp.PollEvent},
+	} {
+		got = nil
+		var out, errb bytes.Buffer
+		args := append([]string{"local", "-test", "bw", "-json"}, tc.args...)
+		if code := run(args, &out, &errb); code != 0 || len(got) != 1 || got[0].Duration != tc.dur || got[0].Poll != tc.poll {
+			t.Errorf("%q: exit %d, stderr %q, ran %+v", tc.args, code, errb.String(), got)
+			continue
+		}
+		var doc struct {
+			Flags   map[string]any
+			Results []map[string]any
+		}
+		if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
+			t.Fatal(err)
+		}
+		if doc.Flags["D"] != tc.dur.Seconds() || doc.Flags["poll"] != tc.poll.String() || doc.Results[0]["duration_s"] != tc.dur.Seconds() || doc.Results[0]["poll"] != tc.poll.String() {
+			t.Errorf("%q: flags %v, row %v", tc.args, doc.Flags, doc.Results[0])
+		}
+	}
+}
+
+// TestJSONTypes: the flags are JSON numbers and booleans, and each row
+// records its poll and the settings that shaped it.
+func TestJSONTypes(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"local", "-mode", "ud-wr", "-test", "lat", "-s", "300", "-n", "30", "-w", "3", "-poll", "event", "-mtu", "100", "-loss", "0.01", "-seed", "7", "-partial", "-deadline", "20ms", "-json"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var doc struct {
+		Flags   map[string]any
+		Results []map[string]any
+	}
+	if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"s": 300.0, "n": 30.0, "w": 3.0, "mtu": 100.0, "loss": 0.01, "seed": 7.0, "partial": true, "deadline": 0.02, "D": 1.0,
+		"bidir": false, "json": true, "csv": false, "mode": "ud-wr", "poll": "event", "test": "lat", "qps": 1.0, "a": false, "metrics": ""}
+	for k, v := range want {
+		if doc.Flags[k] != v {
+			t.Errorf("flags[%q] = %#v, want %#v", k, doc.Flags[k], v)
+		}
+	}
+	for _, k := range []string{"e", "F", "report_gbits", "d", "i"} {
+		if _, ok := doc.Flags[k]; ok {
+			t.Errorf("flags has %q: %v", k, doc.Flags)
+		}
+	}
+	r := doc.Results[0]
+	wantRow := map[string]any{"mode": "ud-wr", "test": "lat", "poll": "event", "bytes": 300.0, "n": 30.0, "warmup": 3.0, "qps": 1.0, "mtu": 100.0,
+		"loss": 0.01, "seed": 7.0, "partial": true, "deadline_s": 0.02, "bidir": false}
+	for k, v := range wantRow {
+		if r[k] != v {
+			t.Errorf("row[%q] = %#v, want %#v", k, r[k], v)
+		}
+	}
+	if _, ok := r["duration_s"]; ok {
+		t.Errorf("a latency row has a duration: %v", r)
+	}
+}
+
+// recorder is a stdout that notes, with each write, how many runs had
+// started: the order of runs and output, without a clock.
+type recorder struct {
+	mu     sync.Mutex
+	runs   int
+	writes []write
+}
+
+type write struct {
+	runs int // runs started when the write came
+	text string
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.writes = append(r.writes, write{r.runs, string(b)})
+	return len(b), nil
+}
+
+// counting wraps measure so that rec counts the runs started.
+func counting(rec *recorder) func() {
+	old := measure
+	measure = func(c perf.Config) (perf.Result, error) {
+		rec.mu.Lock()
+		rec.runs++
+		rec.mu.Unlock()
+		return old(c)
+	}
+	return func() { measure = old }
+}
+
+// lines is what rec received, line by line, each with the runs started
+// when its write came.
+func (r *recorder) lines() []write {
+	var out []write
+	for _, w := range r.writes {
+		for _, l := range strings.SplitAfter(w.text, "\n") {
+			if l != "" {
+				out = append(out, write{w.runs, strings.TrimSuffix(l, "\n")})
+			}
+		}
+	}
+	return out
+}
+
+// TestRowsAsTheyFinish: the table and the CSV print the header before the
+// first run and each row once its run is done, before the next begins;
+// compare prints a size's rows once that size's rounds are done; JSON is
+// one document at the end.
+func TestRowsAsTheyFinish(t *testing.T) {
+	for _, format := range []string{"", "-csv"} {
+		t.Run("local"+format, func(t *testing.T) {
+			rec := &recorder{}
+			defer counting(rec)()
+			args := []string{"local", "-mode", "raw-udp", "-a", "-n", "20", "-w", "2", "-poll", "event"}
+			if format != "" {
+				args = append(args, format)
+			}
+			var errb bytes.Buffer
+			if code := run(args, rec, &errb); code != 0 {
+				t.Fatalf("exit %d: %s", code, errb.String())
+			}
+			ls := rec.lines()
+			if len(ls) != 1+15 || ls[0].runs != 0 {
+				t.Fatalf("%d lines; the header after %d runs: %+v", len(ls), ls[0].runs, ls)
+			}
+			for i, l := range ls[1:] {
+				if l.runs != i+1 {
+					t.Fatalf("row %d (%q) was printed after %d runs had started, want %d", i+1, l.text, l.runs, i+1)
+				}
+			}
+			if format == "-csv" {
+				recs, err := csv.NewReader(strings.NewReader(joinLines(ls))).ReadAll()
+				if err != nil || recs[0][0] != "mode" || recs[1][0] != "raw-udp" || recs[1][1] != "2" || recs[15][1] != "32768" {
+					t.Fatalf("CSV %v: %v", err, recs)
+				}
+			} else if f := strings.Fields(ls[1].text); len(f) != 9 || f[0] != "2" || f[1] != "20" {
+				t.Fatalf("table row %q", ls[1].text)
+			}
+		})
+	}
+	t.Run("compare", func(t *testing.T) {
+		rec := &recorder{}
+		defer counting(rec)()
+		var errb bytes.Buffer
+		if code := run([]string{"compare", "-modes", "raw-udp,ud-send", "-rounds", "2", "-a", "-n", "20", "-w", "2", "-poll", "event", "-csv"}, rec, &errb); code != 0 {
+			t.Fatalf("exit %d: %s", code, errb.String())
+		}
+		ls := rec.lines()
+		if len(ls) != 1+2*15 || ls[0].text != "mode,bytes,iterations,t_min[usec],t_max[usec],t_typical[usec],t_avg[usec],t_stdev[usec],99% percentile[usec],99.9% percentile[usec],ratio,spread_pct" {
+			t.Fatalf("%+v", ls)
+		}
+		for i, l := range ls[1:] {
+			size := i / 2
+			if want := (size + 1) * 4; l.runs != want { // 2 modes x 2 rounds per size
+				t.Fatalf("row %d (%q) was printed after %d runs, want %d", i+1, l.text, l.runs, want)
+			}
+			f := strings.Split(l.text, ",")
+			if f[0] != []string{"raw-udp", "ud-send"}[i%2] || f[1] != strconv.Itoa(2<<size) || (i%2 == 0 && f[10] != "1.000") {
+				t.Fatalf("row %d: %q", i+1, l.text)
+			}
+			if _, err := strconv.ParseFloat(f[11], 64); err != nil {
+				t.Fatalf("row %d: spread %q", i+1, f[11])
+			}
+		}
+	})
+	t.Run("json", func(t *testing.T) {
+		rec := &recorder{}
+		defer counting(rec)()
+		var errb bytes.Buffer
+		if code := run([]string{"local", "-mode", "raw-udp", "-a", "-n", "20", "-w", "2", "-poll", "event", "-json"}, rec, &errb); code != 0 {
+			t.Fatalf("exit %d: %s", code, errb.String())
+		}
+		var doc document
+		if len(rec.writes) != 1 || rec.writes[0].runs != 15 || json.Unmarshal([]byte(rec.writes[0].text), &doc) != nil || len(doc.Results) != 15 {
+			t.Fatalf("%d writes: %+v", len(rec.writes), rec.writes)
+		}
+	})
+}
+
+func joinLines(ls []write) string {
+	var b strings.Builder
+	for _, l := range ls {
+		b.WriteString(l.text + "\n")
+	}
+	return b.String()
+}
+
+// TestSpreadWarning: rounds that disagree by more than 20 % are named on
+// stderr, and every row carries its spread.
+func TestSpreadWarning(t *testing.T) {
+	old := measure
+	defer func() { measure = old }()
+	round := 0
+	measure = func(c perf.Config) (perf.Result, error) {
+		r, err := old(c)
+		if c.Mode == perf.ModeUDSend {
+			round++
+			r.Median = float64(round) // 1, 2, 3: (3-1)/2 = 100 %
+		} else {
+			r.Median = 5 // no spread
+		}
+		return r, err
+	}
+	var out, errb bytes.Buffer
+	if code := run([]string{"compare", "-modes", "raw-udp,ud-send", "-rounds", "3", "-n", "20", "-w", "2", "-poll", "event", "-json"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if errb.String() != "udperf compare: ud-send 64 B: its 3 rounds disagree by 100% ((max-min)/median); more -rounds or a quieter machine would tell\n" {
+		t.Fatalf("stderr %q", errb.String())
+	}
+	var doc document
+	if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if r := doc.Results; len(r) != 2 || *r[0].Spread != 0 || *r[1].Spread != 100 || *r[1].Ratio != 0.4 || r[1].Rounds != 3 {
+		t.Fatalf("%+v", r)
+	}
+}
+
+// TestInterrupt: SIGINT in the middle of a sweep ends it after the run in
+// progress; the rows measured are printed (the table: well-formed rows;
+// JSON: a valid document marked interrupted with at least one result),
+// and the exit code is 130.
+func TestInterrupt(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "udperf")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v: %s", err, out)
+	}
+	for _, format := range []string{"table", "json", "compare"} {
+		t.Run(format, func(t *testing.T) {
+			args := []string{"local", "-a", "-mode", "raw-udp", "-test", "lat", "-n", "2000"}
+			switch format {
+			case "json":
+				args = append(args, "-json")
+			case "compare":
+				args = []string{"compare", "-a", "-modes", "raw-udp,raw-udp-unconn", "-rounds", "2", "-test", "lat", "-n", "2000", "-csv"}
+			}
+			cmd := exec.Command(bin, args...)
+			var errb bytes.Buffer
+			cmd.Stderr = &errb
+			stdout, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan struct{})
+			defer func() { cmd.Process.Kill(); <-done }()
+			lines := make(chan string, 100)
+			var all bytes.Buffer
+			go func() {
+				defer close(done)
+				defer close(lines)
+				sc := bufio.NewScanner(stdout)
+				for sc.Scan() {
+					all.WriteString(sc.Text() + "\n")
+					lines <- sc.Text()
+				}
+			}()
+			// The table: wait for the header and a row. JSON prints at the
+			// end: wait until a run has opened its sockets (the handler is
+			// installed before the first run).
+			deadline := time.After(2 * time.Minute) // only a hung run gets here
+			if format != "json" {
+				for n := 0; n < 2; n++ {
+					select {
+					case _, ok := <-lines:
+						if !ok {
+							t.Fatalf("stdout ended early: %s", errb.String())
+						}
+					case <-deadline:
+						t.Fatal("no row")
+					}
+				}
+			} else {
+				for !hasSocket(cmd.Process.Pid) {
+					select {
+					case <-deadline:
+						t.Fatal("no run started")
+					case <-time.After(time.Millisecond):
+					}
+				}
+			}
+			if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+				t.Fatal(err)
+			}
+			for range lines {
+			}
+			err = cmd.Wait()
+			if code := cmd.ProcessState.ExitCode(); code != exitInterrupted {
+				t.Fatalf("exit %d (%v), want 130; stderr %q, stdout:\n%s", code, err, errb.String(), all.String())
+			}
+			if !strings.Contains(errb.String(), "interrupted") {
+				t.Fatalf("stderr %q", errb.String())
+			}
+			if format == "json" {
+				var doc document
+				if err := json.Unmarshal(all.Bytes(), &doc); err != nil || !doc.Interrupted || len(doc.Results) < 1 || len(doc.Results) >= 15 {
+					t.Fatalf("%v: %s", err, all.String())
+				}
+				for i, r := range doc.Results {
+					if r.Bytes != 2<<i || r.Iterations != 2000 || r.TTypical <= 0 {
+						t.Fatalf("result %d: %+v", i, r)
+					}
+				}
+				return
+			}
+			ls := strings.Split(strings.TrimSuffix(all.String(), "\n"), "\n")
+			if format == "compare" {
+				// Whole sizes: each with both modes.
+				recs, err := csv.NewReader(strings.NewReader(all.String())).ReadAll()
+				if err != nil || len(recs) < 3 || len(recs)%2 != 1 || len(recs) >= 1+2*15 {
+					t.Fatalf("%v: %s", err, all.String())
+				}
+				for i, r := range recs[1:] {
+					if r[0] != []string{"raw-udp", "raw-udp-unconn"}[i%2] || r[1] != strconv.Itoa(2<<(i/2)) || r[2] != "2000" {
+						t.Fatalf("row %d: %q", i+1, r)
+					}
+				}
+				return
+			}
+			if len(ls) < 2 || len(ls) >= 16 || !strings.HasPrefix(strings.TrimSpace(ls[0]), "bytes") {
+				t.Fatalf("stdout:\n%s", all.String())
+			}
+			for i, l := range ls[1:] {
+				f := strings.Fields(l)
+				if len(f) != 9 || f[0] != strconv.Itoa(2<<i) || f[1] != "2000" {
+					t.Fatalf("row %d %q", i+1, l)
+				}
+				for _, v := range f[2:] {
+					if _, err := strconv.ParseFloat(v, 64); err != nil {
+						t.Fatalf("row %d %q", i+1, l)
+					}
+				}
+			}
+		})
+	}
+}
+
+// hasSocket says whether process pid has a socket open.
+func hasSocket(pid int) bool {
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	for _, fd := range fds {
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && strings.HasPrefix(l, "socket:") {
+			return true
+		}
+	}
+	return false
+}
