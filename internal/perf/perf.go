@@ -219,7 +219,7 @@ func run(cfg Config) (Result, error) {
 		return wrBandwidth(cfg)
 	case (cfg.Mode == ModeRawUDP || cfg.Mode == ModeRawUDPUnconnected) && cfg.Test == TestLat:
 		return rawLatency(cfg)
-	case cfg.Mode == ModeRawUDP && cfg.Test == TestBW:
+	case (cfg.Mode == ModeRawUDP || cfg.Mode == ModeRawUDPUnconnected) && cfg.Test == TestBW:
 		return rawBandwidth(cfg)
 	case cfg.Mode.rc() && cfg.Test == TestLat:
 		return rcLatency(cfg)
