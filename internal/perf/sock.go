@@ -112,10 +112,17 @@ func (s *spinner) again(e syscall.Errno) bool {
 	if s.stop.Load() || (s.stall != nil && s.stall.Load()) {
 		return false
 	}
+	s.ok()
+	return true
+}
+
+// ok counts a call that went through: a stream whose calls never say
+// EAGAIN yields as often (a goroutine inside RawSyscall is seldom at a
+// point where the runtime can preempt it, and the run's timer needs a P).
+func (s *spinner) ok() {
 	if s.k++; s.k%spinTries == 0 {
 		runtime.Gosched()
 	}
-	return true
 }
 
 // lockOS locks the calling goroutine to its OS thread in busy mode
@@ -470,6 +477,7 @@ func batches(c *net.UDPConn, poll qp.PollMode, m *mmsg, trap uintptr, stop *atom
 					if !each(n) {
 						return nil
 					}
+					s.ok()
 					continue
 				}
 				if !s.again(e) {
@@ -586,6 +594,7 @@ func full(fd uintptr, b []byte, write bool, s *spinner) error {
 		n, _, e := syscall.RawSyscall(call, fd, uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
 		if e == 0 && int(n) > 0 {
 			b = b[n:]
+			s.ok()
 			continue
 		}
 		if e == 0 {
@@ -706,6 +715,7 @@ func (e *TCPEnd) Stream(size int, sending *atomic.Bool) (uint64, error) {
 				if errno == 0 {
 					sent += uint64(n)
 					off = (off + int(n)) % len(msg)
+					s.ok()
 					continue
 				}
 				if !s.again(errno) {
@@ -751,6 +761,7 @@ func (e *TCPEnd) Sink(got func(bytes int)) error {
 						return nil // the peer closed
 					}
 					got(n)
+					s.ok()
 					continue
 				}
 				if !s.again(e) {
