@@ -127,8 +127,6 @@ func rawBandwidth(cfg Config) (Result, error) {
 			return Result{}, err
 		}
 		conns = append(conns, tx, rx)
-		setBuffers(tx, sockBuffer)
-		setBuffers(rx, sockBuffer)
 		sink := &UDPEnd{Conn: rx, Poll: cfg.Poll, Unconnected: unconn, Stop: &stop, Shared: cfg.QPs > 1}
 		src := &UDPEnd{Conn: tx, Poll: cfg.Poll, Unconnected: unconn, Peer: rx.LocalAddr().(*net.UDPAddr).AddrPort(), Stop: &stop, Shared: cfg.QPs > 1}
 		sinks.Go(func() {

@@ -515,9 +515,11 @@ func batches(c *net.UDPConn, poll qp.PollMode, m *mmsg, trap uintptr, stop *atom
 }
 
 // Blast sends size-byte datagrams, udpBatch to a sendmmsg, while sending
-// holds (or until stopped); it returns how many went out.
+// holds (or until stopped); it returns how many went out. It sizes the
+// socket's buffers first (sockBuffer), as Sink does.
 func (e *UDPEnd) Blast(size int, sending *atomic.Bool) (uint64, error) {
 	stop := e.flag()
+	setBuffers(e.Conn, sockBuffer)
 	defer lockOS(e.Poll, e.Shared)()
 	msg := make([]byte, size)
 	bufs := make([][]byte, udpBatch)
@@ -544,6 +546,7 @@ func (e *UDPEnd) Blast(size int, sending *atomic.Bool) (uint64, error) {
 // each batch's count and bytes, until stopped.
 func (e *UDPEnd) Sink(got func(datagrams, bytes int)) error {
 	stop := e.flag()
+	setBuffers(e.Conn, sockBuffer)
 	defer lockOS(e.Poll, e.Shared)()
 	bufs := make([][]byte, udpBatch)
 	for i := range bufs {
