@@ -82,29 +82,129 @@ var errStalled = errors.New("perf: no reply within 2 s")
 // stallLimit is how long a ping-pong waits for a reply.
 const stallLimit = 2 * time.Second
 
-// onDescriptor runs f on c's descriptor, held open while f runs: a
-// concurrent Close waits for f to return.
-func onDescriptor(c syscall.Conn, f func(fd uintptr) error) error {
+// eventSpin is how long an event end retries a receive before it parks in
+// the netpoller: a queue pair's CQ.Wait polls its device as long
+// (qp.DeviceConfig.EventSpin's default) before it parks, so a reply that
+// comes back within it costs neither a wake-up.
+const eventSpin = 50 * time.Microsecond
+
+// An op is one non-blocking system call on a descriptor; it returns its
+// errno, EAGAIN while it cannot go through.
+type op func(fd uintptr) syscall.Errno
+
+// sysIO runs ops the way an end's polling mode says (busyIO, eventIO).
+type sysIO interface {
+	read(o op) error  // a receive: waits until o goes through
+	write(o op) error // a send: waits until o goes through
+}
+
+// busyIO retries ops on a descriptor held open (onDescriptor), spinning.
+type busyIO struct {
+	fd uintptr
+	s  spinner
+}
+
+func (b *busyIO) read(o op) error { return b.spin(o) }
+
+func (b *busyIO) write(o op) error { return b.spin(o) }
+
+func (b *busyIO) spin(o op) error {
+	for {
+		e := o(b.fd)
+		if e == 0 {
+			b.s.ok()
+			return nil
+		}
+		if !b.s.again(e) {
+			return b.s.err(e)
+		}
+	}
+}
+
+// eventIO runs each op in a RawConn callback: a receive is retried for
+// up to eventSpin, then (as a send at once) parks in the netpoller until
+// the socket is ready.
+type eventIO struct {
+	rc    syscall.RawConn
+	o     op
+	spin  bool
+	errno syscall.Errno
+	fn    func(fd uintptr) bool
+}
+
+func newEventIO(rc syscall.RawConn) *eventIO {
+	e := &eventIO{rc: rc}
+	e.fn = func(fd uintptr) bool {
+		var start time.Time
+		for k := 0; ; k++ {
+			e.errno = e.o(fd)
+			if e.errno != unix.EAGAIN && e.errno != unix.EINTR {
+				return true
+			}
+			if !e.spin {
+				return false
+			}
+			if k == 0 {
+				start = time.Now()
+			} else if time.Since(start) > eventSpin {
+				return false
+			}
+		}
+	}
+	return e
+}
+
+func (e *eventIO) read(o op) error  { return e.do(o, true) }
+func (e *eventIO) write(o op) error { return e.do(o, false) }
+
+func (e *eventIO) do(o op, spin bool) error {
+	e.o, e.spin = o, spin
+	do := e.rc.Write
+	if spin {
+		do = e.rc.Read
+	}
+	if err := do(e.fn); err != nil {
+		return err
+	}
+	if e.errno != 0 {
+		return e.errno
+	}
+	return nil
+}
+
+// withIO runs f with c's sysIO for poll: busy, on c's descriptor held
+// open for f's length, on the OS thread locked unless shared; event, one
+// RawConn callback per op.
+func withIO(c syscall.Conn, poll qp.PollMode, shared bool, stop, stall *atomic.Bool, f func(sysIO) error) error {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return err
 	}
+	if poll != qp.PollBusy {
+		return f(newEventIO(rc))
+	}
+	if !shared {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+	}
 	var ferr error
-	if err := rc.Read(func(fd uintptr) bool { ferr = f(fd); return true }); err != nil {
+	if err := rc.Read(func(fd uintptr) bool {
+		ferr = f(&busyIO{fd: fd, s: spinner{stop: stop, stall: stall}})
+		return true
+	}); err != nil {
 		return err
 	}
 	return ferr
 }
 
-// spinner retries a non-blocking system call while it says EAGAIN (or
-// EINTR), until halt.
+// spinner says whether to retry a non-blocking call that said EAGAIN (or
+// EINTR): until stop (or stall, set by a watchdog) is set.
 type spinner struct {
 	stop  *atomic.Bool
-	stall *atomic.Bool // set by a watchdog; may be nil
+	stall *atomic.Bool // may be nil
 	k     int
 }
 
-// again reports whether to retry after errno e.
 func (s *spinner) again(e syscall.Errno) bool {
 	if e != unix.EAGAIN && e != unix.EINTR {
 		return false
@@ -116,23 +216,33 @@ func (s *spinner) again(e syscall.Errno) bool {
 	return true
 }
 
-// ok counts a call that went through: a stream whose calls never say
-// EAGAIN yields as often (a goroutine inside RawSyscall is seldom at a
-// point where the runtime can preempt it, and the run's timer needs a P).
+// ok counts a call: every spinTries the spinner yields, whether its calls
+// went through or not (a stream whose calls never say EAGAIN must yield
+// too: a goroutine inside RawSyscall is seldom at a point where the
+// runtime can preempt it, and the run's timer needs a P).
 func (s *spinner) ok() {
 	if s.k++; s.k%spinTries == 0 {
 		runtime.Gosched()
 	}
 }
 
-// lockOS locks the calling goroutine to its OS thread in busy mode
-// (unless shared) and returns the unlock.
-func lockOS(poll qp.PollMode, shared bool) func() {
-	if poll != qp.PollBusy || shared {
-		return func() {}
+// err is what ends a spin on errno e.
+func (s *spinner) err(e syscall.Errno) error {
+	switch {
+	case s.stall != nil && s.stall.Load():
+		return errStalled
+	case s.stop.Load():
+		return errStopped
 	}
-	runtime.LockOSThread()
-	return runtime.UnlockOSThread
+	return e
+}
+
+// stopped maps what a stopped end's last call says to nil.
+func stopped(err error, stop *atomic.Bool) error {
+	if stop.Load() || errors.Is(err, errStopped) || errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
 }
 
 // watchdog sets stall, and calls fire, once progress has not moved for
@@ -164,7 +274,7 @@ func watchdog(limit time.Duration, progress *atomic.Uint64, stall *atomic.Bool, 
 }
 
 // rawAddr is a socket address in the kernel's form, for sendto and
-// connect.
+// connect, or filled in by recvfrom.
 type rawAddr struct {
 	sa  unix.RawSockaddrAny
 	len uint32
@@ -204,35 +314,7 @@ func rawAddrFor(fam int, ap netip.AddrPort) *rawAddr {
 	return r
 }
 
-// UDPEnd is one end of a plain-UDP baseline run (raw-udp: a connected
-// socket, read and write; raw-udp-unconn: an unconnected one, sendto and
-// recvfrom, as a UD queue pair's socket must be).
-type UDPEnd struct {
-	Conn *net.UDPConn
-	Poll qp.PollMode
-	// Unconnected sends with sendto (WriteTo) to Peer, or for Echo to
-	// whoever sent, and receives with recvfrom (ReadFrom). Otherwise the
-	// socket is connected (Echo connects it to the first sender) and
-	// uses write and read.
-	Unconnected bool
-	Peer        netip.AddrPort
-	// Stop ends the run: set it, then close Conn; every method returns.
-	// (A busy end sees Stop; an event end sees the Close.)
-	Stop *atomic.Bool
-	// Shared: more ends than one pair share the cores; a busy end does
-	// not lock its OS thread (with more locked spinners than cores the
-	// scheduler hands threads back and forth).
-	Shared bool
-}
-
-func (e *UDPEnd) flag() *atomic.Bool {
-	if e.Stop == nil {
-		e.Stop = new(atomic.Bool)
-	}
-	return e.Stop
-}
-
-// recv is one non-blocking read or recvfrom into b.
+// recv is one non-blocking read, or recvfrom filling in from.
 func recv(fd uintptr, b []byte, from *rawAddr) (int, syscall.Errno) {
 	if from == nil {
 		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
@@ -255,122 +337,71 @@ func send(fd uintptr, b []byte, to *rawAddr) (int, syscall.Errno) {
 	return int(n), e
 }
 
-// spinRecv and spinSend retry recv and send until they go through: the
-// busy-poll discipline.
-func spinRecv(fd uintptr, b []byte, from *rawAddr, s *spinner) (int, error) {
-	for {
-		n, e := recv(fd, b, from)
-		if e == 0 {
-			return n, nil
-		}
-		if !s.again(e) {
-			return 0, spinErr(e, s)
-		}
-	}
+// UDPEnd is one end of a plain-UDP baseline run (raw-udp: a connected
+// socket, read and write; raw-udp-unconn: an unconnected one, sendto and
+// recvfrom, as a UD queue pair's socket must be).
+type UDPEnd struct {
+	Conn *net.UDPConn
+	Poll qp.PollMode
+	// Unconnected sends with sendto to Peer (Echo: to whoever sent) and
+	// receives with recvfrom. Otherwise the socket is connected (Echo
+	// connects it to the first sender) and uses write and read.
+	Unconnected bool
+	Peer        netip.AddrPort
+	// Stop ends the run: set it, then close Conn; every method returns.
+	// (A busy end sees Stop; an event end sees the Close.)
+	Stop *atomic.Bool
+	// Shared: more ends than one pair share the cores; a busy end does
+	// not lock its OS thread (with more locked spinners than cores the
+	// scheduler hands threads back and forth).
+	Shared bool
 }
 
-func spinSend(fd uintptr, b []byte, to *rawAddr, s *spinner) error {
-	for {
-		_, e := send(fd, b, to)
-		if e == 0 {
-			return nil
-		}
-		if !s.again(e) {
-			return spinErr(e, s)
-		}
+func (e *UDPEnd) flag() *atomic.Bool {
+	if e.Stop == nil {
+		e.Stop = new(atomic.Bool)
 	}
-}
-
-func spinErr(e syscall.Errno, s *spinner) error {
-	switch {
-	case s.stall != nil && s.stall.Load():
-		return errStalled
-	case s.stop.Load():
-		return errStopped
-	}
-	return e
+	return e.Stop
 }
 
 // Echo sends every datagram that arrives back to its sender: the far end
 // of a ping-pong. A connected-mode end whose socket is not connected yet
-// connects it to the first sender. It returns once stopped.
+// connects it to the first sender. It returns once stopped (nil), or on
+// an error.
 func (e *UDPEnd) Echo() error {
 	stop := e.flag()
-	defer lockOS(e.Poll, e.Shared)()
 	buf := make([]byte, 65536)
-	connected := e.Conn.RemoteAddr() != nil
-	if e.Poll == qp.PollBusy {
-		return onDescriptor(e.Conn, func(fd uintptr) error {
-			s := &spinner{stop: stop}
-			var from *rawAddr
-			if e.Unconnected || !connected {
-				from = &rawAddr{}
-			}
-			for {
-				n, err := spinRecv(fd, buf, from, s)
-				if err != nil {
-					return err
-				}
-				to := from
-				if !e.Unconnected && from != nil { // connect to the first sender
-					if _, _, errno := syscall.RawSyscall(syscall.SYS_CONNECT, fd, uintptr(unsafe.Pointer(&from.sa)), uintptr(from.len)); errno != 0 {
-						return errno
-					}
-					from, to = nil, nil
-				}
-				if err := spinSend(fd, buf[:n], to, s); err != nil {
-					return err
-				}
-			}
-		})
+	var from, to *rawAddr
+	if e.Unconnected || e.Conn.RemoteAddr() == nil {
+		from = &rawAddr{}
 	}
-	for {
-		var n int
-		var err error
-		if e.Unconnected || !connected {
-			var from netip.AddrPort
-			if n, from, err = e.Conn.ReadFromUDPAddrPort(buf); err != nil {
-				return err
-			}
-			if !e.Unconnected {
-				if err := connectTo(e.Conn, from); err != nil {
-					return err
-				}
-				connected = true
-				_, err = e.Conn.Write(buf[:n])
-			} else {
-				_, err = e.Conn.WriteToUDPAddrPort(buf[:n], from)
-			}
-		} else {
-			if n, err = e.Conn.Read(buf); err != nil {
-				return err
-			}
-			_, err = e.Conn.Write(buf[:n])
-		}
-		if err != nil {
-			return err
-		}
-	}
-}
-
-// connectTo connects c's socket to ap (connect(2): a UDP socket may be
-// connected after it was bound).
-func connectTo(c *net.UDPConn, ap netip.AddrPort) error {
-	r := rawAddrFor(socketFamily(c), ap)
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return err
-	}
+	var n int
 	var errno syscall.Errno
-	if err := rc.Control(func(fd uintptr) {
-		_, _, errno = syscall.Syscall(syscall.SYS_CONNECT, fd, uintptr(unsafe.Pointer(&r.sa)), uintptr(r.len))
-	}); err != nil {
-		return err
-	}
-	if errno != 0 {
+	rd := func(fd uintptr) syscall.Errno { n, errno = recv(fd, buf, from); return errno }
+	wr := func(fd uintptr) syscall.Errno { _, errno = send(fd, buf[:n], to); return errno }
+	connect := func(fd uintptr) syscall.Errno {
+		_, _, errno = syscall.RawSyscall(syscall.SYS_CONNECT, fd, uintptr(unsafe.Pointer(&from.sa)), uintptr(from.len))
 		return errno
 	}
-	return nil
+	err := withIO(e.Conn, e.Poll, e.Shared, stop, nil, func(io sysIO) error {
+		for {
+			if err := io.read(rd); err != nil {
+				return err
+			}
+			if e.Unconnected {
+				to = from
+			} else if from != nil { // connect to the first sender
+				if err := io.write(connect); err != nil {
+					return err
+				}
+				from = nil
+			}
+			if err := io.write(wr); err != nil {
+				return err
+			}
+		}
+	})
+	return stopped(err, stop)
 }
 
 // PingPong sends size-byte pings (to Peer when unconnected) and waits
@@ -379,58 +410,46 @@ func connectTo(c *net.UDPConn, ap netip.AddrPort) error {
 // 2 s ends it with an error.
 func (e *UDPEnd) PingPong(size, warmup, iters int) ([]int64, error) {
 	stop := e.flag()
-	defer lockOS(e.Poll, e.Shared)()
 	msg, buf := make([]byte, size), make([]byte, 65536)
+	var to, from *rawAddr
+	if e.Unconnected {
+		to, from = rawAddrFor(socketFamily(e.Conn), e.Peer), &rawAddr{}
+	}
+	rd := func(fd uintptr) syscall.Errno { _, errno := recv(fd, buf, from); return errno }
+	wr := func(fd uintptr) syscall.Errno { _, errno := send(fd, msg, to); return errno }
+	return pingPong(e.Conn, e.Poll, e.Shared, stop, warmup, iters, func() { e.Conn.SetReadDeadline(time.Unix(1, 0)) },
+		func(io sysIO) error {
+			if err := io.write(wr); err != nil {
+				return err
+			}
+			return io.read(rd)
+		})
+}
+
+// pingPong times warmup+iters round trips of trip, with a watchdog that
+// ends a stalled one (fire unblocks an event end's wait).
+func pingPong(c syscall.Conn, poll qp.PollMode, shared bool, stop *atomic.Bool, warmup, iters int, fire func(), trip func(sysIO) error) ([]int64, error) {
 	ns := make([]int64, 0, iters)
 	var progress atomic.Uint64
 	var stall atomic.Bool
-	defer watchdog(stallLimit, &progress, &stall, func() { e.Conn.SetReadDeadline(time.Unix(1, 0)) })()
-	if e.Poll == qp.PollBusy {
-		var to, from *rawAddr
-		if e.Unconnected {
-			to, from = rawAddrFor(socketFamily(e.Conn), e.Peer), &rawAddr{}
-		}
-		err := onDescriptor(e.Conn, func(fd uintptr) error {
-			s := &spinner{stop: stop, stall: &stall}
-			for it := range warmup + iters {
-				t0 := time.Now()
-				if err := spinSend(fd, msg, to, s); err != nil {
-					return err
-				}
-				if _, err := spinRecv(fd, buf, from, s); err != nil {
-					return err
-				}
-				if it >= warmup {
-					ns = append(ns, int64(time.Since(t0))/2)
-				}
-				progress.Add(1)
+	defer watchdog(stallLimit, &progress, &stall, fire)()
+	err := withIO(c, poll, shared, stop, &stall, func(io sysIO) error {
+		for it := range warmup + iters {
+			t0 := time.Now()
+			if err := trip(io); err != nil {
+				return err
 			}
-			return nil
-		})
-		return ns, err
+			if it >= warmup {
+				ns = append(ns, int64(time.Since(t0))/2)
+			}
+			progress.Add(1)
+		}
+		return nil
+	})
+	if err != nil && stall.Load() {
+		err = errStalled
 	}
-	for it := range warmup + iters {
-		t0 := time.Now()
-		var err error
-		if e.Unconnected {
-			if _, err = e.Conn.WriteToUDPAddrPort(msg, e.Peer); err == nil {
-				_, _, err = e.Conn.ReadFromUDPAddrPort(buf)
-			}
-		} else if _, err = e.Conn.Write(msg); err == nil {
-			_, err = e.Conn.Read(buf)
-		}
-		if err != nil {
-			if stall.Load() {
-				err = errStalled
-			}
-			return ns, err
-		}
-		if it >= warmup {
-			ns = append(ns, int64(time.Since(t0))/2)
-		}
-		progress.Add(1)
-	}
-	return ns, nil
+	return ns, err
 }
 
 // udpBatch is how many datagrams one sendmmsg or recvmmsg carries.
@@ -458,60 +477,14 @@ func newMmsg(bufs [][]byte, to *rawAddr) *mmsg {
 	return m
 }
 
-// call is one non-blocking sendmmsg or recvmmsg of the whole vector.
-func (m *mmsg) call(fd uintptr, trap uintptr) (int, syscall.Errno) {
-	n, _, e := syscall.RawSyscall6(trap, fd, uintptr(unsafe.Pointer(&m.hdrs[0])), uintptr(len(m.hdrs)), unix.MSG_DONTWAIT, 0, 0)
-	return int(n), e
-}
-
-// batches runs sendmmsg or recvmmsg on c's descriptor, over and over,
-// handing each result to each (which returns false to end): spinning in
-// busy mode, parked in the netpoller between batches in event mode.
-func batches(c *net.UDPConn, poll qp.PollMode, m *mmsg, trap uintptr, stop *atomic.Bool, each func(n int) bool) error {
-	if poll == qp.PollBusy {
-		return onDescriptor(c, func(fd uintptr) error {
-			s := &spinner{stop: stop}
-			for {
-				n, e := m.call(fd, trap)
-				if e == 0 {
-					if !each(n) {
-						return nil
-					}
-					s.ok()
-					continue
-				}
-				if !s.again(e) {
-					return spinErr(e, s)
-				}
-			}
-		})
+// op is one non-blocking sendmmsg or recvmmsg (trap) of the whole vector;
+// it leaves the count in *n.
+func (m *mmsg) op(trap uintptr, n *int) op {
+	return func(fd uintptr) syscall.Errno {
+		r, _, e := syscall.RawSyscall6(trap, fd, uintptr(unsafe.Pointer(&m.hdrs[0])), uintptr(len(m.hdrs)), unix.MSG_DONTWAIT, 0, 0)
+		*n = int(r)
+		return e
 	}
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return err
-	}
-	do, goOn := rc.Read, true
-	if trap == unix.SYS_SENDMMSG {
-		do = rc.Write
-	}
-	var cerr error
-	for goOn && !stop.Load() {
-		if err := do(func(fd uintptr) bool {
-			n, e := m.call(fd, trap)
-			if e == unix.EAGAIN || e == unix.EINTR {
-				return false // wait in the netpoller
-			}
-			if e != 0 {
-				cerr, goOn = e, false
-				return true
-			}
-			goOn = each(n)
-			return true
-		}); err != nil {
-			return err
-		}
-	}
-	return cerr
 }
 
 // Blast sends size-byte datagrams, udpBatch to a sendmmsg, while sending
@@ -520,7 +493,6 @@ func batches(c *net.UDPConn, poll qp.PollMode, m *mmsg, trap uintptr, stop *atom
 func (e *UDPEnd) Blast(size int, sending *atomic.Bool) (uint64, error) {
 	stop := e.flag()
 	setBuffers(e.Conn, sockBuffer)
-	defer lockOS(e.Poll, e.Shared)()
 	msg := make([]byte, size)
 	bufs := make([][]byte, udpBatch)
 	for i := range bufs {
@@ -530,16 +502,19 @@ func (e *UDPEnd) Blast(size int, sending *atomic.Bool) (uint64, error) {
 	if e.Unconnected {
 		to = rawAddrFor(socketFamily(e.Conn), e.Peer)
 	}
-	m := newMmsg(bufs, to)
+	var n int
+	wr := newMmsg(bufs, to).op(unix.SYS_SENDMMSG, &n)
 	var sent uint64
-	err := batches(e.Conn, e.Poll, m, unix.SYS_SENDMMSG, stop, func(n int) bool {
-		sent += uint64(n)
-		return sending.Load()
+	err := withIO(e.Conn, e.Poll, e.Shared, stop, nil, func(io sysIO) error {
+		for sending.Load() && !stop.Load() {
+			if err := io.write(wr); err != nil {
+				return err
+			}
+			sent += uint64(n)
+		}
+		return nil
 	})
-	if errors.Is(err, errStopped) {
-		err = nil
-	}
-	return sent, err
+	return sent, stopped(err, stop)
 }
 
 // Sink takes in datagrams, udpBatch to a recvmmsg, and calls got with
@@ -547,20 +522,26 @@ func (e *UDPEnd) Blast(size int, sending *atomic.Bool) (uint64, error) {
 func (e *UDPEnd) Sink(got func(datagrams, bytes int)) error {
 	stop := e.flag()
 	setBuffers(e.Conn, sockBuffer)
-	defer lockOS(e.Poll, e.Shared)()
 	bufs := make([][]byte, udpBatch)
 	for i := range bufs {
 		bufs[i] = make([]byte, 65536)
 	}
 	m := newMmsg(bufs, nil)
-	return batches(e.Conn, e.Poll, m, unix.SYS_RECVMMSG, stop, func(n int) bool {
-		b := 0
-		for _, h := range m.hdrs[:n] {
-			b += int(h.Len)
+	var n int
+	rd := m.op(unix.SYS_RECVMMSG, &n)
+	err := withIO(e.Conn, e.Poll, e.Shared, stop, nil, func(io sysIO) error {
+		for {
+			if err := io.read(rd); err != nil {
+				return err
+			}
+			b := 0
+			for _, h := range m.hdrs[:n] {
+				b += int(h.Len)
+			}
+			got(n, b)
 		}
-		got(n, b)
-		return true
 	})
+	return stopped(err, stop)
 }
 
 // TCPEnd is one end of a plain-TCP baseline run (raw-tcp).
@@ -587,119 +568,79 @@ func (e *TCPEnd) flag() *atomic.Bool {
 	return e.Stop
 }
 
-// full reads or writes exactly len(b) bytes on fd, spinning.
-func full(fd uintptr, b []byte, write bool, s *spinner) error {
-	call := uintptr(syscall.SYS_READ)
-	if write {
-		call = syscall.SYS_WRITE
-	}
+var errPeerClosed = errors.New("perf: the peer closed the connection")
+
+// streamIO reads or writes whole buffers of a TCP stream.
+type streamIO struct {
+	b      []byte
+	n      int
+	rd, wr op
+}
+
+func newStreamIO() *streamIO {
+	s := &streamIO{}
+	s.rd = func(fd uintptr) syscall.Errno { var e syscall.Errno; s.n, e = recv(fd, s.b, nil); return e }
+	s.wr = func(fd uintptr) syscall.Errno { var e syscall.Errno; s.n, e = send(fd, s.b, nil); return e }
+	return s
+}
+
+// full reads (or writes) all of b.
+func (s *streamIO) full(io sysIO, b []byte, write bool) error {
 	for len(b) > 0 {
-		n, _, e := syscall.RawSyscall(call, fd, uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
-		if e == 0 && int(n) > 0 {
-			b = b[n:]
-			s.ok()
-			continue
+		s.b = b
+		var err error
+		if write {
+			err = io.write(s.wr)
+		} else {
+			err = io.read(s.rd)
 		}
-		if e == 0 {
-			return errors.New("perf: the peer closed the connection")
+		if err != nil {
+			return err
 		}
-		if !s.again(e) {
-			return spinErr(e, s)
+		if s.n <= 0 {
+			return errPeerClosed
 		}
+		b = b[s.n:]
 	}
 	return nil
 }
 
 // Echo reads size-byte messages and writes each back: the far end of a
-// ping-pong. It returns once stopped, or the peer closes.
+// ping-pong. It returns once stopped, or the peer closes (nil).
 func (e *TCPEnd) Echo(size int) error {
 	stop := e.flag()
-	defer lockOS(e.Poll, e.Shared)()
 	buf := make([]byte, max(size, 1))
-	if e.Poll == qp.PollBusy {
-		return onDescriptor(e.Conn, func(fd uintptr) error {
-			s := &spinner{stop: stop}
-			for {
-				if err := full(fd, buf, false, s); err != nil {
-					return err
-				}
-				if err := full(fd, buf, true, s); err != nil {
-					return err
-				}
+	s := newStreamIO()
+	err := withIO(e.Conn, e.Poll, e.Shared, stop, nil, func(io sysIO) error {
+		for {
+			if err := s.full(io, buf, false); err != nil {
+				return err
 			}
-		})
-	}
-	for {
-		if _, err := readFull(e.Conn, buf); err != nil {
-			return err
+			if err := s.full(io, buf, true); err != nil {
+				return err
+			}
 		}
-		if _, err := e.Conn.Write(buf); err != nil {
-			return err
-		}
+	})
+	if errors.Is(err, errPeerClosed) {
+		err = nil
 	}
-}
-
-func readFull(c *net.TCPConn, b []byte) (int, error) {
-	n := 0
-	for n < len(b) {
-		k, err := c.Read(b[n:])
-		n += k
-		if err != nil {
-			return n, err
-		}
-	}
-	return n, nil
+	return stopped(err, stop)
 }
 
 // PingPong writes size-byte messages and reads each back, warmup+iters
 // times; it returns the last iters round trips halved, in nanoseconds.
 func (e *TCPEnd) PingPong(size, warmup, iters int) ([]int64, error) {
 	stop := e.flag()
-	defer lockOS(e.Poll, e.Shared)()
 	size = max(size, 1)
 	msg, buf := make([]byte, size), make([]byte, size)
-	ns := make([]int64, 0, iters)
-	var progress atomic.Uint64
-	var stall atomic.Bool
-	defer watchdog(stallLimit, &progress, &stall, func() { e.Conn.SetReadDeadline(time.Unix(1, 0)) })()
-	if e.Poll == qp.PollBusy {
-		err := onDescriptor(e.Conn, func(fd uintptr) error {
-			s := &spinner{stop: stop, stall: &stall}
-			for it := range warmup + iters {
-				t0 := time.Now()
-				if err := full(fd, msg, true, s); err != nil {
-					return err
-				}
-				if err := full(fd, buf, false, s); err != nil {
-					return err
-				}
-				if it >= warmup {
-					ns = append(ns, int64(time.Since(t0))/2)
-				}
-				progress.Add(1)
+	s := newStreamIO()
+	return pingPong(e.Conn, e.Poll, e.Shared, stop, warmup, iters, func() { e.Conn.SetReadDeadline(time.Unix(1, 0)) },
+		func(io sysIO) error {
+			if err := s.full(io, msg, true); err != nil {
+				return err
 			}
-			return nil
+			return s.full(io, buf, false)
 		})
-		return ns, err
-	}
-	for it := range warmup + iters {
-		t0 := time.Now()
-		_, err := e.Conn.Write(msg)
-		if err == nil {
-			_, err = readFull(e.Conn, buf)
-		}
-		if err != nil {
-			if stall.Load() {
-				err = errStalled
-			}
-			return ns, err
-		}
-		if it >= warmup {
-			ns = append(ns, int64(time.Since(t0))/2)
-		}
-		progress.Add(1)
-	}
-	return ns, nil
 }
 
 // Stream writes size-byte messages, one write each, while sending holds;
@@ -707,42 +648,21 @@ func (e *TCPEnd) PingPong(size, warmup, iters int) ([]int64, error) {
 // what went).
 func (e *TCPEnd) Stream(size int, sending *atomic.Bool) (uint64, error) {
 	stop := e.flag()
-	defer lockOS(e.Poll, e.Shared)()
 	msg := make([]byte, max(size, 1))
+	s := newStreamIO()
 	var sent uint64
-	if e.Poll == qp.PollBusy {
-		err := onDescriptor(e.Conn, func(fd uintptr) error {
-			s := &spinner{stop: stop}
-			for off := 0; sending.Load() || off > 0; {
-				n, _, errno := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&msg[off])), uintptr(len(msg)-off))
-				if errno == 0 {
-					sent += uint64(n)
-					off = (off + int(n)) % len(msg)
-					s.ok()
-					continue
-				}
-				if !s.again(errno) {
-					return spinErr(errno, s)
-				}
+	err := withIO(e.Conn, e.Poll, e.Shared, stop, nil, func(io sysIO) error {
+		for off := 0; (sending.Load() || off > 0) && !stop.Load(); {
+			s.b = msg[off:]
+			if err := io.write(s.wr); err != nil {
+				return err
 			}
-			return nil
-		})
-		if errors.Is(err, errStopped) {
-			err = nil
+			sent += uint64(s.n)
+			off = (off + s.n) % len(msg)
 		}
-		return sent, err
-	}
-	for sending.Load() && !stop.Load() {
-		n, err := e.Conn.Write(msg)
-		sent += uint64(n)
-		if err != nil {
-			if stop.Load() {
-				err = nil
-			}
-			return sent, err
-		}
-	}
-	return sent, nil
+		return nil
+	})
+	return sent, stopped(err, stop)
 }
 
 // tcpSinkBuffer is how much a TCP sink asks of each read.
@@ -752,34 +672,18 @@ const tcpSinkBuffer = 1 << 20
 // stopped or the peer closes.
 func (e *TCPEnd) Sink(got func(bytes int)) error {
 	stop := e.flag()
-	defer lockOS(e.Poll, e.Shared)()
-	buf := make([]byte, tcpSinkBuffer)
-	if e.Poll == qp.PollBusy {
-		return onDescriptor(e.Conn, func(fd uintptr) error {
-			s := &spinner{stop: stop}
-			for {
-				n, e := recv(fd, buf, nil)
-				if e == 0 {
-					if n == 0 {
-						return nil // the peer closed
-					}
-					got(n)
-					s.ok()
-					continue
-				}
-				if !s.again(e) {
-					return spinErr(e, s)
-				}
+	s := newStreamIO()
+	s.b = make([]byte, tcpSinkBuffer)
+	err := withIO(e.Conn, e.Poll, e.Shared, stop, nil, func(io sysIO) error {
+		for {
+			if err := io.read(s.rd); err != nil {
+				return err
 			}
-		})
-	}
-	for {
-		n, err := e.Conn.Read(buf)
-		if n > 0 {
-			got(n)
+			if s.n == 0 {
+				return nil // the peer closed
+			}
+			got(s.n)
 		}
-		if err != nil {
-			return err
-		}
-	}
+	})
+	return stopped(err, stop)
 }
