@@ -64,13 +64,8 @@ type benchFlags struct {
 // not act on (yet): refused when given, absent from `client -h`. The
 // server/client side removes a flag from here when it carries it.
 var clientNotFor = map[string]string{
-	"bidir":    "it runs only in `udperf local` and `compare` for now",
-	"qps":      "server/client runs one QP (or socket) pair",
-	"loss":     "the impairment layer runs only in `udperf local` and `compare`",
-	"seed":     "the impairment layer runs only in `udperf local` and `compare`",
-	"partial":  "deliver-partial runs only in `udperf local` and `compare`",
-	"deadline": "deliver-partial runs only in `udperf local` and `compare`",
-	"metrics":  "metrics are served only by `udperf local` and `compare`",
+	"bidir": "it runs only in `udperf local` and `compare` for now",
+	"qps":   "server/client runs one QP (or socket) pair",
 }
 
 // register adds the measuring flags to c: name is "local", "compare" or

@@ -62,7 +62,7 @@ func TestRefusedInOneLine(t *testing.T) {
 		{[]string{"local", "-mode", "nope"}, `unknown mode "nope"`},
 		{[]string{"local", "-poll", "sometimes"}, "-poll"},
 		{[]string{"local", "-loss", "2"}, "-loss"},
-		{[]string{"client", "-addr", "127.0.0.1:1", "-loss", "0.1"}, "-loss does not apply to client"},
+		{[]string{"client", "-addr", "127.0.0.1:1", "-qps", "2"}, "-qps does not apply to client"},
 		{[]string{"client", "-addr", "127.0.0.1:1", "stray"}, `unexpected argument "stray"`},
 		{[]string{"server", "-bogus"}, "-bogus"},
 		{[]string{"server", "-d", "mlx5_0"}, "-d: udiwarp has no device to pick"},
@@ -98,8 +98,8 @@ func TestHelp(t *testing.T) {
 	}{
 		{"local", []string{"-mode", "-D seconds", "-e", "-F", "-report_gbits", "-bidir", "-loss"}, []string{"-modes", "-rounds", "-addr", "-d\n", "-i\n"}},
 		{"compare", []string{"-modes", "-rounds", "-D seconds"}, []string{"-mode ", "-addr"}},
-		{"client", []string{"-addr", "-mode", "-s", "-D seconds", "-e"}, []string{"-loss", "-seed", "-partial", "-deadline", "-bidir", "-metrics", "-qps", "-modes"}},
-		{"server", []string{"-addr", "-once"}, []string{"-mode", "-s "}},
+		{"client", []string{"-addr", "-mode", "-s", "-D seconds", "-e", "-loss", "-seed", "-partial", "-deadline", "-metrics", "-mtu"}, []string{"-bidir", "-qps", "-modes"}},
+		{"server", []string{"-addr", "-once", "-metrics"}, []string{"-mode", "-s "}},
 		{"decode", []string{"-stream", "xxd -p"}, []string{"-mode"}},
 		{"demo", []string{"-quick"}, []string{"-mode"}},
 	} {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"net"
@@ -167,7 +168,9 @@ func TestServerClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan int, 1)
-	go func() { done <- serveOn(ln, false, io.Discard) }()
+	go func() {
+		done <- serveOn(context.Background(), ln, serverOptions{stdout: io.Discard, stderr: io.Discard})
+	}()
 	defer func() { ln.Close(); <-done }()
 	for _, m := range []string{"ud-send", "ud-wr", "rd-send", "rd-write", "rd-read", "rd-wr", "rc-send", "rc-write", "rc-read", "raw-udp", "raw-udp-unconn", "raw-tcp"} {
 		for _, test := range []string{"lat", "bw"} {

@@ -2,29 +2,50 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"os/signal"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
+	"github.com/udiwarp/udiwarp/internal/metrics"
 	"github.com/udiwarp/udiwarp/internal/perf"
 	"github.com/udiwarp/udiwarp/qp"
 )
 
 // `udperf server` and `udperf client`: the two ends in two processes (or
-// hosts, or network namespaces). The client connects to the server's
-// control port (TCP), asks for a run, learns the server's endpoint, runs
-// it, and prints the figures; bandwidth is measured where the data
-// arrives, at the server, and sent back on the control connection.
+// hosts, or network namespaces). The client opens one control connection
+// (TCP) to the server's control port for its whole sweep, a session: it
+// greets the server, then for each size asks for a run, learns the
+// server's endpoint, runs it, says done, and gets the server's figures
+// (bandwidth is measured where the data arrives, at the server). The
+// request carries every setting the server's end applies (-loss, -seed,
+// -partial, -deadline, -mtu, -poll), as udperf local applies them.
 // Every mode (remoteqp.go has the queue-pair modes; this file the
 // plain-socket ones, whose ends are internal/perf's UDPEnd and TCPEnd, as
 // in udperf local: both processes poll as the client's -poll says).
+//
+// The protocol, one JSON value per message:
+//
+//	client: {"hello":"udperf/1"}            server: {"udperf":"udperf/1"}
+//	client: runRequest                      server: runReply (its endpoint, or error)
+//	client: doneMsg (what it sent, its figures)  server: runReply (its figures)
+//	... a request and a done per size, then
+//	client: {"bye":true}                    server: {"udperf":"udperf/1"}, and closes
+//
+// A client that goes away without its bye ends its session too.
 
 const defaultControl = ":18515" // perftest's port
+
+// protocol names the control protocol in the greeting and its answer.
+const protocol = "udperf/1"
 
 var remoteModes = map[perf.Mode]bool{perf.ModeUDSend: true, perf.ModeUDWriteRecord: true,
 	perf.ModeRDSend: true, perf.ModeRDWrite: true, perf.ModeRDRead: true, perf.ModeRDWriteRecord: true,
@@ -32,83 +53,180 @@ var remoteModes = map[perf.Mode]bool{perf.ModeUDSend: true, perf.ModeUDWriteReco
 	perf.ModeRawUDP: true, perf.ModeRawUDPUnconnected: true, perf.ModeRawTCP: true}
 
 type runRequest struct {
+	// Hello opens a session: the protocol the client speaks. A message
+	// with Hello is a greeting, not a run.
+	Hello string `json:"hello,omitempty"`
+	// Bye ends a session: the server frees itself for the next client,
+	// answers, and closes.
+	Bye      bool          `json:"bye,omitempty"`
 	Mode     perf.Mode     `json:"mode"`
-	Test     string        `json:"test"`
+	Test     string        `json:"test"` // lat, bw or rate (a bw run whose figure is the message rate)
 	Size     int           `json:"size"`
 	Poll     string        `json:"poll"`
 	Duration time.Duration `json:"duration"`
-	Segment  int           `json:"segment,omitempty"` // Write-Record segment payload (-mtu)
+	// The settings the server's end applies, as udperf local does.
+	Segment  int           `json:"segment,omitempty"` // segment payload (-mtu)
+	Loss     float64       `json:"loss,omitempty"`
+	Seed     uint64        `json:"seed,omitempty"`
+	Partial  bool          `json:"partial,omitempty"`
+	Deadline time.Duration `json:"deadline,omitempty"`
 	// The client's region, for the server's Write-Records and Writes back.
 	STag uint32 `json:"stag,omitempty"`
 	TO   uint64 `json:"to,omitempty"`
 }
 
+// regionRef is a region's handle.
+type regionRef struct {
+	STag uint32 `json:"stag"`
+	TO   uint64 `json:"to"`
+}
+
 type runReply struct {
-	Error string `json:"error,omitempty"`
-	Addr  string `json:"addr,omitempty"` // the data endpoint
-	QPN   uint32 `json:"qpn,omitempty"`
-	// The server's region, and (rc-send) the receives it posted.
-	STag    uint32 `json:"stag,omitempty"`
-	TO      uint64 `json:"to,omitempty"`
-	Credits int    `json:"credits,omitempty"`
-	// After a bandwidth run: what the server received.
-	Received uint64  `json:"received,omitempty"`
-	Gbps     float64 `json:"gbps,omitempty"`
-	Mpps     float64 `json:"mpps,omitempty"`
+	// Udperf answers a greeting: the protocol the server speaks.
+	Udperf string `json:"udperf,omitempty"`
+	Error  string `json:"error,omitempty"`
+	Addr   string `json:"addr,omitempty"` // the data endpoint
+	QPN    uint32 `json:"qpn,omitempty"`
+	// The server's region, and (rc-send) the receives it posted; ud-wr:
+	// a region per message slot.
+	STag    uint32      `json:"stag,omitempty"`
+	TO      uint64      `json:"to,omitempty"`
+	Credits int         `json:"credits,omitempty"`
+	Slots   []regionRef `json:"slots,omitempty"`
+	// After a bandwidth run: what the server received (Received: whole
+	// messages; Partial: Write-Records delivered partial; ValidBytes: the
+	// bytes recorded valid, whole and partial).
+	Received   uint64  `json:"received,omitempty"`
+	Partial    uint64  `json:"partial,omitempty"`
+	ValidBytes uint64  `json:"valid_bytes,omitempty"`
+	Gbps       float64 `json:"gbps,omitempty"`
+	Mpps       float64 `json:"mpps,omitempty"`
+}
+
+// doneMsg ends a run: what the client sent (bw) and its figures, for the
+// server's line (lat: p50 and average; the modes the client measures:
+// Gb/s and Mpps).
+type doneMsg struct {
+	Done bool    `json:"done"`
+	Sent uint64  `json:"sent"`
+	P50  float64 `json:"p50_us,omitempty"`
+	Avg  float64 `json:"avg_us,omitempty"`
+	Gbps float64 `json:"gbps,omitempty"`
+	Mpps float64 `json:"mpps,omitempty"`
+}
+
+// requestConfig is the run a request asks for, as a perf.Config: what
+// both ends check (perf.Config.Check) and apply.
+func requestConfig(req runRequest) perf.Config {
+	test := perf.TestBW
+	if req.Test == "lat" {
+		test = perf.TestLat
+	}
+	return perf.Config{Mode: req.Mode, Test: test, Poll: pollOf(req.Poll), Size: req.Size, Duration: req.Duration, QPs: 1,
+		Segment: req.Segment, Loss: req.Loss, Seed: req.Seed, Partial: req.Partial, Deadline: req.Deadline}
+}
+
+// remoteCheck refuses what server/client cannot run as asked, at the
+// client before it connects and at the server for each request:
+// perf.Config.Check (the one home of what a mode ignores or cannot carry),
+// then what only udperf local runs.
+func remoteCheck(c perf.Config) error {
+	if !remoteModes[c.Mode] {
+		return fmt.Errorf("mode %s runs only in `udperf local`", c.Mode)
+	}
+	if err := c.Check(); err != nil {
+		return err
+	}
+	switch {
+	case c.QPs > 1:
+		return errors.New("-qps: server/client runs one QP (or socket) pair")
+	case c.Bidir:
+		return errors.New("-bidir runs only in `udperf local` and `compare`")
+	case c.Size > remoteMaxSize(c.Mode):
+		return fmt.Errorf("-s %d: %s carries 1 to %d bytes over server/client", c.Size, c.Mode, remoteMaxSize(c.Mode))
+	}
+	return nil
 }
 
 func server(args []string, stdout, stderr io.Writer) int {
-	cmd := newCommand("server", "udperf server [-addr :18515] [-once]", "The far end of `udperf client` runs (another process, host or namespace).")
+	cmd := newCommand("server", "udperf server [-addr :18515] [-once] [-metrics HOST:PORT]",
+		"The far end of `udperf client` runs (another process, host or namespace): a line on stdout per run served.\nSIGINT or SIGTERM stops it (exit 0).")
 	fs := cmd.fs
 	addr := fs.String("addr", defaultControl, "control address to listen on")
-	once := fs.Bool("once", false, "serve one run, then exit")
+	once := fs.Bool("once", false, "serve one client session (a whole sweep), then exit")
+	var f benchFlags // for -metrics
+	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics of the server's devices at HOST:PORT/metrics")
 	cmd.noDevice()
 	if code, ok := cmd.parse(args, stdout, stderr); !ok {
 		return code
 	}
+	stopMetrics, err := f.serveMetrics(stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "udperf server: %v\n", err)
+		return 2
+	}
+	defer stopMetrics()
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		fmt.Fprintf(stderr, "udperf server: %v\n", err)
 		return 1
 	}
 	defer ln.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	fmt.Fprintf(stdout, "udperf server: control at %s\n", ln.Addr())
-	return serveOn(ln, *once, stderr)
+	return serveOn(ctx, ln, serverOptions{once: *once, stdout: stdout, stderr: stderr, metrics: f.collector})
+}
+
+// serverOptions are serveOn's.
+type serverOptions struct {
+	once           bool      // serve one session that ran something, then return
+	stdout, stderr io.Writer // a line per run; errors
+	metrics        *metrics.Collector
 }
 
 // requestTimeout bounds how long a control connection may take to send
-// its request; runSlack how long past its duration a run may wait for the
-// client's "done" (as long as the client itself waits).
+// its next message (a request, or the end of the session); runSlack how
+// long past its duration a run may wait for the client's "done" (as long
+// as the client itself waits).
 var (
 	requestTimeout = 10 * time.Second
 	runSlack       = 5 * time.Minute
 )
 
-// busyError is the answer to a request that arrives during another run.
+// busyError is the answer to a request that arrives during another
+// client's session.
 const busyError = "busy: another client's run is in progress; try again when it ends"
 
-// serveOn serves control connections from ln until it closes (or, with
-// once, until one run has been served). Each connection has its own
-// goroutine and must send its request within requestTimeout, so an idle
-// or slow connection holds up nobody; runs are serialised, and a request
-// that arrives during another client's run is answered at once with
-// busyError. When ln closes, serveOn closes every control connection and
-// returns once their goroutines have.
-func serveOn(ln net.Listener, once bool, stderr io.Writer) int {
+// serveOn serves control connections from ln until ctx ends or ln closes
+// (or, with once, until one session that ran something has ended). Each
+// connection has its own goroutine and must send each message within
+// requestTimeout, so an idle or slow connection holds up nobody; a session
+// holds the server from its first run to its end, and a request from
+// another client meanwhile is answered at once with busyError. When ctx
+// ends (SIGINT, SIGTERM) or ln closes, serveOn closes ln and every control
+// connection, stops the run in progress without waiting for its drain,
+// and returns once the connections' goroutines (and so their devices)
+// are gone: 0 after ctx or once, 1 after another end of ln.
+func serveOn(ctx context.Context, ln net.Listener, o serverOptions) int {
 	var (
 		wg      sync.WaitGroup
-		mu      sync.Mutex // conns, stderr
+		mu      sync.Mutex // conns, stdout, stderr
 		conns   = map[net.Conn]struct{}{}
-		running sync.Mutex // held for the length of a run
+		running sync.Mutex // held by the session whose runs are in progress
 		served  atomic.Bool
-		stop    sync.Once
+		closing atomic.Bool // the server stops: runs end without draining
+		once    sync.Once
 	)
-	logf := func(format string, args ...any) {
+	logf := func(w io.Writer, format string, args ...any) {
 		mu.Lock()
-		fmt.Fprintf(stderr, format, args...)
+		fmt.Fprintf(w, format, args...)
 		mu.Unlock()
 	}
+	shut := func() { once.Do(func() { closing.Store(true); ln.Close() }) }
+	defer context.AfterFunc(ctx, shut)()
 	defer func() {
+		shut()
 		mu.Lock()
 		for c := range conns {
 			c.Close()
@@ -119,82 +237,175 @@ func serveOn(ln net.Listener, once bool, stderr io.Writer) int {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
-			if served.Load() {
+			if served.Load() || ctx.Err() != nil {
 				return 0
 			}
-			logf("udperf server: %v\n", err)
+			logf(o.stderr, "udperf server: %v\n", err)
 			return 1
 		}
 		mu.Lock()
+		if closing.Load() { // shut between Accept and here
+			mu.Unlock()
+			c.Close()
+			continue
+		}
 		conns[c] = struct{}{}
 		mu.Unlock()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ran, err := serveRun(c, &running)
+			s := &session{c: c, running: &running, closing: &closing, metrics: o.metrics,
+				line: func(l string) { logf(o.stdout, "udperf server: %s %s\n", c.RemoteAddr(), l) }}
+			ran, err := s.serve()
 			mu.Lock()
 			delete(conns, c)
 			mu.Unlock()
-			if err != nil {
-				logf("udperf server: %v: %v\n", c.RemoteAddr(), err)
+			if err != nil && !closing.Load() {
+				logf(o.stderr, "udperf server: %v: %v\n", c.RemoteAddr(), err)
 			}
-			if ran && once {
-				stop.Do(func() { served.Store(true); ln.Close() })
+			if ran && o.once {
+				served.Store(true)
+				shut()
 			}
 		}()
 	}
 }
 
-// serveRun serves one client's run on control connection c, if no other
-// run holds running. It reports whether it ran one.
-func serveRun(c net.Conn, running *sync.Mutex) (ran bool, err error) {
-	defer c.Close()
-	rd := bufio.NewReader(c)
-	enc := json.NewEncoder(c)
-	var req runRequest
-	c.SetReadDeadline(time.Now().Add(requestTimeout))
-	if err := json.NewDecoder(rd).Decode(&req); err != nil {
-		return false, fmt.Errorf("request: %w", err)
+// session is the server's side of one control connection.
+type session struct {
+	c       net.Conn
+	running *sync.Mutex
+	holding bool // this session holds running
+	closing *atomic.Bool
+	metrics *metrics.Collector
+	line    func(string) // prints a line about a run served
+}
+
+// serve serves the session's messages until the client ends it (closes
+// the connection), goes quiet for requestTimeout, or the server stops. It
+// reports whether it ran anything.
+func (s *session) serve() (ran bool, err error) {
+	defer s.c.Close()
+	defer func() {
+		if s.holding {
+			s.running.Unlock()
+		}
+	}()
+	dec := json.NewDecoder(bufio.NewReader(s.c))
+	enc := json.NewEncoder(s.c)
+	for {
+		var req runRequest
+		s.c.SetReadDeadline(time.Now().Add(requestTimeout))
+		if err := dec.Decode(&req); err != nil {
+			if errors.Is(err, io.EOF) {
+				return ran, nil // the session's end
+			}
+			return ran, fmt.Errorf("request: %w", err)
+		}
+		if req.Bye {
+			if s.holding {
+				s.running.Unlock()
+				s.holding = false
+			}
+			enc.Encode(runReply{Udperf: protocol})
+			return ran, nil
+		}
+		if req.Hello != "" {
+			if req.Hello != protocol {
+				enc.Encode(runReply{Udperf: protocol, Error: fmt.Sprintf("this server speaks %s, not %s", protocol, req.Hello)})
+				return ran, nil
+			}
+			if err := enc.Encode(runReply{Udperf: protocol}); err != nil {
+				return ran, err
+			}
+			continue
+		}
+		cfg := requestConfig(req)
+		if err := remoteCheck(cfg); err != nil || (req.Test != "lat" && req.Test != "bw" && req.Test != "rate") {
+			if err == nil {
+				err = fmt.Errorf("test %q: want lat, bw or rate", req.Test)
+			}
+			enc.Encode(runReply{Error: fmt.Sprintf("cannot serve %s %s %d B: %v", req.Mode, req.Test, req.Size, err)})
+			continue
+		}
+		if !s.holding {
+			if !s.running.TryLock() {
+				enc.Encode(runReply{Error: busyError})
+				continue
+			}
+			s.holding = true
+		}
+		ran = true
+		if err := s.run(req, cfg, dec, enc); err != nil {
+			return ran, err
+		}
 	}
-	reply := func(r runReply) { enc.Encode(r) }
-	if !remoteModes[req.Mode] || (req.Test != "lat" && req.Test != "bw") || req.Size < 0 || req.Size > remoteMaxSize(req.Mode) {
-		reply(runReply{Error: fmt.Sprintf("cannot serve mode %q test %q size %d (lat or bw; at most %d bytes)", req.Mode, req.Test, req.Size, remoteMaxSize(req.Mode))})
-		return false, nil
+}
+
+// run serves one run of the session.
+func (s *session) run(req runRequest, cfg perf.Config, dec *json.Decoder, enc *json.Encoder) error {
+	if s.metrics != nil {
+		cfg.OnDevice = s.metrics.Add
 	}
-	if !running.TryLock() {
-		reply(runReply{Error: busyError})
-		return false, nil
-	}
-	host, _, _ := net.SplitHostPort(c.LocalAddr().String())
-	ep, err := newEndpoint(req, host)
+	host, _, _ := net.SplitHostPort(s.c.LocalAddr().String())
+	ep, err := newEndpoint(req, cfg, host)
 	if err != nil {
-		running.Unlock()
-		reply(runReply{Error: err.Error()})
-		return true, err
+		enc.Encode(runReply{Error: err.Error()})
+		return err
 	}
-	reply(runReply{Addr: ep.addr, QPN: ep.qpn, STag: ep.stag, TO: ep.to, Credits: ep.credits})
+	release := sync.OnceFunc(ep.close)
+	defer release()
+	if err := enc.Encode(runReply{Addr: ep.addr, QPN: ep.qpn, STag: ep.stag, TO: ep.to, Credits: ep.credits, Slots: ep.slots}); err != nil {
+		return err
+	}
 	// The run lasts until the client says done (or goes away, or takes
-	// longer than it would wait itself).
-	c.SetReadDeadline(time.Now().Add(max(req.Duration, 0) + runSlack))
-	var done struct {
-		Done bool
-		Sent uint64 // messages the client sent (bw)
+	// longer than it would wait itself, or the server stops).
+	s.c.SetReadDeadline(time.Now().Add(max(req.Duration, 0) + runSlack))
+	var done doneMsg
+	if err := dec.Decode(&done); err != nil || !done.Done {
+		if s.closing.Load() {
+			return errors.New("stopped") // not reported: the server is going
+		}
+		return fmt.Errorf("%s %s %d B: the client's done: %v", req.Mode, req.Test, req.Size, err)
 	}
-	json.NewDecoder(rd).Decode(&done)
-	if req.Test == "bw" && reliableMode(string(req.Mode)) && !clientMeasured(req.Mode) {
+	if req.Test != "lat" && reliableMode(string(req.Mode)) && !clientMeasured(req.Mode) {
 		// A reliable transport loses nothing: take in what is still on
 		// its way, however slowly, before counting, so that the client's
-		// Lost is what was really lost.
+		// Lost is what was really lost (unless the server stops).
 		want := done.Sent * uint64(max(req.Size, 1))
-		perf.WaitUntil(perf.DrainLimit, func() bool { return ep.bytes() >= want })
+		perf.WaitUntil(perf.DrainLimit, func() bool { return s.closing.Load() || ep.bytes() >= want })
 	}
 	r := ep.stop()
-	// Free before the figures go out: a client that starts its next run
-	// once it has them is not told the server is busy.
-	ep.close()
-	running.Unlock()
-	reply(r)
-	return true, nil
+	release()
+	s.line(runLine(req, done, r))
+	return enc.Encode(r)
+}
+
+// runLine is the server's line about a run: what ran, and its figures
+// (lat: the client's p50 and average; bw and rate: Gb/s and Mpps, the
+// server's where it measured them, else the client's).
+func runLine(req runRequest, done doneMsg, r runReply) string {
+	l := fmt.Sprintf("%s %s %d B poll %s", req.Mode, req.Test, req.Size, req.Poll)
+	if req.Loss > 0 {
+		l += fmt.Sprintf(" loss %g seed %d", req.Loss, req.Seed)
+	}
+	if req.Partial {
+		l += fmt.Sprintf(" partial %v", req.Deadline)
+	}
+	if req.Segment > 0 {
+		l += fmt.Sprintf(" mtu %d", req.Segment)
+	}
+	switch {
+	case req.Test == "lat":
+		return l + fmt.Sprintf(": p50 %.2f us, avg %.2f us", done.P50, done.Avg)
+	case clientMeasured(req.Mode):
+		return l + fmt.Sprintf(": %.2f Gb/s, %.4f Mpps", done.Gbps, done.Mpps)
+	}
+	l += fmt.Sprintf(": %.2f Gb/s, %.4f Mpps, %d of %d messages received", r.Gbps, r.Mpps, r.Received, done.Sent)
+	if r.Partial > 0 {
+		l += fmt.Sprintf(", %d partial", r.Partial)
+	}
+	return l
 }
 
 // endpoint is the server's end of one run.
@@ -204,15 +415,16 @@ type endpoint struct {
 	stag    uint32
 	to      uint64
 	credits int
+	slots   []regionRef
 	stop    func() runReply
 	close   func()
 	bytes   func() uint64 // received so far
 }
 
-func newEndpoint(req runRequest, host string) (*endpoint, error) {
+func newEndpoint(req runRequest, cfg perf.Config, host string) (*endpoint, error) {
 	slot := max(req.Size, 1)
 	var wg sync.WaitGroup
-	var received, bytes atomic.Uint64
+	var received, bytes, partial, partialBytes atomic.Uint64
 	var first, last atomic.Int64
 	note := func(n int) {
 		now := time.Now().UnixNano()
@@ -221,24 +433,32 @@ func newEndpoint(req runRequest, host string) (*endpoint, error) {
 		received.Add(1)
 		bytes.Add(uint64(n))
 	}
+	notePartial := func(valid uint64) { // a Write-Record delivered partial
+		now := time.Now().UnixNano()
+		first.CompareAndSwap(0, now)
+		last.Store(now)
+		partial.Add(1)
+		partialBytes.Add(valid)
+	}
 	start := time.Now()
 	result := func() runReply {
-		r := runReply{Received: received.Load()}
+		r := runReply{Received: received.Load(), Partial: partial.Load(), ValidBytes: bytes.Load() + partialBytes.Load()}
+		n := r.Received + r.Partial
 		el := time.Duration(last.Load() - first.Load()).Seconds()
-		if el <= 0 || r.Received <= 1 {
+		if el <= 0 || n <= 1 {
 			// All of it at once: the run's span stands in (a lower
 			// bound, never a zero for data that arrived).
 			el = time.Unix(0, last.Load()).Sub(start).Seconds()
 		}
-		if el > 0 && r.Received > 0 {
-			r.Gbps = float64(bytes.Load()) * 8 / el / 1e9
-			r.Mpps = float64(r.Received) / el / 1e6
+		if el > 0 && n > 0 {
+			r.Gbps = float64(r.ValidBytes) * 8 / el / 1e9
+			r.Mpps = float64(n) / el / 1e6
 		}
 		return r
 	}
 	echo := req.Test == "lat"
 	ep := &endpoint{bytes: bytes.Load}
-	poll := pollOf(req.Poll)
+	poll := cfg.Poll
 	var stop atomic.Bool
 	switch req.Mode {
 	case perf.ModeRawUDP, perf.ModeRawUDPUnconnected:
@@ -303,7 +523,7 @@ func newEndpoint(req runRequest, host string) (*endpoint, error) {
 			wg.Wait()
 		}
 	default:
-		qep, err := newQPEndpoint(req, host, note, result)
+		qep, err := newQPEndpoint(req, cfg, host, note, notePartial, result)
 		if qep != nil {
 			qep.bytes = bytes.Load
 		}
@@ -317,7 +537,8 @@ func newEndpoint(req runRequest, host string) (*endpoint, error) {
 }
 
 func client(args []string, stdout, stderr io.Writer) int {
-	cmd := newCommand("client", "udperf client -addr HOST:PORT [flags]", "A run against `udperf server`: every mode but raw-udp-unconn. JSON and CSV schema: docs/udperf.md.")
+	cmd := newCommand("client", "udperf client -addr HOST:PORT [flags]",
+		"A run (or, with -a, a sweep) against `udperf server`, over one control connection: every mode.\nThe server applies -loss, -seed, -partial, -deadline and -mtu to its end as udperf local does.\nJSON and CSV schema: docs/udperf.md.")
 	fs := cmd.fs
 	addr := fs.String("addr", "", "the server's control address (HOST:PORT)")
 	var f benchFlags
@@ -325,96 +546,192 @@ func client(args []string, stdout, stderr io.Writer) int {
 	if code, ok := cmd.parse(args, stdout, stderr); !ok {
 		return code
 	}
+	fail := func(err error) int { fmt.Fprintf(stderr, "udperf client: %v\n", err); return 2 }
 	m, err := parseMode(f.mode)
-	if err == nil && !remoteModes[m] {
-		err = fmt.Errorf("mode %s runs only in `udperf local`", m)
+	if err != nil {
+		return fail(err)
 	}
-	if err == nil && *addr == "" {
-		err = errors.New("-addr HOST:PORT of the server is required")
+	if *addr == "" {
+		return fail(errors.New("-addr HOST:PORT of the server is required"))
 	}
-	var cfgs []perf.Config
-	if err == nil {
-		cfgs, err = f.configs(m)
+	cfgs, err := f.configs(m)
+	if err != nil {
+		return fail(err)
 	}
-	if err == nil && m == perf.ModeRCWrite && f.test == "lat" && f.poll != "busy" {
-		err = errors.New("rc-write lat watches memory for the peer's Write, as ib_write_lat does: it needs -poll busy")
+	// Everything the server cannot run as asked is refused here, before
+	// connecting; -a leaves out the sizes a mode cannot carry over
+	// server/client.
+	var runs []perf.Config
+	for _, c := range cfgs {
+		if f.all && c.Size > remoteMaxSize(m) {
+			continue
+		}
+		if err := remoteCheck(c); err != nil {
+			return fail(err)
+		}
+		runs = append(runs, c)
 	}
+	stopMetrics, err := f.serveMetrics(stderr) // the client's devices
+	if err != nil {
+		return fail(err)
+	}
+	defer stopMetrics()
+	if f.collector != nil {
+		for i := range runs {
+			runs[i].OnDevice = f.collector.Add
+		}
+	}
+	ctx, release := interruptible("client", stderr)
+	defer release()
+	sess, err := dialSession(*addr)
 	if err != nil {
 		fmt.Fprintf(stderr, "udperf client: %v\n", err)
-		return 2
+		return 1
 	}
-	var rows []row
-	for _, cfg := range cfgs {
-		if cfg.Size > remoteMaxSize(m) || (m == perf.ModeRCWrite && f.test == "lat" && cfg.Size < 1) {
-			if f.all {
-				continue
-			}
-			fmt.Fprintf(stderr, "udperf client: -s %d: %s carries 1 to %d bytes over server/client\n", cfg.Size, m, remoteMaxSize(m))
-			return 2
+	defer sess.close()
+	out := &printer{out: newSink(stdout, f.format(), f.test, false, newDocument("client", &f)), bar: newBar(stderr, len(runs))}
+	interrupted := false
+	var runErr error
+	out.bar.draw()
+	for _, cfg := range runs {
+		if ctx.Err() != nil {
+			interrupted = true
+			break
 		}
-		r, err := runRemote(*addr, cfg, f.test, f.poll)
+		r, err := sess.run(cfg, f.test)
 		if err != nil {
-			fmt.Fprintf(stderr, "udperf client: %s %d B: %v\n", m, cfg.Size, err)
-			return 1
+			runErr = fmt.Errorf("%s %s %d B: %w", m, f.test, cfg.Size, err)
+			break
 		}
-		rows = append(rows, rowOf(f.test, r))
+		out.bar.done++
+		if err := out.row(rowOf(f.test, r)); err != nil {
+			runErr = err
+			break
+		}
 	}
-	return emit(stdout, stderr, "client", fs, &f, rows)
+	out.bar.clear()
+	sess.close() // the session's end: the server frees itself for the next client
+	return finish("client", stderr, out.out, interrupted, runErr)
 }
 
-// runRemote runs cfg against the server at addr.
-func runRemote(addr string, cfg perf.Config, test, pollName string) (perf.Result, error) {
+// greetTimeout bounds the wait for the server's answer to the greeting:
+// a peer that is not a udperf server may say nothing at all.
+var greetTimeout = 3 * time.Second
+
+// clientSession is the client's control connection: one for a sweep.
+type clientSession struct {
+	addr   string
+	c      net.Conn
+	dec    *json.Decoder
+	enc    *json.Encoder
+	closed bool
+}
+
+// dialSession connects to the server at addr and greets it; a peer that
+// answers anything but udperf's greeting (or closes, or says nothing
+// within greetTimeout) is "not a udperf server at addr".
+func dialSession(addr string) (*clientSession, error) {
 	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
-		return perf.Result{}, err
+		return nil, err
 	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(cfg.Duration + 5*time.Minute))
-	dec := json.NewDecoder(c)
-	enc := json.NewEncoder(c)
-	req := runRequest{Mode: cfg.Mode, Test: test, Size: cfg.Size, Poll: pollName, Duration: cfg.Duration, Segment: cfg.Segment}
+	s := &clientSession{addr: addr, c: c, dec: json.NewDecoder(bufio.NewReader(c)), enc: json.NewEncoder(c)}
+	notServer := func(why string) (*clientSession, error) {
+		c.Close()
+		return nil, fmt.Errorf("not a udperf server at %s (%s)", addr, why)
+	}
+	c.SetDeadline(time.Now().Add(greetTimeout))
+	if err := s.enc.Encode(runRequest{Hello: protocol}); err != nil {
+		return notServer(err.Error())
+	}
+	var rep runReply
+	if err := s.dec.Decode(&rep); err != nil {
+		var ne net.Error
+		switch {
+		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET):
+			return notServer("it closed the connection")
+		case errors.As(err, &ne) && ne.Timeout():
+			return notServer(fmt.Sprintf("no answer within %v", greetTimeout))
+		}
+		return notServer("it answered something else")
+	}
+	if rep.Udperf == "" {
+		return notServer("it answered something else")
+	}
+	if rep.Error != "" {
+		c.Close()
+		return nil, errors.New("server: " + rep.Error)
+	}
+	c.SetDeadline(time.Time{})
+	return s, nil
+}
+
+// close ends the session politely: a bye, whose answer says the server
+// is free for the next client (a sweep run right after this one is not
+// told it is busy); idempotent.
+func (s *clientSession) close() {
+	if s.closed {
+		return
+	}
+	s.closed = true
+	s.c.SetDeadline(time.Now().Add(greetTimeout))
+	if s.enc.Encode(runRequest{Bye: true}) == nil {
+		var rep runReply
+		s.dec.Decode(&rep)
+	}
+	s.c.Close()
+}
+
+// run runs cfg (test: lat, bw or rate) in the session.
+func (s *clientSession) run(cfg perf.Config, test string) (perf.Result, error) {
+	s.c.SetDeadline(time.Now().Add(cfg.Duration + 5*time.Minute))
+	req := runRequest{Mode: cfg.Mode, Test: test, Size: cfg.Size, Poll: cfg.Poll.String(), Duration: cfg.Duration,
+		Segment: cfg.Segment, Loss: cfg.Loss, Seed: cfg.Seed, Partial: cfg.Partial, Deadline: cfg.Deadline}
 	var end *qpEnd
 	if !plainMode(cfg.Mode) {
-		network, local := clientNetwork(addr)
-		if end, err = openQPEnd(cfg.Mode, cfg.Size, cfg.Poll, cfg.Segment, network, local); err != nil {
+		network, local := clientNetwork(s.addr)
+		var err error
+		if end, err = openQPEnd(cfg, false, network, local); err != nil {
 			return perf.Result{}, err
 		}
 		defer end.dev.Close()
 		req.STag, req.TO = end.mr.STag(), end.mr.Addr()
 	}
-	if err := enc.Encode(req); err != nil {
+	if err := s.enc.Encode(req); err != nil {
 		return perf.Result{}, err
 	}
 	var rep runReply
-	if err := dec.Decode(&rep); err != nil {
+	if err := s.dec.Decode(&rep); err != nil {
 		return perf.Result{}, fmt.Errorf("the server's answer: %w", err)
 	}
 	if rep.Error != "" {
 		return perf.Result{}, errors.New("server: " + rep.Error)
 	}
 	var res perf.Result
+	var err error
 	if end != nil {
 		res, err = end.driveQP(cfg, test, rep)
 	} else {
 		res, err = drive(cfg, test, rep)
 	}
-	enc.Encode(struct {
-		Done bool
-		Sent uint64
-	}{true, res.Sent})
+	done := doneMsg{Done: true, Sent: res.Sent, P50: res.Median, Avg: res.Avg, Gbps: res.Gbps, Mpps: res.Mpps}
+	encErr := s.enc.Encode(done)
+	if err == nil {
+		err = encErr
+	}
 	if err != nil {
 		return perf.Result{}, err
 	}
 	var fin runReply
-	if err := dec.Decode(&fin); err != nil {
+	if err := s.dec.Decode(&fin); err != nil {
 		return perf.Result{}, fmt.Errorf("the server's figures: %w", err)
 	}
-	if test == "bw" && !clientMeasured(cfg.Mode) {
-		res.Received, res.Gbps, res.Mpps = fin.Received, fin.Gbps, fin.Mpps
+	if cfg.Test == perf.TestBW && !clientMeasured(cfg.Mode) {
+		res.Received, res.Partial, res.Gbps, res.Mpps = fin.Received, fin.Partial, fin.Gbps, fin.Mpps
 		if res.Sent > res.Received {
 			res.Lost = res.Sent - res.Received
 		}
-		res.ValidBytes = res.Received * uint64(cfg.Size)
+		res.ValidBytes = fin.ValidBytes
 	}
 	return res, nil
 }

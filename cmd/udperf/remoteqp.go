@@ -14,6 +14,7 @@ import (
 
 	"github.com/udiwarp/udiwarp/internal/perf"
 	"github.com/udiwarp/udiwarp/qp"
+	"github.com/udiwarp/udiwarp/writerecord"
 )
 
 // The queue-pair modes over server/client. Both ends open a qpEnd: a
@@ -85,15 +86,50 @@ type qpEnd struct {
 	cq    *qp.CQ
 	q     *qp.QP
 	sock  *qp.Socket
+	// slots: ud-wr's target regions, one per message slot, as local's
+	// (messages to different STags do not supersede each other, so each
+	// can run to its deadline and be delivered partial).
+	slots []*qp.MR
 }
 
-// openQPEnd opens one end; host is the address to bind (UD, RD) or "" for
-// RC, which connects or accepts later.
-func openQPEnd(m perf.Mode, size int, poll qp.PollMode, segment int, network, local string) (*qpEnd, error) {
+// wrSlots is how many regions a ud-wr target offers (local's count).
+const wrSlots = 16
+
+// impairmentOf is what an end's impairment layer drops of a run's
+// settings, as udperf local applies them: RD modes drop at both ends,
+// data and acks (the client's end seeded with -seed, the server's with
+// -seed+1); ud-send and ud-wr bandwidth at the sender, the client.
+func impairmentOf(c perf.Config, server bool) *qp.Impairment {
+	if c.Loss <= 0 {
+		return nil
+	}
+	if qpTypeOf(c.Mode) == qp.RD {
+		seed := c.Seed
+		if server {
+			seed++
+		}
+		return &qp.Impairment{Seed: seed, Loss: c.Loss}
+	}
+	if server {
+		return nil // UD: the sender drops
+	}
+	return &qp.Impairment{Seed: c.Seed, Loss: c.Loss}
+}
+
+// openQPEnd opens one end of c's run, with the settings an end applies
+// (as udperf local does: the impairment layer's loss, the segment size of
+// -mtu, Write-Record's deadline and policy, metrics through c.OnDevice);
+// local is the address to bind (UD, RD) or "" for RC, which connects or
+// accepts later.
+func openQPEnd(c perf.Config, server bool, network, local string) (*qpEnd, error) {
+	m, size := c.Mode, c.Size
 	e := &qpEnd{mode: m, size: size, slot: max(size, 1)}
 	var err error
-	if e.dev, err = qp.Open(qp.DeviceConfig{Poll: poll, RecvBuffer: 32 << 20}); err != nil {
+	if e.dev, err = qp.Open(qp.DeviceConfig{Poll: c.Poll, RecvBuffer: 32 << 20, Impair: impairmentOf(c, server)}); err != nil {
 		return nil, err
+	}
+	if c.OnDevice != nil {
+		c.OnDevice(e.dev)
 	}
 	fail := func(err error) (*qpEnd, error) { e.dev.Close(); return nil, err }
 	e.pd = e.dev.AllocPD()
@@ -102,15 +138,36 @@ func openQPEnd(m perf.Mode, size int, poll qp.PollMode, segment int, network, lo
 		e.depth = max(4, min(256, (32<<20)/e.slot))
 		n = e.depth * e.slot
 	}
+	if m == perf.ModeUDWriteRecord {
+		n = max(n, wrSlots*e.slot)
+	}
 	e.buf = make([]byte, n)
 	if e.mr, err = e.pd.RegisterMemory(e.buf, qp.AccessLocalWrite|qp.AccessRemoteWrite|qp.AccessRemoteRead); err != nil {
 		return fail(err)
 	}
+	if m == perf.ModeUDWriteRecord {
+		for i := range wrSlots {
+			mr, err := e.pd.RegisterMemory(e.buf[i*e.slot:(i+1)*e.slot], qp.AccessLocalWrite|qp.AccessRemoteWrite)
+			if err != nil {
+				return fail(err)
+			}
+			e.slots = append(e.slots, mr)
+		}
+	}
 	if e.cq, err = e.dev.CreateCQ(4096); err != nil {
 		return fail(err)
 	}
-	attr := qp.QPAttr{Type: qpTypeOf(m), SendCQ: e.cq, RecvCQ: e.cq, WriteRecordSegment: segment,
+	attr := qp.QPAttr{Type: qpTypeOf(m), SendCQ: e.cq, RecvCQ: e.cq, WriteRecordSegment: c.Segment,
 		Caps: qp.QPCaps{MaxSendWR: 1024, MaxRecvWR: max(e.depth, 64)}}
+	if attr.Type == qp.RD {
+		attr.RD.Segment = c.Segment
+	}
+	if m == perf.ModeUDWriteRecord { // as local's ud-wr ends
+		attr.WriteRecord = writerecord.Config{Timeout: c.Deadline, Policy: writerecord.Discard}
+		if c.Partial {
+			attr.WriteRecord.Policy = writerecord.DeliverPartial
+		}
+	}
 	if e.q, err = e.pd.CreateQP(attr); err != nil {
 		return fail(err)
 	}
@@ -166,7 +223,7 @@ func (e *qpEnd) park(d time.Duration) {
 }
 
 // serveQP is the server's loop: echo or count, until stop.
-func (e *qpEnd) serveQP(req runRequest, echo, busy bool, note func(int), stop *atomic.Bool) {
+func (e *qpEnd) serveQP(req runRequest, echo, busy bool, note func(int), notePartial func(uint64), stop *atomic.Bool) {
 	wcs := make([]qp.WorkCompletion, 64)
 	ahs := map[netip.AddrPort]*qp.AH{}
 	ahOf := func(wc *qp.WorkCompletion) *qp.AH {
@@ -217,6 +274,14 @@ func (e *qpEnd) serveQP(req runRequest, echo, busy bool, note func(int), stop *a
 					e.q.PostSend(&qp.SendWR{}) // creditBatch more receives are posted
 				}
 			case qp.WCWriteRecord:
+				if !echo && wc.Partial { // -partial: its valid ranges
+					var valid uint64
+					for _, r := range wc.Valid {
+						valid += r.Len()
+					}
+					notePartial(valid)
+					continue
+				}
 				if !echo {
 					note(int(wc.Len))
 					continue
@@ -228,21 +293,22 @@ func (e *qpEnd) serveQP(req runRequest, echo, busy bool, note func(int), stop *a
 	}
 }
 
-// newQPEndpoint is the server's end of a queue-pair mode.
-func newQPEndpoint(req runRequest, host string, note func(int), result func() runReply) (*endpoint, error) {
-	poll := qp.PollEvent
-	if req.Poll == "busy" {
-		poll = qp.PollBusy
-	}
+// newQPEndpoint is the server's end of a queue-pair mode: c is the run
+// the request asks for (with the server's OnDevice).
+func newQPEndpoint(req runRequest, c perf.Config, host string, note func(int), notePartial func(uint64), result func() runReply) (*endpoint, error) {
+	poll := c.Poll
 	network := "udp4"
 	if a, err := netip.ParseAddr(host); err == nil && a.Is6() && !a.Is4In6() {
 		network = "udp6"
 	}
-	e, err := openQPEnd(req.Mode, req.Size, poll, req.Segment, network, net.JoinHostPort(host, "0"))
+	e, err := openQPEnd(c, true, network, net.JoinHostPort(host, "0"))
 	if err != nil {
 		return nil, err
 	}
 	ep := &endpoint{stag: e.mr.STag(), to: e.mr.Addr(), credits: e.depth - 2}
+	for _, mr := range e.slots {
+		ep.slots = append(ep.slots, regionRef{STag: mr.STag(), TO: mr.Addr()})
+	}
 	var l *qp.RCListener
 	if e.sock == nil {
 		if l, err = e.dev.ListenRC(net.JoinHostPort(host, "0")); err != nil {
@@ -264,7 +330,7 @@ func newQPEndpoint(req runRequest, host string, note func(int), result func() ru
 				return
 			}
 		}
-		e.serveQP(req, req.Test == "lat", poll == qp.PollBusy, note, &stop)
+		e.serveQP(req, req.Test == "lat", poll == qp.PollBusy, note, notePartial, &stop)
 	}()
 	ep.close = func() {
 		stop.Store(true)
@@ -275,7 +341,11 @@ func newQPEndpoint(req runRequest, host string, note func(int), result func() ru
 		wg.Wait()
 	}
 	ep.stop = func() runReply {
-		time.Sleep(50 * time.Millisecond) // what is still on its way arrives
+		wait := 50 * time.Millisecond // what is still on its way arrives
+		if c.Mode == perf.ModeUDWriteRecord {
+			wait = max(wait, 2*c.Deadline) // deadlines pass: partial records come in (as local)
+		}
+		time.Sleep(wait)
 		return result()
 	}
 	return ep, nil
@@ -409,7 +479,11 @@ func (e *qpEnd) driveQP(cfg perf.Config, test string, rep runReply) (perf.Result
 		return res, nil
 	}
 	credits := rep.Credits
-	for time.Now().Before(end) {
+	for i := 0; time.Now().Before(end); {
+		if len(rep.Slots) > 0 { // ud-wr: a region per message slot, round-robin
+			s := rep.Slots[i%len(rep.Slots)]
+			wr.RemoteSTag, wr.RemoteTO = s.STag, s.TO
+		}
 		for _, wc := range wcs[:e.cq.Poll(wcs)] {
 			if wc.Opcode == qp.WCRecv && wc.Status == qp.Success {
 				e.repost(&wc)
@@ -425,6 +499,7 @@ func (e *qpEnd) driveQP(cfg perf.Config, test string, rep runReply) (perf.Result
 		if e.q.PostSend(&wr) == nil {
 			res.Sent++
 			credits--
+			i++
 		}
 	}
 	return res, nil

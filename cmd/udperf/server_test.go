@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"net"
@@ -19,7 +20,9 @@ func startServer(t *testing.T) string {
 		t.Fatal(err)
 	}
 	done := make(chan int, 1)
-	go func() { done <- serveOn(ln, false, io.Discard) }()
+	go func() {
+		done <- serveOn(context.Background(), ln, serverOptions{stdout: io.Discard, stderr: io.Discard})
+	}()
 	t.Cleanup(func() { ln.Close(); <-done })
 	return ln.Addr().String()
 }
@@ -73,8 +76,9 @@ func TestServerIdleControlConnection(t *testing.T) {
 	}
 }
 
-// TestServerBusy: while one client's run is in progress, another client is
-// told at once that the server is busy; once the run ends, it is served.
+// TestServerBusy: while one client's session is in progress (a run, or
+// between its runs), another client is told at once that the server is
+// busy; once the session ends, it is served.
 func TestServerBusy(t *testing.T) {
 	addr := startServer(t)
 	c, err := net.Dial("tcp", addr)
@@ -98,6 +102,15 @@ func TestServerBusy(t *testing.T) {
 	enc.Encode(struct{ Done bool }{true})
 	if err := dec.Decode(&rep); err != nil {
 		t.Fatal(err)
+	}
+	// Still the first client's session: the server stays its own.
+	if code, stderr := clientRun(t, addr, "raw-udp"); code != 1 || !strings.Contains(stderr, "busy") {
+		t.Fatalf("a second client during the first's session: exit %d, %q", code, stderr)
+	}
+	// The session ends with its bye, answered once the server is free.
+	enc.Encode(runRequest{Bye: true})
+	if err := dec.Decode(&rep); err != nil || rep.Udperf != protocol {
+		t.Fatalf("the bye's answer: %+v %v", rep, err)
 	}
 	if code, stderr := clientRun(t, addr, "raw-udp"); code != 0 {
 		t.Fatalf("a client after the run: exit %d: %s", code, stderr)
