@@ -23,7 +23,7 @@ func usage(w io.Writer) {
   udperf compare -modes M1,M2 ...  several modes back to back, alternating, with ratios to M1
                                    (flags: udperf local -h; JSON schema: docs/udperf.md)
   udperf server [-addr :18515]     the far end of client runs (another process, host or namespace)
-  udperf client -addr HOST:PORT    a run against a server: ud-send, rd-send, rc-send, raw-udp, raw-tcp
+  udperf client -addr HOST:PORT    a run or an -a sweep against a server, every mode (one session)
   udperf decode [-stream] HEX|-    check and describe a udiwarp datagram (or, with
                                    -stream, a DDP segment as MPA carries it); hex or
                                    a dump (xxd, od, tshark -x), "-" for stdin
