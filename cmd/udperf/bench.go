@@ -634,22 +634,6 @@ sizes:
 	return finish("compare", stderr, out.out, interrupted, runErr)
 }
 
-// emit prints rows measured beforehand (what client does until it prints
-// each row as it is measured, through newSink).
-func emit(stdout, stderr io.Writer, cmd string, _ *flag.FlagSet, f *benchFlags, rows []row) int {
-	out := newSink(stdout, f.format(), f.test, false, newDocument(cmd, f))
-	for _, r := range rows {
-		if err := out.row(r); err != nil {
-			break
-		}
-	}
-	if err := out.done(false); err != nil {
-		fmt.Fprintf(stderr, "udperf %s: %v\n", cmd, err)
-		return 1
-	}
-	return 0
-}
-
 // warmup maps -w to perf.Config.Warmup, where 0 means the default and a
 // negative value none.
 func warmup(w int) int {

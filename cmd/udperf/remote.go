@@ -724,6 +724,9 @@ func (s *clientSession) run(cfg perf.Config, test string) (perf.Result, error) {
 	}
 	var fin runReply
 	if err := s.dec.Decode(&fin); err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return perf.Result{}, errors.New("the server ended the session before sending its figures (was it stopped?)")
+		}
 		return perf.Result{}, fmt.Errorf("the server's figures: %w", err)
 	}
 	if cfg.Test == perf.TestBW && !clientMeasured(cfg.Mode) {
@@ -766,8 +769,8 @@ func drive(cfg perf.Config, test string, rep runReply) (perf.Result, error) {
 		end := &perf.UDPEnd{Poll: cfg.Poll, Stop: &stop, Unconnected: cfg.Mode == perf.ModeRawUDPUnconnected, Peer: to.AddrPort()}
 		if end.Unconnected {
 			network, local := clientNetwork(rep.Addr)
-			la, err := net.ResolveUDPAddr(network, local)
-			if err != nil {
+			var la *net.UDPAddr
+			if la, err = net.ResolveUDPAddr(network, local); err != nil {
 				return res, err
 			}
 			end.Conn, err = net.ListenUDP(network, la)
