@@ -57,7 +57,7 @@ func TestServerClientPlainBusy(t *testing.T) {
 	for _, m := range []string{"raw-udp", "raw-udp-unconn", "raw-tcp"} {
 		for _, test := range []string{"lat", "bw"} {
 			t.Run(m+"/"+test, func(t *testing.T) {
-				r := runJSON(t, "client", "-addr", addr, "-mode", m, "-test", test, "-poll", "busy", "-s", "1000", "-n", "200", "-w", "10", "-D", "100ms")
+				r := runJSON(t, append([]string{"client", "-addr", addr, "-mode", m, "-test", test, "-poll", "busy", "-s", "1000"}, runLength(test, 200, 10, "100ms")...)...)
 				if r.Mode != m || r.Bytes != 1000 {
 					t.Fatalf("%+v", r)
 				}
