@@ -96,6 +96,10 @@ type op func(fd uintptr) syscall.Errno
 type sysIO interface {
 	read(o op) error  // a receive: waits until o goes through
 	write(o op) error // a send: waits until o goes through
+	// drain is a receive of a stream's sink: in event mode it parks at
+	// once, as a queue pair's receive loop does (a spinning sink takes in
+	// smaller batches: 4 against 7 Gb/s for 1 KiB datagrams).
+	drain(o op) error
 }
 
 // busyIO retries ops on a descriptor held open (onDescriptor), spinning.
@@ -107,6 +111,8 @@ type busyIO struct {
 func (b *busyIO) read(o op) error { return b.spin(o) }
 
 func (b *busyIO) write(o op) error { return b.spin(o) }
+
+func (b *busyIO) drain(o op) error { return b.spin(o) }
 
 func (b *busyIO) spin(o op) error {
 	for {
@@ -122,8 +128,8 @@ func (b *busyIO) spin(o op) error {
 }
 
 // eventIO runs each op in a RawConn callback: a receive is retried for
-// up to eventSpin, then (as a send at once) parks in the netpoller until
-// the socket is ready.
+// up to eventSpin, then (as a send or a drain at once) parks in the
+// netpoller until the socket is ready.
 type eventIO struct {
 	rc    syscall.RawConn
 	o     op
@@ -154,13 +160,14 @@ func newEventIO(rc syscall.RawConn) *eventIO {
 	return e
 }
 
-func (e *eventIO) read(o op) error  { return e.do(o, true) }
-func (e *eventIO) write(o op) error { return e.do(o, false) }
+func (e *eventIO) read(o op) error  { return e.do(o, true, true) }
+func (e *eventIO) write(o op) error { return e.do(o, false, false) }
+func (e *eventIO) drain(o op) error { return e.do(o, true, false) }
 
-func (e *eventIO) do(o op, spin bool) error {
+func (e *eventIO) do(o op, read, spin bool) error {
 	e.o, e.spin = o, spin
 	do := e.rc.Write
-	if spin {
+	if read {
 		do = e.rc.Read
 	}
 	if err := do(e.fn); err != nil {
@@ -531,7 +538,7 @@ func (e *UDPEnd) Sink(got func(datagrams, bytes int)) error {
 	rd := m.op(unix.SYS_RECVMMSG, &n)
 	err := withIO(e.Conn, e.Poll, e.Shared, stop, nil, func(io sysIO) error {
 		for {
-			if err := io.read(rd); err != nil {
+			if err := io.drain(rd); err != nil {
 				return err
 			}
 			b := 0
@@ -676,7 +683,7 @@ func (e *TCPEnd) Sink(got func(bytes int)) error {
 	s.b = make([]byte, tcpSinkBuffer)
 	err := withIO(e.Conn, e.Poll, e.Shared, stop, nil, func(io sysIO) error {
 		for {
-			if err := io.read(s.rd); err != nil {
+			if err := io.drain(s.rd); err != nil {
 				return err
 			}
 			if s.n == 0 {
