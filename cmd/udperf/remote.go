@@ -452,11 +452,10 @@ func drive(cfg perf.Config, test string, rep runReply) (perf.Result, error) {
 		end := &perf.UDPEnd{Poll: cfg.Poll, Stop: &stop, Unconnected: cfg.Mode == perf.ModeRawUDPUnconnected, Peer: to.AddrPort()}
 		if end.Unconnected {
 			network, local := clientNetwork(rep.Addr)
-			la, err := net.ResolveUDPAddr(network, local)
-			if err != nil {
-				return res, err
+			var la *net.UDPAddr
+			if la, err = net.ResolveUDPAddr(network, local); err == nil {
+				end.Conn, err = net.ListenUDP(network, la)
 			}
-			end.Conn, err = net.ListenUDP(network, la)
 		} else {
 			end.Conn, err = net.DialUDP("udp", nil, to)
 		}

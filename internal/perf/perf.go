@@ -1,7 +1,14 @@
 // Package perf runs the measurements udperf reports and the benchmarks
-// record: ping-pong latency and one-way bandwidth over UD queue pairs, and
-// the same over plain UDP sockets written as fast as Go allows, so every
-// figure has its baseline from the same run.
+// record: ping-pong latency and one-way bandwidth over UD, RD and RC queue
+// pairs, and the same over plain UDP and TCP sockets written as fast as Go
+// allows for each polling mode, so every figure has its baseline from the
+// same run.
+//
+// Files: perf.go the harness (Config, Check, Run, results); ud.go, wr.go,
+// rd.go and rc.go the queue-pair modes; sock.go the plain-socket ends
+// (UDPEnd, TCPEnd), which udperf's server and client run too, so both
+// sides of every ratio poll alike in one process or two; raw.go and the
+// end of rc.go the plain-socket runs in one process.
 package perf
 
 import (
@@ -79,13 +86,15 @@ type Config struct {
 	Iters    int
 	Warmup   int
 	Duration time.Duration
-	QPs      int // concurrent QP pairs (or socket pairs)
-	// NoCRC runs UD without CRC32c (both ends agree); raw modes ignore it.
+	QPs      int // concurrent QP pairs (or socket pairs, or connections)
+	// NoCRC runs the queue pairs without CRC32c (both ends agree).
 	NoCRC bool
-	// Write-Record: segment size (0: the socket's largest), loss applied
-	// by the sender's impairment layer (a probability) with its seed (RD
-	// modes: by both ends', to data and acks), and deliver-partial with
-	// its deadline (default: discard, 10 s).
+	// Segment size of Write-Record and the RD one-sided modes (0: the
+	// socket's largest); loss applied by the sender's impairment layer (a
+	// probability; ud-wr and ud-send bandwidth) with its seed (RD modes:
+	// by both ends', to data and acks); and Write-Record's
+	// deliver-partial with its deadline (default: discard, 10 s). Check
+	// says which mode acts on which.
 	Segment  int
 	Loss     float64
 	Seed     uint64
