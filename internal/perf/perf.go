@@ -259,7 +259,9 @@ func (c Config) Check() error {
 		return fmt.Errorf("segment %d: not negative", c.Segment)
 	case c.Segment > 0 && !m.oneSided() && m != ModeUDWriteRecord:
 		return fmt.Errorf("segment (mtu): %s sends each message whole (segments: ud-wr, rd-write, rd-read, rd-wr)", m)
-	case c.Interval < 0 || (c.Interval > 0 && (m != ModeUDWriteRecord || c.Test != TestBW)):
+	case c.Interval < 0:
+		return fmt.Errorf("interval %v: not negative", c.Interval)
+	case c.Interval > 0 && (m != ModeUDWriteRecord || c.Test != TestBW):
 		return fmt.Errorf("interval: only ud-wr bw is paced, not %s %s", m, c.Test)
 	case c.Bidir && c.Test != TestBW:
 		return errors.New("bidir: bandwidth only")
