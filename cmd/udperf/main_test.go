@@ -169,7 +169,7 @@ func TestServerClient(t *testing.T) {
 	done := make(chan int, 1)
 	go func() { done <- serveOn(ln, false, io.Discard) }()
 	defer func() { ln.Close(); <-done }()
-	for _, m := range []string{"ud-send", "ud-wr", "rd-send", "rd-write", "rd-read", "rd-wr", "rc-send", "rc-write", "rc-read", "raw-udp", "raw-tcp"} {
+	for _, m := range []string{"ud-send", "ud-wr", "rd-send", "rd-write", "rd-read", "rd-wr", "rc-send", "rc-write", "rc-read", "raw-udp", "raw-udp-unconn", "raw-tcp"} {
 		for _, test := range []string{"lat", "bw"} {
 			t.Run(m+"/"+test, func(t *testing.T) {
 				var out, errb bytes.Buffer
@@ -199,9 +199,6 @@ func TestServerClient(t *testing.T) {
 		}
 	}
 	var out, errb bytes.Buffer
-	if code := run([]string{"client", "-addr", ln.Addr().String(), "-mode", "raw-udp-unconn"}, &out, &errb); code != 2 {
-		t.Fatalf("a mode server/client does not run: exit %d", code)
-	}
 	if code := run([]string{"client", "-addr", ln.Addr().String(), "-mode", "rc-write", "-poll", "event"}, &out, &errb); code != 2 {
 		t.Fatalf("rc-write lat in event mode: exit %d", code)
 	}

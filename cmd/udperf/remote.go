@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/udiwarp/udiwarp/internal/perf"
+	"github.com/udiwarp/udiwarp/qp"
 )
 
 // `udperf server` and `udperf client`: the two ends in two processes (or
@@ -19,14 +20,16 @@ import (
 // control port (TCP), asks for a run, learns the server's endpoint, runs
 // it, and prints the figures; bandwidth is measured where the data
 // arrives, at the server, and sent back on the control connection.
-// Every mode but raw-udp-unconn (remoteqp.go has the queue-pair modes).
+// Every mode (remoteqp.go has the queue-pair modes; this file the
+// plain-socket ones, whose ends are internal/perf's UDPEnd and TCPEnd, as
+// in udperf local: both processes poll as the client's -poll says).
 
 const defaultControl = ":18515" // perftest's port
 
 var remoteModes = map[perf.Mode]bool{perf.ModeUDSend: true, perf.ModeUDWriteRecord: true,
 	perf.ModeRDSend: true, perf.ModeRDWrite: true, perf.ModeRDRead: true, perf.ModeRDWriteRecord: true,
 	perf.ModeRCSend: true, perf.ModeRCWrite: true, perf.ModeRCRead: true,
-	perf.ModeRawUDP: true, perf.ModeRawTCP: true}
+	perf.ModeRawUDP: true, perf.ModeRawUDPUnconnected: true, perf.ModeRawTCP: true}
 
 type runRequest struct {
 	Mode     perf.Mode     `json:"mode"`
@@ -155,7 +158,7 @@ func serveRun(c net.Conn, running *sync.Mutex) (ran bool, err error) {
 	}
 	reply := func(r runReply) { enc.Encode(r) }
 	if !remoteModes[req.Mode] || (req.Test != "lat" && req.Test != "bw") || req.Size < 0 || req.Size > remoteMaxSize(req.Mode) {
-		reply(runReply{Error: fmt.Sprintf("cannot serve mode %q test %q size %d (every mode but raw-udp-unconn; lat or bw; at most %d bytes)", req.Mode, req.Test, req.Size, remoteMaxSize(req.Mode))})
+		reply(runReply{Error: fmt.Sprintf("cannot serve mode %q test %q size %d (lat or bw; at most %d bytes)", req.Mode, req.Test, req.Size, remoteMaxSize(req.Mode))})
 		return false, nil
 	}
 	if !running.TryLock() {
@@ -235,71 +238,67 @@ func newEndpoint(req runRequest, host string) (*endpoint, error) {
 	}
 	echo := req.Test == "lat"
 	ep := &endpoint{bytes: bytes.Load}
+	poll := pollOf(req.Poll)
+	var stop atomic.Bool
 	switch req.Mode {
-	case perf.ModeRawUDP:
+	case perf.ModeRawUDP, perf.ModeRawUDPUnconnected:
 		pc, err := net.ListenPacket("udp", net.JoinHostPort(host, "0"))
 		if err != nil {
 			return nil, err
 		}
 		ep.addr = pc.LocalAddr().String()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			buf := make([]byte, 65536)
-			for {
-				n, from, err := pc.ReadFrom(buf)
-				if err != nil {
-					return
-				}
-				if echo {
-					pc.WriteTo(buf[:n], from)
-				} else {
-					note(n)
-				}
+		// raw-udp: the socket connects to the client's first datagram.
+		end := &perf.UDPEnd{Conn: pc.(*net.UDPConn), Poll: poll, Unconnected: req.Mode == perf.ModeRawUDPUnconnected, Stop: &stop}
+		wg.Go(func() {
+			if echo {
+				end.Echo()
+				return
 			}
-		}()
-		ep.close = func() { pc.Close(); wg.Wait() }
+			end.Sink(func(k, n int) {
+				now := time.Now().UnixNano()
+				first.CompareAndSwap(0, now)
+				last.Store(now)
+				received.Add(uint64(k))
+				bytes.Add(uint64(n))
+			})
+		})
+		ep.close = func() { stop.Store(true); pc.Close(); wg.Wait() }
 	case perf.ModeRawTCP:
 		ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 		if err != nil {
 			return nil, err
 		}
 		ep.addr = ln.Addr().String()
-		var conn atomic.Pointer[net.Conn]
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		var conn atomic.Pointer[net.TCPConn]
+		wg.Go(func() {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			conn.Store(&c)
-			buf := make([]byte, max(slot, 1<<20))
-			for {
-				if echo {
-					if _, err := io.ReadFull(c, buf[:slot]); err != nil {
-						return
-					}
-					if _, err := c.Write(buf[:slot]); err != nil {
-						return
-					}
-					continue
-				}
-				n, err := c.Read(buf)
-				if err != nil {
-					return
-				}
+			tc := c.(*net.TCPConn)
+			conn.Store(tc)
+			if stop.Load() { // closed while accepting
+				tc.Close()
+				return
+			}
+			perf.TuneTCP(tc)
+			end := &perf.TCPEnd{Conn: tc, Poll: poll, Stop: &stop}
+			if echo {
+				end.Echo(slot)
+				return
+			}
+			end.Sink(func(n int) {
 				now := time.Now().UnixNano()
 				first.CompareAndSwap(0, now)
 				last.Store(now)
-				bytes.Add(uint64(n))
-				received.Store(bytes.Load() / uint64(slot))
-			}
-		}()
+				received.Store(bytes.Add(uint64(n)) / uint64(slot))
+			})
+		})
 		ep.close = func() {
+			stop.Store(true)
 			ln.Close()
 			if c := conn.Load(); c != nil {
-				(*c).Close()
+				c.Close()
 			}
 			wg.Wait()
 		}
@@ -328,7 +327,7 @@ func client(args []string, stdout, stderr io.Writer) int {
 	}
 	m, err := parseMode(f.mode)
 	if err == nil && !remoteModes[m] {
-		err = fmt.Errorf("mode %s runs only in `udperf local` (server/client: every mode but raw-udp-unconn)", m)
+		err = fmt.Errorf("mode %s runs only in `udperf local`", m)
 	}
 	if err == nil && *addr == "" {
 		err = errors.New("-addr HOST:PORT of the server is required")
@@ -375,7 +374,7 @@ func runRemote(addr string, cfg perf.Config, test, pollName string) (perf.Result
 	enc := json.NewEncoder(c)
 	req := runRequest{Mode: cfg.Mode, Test: test, Size: cfg.Size, Poll: pollName, Duration: cfg.Duration, Segment: cfg.Segment}
 	var end *qpEnd
-	if cfg.Mode != perf.ModeRawUDP && cfg.Mode != perf.ModeRawTCP {
+	if !plainMode(cfg.Mode) {
 		network, local := clientNetwork(addr)
 		if end, err = openQPEnd(cfg.Mode, cfg.Size, cfg.Poll, cfg.Segment, network, local); err != nil {
 			return perf.Result{}, err
@@ -420,70 +419,77 @@ func runRemote(addr string, cfg perf.Config, test, pollName string) (perf.Result
 	return res, nil
 }
 
+// plainMode says m runs over plain sockets (drive), not queue pairs.
+func plainMode(m perf.Mode) bool {
+	return m == perf.ModeRawUDP || m == perf.ModeRawUDPUnconnected || m == perf.ModeRawTCP
+}
+
+// pollOf is the polling mode a request names (the client's -poll).
+func pollOf(name string) qp.PollMode {
+	if name == "busy" {
+		return qp.PollBusy
+	}
+	return qp.PollEvent
+}
+
 // drive runs the client's end of a plain-socket mode: a ping-pong (lat)
-// or a stream (bw).
+// or a stream (bw), with the same perf ends (and so the same system calls
+// and polling) as udperf local and the server.
 func drive(cfg perf.Config, test string, rep runReply) (perf.Result, error) {
-	size := max(cfg.Size, 1)
 	res := perf.Result{Config: cfg}
-	var ping func() error // one round trip
-	var push func() bool  // one message of a stream
-	var closeAll func()
+	var stop, sending atomic.Bool
+	var ping func() ([]int64, error)
+	var push func() (uint64, error) // messages sent
 	switch cfg.Mode {
-	case perf.ModeRawUDP:
-		c, err := net.Dial("udp", rep.Addr)
+	case perf.ModeRawUDP, perf.ModeRawUDPUnconnected:
+		to, err := net.ResolveUDPAddr("udp", rep.Addr)
 		if err != nil {
 			return res, err
 		}
-		closeAll = func() { c.Close() }
-		buf := make([]byte, 65536)
-		msg := make([]byte, size)
-		ping = func() error {
-			c.SetReadDeadline(time.Now().Add(2 * time.Second))
-			if _, err := c.Write(msg); err != nil {
-				return err
+		end := &perf.UDPEnd{Poll: cfg.Poll, Stop: &stop, Unconnected: cfg.Mode == perf.ModeRawUDPUnconnected, Peer: to.AddrPort()}
+		if end.Unconnected {
+			network, local := clientNetwork(rep.Addr)
+			var la *net.UDPAddr
+			if la, err = net.ResolveUDPAddr(network, local); err == nil {
+				end.Conn, err = net.ListenUDP(network, la)
 			}
-			_, err := c.Read(buf)
-			return err
+		} else {
+			end.Conn, err = net.DialUDP("udp", nil, to)
 		}
-		push = func() bool { _, err := c.Write(msg); return err == nil }
+		if err != nil {
+			return res, err
+		}
+		defer func() { stop.Store(true); end.Conn.Close() }()
+		ping = func() ([]int64, error) { return end.PingPong(cfg.Size, max(cfg.Warmup, 0), cfg.Iters) }
+		push = func() (uint64, error) { return end.Blast(cfg.Size, &sending) }
 	case perf.ModeRawTCP:
 		c, err := net.Dial("tcp", rep.Addr)
 		if err != nil {
 			return res, err
 		}
-		c.(*net.TCPConn).SetNoDelay(true)
-		closeAll = func() { c.Close() }
-		buf := make([]byte, size)
-		msg := make([]byte, size)
-		ping = func() error {
-			if _, err := c.Write(msg); err != nil {
-				return err
-			}
-			_, err := io.ReadFull(c, buf)
-			return err
+		tc := c.(*net.TCPConn)
+		perf.TuneTCP(tc)
+		end := &perf.TCPEnd{Conn: tc, Poll: cfg.Poll, Stop: &stop}
+		defer func() { stop.Store(true); tc.Close() }()
+		ping = func() ([]int64, error) { return end.PingPong(cfg.Size, max(cfg.Warmup, 0), cfg.Iters) }
+		push = func() (uint64, error) {
+			n, err := end.Stream(cfg.Size, &sending)
+			return n / uint64(max(cfg.Size, 1)), err
 		}
-		push = func() bool { _, err := c.Write(msg); return err == nil }
 	default:
 		return res, fmt.Errorf("mode %s is not a plain-socket mode", cfg.Mode)
 	}
-	defer closeAll()
 	if test == "lat" {
-		ns := make([]int64, 0, cfg.Iters)
-		for it := range max(cfg.Warmup, 0) + cfg.Iters {
-			t0 := time.Now()
-			if err := ping(); err != nil {
-				return res, fmt.Errorf("round trip %d: %w", it, err)
-			}
-			if it >= cfg.Warmup {
-				ns = append(ns, int64(time.Since(t0))/2)
-			}
+		ns, err := ping()
+		if err != nil {
+			return res, fmt.Errorf("round trip %d: %w", len(ns)+max(cfg.Warmup, 0), err)
 		}
 		return perf.Summarize(cfg, ns), nil
 	}
-	for end := time.Now().Add(cfg.Duration); time.Now().Before(end); {
-		if push() {
-			res.Sent++
-		}
-	}
-	return res, nil
+	sending.Store(true)
+	t := time.AfterFunc(cfg.Duration, func() { sending.Store(false) })
+	defer t.Stop()
+	n, err := push()
+	res.Sent = n
+	return res, err
 }

@@ -67,7 +67,7 @@ func clientMeasured(m perf.Mode) bool {
 
 // remoteMaxSize is the largest message of a mode over server/client.
 func remoteMaxSize(m perf.Mode) int {
-	if m == perf.ModeUDSend || m == perf.ModeRawUDP {
+	if m == perf.ModeUDSend || m == perf.ModeRawUDP || m == perf.ModeRawUDPUnconnected {
 		return 65000
 	}
 	return 8 << 20

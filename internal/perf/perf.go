@@ -1,7 +1,14 @@
 // Package perf runs the measurements udperf reports and the benchmarks
-// record: ping-pong latency and one-way bandwidth over UD queue pairs, and
-// the same over plain UDP sockets written as fast as Go allows, so every
-// figure has its baseline from the same run.
+// record: ping-pong latency and one-way bandwidth over UD, RD and RC queue
+// pairs, and the same over plain UDP and TCP sockets written as fast as Go
+// allows for each polling mode, so every figure has its baseline from the
+// same run.
+//
+// Files: perf.go the harness (Config, Check, Run, results); ud.go, wr.go,
+// rd.go and rc.go the queue-pair modes; sock.go the plain-socket ends
+// (UDPEnd, TCPEnd), which udperf's server and client run too, so both
+// sides of every ratio poll alike in one process or two; raw.go and the
+// end of rc.go the plain-socket runs in one process.
 package perf
 
 import (
@@ -15,6 +22,8 @@ import (
 	"time"
 
 	"github.com/udiwarp/udiwarp/qp"
+	"github.com/udiwarp/udiwarp/reliability"
+	"github.com/udiwarp/udiwarp/udiwarp"
 )
 
 // Mode is what carries the messages.
@@ -77,13 +86,15 @@ type Config struct {
 	Iters    int
 	Warmup   int
 	Duration time.Duration
-	QPs      int // concurrent QP pairs (or socket pairs)
-	// NoCRC runs UD without CRC32c (both ends agree); raw modes ignore it.
+	QPs      int // concurrent QP pairs (or socket pairs, or connections)
+	// NoCRC runs the queue pairs without CRC32c (both ends agree).
 	NoCRC bool
-	// Write-Record: segment size (0: the socket's largest), loss applied
-	// by the sender's impairment layer (a probability) with its seed (RD
-	// modes: by both ends', to data and acks), and deliver-partial with
-	// its deadline (default: discard, 10 s).
+	// Segment size of Write-Record and the RD one-sided modes (0: the
+	// socket's largest); loss applied by the sender's impairment layer (a
+	// probability; ud-wr and ud-send bandwidth) with its seed (RD modes:
+	// by both ends', to data and acks); and Write-Record's
+	// deliver-partial with its deadline (default: discard, 10 s). Check
+	// says which mode acts on which.
 	Segment  int
 	Loss     float64
 	Seed     uint64
@@ -164,8 +175,107 @@ type Result struct {
 	SentBytes  uint64
 }
 
-// Run performs one measurement.
+// MaxSize is the largest message mode carries in one run over IPv4 (as
+// udperf local runs): a datagram mode's message is one datagram, 65,507
+// bytes of UDP payload less its headers (UD Send: DDP's untagged header
+// and the CRC; RD Send: also the largest RD header). The other modes
+// segment, and have no limit of their own (0).
+func MaxSize(m Mode) int {
+	switch m {
+	case ModeRawUDP, ModeRawUDPUnconnected:
+		return maxUDPv4
+	case ModeUDSend:
+		return maxUDPv4 - udiwarp.DDPUntaggedHeaderSize - udiwarp.CRCSize
+	case ModeRDSend:
+		return maxUDPv4 - reliability.MaxHeaderSize - udiwarp.DDPUntaggedHeaderSize - udiwarp.CRCSize
+	}
+	return 0
+}
+
+// maxUDPv4 is the largest UDP payload over IPv4.
+const maxUDPv4 = 65507
+
+var (
+	knownModes = []Mode{ModeUDSend, ModeUDWriteRecord, ModeRDSend, ModeRDWrite, ModeRDRead, ModeRDWriteRecord,
+		ModeRCSend, ModeRCWrite, ModeRCRead, ModeRawUDP, ModeRawUDPUnconnected, ModeRawTCP}
+	// multiQP: the modes that run Config.QPs pairs at once.
+	multiQP = []Mode{ModeUDSend, ModeRDSend, ModeRawUDP, ModeRawUDPUnconnected, ModeRawTCP}
+)
+
+func (m Mode) raw() bool { return m == ModeRawUDP || m == ModeRawUDPUnconnected || m == ModeRawTCP }
+
+// Check says whether c's mode acts on every setting c has: nil, or an
+// error of one line naming the first setting the mode would ignore or
+// cannot carry. Run calls it first and refuses; udperf calls it before
+// anything runs. The zero values and plain defaults pass for every mode
+// (Loss 0, QPs 0 or 1, Partial false, Segment 0, Interval 0, Bidir
+// false, NoCRC false, any Seed; Deadline, read only with Partial, any
+// value that is not negative; Iters, Warmup and Duration, which Run
+// fills in when not positive). The rules:
+//
+//   - Mode and Test are known, Poll is busy or event; rc-write lat
+//     watches memory for the peer's Write, as ib_write_lat does: it needs
+//     busy polling and at least 1 byte.
+//   - Size is not negative, and at most MaxSize for a datagram mode.
+//   - Loss, a probability in [0, 1), needs an impairment layer that
+//     drops: ud-send and ud-wr bandwidth (the sender's), and the RD modes
+//     (both ends', data and acks). Plain sockets have none, TCP (raw-tcp,
+//     RC) cannot lose, and a UD ping-pong would stop at its first loss.
+//   - QPs > 1: ud-send, rd-send, raw-udp, raw-udp-unconn and raw-tcp.
+//   - Partial and Interval: ud-wr (Interval: bw). Segment: the modes
+//     that segment a message over datagrams, ud-wr, rd-write, rd-read,
+//     rd-wr.
+//   - Bidir: bandwidth only. NoCRC: not on the plain-socket modes.
+func (c Config) Check() error {
+	m := c.Mode
+	switch {
+	case !slices.Contains(knownModes, m):
+		return fmt.Errorf("unknown mode %q", m)
+	case c.Test != TestLat && c.Test != TestBW:
+		return fmt.Errorf("unknown test %q (lat or bw)", c.Test)
+	case c.Poll != qp.PollBusy && c.Poll != qp.PollEvent:
+		return fmt.Errorf("unknown polling mode %v (busy or event)", c.Poll)
+	case c.Size < 0:
+		return fmt.Errorf("size %d: not negative", c.Size)
+	case MaxSize(m) > 0 && c.Size > MaxSize(m):
+		return fmt.Errorf("size %d: %s carries at most %d bytes (one datagram)", c.Size, m, MaxSize(m))
+	case m == ModeRCWrite && c.Test == TestLat && c.Poll != qp.PollBusy:
+		return errors.New("rc-write lat watches memory for the peer's Write, as ib_write_lat does: it needs busy polling")
+	case m == ModeRCWrite && c.Test == TestLat && c.Size < 1:
+		return errors.New("rc-write lat needs at least 1 byte: its last byte tells the Write arrived")
+	case c.Loss < 0 || c.Loss >= 1 || math.IsNaN(c.Loss):
+		return fmt.Errorf("loss %v: want a probability in [0, 1)", c.Loss)
+	case c.Loss > 0 && (m.raw() || m.rc()):
+		return fmt.Errorf("loss: %s has no impairment layer (plain sockets and TCP do not drop on request)", m)
+	case c.Loss > 0 && (m == ModeUDSend || m == ModeUDWriteRecord) && c.Test == TestLat:
+		return fmt.Errorf("loss: a %s ping-pong would stop at its first lost message (loss acts on %s bw, and on the RD modes)", m, m)
+	case c.QPs > 1 && !slices.Contains(multiQP, m):
+		return fmt.Errorf("qps %d: %s runs one QP pair (several: ud-send, rd-send, raw-udp, raw-udp-unconn, raw-tcp)", c.QPs, m)
+	case c.Partial && m != ModeUDWriteRecord:
+		return fmt.Errorf("partial: only ud-wr delivers partial messages, not %s", m)
+	case c.Deadline < 0:
+		return fmt.Errorf("deadline %v: not negative", c.Deadline)
+	case c.Segment < 0:
+		return fmt.Errorf("segment %d: not negative", c.Segment)
+	case c.Segment > 0 && !m.oneSided() && m != ModeUDWriteRecord:
+		return fmt.Errorf("segment (mtu): %s sends each message whole (segments: ud-wr, rd-write, rd-read, rd-wr)", m)
+	case c.Interval < 0:
+		return fmt.Errorf("interval %v: not negative", c.Interval)
+	case c.Interval > 0 && (m != ModeUDWriteRecord || c.Test != TestBW):
+		return fmt.Errorf("interval: only ud-wr bw is paced, not %s %s", m, c.Test)
+	case c.Bidir && c.Test != TestBW:
+		return errors.New("bidir: bandwidth only")
+	case c.NoCRC && m.raw():
+		return fmt.Errorf("no CRC: %s has none to skip", m)
+	}
+	return nil
+}
+
+// Run performs one measurement, once cfg.Check has passed.
 func Run(cfg Config) (Result, error) {
+	if err := cfg.Check(); err != nil {
+		return Result{}, fmt.Errorf("perf: %w", err)
+	}
 	cfg.fill()
 	if cfg.Bidir && cfg.Test == TestBW {
 		return bidir(cfg)
@@ -219,7 +329,7 @@ func run(cfg Config) (Result, error) {
 		return wrBandwidth(cfg)
 	case (cfg.Mode == ModeRawUDP || cfg.Mode == ModeRawUDPUnconnected) && cfg.Test == TestLat:
 		return rawLatency(cfg)
-	case cfg.Mode == ModeRawUDP && cfg.Test == TestBW:
+	case (cfg.Mode == ModeRawUDP || cfg.Mode == ModeRawUDPUnconnected) && cfg.Test == TestBW:
 		return rawBandwidth(cfg)
 	case cfg.Mode.rc() && cfg.Test == TestLat:
 		return rcLatency(cfg)

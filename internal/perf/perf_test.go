@@ -42,6 +42,15 @@ func TestRun(t *testing.T) {
 		{Mode: ModeRCWrite, Test: TestBW, Size: 512 << 10, Duration: 300 * time.Millisecond},
 		{Mode: ModeRCRead, Test: TestBW, Size: 65536, Duration: 300 * time.Millisecond},
 		{Mode: ModeRawTCP, Test: TestBW, Size: 65536, Duration: 100 * time.Millisecond},
+		// The plain-socket ends in both polling modes, and several pairs.
+		{Mode: ModeRawUDPUnconnected, Test: TestLat, Poll: qp.PollEvent, Size: 64, Iters: 200, Warmup: 10, QPs: 2},
+		{Mode: ModeRawUDPUnconnected, Test: TestBW, Poll: qp.PollBusy, Size: 1000, Duration: 100 * time.Millisecond},
+		{Mode: ModeRawUDPUnconnected, Test: TestBW, Poll: qp.PollEvent, Size: 1000, Duration: 100 * time.Millisecond, QPs: 2},
+		{Mode: ModeRawUDP, Test: TestBW, Poll: qp.PollBusy, Size: 1, Duration: 100 * time.Millisecond},
+		{Mode: ModeRawUDP, Test: TestLat, Poll: qp.PollBusy, Size: 0, Iters: 200, Warmup: 10},
+		{Mode: ModeRawTCP, Test: TestBW, Poll: qp.PollBusy, Size: 512 << 10, Duration: 100 * time.Millisecond},
+		{Mode: ModeRawTCP, Test: TestBW, Poll: qp.PollEvent, Size: 1000, Duration: 100 * time.Millisecond, QPs: 3},
+		{Mode: ModeRawTCP, Test: TestLat, Poll: qp.PollBusy, Size: 1000, Iters: 200, Warmup: 10, QPs: 2},
 		// Busy polling: a device receives only in CQ.Poll, so each side of
 		// a stream must poll (an RD sender takes its acks there).
 		{Mode: ModeUDWriteRecord, Test: TestBW, Poll: qp.PollBusy, Size: 100000, Segment: 10000, Duration: 100 * time.Millisecond},

@@ -5,20 +5,14 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
-	"unsafe"
 
 	"github.com/udiwarp/udiwarp/qp"
-	"golang.org/x/net/ipv4"
-	"golang.org/x/sys/unix"
 )
 
-// The baselines are the fastest plain-socket Go we know for each polling
-// mode (../shared/design/PERF-BASELINES.md): busy polling spins on a
-// connected socket with raw non-blocking system calls on a locked OS
-// thread; event mode uses net.UDPConn and the netpoller; bandwidth uses
-// sendmmsg/recvmmsg batches (x/net/ipv4) and a 32 MiB receive buffer.
+// The plain-UDP baselines in one process: socket pairs on loopback, each
+// end a UDPEnd (sock.go says which system calls each polling mode makes,
+// and why they are the fastest plain Go).
 
 func udpPair() (a, b *net.UDPConn, err error) {
 	lo := &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}
@@ -51,68 +45,6 @@ func connectedPair() (a, b *net.UDPConn, err error) {
 	return a, b, nil
 }
 
-func sockaddr(c *net.UDPConn) unix.RawSockaddrInet4 {
-	ap := c.LocalAddr().(*net.UDPAddr).AddrPort()
-	var sa unix.RawSockaddrInet4
-	sa.Family = unix.AF_INET
-	sa.Addr = ap.Addr().Unmap().As4()
-	p := ap.Port()
-	sa.Port = p<<8 | p>>8
-	return sa
-}
-
-func rawFD(c *net.UDPConn) uintptr {
-	rc, _ := c.SyscallConn()
-	var fd uintptr
-	rc.Control(func(f uintptr) { fd = f })
-	return fd
-}
-
-// spinWrite and spinRead are non-blocking raw system calls retried until
-// they go through: the busy-poll baseline. A loop that lives in
-// RawSyscall cannot be preempted, so every 1024 empty tries it yields:
-// with more spinners than cores the others must get to run.
-func spinWrite(fd uintptr, b []byte, unconn bool, to *unix.RawSockaddrInet4, stop *atomic.Bool) bool {
-	for k := 1; !stop.Load(); k++ {
-		var e syscall.Errno
-		if unconn {
-			_, _, e = syscall.RawSyscall6(syscall.SYS_SENDTO, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)),
-				unix.MSG_DONTWAIT, uintptr(unsafe.Pointer(to)), unix.SizeofSockaddrInet4)
-		} else {
-			_, _, e = syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
-		}
-		if e == 0 {
-			return true
-		}
-		if k%1024 == 0 {
-			runtime.Gosched()
-		}
-	}
-	return false
-}
-
-func spinRead(fd uintptr, b []byte, unconn bool, stop *atomic.Bool) (int, bool) {
-	var from unix.RawSockaddrAny
-	for k := 1; !stop.Load(); k++ {
-		var n uintptr
-		var e syscall.Errno
-		if unconn {
-			fl := uint32(unix.SizeofSockaddrAny)
-			n, _, e = syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)),
-				unix.MSG_DONTWAIT, uintptr(unsafe.Pointer(&from)), uintptr(unsafe.Pointer(&fl)))
-		} else {
-			n, _, e = syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
-		}
-		if e == 0 {
-			return int(n), true
-		}
-		if k%1024 == 0 {
-			runtime.Gosched()
-		}
-	}
-	return 0, false
-}
-
 // lockThread pins a busy poller to its OS thread, as the fastest spinning
 // code does, when there are no more spinners than one pair.
 func lockThread(cfg Config) func() {
@@ -123,171 +55,97 @@ func lockThread(cfg Config) func() {
 	return runtime.UnlockOSThread
 }
 
+// rawLatency is the plain-UDP ping-pong: cfg.QPs socket pairs at once,
+// each a UDPEnd echoing and a UDPEnd timing (sock.go).
 func rawLatency(cfg Config) (Result, error) {
-	busy := cfg.Poll == qp.PollBusy
-	type pair struct{ a, b *net.UDPConn }
-	pairs := make([]pair, cfg.QPs)
 	unconn := cfg.Mode == ModeRawUDPUnconnected
 	pair2 := connectedPair
 	if unconn {
 		pair2 = udpPair
 	}
-	for i := range pairs {
+	var stop atomic.Bool
+	var servers, clients sync.WaitGroup
+	samples := make([][]int64, cfg.QPs)
+	errs := make([]error, cfg.QPs)
+	var echoes []*net.UDPConn
+	defer func() {
+		stop.Store(true)
+		for _, c := range echoes {
+			c.Close()
+		}
+		servers.Wait()
+	}()
+	for i := range cfg.QPs {
 		a, b, err := pair2()
 		if err != nil {
 			return Result{}, err
 		}
 		defer a.Close()
-		defer b.Close()
-		pairs[i] = pair{a, b}
-	}
-	var stop atomic.Bool
-	var servers, clients sync.WaitGroup
-	samples := make([][]int64, cfg.QPs)
-	size := max(cfg.Size, 1)
-	for i, p := range pairs {
-		servers.Add(1)
-		clients.Add(1)
-		go func() {
-			defer servers.Done()
-			buf := make([]byte, 65536)
-			if busy {
-				defer lockThread(cfg)()
-				fd := rawFD(p.b)
-				to := sockaddr(p.a)
-				for {
-					n, ok := spinRead(fd, buf, unconn, &stop)
-					if !ok || !spinWrite(fd, buf[:n], unconn, &to, &stop) {
-						return
-					}
-				}
-			}
-			to := p.a.LocalAddr().(*net.UDPAddr).AddrPort()
-			for {
-				var n int
-				var err error
-				if unconn {
-					n, _, err = p.b.ReadFromUDPAddrPort(buf)
-				} else {
-					n, err = p.b.Read(buf)
-				}
-				if err != nil {
-					return
-				}
-				if unconn {
-					_, err = p.b.WriteToUDPAddrPort(buf[:n], to)
-				} else {
-					_, err = p.b.Write(buf[:n])
-				}
-				if err != nil {
-					return
-				}
-			}
-		}()
-		go func() {
-			defer clients.Done()
-			msg, buf := make([]byte, size), make([]byte, 65536)
-			ns := make([]int64, 0, cfg.Iters)
-			var fd uintptr
-			to := sockaddr(p.b)
-			toAP := p.b.LocalAddr().(*net.UDPAddr).AddrPort()
-			if busy {
-				defer lockThread(cfg)()
-				fd = rawFD(p.a)
-			}
-			for it := range cfg.Warmup + cfg.Iters {
-				t0 := time.Now()
-				switch {
-				case busy:
-					spinWrite(fd, msg, unconn, &to, &stop)
-					spinRead(fd, buf, unconn, &stop)
-				case unconn:
-					p.a.WriteToUDPAddrPort(msg, toAP)
-					p.a.ReadFromUDPAddrPort(buf)
-				default:
-					p.a.Write(msg)
-					p.a.Read(buf)
-				}
-				if it >= cfg.Warmup {
-					ns = append(ns, int64(time.Since(t0))/2)
-				}
-			}
-			samples[i] = ns
-		}()
+		echoes = append(echoes, b)
+		srv := &UDPEnd{Conn: b, Poll: cfg.Poll, Unconnected: unconn, Stop: &stop, Shared: cfg.QPs > 1}
+		cli := &UDPEnd{Conn: a, Poll: cfg.Poll, Unconnected: unconn, Peer: b.LocalAddr().(*net.UDPAddr).AddrPort(), Stop: &stop, Shared: cfg.QPs > 1}
+		servers.Go(func() { srv.Echo() })
+		clients.Go(func() { samples[i], errs[i] = cli.PingPong(cfg.Size, cfg.Warmup, cfg.Iters) })
 	}
 	clients.Wait()
-	stop.Store(true)
-	for _, p := range pairs {
-		p.b.Close()
-	}
-	servers.Wait()
 	var all []int64
-	for _, s := range samples {
+	for i, s := range samples {
+		if errs[i] != nil {
+			return Result{}, errs[i]
+		}
 		all = append(all, s...)
 	}
 	return latResult(cfg, all), nil
 }
 
+// rawBandwidth is the plain-UDP stream: cfg.QPs socket pairs, each a
+// UDPEnd blasting sendmmsg batches and a UDPEnd taking them in with
+// recvmmsg, both with large socket buffers.
 func rawBandwidth(cfg Config) (Result, error) {
-	const batch = 32
+	unconn := cfg.Mode == ModeRawUDPUnconnected
+	pair2 := connectedPair
+	if unconn {
+		pair2 = udpPair
+	}
 	var sending, stop atomic.Bool
 	var sent, received atomic.Uint64
 	var first, last atomic.Int64
-	var wg sync.WaitGroup
+	var senders, sinks sync.WaitGroup
 	sending.Store(true)
 	var conns []*net.UDPConn
 	defer func() {
+		stop.Store(true)
 		for _, c := range conns {
 			c.Close()
 		}
+		senders.Wait()
+		sinks.Wait()
 	}()
 	for range cfg.QPs {
-		tx, rx, err := udpPair()
+		tx, rx, err := pair2()
 		if err != nil {
 			return Result{}, err
 		}
 		conns = append(conns, tx, rx)
-		rc, _ := rx.SyscallConn()
-		rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 32<<20) })
-		to := rx.LocalAddr()
-		wg.Add(2)
-		go func() {
-			defer wg.Done()
-			p := ipv4.NewPacketConn(rx)
-			ms := make([]ipv4.Message, batch)
-			for i := range ms {
-				ms[i].Buffers = [][]byte{make([]byte, 65536)}
-			}
-			for !stop.Load() {
-				rx.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
-				n, err := p.ReadBatch(ms, 0)
-				if err != nil || n == 0 {
-					continue
-				}
+		sink := &UDPEnd{Conn: rx, Poll: cfg.Poll, Unconnected: unconn, Stop: &stop, Shared: cfg.QPs > 1}
+		src := &UDPEnd{Conn: tx, Poll: cfg.Poll, Unconnected: unconn, Peer: rx.LocalAddr().(*net.UDPAddr).AddrPort(), Stop: &stop, Shared: cfg.QPs > 1}
+		sinks.Go(func() {
+			sink.Sink(func(n, _ int) {
 				now := time.Now().UnixNano()
 				first.CompareAndSwap(0, now)
 				last.Store(now)
 				received.Add(uint64(n))
-			}
-		}()
-		go func() {
-			defer wg.Done()
-			p := ipv4.NewPacketConn(tx)
-			msg := make([]byte, max(cfg.Size, 1))
-			ms := make([]ipv4.Message, batch)
-			for i := range ms {
-				ms[i].Buffers = [][]byte{msg}
-				ms[i].Addr = to
-			}
-			for sending.Load() {
-				n, err := p.WriteBatch(ms, 0)
-				if err != nil {
-					continue
-				}
-				sent.Add(uint64(n))
-			}
-		}()
+			})
+		})
+		senders.Go(func() {
+			n, _ := src.Blast(cfg.Size, &sending)
+			sent.Add(n)
+		})
 	}
-	start := finish(cfg, &sending, &stop, &wg, nil) // UDP: what is not there 50 ms later is lost
+	start := finish(cfg, &sending, &stop, &senders, nil) // UDP: what is not there 50 ms later is lost
+	for _, c := range conns {
+		c.Close() // the sinks return (stop is set: a busy one first sees it)
+	}
+	sinks.Wait()
 	return bwResult(cfg, start, sent.Load(), received.Load(), time.Unix(0, first.Load()), time.Unix(0, last.Load())), nil
 }

@@ -3,17 +3,13 @@ package perf
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
-	"unsafe"
 
 	"github.com/udiwarp/udiwarp/qp"
-	"golang.org/x/sys/unix"
 )
 
 // RC (TCP + MPA) against plain Go TCP doing the same ping-pong or stream.
@@ -181,12 +177,6 @@ func rcLatency(cfg Config) (Result, error) {
 // is the CQ.Poll of the watching loop (ib_write_lat has no event mode
 // either).
 func rcWriteLatency(cfg Config) (Result, error) {
-	if cfg.Poll != qp.PollBusy {
-		return Result{}, errors.New("perf: rc-write lat watches memory for the peer's Write, as ib_write_lat does: it needs -poll busy")
-	}
-	if cfg.Size < 1 {
-		return Result{}, errors.New("perf: rc-write lat needs at least 1 byte: its last byte tells the Write arrived")
-	}
 	cli, srv, err := rcPair(cfg, cfg.Size)
 	if err != nil {
 		return Result{}, err
@@ -368,10 +358,11 @@ func rcBandwidth(cfg Config) (Result, error) {
 	return bwResult(cfg, start, sent.Load(), done.Load(), time.Unix(0, first.Load()), time.Unix(0, last.Load())), nil
 }
 
-// The plain-TCP baseline: the fastest plain Go we know. Busy: raw
-// non-blocking read/write system calls on a connected socket, spinning on
-// a locked OS thread; event: net.TCPConn in the netpoller. Both with
-// TCP_NODELAY, as RC sets it.
+// The plain-TCP baseline (raw-tcp): cfg.QPs connections, each a TCPEnd
+// at either end (sock.go): busy, raw non-blocking read and write system
+// calls spinning on a locked OS thread; event, net.TCPConn in the
+// netpoller; TCP_NODELAY, as RC sets it, and large socket buffers; no
+// deadlines.
 
 func tcpPair() (a, b *net.TCPConn, err error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -386,6 +377,7 @@ func tcpPair() (a, b *net.TCPConn, err error) {
 	}()
 	c, err := net.Dial("tcp", l.Addr().String())
 	if err != nil {
+		<-acc
 		return nil, nil, err
 	}
 	s := <-acc
@@ -393,132 +385,101 @@ func tcpPair() (a, b *net.TCPConn, err error) {
 		c.Close()
 		return nil, nil, errors.New("perf: accept failed")
 	}
-	return c.(*net.TCPConn), s.(*net.TCPConn), nil
+	a, b = c.(*net.TCPConn), s.(*net.TCPConn)
+	TuneTCP(a)
+	TuneTCP(b)
+	return a, b, nil
 }
 
-// tcpIO reads or writes exactly len(b) bytes: spinning on raw system
-// calls in busy mode, through the netpoller in event mode.
-type tcpIO struct {
-	c    *net.TCPConn
-	fd   uintptr
-	busy bool
-	stop *atomic.Bool
+// tcpPairs opens n connections; close closes them all.
+func tcpPairs(n int) (as, bs []*net.TCPConn, err error) {
+	for range n {
+		a, b, err := tcpPair()
+		if err != nil {
+			closeTCP(as, bs)
+			return nil, nil, err
+		}
+		as, bs = append(as, a), append(bs, b)
+	}
+	return as, bs, nil
 }
 
-func newTCPIO(c *net.TCPConn, busy bool, stop *atomic.Bool) *tcpIO {
-	t := &tcpIO{c: c, busy: busy, stop: stop}
-	rc, _ := c.SyscallConn()
-	rc.Control(func(fd uintptr) { t.fd = fd })
-	return t
-}
-
-func (t *tcpIO) full(b []byte, write bool) bool {
-	if !t.busy {
-		var err error
-		if write {
-			_, err = t.c.Write(b)
-		} else {
-			_, err = io.ReadFull(t.c, b)
-		}
-		return err == nil
-	}
-	call := uintptr(syscall.SYS_READ)
-	if write {
-		call = syscall.SYS_WRITE
-	}
-	for k := 1; len(b) > 0; k++ {
-		n, _, e := syscall.RawSyscall(call, t.fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
-		if e == 0 && int(n) > 0 {
-			b = b[n:]
-			continue
-		}
-		if e == 0 || (e != unix.EAGAIN && e != unix.EINTR) || t.stop.Load() {
-			return false
-		}
-		if k%1024 == 0 {
-			runtime.Gosched()
+func closeTCP(cs ...[]*net.TCPConn) {
+	for _, l := range cs {
+		for _, c := range l {
+			c.Close()
 		}
 	}
-	return true
 }
 
 func rawTCPLatency(cfg Config) (Result, error) {
-	a, b, err := tcpPair()
+	as, bs, err := tcpPairs(cfg.QPs)
 	if err != nil {
 		return Result{}, err
 	}
-	defer a.Close()
-	defer b.Close()
-	busy := cfg.Poll == qp.PollBusy
 	var stop atomic.Bool
-	var wg sync.WaitGroup
-	size := max(cfg.Size, 1)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		defer lockThread(cfg)()
-		io := newTCPIO(b, busy, &stop)
-		buf := make([]byte, size)
-		for io.full(buf, false) && io.full(buf, true) {
-		}
-	}()
-	defer func() { stop.Store(true); a.Close(); b.Close(); wg.Wait() }()
-	defer lockThread(cfg)()
-	io := newTCPIO(a, busy, &stop)
-	buf := make([]byte, size)
-	ns := make([]int64, 0, cfg.Iters)
-	for it := range cfg.Warmup + cfg.Iters {
-		t0 := time.Now()
-		if !io.full(buf, true) || !io.full(buf, false) {
-			return Result{}, errors.New("perf: TCP ping-pong failed")
-		}
-		if it >= cfg.Warmup {
-			ns = append(ns, int64(time.Since(t0))/2)
-		}
+	var servers, clients sync.WaitGroup
+	defer func() { stop.Store(true); closeTCP(as, bs); servers.Wait() }()
+	samples := make([][]int64, cfg.QPs)
+	errs := make([]error, cfg.QPs)
+	for i := range cfg.QPs {
+		srv := &TCPEnd{Conn: bs[i], Poll: cfg.Poll, Stop: &stop, Shared: cfg.QPs > 1}
+		cli := &TCPEnd{Conn: as[i], Poll: cfg.Poll, Stop: &stop, Shared: cfg.QPs > 1}
+		servers.Go(func() { srv.Echo(cfg.Size) })
+		clients.Go(func() { samples[i], errs[i] = cli.PingPong(cfg.Size, cfg.Warmup, cfg.Iters) })
 	}
-	return latResult(cfg, ns), nil
+	clients.Wait()
+	var all []int64
+	for i, s := range samples {
+		if errs[i] != nil {
+			return Result{}, errs[i]
+		}
+		all = append(all, s...)
+	}
+	return latResult(cfg, all), nil
 }
 
-// rawTCPBandwidth streams cfg.Size-byte writes; the receiver counts bytes.
+// rawTCPBandwidth streams cfg.Size-byte writes on cfg.QPs connections;
+// the receivers count bytes.
 func rawTCPBandwidth(cfg Config) (Result, error) {
-	a, b, err := tcpPair()
+	as, bs, err := tcpPairs(cfg.QPs)
 	if err != nil {
 		return Result{}, err
 	}
-	defer a.Close()
-	defer b.Close()
 	var sending, stop atomic.Bool
 	var sent, got atomic.Uint64
 	var first, last atomic.Int64
-	var wg sync.WaitGroup
+	var senders, sinks sync.WaitGroup
+	defer func() { stop.Store(true); closeTCP(as, bs); senders.Wait(); sinks.Wait() }()
 	sending.Store(true)
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		buf := make([]byte, 1<<20)
-		for !stop.Load() {
-			b.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
-			n, _ := b.Read(buf)
-			if n > 0 {
+	for i := range cfg.QPs {
+		sink := &TCPEnd{Conn: bs[i], Poll: cfg.Poll, Stop: &stop, Shared: cfg.QPs > 1}
+		src := &TCPEnd{Conn: as[i], Poll: cfg.Poll, Stop: &stop, Shared: cfg.QPs > 1}
+		sinks.Go(func() {
+			sink.Sink(func(n int) {
 				now := time.Now().UnixNano()
 				first.CompareAndSwap(0, now)
 				last.Store(now)
 				got.Add(uint64(n))
-			}
-		}
-	}()
-	go func() {
-		defer wg.Done()
-		msg := make([]byte, max(cfg.Size, 1))
-		for sending.Load() {
-			a.SetWriteDeadline(time.Now().Add(20 * time.Millisecond))
-			// Bytes, not messages: a Write cut short by its deadline
-			// still sent what it wrote.
-			n, _ := a.Write(msg)
-			sent.Add(uint64(n))
-		}
-	}()
-	start := finish(cfg, &sending, &stop, &wg, func() bool { return got.Load() >= sent.Load() })
+			})
+		})
+		senders.Go(func() {
+			// Bytes, not messages: a write cut short still sent what it
+			// wrote.
+			n, _ := src.Stream(cfg.Size, &sending)
+			sent.Add(n)
+		})
+	}
+	// The senders stop after cfg.Duration; the run then waits for every
+	// byte sent to arrive (TCP loses nothing), within DrainLimit.
+	start := time.Now()
+	time.Sleep(cfg.Duration)
+	sending.Store(false)
+	senders.Wait()
+	WaitUntil(DrainLimit, func() bool { return got.Load() >= sent.Load() })
+	stop.Store(true)
+	closeTCP(as, bs)
+	sinks.Wait()
 	size := uint64(max(cfg.Size, 1))
 	r := Result{Config: cfg, Sent: sent.Load() / size, Received: got.Load() / size}
 	el := time.Duration(last.Load() - first.Load()).Seconds()

@@ -28,7 +28,7 @@ func rdWriteSides(cfg Config, size int) (*oneSidedRun, error) {
 	if err != nil {
 		return nil, err
 	}
-	dst, err := newUDSide(Config{Mode: cfg.Mode, Poll: cfg.Poll, QPs: 1, NoCRC: cfg.NoCRC, Loss: cfg.Loss, Seed: cfg.Seed + 1, OnDevice: cfg.OnDevice}, 1)
+	dst, err := newUDSide(Config{Mode: cfg.Mode, Poll: cfg.Poll, QPs: 1, NoCRC: cfg.NoCRC, Loss: cfg.Loss, Seed: cfg.Seed + 1, Segment: cfg.Segment, OnDevice: cfg.OnDevice}, 1)
 	if err != nil {
 		src.dev.Close()
 		return nil, err
@@ -67,7 +67,7 @@ func serveTarget(cfg Config, dst *udSide) (stop func()) {
 // rdWriteLatency: post a signaled Write, wait for its completion; half
 // that time is the sample (the Write one way, its ack the other).
 func rdWriteLatency(cfg Config) (Result, error) {
-	run, err := rdWriteSides(Config{Mode: cfg.Mode, Poll: cfg.Poll, QPs: 1, NoCRC: cfg.NoCRC, OnDevice: cfg.OnDevice}, cfg.Size)
+	run, err := rdWriteSides(Config{Mode: cfg.Mode, Poll: cfg.Poll, QPs: 1, NoCRC: cfg.NoCRC, Loss: cfg.Loss, Seed: cfg.Seed, Segment: cfg.Segment, OnDevice: cfg.OnDevice}, cfg.Size)
 	if err != nil {
 		return Result{}, err
 	}

@@ -29,9 +29,11 @@ func newUDSide(cfg Config, slot int) (*udSide, error) {
 	typ := qp.UD
 	if cfg.Mode.reliable() {
 		typ = qp.RD
-		if cfg.Loss > 0 { // both ways: data and acks
-			dc.Impair = &qp.Impairment{Seed: cfg.Seed, Loss: cfg.Loss}
-		}
+	}
+	// RD: both ends drop, data and acks; UD: the sender's end (udBandwidth
+	// gives the receiver none), as Write-Record's runs do.
+	if cfg.Loss > 0 {
+		dc.Impair = &qp.Impairment{Seed: cfg.Seed, Loss: cfg.Loss}
 	}
 	dev, err := openDevice(cfg, dc)
 	if err != nil {
@@ -62,7 +64,8 @@ func newUDSide(cfg Config, slot int) (*udSide, error) {
 			return nil, err
 		}
 		q, err := s.pd.CreateQP(qp.QPAttr{Type: typ, SendCQ: cq, RecvCQ: cq,
-			Caps: qp.QPCaps{MaxSendWR: 1024, MaxRecvWR: recvDepth, MaxSendSGE: 1, MaxRecvSGE: 1}})
+			Caps: qp.QPCaps{MaxSendWR: 1024, MaxRecvWR: recvDepth, MaxSendSGE: 1, MaxRecvSGE: 1},
+			RD:   qp.RDConfig{Segment: cfg.Segment}})
 		if err != nil {
 			dev.Close()
 			return nil, err
@@ -227,7 +230,11 @@ func udBandwidth(cfg Config) (Result, error) {
 		return Result{}, err
 	}
 	defer tx.dev.Close()
-	rx, err := newUDSide(cfg, slot)
+	rxCfg := cfg
+	if !cfg.Mode.reliable() {
+		rxCfg.Loss = 0 // UD: the sender's impairment layer drops
+	}
+	rx, err := newUDSide(rxCfg, slot)
 	if err != nil {
 		return Result{}, err
 	}
