@@ -16,8 +16,6 @@ import (
 	"github.com/udiwarp/udiwarp/internal/metrics"
 	"github.com/udiwarp/udiwarp/internal/perf"
 	"github.com/udiwarp/udiwarp/qp"
-	"github.com/udiwarp/udiwarp/reliability"
-	"github.com/udiwarp/udiwarp/udiwarp"
 )
 
 // The measuring commands: `udperf local` runs one mode, server and client
@@ -234,31 +232,9 @@ func (f *benchFlags) configs(m perf.Mode) ([]perf.Config, error) {
 }
 
 // checkConfig refuses a run its mode cannot make as asked, before
-// anything runs. It stands in for perf.Config.Check, being written beside
-// this as the one home of "this mode ignores this setting / this size"
-// (issue 14): once that lands, checkConfig's body becomes `return
-// c.Check()`. Today it checks sizes over loopback (IPv4, as `udperf
-// local` runs): a one-datagram mode carries at most one UDP datagram's
-// payload less its headers, and rc-write latency watches the last byte.
-func checkConfig(c perf.Config) error {
-	const udp4 = 65507 // the largest UDP payload over IPv4
-	largest := 0
-	switch c.Mode {
-	case perf.ModeUDSend:
-		largest = udp4 - udiwarp.DDPUntaggedHeaderSize - udiwarp.CRCSize
-	case perf.ModeRDSend:
-		largest = udp4 - reliability.MaxHeaderSize - udiwarp.DDPUntaggedHeaderSize - udiwarp.CRCSize
-	case perf.ModeRawUDP, perf.ModeRawUDPUnconnected:
-		largest = udp4
-	}
-	if largest > 0 && c.Size > largest {
-		return fmt.Errorf("-s %d: %s carries at most %d bytes (one UDP datagram over IPv4, less its headers)", c.Size, c.Mode, largest)
-	}
-	if c.Mode == perf.ModeRCWrite && c.Test == perf.TestLat && c.Size < 1 {
-		return fmt.Errorf("-s %d: rc-write latency watches the last byte of the region: at least 1 byte", c.Size)
-	}
-	return nil
-}
+// anything runs: perf.Config.Check is the one home of "this mode ignores
+// this setting, or cannot carry this size".
+func checkConfig(c perf.Config) error { return c.Check() }
 
 // row is one (mode, size) figure set, with the settings that shaped it:
 // the JSON schema of docs/udperf.md.

@@ -770,10 +770,9 @@ func drive(cfg perf.Config, test string, rep runReply) (perf.Result, error) {
 		if end.Unconnected {
 			network, local := clientNetwork(rep.Addr)
 			var la *net.UDPAddr
-			if la, err = net.ResolveUDPAddr(network, local); err != nil {
-				return res, err
+			if la, err = net.ResolveUDPAddr(network, local); err == nil {
+				end.Conn, err = net.ListenUDP(network, la)
 			}
-			end.Conn, err = net.ListenUDP(network, la)
 		} else {
 			end.Conn, err = net.DialUDP("udp", nil, to)
 		}

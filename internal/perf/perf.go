@@ -1,7 +1,14 @@
 // Package perf runs the measurements udperf reports and the benchmarks
-// record: ping-pong latency and one-way bandwidth over UD queue pairs, and
-// the same over plain UDP sockets written as fast as Go allows, so every
-// figure has its baseline from the same run.
+// record: ping-pong latency and one-way bandwidth over UD, RD and RC queue
+// pairs, and the same over plain UDP and TCP sockets written as fast as Go
+// allows for each polling mode, so every figure has its baseline from the
+// same run.
+//
+// Files: perf.go the harness (Config, Check, Run, results); ud.go, wr.go,
+// rd.go and rc.go the queue-pair modes; sock.go the plain-socket ends
+// (UDPEnd, TCPEnd), which udperf's server and client run too, so both
+// sides of every ratio poll alike in one process or two; raw.go and the
+// end of rc.go the plain-socket runs in one process.
 package perf
 
 import (
@@ -79,13 +86,15 @@ type Config struct {
 	Iters    int
 	Warmup   int
 	Duration time.Duration
-	QPs      int // concurrent QP pairs (or socket pairs)
-	// NoCRC runs UD without CRC32c (both ends agree); raw modes ignore it.
+	QPs      int // concurrent QP pairs (or socket pairs, or connections)
+	// NoCRC runs the queue pairs without CRC32c (both ends agree).
 	NoCRC bool
-	// Write-Record: segment size (0: the socket's largest), loss applied
-	// by the sender's impairment layer (a probability) with its seed (RD
-	// modes: by both ends', to data and acks), and deliver-partial with
-	// its deadline (default: discard, 10 s).
+	// Segment size of Write-Record and the RD one-sided modes (0: the
+	// socket's largest); loss applied by the sender's impairment layer (a
+	// probability; ud-wr and ud-send bandwidth) with its seed (RD modes:
+	// by both ends', to data and acks); and Write-Record's
+	// deliver-partial with its deadline (default: discard, 10 s). Check
+	// says which mode acts on which.
 	Segment  int
 	Loss     float64
 	Seed     uint64
@@ -197,7 +206,8 @@ func (m Mode) raw() bool { return m == ModeRawUDP || m == ModeRawUDPUnconnected 
 
 // Check says whether c's mode acts on every setting c has: nil, or an
 // error of one line naming the first setting the mode would ignore or
-// cannot carry. Run calls it first and refuses; udperf calls it before
+// cannot carry, by the udperf flag that sets it (-s, -loss, -qps, -mtu,
+// ...), since udperf is where settings come from. Run calls it first and refuses; udperf calls it before
 // anything runs. The zero values and plain defaults pass for every mode
 // (Loss 0, QPs 0 or 1, Partial false, Segment 0, Interval 0, Bidir
 // false, NoCRC false, any Seed; Deadline, read only with Partial, any
@@ -227,33 +237,35 @@ func (c Config) Check() error {
 	case c.Poll != qp.PollBusy && c.Poll != qp.PollEvent:
 		return fmt.Errorf("unknown polling mode %v (busy or event)", c.Poll)
 	case c.Size < 0:
-		return fmt.Errorf("size %d: not negative", c.Size)
+		return fmt.Errorf("-s %d: not negative", c.Size)
 	case MaxSize(m) > 0 && c.Size > MaxSize(m):
-		return fmt.Errorf("size %d: %s carries at most %d bytes (one datagram)", c.Size, m, MaxSize(m))
+		return fmt.Errorf("-s %d: %s carries at most %d bytes (one UDP datagram over IPv4, less its headers)", c.Size, m, MaxSize(m))
 	case m == ModeRCWrite && c.Test == TestLat && c.Poll != qp.PollBusy:
-		return errors.New("rc-write lat watches memory for the peer's Write, as ib_write_lat does: it needs busy polling")
+		return errors.New("-poll: rc-write lat watches memory for the peer's Write, as ib_write_lat does: it needs busy polling")
 	case m == ModeRCWrite && c.Test == TestLat && c.Size < 1:
-		return errors.New("rc-write lat needs at least 1 byte: its last byte tells the Write arrived")
+		return errors.New("-s 0: rc-write lat needs at least 1 byte: its last byte tells the Write arrived")
 	case c.Loss < 0 || c.Loss >= 1 || math.IsNaN(c.Loss):
-		return fmt.Errorf("loss %v: want a probability in [0, 1)", c.Loss)
+		return fmt.Errorf("-loss %v: want a probability in [0, 1)", c.Loss)
 	case c.Loss > 0 && (m.raw() || m.rc()):
-		return fmt.Errorf("loss: %s has no impairment layer (plain sockets and TCP do not drop on request)", m)
+		return fmt.Errorf("-loss: %s has no impairment layer (plain sockets and TCP do not drop on request)", m)
 	case c.Loss > 0 && (m == ModeUDSend || m == ModeUDWriteRecord) && c.Test == TestLat:
-		return fmt.Errorf("loss: a %s ping-pong would stop at its first lost message (loss acts on %s bw, and on the RD modes)", m, m)
+		return fmt.Errorf("-loss: a %s ping-pong would stop at its first lost message (loss acts on %s bw, and on the RD modes)", m, m)
 	case c.QPs > 1 && !slices.Contains(multiQP, m):
-		return fmt.Errorf("qps %d: %s runs one QP pair (several: ud-send, rd-send, raw-udp, raw-udp-unconn, raw-tcp)", c.QPs, m)
+		return fmt.Errorf("-qps %d: %s runs one QP pair (several: ud-send, rd-send, raw-udp, raw-udp-unconn, raw-tcp)", c.QPs, m)
 	case c.Partial && m != ModeUDWriteRecord:
-		return fmt.Errorf("partial: only ud-wr delivers partial messages, not %s", m)
+		return fmt.Errorf("-partial: only ud-wr delivers partial messages, not %s", m)
 	case c.Deadline < 0:
-		return fmt.Errorf("deadline %v: not negative", c.Deadline)
+		return fmt.Errorf("-deadline %v: not negative", c.Deadline)
 	case c.Segment < 0:
-		return fmt.Errorf("segment %d: not negative", c.Segment)
+		return fmt.Errorf("-mtu %d: not negative", c.Segment)
 	case c.Segment > 0 && !m.oneSided() && m != ModeUDWriteRecord:
-		return fmt.Errorf("segment (mtu): %s sends each message whole (segments: ud-wr, rd-write, rd-read, rd-wr)", m)
-	case c.Interval < 0 || (c.Interval > 0 && (m != ModeUDWriteRecord || c.Test != TestBW)):
+		return fmt.Errorf("-mtu: %s sends each message whole (segments: ud-wr, rd-write, rd-read, rd-wr)", m)
+	case c.Interval < 0:
+		return fmt.Errorf("interval %v: not negative", c.Interval)
+	case c.Interval > 0 && (m != ModeUDWriteRecord || c.Test != TestBW):
 		return fmt.Errorf("interval: only ud-wr bw is paced, not %s %s", m, c.Test)
 	case c.Bidir && c.Test != TestBW:
-		return errors.New("bidir: bandwidth only")
+		return errors.New("-bidir: bandwidth only (-test bw or rate)")
 	case c.NoCRC && m.raw():
 		return fmt.Errorf("no CRC: %s has none to skip", m)
 	}
