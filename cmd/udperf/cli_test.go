@@ -175,7 +175,7 @@ func TestPerftestHabits(t *testing.T) {
 // records its poll and the settings that shaped it.
 func TestJSONTypes(t *testing.T) {
 	var out, errb bytes.Buffer
-	if code := run([]string{"local", "-mode", "ud-wr", "-test", "lat", "-s", "300", "-n", "30", "-w", "3", "-poll", "event", "-mtu", "100", "-loss", "0.01", "-seed", "7", "-partial", "-deadline", "20ms", "-json"}, &out, &errb); code != 0 {
+	if code := run([]string{"local", "-mode", "ud-wr", "-test", "lat", "-s", "300", "-n", "30", "-w", "3", "-poll", "event", "-mtu", "100", "-partial", "-deadline", "20ms", "-json"}, &out, &errb); code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 	var doc struct {
@@ -185,7 +185,7 @@ func TestJSONTypes(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]any{"s": 300.0, "n": 30.0, "w": 3.0, "mtu": 100.0, "loss": 0.01, "seed": 7.0, "partial": true, "deadline": 0.02, "D": 1.0,
+	want := map[string]any{"s": 300.0, "n": 30.0, "w": 3.0, "mtu": 100.0, "loss": 0.0, "seed": 1.0, "partial": true, "deadline": 0.02, "D": 1.0,
 		"bidir": false, "json": true, "csv": false, "mode": "ud-wr", "poll": "event", "test": "lat", "qps": 1.0, "a": false, "metrics": ""}
 	for k, v := range want {
 		if doc.Flags[k] != v {
@@ -199,7 +199,7 @@ func TestJSONTypes(t *testing.T) {
 	}
 	r := doc.Results[0]
 	wantRow := map[string]any{"mode": "ud-wr", "test": "lat", "poll": "event", "bytes": 300.0, "n": 30.0, "warmup": 3.0, "qps": 1.0, "mtu": 100.0,
-		"loss": 0.01, "seed": 7.0, "partial": true, "deadline_s": 0.02, "bidir": false}
+		"loss": 0.0, "seed": 1.0, "partial": true, "deadline_s": 0.02, "bidir": false}
 	for k, v := range wantRow {
 		if r[k] != v {
 			t.Errorf("row[%q] = %#v, want %#v", k, r[k], v)
@@ -207,6 +207,31 @@ func TestJSONTypes(t *testing.T) {
 	}
 	if _, ok := r["duration_s"]; ok {
 		t.Errorf("a latency row has a duration: %v", r)
+	}
+
+	// Loss and its seed, on a mode that acts on them, and a bandwidth
+	// row's duration.
+	out.Reset()
+	if code := run([]string{"local", "-mode", "rd-send", "-test", "bw", "-s", "1000", "-D", "200ms", "-loss", "0.01", "-seed", "7", "-json"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	doc.Flags, doc.Results = nil, nil
+	if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range map[string]any{"loss": 0.01, "seed": 7.0, "D": 0.2, "test": "bw"} {
+		if doc.Flags[k] != v {
+			t.Errorf("flags[%q] = %#v, want %#v", k, doc.Flags[k], v)
+		}
+	}
+	r = doc.Results[0]
+	for k, v := range map[string]any{"mode": "rd-send", "loss": 0.01, "seed": 7.0, "duration_s": 0.2, "bytes": 1000.0} {
+		if r[k] != v {
+			t.Errorf("bw row[%q] = %#v, want %#v", k, r[k], v)
+		}
+	}
+	if _, ok := r["n"]; ok {
+		t.Errorf("a bandwidth row has an iteration count setting: %v", r)
 	}
 }
 
