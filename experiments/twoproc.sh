@@ -154,7 +154,11 @@ for s in $sizes; do
     runs+=("udperf $m $s")
     if [ "$use_fi" = 1 ]; then
       case $m in
-      raw-udp) runs+=("fi udp dgram $s") ;;
+      raw-udp)
+        # libfabric's udp provider carries one datagram of at most its
+        # MTU (1472 B on Ethernet-sized loopback settings): no dgram
+        # ping-pong above it.
+        [ "$s" -le 1472 ] && runs+=("fi udp dgram $s") ;;
       rd-send) runs+=("fi udp;ofi_rxd rdm $s") ;;
       raw-tcp) runs+=("fi tcp msg $s") ;;
       esac
