@@ -31,7 +31,7 @@ func TestRemoteBusyLatencyMatchesLocal(t *testing.T) {
 		t.Skip("a figure check: rounds of 5000 round trips, both ends spinning")
 	}
 	if raceEnabled {
-		t.Skip("the race detector multiplies the cost of the Go code between the system calls (a few hundred ns per round trip), unevenly between the two paths: a 1.3x bound on 4 us figures would measure the instrumentation")
+		t.Skip("the race detector multiplies the cost of the Go code between the system calls (a few hundred ns per round trip), unevenly between the two paths: a 1.3x bound on 4 us figures would measure the instrumentation; .ci/run runs this test again without -race")
 	}
 	addr := startServer(t)
 	common := []string{"-mode", "raw-udp", "-test", "lat", "-poll", "busy", "-s", "64", "-n", "5000", "-w", "500"}
