@@ -237,6 +237,10 @@ func (s *Stats) LastSendError() error {
 	return nil
 }
 
+// Closed reports whether Close has been called: the counters of a closed
+// device no longer change.
+func (d *Device) Closed() bool { return d.closed.Load() }
+
 // Stats returns the device's counters.
 func (d *Device) Stats() *Stats {
 	d.stats.EventsLost.Store(d.eventsLost.Load())

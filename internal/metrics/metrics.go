@@ -8,6 +8,7 @@ package metrics
 
 import (
 	"net/http"
+	"strconv"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,10 +18,14 @@ import (
 )
 
 // Collector reads the stats of every device added to it. Devices that
-// close keep their last counts, so a run's totals survive it.
+// close keep their last counts, so a run's totals survive it: their
+// counters are folded into a running sum and the device itself is let go
+// (at the next Add or scrape), so a long-lived process that opens a
+// device per run holds only its open ones.
 type Collector struct {
-	mu   sync.Mutex
-	devs []*qp.Device
+	mu      sync.Mutex
+	devs    []*qp.Device
+	retired counts // the final counts of devices that closed
 
 	datagrams, bytes, drops, retrans, completions, wr *prometheus.Desc
 	ranges, inProgress, peers                         *prometheus.Desc
@@ -52,9 +57,88 @@ func New() *Collector {
 // Add makes the collector report d.
 func (c *Collector) Add(d *qp.Device) {
 	c.mu.Lock()
+	c.retireLocked()
 	c.devs = append(c.devs, d)
 	c.mu.Unlock()
 }
+
+// retireLocked folds the counts of the devices that closed into retired
+// and forgets them.
+func (c *Collector) retireLocked() {
+	open := c.devs[:0]
+	for _, d := range c.devs {
+		if d.Closed() {
+			if c.retired == nil {
+				c.retired = counts{}
+			}
+			c.retired.add(d)
+			continue
+		}
+		open = append(open, d)
+	}
+	clear(c.devs[len(open):])
+	c.devs = open
+}
+
+// Devices says how many devices the collector holds (open ones, and any
+// closed since the last Add or scrape).
+func (c *Collector) Devices() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.devs)
+}
+
+// counts are summed counters by key ("rx", "drop/crc", "completion/3",
+// ...), and the two gauges under "gauge/...".
+type counts map[string]float64
+
+// add adds d's counters (and gauges) to k.
+func (k counts) add(d *qp.Device) {
+	add := func(key string, v uint64) { k[key] += float64(v) }
+	s := d.Stats()
+	add("rx", s.RxDatagrams.Load())
+	add("tx", s.TxDatagrams.Load())
+	add("rxb", s.RxBytes.Load())
+	add("txb", s.TxBytes.Load())
+	add("drop/crc", s.RxBadCRC.Load())
+	add("drop/bad_stag", s.RxBadSTag.Load()+s.RxAccess.Load())
+	add("drop/bounds", s.RxBounds.Load())
+	add("drop/no_recv", s.RxNoRecv.Load()+s.RxSRQOverdraft.Load())
+	add("drop/state_cap", s.RDRefused.Load())
+	add("drop/unknown_qp", s.RxUnknownQP.Load())
+	add("drop/malformed", s.RxTruncated.Load()+s.RxTooLong.Load()+s.RxBadVersion.Load()+s.RxBadHeader.Load()+s.RxBadOpcode.Load())
+	add("drop/unvalidated", s.RDRejected.Load())
+	add("drop/stale", s.RxWRStale.Load())
+	add("drop/over_budget", s.RDOverBudget.Load())
+	add("drop/address_limit", s.RDAddrLimited.Load())
+	add("withheld", s.TxRepliesWithheld.Load())
+	add("events/local", s.EventsLost.Load())
+	add("events/remote", s.RemoteEventsDropped.Load())
+	add("probes", s.RDWindowProbes.Load())
+	add("retrans", s.RDRetransmits.Load())
+	add("peers", s.RDPeers.Load())
+	for i := range s.Completions {
+		add(completionKey(i), s.Completions[i].Load())
+	}
+	wr, n := d.WriteRecordStats()
+	add("wr/completed", wr.Completed)
+	add("wr/partial", wr.Partial)
+	add("wr/discarded", wr.Expired)
+	add("wr/superseded", wr.Superseded)
+	add("wr/evicted", wr.Evicted)
+	add("wr/displaced", wr.Displaced)
+	add("wr/fragmented", wr.Fragmented)
+	add("wrseg/stale", wr.Stale)
+	add("wrseg/duplicate", wr.Duplicate)
+	add("wrseg/far_ahead", wr.FarAhead)
+	add("wrseg/mismatch", wr.Mismatch)
+	if !d.Closed() { // a closed device holds nothing in progress
+		add("gauge/in_progress", uint64(n))
+		add("gauge/ranges", uint64(d.ValidityRanges()))
+	}
+}
+
+func completionKey(i int) string { return "completion/" + strconv.Itoa(i) }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
@@ -67,53 +151,21 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
+	c.retireLocked()
+	sum := counts{}
+	for k, v := range c.retired {
+		sum[k] = v
+	}
 	devs := append([]*qp.Device(nil), c.devs...)
 	c.mu.Unlock()
-	sum := map[string]float64{}
-	add := func(k string, v uint64) { sum[k] += float64(v) }
-	completions := make([]float64, 16)
-	var ranges, inProgress float64
 	for _, d := range devs {
-		s := d.Stats()
-		add("rx", s.RxDatagrams.Load())
-		add("tx", s.TxDatagrams.Load())
-		add("rxb", s.RxBytes.Load())
-		add("txb", s.TxBytes.Load())
-		add("drop/crc", s.RxBadCRC.Load())
-		add("drop/bad_stag", s.RxBadSTag.Load()+s.RxAccess.Load())
-		add("drop/bounds", s.RxBounds.Load())
-		add("drop/no_recv", s.RxNoRecv.Load()+s.RxSRQOverdraft.Load())
-		add("drop/state_cap", s.RDRefused.Load())
-		add("drop/unknown_qp", s.RxUnknownQP.Load())
-		add("drop/malformed", s.RxTruncated.Load()+s.RxTooLong.Load()+s.RxBadVersion.Load()+s.RxBadHeader.Load()+s.RxBadOpcode.Load())
-		add("drop/unvalidated", s.RDRejected.Load())
-		add("drop/stale", s.RxWRStale.Load())
-		add("drop/over_budget", s.RDOverBudget.Load())
-		add("drop/address_limit", s.RDAddrLimited.Load())
-		add("withheld", s.TxRepliesWithheld.Load())
-		add("events/local", s.EventsLost.Load())
-		add("events/remote", s.RemoteEventsDropped.Load())
-		add("probes", s.RDWindowProbes.Load())
-		add("retrans", s.RDRetransmits.Load())
-		add("peers", s.RDPeers.Load())
-		for i := range completions {
-			completions[i] += float64(s.Completions[i].Load())
-		}
-		wr, n := d.WriteRecordStats()
-		add("wr/completed", wr.Completed)
-		add("wr/partial", wr.Partial)
-		add("wr/discarded", wr.Expired)
-		add("wr/superseded", wr.Superseded)
-		add("wr/evicted", wr.Evicted)
-		add("wr/displaced", wr.Displaced)
-		add("wr/fragmented", wr.Fragmented)
-		add("wrseg/stale", wr.Stale)
-		add("wrseg/duplicate", wr.Duplicate)
-		add("wrseg/far_ahead", wr.FarAhead)
-		add("wrseg/mismatch", wr.Mismatch)
-		inProgress += float64(n)
-		ranges += float64(d.ValidityRanges())
+		sum.add(d)
 	}
+	var completions [len(qp.Stats{}.Completions)]float64
+	for i := range completions {
+		completions[i] = sum[completionKey(i)]
+	}
+	ranges, inProgress := sum["gauge/ranges"], sum["gauge/in_progress"]
 	counter := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
 	}

@@ -65,3 +65,51 @@ func TestScrape(t *testing.T) {
 		}
 	}
 }
+
+// TestClosedDevicesLetGo: a collector in a long-lived process (udperf
+// server -metrics) lets go of the devices that closed, and their counts
+// stay in the totals, scrape after scrape.
+func TestClosedDevicesLetGo(t *testing.T) {
+	c := New()
+	open, err := qp.Open(qp.DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
+	c.Add(open)
+	for seed := range uint64(3) {
+		cfg := perf.Config{Mode: perf.ModeUDSend, Test: perf.TestLat, Poll: qp.PollEvent, Size: 64, Iters: 50, Warmup: 5, Seed: seed}
+		cfg.OnDevice = c.Add
+		if _, err := perf.Run(cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv := httptest.NewServer(c.Handler())
+	defer srv.Close()
+	scrape := func() string {
+		resp, err := srv.Client().Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, `udiwarp_datagrams_total{direction="in"}`) {
+				return l
+			}
+		}
+		t.Fatal("no udiwarp_datagrams_total in the scrape")
+		return ""
+	}
+	first := scrape()
+	if n := c.Devices(); n != 1 {
+		t.Errorf("the collector holds %d devices after a scrape; want 1, the one still open", n)
+	}
+	// 3 runs of 55 round trips, two devices each: 330 datagrams in.
+	if want := `udiwarp_datagrams_total{direction="in"} 330`; first != want {
+		t.Errorf("scrape: %q, want %q", first, want)
+	}
+	if again := scrape(); again != first {
+		t.Errorf("a second scrape with no traffic: %q after %q", again, first)
+	}
+}
