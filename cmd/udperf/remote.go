@@ -64,6 +64,9 @@ type runRequest struct {
 	Size     int           `json:"size"`
 	Poll     string        `json:"poll"`
 	Duration time.Duration `json:"duration"`
+	// Round trips of a lat run, warm-up included: with Duration, what
+	// bounds how long the server waits for the run's end (runLimit).
+	Trips int `json:"trips,omitempty"`
 	// The settings the server's end applies, as udperf local does.
 	Segment  int           `json:"segment,omitempty"` // segment payload (-mtu)
 	Loss     float64       `json:"loss,omitempty"`
@@ -187,12 +190,22 @@ type serverOptions struct {
 
 // requestTimeout bounds how long a control connection may take to send
 // its next message (a request, or the end of the session); runSlack how
-// long past its duration a run may wait for the client's "done" (as long
-// as the client itself waits).
+// long past its expected length (runLimit) a run may wait for the
+// client's "done" (as long as the client itself waits).
 var (
 	requestTimeout = 10 * time.Second
 	runSlack       = 5 * time.Minute
 )
+
+// runLimit is how long a run may last before either end gives up on the
+// other: its duration (bw, rate) or its round trips at a generous 1 ms
+// each (lat; a loopback round trip takes microseconds), plus runSlack.
+func runLimit(test string, dur time.Duration, trips int) time.Duration {
+	if test == "lat" {
+		return time.Duration(max(trips, 0))*time.Millisecond + runSlack
+	}
+	return max(dur, 0) + runSlack
+}
 
 // busyError is the answer to a request that arrives during another
 // client's session.
@@ -360,7 +373,7 @@ func (s *session) run(req runRequest, cfg perf.Config, dec *json.Decoder, enc *j
 	}
 	// The run lasts until the client says done (or goes away, or takes
 	// longer than it would wait itself, or the server stops).
-	s.c.SetReadDeadline(time.Now().Add(max(req.Duration, 0) + runSlack))
+	s.c.SetReadDeadline(time.Now().Add(runLimit(req.Test, req.Duration, req.Trips)))
 	var done doneMsg
 	if err := dec.Decode(&done); err != nil || !done.Done {
 		if s.closing.Load() {
@@ -684,8 +697,9 @@ func (s *clientSession) close() {
 
 // run runs cfg (test: lat, bw or rate) in the session.
 func (s *clientSession) run(cfg perf.Config, test string) (perf.Result, error) {
-	s.c.SetDeadline(time.Now().Add(cfg.Duration + 5*time.Minute))
-	req := runRequest{Mode: cfg.Mode, Test: test, Size: cfg.Size, Poll: cfg.Poll.String(), Duration: cfg.Duration,
+	trips := max(cfg.Warmup, 0) + cfg.Iters
+	s.c.SetDeadline(time.Now().Add(runLimit(test, cfg.Duration, trips)))
+	req := runRequest{Mode: cfg.Mode, Test: test, Size: cfg.Size, Poll: cfg.Poll.String(), Duration: cfg.Duration, Trips: trips,
 		Segment: cfg.Segment, Loss: cfg.Loss, Seed: cfg.Seed, Partial: cfg.Partial, Deadline: cfg.Deadline}
 	var end *qpEnd
 	if !plainMode(cfg.Mode) {

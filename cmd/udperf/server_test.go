@@ -116,3 +116,37 @@ func TestServerBusy(t *testing.T) {
 		t.Fatalf("a client after the run: exit %d: %s", code, stderr)
 	}
 }
+
+// TestServerWaitsOutALongLatencyRun: a lat run lasts its round trips,
+// not -D: the server waits for its end by the round trips the request
+// names (runLimit), not by the duration a lat run does not have (it gave
+// up on a long -n run runSlack after -D's 1 s, failing the client).
+func TestServerWaitsOutALongLatencyRun(t *testing.T) {
+	old := runSlack
+	t.Cleanup(func() { runSlack = old })
+	runSlack = 100 * time.Millisecond
+	addr := startServer(t)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Minute)) // only a hung server gets here
+	enc, dec := json.NewEncoder(c), json.NewDecoder(c)
+	// A lat run of 1000 round trips whose -D (0 here) has long passed
+	// when it ends: the client takes 3 runSlacks over it.
+	if err := enc.Encode(runRequest{Mode: "raw-udp", Test: "lat", Size: 10, Poll: "event", Trips: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	var rep runReply
+	if err := dec.Decode(&rep); err != nil || rep.Error != "" || rep.Addr == "" {
+		t.Fatalf("the run: %+v %v", rep, err)
+	}
+	time.Sleep(3 * runSlack)
+	if err := enc.Encode(doneMsg{Done: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dec.Decode(&rep); err != nil || rep.Error != "" {
+		t.Fatalf("the run's figures after a long run: %+v %v (the server gave up on it)", rep, err)
+	}
+}
