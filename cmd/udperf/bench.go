@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -451,27 +452,31 @@ func local(args []string, stdout, stderr io.Writer) int {
 	ctx, release := interruptible("local", stderr)
 	defer release()
 	out := &printer{out: newSink(stdout, f.format(), f.test, false, newDocument("local", &f)), bar: newBar(stderr, len(cfgs))}
-	interrupted := false
-	var runErr error
+	interrupted, runErr := sweep(ctx, out, f.test, cfgs, measure)
+	return finish("local", stderr, out.out, interrupted, runErr)
+}
+
+// sweep measures cfgs one after another, handing out each row as it
+// finishes, until they are done, one fails, or ctx ends (SIGINT: the run
+// in progress ends first). It says whether it was interrupted, and the
+// failure.
+func sweep(ctx context.Context, out *printer, test string, cfgs []perf.Config, measure func(perf.Config) (perf.Result, error)) (interrupted bool, err error) {
 	out.bar.draw()
+	defer out.bar.clear()
 	for _, cfg := range cfgs {
 		if ctx.Err() != nil {
-			interrupted = true
-			break
+			return true, nil
 		}
 		r, err := measure(cfg)
 		if err != nil {
-			runErr = fmt.Errorf("%s %s %d B: %w", cfg.Mode, f.test, cfg.Size, err)
-			break
+			return false, fmt.Errorf("%s %s %d B: %w", cfg.Mode, test, cfg.Size, err)
 		}
 		out.bar.done++
-		if err := out.row(rowOf(f.test, r)); err != nil {
-			runErr = err
-			break
+		if err := out.row(rowOf(test, r)); err != nil {
+			return false, err
 		}
 	}
-	out.bar.clear()
-	return finish("local", stderr, out.out, interrupted, runErr)
+	return false, nil
 }
 
 // finish ends a sweep's output and gives its exit code: 130 after an

@@ -603,26 +603,7 @@ func client(args []string, stdout, stderr io.Writer) int {
 	}
 	defer sess.close()
 	out := &printer{out: newSink(stdout, f.format(), f.test, false, newDocument("client", &f)), bar: newBar(stderr, len(runs))}
-	interrupted := false
-	var runErr error
-	out.bar.draw()
-	for _, cfg := range runs {
-		if ctx.Err() != nil {
-			interrupted = true
-			break
-		}
-		r, err := sess.run(cfg, f.test)
-		if err != nil {
-			runErr = fmt.Errorf("%s %s %d B: %w", m, f.test, cfg.Size, err)
-			break
-		}
-		out.bar.done++
-		if err := out.row(rowOf(f.test, r)); err != nil {
-			runErr = err
-			break
-		}
-	}
-	out.bar.clear()
+	interrupted, runErr := sweep(ctx, out, f.test, runs, func(cfg perf.Config) (perf.Result, error) { return sess.run(cfg, f.test) })
 	sess.close() // the session's end: the server frees itself for the next client
 	return finish("client", stderr, out.out, interrupted, runErr)
 }

@@ -88,14 +88,7 @@ func rawLatency(cfg Config) (Result, error) {
 		clients.Go(func() { samples[i], errs[i] = cli.PingPong(cfg.Size, cfg.Warmup, cfg.Iters) })
 	}
 	clients.Wait()
-	var all []int64
-	for i, s := range samples {
-		if errs[i] != nil {
-			return Result{}, errs[i]
-		}
-		all = append(all, s...)
-	}
-	return latResult(cfg, all), nil
+	return pooledLatency(cfg, samples, errs)
 }
 
 // rawBandwidth is the plain-UDP stream: cfg.QPs socket pairs, each a
@@ -148,4 +141,17 @@ func rawBandwidth(cfg Config) (Result, error) {
 	}
 	sinks.Wait()
 	return bwResult(cfg, start, sent.Load(), received.Load(), time.Unix(0, first.Load()), time.Unix(0, last.Load())), nil
+}
+
+// pooledLatency is the latency result of several pairs' ping-pongs: their
+// samples pooled, or the first pair's error.
+func pooledLatency(cfg Config, samples [][]int64, errs []error) (Result, error) {
+	var all []int64
+	for i, s := range samples {
+		if errs[i] != nil {
+			return Result{}, errs[i]
+		}
+		all = append(all, s...)
+	}
+	return latResult(cfg, all), nil
 }

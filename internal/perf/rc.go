@@ -429,14 +429,7 @@ func rawTCPLatency(cfg Config) (Result, error) {
 		clients.Go(func() { samples[i], errs[i] = cli.PingPong(cfg.Size, cfg.Warmup, cfg.Iters) })
 	}
 	clients.Wait()
-	var all []int64
-	for i, s := range samples {
-		if errs[i] != nil {
-			return Result{}, errs[i]
-		}
-		all = append(all, s...)
-	}
-	return latResult(cfg, all), nil
+	return pooledLatency(cfg, samples, errs)
 }
 
 // rawTCPBandwidth streams cfg.Size-byte writes on cfg.QPs connections;
