@@ -87,6 +87,9 @@ func withLen(m []byte, n uint64) []byte {
 // from control-message buffers laid out as the kernel does: alone,
 // several in one buffer, and malformed.
 func TestControlMessages(t *testing.T) {
+	if all := len(cat(groCmsg(1), pktinfo6("::1"), pktinfo4("127.0.0.1", "127.0.0.1"))); rxCtrlSize < all {
+		t.Fatalf("rxCtrlSize %d cannot hold GRO and both PKTINFOs (%d bytes)", rxCtrlSize, all)
+	}
 	other := cmsgBytes(unix.SOL_SOCKET, unix.SO_TIMESTAMP, make([]byte, 16))
 	gro16 := cmsgBytes(unix.SOL_UDP, unix.UDP_GRO, binary.NativeEndian.AppendUint16(nil, 1300))
 	for _, tc := range []struct {
