@@ -5,12 +5,10 @@ import (
 	"net"
 	"net/netip"
 	"slices"
-	"unsafe"
 
 	"github.com/udiwarp/udiwarp/udiwarp"
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
-	"golang.org/x/sys/unix"
 )
 
 // JoinMulticast makes the QP a member of group on interface ifi (nil: the
@@ -117,37 +115,6 @@ func (s *Socket) SetMulticastInterface(ifi *net.Interface) error {
 		return ipv6.NewPacketConn(s.conn).SetMulticastInterface(ifi)
 	}
 	return ipv4.NewPacketConn(s.conn).SetMulticastInterface(ifi)
-}
-
-// rxDst returns the destination address of the datagram being delivered,
-// from its IP_PKTINFO / IPV6_PKTINFO control message, and whether it is a
-// unicast address: not multicast and, for IPv4, not a broadcast address
-// (the kernel's local address for the reply, ipi_spec_dst, is the
-// destination itself only for a datagram addressed to this host alone).
-func (s *Socket) rxDst() (dst netip.Addr, unicast, ok bool) {
-	h := &s.rx.hs[s.cur].hdr
-	ctl := s.rx.ctrl[s.cur][:min(int(h.Controllen), rxCtrlSize)]
-	msgs, err := unix.ParseSocketControlMessage(ctl)
-	if err != nil {
-		return netip.Addr{}, false, false
-	}
-	for _, m := range msgs {
-		switch {
-		case m.Header.Level == unix.IPPROTO_IP && m.Header.Type == unix.IP_PKTINFO && len(m.Data) >= unix.SizeofInet4Pktinfo:
-			p := (*unix.Inet4Pktinfo)(unsafe.Pointer(&m.Data[0]))
-			dst = netip.AddrFrom4(p.Addr)
-			return dst, p.Spec_dst == p.Addr && !dst.IsMulticast() && dst != netip.IPv4Unspecified() && p.Addr != [4]byte{255, 255, 255, 255}, true
-		case m.Header.Level == unix.IPPROTO_IPV6 && m.Header.Type == unix.IPV6_PKTINFO && len(m.Data) >= unix.SizeofInet6Pktinfo:
-			p := (*unix.Inet6Pktinfo)(unsafe.Pointer(&m.Data[0]))
-			dst, ok = netip.AddrFrom16(p.Addr).Unmap(), true
-			// An IPv4 datagram on an IPv6 socket: its IP_PKTINFO, if
-			// present, says more; keep looking.
-		}
-	}
-	if !ok {
-		return netip.Addr{}, false, false
-	}
-	return dst, !dst.Is4() && !dst.IsMulticast() && !dst.IsUnspecified(), true
 }
 
 // deliverMulticast gives each member QP of the datagram's group a copy.

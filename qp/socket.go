@@ -101,10 +101,6 @@ type rxBatch struct {
 	landWR bool
 }
 
-// rxCtrlSize holds a datagram's control messages: UDP_GRO (24 bytes),
-// IP_PKTINFO (32) and, on an IPv6 socket, IPV6_PKTINFO (40).
-const rxCtrlSize = 128
-
 const maxUDPv4 = 65507
 const maxUDPv6 = 65527
 
@@ -155,15 +151,8 @@ func newSocket(d *Device, conn *net.UDPConn) (*Socket, error) {
 	}
 	raw.Control(func(fd uintptr) {
 		s.fd = fd
-		// GRO: datagrams a peer sent with UDP GSO arrive in one read, cut
-		// by dispatch; one system call for up to 64 datagrams.
-		s.gro = unix.SetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_GRO, 1) == nil
-		// Each datagram's destination. IP_PKTINFO also on an IPv6 socket:
-		// for IPv4 datagrams it tells a broadcast destination apart.
-		info := unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_PKTINFO, 1) == nil
-		if s.v6 {
-			info = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO, 1) == nil
-		}
+		var info bool
+		s.gro, info = enableRxControl(int(fd), s.v6)
 		s.pktinfo.Store(info)
 	})
 	s.readableFn, s.writableFn = s.readable, s.writable
@@ -410,46 +399,6 @@ func (s *Socket) sendNow(b []byte, to netip.AddrPort) {
 		return
 	}
 	s.dev.stats.TxDatagrams.Add(1)
-}
-
-// groSize returns the segment size of batch slot i's read when GRO merged
-// several datagrams into it, or 0.
-func (s *Socket) groSize(i int) int {
-	if !s.gro {
-		return 0
-	}
-	h := &s.rx.hs[i].hdr
-	ctl := s.rx.ctrl[i][:min(int(h.Controllen), rxCtrlSize)]
-	for len(ctl) >= unix.SizeofCmsghdr {
-		c := (*unix.Cmsghdr)(unsafe.Pointer(&ctl[0]))
-		l := int(c.Len)
-		if l < unix.SizeofCmsghdr || l > len(ctl) {
-			return 0
-		}
-		if c.Level == unix.SOL_UDP && c.Type == unix.UDP_GRO && l >= unix.CmsgLen(2) {
-			data := ctl[unix.CmsgLen(0):l]
-			if len(data) >= 4 {
-				return int(*(*int32)(unsafe.Pointer(&data[0])))
-			}
-			return int(*(*uint16)(unsafe.Pointer(&data[0])))
-		}
-		ctl = ctl[min(unix.CmsgSpace(l-unix.CmsgLen(0)), len(ctl)):]
-	}
-	return 0
-}
-
-// deliverSplit delivers a read, cutting it into its datagrams when GRO
-// merged several (every one gso bytes but the last).
-func (s *Socket) deliverSplit(b []byte, truncated bool, gso int, src netip.AddrPort) {
-	if gso <= 0 || gso >= len(b) || truncated {
-		s.dev.deliver(s, b, truncated, src)
-		return
-	}
-	for len(b) > 0 {
-		k := min(gso, len(b))
-		s.dev.deliver(s, b[:k], false, src)
-		b = b[k:]
-	}
 }
 
 // SetReadBuffer sets the socket's kernel receive buffer (SO_RCVBUF, or

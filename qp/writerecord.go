@@ -1,16 +1,13 @@
 package qp
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"time"
-	"unsafe"
 
 	"github.com/udiwarp/udiwarp/udiwarp"
 	"github.com/udiwarp/udiwarp/validitymap"
 	"github.com/udiwarp/udiwarp/writerecord"
-	"golang.org/x/sys/unix"
 )
 
 // Source side of RDMA Write-Record.
@@ -353,106 +350,4 @@ func AggregateWriteRecords(wcs []WorkCompletion, stag uint32, base uint64, m *va
 		}
 	}
 	return used, nil
-}
-
-// UDP GSO: the segments of one Write-Record message are the same size
-// (but the last) and go to one destination, so the kernel can cut them
-// from one sendmsg(2) (UDP_SEGMENT): one system call for up to 64
-// datagrams instead of one each. The receiver sees ordinary datagrams.
-
-const (
-	maxGSOSegments = 64 // UDP_MAX_SEGMENTS on older kernels
-	udpSegment     = 103
-)
-
-var errGSOUnsupported = errors.New("UDP GSO not supported")
-
-// gsoCtx holds what one GSO send needs beside txCtx.
-type gsoCtx struct {
-	hdr [maxGSOSegments][udiwarp.WriteRecordHeaderSize]byte
-	crc [maxGSOSegments][udiwarp.CRCSize]byte
-	iov [3 * maxGSOSegments]unix.Iovec
-	ctl [64]byte
-}
-
-// gsoSegments says how many of w's remaining segments one GSO send can
-// carry (0 or 1: send one at a time).
-func (q *QP) gsoSegments(s *Socket, w *sendWQE, seg uint32) int {
-	if s.noGSO.Load() || q.dev.cfg.Impair != nil || (!w.isInline && w.nsge != 1) {
-		return 0
-	}
-	size := udiwarp.WriteRecordHeaderSize + int(seg) + udiwarp.CRCSize
-	left := int((w.length - w.off + seg - 1) / seg)
-	return min(left, maxGSOSegments, s.maxDatagram/size)
-}
-
-// sendGSO sends k segments of w from w.off in one system call and
-// advances w.off past them.
-func (t *txCtx) sendGSO(s *Socket, w *sendWQE, seg uint32, k int) (Status, error) {
-	q := t.q
-	if t.gso == nil {
-		t.gso = new(gsoCtx)
-	}
-	g := t.gso
-	var data []byte
-	if w.isInline {
-		data = w.inline[:w.inlineLen]
-	} else {
-		m, b, st := q.dev.resolve(q.pd, &w.sge[0], 0)
-		if st != Success {
-			return st, nil
-		}
-		defer m.unpin()
-		data = b
-	}
-	sum := !q.dev.cfg.NoCRC
-	niov := 0
-	off := w.off
-	for i := 0; i < k; i++ {
-		n := min(seg, w.length-off)
-		hdr := udiwarp.WriteRecordHeader(g.hdr[i][:])
-		hdr.Encode(&udiwarp.WriteRecordFields{Last: off+n == w.length, RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpWrite),
-			STag: w.rstag, TO: w.rto + uint64(off), MSN: w.msn, MO: off, MessageLength: w.length, DstQPN: w.ah.qpn, SrcQPN: q.num})
-		p := data[off : off+n]
-		var crc uint32
-		if sum {
-			crc = udiwarp.UpdateCRC32c(udiwarp.CRC32c(hdr), p)
-		}
-		udiwarp.PutCRC(g.crc[i][:], crc)
-		g.iov[niov].Base = &g.hdr[i][0]
-		g.iov[niov].SetLen(udiwarp.WriteRecordHeaderSize)
-		niov++
-		if n > 0 {
-			g.iov[niov].Base = &p[0]
-			g.iov[niov].SetLen(int(n))
-			niov++
-		}
-		g.iov[niov].Base = &g.crc[i][0]
-		g.iov[niov].SetLen(udiwarp.CRCSize)
-		niov++
-		off += n
-	}
-	h := (*unix.Cmsghdr)(unsafe.Pointer(&g.ctl[0]))
-	h.Level, h.Type = unix.SOL_UDP, udpSegment
-	h.SetLen(unix.CmsgLen(2))
-	*(*uint16)(unsafe.Pointer(&g.ctl[unix.CmsgLen(0)])) = uint16(udiwarp.WriteRecordHeaderSize + int(seg) + udiwarp.CRCSize)
-	t.msg.Iov = &g.iov[0]
-	t.msg.SetIovlen(niov)
-	t.msg.Control = &g.ctl[0]
-	t.msg.SetControllen(unix.CmsgSpace(2))
-	t.setDest(s, w.ah)
-	err := t.transmit(s)
-	t.msg.Iov, t.msg.Control = &t.iov[0], nil
-	t.msg.SetControllen(0)
-	switch {
-	case err == nil:
-		s.dev.stats.TxDatagrams.Add(uint64(k - 1)) // transmit counted one
-		s.dev.stats.TxGSO.Add(1)
-		w.off = off
-		return Success, nil
-	case err == unix.EINVAL || err == unix.EIO || err == unix.ENOPROTOOPT || err == unix.EOPNOTSUPP:
-		s.noGSO.Store(true)
-		return Success, errGSOUnsupported
-	}
-	return Success, err
 }
