@@ -200,24 +200,43 @@ func freePort(t *testing.T) int {
 	return 0
 }
 
-// waitUDP waits until something is bound to the UDP port (the server is up).
+// waitUDP waits until something is bound to the UDP port (the server is
+// up). It reads the kernel's socket tables rather than trying to bind the
+// port itself: a probe that binds holds the port for a moment, and a
+// server binding it in that moment fails with EADDRINUSE (sockperf did,
+// on a loaded machine).
 func waitUDP(t *testing.T, port int, p *proc) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		c, err := net.ListenPacket("udp4", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			time.Sleep(50 * time.Millisecond) // bound: ready
+		if udpBound(port) {
 			return
 		}
-		c.Close()
 		select {
 		case <-p.done:
 			t.Fatalf("%s exited: %v\n%s", p.cmd.Path, p.err, p.out.String())
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
 	t.Fatalf("%s never bound UDP port %d\n%s", p.cmd.Path, port, p.out.String())
+}
+
+// udpBound says whether a UDP socket (IPv4 or IPv6) is bound to port, by
+// /proc/net/udp and udp6: their local_address column is ADDR:PORT in hex.
+func udpBound(port int) bool {
+	suffix := fmt.Sprintf(":%04X", port)
+	for _, f := range []string{"/proc/net/udp", "/proc/net/udp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n")[1:] {
+			if fs := strings.Fields(l); len(fs) > 1 && strings.HasSuffix(fs[1], suffix) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func num(t *testing.T, re, s string) float64 {
