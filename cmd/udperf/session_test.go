@@ -329,14 +329,52 @@ func TestServerOnceSession(t *testing.T) {
 	}
 }
 
-// TestServerSignals: SIGTERM and SIGINT stop the server within 100 ms
-// (the median of several rounds; each under 1 s, for a loaded machine),
-// idle or with a run in progress (its device open, a client waiting), and
-// it exits 0.
+// TestServerSignals: SIGTERM and SIGINT stop the server, idle or with a
+// run in progress (its device open, a client waiting), and it exits 0 at
+// once, waiting for no timeout (a request's 10 s, a run's slack). How fast
+// is TestServerSignalsWithin100ms's.
 func TestServerSignals(t *testing.T) {
+	took := serverSignalRounds(t)
+	for sig, ds := range took {
+		t.Logf("%v to exit: %v", sig, ds)
+		for _, d := range ds {
+			// Not a figure: only a server that waited for something gets here.
+			if d >= 5*time.Second {
+				t.Fatalf("%v to exit: %v (rounds %v): the server waited for something", sig, d, ds)
+			}
+		}
+	}
+}
+
+// TestServerSignalsWithin100ms: the figure the issue asks, the server out
+// within 100 ms of SIGTERM or SIGINT: the median of six rounds (half of
+// them with a run in progress), each under 1 s. Process scheduling on a
+// loaded machine is in what it measures, so it skips under the race
+// detector (the suite as run beside other work) and .ci/run runs it again
+// without it, alone.
+func TestServerSignalsWithin100ms(t *testing.T) {
+	if testing.Short() || raceEnabled {
+		t.Skip("a figure check (process exit within 100 ms): not under -short or -race; .ci/run runs it without -race")
+	}
+	for sig, took := range serverSignalRounds(t) {
+		sorted := slices.Clone(took)
+		slices.Sort(sorted)
+		t.Logf("%v to exit: %v", sig, took)
+		if med := sorted[len(sorted)/2]; med > 100*time.Millisecond || sorted[len(sorted)-1] >= time.Second {
+			t.Errorf("%v to exit: median %v (want <= 100ms), rounds %v (each under 1s)", sig, med, took)
+		}
+	}
+}
+
+// serverSignalRounds stops six server processes with each of SIGTERM and
+// SIGINT, every other one with a run in progress, checks each exits 0
+// with nothing on stderr, and returns how long each took from the signal
+// to its exit.
+func serverSignalRounds(t *testing.T) map[syscall.Signal][]time.Duration {
 	bin := buildUdperf(t)
+	out := map[syscall.Signal][]time.Duration{}
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
-		t.Run(sig.String(), func(t *testing.T) {
+		{
 			var took []time.Duration
 			for round := range 6 {
 				srv, addr, _, srvErr := startServerProcess(t, bin)
@@ -367,20 +405,16 @@ func TestServerSignals(t *testing.T) {
 				code := waitExit(t, srv)
 				took = append(took, time.Since(t0))
 				if code != 0 {
-					t.Fatalf("round %d: exit %d: %s", round, code, srvErr.String())
+					t.Fatalf("%v, round %d: exit %d: %s", sig, round, code, srvErr.String())
 				}
 				if s := srvErr.String(); s != "" {
-					t.Fatalf("round %d: stderr %q", round, s)
+					t.Fatalf("%v, round %d: stderr %q", sig, round, s)
 				}
 			}
-			sorted := slices.Clone(took)
-			slices.Sort(sorted)
-			t.Logf("%v to exit: %v", sig, took)
-			if med := sorted[len(sorted)/2]; med > 100*time.Millisecond || sorted[len(sorted)-1] >= time.Second {
-				t.Fatalf("%v to exit: median %v (want <= 100ms), rounds %v (each under 1s)", sig, med, took)
-			}
-		})
+			out[sig] = took
+		}
 	}
+	return out
 }
 
 // TestServerMetrics: `udperf server -metrics` serves its devices' counts.
