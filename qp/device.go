@@ -111,9 +111,7 @@ type Device struct {
 	wg         sync.WaitGroup
 	stats      Stats
 
-	wrTimerMu sync.Mutex // the device timer: Write-Record deadlines, RD timers, RC acks
-	wrTimer   *time.Timer
-	wrNext    time.Time
+	timer deviceTimer // Write-Record deadlines, RD timers, RC acks (timer.go)
 
 	// RC: one poller for every connection.
 	rcMu        sync.Mutex
@@ -141,6 +139,7 @@ func Open(cfg DeviceConfig) (*Device, error) {
 		done:    make(chan struct{}),
 		rcEpoll: -1, rcWake: -1, rcConns: map[int]*rcConn{},
 	}
+	d.timer.init(d)
 	if cfg.Poll == PollBusy && cfg.BusyPollThread {
 		d.wg.Add(1)
 		go d.busyLoop()
@@ -172,11 +171,7 @@ func (d *Device) Close() error {
 		return nil
 	}
 	close(d.done)
-	d.wrTimerMu.Lock()
-	if d.wrTimer != nil {
-		d.wrTimer.Stop()
-	}
-	d.wrTimerMu.Unlock()
+	d.timer.stop()
 	d.mu.Lock()
 	socks := d.sockets
 	d.sockets = nil
@@ -309,4 +304,5 @@ func (d *Device) removeQP(q *QP) {
 	d.qpMu.Lock()
 	d.qps[q.num].CompareAndSwap(q, nil)
 	d.qpMu.Unlock()
+	d.timer.cancel(q)
 }

@@ -530,19 +530,11 @@ func fzSpoofer() *spoof.Sender {
 }
 
 // expireWriteRecords runs every QP's Write-Record deadlines at now, as
-// the device timer (onTimer) does, so that partial records are made and
+// the device timer (wrExpire) does, so that partial records are made and
 // checked in every exec instead of when a timer happens to fire.
 func (z *fzDev) expireWriteRecords(now time.Time) {
 	for _, q := range z.qps {
-		q.wrMu.Lock()
-		if q.wr != nil && q.wr.InProgress() > 0 {
-			q.wr.Expire(now, func(rec writerecord.Record) {
-				if m := z.dev.mrs.lookup(rec.STag); m != nil {
-					q.recordWriteRecord(m, &rec)
-				}
-			})
-		}
-		q.wrMu.Unlock()
+		q.wrExpire(now)
 	}
 }
 

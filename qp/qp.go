@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // QPType is the transport service of a QP, the new input modifier of
@@ -147,6 +148,11 @@ type QP struct {
 	rc           atomic.Pointer[rcConn] // RC QPs: the connection, once Connect or Accept made it
 	srqHeld      atomic.Int32           // SRQ receives held (seed 004 limit)
 	srqOverdrawn atomic.Bool
+
+	// The device timer's entry for the QP, under Device.timer.mu.
+	tmAt   time.Time // when the QP is due
+	tmIdx  int       // its index in the timer's heap, plus one; 0: not armed
+	tmGone bool      // destroyed: never armed again
 }
 
 // CreateQP creates a QP in RESET.

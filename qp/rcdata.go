@@ -291,7 +291,7 @@ func (c *rcConn) completeLocked() {
 	}
 	c.posted = c.posted[k:]
 	if c.ackMode && len(c.posted) > 0 && c.posted[0].handed && !c.posted[0].done {
-		q.dev.armTimer(time.Now().Add(50 * time.Microsecond))
+		q.armTimer(time.Now().Add(50 * time.Microsecond))
 	}
 }
 
@@ -1003,7 +1003,7 @@ func (c *rcConn) sourceRevokedLocked() {
 	c.rtrPending = false
 	c.q.dev.stats.RCTerminatesSent.Add(1)
 	c.revokedTerm.Store(true)
-	c.q.dev.armTimer(time.Now())
+	c.q.armTimer(time.Now())
 }
 
 // rcAckTimer completes CompleteOnAck WRs whose bytes the peer acknowledged,

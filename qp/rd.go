@@ -1377,6 +1377,7 @@ func (q *QP) rdTimer(now time.Time) time.Time {
 	defer r.mu.Unlock()
 	s := q.sock.Load()
 	if s == nil || q.State() == StateError || q.State() == StateReset {
+		r.next = time.Time{} // the timer no longer holds q: the next rdArm arms it
 		return time.Time{}
 	}
 	for _, p := range r.peers {
@@ -1471,7 +1472,7 @@ func (q *QP) rdArm(now time.Time) {
 		return
 	}
 	r.next = next
-	q.dev.armTimer(next)
+	q.armTimer(next)
 }
 
 // rdCutReads cuts short the Read Responses the device's RD QPs are

@@ -215,7 +215,7 @@ func (q *QP) receiveWriteRecord(s *Socket, seg udiwarp.Segment, src netip.AddrPo
 			vm.Invalidate(mto, ml) // its old contents are being overwritten
 		}
 		if ws.N != ws.Length {
-			d.armTimer(q.wr.Deadline(&ws, now))
+			q.armTimer(q.wr.Deadline(&ws, now))
 		}
 	}
 	copy(m.buf[h.Tagged().TO():], seg.Payload) // zero-based: TO is the offset
@@ -260,69 +260,20 @@ func (q *QP) recordWriteRecord(m *MR, rec *writerecord.Record) {
 	}
 }
 
-// armTimer makes the device's timer fire no later than at. One timer
-// serves every QP of the device: Write-Record deadlines and RD
-// retransmission, ack and contact timers.
-func (d *Device) armTimer(at time.Time) {
-	d.wrTimerMu.Lock()
-	defer d.wrTimerMu.Unlock()
-	if d.closed.Load() || (!d.wrNext.IsZero() && !at.Before(d.wrNext)) {
-		return
+// wrExpire applies the deadline of q's Write-Record messages in progress
+// at now, as the device timer runs it, and returns the next deadline
+// (zero: none in progress).
+func (q *QP) wrExpire(now time.Time) time.Time {
+	q.wrMu.Lock()
+	defer q.wrMu.Unlock()
+	if q.wr == nil || q.wr.InProgress() == 0 {
+		return time.Time{}
 	}
-	d.wrNext = at
-	delay := max(time.Until(at), 0)
-	if d.wrTimer == nil {
-		d.wrTimer = time.AfterFunc(delay, d.onTimer)
-	} else {
-		d.wrTimer.Reset(delay)
-	}
-}
-
-// onTimer applies the deadline of every QP's Write-Record messages in
-// progress and runs the RD QPs' timers, then re-arms for the earliest
-// deadline left.
-func (d *Device) onTimer() {
-	d.wrTimerMu.Lock()
-	if d.closed.Load() {
-		d.wrTimerMu.Unlock()
-		return
-	}
-	d.wrNext = time.Time{}
-	d.wg.Add(1) // Close waits for a sweep in progress
-	d.wrTimerMu.Unlock()
-	defer d.wg.Done()
-	d.stats.Timers.Add(1)
-	now := time.Now()
-	var next time.Time
-	early := func(t time.Time) {
-		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
-			next = t
-		}
-	}
-	for i := range d.qps {
-		q := d.qps[i].Load()
-		if q == nil {
-			continue
-		}
-		if q.rd != nil {
-			early(q.rdTimer(now))
-		}
-		if q.rc.Load() != nil {
-			q.rcAckTimer()
-		}
-		q.wrMu.Lock()
-		if q.wr != nil && q.wr.InProgress() > 0 {
-			early(q.wr.Expire(now, func(rec writerecord.Record) {
-				if m := d.mrs.lookup(rec.STag); m != nil {
-					q.recordWriteRecord(m, &rec)
-				} // else the region was deregistered: nothing of it is valid
-			}))
-		}
-		q.wrMu.Unlock()
-	}
-	if !next.IsZero() {
-		d.armTimer(next)
-	}
+	return q.wr.Expire(now, func(rec writerecord.Record) {
+		if m := q.dev.mrs.lookup(rec.STag); m != nil {
+			q.recordWriteRecord(m, &rec)
+		} // else the region was deregistered: nothing of it is valid
+	})
 }
 
 // AggregateWriteRecords folds the Write-Record completions for stag among
