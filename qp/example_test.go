@@ -16,9 +16,7 @@ func Example() {
 		pd := dev.AllocPD()
 		cq, _ := dev.CreateCQ(64)
 		q, _ := pd.CreateQP(qp.QPAttr{Type: qp.UD, SendCQ: cq, RecvCQ: cq})
-		q.Modify(qp.ModifyAttr{State: qp.StateInit, Socket: sock})
-		q.Modify(qp.ModifyAttr{State: qp.StateRTR})
-		q.Modify(qp.ModifyAttr{State: qp.StateRTS})
+		q.Activate(sock)
 		mr, _ := pd.RegisterMemory(make([]byte, 4096), qp.AccessLocalWrite)
 		return dev, sock, pd, cq, q, mr
 	}

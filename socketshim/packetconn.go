@@ -148,10 +148,8 @@ func ListenPacket(network, address string, opts *Options) (*PacketConn, error) {
 	if c.q.QPN() != ShimQPN {
 		return fail(fmt.Errorf("socketshim: the QP got number %d, not %d", c.q.QPN(), ShimQPN))
 	}
-	for _, st := range []qp.ModifyAttr{{State: qp.StateInit, Socket: c.sock}, {State: qp.StateRTR}, {State: qp.StateRTS}} {
-		if err := c.q.Modify(st); err != nil {
-			return fail(err)
-		}
+	if err := c.q.Activate(c.sock); err != nil {
+		return fail(err)
 	}
 	for i := range o.RecvDepth {
 		if err := c.q.PostRecv(&qp.RecvWR{ID: uint64(i), SGL: []qp.SGE{c.rbuf.SGE(i*c.slot, c.slot)}}); err != nil {

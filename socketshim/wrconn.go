@@ -356,10 +356,8 @@ func ListenWriteRecord(network, address string, opts *WROptions) (*WRConn, error
 	if pc.q.QPN() != ShimQPN {
 		return fail(fmt.Errorf("socketshim: the QP got number %d, not %d", pc.q.QPN(), ShimQPN))
 	}
-	for _, st := range []qp.ModifyAttr{{State: qp.StateInit, Socket: pc.sock}, {State: qp.StateRTR}, {State: qp.StateRTS}} {
-		if err := pc.q.Modify(st); err != nil {
-			return fail(err)
-		}
+	if err := pc.q.Activate(pc.sock); err != nil {
+		return fail(err)
 	}
 	for i := range wrCtlRecvs {
 		if err := c.repost(i); err != nil {

@@ -179,10 +179,8 @@ func openQPEnd(c perf.Config, server bool, network, local string) (*qpEnd, error
 		if e.sock, err = e.dev.Bind(network, local); err != nil {
 			return fail(err)
 		}
-		for _, st := range []qp.ModifyAttr{{State: qp.StateInit, Socket: e.sock}, {State: qp.StateRTR}, {State: qp.StateRTS}} {
-			if err := e.q.Modify(st); err != nil {
-				return fail(err)
-			}
+		if err := e.q.Activate(e.sock); err != nil {
+			return fail(err)
 		}
 	}
 	for k := range e.depth {

@@ -70,11 +70,9 @@ func newUDSide(cfg Config, slot int) (*udSide, error) {
 			dev.Close()
 			return nil, err
 		}
-		for _, st := range []qp.ModifyAttr{{State: qp.StateInit, Socket: sock}, {State: qp.StateRTR}, {State: qp.StateRTS}} {
-			if err := q.Modify(st); err != nil {
-				dev.Close()
-				return nil, err
-			}
+		if err := q.Activate(sock); err != nil {
+			dev.Close()
+			return nil, err
 		}
 		s.qps = append(s.qps, q)
 		s.cqs = append(s.cqs, cq)

@@ -63,10 +63,8 @@ func newWRSide(cfg Config, imp *qp.Impairment, slot int) (*wrSide, error) {
 	if err != nil {
 		return fail(err)
 	}
-	for _, st := range []qp.ModifyAttr{{State: qp.StateInit, Socket: s.sock}, {State: qp.StateRTR}, {State: qp.StateRTS}} {
-		if err := s.q.Modify(st); err != nil {
-			return fail(err)
-		}
+	if err := s.q.Activate(s.sock); err != nil {
+		return fail(err)
 	}
 	return s, nil
 }

@@ -244,10 +244,8 @@ func Listen(network, address string, opts *Options) (*Socket, error) {
 	if s.q.QPN() != QPN {
 		return fail(fmt.Errorf("rds: the QP got number %d, not %d", s.q.QPN(), QPN))
 	}
-	for _, st := range []qp.ModifyAttr{{State: qp.StateInit, Socket: s.sock}, {State: qp.StateRTR}, {State: qp.StateRTS}} {
-		if err := s.q.Modify(st); err != nil {
-			return fail(err)
-		}
+	if err := s.q.Activate(s.sock); err != nil {
+		return fail(err)
 	}
 	for i := range o.RecvDepth {
 		if err := s.postRecv(i); err != nil {

@@ -210,10 +210,8 @@ func (s *sock) setup(uc *net.UDPConn) error {
 	if s.q.QPN() != socketshim.ShimQPN {
 		return fmt.Errorf("the QP got number %d, not %d", s.q.QPN(), socketshim.ShimQPN)
 	}
-	for _, st := range []qp.ModifyAttr{{State: qp.StateInit, Socket: s.s}, {State: qp.StateRTR}, {State: qp.StateRTS}} {
-		if err := s.q.Modify(st); err != nil {
-			return err
-		}
+	if err := s.q.Activate(s.s); err != nil {
+		return err
 	}
 	for i := range recvDepth {
 		if err := s.q.PostRecv(&qp.RecvWR{ID: uint64(i), SGL: []qp.SGE{s.rbuf.SGE(i*s.slot, s.slot)}}); err != nil {
