@@ -167,3 +167,31 @@ func TestActivateErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestModifyRefusedLeavesSocket: a Modify that is refused changes nothing,
+// the QP's socket included (an RC QP refused a UDP socket but kept it).
+func TestModifyRefusedLeavesSocket(t *testing.T) {
+	n := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	rc, err := n.pd.CreateQP(QPAttr{Type: RC, SendCQ: n.cq, RecvCQ: n.cq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Destroy()
+	if err := rc.Modify(ModifyAttr{State: StateInit, Socket: n.sock}); !errors.Is(err, ErrInvalidAttr) {
+		t.Fatalf("an RC QP given a UDP socket: %v, want ErrInvalidAttr", err)
+	}
+	if rc.Socket() != nil || rc.State() != StateReset {
+		t.Fatalf("after the refusal: socket %p, state %v; want none, RESET", rc.Socket(), rc.State())
+	}
+	// A datagram QP refused a socket for its state keeps the one it has.
+	other, err := n.dev.Bind("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.qp.Modify(ModifyAttr{State: StateError, Socket: other}); !errors.Is(err, ErrQPState) {
+		t.Fatalf("a socket in RTS: %v, want ErrQPState", err)
+	}
+	if n.qp.Socket() != n.sock || n.qp.State() != StateRTS {
+		t.Fatalf("after the refusal: socket %p (want %p), state %v", n.qp.Socket(), n.sock, n.qp.State())
+	}
+}

@@ -256,11 +256,10 @@ func (q *QP) Modify(attr ModifyAttr) error {
 	if !ok {
 		return fmt.Errorf("%w: %v to %v is not a verbs transition", ErrQPState, cur, next)
 	}
-	if attr.Socket != nil {
-		if cur != StateReset && cur != StateInit {
-			return fmt.Errorf("%w: the socket is set in RESET or INIT, not %v", ErrQPState, cur)
-		}
-		q.sock.Store(attr.Socket)
+	// Every check before any change: a refused Modify leaves the QP as it
+	// was (it kept a refused socket on an RC QP).
+	if attr.Socket != nil && cur != StateReset && cur != StateInit {
+		return fmt.Errorf("%w: the socket is set in RESET or INIT, not %v", ErrQPState, cur)
 	}
 	if q.typ == RC {
 		if attr.Socket != nil {
@@ -269,8 +268,11 @@ func (q *QP) Modify(attr ModifyAttr) error {
 		if (next == StateRTR || next == StateRTS) && q.rc.Load() == nil {
 			return fmt.Errorf("%w: an RC QP reaches %v through Connect or RCRequest.Accept", ErrQPState, next)
 		}
-	} else if (next == StateRTR || next == StateRTS) && q.sock.Load() == nil {
+	} else if (next == StateRTR || next == StateRTS) && attr.Socket == nil && q.sock.Load() == nil {
 		return fmt.Errorf("%w: a %v QP needs its bound socket to reach %v", ErrInvalidAttr, q.typ, next)
+	}
+	if attr.Socket != nil {
+		q.sock.Store(attr.Socket)
 	}
 	switch next {
 	case StateError:
