@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/udiwarp/udiwarp/qp"
+	"golang.org/x/sys/unix"
 )
 
 // The plain-UDP baselines in one process: socket pairs on loopback, each
@@ -123,6 +124,9 @@ func rawBandwidth(cfg Config) (Result, error) {
 		sink := &UDPEnd{Conn: rx, Poll: cfg.Poll, Unconnected: unconn, Stop: &stop, Shared: cfg.QPs > 1}
 		src := &UDPEnd{Conn: tx, Poll: cfg.Poll, Unconnected: unconn, Peer: rx.LocalAddr().(*net.UDPAddr).AddrPort(), Stop: &stop, Shared: cfg.QPs > 1}
 		sinks.Go(func() {
+			if rawSinkStart != nil {
+				rawSinkStart()
+			}
 			sink.Sink(func(n, _ int) {
 				now := time.Now().UnixNano()
 				first.CompareAndSwap(0, now)
@@ -135,7 +139,14 @@ func rawBandwidth(cfg Config) (Result, error) {
 			sent.Add(n)
 		})
 	}
-	start := finish(cfg, &sending, &stop, &senders, nil) // UDP: what is not there 50 ms later is lost
+	// UDP: what the kernel dropped is lost; what it holds in a receive
+	// queue has arrived, and the sinks read it before the count (on a
+	// loaded machine a sink may get the CPU only after the senders stop).
+	var rxs []*net.UDPConn
+	for i := 1; i < len(conns); i += 2 {
+		rxs = append(rxs, conns[i])
+	}
+	start := finish(cfg, &sending, &stop, &senders, func() bool { return allRead(rxs) })
 	for _, c := range conns {
 		c.Close() // the sinks return (stop is set: a busy one first sees it)
 	}
@@ -154,4 +165,25 @@ func pooledLatency(cfg Config, samples [][]int64, errs []error) (Result, error) 
 		all = append(all, s...)
 	}
 	return latResult(cfg, all), nil
+}
+
+// rawSinkStart, when set (by tests), runs before each raw-UDP bandwidth
+// sink starts reading: a sink the scheduler starts late.
+var rawSinkStart func()
+
+// allRead says whether every socket's receive queue is empty (SIOCINQ: the
+// size of the next datagram waiting, 0 for none).
+func allRead(cs []*net.UDPConn) bool {
+	for _, c := range cs {
+		rc, err := c.SyscallConn()
+		if err != nil {
+			return true // closed: nothing more to read
+		}
+		n := 0
+		rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+		if n > 0 {
+			return false
+		}
+	}
+	return true
 }
