@@ -238,7 +238,7 @@ func (s *Socket) completeLandingLocked(l *landing, n int, truncated bool, src ne
 	if !s.dev.cfg.NoCRC && !l.crcOK(payload) {
 		return false // the ordinary path counts it
 	}
-	if st := q.State(); st != StateRTR && st != StateRTS {
+	if !q.canReceive() {
 		return false
 	}
 	if q.rq.len() == 0 || q.rq.front().seq != l.seq {

@@ -667,14 +667,8 @@ func (q *QP) rdGather(t *txCtx, w *rdWR, off, n uint32) Status {
 		t.add(w.inline[off : off+n])
 		return Success
 	}
-	for i := 0; i < w.nsge && n > 0; i++ {
-		g := w.sge[i]
-		if off >= g.Length {
-			off -= g.Length
-			continue
-		}
-		k := min(g.Length-off, n)
-		part := SGE{LKey: g.LKey, Addr: g.Addr + uint64(off), Length: k}
+	c := sglSlice{sge: w.sge[:w.nsge], off: off, left: n}
+	for part, ok := c.next(); ok; part, ok = c.next() {
 		pin := t.pin
 		if w.internal {
 			pin = t.pinRemote // a Read Response: the peer's access, checked as it is sent
@@ -684,7 +678,6 @@ func (q *QP) rdGather(t *txCtx, w *rdWR, off, n uint32) Status {
 			return st
 		}
 		t.add(b)
-		off, n = 0, n-k
 	}
 	return Success
 }
@@ -758,7 +751,7 @@ func (d *Device) deliverRD(s *Socket, b []byte, src netip.AddrPort) {
 		st.RxUnknownQP.Add(1)
 		return
 	}
-	if qs := q.State(); qs != StateRTR && qs != StateRTS {
+	if !q.canReceive() {
 		st.RxQPState.Add(1)
 		return
 	}

@@ -166,7 +166,12 @@ func (d *Device) deliver(s *Socket, b []byte, truncated bool, src netip.AddrPort
 		st.RxTooLong.Add(1)
 		return
 	}
-	if len(b) >= udiwarp.MinDatagramSize && udiwarp.FrameType(b[0]&3) == udiwarp.FrameRD {
+	t, err := udiwarp.Classify(b) // the one home of the frame-type rule
+	if err != nil {
+		st.countRx(err)
+		return
+	}
+	if t == udiwarp.FrameRD {
 		st.RxRDFrames.Add(1)
 		d.deliverRD(s, b, src)
 		return
@@ -209,7 +214,7 @@ func (d *Device) deliver(s *Socket, b []byte, truncated bool, src netip.AddrPort
 // receive handles a checked untagged segment addressed to q.
 func (q *QP) receive(seg udiwarp.Segment, src netip.AddrPort) {
 	st := &q.dev.stats
-	if s := q.State(); s != StateRTR && s != StateRTS {
+	if !q.canReceive() {
 		st.RxQPState.Add(1)
 		return
 	}
@@ -278,27 +283,7 @@ func (q *QP) receiveSend(seg udiwarp.Segment, src netip.AddrPort) {
 // scatter copies payload into the receive's SGL, holding each MR shared
 // while it writes.
 func (q *QP) scatter(w *recvWQE, payload []byte) Status {
-	room := 0
-	for i := 0; i < w.nsge; i++ {
-		room += int(w.sge[i].Length)
-	}
-	if len(payload) > room {
-		return LocalLengthError
-	}
-	pd := q.pd
-	if q.srq != nil {
-		pd = q.srq.pd
-	}
-	for i := 0; i < w.nsge && len(payload) > 0; i++ {
-		m, b, st := q.dev.resolve(pd, &w.sge[i], AccessLocalWrite)
-		if st != Success {
-			return st
-		}
-		n := copy(b, payload)
-		m.unpin()
-		payload = payload[n:]
-	}
-	return Success
+	return q.scatterAt(w, 0, payload)
 }
 
 // reportError tells the source of a dropped message, if the QP asks for it
@@ -361,4 +346,39 @@ func (s *Socket) mayAnswer(src netip.AddrPort, size int) bool {
 	}
 	s.rxLeft -= size
 	return true
+}
+
+// sglSlice walks bytes [off, off+n) of an SGL one piece at a time: each
+// piece is the part of one SGE those bytes cover. It is the one home of
+// slicing an SGL (scatter of a Send, RD's gather, RC's payload).
+type sglSlice struct {
+	sge       []SGE
+	off, left uint32
+}
+
+// next returns the next piece, or false when the range is done or the SGL
+// ends before it.
+func (c *sglSlice) next() (SGE, bool) {
+	for len(c.sge) > 0 && c.left > 0 {
+		g := c.sge[0]
+		c.sge = c.sge[1:]
+		if c.off >= g.Length {
+			c.off -= g.Length
+			continue
+		}
+		k := min(g.Length-c.off, c.left)
+		part := SGE{LKey: g.LKey, Addr: g.Addr + uint64(c.off), Length: k}
+		c.off, c.left = 0, c.left-k
+		return part, true
+	}
+	return SGE{}, false
+}
+
+// sglLen is the room of an SGL.
+func sglLen(sge []SGE) uint64 {
+	n := uint64(0)
+	for i := range sge {
+		n += uint64(sge[i].Length)
+	}
+	return n
 }
