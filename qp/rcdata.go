@@ -752,9 +752,8 @@ func (c *rcConn) receiveSend(seg udiwarp.Segment, size int) bool {
 	}
 	r.got += uint32(len(seg.Payload))
 	if r.bad == LocalLengthError {
-		st.RxRecvTooSmall.Add(1)
 		wc := WorkCompletion{ID: r.w.id, Status: LocalLengthError, Opcode: WCRecv, QPN: q.num}
-		q.recvCQ.push(&wc)
+		q.completeRecv(&wc)
 		r.have = false
 		c.terminate(udiwarp.DDPUntaggedTooLong, ddpHdr(seg), nil, size)
 		return false
@@ -782,12 +781,9 @@ func (c *rcConn) receiveSend(seg udiwarp.Segment, size int) bool {
 		m.Invalidate()
 		wc.Invalidated = stag
 	}
-	if r.bad == Success {
-		st.RxDelivered.Add(1)
-	}
 	r.have = false
 	c.rxSendMSN++
-	q.recvCQ.push(&wc)
+	q.completeRecv(&wc)
 	return true
 }
 

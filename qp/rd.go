@@ -1074,7 +1074,7 @@ func (q *QP) rdDeliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool
 		q.rdServeRead(p, seq, seg)
 		return true
 	}
-	if (seg.Opcode() != udiwarp.OpSend && seg.Opcode() != udiwarp.OpSendSE) || h.Queue() != uint32(udiwarp.QueueSend) {
+	if !isSend(seg.Opcode()) || h.Queue() != uint32(udiwarp.QueueSend) {
 		st.RxBadOpcode.Add(1)
 		p.noteErr(seq, reliability.CodeInvalidRequest)
 		return true
@@ -1084,23 +1084,13 @@ func (q *QP) rdDeliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool
 		st.RDNotReady.Add(1)
 		return false
 	}
-	wc := WorkCompletion{ID: w.id, Opcode: WCRecv, QPN: q.num, Solicited: seg.Opcode() == udiwarp.OpSendSE,
-		Source: src, SourceQPN: h.SrcQPN(), MSN: h.MSN(), Len: uint32(len(seg.Payload))}
-	wc.Status = q.scatter(&w, seg.Payload)
-	switch wc.Status {
+	switch q.deliverSend(&w, seg, src) {
 	case Success:
-		st.RxDelivered.Add(1)
 	case LocalLengthError:
-		st.RxRecvTooSmall.Add(1)
 		p.noteErr(seq, reliability.CodeInvalidRequest)
 	default:
-		st.RxRecvProt.Add(1)
 		p.noteErr(seq, reliability.CodeRemoteOperation)
 	}
-	if q.srq != nil {
-		wc.srqQP = q
-	}
-	q.recvCQ.push(&wc)
 	return true
 }
 

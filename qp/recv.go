@@ -218,10 +218,10 @@ func (q *QP) receive(seg udiwarp.Segment, src netip.AddrPort) {
 		st.RxQPState.Add(1)
 		return
 	}
-	switch seg.Opcode() {
-	case udiwarp.OpSend, udiwarp.OpSendSE:
+	switch op := seg.Opcode(); {
+	case isSend(op):
 		q.receiveSend(seg, src)
-	case udiwarp.OpTerminate:
+	case op == udiwarp.OpTerminate:
 		st.RxRemoteErrors.Add(1)
 		term := seg.Terminate()
 		ev := AsyncEvent{Type: AsyncRemoteError, QP: q, Source: src, SourceQPN: seg.Untagged().SrcQPN(), Code: term.Code()}
@@ -236,10 +236,11 @@ func (q *QP) receive(seg udiwarp.Segment, src netip.AddrPort) {
 	}
 }
 
+// receiveSend takes a receive for a UD Send (slow path) and delivers it;
+// a Send it cannot take is reported to the source (reportError).
 func (q *QP) receiveSend(seg udiwarp.Segment, src netip.AddrPort) {
 	d := q.dev
 	st := &d.stats
-	h := seg.Untagged()
 	var w recvWQE
 	ok, overdraft := q.takeRecv(&w)
 	if !ok {
@@ -254,12 +255,8 @@ func (q *QP) receiveSend(seg udiwarp.Segment, src netip.AddrPort) {
 		q.reportError(seg, src, udiwarp.DDPUntaggedNoBuffer)
 		return
 	}
-	wc := WorkCompletion{ID: w.id, Opcode: WCRecv, QPN: q.num, Solicited: seg.Opcode() == udiwarp.OpSendSE,
-		Source: src, SourceQPN: h.SrcQPN(), MSN: h.MSN(), Len: uint32(len(seg.Payload))}
-	wc.Status = q.scatter(&w, seg.Payload)
-	switch wc.Status {
+	switch q.deliverSend(&w, seg, src) {
 	case Success:
-		st.RxDelivered.Add(1)
 		if q.srq == nil {
 			if s := q.sock.Load(); s != nil {
 				if s.landQP.Load() != q {
@@ -269,15 +266,49 @@ func (q *QP) receiveSend(seg udiwarp.Segment, src netip.AddrPort) {
 			}
 		}
 	case LocalLengthError:
-		st.RxRecvTooSmall.Add(1)
 		q.reportError(seg, src, udiwarp.DDPUntaggedTooLong)
+	}
+}
+
+// isSend reports whether op is a datagram Send (UD and RD carry no
+// Send with Invalidate).
+func isSend(op udiwarp.Opcode) bool { return op == udiwarp.OpSend || op == udiwarp.OpSendSE }
+
+// deliverSend is the one home of "a Send arrived" on a datagram QP (UD's
+// slow path, RD): w is the receive taken for it; the payload is scattered
+// into w's SGL and w completed on the receive CQ (completeRecv). It
+// returns the completion's status for the caller's report to the source.
+func (q *QP) deliverSend(w *recvWQE, seg udiwarp.Segment, src netip.AddrPort) Status {
+	wc := q.sendWC(w.id, seg.Opcode(), seg.Untagged(), src, len(seg.Payload))
+	wc.Status = q.scatter(w, seg.Payload)
+	q.completeRecv(&wc)
+	return wc.Status
+}
+
+// sendWC is the completion of receive id by a Send with header h from
+// src, n bytes of payload.
+func (q *QP) sendWC(id uint64, op udiwarp.Opcode, h udiwarp.DDPUntagged, src netip.AddrPort, n int) WorkCompletion {
+	return WorkCompletion{ID: id, Opcode: WCRecv, QPN: q.num, Solicited: op == udiwarp.OpSendSE,
+		Source: src, SourceQPN: h.SrcQPN(), MSN: h.MSN(), Len: uint32(n)}
+}
+
+// completeRecv counts a receive's completion by its status and pushes it
+// on the receive CQ: the last step of every datagram Send, the landing
+// fast path's included.
+func (q *QP) completeRecv(wc *WorkCompletion) {
+	st := &q.dev.stats
+	switch wc.Status {
+	case Success:
+		st.RxDelivered.Add(1)
+	case LocalLengthError:
+		st.RxRecvTooSmall.Add(1)
 	default:
 		st.RxRecvProt.Add(1)
 	}
 	if q.srq != nil {
 		wc.srqQP = q
 	}
-	q.recvCQ.push(&wc)
+	q.recvCQ.push(wc)
 }
 
 // scatter copies payload into the receive's SGL, holding each MR shared
