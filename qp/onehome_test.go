@@ -191,3 +191,91 @@ func TestSGLSliceBoundaries(t *testing.T) {
 			}, false)
 	})
 }
+
+// waitCount waits, with a bound that only a hung test meets, for c to
+// reach want.
+func waitCount(t *testing.T, what string, c interface{ Load() uint64 }, want uint64) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); c.Load() < want; {
+		if time.Now().After(end) {
+			t.Fatalf("%s: %d, want %d", what, c.Load(), want)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// TestSendRefused: a Send to a QP that cannot take it — no receive
+// posted, a receive too small, the QP not in RTR/RTS (QP.canReceive) — is
+// refused and counted the same way over UD and RD (deliverSend and
+// completeRecv are their one home), and the QP then takes the next Send.
+func TestSendRefused(t *testing.T) {
+	type path struct {
+		name      string
+		src, dst  *QP
+		srcCQ, cq *CQ
+		mr        *MR
+		ah        *AH
+		dev       *Device
+		notReady  func(*Device) uint64
+		reliable  bool
+	}
+	a := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	rd := newRDPair(t, DeviceConfig{}, DeviceConfig{}, RDConfig{})
+	for _, p := range []path{
+		{name: "UD", src: a.qp, dst: b.qp, srcCQ: a.cq, cq: b.cq, mr: b.mr, ah: a.ah(b, b.qp), dev: b.dev,
+			notReady: func(d *Device) uint64 { return d.Stats().RxNoRecv.Load() }},
+		{name: "RD", src: rd.qa, dst: rd.qb, srcCQ: rd.cqa, cq: rd.cqb, mr: rd.b.mr, ah: rd.ahAB, dev: rd.b.dev,
+			notReady: func(d *Device) uint64 { return d.Stats().RDNotReady.Load() }, reliable: true},
+	} {
+		t.Run(p.name, func(t *testing.T) {
+			st := p.dev.Stats()
+			// No receive posted.
+			nr := p.notReady(p.dev)
+			if err := p.src.PostSend(&SendWR{ID: 1, Inline: []byte("none"), AH: p.ah}); err != nil {
+				t.Fatal(err)
+			}
+			waitCount(t, "not ready", fakeCounter(func() uint64 { return p.notReady(p.dev) }), nr+1)
+			if p.reliable { // RD keeps it and delivers it once a receive is posted
+				p.dst.PostRecv(&RecvWR{ID: 10, SGL: []SGE{p.mr.SGE(0, 16)}})
+				if wc := collect(t, p.cq, 1, 10*time.Second)[0]; wc.ID != 10 || wc.Status != Success || wc.Len != 4 {
+					t.Fatalf("after not ready: %+v", wc)
+				}
+			}
+			// A receive too small.
+			small := st.RxRecvTooSmall.Load()
+			p.dst.PostRecv(&RecvWR{ID: 11, SGL: []SGE{p.mr.SGE(0, 3), p.mr.SGE(100, 2)}})
+			if err := p.src.PostSend(&SendWR{ID: 2, Inline: []byte("sixsix"), AH: p.ah}); err != nil {
+				t.Fatal(err)
+			}
+			if wc := collect(t, p.cq, 1, 10*time.Second)[0]; wc.ID != 11 || wc.Status != LocalLengthError {
+				t.Fatalf("receive too small: %+v", wc)
+			}
+			if st.RxRecvTooSmall.Load() != small+1 {
+				t.Fatalf("RxRecvTooSmall %d, want %d", st.RxRecvTooSmall.Load(), small+1)
+			}
+			// A receive that fits, across both SGEs.
+			p.dst.PostRecv(&RecvWR{ID: 12, SGL: []SGE{p.mr.SGE(0, 3), p.mr.SGE(100, 2)}})
+			if err := p.src.PostSend(&SendWR{ID: 3, Inline: []byte("fiver"), AH: p.ah}); err != nil {
+				t.Fatal(err)
+			}
+			if wc := collect(t, p.cq, 1, 10*time.Second)[0]; wc.ID != 12 || wc.Status != Success || wc.Len != 5 ||
+				string(p.mr.Bytes()[:3])+string(p.mr.Bytes()[100:102]) != "fiver" {
+				t.Fatalf("fitting receive: %+v", wc)
+			}
+			// The QP in Error: nothing it receives is taken.
+			qs := st.RxQPState.Load()
+			if err := p.dst.Modify(ModifyAttr{State: StateError}); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.src.PostSend(&SendWR{ID: 4, Inline: []byte("late"), AH: p.ah}); err != nil {
+				t.Fatal(err)
+			}
+			waitCount(t, "RxQPState", fakeCounter(st.RxQPState.Load), qs+1)
+		})
+	}
+}
+
+type fakeCounter func() uint64
+
+func (f fakeCounter) Load() uint64 { return f() }
