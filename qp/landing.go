@@ -231,14 +231,14 @@ func (s *Socket) completeLandingLocked(l *landing, n int, truncated bool, src ne
 	op := seg.Opcode()
 	h := seg.Untagged()
 	q := l.q
-	if (op != udiwarp.OpSend && op != udiwarp.OpSendSE) || h.DstQPN() != q.num {
+	if !isSend(op) || h.DstQPN() != q.num {
 		s.landOff = landBackoff // the guess was wrong: copy for a while
 		return false
 	}
 	if !s.dev.cfg.NoCRC && !l.crcOK(payload) {
 		return false // the ordinary path counts it
 	}
-	if st := q.State(); st != StateRTR && st != StateRTS {
+	if !q.canReceive() {
 		return false
 	}
 	if q.rq.len() == 0 || q.rq.front().seq != l.seq {
@@ -248,11 +248,10 @@ func (s *Socket) completeLandingLocked(l *landing, n int, truncated bool, src ne
 	st := &s.dev.stats
 	st.RxDatagrams.Add(1)
 	st.RxBytes.Add(uint64(n))
-	st.RxDelivered.Add(1)
 	st.RxLanded.Add(1)
 	s.noteSize(payload)
-	q.recvCQ.push(&WorkCompletion{ID: l.id, Opcode: WCRecv, QPN: q.num, Solicited: op == udiwarp.OpSendSE,
-		Source: src, SourceQPN: h.SrcQPN(), MSN: h.MSN(), Len: uint32(payload)})
+	wc := q.sendWC(l.id, op, h, src, payload) // landed whole: Success
+	q.completeRecv(&wc)
 	l.done = true
 	return true
 }

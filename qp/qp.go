@@ -222,6 +222,14 @@ func (q *QP) Type() QPType { return q.typ }
 // State returns the QP's current state.
 func (q *QP) State() QPState { return QPState(q.state.Load()) }
 
+// canReceive reports whether q takes what arrives for it: a Send, a
+// Write-Record, an RD frame. It is the one home of that rule — RTR or RTS
+// — for every receive path, the landing fast paths included.
+func (q *QP) canReceive() bool {
+	s := q.State()
+	return s == StateRTR || s == StateRTS
+}
+
 // Caps returns the QP's capacities, defaults filled in.
 func (q *QP) Caps() QPCaps { return q.caps }
 

@@ -363,15 +363,9 @@ func (c *rcConn) payload(m *rcMsg, off, n uint32, pieces [][]byte) ([][]byte, St
 	if m.inline != nil {
 		return append(pieces, m.inline[off:off+n]), Success
 	}
-	left := n
-	for i := 0; i < m.nsge && left > 0; i++ {
-		g := m.sge[i]
-		if off >= g.Length {
-			off -= g.Length
-			continue
-		}
-		k := min(g.Length-off, left)
-		part := SGE{LKey: g.LKey, Addr: g.Addr + uint64(off), Length: k}
+	sl := sglSlice{sge: m.sge[:m.nsge], off: off, left: n}
+	for part, ok := sl.next(); ok; part, ok = sl.next() {
+		k := part.Length
 		var mr *MR
 		var b []byte
 		if m.op == opReadResponse {
@@ -390,7 +384,6 @@ func (c *rcConn) payload(m *rcMsg, off, n uint32, pieces [][]byte) ([][]byte, St
 		}
 		c.pinned = append(c.pinned, mr)
 		pieces = append(pieces, b)
-		off, left = 0, left-k
 	}
 	return pieces, Success
 }
@@ -759,9 +752,8 @@ func (c *rcConn) receiveSend(seg udiwarp.Segment, size int) bool {
 	}
 	r.got += uint32(len(seg.Payload))
 	if r.bad == LocalLengthError {
-		st.RxRecvTooSmall.Add(1)
 		wc := WorkCompletion{ID: r.w.id, Status: LocalLengthError, Opcode: WCRecv, QPN: q.num}
-		q.recvCQ.push(&wc)
+		q.completeRecv(&wc)
 		r.have = false
 		c.terminate(udiwarp.DDPUntaggedTooLong, ddpHdr(seg), nil, size)
 		return false
@@ -789,12 +781,9 @@ func (c *rcConn) receiveSend(seg udiwarp.Segment, size int) bool {
 		m.Invalidate()
 		wc.Invalidated = stag
 	}
-	if r.bad == Success {
-		st.RxDelivered.Add(1)
-	}
 	r.have = false
 	c.rxSendMSN++
-	q.recvCQ.push(&wc)
+	q.completeRecv(&wc)
 	return true
 }
 
@@ -956,24 +945,15 @@ func (d *Device) rcInterest(c *rcConn, out bool) {
 
 // scatterAt copies payload into w's SGL at byte offset off.
 func (q *QP) scatterAt(w *recvWQE, off uint32, payload []byte) Status {
-	room := uint64(0)
-	for i := 0; i < w.nsge; i++ {
-		room += uint64(w.sge[i].Length)
-	}
-	if uint64(off)+uint64(len(payload)) > room {
+	if uint64(off)+uint64(len(payload)) > sglLen(w.sge[:w.nsge]) {
 		return LocalLengthError
 	}
 	pd := q.pd
 	if q.srq != nil {
 		pd = q.srq.pd
 	}
-	for i := 0; i < w.nsge && len(payload) > 0; i++ {
-		g := w.sge[i]
-		if off >= g.Length {
-			off -= g.Length
-			continue
-		}
-		part := SGE{LKey: g.LKey, Addr: g.Addr + uint64(off), Length: min(g.Length-off, uint32(len(payload)))}
+	c := sglSlice{sge: w.sge[:w.nsge], off: off, left: uint32(len(payload))}
+	for part, ok := c.next(); ok; part, ok = c.next() {
 		m, b, st := q.dev.resolve(pd, &part, AccessLocalWrite)
 		if st != Success {
 			return st
@@ -981,7 +961,6 @@ func (q *QP) scatterAt(w *recvWQE, off uint32, payload []byte) Status {
 		k := copy(b, payload)
 		m.unpin()
 		payload = payload[k:]
-		off = 0
 	}
 	return Success
 }

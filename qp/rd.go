@@ -667,14 +667,8 @@ func (q *QP) rdGather(t *txCtx, w *rdWR, off, n uint32) Status {
 		t.add(w.inline[off : off+n])
 		return Success
 	}
-	for i := 0; i < w.nsge && n > 0; i++ {
-		g := w.sge[i]
-		if off >= g.Length {
-			off -= g.Length
-			continue
-		}
-		k := min(g.Length-off, n)
-		part := SGE{LKey: g.LKey, Addr: g.Addr + uint64(off), Length: k}
+	c := sglSlice{sge: w.sge[:w.nsge], off: off, left: n}
+	for part, ok := c.next(); ok; part, ok = c.next() {
 		pin := t.pin
 		if w.internal {
 			pin = t.pinRemote // a Read Response: the peer's access, checked as it is sent
@@ -684,7 +678,6 @@ func (q *QP) rdGather(t *txCtx, w *rdWR, off, n uint32) Status {
 			return st
 		}
 		t.add(b)
-		off, n = 0, n-k
 	}
 	return Success
 }
@@ -758,7 +751,7 @@ func (d *Device) deliverRD(s *Socket, b []byte, src netip.AddrPort) {
 		st.RxUnknownQP.Add(1)
 		return
 	}
-	if qs := q.State(); qs != StateRTR && qs != StateRTS {
+	if !q.canReceive() {
 		st.RxQPState.Add(1)
 		return
 	}
@@ -1081,7 +1074,7 @@ func (q *QP) rdDeliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool
 		q.rdServeRead(p, seq, seg)
 		return true
 	}
-	if (seg.Opcode() != udiwarp.OpSend && seg.Opcode() != udiwarp.OpSendSE) || h.Queue() != uint32(udiwarp.QueueSend) {
+	if !isSend(seg.Opcode()) || h.Queue() != uint32(udiwarp.QueueSend) {
 		st.RxBadOpcode.Add(1)
 		p.noteErr(seq, reliability.CodeInvalidRequest)
 		return true
@@ -1091,23 +1084,13 @@ func (q *QP) rdDeliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool
 		st.RDNotReady.Add(1)
 		return false
 	}
-	wc := WorkCompletion{ID: w.id, Opcode: WCRecv, QPN: q.num, Solicited: seg.Opcode() == udiwarp.OpSendSE,
-		Source: src, SourceQPN: h.SrcQPN(), MSN: h.MSN(), Len: uint32(len(seg.Payload))}
-	wc.Status = q.scatter(&w, seg.Payload)
-	switch wc.Status {
+	switch q.deliverSend(&w, seg, src) {
 	case Success:
-		st.RxDelivered.Add(1)
 	case LocalLengthError:
-		st.RxRecvTooSmall.Add(1)
 		p.noteErr(seq, reliability.CodeInvalidRequest)
 	default:
-		st.RxRecvProt.Add(1)
 		p.noteErr(seq, reliability.CodeRemoteOperation)
 	}
-	if q.srq != nil {
-		wc.srqQP = q
-	}
-	q.recvCQ.push(&wc)
 	return true
 }
 

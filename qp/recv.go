@@ -166,7 +166,12 @@ func (d *Device) deliver(s *Socket, b []byte, truncated bool, src netip.AddrPort
 		st.RxTooLong.Add(1)
 		return
 	}
-	if len(b) >= udiwarp.MinDatagramSize && udiwarp.FrameType(b[0]&3) == udiwarp.FrameRD {
+	t, err := udiwarp.Classify(b) // the one home of the frame-type rule
+	if err != nil {
+		st.countRx(err)
+		return
+	}
+	if t == udiwarp.FrameRD {
 		st.RxRDFrames.Add(1)
 		d.deliverRD(s, b, src)
 		return
@@ -209,14 +214,14 @@ func (d *Device) deliver(s *Socket, b []byte, truncated bool, src netip.AddrPort
 // receive handles a checked untagged segment addressed to q.
 func (q *QP) receive(seg udiwarp.Segment, src netip.AddrPort) {
 	st := &q.dev.stats
-	if s := q.State(); s != StateRTR && s != StateRTS {
+	if !q.canReceive() {
 		st.RxQPState.Add(1)
 		return
 	}
-	switch seg.Opcode() {
-	case udiwarp.OpSend, udiwarp.OpSendSE:
+	switch op := seg.Opcode(); {
+	case isSend(op):
 		q.receiveSend(seg, src)
-	case udiwarp.OpTerminate:
+	case op == udiwarp.OpTerminate:
 		st.RxRemoteErrors.Add(1)
 		term := seg.Terminate()
 		ev := AsyncEvent{Type: AsyncRemoteError, QP: q, Source: src, SourceQPN: seg.Untagged().SrcQPN(), Code: term.Code()}
@@ -231,10 +236,11 @@ func (q *QP) receive(seg udiwarp.Segment, src netip.AddrPort) {
 	}
 }
 
+// receiveSend takes a receive for a UD Send (slow path) and delivers it;
+// a Send it cannot take is reported to the source (reportError).
 func (q *QP) receiveSend(seg udiwarp.Segment, src netip.AddrPort) {
 	d := q.dev
 	st := &d.stats
-	h := seg.Untagged()
 	var w recvWQE
 	ok, overdraft := q.takeRecv(&w)
 	if !ok {
@@ -249,12 +255,8 @@ func (q *QP) receiveSend(seg udiwarp.Segment, src netip.AddrPort) {
 		q.reportError(seg, src, udiwarp.DDPUntaggedNoBuffer)
 		return
 	}
-	wc := WorkCompletion{ID: w.id, Opcode: WCRecv, QPN: q.num, Solicited: seg.Opcode() == udiwarp.OpSendSE,
-		Source: src, SourceQPN: h.SrcQPN(), MSN: h.MSN(), Len: uint32(len(seg.Payload))}
-	wc.Status = q.scatter(&w, seg.Payload)
-	switch wc.Status {
+	switch q.deliverSend(&w, seg, src) {
 	case Success:
-		st.RxDelivered.Add(1)
 		if q.srq == nil {
 			if s := q.sock.Load(); s != nil {
 				if s.landQP.Load() != q {
@@ -264,41 +266,55 @@ func (q *QP) receiveSend(seg udiwarp.Segment, src netip.AddrPort) {
 			}
 		}
 	case LocalLengthError:
-		st.RxRecvTooSmall.Add(1)
 		q.reportError(seg, src, udiwarp.DDPUntaggedTooLong)
+	}
+}
+
+// isSend reports whether op is a datagram Send (UD and RD carry no
+// Send with Invalidate).
+func isSend(op udiwarp.Opcode) bool { return op == udiwarp.OpSend || op == udiwarp.OpSendSE }
+
+// deliverSend is the one home of "a Send arrived" on a datagram QP (UD's
+// slow path, RD): w is the receive taken for it; the payload is scattered
+// into w's SGL and w completed on the receive CQ (completeRecv). It
+// returns the completion's status for the caller's report to the source.
+func (q *QP) deliverSend(w *recvWQE, seg udiwarp.Segment, src netip.AddrPort) Status {
+	wc := q.sendWC(w.id, seg.Opcode(), seg.Untagged(), src, len(seg.Payload))
+	wc.Status = q.scatter(w, seg.Payload)
+	q.completeRecv(&wc)
+	return wc.Status
+}
+
+// sendWC is the completion of receive id by a Send with header h from
+// src, n bytes of payload.
+func (q *QP) sendWC(id uint64, op udiwarp.Opcode, h udiwarp.DDPUntagged, src netip.AddrPort, n int) WorkCompletion {
+	return WorkCompletion{ID: id, Opcode: WCRecv, QPN: q.num, Solicited: op == udiwarp.OpSendSE,
+		Source: src, SourceQPN: h.SrcQPN(), MSN: h.MSN(), Len: uint32(n)}
+}
+
+// completeRecv counts a receive's completion by its status and pushes it
+// on the receive CQ: the last step of every datagram Send, the landing
+// fast path's included.
+func (q *QP) completeRecv(wc *WorkCompletion) {
+	st := &q.dev.stats
+	switch wc.Status {
+	case Success:
+		st.RxDelivered.Add(1)
+	case LocalLengthError:
+		st.RxRecvTooSmall.Add(1)
 	default:
 		st.RxRecvProt.Add(1)
 	}
 	if q.srq != nil {
 		wc.srqQP = q
 	}
-	q.recvCQ.push(&wc)
+	q.recvCQ.push(wc)
 }
 
 // scatter copies payload into the receive's SGL, holding each MR shared
 // while it writes.
 func (q *QP) scatter(w *recvWQE, payload []byte) Status {
-	room := 0
-	for i := 0; i < w.nsge; i++ {
-		room += int(w.sge[i].Length)
-	}
-	if len(payload) > room {
-		return LocalLengthError
-	}
-	pd := q.pd
-	if q.srq != nil {
-		pd = q.srq.pd
-	}
-	for i := 0; i < w.nsge && len(payload) > 0; i++ {
-		m, b, st := q.dev.resolve(pd, &w.sge[i], AccessLocalWrite)
-		if st != Success {
-			return st
-		}
-		n := copy(b, payload)
-		m.unpin()
-		payload = payload[n:]
-	}
-	return Success
+	return q.scatterAt(w, 0, payload)
 }
 
 // reportError tells the source of a dropped message, if the QP asks for it
@@ -361,4 +377,39 @@ func (s *Socket) mayAnswer(src netip.AddrPort, size int) bool {
 	}
 	s.rxLeft -= size
 	return true
+}
+
+// sglSlice walks bytes [off, off+n) of an SGL one piece at a time: each
+// piece is the part of one SGE those bytes cover. It is the one home of
+// slicing an SGL (scatter of a Send, RD's gather, RC's payload).
+type sglSlice struct {
+	sge       []SGE
+	off, left uint32
+}
+
+// next returns the next piece, or false when the range is done or the SGL
+// ends before it.
+func (c *sglSlice) next() (SGE, bool) {
+	for len(c.sge) > 0 && c.left > 0 {
+		g := c.sge[0]
+		c.sge = c.sge[1:]
+		if c.off >= g.Length {
+			c.off -= g.Length
+			continue
+		}
+		k := min(g.Length-c.off, c.left)
+		part := SGE{LKey: g.LKey, Addr: g.Addr + uint64(c.off), Length: k}
+		c.off, c.left = 0, c.left-k
+		return part, true
+	}
+	return SGE{}, false
+}
+
+// sglLen is the room of an SGL.
+func sglLen(sge []SGE) uint64 {
+	n := uint64(0)
+	for i := range sge {
+		n += uint64(sge[i].Length)
+	}
+	return n
 }

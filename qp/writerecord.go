@@ -179,7 +179,7 @@ func (m RecordMode) map_() bool { return m == RecordMap || m == RecordBoth }
 func (q *QP) receiveWriteRecord(s *Socket, seg udiwarp.Segment, src netip.AddrPort) (tagFault, bool) {
 	d := q.dev
 	st := &d.stats
-	if qs := q.State(); qs != StateRTR && qs != StateRTS {
+	if !q.canReceive() {
 		st.RxQPState.Add(1)
 		return faultNone, false
 	}

@@ -195,7 +195,7 @@ func (s *Socket) placeLandedLocked(l *landing, n int, truncated bool, src netip.
 	if truncated || payload != l.room || g.q != q || src != g.src.Addr {
 		return false
 	}
-	if udiwarp.FrameType(l.hdr[0]&3) != udiwarp.FrameUD {
+	if t, err := udiwarp.Classify(l.hdr[:]); err != nil || t != udiwarp.FrameUD {
 		return false
 	}
 	seg, err := udiwarp.ParseSegment(l.hdr[:], udiwarp.ProfileDatagram)
@@ -212,7 +212,7 @@ func (s *Socket) placeLandedLocked(l *landing, n int, truncated bool, src netip.
 	if !s.dev.cfg.NoCRC && !l.crcOK(payload) {
 		return false // the ordinary path counts it
 	}
-	if st := q.State(); st != StateRTR && st != StateRTS {
+	if !q.canReceive() {
 		return false
 	}
 	// Revoked while the datagram landed (Invalidate waited for this
