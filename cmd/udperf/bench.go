@@ -114,8 +114,9 @@ func (f *benchFlags) format() string {
 	return formatText
 }
 
-// serveMetrics starts the -metrics server; the returned function stops it.
-func (f *benchFlags) serveMetrics(stderr io.Writer) (func(), error) {
+// serveMetrics starts the -metrics server, and makes every run of runs
+// report its devices to it; the returned function stops it.
+func (f *benchFlags) serveMetrics(stderr io.Writer, runs ...[]perf.Config) (func(), error) {
 	if f.metrics == "" {
 		return func() {}, nil
 	}
@@ -124,6 +125,11 @@ func (f *benchFlags) serveMetrics(stderr io.Writer) (func(), error) {
 		return nil, fmt.Errorf("-metrics %s: %w", f.metrics, err)
 	}
 	f.collector = metrics.New()
+	for _, cfgs := range runs {
+		for i := range cfgs {
+			cfgs[i].OnDevice = f.collector.Add
+		}
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", f.collector.Handler())
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
@@ -439,16 +445,11 @@ func local(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(err)
 	}
-	stop, err := f.serveMetrics(stderr)
+	stop, err := f.serveMetrics(stderr, cfgs)
 	if err != nil {
 		return fail(err)
 	}
 	defer stop()
-	if f.collector != nil {
-		for i := range cfgs {
-			cfgs[i].OnDevice = f.collector.Add
-		}
-	}
 	ctx, release := interruptible("local", stderr)
 	defer release()
 	out := &printer{out: newSink(stdout, f.format(), f.test, false, newDocument("local", &f)), bar: newBar(stderr, len(cfgs))}
@@ -529,7 +530,7 @@ func compare(args []string, stdout, stderr io.Writer) int {
 		}
 		byMode[i] = cfgs
 	}
-	stop, err := f.serveMetrics(stderr)
+	stop, err := f.serveMetrics(stderr, byMode...)
 	if err != nil {
 		return fail(err)
 	}
@@ -538,13 +539,6 @@ func compare(args []string, stdout, stderr io.Writer) int {
 	nsizes := len(byMode[0])
 	for _, c := range byMode {
 		nsizes = min(nsizes, len(c))
-	}
-	if f.collector != nil {
-		for _, cfgs := range byMode {
-			for i := range cfgs {
-				cfgs[i].OnDevice = f.collector.Add
-			}
-		}
 	}
 	ctx, release := interruptible("compare", stderr)
 	defer release()

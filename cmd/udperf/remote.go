@@ -584,16 +584,11 @@ func client(args []string, stdout, stderr io.Writer) int {
 		}
 		runs = append(runs, c)
 	}
-	stopMetrics, err := f.serveMetrics(stderr) // the client's devices
+	stopMetrics, err := f.serveMetrics(stderr, runs) // the client's devices
 	if err != nil {
 		return fail(err)
 	}
 	defer stopMetrics()
-	if f.collector != nil {
-		for i := range runs {
-			runs[i].OnDevice = f.collector.Add
-		}
-	}
 	ctx, release := interruptible("client", stderr)
 	defer release()
 	sess, err := dialSession(*addr)
