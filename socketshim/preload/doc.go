@@ -56,7 +56,7 @@
 // __recv_chk, __read_chk, and syscall() for the socket calls (libuv, and
 // so dig, sends and receives with syscall(__NR_sendmmsg/__NR_recvmmsg)).
 // Any other descriptor goes straight to libc (dlsym(RTLD_NEXT)). Also
-// sigaction, signal, bsd_signal, sysv_signal and sigset, which add
+// sigaction, signal, bsd_signal, ssignal, sysv_signal and sigset, which add
 // SA_ONSTACK (below).
 //
 // # Waiting, signals and GOMAXPROCS

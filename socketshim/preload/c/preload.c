@@ -72,6 +72,7 @@ static sighandler_t (*r_signal)(int, sighandler_t);
 static sighandler_t (*r_bsd_signal)(int, sighandler_t);
 static sighandler_t (*r_sysv_signal)(int, sighandler_t);
 static sighandler_t (*r_sigset)(int, sighandler_t);
+static sighandler_t (*r_ssignal)(int, sighandler_t);
 
 static void resolve(void) {
 #define R(name) if (!r_##name) r_##name = dlsym(RTLD_NEXT, #name)
@@ -79,7 +80,7 @@ static void resolve(void) {
 	R(fcntl); R(fcntl64); R(ioctl); R(setsockopt); R(getsockopt); R(getsockname);
 	R(getpeername); R(shutdown); R(sendto); R(send); R(sendmsg); R(sendmmsg); R(write);
 	R(writev); R(recvfrom); R(recv); R(recvmsg); R(recvmmsg); R(read); R(readv); R(syscall);
-	R(sigaction); R(signal); R(bsd_signal); R(sysv_signal); R(sigset);
+	R(sigaction); R(signal); R(bsd_signal); R(sysv_signal); R(sigset); R(ssignal);
 #undef R
 	if (!r_fcntl64) r_fcntl64 = r_fcntl;
 }
@@ -329,7 +330,8 @@ EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old
 }
 
 // onstack adds SA_ONSTACK to sig's handler, after libc's signal() and
-// its variants installed it (their flags are libc's to choose).
+// its variants installed it (their flags are libc's to choose; a signal
+// in the moment between runs its handler without the flag).
 static sighandler_t onstack(int sig, sighandler_t prev) {
 	struct sigaction sa;
 	if (prev != SIG_ERR && REAL(sigaction)(sig, NULL, &sa) == 0 && handles(sa.sa_handler) && !(sa.sa_flags & SA_ONSTACK)) {
@@ -339,7 +341,8 @@ static sighandler_t onstack(int sig, sighandler_t prev) {
 	return prev;
 }
 
-// variant calls libc's signal(), bsd_signal(), sysv_signal() or sigset().
+// variant calls libc's signal(), bsd_signal(), ssignal(), sysv_signal() or
+// sigset().
 static sighandler_t variant(sighandler_t (*f)(int, sighandler_t), int sig, sighandler_t h) {
 	if (!f) {
 		errno = ENOSYS;
@@ -350,6 +353,7 @@ static sighandler_t variant(sighandler_t (*f)(int, sighandler_t), int sig, sigha
 
 EXPORT sighandler_t signal(int sig, sighandler_t h) { return variant(REAL(signal), sig, h); }
 EXPORT sighandler_t bsd_signal(int sig, sighandler_t h) { return variant(REAL(bsd_signal), sig, h); }
+EXPORT sighandler_t ssignal(int sig, sighandler_t h) { return variant(REAL(ssignal), sig, h); }
 EXPORT sighandler_t sysv_signal(int sig, sighandler_t h) { return variant(REAL(sysv_signal), sig, h); }
 EXPORT sighandler_t sigset(int sig, sighandler_t h) { return variant(REAL(sigset), sig, h); }
 
