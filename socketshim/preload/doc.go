@@ -55,7 +55,9 @@
 // recvfrom, recv, recvmsg, recvmmsg, read, readv, __recvfrom_chk,
 // __recv_chk, __read_chk, and syscall() for the socket calls (libuv, and
 // so dig, sends and receives with syscall(__NR_sendmmsg/__NR_recvmmsg)).
-// Any other descriptor goes straight to libc (dlsym(RTLD_NEXT)).
+// Any other descriptor goes straight to libc (dlsym(RTLD_NEXT)). Also
+// sigaction, signal, bsd_signal, ssignal, sysv_signal and sigset, which add
+// SA_ONSTACK (below).
 //
 // # Waiting, signals and GOMAXPROCS
 //
@@ -65,7 +67,11 @@
 // eventfd in C, so program threads never park inside Go. The wait holds
 // off SIGURG (the Go runtime's preemption signal is not the program's);
 // any other signal ends it with EINTR unless every installed handler has
-// SA_RESTART, as the kernel restarts a socket call. The engine sets
+// SA_RESTART, as the kernel restarts a socket call. Every handler the
+// program installs (sigaction, signal and its variants) gets SA_ONSTACK,
+// as the Go runtime requires of non-Go handlers: without it a signal
+// that arrives while a thread spins in the engine runs the handler on a
+// goroutine stack of a few KiB and overruns it. The engine sets
 // GOMAXPROCS itself (32 or the CPU count, UDIWARP_PRELOAD_GOMAXPROCS),
 // because a c-shared runtime ignores environment changes made after the
 // program started, and threads returning from a call would otherwise wait

@@ -385,11 +385,14 @@ func TestIperfUDP(t *testing.T) {
 // What real programs do to a preloaded process, each in a test program
 // (testdata/survive.c) run under the preload: fork while other threads
 // are in the shim, close every descriptor, signals with and without
-// SA_RESTART, errno on bad input, readiness through poll/select/epoll,
-// and many more threads than the engine's Ps.
+// SA_RESTART, handlers installed without SA_ONSTACK while a thread is
+// inside the engine (sigstack: sockperf's client crashed at exit when its
+// SIGALRM handler ran on a goroutine stack), errno on bad input,
+// readiness through poll/select/epoll, and many more threads than the
+// engine's Ps.
 func TestSurvive(t *testing.T) {
 	dir := built(t)
-	for _, mode := range [][]string{{"errno"}, {"poll"}, {"eintr"}, {"closeall"}, {"fork"}, {"threads", "48"}} {
+	for _, mode := range [][]string{{"errno"}, {"poll"}, {"eintr"}, {"sigstack"}, {"closeall"}, {"fork"}, {"threads", "48"}} {
 		t.Run(mode[0], func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()

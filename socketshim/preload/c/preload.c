@@ -67,6 +67,12 @@ static int (*r_recvmmsg)(int, struct mmsghdr *, unsigned, int, struct timespec *
 static ssize_t (*r_read)(int, void *, size_t);
 static ssize_t (*r_readv)(int, const struct iovec *, int);
 static long (*r_syscall)(long, ...);
+static int (*r_sigaction)(int, const struct sigaction *, struct sigaction *);
+static sighandler_t (*r_signal)(int, sighandler_t);
+static sighandler_t (*r_bsd_signal)(int, sighandler_t);
+static sighandler_t (*r_sysv_signal)(int, sighandler_t);
+static sighandler_t (*r_sigset)(int, sighandler_t);
+static sighandler_t (*r_ssignal)(int, sighandler_t);
 
 static void resolve(void) {
 #define R(name) if (!r_##name) r_##name = dlsym(RTLD_NEXT, #name)
@@ -74,6 +80,7 @@ static void resolve(void) {
 	R(fcntl); R(fcntl64); R(ioctl); R(setsockopt); R(getsockopt); R(getsockname);
 	R(getpeername); R(shutdown); R(sendto); R(send); R(sendmsg); R(sendmmsg); R(write);
 	R(writev); R(recvfrom); R(recv); R(recvmsg); R(recvmmsg); R(read); R(readv); R(syscall);
+	R(sigaction); R(signal); R(bsd_signal); R(sysv_signal); R(sigset); R(ssignal);
 #undef R
 	if (!r_fcntl64) r_fcntl64 = r_fcntl;
 }
@@ -296,6 +303,59 @@ __attribute__((constructor)) static void init(void) {
 __attribute__((destructor)) static void fini(void) {
 	if (atomic_load(&estate) == E_READY && e_exit) e_exit();
 }
+
+// ---- signal handlers -----------------------------------------------------
+
+// Every handler the program installs gets SA_ONSTACK. Without it a
+// handler runs on whatever stack the thread is on when the signal
+// arrives, and a thread inside the engine (a blocking receive spins in
+// Go) is on a goroutine stack of a few KiB: the kernel's signal frame
+// (2-3 KiB with AVX-512 state) and the handler's frames run past its end
+// into the next goroutine's stack, and that goroutine crashes later
+// (sockperf's SIGALRM at the end of a run: "traceback did not unwind
+// completely"). The Go runtime requires SA_ONSTACK of non-Go handlers
+// (os/signal, "Go programs that use cgo"): it adds the flag to those it
+// finds when the engine loads and gives every thread that runs Go an
+// alternate signal stack; a handler installed later gets it here. On a
+// thread without an alternate stack the flag changes nothing.
+static int handles(sighandler_t h) { return h != SIG_DFL && h != SIG_IGN && h != SIG_ERR; }
+
+EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old) {
+	if (act && handles(act->sa_handler) && !(act->sa_flags & SA_ONSTACK)) {
+		struct sigaction a = *act;
+		a.sa_flags |= SA_ONSTACK;
+		return REAL(sigaction)(sig, &a, old);
+	}
+	return REAL(sigaction)(sig, act, old);
+}
+
+// onstack adds SA_ONSTACK to sig's handler, after libc's signal() and
+// its variants installed it (their flags are libc's to choose; a signal
+// in the moment between runs its handler without the flag).
+static sighandler_t onstack(int sig, sighandler_t prev) {
+	struct sigaction sa;
+	if (prev != SIG_ERR && REAL(sigaction)(sig, NULL, &sa) == 0 && handles(sa.sa_handler) && !(sa.sa_flags & SA_ONSTACK)) {
+		sa.sa_flags |= SA_ONSTACK;
+		REAL(sigaction)(sig, &sa, NULL);
+	}
+	return prev;
+}
+
+// variant calls libc's signal(), bsd_signal(), ssignal(), sysv_signal() or
+// sigset().
+static sighandler_t variant(sighandler_t (*f)(int, sighandler_t), int sig, sighandler_t h) {
+	if (!f) {
+		errno = ENOSYS;
+		return SIG_ERR;
+	}
+	return onstack(sig, f(sig, h));
+}
+
+EXPORT sighandler_t signal(int sig, sighandler_t h) { return variant(REAL(signal), sig, h); }
+EXPORT sighandler_t bsd_signal(int sig, sighandler_t h) { return variant(REAL(bsd_signal), sig, h); }
+EXPORT sighandler_t ssignal(int sig, sighandler_t h) { return variant(REAL(ssignal), sig, h); }
+EXPORT sighandler_t sysv_signal(int sig, sighandler_t h) { return variant(REAL(sysv_signal), sig, h); }
+EXPORT sighandler_t sigset(int sig, sighandler_t h) { return variant(REAL(sigset), sig, h); }
 
 // ---- socket lifetime ---------------------------------------------------
 

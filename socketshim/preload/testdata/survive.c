@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/select.h>
@@ -21,6 +22,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #define FAIL(...) do { fprintf(stderr, __VA_ARGS__); fprintf(stderr, " (errno %d %s)\n", errno, strerror(errno)); exit(1); } while (0)
@@ -274,14 +276,113 @@ static void mode_threads(int n) {
 	printf("ok threads %d: %.2f s, worst round trip %.2f ms\n", n, now() - t, worst * 1e3);
 }
 
+// sigstack: handlers the program installs after the engine loaded,
+// without SA_ONSTACK (sockperf's SIGINT and SIGALRM: sigaction with
+// sa_flags 0; and signal()), never run on a goroutine stack. The main
+// thread blocks in recv with a long spin, so it is inside the engine, on
+// a goroutine stack of a few KiB, when another thread signals it; each
+// delivery's handler frame must be on the thread's own stack or on its
+// alternate signal stack. A handler on the goroutine stack puts the
+// kernel's signal frame (2-3 KiB with AVX-512 state) and its own frames
+// past that stack's end, into the next goroutine's: sockperf's client
+// crashed so at the end of a run ("traceback did not unwind completely").
+static char *stklo, *stkhi; // the main thread's own stack
+static pthread_t mainth;
+static volatile sig_atomic_t delivered, ingo, foreign;
+
+static int within(uintptr_t p, const char *lo, const char *hi) { return p >= (uintptr_t)lo && p < (uintptr_t)hi; }
+
+// classify records where a delivery's handler runs and where the thread
+// was (uc: the interrupted context, or NULL). It uses about 4 KiB of
+// stack, as a handler that formats a message does.
+static void classify(void *uc) {
+	volatile char room[4096];
+	room[0] = room[sizeof room - 1] = 1;
+	stack_t ss;
+	int onalt = sigaltstack(NULL, &ss) == 0 && (ss.ss_flags & SS_ONSTACK);
+	uintptr_t here = (uintptr_t)&room[0];
+	if (!onalt && !within(here, stklo, stkhi)) foreign++;
+#if defined(__x86_64__)
+	uintptr_t sp = uc ? (uintptr_t)((ucontext_t *)uc)->uc_mcontext.gregs[REG_RSP] : 0;
+#elif defined(__aarch64__)
+	uintptr_t sp = uc ? (uintptr_t)((ucontext_t *)uc)->uc_mcontext.sp : 0;
+#else
+	uintptr_t sp = 0;
+#endif
+	// Interrupted neither on its own stack nor on the alternate one: the
+	// thread was running Go on a goroutine stack.
+	if (sp && !within(sp, stklo, stkhi) && !(onalt && within(sp, ss.ss_sp, (char *)ss.ss_sp + ss.ss_size))) ingo++;
+	delivered++;
+}
+
+static void onusr1(int sig, siginfo_t *si, void *uc) { (void)sig, (void)si; classify(uc); }
+static void onusr2(int sig) { (void)sig; classify(NULL); }
+
+struct signaler { int n; int a; struct sockaddr_in to; };
+
+static void *signalall(void *p) {
+	struct signaler *g = p;
+	for (int i = 0; i < g->n; i++) {
+		int want = delivered + 1;
+		pthread_kill(mainth, i % 4 == 3 ? SIGUSR2 : SIGUSR1);
+		double t = now();
+		while (delivered < want) {
+			if (now() - t > 5) FAIL("signal %d not delivered", i);
+			usleep(100);
+		}
+		usleep(500);
+	}
+	sendto(g->a, "stop", 4, 0, (struct sockaddr *)&g->to, sizeof g->to);
+	return NULL;
+}
+
+static void mode_sigstack(int n) {
+	// A receive spins in the engine this long (read when it loads).
+	setenv("UDIWARP_PRELOAD_SPIN_NS", "5000000000", 1);
+	struct sockaddr_in aa, ba;
+	int a = udp(&aa), b = udp(&ba);
+	pingpong(a, b, &aa, &ba, 10);
+	mainth = pthread_self();
+	pthread_attr_t at;
+	void *lo;
+	size_t size;
+	if (pthread_getattr_np(mainth, &at) != 0 || pthread_attr_getstack(&at, &lo, &size) != 0) FAIL("main thread stack");
+	pthread_attr_destroy(&at);
+	stklo = lo;
+	stkhi = (char *)lo + size;
+	struct sigaction sa = {0}; // as sockperf: no SA_ONSTACK, no SA_RESTART
+	sa.sa_sigaction = onusr1;
+	sa.sa_flags = SA_SIGINFO;
+	if (sigaction(SIGUSR1, &sa, NULL) != 0) FAIL("sigaction");
+	if (signal(SIGUSR2, onusr2) == SIG_ERR) FAIL("signal");
+	struct signaler g = {n, a, ba};
+	pthread_t th;
+	pthread_create(&th, NULL, signalall, &g);
+	char buf[64];
+	for (;;) {
+		ssize_t r = recv(b, buf, sizeof buf, 0);
+		if (r == 4 && !memcmp(buf, "stop", 4)) break;
+		if (r < 0 && errno == EINTR) continue;
+		FAIL("recv: %zd", r);
+	}
+	pthread_join(th, NULL);
+	if (foreign || !ingo) {
+		fprintf(stderr, "%d of %d handlers ran on a goroutine stack (no SA_ONSTACK); %d signals came while the thread was in the engine\n",
+		        (int)foreign, (int)delivered, (int)ingo);
+		exit(1);
+	}
+	printf("ok sigstack: %d signals, %d while in the engine\n", (int)delivered, (int)ingo);
+}
+
 int main(int argc, char **argv) {
 	setvbuf(stdout, NULL, _IONBF, 0);
-	if (argc < 2) FAIL("usage: survive fork|closeall|eintr|errno|poll|threads N");
+	if (argc < 2) FAIL("usage: survive fork|closeall|eintr|errno|poll|sigstack [N]|threads N");
 	if (!strcmp(argv[1], "fork")) mode_fork();
 	else if (!strcmp(argv[1], "closeall")) mode_closeall();
 	else if (!strcmp(argv[1], "eintr")) mode_eintr();
 	else if (!strcmp(argv[1], "errno")) mode_errno();
 	else if (!strcmp(argv[1], "poll")) mode_poll();
+	else if (!strcmp(argv[1], "sigstack")) mode_sigstack(argc > 2 ? atoi(argv[2]) : 200);
 	else if (!strcmp(argv[1], "threads")) mode_threads(argc > 2 ? atoi(argv[2]) : 48);
 	else FAIL("unknown mode %s", argv[1]);
 	return 0;
