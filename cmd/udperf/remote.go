@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/signal"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"github.com/udiwarp/udiwarp/internal/metrics"
 	"github.com/udiwarp/udiwarp/internal/perf"
 	"github.com/udiwarp/udiwarp/qp"
+	"golang.org/x/sys/unix"
 )
 
 // `udperf server` and `udperf client`: the two ends in two processes (or
@@ -34,18 +36,29 @@ import (
 //
 // The protocol, one JSON value per message:
 //
-//	client: {"hello":"udperf/1"}            server: {"udperf":"udperf/1"}
+//	client: {"hello":"udperf/2"}            server: {"udperf":"udperf/2"}
 //	client: runRequest                      server: runReply (its endpoint, or error)
 //	client: doneMsg (what it sent, its figures)  server: runReply (its figures)
 //	... a request and a done per size, then
-//	client: {"bye":true}                    server: {"udperf":"udperf/1"}, and closes
+//	client: {"bye":true}                    server: {"udperf":"udperf/2"}, and closes
 //
 // A client that goes away without its bye ends its session too.
+//
+// The data ports are open to anyone, so a request names the client's data
+// end (From: its data socket's address, on the control connection's
+// host; QPN in the UD and RD modes) and the server takes data only from
+// it: a connected raw-udp socket connected to From, an unconnected one
+// answering and counting only From's datagrams, raw-tcp and RC accepting
+// only From's host, the queue-pair modes completing only From's QP. What
+// came from elsewhere is dropped and counted (runReply.Foreign). A
+// spoofer cannot steer a run or draw its echoes; it can still forge
+// From's own address, which TCP (raw-tcp, RC) and RD's contact refuse
+// and the UD modes cannot tell (docs/udperf.md).
 
 const defaultControl = ":18515" // perftest's port
 
 // protocol names the control protocol in the greeting and its answer.
-const protocol = "udperf/1"
+const protocol = "udperf/2"
 
 var remoteModes = map[perf.Mode]bool{perf.ModeUDSend: true, perf.ModeUDWriteRecord: true,
 	perf.ModeRDSend: true, perf.ModeRDWrite: true, perf.ModeRDRead: true, perf.ModeRDWriteRecord: true,
@@ -76,6 +89,11 @@ type runRequest struct {
 	// The client's region, for the server's Write-Records and Writes back.
 	STag uint32 `json:"stag,omitempty"`
 	TO   uint64 `json:"to,omitempty"`
+	// The client's data end, the only source the server takes data from:
+	// its socket's address (raw-tcp and RC: port 0, any port of the host),
+	// which must be on the control connection's host, and (UD, RD) its QP.
+	From string `json:"from"`
+	QPN  uint32 `json:"qpn,omitempty"`
 }
 
 // regionRef is a region's handle.
@@ -104,6 +122,9 @@ type runReply struct {
 	ValidBytes uint64  `json:"valid_bytes,omitempty"`
 	Gbps       float64 `json:"gbps,omitempty"`
 	Mpps       float64 `json:"mpps,omitempty"`
+	// Foreign: datagrams, connections or completions the server dropped
+	// for coming from elsewhere than the request's From.
+	Foreign uint64 `json:"foreign,omitempty"`
 }
 
 // doneMsg ends a run: what the client sent (bw) and its figures, for the
@@ -361,7 +382,12 @@ func (s *session) run(req runRequest, cfg perf.Config, dec *json.Decoder, enc *j
 		cfg.OnDevice = s.metrics.Add
 	}
 	host, _, _ := net.SplitHostPort(s.c.LocalAddr().String())
-	ep, err := newEndpoint(req, cfg, host)
+	from, err := dataPeer(req.From, s.c.RemoteAddr())
+	if err != nil {
+		enc.Encode(runReply{Error: fmt.Sprintf("cannot serve %s %s %d B: %v", req.Mode, req.Test, req.Size, err)})
+		return nil // the session goes on: the next request may be right
+	}
+	ep, err := newEndpoint(req, cfg, host, from)
 	if err != nil {
 		enc.Encode(runReply{Error: err.Error()})
 		return err
@@ -394,6 +420,22 @@ func (s *session) run(req runRequest, cfg perf.Config, dec *json.Decoder, enc *j
 	return enc.Encode(r)
 }
 
+// dataPeer is the client's data end a request names (from), which must
+// be on the host of the control connection (ctl): a client may point the
+// server's data only at itself.
+func dataPeer(from string, ctl net.Addr) (netip.AddrPort, error) {
+	ap, err := netip.ParseAddrPort(from)
+	if err != nil {
+		return ap, fmt.Errorf("the request names no data address of the client (from %q; a udperf client older than %s?)", from, protocol)
+	}
+	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	host := ctl.(*net.TCPAddr).AddrPort().Addr().Unmap()
+	if ap.Addr() != host {
+		return ap, fmt.Errorf("the data address %v is not on the control connection's host %v", ap, host)
+	}
+	return ap, nil
+}
+
 // runLine is the server's line about a run: what ran, and its figures
 // (lat: the client's p50 and average; bw and rate: Gb/s and Mpps, the
 // server's where it measured them, else the client's).
@@ -408,17 +450,21 @@ func runLine(req runRequest, done doneMsg, r runReply) string {
 	if req.Segment > 0 {
 		l += fmt.Sprintf(" mtu %d", req.Segment)
 	}
+	elsewhere := ""
+	if r.Foreign > 0 {
+		elsewhere = fmt.Sprintf(", %d from elsewhere dropped", r.Foreign)
+	}
 	switch {
 	case req.Test == "lat":
-		return l + fmt.Sprintf(": p50 %.2f us, avg %.2f us", done.P50, done.Avg)
+		return l + fmt.Sprintf(": p50 %.2f us, avg %.2f us", done.P50, done.Avg) + elsewhere
 	case clientMeasured(req.Mode):
-		return l + fmt.Sprintf(": %.2f Gb/s, %.4f Mpps", done.Gbps, done.Mpps)
+		return l + fmt.Sprintf(": %.2f Gb/s, %.4f Mpps", done.Gbps, done.Mpps) + elsewhere
 	}
 	l += fmt.Sprintf(": %.2f Gb/s, %.4f Mpps, %d of %d messages received", r.Gbps, r.Mpps, r.Received, done.Sent)
 	if r.Partial > 0 {
 		l += fmt.Sprintf(", %d partial", r.Partial)
 	}
-	return l
+	return l + elsewhere
 }
 
 // endpoint is the server's end of one run.
@@ -434,11 +480,13 @@ type endpoint struct {
 	bytes   func() uint64 // received so far
 }
 
-func newEndpoint(req runRequest, cfg perf.Config, host string) (*endpoint, error) {
+func newEndpoint(req runRequest, cfg perf.Config, host string, from netip.AddrPort) (*endpoint, error) {
 	slot := max(req.Size, 1)
 	var wg sync.WaitGroup
 	var received, bytes, partial, partialBytes atomic.Uint64
 	var first, last atomic.Int64
+	var foreign atomic.Uint64 // raw-tcp: connections from elsewhere
+	foreignOf := foreign.Load // what the run dropped from elsewhere
 	note := func(n int) {
 		now := time.Now().UnixNano()
 		first.CompareAndSwap(0, now)
@@ -455,7 +503,7 @@ func newEndpoint(req runRequest, cfg perf.Config, host string) (*endpoint, error
 	}
 	start := time.Now()
 	result := func() runReply {
-		r := runReply{Received: received.Load(), Partial: partial.Load(), ValidBytes: bytes.Load() + partialBytes.Load()}
+		r := runReply{Received: received.Load(), Partial: partial.Load(), ValidBytes: bytes.Load() + partialBytes.Load(), Foreign: foreignOf()}
 		n := r.Received + r.Partial
 		el := time.Duration(last.Load() - first.Load()).Seconds()
 		if el <= 0 || n <= 1 {
@@ -475,13 +523,26 @@ func newEndpoint(req runRequest, cfg perf.Config, host string) (*endpoint, error
 	var stop atomic.Bool
 	switch req.Mode {
 	case perf.ModeRawUDP, perf.ModeRawUDPUnconnected:
-		pc, err := net.ListenPacket("udp", net.JoinHostPort(host, "0"))
+		// raw-udp: a socket connected to the client's data socket (the
+		// kernel takes no one else's datagrams); raw-udp-unconn: an
+		// unconnected one that takes and answers only the client's.
+		la, err := net.ResolveUDPAddr("udp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			return nil, err
+		}
+		unconn := req.Mode == perf.ModeRawUDPUnconnected
+		var pc *net.UDPConn
+		if unconn {
+			pc, err = net.ListenUDP("udp", la)
+		} else {
+			pc, err = net.DialUDP("udp", la, net.UDPAddrFromAddrPort(from))
+		}
 		if err != nil {
 			return nil, err
 		}
 		ep.addr = pc.LocalAddr().String()
-		// raw-udp: the socket connects to the client's first datagram.
-		end := &perf.UDPEnd{Conn: pc.(*net.UDPConn), Poll: poll, Unconnected: req.Mode == perf.ModeRawUDPUnconnected, Stop: &stop}
+		end := &perf.UDPEnd{Conn: pc, Poll: poll, Unconnected: unconn, Peer: from, From: from, Stop: &stop}
+		foreignOf = end.Foreign
 		wg.Go(func() {
 			if echo {
 				end.Echo()
@@ -504,11 +565,19 @@ func newEndpoint(req runRequest, cfg perf.Config, host string) (*endpoint, error
 		ep.addr = ln.Addr().String()
 		var conn atomic.Pointer[net.TCPConn]
 		wg.Go(func() {
-			c, err := ln.Accept()
-			if err != nil {
-				return
+			var tc *net.TCPConn
+			for tc == nil { // the client's host only
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				if c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap() != from.Addr() {
+					foreign.Add(1)
+					c.Close()
+					continue
+				}
+				tc = c.(*net.TCPConn)
 			}
-			tc := c.(*net.TCPConn)
 			conn.Store(tc)
 			if stop.Load() { // closed while accepting
 				tc.Close()
@@ -536,7 +605,7 @@ func newEndpoint(req runRequest, cfg perf.Config, host string) (*endpoint, error
 			wg.Wait()
 		}
 	default:
-		qep, err := newQPEndpoint(req, cfg, host, note, notePartial, result)
+		qep, err := newQPEndpoint(req, cfg, host, from, note, notePartial, result, &foreignOf)
 		if qep != nil {
 			qep.bytes = bytes.Load
 		}
@@ -677,15 +746,35 @@ func (s *clientSession) run(cfg perf.Config, test string) (perf.Result, error) {
 	s.c.SetDeadline(time.Now().Add(runLimit(test, cfg.Duration, trips)))
 	req := runRequest{Mode: cfg.Mode, Test: test, Size: cfg.Size, Poll: cfg.Poll.String(), Duration: cfg.Duration, Trips: trips,
 		Segment: cfg.Segment, Loss: cfg.Loss, Seed: cfg.Seed, Partial: cfg.Partial, Deadline: cfg.Deadline}
+	// The data end binds first, on the control connection's host, and the
+	// request names it: the server takes data from it alone.
+	host := s.c.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+	network := "udp4"
+	if host.Is6() {
+		network = "udp6"
+	}
+	anyPort := netip.AddrPortFrom(host, 0)
+	req.From = anyPort.String()
 	var end *qpEnd
-	if !plainMode(cfg.Mode) {
-		network, local := clientNetwork(s.addr)
+	var data *net.UDPConn
+	switch {
+	case cfg.Mode == perf.ModeRawUDP || cfg.Mode == perf.ModeRawUDPUnconnected:
 		var err error
-		if end, err = openQPEnd(cfg, false, network, local); err != nil {
+		if data, err = net.ListenUDP(network, net.UDPAddrFromAddrPort(anyPort)); err != nil {
+			return perf.Result{}, err
+		}
+		defer data.Close()
+		req.From = data.LocalAddr().String()
+	case !plainMode(cfg.Mode):
+		var err error
+		if end, err = openQPEnd(cfg, false, network, anyPort.String()); err != nil {
 			return perf.Result{}, err
 		}
 		defer end.dev.Close()
 		req.STag, req.TO = end.mr.STag(), end.mr.Addr()
+		if end.sock != nil {
+			req.From, req.QPN = end.sock.LocalAddr().String(), end.q.QPN()
+		}
 	}
 	if err := s.enc.Encode(req); err != nil {
 		return perf.Result{}, err
@@ -702,7 +791,7 @@ func (s *clientSession) run(cfg perf.Config, test string) (perf.Result, error) {
 	if end != nil {
 		res, err = end.driveQP(cfg, test, rep)
 	} else {
-		res, err = drive(cfg, test, rep)
+		res, err = drive(cfg, test, rep, data, host)
 	}
 	done := doneMsg{Done: true, Sent: res.Sent, P50: res.Median, Avg: res.Avg, Gbps: res.Gbps, Mpps: res.Mpps}
 	encErr := s.enc.Encode(done)
@@ -729,6 +818,29 @@ func (s *clientSession) run(cfg perf.Config, test string) (perf.Result, error) {
 	return res, nil
 }
 
+// connectUDP connects c, a bound UDP socket, to the server's data end:
+// the request named c's address before the server had one.
+func connectUDP(c *net.UDPConn, to netip.AddrPort) error {
+	var sa unix.Sockaddr
+	if a := to.Addr(); a.Is4() || a.Is4In6() && c.LocalAddr().(*net.UDPAddr).IP.To4() != nil {
+		sa = &unix.SockaddrInet4{Port: int(to.Port()), Addr: a.Unmap().As4()}
+	} else {
+		sa = &unix.SockaddrInet6{Port: int(to.Port()), Addr: a.As16()}
+	}
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cerr error
+	if err := rc.Control(func(fd uintptr) { cerr = unix.Connect(int(fd), sa) }); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return fmt.Errorf("connect to %v: %w", to, cerr)
+	}
+	return nil
+}
+
 // plainMode says m runs over plain sockets (drive), not queue pairs.
 func plainMode(m perf.Mode) bool {
 	return m == perf.ModeRawUDP || m == perf.ModeRawUDPUnconnected || m == perf.ModeRawTCP
@@ -744,8 +856,10 @@ func pollOf(name string) qp.PollMode {
 
 // drive runs the client's end of a plain-socket mode: a ping-pong (lat)
 // or a stream (bw), with the same perf ends (and so the same system calls
-// and polling) as udperf local and the server.
-func drive(cfg perf.Config, test string, rep runReply) (perf.Result, error) {
+// and polling) as udperf local and the server. data is the UDP socket
+// the request named (raw-udp, raw-udp-unconn); host is the control
+// connection's local address, which raw-tcp dials from.
+func drive(cfg perf.Config, test string, rep runReply, data *net.UDPConn, host netip.Addr) (perf.Result, error) {
 	res := perf.Result{Config: cfg}
 	var stop, sending atomic.Bool
 	var ping func() ([]int64, error)
@@ -756,24 +870,18 @@ func drive(cfg perf.Config, test string, rep runReply) (perf.Result, error) {
 		if err != nil {
 			return res, err
 		}
-		end := &perf.UDPEnd{Poll: cfg.Poll, Stop: &stop, Unconnected: cfg.Mode == perf.ModeRawUDPUnconnected, Peer: to.AddrPort()}
-		if end.Unconnected {
-			network, local := clientNetwork(rep.Addr)
-			var la *net.UDPAddr
-			if la, err = net.ResolveUDPAddr(network, local); err == nil {
-				end.Conn, err = net.ListenUDP(network, la)
+		end := &perf.UDPEnd{Conn: data, Poll: cfg.Poll, Stop: &stop, Unconnected: cfg.Mode == perf.ModeRawUDPUnconnected, Peer: to.AddrPort()}
+		if !end.Unconnected { // raw-udp: connected, read and write
+			if err := connectUDP(data, to.AddrPort()); err != nil {
+				return res, err
 			}
-		} else {
-			end.Conn, err = net.DialUDP("udp", nil, to)
-		}
-		if err != nil {
-			return res, err
 		}
 		defer func() { stop.Store(true); end.Conn.Close() }()
 		ping = func() ([]int64, error) { return end.PingPong(cfg.Size, max(cfg.Warmup, 0), cfg.Iters) }
 		push = func() (uint64, error) { return end.Blast(cfg.Size, &sending) }
 	case perf.ModeRawTCP:
-		c, err := net.Dial("tcp", rep.Addr)
+		d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(host, 0))} // the host the request named
+		c, err := d.Dial("tcp", rep.Addr)
 		if err != nil {
 			return res, err
 		}

@@ -221,17 +221,10 @@ func (e *qpEnd) park(d time.Duration) {
 }
 
 // serveQP is the server's loop: echo or count, until stop.
-func (e *qpEnd) serveQP(req runRequest, echo, busy bool, note func(int), notePartial func(uint64), stop *atomic.Bool) {
+// UD and RD: only the client's QP (ah, at from) is answered and counted;
+// completions from elsewhere are dropped and counted in foreign.
+func (e *qpEnd) serveQP(req runRequest, ah *qp.AH, from netip.AddrPort, echo, busy bool, note func(int), notePartial func(uint64), foreign *atomic.Uint64, stop *atomic.Bool) {
 	wcs := make([]qp.WorkCompletion, 64)
-	ahs := map[netip.AddrPort]*qp.AH{}
-	ahOf := func(wc *qp.WorkCompletion) *qp.AH {
-		ah := ahs[wc.Source]
-		if ah == nil {
-			ah, _ = e.pd.CreateAH(wc.Source, wc.SourceQPN)
-			ahs[wc.Source] = ah
-		}
-		return ah
-	}
 	watch := e.mode == perf.ModeRCWrite && echo
 	in := e.slot + e.size - 1
 	reposted := 0
@@ -256,14 +249,19 @@ func (e *qpEnd) serveQP(req runRequest, echo, busy bool, note func(int), notePar
 			if wc.Status != qp.Success {
 				continue
 			}
+			if ah != nil && (wc.Opcode == qp.WCRecv || wc.Opcode == qp.WCWriteRecord) &&
+				(netip.AddrPortFrom(wc.Source.Addr().Unmap(), wc.Source.Port()) != from || wc.SourceQPN != req.QPN) {
+				foreign.Add(1)
+				if wc.Opcode == qp.WCRecv {
+					e.repost(wc)
+				}
+				continue
+			}
 			switch wc.Opcode {
 			case qp.WCRecv:
 				e.repost(wc)
 				if echo {
-					wr := qp.SendWR{SGL: []qp.SGE{e.mr.SGE(int(wc.ID), int(wc.Len))}}
-					if e.sock != nil {
-						wr.AH = ahOf(wc)
-					}
+					wr := qp.SendWR{SGL: []qp.SGE{e.mr.SGE(int(wc.ID), int(wc.Len))}, AH: ah}
 					e.q.PostSend(&wr)
 					continue
 				}
@@ -284,7 +282,7 @@ func (e *qpEnd) serveQP(req runRequest, echo, busy bool, note func(int), notePar
 					note(int(wc.Len))
 					continue
 				}
-				e.q.PostSend(&qp.SendWR{Opcode: qp.OpWriteRecord, SGL: []qp.SGE{e.mr.SGE(0, e.size)}, AH: ahOf(wc),
+				e.q.PostSend(&qp.SendWR{Opcode: qp.OpWriteRecord, SGL: []qp.SGE{e.mr.SGE(0, e.size)}, AH: ah,
 					RemoteSTag: req.STag, RemoteTO: req.TO + uint64(e.slot)})
 			}
 		}
@@ -293,7 +291,10 @@ func (e *qpEnd) serveQP(req runRequest, echo, busy bool, note func(int), notePar
 
 // newQPEndpoint is the server's end of a queue-pair mode: c is the run
 // the request asks for (with the server's OnDevice).
-func newQPEndpoint(req runRequest, c perf.Config, host string, note func(int), notePartial func(uint64), result func() runReply) (*endpoint, error) {
+// from is the client's data end (its UD or RD QP at from, req.QPN; RC:
+// from's host); foreignOf is pointed at the count of what the run dropped
+// from elsewhere.
+func newQPEndpoint(req runRequest, c perf.Config, host string, from netip.AddrPort, note func(int), notePartial func(uint64), result func() runReply, foreignOf *func() uint64) (*endpoint, error) {
 	poll := c.Poll
 	network := "udp4"
 	if a, err := netip.ParseAddr(host); err == nil && a.Is6() && !a.Is4In6() {
@@ -317,18 +318,36 @@ func newQPEndpoint(req runRequest, c perf.Config, host string, note func(int), n
 	} else {
 		ep.addr, ep.qpn = e.sock.LocalAddr().String(), e.q.QPN()
 	}
+	var foreign atomic.Uint64
+	*foreignOf = foreign.Load
+	var ah *qp.AH
+	if e.sock != nil {
+		if ah, err = e.pd.CreateAH(from, req.QPN); err != nil {
+			e.dev.Close()
+			return nil, err
+		}
+	}
 	var stop atomic.Bool
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		if l != nil {
+		for l != nil { // RC: the client's host only
 			r, err := l.Next(context.Background())
-			if err != nil || r.Accept(e.q, qp.RCConfig{}) != nil {
+			if err != nil {
 				return
 			}
+			if r.Peer().Addr().Unmap() != from.Addr() {
+				foreign.Add(1)
+				r.Reject(nil)
+				continue
+			}
+			if r.Accept(e.q, qp.RCConfig{}) != nil {
+				return
+			}
+			break
 		}
-		e.serveQP(req, req.Test == "lat", poll == qp.PollBusy, note, notePartial, &stop)
+		e.serveQP(req, ah, from, req.Test == "lat", poll == qp.PollBusy, note, notePartial, &foreign, &stop)
 	}()
 	ep.close = func() {
 		stop.Store(true)
@@ -361,15 +380,6 @@ func (e *qpEnd) connect(rep runReply) (*qp.AH, error) {
 		return nil, err
 	}
 	return e.pd.CreateAH(to, rep.QPN)
-}
-
-// clientNetwork is the UDP network and wildcard address a client binds to
-// reach addr.
-func clientNetwork(addr string) (string, string) {
-	if ap, err := netip.ParseAddrPort(addr); err == nil && ap.Addr().Is6() && !ap.Addr().Is4In6() {
-		return "udp6", "[::]:0"
-	}
-	return "udp4", "0.0.0.0:0"
 }
 
 // driveQP runs the client's end of a queue-pair mode against the server

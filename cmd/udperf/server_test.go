@@ -88,7 +88,7 @@ func TestServerBusy(t *testing.T) {
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(2 * time.Minute)) // only a hung server gets here
 	enc, dec := json.NewEncoder(c), json.NewDecoder(c)
-	if err := enc.Encode(runRequest{Mode: "raw-udp", Test: "lat", Size: 10}); err != nil {
+	if err := enc.Encode(runRequest{Mode: "raw-udp", Test: "lat", Size: 10, From: "127.0.0.1:9"}); err != nil {
 		t.Fatal(err)
 	}
 	var rep runReply
@@ -135,7 +135,7 @@ func TestServerWaitsOutALongLatencyRun(t *testing.T) {
 	enc, dec := json.NewEncoder(c), json.NewDecoder(c)
 	// A lat run of 1000 round trips whose -D (0 here) has long passed
 	// when it ends: the client takes 3 runSlacks over it.
-	if err := enc.Encode(runRequest{Mode: "raw-udp", Test: "lat", Size: 10, Poll: "event", Trips: 1000}); err != nil {
+	if err := enc.Encode(runRequest{Mode: "raw-udp", Test: "lat", Size: 10, Poll: "event", Trips: 1000, From: "127.0.0.1:9"}); err != nil {
 		t.Fatal(err)
 	}
 	var rep runReply

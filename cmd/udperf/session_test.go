@@ -393,7 +393,7 @@ func serverSignalRounds(t *testing.T) map[syscall.Signal][]time.Duration {
 					if err := dec.Decode(&rep); err != nil || rep.Udperf != protocol {
 						t.Fatalf("hello: %+v %v", rep, err)
 					}
-					enc.Encode(runRequest{Mode: "rd-send", Test: "bw", Size: 1000, Poll: "event", Duration: time.Minute})
+					enc.Encode(runRequest{Mode: "rd-send", Test: "bw", Size: 1000, Poll: "event", Duration: time.Minute, From: "127.0.0.1:9", QPN: 2})
 					if err := dec.Decode(&rep); err != nil || rep.Addr == "" {
 						t.Fatalf("run: %+v %v", rep, err)
 					}

@@ -324,6 +324,23 @@ func rawAddrFor(fam int, ap netip.AddrPort) *rawAddr {
 	return r
 }
 
+// is says r and o are the same socket address (as recvfrom fills r in
+// and rawAddrFor makes o: the same family, port and address bytes).
+func (r *rawAddr) is(o *rawAddr) bool {
+	if r.len != o.len {
+		return false
+	}
+	a := unsafe.Slice((*byte)(unsafe.Pointer(&r.sa)), r.len)
+	b := unsafe.Slice((*byte)(unsafe.Pointer(&o.sa)), o.len)
+	switch r.sa.Addr.Family {
+	case unix.AF_INET: // family, port, address; not the padding
+		return string(a[:8]) == string(b[:8])
+	case unix.AF_INET6: // family, port, (not the flow label) address, scope
+		return string(a[:4]) == string(b[:4]) && string(a[8:28]) == string(b[8:28])
+	}
+	return false
+}
+
 // recv is one non-blocking read, or recvfrom filling in from.
 func recv(fd uintptr, b []byte, from *rawAddr) (int, syscall.Errno) {
 	if from == nil {
@@ -358,6 +375,14 @@ type UDPEnd struct {
 	// connects it to the first sender) and uses write and read.
 	Unconnected bool
 	Peer        netip.AddrPort
+	// From, if valid, is the only source an unconnected end takes
+	// datagrams from (udperf server: the client's data socket, named in
+	// its request): Echo answers only it, always at From, and Sink counts
+	// only its datagrams; the rest are dropped and counted (Foreign). A
+	// connected end needs no From: the kernel takes only its peer's.
+	From netip.AddrPort
+	// foreign counts datagrams dropped for coming from elsewhere than From.
+	foreign atomic.Uint64
 	// Stop ends the run: set it, then close Conn; every method returns.
 	// (A busy end sees Stop; an event end sees the Close.)
 	Stop *atomic.Bool
@@ -374,16 +399,23 @@ func (e *UDPEnd) flag() *atomic.Bool {
 	return e.Stop
 }
 
+// Foreign is how many datagrams the end dropped for coming from
+// elsewhere than From.
+func (e *UDPEnd) Foreign() uint64 { return e.foreign.Load() }
+
 // Echo sends every datagram that arrives back to its sender: the far end
 // of a ping-pong. A connected-mode end whose socket is not connected yet
-// connects it to the first sender. It returns once stopped (nil), or on
-// an error.
+// connects it to the first sender. With From, an unconnected end answers
+// only From's datagrams. It returns once stopped (nil), or on an error.
 func (e *UDPEnd) Echo() error {
 	stop := e.flag()
 	buf := make([]byte, 65536)
-	var from, to *rawAddr
+	var from, to, only *rawAddr
 	if e.Unconnected || e.Conn.RemoteAddr() == nil {
 		from = &rawAddr{}
+	}
+	if e.Unconnected && e.From.IsValid() {
+		only = rawAddrFor(socketFamily(e.Conn), e.From)
 	}
 	var n int
 	var errno syscall.Errno
@@ -398,7 +430,13 @@ func (e *UDPEnd) Echo() error {
 			if err := io.read(rd); err != nil {
 				return err
 			}
-			if e.Unconnected {
+			if only != nil {
+				if !from.is(only) {
+					e.foreign.Add(1)
+					continue
+				}
+				to = only
+			} else if e.Unconnected {
 				to = from
 			} else if from != nil { // connect to the first sender
 				if err := io.write(connect); err != nil {
@@ -528,7 +566,8 @@ func (e *UDPEnd) Blast(size int, sending *atomic.Bool) (uint64, error) {
 }
 
 // Sink takes in datagrams, udpBatch to a recvmmsg, and calls got with
-// each batch's count and bytes, until stopped.
+// each batch's count and bytes (with From, of From's datagrams only),
+// until stopped.
 func (e *UDPEnd) Sink(got func(datagrams, bytes int)) error {
 	stop := e.flag()
 	setBuffers(e.Conn, sockBuffer)
@@ -539,16 +578,42 @@ func (e *UDPEnd) Sink(got func(datagrams, bytes int)) error {
 	m := newMmsg(bufs, nil)
 	var n int
 	rd := m.op(unix.SYS_RECVMMSG, &n)
+	var only *rawAddr
+	var names []rawAddr
+	if e.Unconnected && e.From.IsValid() { // take in the sources too, to keep From's only
+		only = rawAddrFor(socketFamily(e.Conn), e.From)
+		names = make([]rawAddr, len(bufs))
+		for i := range m.hdrs {
+			m.hdrs[i].Hdr.Name = (*byte)(unsafe.Pointer(&names[i].sa))
+		}
+		named := rd
+		rd = func(fd uintptr) syscall.Errno {
+			for i := range m.hdrs {
+				m.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrAny
+			}
+			return named(fd)
+		}
+	}
 	err := withIO(e.Conn, e.Poll, e.Shared, stop, nil, func(io sysIO) error {
 		for {
 			if err := io.drain(rd); err != nil {
 				return err
 			}
-			b := 0
-			for _, h := range m.hdrs[:n] {
+			k, b := 0, 0
+			for i, h := range m.hdrs[:n] {
+				if only != nil {
+					names[i].len = h.Hdr.Namelen
+					if !names[i].is(only) {
+						e.foreign.Add(1)
+						continue
+					}
+				}
+				k++
 				b += int(h.Len)
 			}
-			got(n, b)
+			if k > 0 {
+				got(k, b)
+			}
 		}
 	})
 	return stopped(err, stop)
