@@ -113,13 +113,7 @@ type Device struct {
 
 	timer deviceTimer // Write-Record deadlines, RD timers, RC acks (timer.go)
 
-	// RC: one poller for every connection.
-	rcMu        sync.Mutex
-	rcEpoll     int
-	rcWake      int
-	rcConns     map[int]*rcConn
-	rcList      atomic.Pointer[[]*rcConn]
-	rcListeners []*RCListener
+	rc rcPoller // RC: one poller for every connection (rcpoller.go)
 }
 
 // Open creates a device.
@@ -131,15 +125,15 @@ func Open(cfg DeviceConfig) (*Device, error) {
 		}
 	}
 	d := &Device{
-		cfg:     cfg,
-		mrs:     newMRTable(cfg.MaxMR),
-		qps:     make([]atomic.Pointer[QP], cfg.MaxQP+1),
-		qpNext:  1,
-		events:  make(chan AsyncEvent, eventQueueLen),
-		done:    make(chan struct{}),
-		rcEpoll: -1, rcWake: -1, rcConns: map[int]*rcConn{},
+		cfg:    cfg,
+		mrs:    newMRTable(cfg.MaxMR),
+		qps:    make([]atomic.Pointer[QP], cfg.MaxQP+1),
+		qpNext: 1,
+		events: make(chan AsyncEvent, eventQueueLen),
+		done:   make(chan struct{}),
 	}
 	d.timer.init(d)
+	d.rc.init(cfg.Poll == PollBusy)
 	if cfg.Poll == PollBusy && cfg.BusyPollThread {
 		d.wg.Add(1)
 		go d.busyLoop()
@@ -180,9 +174,8 @@ func (d *Device) Close() error {
 	for _, s := range socks {
 		s.close()
 	}
-	d.rcClose()
+	d.rc.close()
 	d.wg.Wait()
-	d.rcRelease()
 	for i := range d.qps {
 		if q := d.qps[i].Load(); q != nil {
 			q.toError()
@@ -262,7 +255,7 @@ func (d *Device) progressOnce() {
 			s.pollOnce()
 		}
 	}
-	d.rcPollOnce()
+	d.rc.pollOnce()
 }
 
 // busyLoop spins on non-blocking receives on a locked OS thread.

@@ -2,7 +2,6 @@ package qp
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -214,9 +213,7 @@ func (d *Device) ListenRC(addr string) (*RCListener, error) {
 		open: map[*RCRequest]struct{}{}, slots: make(chan struct{}, maxHandshakes)}
 	l.wg.Add(1)
 	go l.acceptLoop()
-	d.rcMu.Lock()
-	d.rcListeners = append(d.rcListeners, l)
-	d.rcMu.Unlock()
+	d.rc.addListener(l)
 	return l, nil
 }
 
@@ -422,7 +419,7 @@ func (q *QP) attachRC(tc *net.TCPConn, neg rcNegotiated, cfg RCConfig, early []b
 	q.rc.Store(c)
 	q.state.Store(uint32(StateRTS))
 	q.sqMu.Unlock()
-	if err := d.rcRegister(c); err != nil {
+	if err := d.rc.register(c); err != nil {
 		return err
 	}
 	if neg.rtrSend {
@@ -436,159 +433,4 @@ func (q *QP) attachRC(tc *net.TCPConn, neg rcNegotiated, cfg RCConfig, early []b
 		c.onReadable()
 	}
 	return nil
-}
-
-// rcRegister adds c to the device's RC poller, starting it on first use.
-func (d *Device) rcRegister(c *rcConn) error {
-	d.rcMu.Lock()
-	defer d.rcMu.Unlock()
-	if d.closed.Load() {
-		return ErrClosed
-	}
-	if d.rcEpoll < 0 {
-		ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
-		if err != nil {
-			return fmt.Errorf("qp: epoll: %w", err)
-		}
-		ev, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-		if err != nil {
-			unix.Close(ep)
-			return fmt.Errorf("qp: eventfd: %w", err)
-		}
-		if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, ev, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(ev)}); err != nil {
-			unix.Close(ep)
-			unix.Close(ev)
-			return err
-		}
-		d.rcEpoll, d.rcWake = ep, ev
-		d.wg.Add(1)
-		go d.rcLoop()
-	}
-	d.rcConns[c.fd] = c
-	d.rcRelistLocked()
-	return unix.EpollCtl(d.rcEpoll, unix.EPOLL_CTL_ADD, c.fd, &unix.EpollEvent{Events: d.rcEvents(false), Fd: int32(c.fd)})
-}
-
-func (d *Device) rcUnregister(c *rcConn) {
-	d.rcMu.Lock()
-	defer d.rcMu.Unlock()
-	if d.rcConns[c.fd] != c {
-		return
-	}
-	delete(d.rcConns, c.fd)
-	d.rcRelistLocked()
-	if d.rcEpoll >= 0 {
-		unix.EpollCtl(d.rcEpoll, unix.EPOLL_CTL_DEL, c.fd, nil)
-	}
-}
-
-// rcRelistLocked publishes the connections for busy pollers, which read
-// the list without the lock. The caller holds rcMu.
-func (d *Device) rcRelistLocked() {
-	list := make([]*rcConn, 0, len(d.rcConns))
-	for _, x := range d.rcConns {
-		list = append(list, x)
-	}
-	d.rcList.Store(&list)
-}
-
-// rcLoop waits on every RC socket of the device: it reads what arrives
-// and sends what a full socket held back (the datamover of seed 000 for
-// RC), one goroutine for all connections.
-func (d *Device) rcLoop() {
-	defer d.wg.Done()
-	events := make([]unix.EpollEvent, 64)
-	for {
-		n, err := unix.EpollWait(d.rcEpoll, events, -1)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil || d.closed.Load() {
-			return
-		}
-		for _, ev := range events[:n] {
-			if int(ev.Fd) == d.rcWake {
-				if d.closed.Load() {
-					return
-				}
-				var b [8]byte
-				unix.Read(d.rcWake, b[:])
-				continue
-			}
-			d.rcMu.Lock()
-			c := d.rcConns[int(ev.Fd)]
-			d.rcMu.Unlock()
-			if c == nil {
-				continue
-			}
-			if ev.Events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-				c.onReadable()
-			}
-			if ev.Events&unix.EPOLLOUT != 0 {
-				c.onWritable()
-			}
-		}
-	}
-}
-
-// rcEvents is what the poller waits for on a connection: data (unless
-// the device busy-polls: then CQ.Poll reads, and waking the poller on
-// every segment would only take a CPU from the spinners), and room to
-// write when a send is held back.
-func (d *Device) rcEvents(out bool) uint32 {
-	ev := uint32(unix.EPOLLRDHUP)
-	if d.cfg.Poll != PollBusy {
-		ev |= unix.EPOLLIN
-	}
-	if out {
-		ev |= unix.EPOLLOUT
-	}
-	return ev
-}
-
-// rcPollOnce reads every RC connection without waiting (busy polling).
-func (d *Device) rcPollOnce() {
-	if l := d.rcList.Load(); l != nil {
-		for _, c := range *l {
-			c.onReadable()
-			if c.ackMode && c.mu.TryLock() {
-				c.completeLocked() // the peer's TCP may have acknowledged more
-				c.mu.Unlock()
-			}
-		}
-	}
-}
-
-// rcClose stops the RC poller and closes every connection (Device.Close).
-func (d *Device) rcClose() {
-	d.rcMu.Lock()
-	ls := d.rcListeners
-	d.rcListeners = nil
-	conns := make([]*rcConn, 0, len(d.rcConns))
-	for _, c := range d.rcConns {
-		conns = append(conns, c)
-	}
-	if d.rcWake >= 0 {
-		var one [8]byte
-		binary.NativeEndian.PutUint64(one[:], 1)
-		unix.Write(d.rcWake, one[:])
-	}
-	d.rcMu.Unlock()
-	for _, l := range ls {
-		l.Close()
-	}
-	for _, c := range conns {
-		c.shutdown()
-	}
-}
-
-// rcRelease frees the poller's descriptors once its goroutine is gone.
-func (d *Device) rcRelease() {
-	d.rcMu.Lock()
-	defer d.rcMu.Unlock()
-	if d.rcEpoll >= 0 {
-		unix.Close(d.rcEpoll)
-		unix.Close(d.rcWake)
-		d.rcEpoll, d.rcWake = -1, -1
-	}
 }

@@ -229,14 +229,14 @@ func (c *rcConn) pumpLocked() {
 		c.waitOut() // more to send: the poller comes back, after the other connections
 	case c.wantOut && len(c.rest) == 0 && len(c.queue) == 0:
 		c.wantOut = false
-		c.q.dev.rcInterest(c, false)
+		c.q.dev.rc.interest(c, false)
 	}
 }
 
 func (c *rcConn) waitOut() {
 	if !c.wantOut {
 		c.wantOut = true
-		c.q.dev.rcInterest(c, true)
+		c.q.dev.rc.interest(c, true)
 	}
 }
 
@@ -928,19 +928,9 @@ func (c *rcConn) flush() {
 // shutdown takes the connection off the poller and closes it.
 func (c *rcConn) shutdown() {
 	c.closing.Store(true)
-	c.q.dev.rcUnregister(c)
+	c.q.dev.rc.unregister(c)
 	c.retire()
 	c.tc.Close()
-}
-
-// rcInterest asks the poller to report (or stop reporting) room to write.
-func (d *Device) rcInterest(c *rcConn, out bool) {
-	ev := d.rcEvents(out)
-	d.rcMu.Lock()
-	if d.rcEpoll >= 0 && d.rcConns[c.fd] == c {
-		unix.EpollCtl(d.rcEpoll, unix.EPOLL_CTL_MOD, c.fd, &unix.EpollEvent{Events: ev, Fd: int32(c.fd)})
-	}
-	d.rcMu.Unlock()
 }
 
 // scatterAt copies payload into w's SGL at byte offset off.

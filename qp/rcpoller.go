@@ -1,0 +1,210 @@
+package qp
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// rcPoller is a device's one poller for all its RC connections (the
+// datamover of seed 000 for RC): an epoll instance and an eventfd that
+// wakes it, the connections by descriptor, and the listeners to close
+// with the device. Its goroutine starts with the first connection; the
+// connections call it (register, interest, unregister), the device starts
+// and stops it (init, pollOnce, close), and it calls the connections
+// (onReadable, onWritable). It knows nothing else of the device.
+type rcPoller struct {
+	busy bool // the device busy-polls: CQ.Poll reads, the poller only writes
+
+	mu        sync.Mutex
+	closed    bool
+	epoll     int
+	wake      int
+	conns     map[int]*rcConn
+	list      atomic.Pointer[[]*rcConn] // a snapshot for busy pollers
+	listeners []*RCListener
+	wg        sync.WaitGroup // the poller's goroutine
+}
+
+func (p *rcPoller) init(busy bool) {
+	p.busy, p.epoll, p.wake, p.conns = busy, -1, -1, map[int]*rcConn{}
+}
+
+// addListener has l closed with the device.
+func (p *rcPoller) addListener(l *RCListener) {
+	p.mu.Lock()
+	p.listeners = append(p.listeners, l)
+	p.mu.Unlock()
+}
+
+// register adds c to the poller, starting it on first use.
+func (p *rcPoller) register(c *rcConn) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
+	if p.epoll < 0 {
+		ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+		if err != nil {
+			return fmt.Errorf("qp: epoll: %w", err)
+		}
+		ev, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+		if err != nil {
+			unix.Close(ep)
+			return fmt.Errorf("qp: eventfd: %w", err)
+		}
+		if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, ev, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(ev)}); err != nil {
+			unix.Close(ep)
+			unix.Close(ev)
+			return err
+		}
+		p.epoll, p.wake = ep, ev
+		p.wg.Add(1)
+		go p.loop(ep, ev)
+	}
+	p.conns[c.fd] = c
+	p.relistLocked()
+	return unix.EpollCtl(p.epoll, unix.EPOLL_CTL_ADD, c.fd, &unix.EpollEvent{Events: p.events(false), Fd: int32(c.fd)})
+}
+
+// unregister takes c out of the poller.
+func (p *rcPoller) unregister(c *rcConn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conns[c.fd] != c {
+		return
+	}
+	delete(p.conns, c.fd)
+	p.relistLocked()
+	if p.epoll >= 0 {
+		unix.EpollCtl(p.epoll, unix.EPOLL_CTL_DEL, c.fd, nil)
+	}
+}
+
+// interest asks the poller to report (or stop reporting) room to write
+// on c.
+func (p *rcPoller) interest(c *rcConn, out bool) {
+	ev := p.events(out)
+	p.mu.Lock()
+	if p.epoll >= 0 && p.conns[c.fd] == c {
+		unix.EpollCtl(p.epoll, unix.EPOLL_CTL_MOD, c.fd, &unix.EpollEvent{Events: ev, Fd: int32(c.fd)})
+	}
+	p.mu.Unlock()
+}
+
+// relistLocked publishes the connections for busy pollers, which read
+// the list without the lock. The caller holds mu.
+func (p *rcPoller) relistLocked() {
+	list := make([]*rcConn, 0, len(p.conns))
+	for _, x := range p.conns {
+		list = append(list, x)
+	}
+	p.list.Store(&list)
+}
+
+// loop waits on every RC socket of the device: it reads what arrives and
+// sends what a full socket held back, one goroutine for all connections,
+// until close wakes it.
+func (p *rcPoller) loop(epoll, wake int) {
+	defer p.wg.Done()
+	events := make([]unix.EpollEvent, 64)
+	for {
+		n, err := unix.EpollWait(epoll, events, -1)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return
+		}
+		for _, ev := range events[:n] {
+			if int(ev.Fd) == wake {
+				p.mu.Lock()
+				closed := p.closed
+				p.mu.Unlock()
+				if closed {
+					return
+				}
+				var b [8]byte
+				unix.Read(wake, b[:])
+				continue
+			}
+			p.mu.Lock()
+			c := p.conns[int(ev.Fd)]
+			p.mu.Unlock()
+			if c == nil {
+				continue
+			}
+			if ev.Events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+				c.onReadable()
+			}
+			if ev.Events&unix.EPOLLOUT != 0 {
+				c.onWritable()
+			}
+		}
+	}
+}
+
+// events is what the poller waits for on a connection: data (unless the
+// device busy-polls: then CQ.Poll reads, and waking the poller on every
+// segment would only take a CPU from the spinners), and room to write
+// when a send is held back.
+func (p *rcPoller) events(out bool) uint32 {
+	ev := uint32(unix.EPOLLRDHUP)
+	if !p.busy {
+		ev |= unix.EPOLLIN
+	}
+	if out {
+		ev |= unix.EPOLLOUT
+	}
+	return ev
+}
+
+// pollOnce reads every RC connection without waiting (busy polling).
+func (p *rcPoller) pollOnce() {
+	if l := p.list.Load(); l != nil {
+		for _, c := range *l {
+			c.onReadable()
+			if c.ackMode && c.mu.TryLock() {
+				c.completeLocked() // the peer's TCP may have acknowledged more
+				c.mu.Unlock()
+			}
+		}
+	}
+}
+
+// close stops the poller (Device.Close): it closes the listeners and
+// every connection, waits for its goroutine and frees its descriptors.
+func (p *rcPoller) close() {
+	p.mu.Lock()
+	p.closed = true
+	ls := p.listeners
+	p.listeners = nil
+	conns := make([]*rcConn, 0, len(p.conns))
+	for _, c := range p.conns {
+		conns = append(conns, c)
+	}
+	if p.wake >= 0 {
+		var one [8]byte
+		binary.NativeEndian.PutUint64(one[:], 1)
+		unix.Write(p.wake, one[:])
+	}
+	p.mu.Unlock()
+	for _, l := range ls {
+		l.Close()
+	}
+	for _, c := range conns {
+		c.shutdown()
+	}
+	p.wg.Wait()
+	p.mu.Lock()
+	if p.epoll >= 0 {
+		unix.Close(p.epoll)
+		unix.Close(p.wake)
+		p.epoll, p.wake = -1, -1
+	}
+	p.mu.Unlock()
+}
