@@ -323,7 +323,7 @@ func (q *QP) flushLocked() {
 		q.popSQLocked()
 	}
 	if q.rd != nil {
-		q.rdFlush()
+		q.rd.flush()
 	}
 	if c := q.rc.Load(); c != nil {
 		c.flush()

@@ -192,6 +192,7 @@ type rdGrave struct {
 
 // rdQP is the RD state of a QP, under mu.
 type rdQP struct {
+	q       *QP
 	mu      sync.Mutex
 	cfg     RDConfig
 	tokens  *reliability.Tokens
@@ -237,15 +238,15 @@ func newRDQP(q *QP, cfg RDConfig) *rdQP {
 	if cfg.MaxQPHeldBytes <= 0 {
 		cfg.MaxQPHeldBytes = defaultMaxQPHeldBytes
 	}
-	r := &rdQP{cfg: cfg, tokens: reliability.NewTokens(), peers: map[rdKey]*rdPeer{}, graves: map[rdGrave]struct{}{},
+	r := &rdQP{q: q, cfg: cfg, tokens: reliability.NewTokens(), peers: map[rdKey]*rdPeer{}, graves: map[rdGrave]struct{}{},
 		perAddr: map[netip.Addr]int{}}
 	r.tx.init(q)
 	return r
 }
 
-func (q *QP) rdSegment(s *Socket) uint32 {
+func (r *rdQP) segment(s *Socket) uint32 {
 	max := s.maxDatagram - reliability.HeaderSize - reliability.SeqSize - reliability.TokenSize - udiwarp.DDPTaggedHeaderSize - udiwarp.CRCSize
-	if n := q.rd.cfg.Segment; n > 0 && n < max {
+	if n := r.cfg.Segment; n > 0 && n < max {
 		return uint32(n)
 	}
 	return uint32(max)
@@ -258,7 +259,8 @@ func (s *Socket) rdMaxSend() int {
 }
 
 // postRD queues wr for its peer and sends what the window allows now.
-func (q *QP) postRD(wr *SendWR, s *Socket) error {
+func (r *rdQP) post(wr *SendWR, s *Socket) error {
+	q := r.q
 	var length uint64
 	for _, g := range wr.SGL {
 		length += uint64(g.Length)
@@ -280,7 +282,6 @@ func (q *QP) postRD(wr *SendWR, s *Socket) error {
 	default:
 		return fmt.Errorf("%w: opcode %v is not available on RD QPs", ErrInvalidWR, wr.Opcode)
 	}
-	r := q.rd
 	w := &rdWR{id: wr.ID, op: wr.Opcode, flags: wr.Flags, length: uint32(length), rstag: wr.RemoteSTag, rto: wr.RemoteTO}
 	if wr.Inline != nil {
 		w.inline = append([]byte(nil), wr.Inline...)
@@ -302,9 +303,9 @@ func (q *QP) postRD(wr *SendWR, s *Socket) error {
 	case OpSend:
 		w.seg = uint32(s.rdMaxSend())
 	case OpWrite:
-		w.seg = q.rdSegment(s)
+		w.seg = r.segment(s)
 	case OpWriteRecord:
-		w.seg = q.rdSegment(s) - (udiwarp.WriteRecordHeaderSize - udiwarp.DDPTaggedHeaderSize)
+		w.seg = r.segment(s) - (udiwarp.WriteRecordHeaderSize - udiwarp.DDPTaggedHeaderSize)
 	case OpRead:
 		w.seg = 1 // the request: one segment
 	}
@@ -323,7 +324,7 @@ func (q *QP) postRD(wr *SendWR, s *Socket) error {
 		w.releaseMRs()
 		return fmt.Errorf("%w: %d send WRs outstanding", ErrQueueFull, len(r.out))
 	}
-	p, err := q.rdPeerFor(wr.AH, now)
+	p, err := r.peerFor(wr.AH, now)
 	if err != nil {
 		w.releaseMRs()
 		return err
@@ -348,12 +349,12 @@ func (q *QP) postRD(wr *SendWR, s *Socket) error {
 	r.out = append(r.out, w)
 	if !p.established {
 		if p.helloAt.IsZero() {
-			q.rdHello(s, p, now)
+			r.hello(s, p, now)
 		}
-	} else if q.rdPump(s, p, now) {
-		q.rdToMover(s)
+	} else if r.pump(s, p, now) {
+		r.toMover(s)
 	}
-	q.rdArm(now)
+	r.arm(now)
 	return nil
 }
 
@@ -368,16 +369,15 @@ func rdSegments(length, seg uint32) uint32 {
 
 // rdPeerFor returns the peer state for ah, making it (and starting
 // contact) if there is none. Caller holds r.mu.
-func (q *QP) rdPeerFor(ah *AH, now time.Time) (*rdPeer, error) {
-	r := q.rd
+func (r *rdQP) peerFor(ah *AH, now time.Time) (*rdPeer, error) {
 	k := rdKey{ah.addr, ah.qpn}
 	if p := r.peers[k]; p != nil {
 		return p, nil
 	}
-	if !q.rdRoom(now) {
+	if !r.room(now) {
 		return nil, fmt.Errorf("%w: %d RD peers with work outstanding", ErrTooMany, len(r.peers))
 	}
-	p := q.rdNewPeer(k, now)
+	p := r.newPeer(k, now)
 	p.newToken()
 	return p, nil
 }
@@ -394,11 +394,10 @@ func (p *rdPeer) newToken() {
 // rdBury remembers that p's session ended: a Data frame of it, even with
 // a valid keyed token, opens nothing (rdReceive). The graveyard keeps the
 // last rdGraveyard sessions.
-func (q *QP) rdBury(p *rdPeer) {
+func (r *rdQP) bury(p *rdPeer) {
 	if !p.established {
 		return
 	}
-	r := q.rd
 	g := rdGrave{p.key, p.theirEpoch}
 	if _, ok := r.graves[g]; ok {
 		return
@@ -413,38 +412,37 @@ func (q *QP) rdBury(p *rdPeer) {
 
 // rdRoom makes room for one more peer under the cap, reclaiming the
 // longest-idle reclaimable peer; false if none can go.
-func (q *QP) rdRoom(now time.Time) bool {
-	r := q.rd
+func (r *rdQP) room(now time.Time) bool {
 	if len(r.peers) < r.cfg.MaxPeers {
 		return true
 	}
-	return q.rdReclaimOne(now, func(*rdPeer) bool { return true })
+	return r.reclaimOne(now, func(*rdPeer) bool { return true })
 }
 
 // rdAddrRoom makes room for one more peer from addr under the
 // per-address limit, reclaiming that address's longest-idle reclaimable
 // peer; false if none can go.
-func (q *QP) rdAddrRoom(addr netip.Addr, now time.Time) bool {
-	r := q.rd
+func (r *rdQP) addrRoom(addr netip.Addr, now time.Time) bool {
 	if r.perAddr[addr] < r.cfg.MaxPeersPerAddr {
 		return true
 	}
-	return q.rdReclaimOne(now, func(p *rdPeer) bool { return p.key.addr.Addr() == addr })
+	return r.reclaimOne(now, func(p *rdPeer) bool { return p.key.addr.Addr() == addr })
 }
 
 // rdReclaimOne forgets the longest-idle reclaimable peer that which
 // selects; false if there is none.
-func (q *QP) rdReclaimOne(now time.Time, which func(*rdPeer) bool) bool {
+func (r *rdQP) reclaimOne(now time.Time, which func(*rdPeer) bool) bool {
+	q := r.q
 	var idle *rdPeer
-	for _, p := range q.rd.peers {
-		if q.rdReclaimable(p, now) && which(p) && (idle == nil || p.last.Before(idle.last)) {
+	for _, p := range r.peers {
+		if r.reclaimable(p, now) && which(p) && (idle == nil || p.last.Before(idle.last)) {
 			idle = p
 		}
 	}
 	if idle == nil {
 		return false
 	}
-	q.rdForget(idle)
+	r.forget(idle)
 	q.dev.stats.RDPeersReclaimed.Add(1)
 	return true
 }
@@ -458,29 +456,28 @@ func (p *rdPeer) quiet() bool {
 // outstanding to it, and it holds nothing, or holds frames ahead of a gap
 // that has not moved for IdleTimeout (its sender gave up on the gap, or
 // never meant to fill it: buffered frames must not pin a peer's state).
-func (q *QP) rdReclaimable(p *rdPeer, now time.Time) bool {
-	return p.quiet() && (p.rcv.Held() == 0 || now.Sub(p.moved) > q.rd.cfg.IdleTimeout)
+func (r *rdQP) reclaimable(p *rdPeer, now time.Time) bool {
+	return p.quiet() && (p.rcv.Held() == 0 || now.Sub(p.moved) > r.cfg.IdleTimeout)
 }
 
 // rdReclaimAt is when the timer forgets p: IdleTimeout after its last
 // traffic if it is idle, after its receiver last moved if it holds
 // frames; zero while work of ours to it is outstanding.
-func (q *QP) rdReclaimAt(p *rdPeer) time.Time {
+func (r *rdQP) reclaimAt(p *rdPeer) time.Time {
 	switch {
 	case !p.quiet():
 		return time.Time{}
 	case p.rcv.Held() > 0:
-		return p.moved.Add(q.rd.cfg.IdleTimeout)
+		return p.moved.Add(r.cfg.IdleTimeout)
 	}
-	return p.last.Add(q.rd.cfg.IdleTimeout)
+	return p.last.Add(r.cfg.IdleTimeout)
 }
 
 // rdForget drops p's state, remembering its session if it had one (rdBury):
 // what its receiver holds is let go of (and leaves the byte budgets), and
 // it leaves its address's count. Caller holds r.mu.
-func (q *QP) rdForget(p *rdPeer) {
-	r := q.rd
-	q.rdBury(p)
+func (r *rdQP) forget(p *rdPeer) {
+	r.bury(p)
 	p.rcv.Reset()
 	delete(r.peers, p.key)
 	a := p.key.addr.Addr()
@@ -491,26 +488,26 @@ func (q *QP) rdForget(p *rdPeer) {
 
 // rdNewReceiver returns a receiver for p whose buffered frames are
 // counted against the byte budgets until delivered or let go of.
-func (q *QP) rdNewReceiver(p *rdPeer) *reliability.Receiver[[]byte] {
-	return reliability.NewReceiver[[]byte](q.rd.cfg.Config, func(b []byte) { q.rdUnhold(p, b) })
+func (r *rdQP) newReceiver(p *rdPeer) *reliability.Receiver[[]byte] {
+	return reliability.NewReceiver[[]byte](r.cfg.Config, func(b []byte) { r.unhold(p, b) })
 }
 
 // rdUnhold takes a buffered frame off the byte budgets.
-func (q *QP) rdUnhold(p *rdPeer, b []byte) {
+func (r *rdQP) unhold(p *rdPeer, b []byte) {
 	p.held -= len(b)
-	q.rd.held -= len(b)
+	r.held -= len(b)
 }
 
-func (q *QP) rdNewPeer(k rdKey, now time.Time) *rdPeer {
-	r := q.rd
+func (r *rdQP) newPeer(k rdKey, now time.Time) *rdPeer {
+	q := r.q
 	p := &rdPeer{key: k, last: now, moved: now, epoch: reliability.NewEpoch()}
 	p.ah.setAddr(k.addr, k.qpn)
 	p.snd = reliability.NewSender[rdPkt](r.cfg.Config)
-	p.rcv = q.rdNewReceiver(p)
+	p.rcv = r.newReceiver(p)
 	r.peers[k] = p
 	r.perAddr[k.addr.Addr()]++
 	q.dev.stats.RDPeers.Add(1)
-	q.rdEndWriteRecords(k)
+	r.endWriteRecords(k)
 	return p
 }
 
@@ -519,7 +516,8 @@ func (q *QP) rdNewPeer(k rdKey, now time.Time) *rdPeer {
 // MSN 1 again, and nothing of an ended session can still arrive, so what
 // the engine remembers of the old one would only drop the new messages
 // as an older message's. Caller holds r.mu.
-func (q *QP) rdEndWriteRecords(k rdKey) {
+func (r *rdQP) endWriteRecords(k rdKey) {
+	q := r.q
 	q.wrMu.Lock()
 	defer q.wrMu.Unlock()
 	if q.wr == nil {
@@ -533,17 +531,18 @@ func (q *QP) rdEndWriteRecords(k rdKey) {
 }
 
 // rdHello (re)sends Hello to a peer we have no tokens from yet.
-func (q *QP) rdHello(s *Socket, p *rdPeer, now time.Time) {
-	r := q.rd
+func (r *rdQP) hello(s *Socket, p *rdPeer, now time.Time) {
+	q := r.q
 	p.helloAt = now
 	b := reliability.Append(r.hb[:0], &reliability.Fields{Type: reliability.Hello, Window: p.rcv.Window(),
 		DstQPN: p.key.qpn, SrcQPN: q.num, Epoch: p.epoch, Init: true, Issued: p.myToken})
-	q.rdControl(s, &p.ah, b)
+	r.control(s, &p.ah, b)
 }
 
 // rdControl sends a frame with no payload.
-func (q *QP) rdControl(s *Socket, ah *AH, hdr []byte) {
-	t := &q.rd.tx
+func (r *rdQP) control(s *Socket, ah *AH, hdr []byte) {
+	q := r.q
+	t := &r.tx
 	t.begin(hdr)
 	t.finish(s, ah, 0)
 	if t.transmit(s) == nil {
@@ -553,7 +552,8 @@ func (q *QP) rdControl(s *Socket, ah *AH, hdr []byte) {
 
 // rdPump numbers and sends queued segments to p while its window and the
 // socket allow. It reports whether the socket filled up with work left.
-func (q *QP) rdPump(s *Socket, p *rdPeer, now time.Time) (full bool) {
+func (r *rdQP) pump(s *Socket, p *rdPeer, now time.Time) (full bool) {
+	q := r.q
 	for len(p.queue) > 0 {
 		probing := false
 		switch {
@@ -569,7 +569,7 @@ func (q *QP) rdPump(s *Socket, p *rdPeer, now time.Time) (full bool) {
 			p.queue = p.queue[1:]
 			continue
 		}
-		if w.op == OpRead && len(p.reads) >= q.rd.cfg.ORD {
+		if w.op == OpRead && len(p.reads) >= r.cfg.ORD {
 			break // ORD reached: later WRs wait their turn, in order
 		}
 		off := w.sent * w.seg
@@ -582,7 +582,7 @@ func (q *QP) rdPump(s *Socket, p *rdPeer, now time.Time) (full bool) {
 		}
 		seq := p.snd.Push(pk, now)
 		tail := pk.last && len(p.queue) == 1
-		if err := q.rdData(s, p, seq, &pk, now, probing || (tail && w.flags&FlagSignaled != 0)); err == errSocketFull {
+		if err := r.data(s, p, seq, &pk, now, probing || (tail && w.flags&FlagSignaled != 0)); err == errSocketFull {
 			p.snd.Unpush(seq)
 			return true
 		}
@@ -604,13 +604,13 @@ func (q *QP) rdPump(s *Socket, p *rdPeer, now time.Time) (full bool) {
 
 // rdData builds and sends Data frame seq for pk, with an ack for p
 // piggybacked when one is waiting.
-func (q *QP) rdData(s *Socket, p *rdPeer, seq uint32, pk *rdPkt, now time.Time, ackNow bool) error {
-	r := q.rd
+func (r *rdQP) data(s *Socket, p *rdPeer, seq uint32, pk *rdPkt, now time.Time, ackNow bool) error {
+	q := r.q
 	w := pk.w
 	f := reliability.Fields{Type: reliability.Data, Window: p.rcv.Window(), DstQPN: p.key.qpn, SrcQPN: q.num,
 		Epoch: p.epoch, Token: p.theirToken, Seq: seq, Init: p.sendInit, Issued: p.myToken, AckNow: ackNow}
 	if !p.rcv.AckDue(now).IsZero() {
-		f.Ack = q.rdAckBlock(p, now, &f.RNR)
+		f.Ack = r.ackBlock(p, now, &f.RNR)
 	}
 	b := reliability.Append(r.hb[:0], &f)
 	last := pk.last
@@ -640,7 +640,7 @@ func (q *QP) rdData(s *Socket, p *rdPeer, seq uint32, pk *rdPkt, now time.Time, 
 	t := &r.tx
 	t.begin(b)
 	n := pk.n
-	if st := q.rdGather(t, w, pk.off, pk.n); st != Success {
+	if st := r.gather(t, w, pk.off, pk.n); st != Success {
 		if !w.internal {
 			return nil // cannot happen: the MRs are referenced; the peer's ack completes it
 		}
@@ -662,7 +662,7 @@ func (q *QP) rdData(s *Socket, p *rdPeer, seq uint32, pk *rdPkt, now time.Time, 
 }
 
 // rdGather adds bytes [off, off+n) of w's message to the frame.
-func (q *QP) rdGather(t *txCtx, w *rdWR, off, n uint32) Status {
+func (r *rdQP) gather(t *txCtx, w *rdWR, off, n uint32) Status {
 	if w.inline != nil {
 		t.add(w.inline[off : off+n])
 		return Success
@@ -683,12 +683,12 @@ func (q *QP) rdGather(t *txCtx, w *rdWR, off, n uint32) Status {
 }
 
 // rdAckBlock fills the QP's ack block for p, with p's recent errors.
-func (q *QP) rdAckBlock(p *rdPeer, now time.Time, rnr *bool) *reliability.AckBlock {
-	a := &q.rd.ack
+func (r *rdQP) ackBlock(p *rdPeer, now time.Time, rnr *bool) *reliability.AckBlock {
+	a := &r.ack
 	*rnr = p.rcv.Ack(a, now)
 	for i := 0; i < p.nerr; i++ {
 		e := p.errs[i]
-		if reliability.Before(e.seq, a.Cumulative) && a.Cumulative-e.seq < uint32(q.rd.cfg.Window)*4 {
+		if reliability.Before(e.seq, a.Cumulative) && a.Cumulative-e.seq < uint32(r.cfg.Window)*4 {
 			a.Errors = append(a.Errors, reliability.AckError{Seq: e.seq, Code: e.code})
 		}
 	}
@@ -696,37 +696,37 @@ func (q *QP) rdAckBlock(p *rdPeer, now time.Time, rnr *bool) *reliability.AckBlo
 }
 
 // rdSendAck sends a standalone ack to p.
-func (q *QP) rdSendAck(s *Socket, p *rdPeer, now time.Time) {
-	r := q.rd
+func (r *rdQP) sendAck(s *Socket, p *rdPeer, now time.Time) {
+	q := r.q
 	f := reliability.Fields{Type: reliability.Ack, Window: p.rcv.Window(), DstQPN: p.key.qpn, SrcQPN: q.num,
 		Epoch: p.epoch, Token: p.theirToken, Init: p.sendInit, Issued: p.myToken}
-	f.Ack = q.rdAckBlock(p, now, &f.RNR)
-	q.rdControl(s, &p.ah, reliability.Append(r.hb[:0], &f))
+	f.Ack = r.ackBlock(p, now, &f.RNR)
+	r.control(s, &p.ah, reliability.Append(r.hb[:0], &f))
 	q.dev.stats.RDAcksSent.Add(1)
 }
 
 // rdToMover hands the QP to the socket's datamover: the socket is full.
-func (q *QP) rdToMover(s *Socket) {
-	if !q.rd.inMover {
-		q.rd.inMover = true
+func (r *rdQP) toMover(s *Socket) {
+	q := r.q
+	if !r.inMover {
+		r.inMover = true
 		s.activate(q)
 	}
 }
 
 // rdDrain is the datamover's turn for an RD QP: pump every peer with
 // queued segments.
-func (q *QP) rdDrain(s *Socket) (more, full bool) {
-	r := q.rd
+func (r *rdQP) drain(s *Socket) (more, full bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := time.Now()
 	for _, p := range r.peers {
-		if p.established && len(p.queue) > 0 && q.rdPump(s, p, now) {
+		if p.established && len(p.queue) > 0 && r.pump(s, p, now) {
 			return true, true
 		}
 	}
 	r.inMover = false
-	q.rdArm(now)
+	r.arm(now)
 	return false, false
 }
 
@@ -755,14 +755,14 @@ func (d *Device) deliverRD(s *Socket, b []byte, src netip.AddrPort) {
 		st.RxQPState.Add(1)
 		return
 	}
-	q.rdReceive(s, h, frame, src)
+	q.rd.receive(s, h, frame, src)
 }
 
 // rdReceive runs one RD frame through the QP.
-func (q *QP) rdReceive(s *Socket, h *reliability.Header, frame []byte, src netip.AddrPort) {
+func (r *rdQP) receive(s *Socket, h *reliability.Header, frame []byte, src netip.AddrPort) {
+	q := r.q
 	d := q.dev
 	st := &d.stats
-	r := q.rd
 	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -770,7 +770,7 @@ func (q *QP) rdReceive(s *Socket, h *reliability.Header, frame []byte, src netip
 	p := r.peers[k]
 	switch h.Type {
 	case reliability.Hello:
-		q.rdChallenge(s, h, src, h.Issued, p)
+		r.challenge(s, h, src, h.Issued, p)
 		return
 	case reliability.Challenge:
 		switch {
@@ -783,9 +783,9 @@ func (q *QP) rdReceive(s *Socket, h *reliability.Header, frame []byte, src netip
 			// (only a receiver of them knows the token echoed). The
 			// session is over; we open a new one.
 			st.RDPeerRestarts.Add(1)
-			q.rdRenew(s, p, h.Window, now)
-			q.rdComplete()
-			q.rdArm(now)
+			r.renew(s, p, h.Window, now)
+			r.complete()
+			r.arm(now)
 			return
 		default:
 			st.RDRejected.Add(1)
@@ -800,24 +800,24 @@ func (q *QP) rdReceive(s *Socket, h *reliability.Header, frame []byte, src netip
 		var epoch uint32
 		switch {
 		case known && (h.Token == p.myToken || r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.num, p.epoch)):
-		case h.Type == reliability.Data && h.HasInit && q.rdKeyed(p, h, src, &epoch):
+		case h.Type == reliability.Data && h.HasInit && r.keyed(p, h, src, &epoch):
 			// First contact, validated: the source received our Challenge.
 			switch {
 			case p == nil:
-				if !q.rdAddrRoom(src.Addr(), now) {
+				if !r.addrRoom(src.Addr(), now) {
 					st.RDAddrLimited.Add(1)
 					return
 				}
-				if !q.rdRoom(now) {
+				if !r.room(now) {
 					st.RDRefused.Add(1)
 					return
 				}
-				p = q.rdNewPeer(k, now)
+				p = r.newPeer(k, now)
 			case p.established:
 				// A new session from a return-routable source: the peer
 				// reopened (it restarted, or dropped our state).
 				st.RDPeerRestarts.Add(1)
-				q.rdRestart(p, now)
+				r.restart(p, now)
 			}
 			p.epoch, p.prevEpoch = epoch, 0
 			p.myToken, p.theirToken, p.theirEpoch, p.established, p.sendInit = h.Token, h.Issued, h.Epoch, true, false
@@ -825,7 +825,7 @@ func (q *QP) rdReceive(s *Socket, h *reliability.Header, frame []byte, src netip
 			// No state, a stale epoch or a wrong token: answer with a
 			// Challenge no larger than the frame; change nothing.
 			st.RDRejected.Add(1)
-			q.rdChallenge(s, h, src, h.Token, p)
+			r.challenge(s, h, src, h.Token, p)
 			return
 		default:
 			st.RDRejected.Add(1)
@@ -834,25 +834,25 @@ func (q *QP) rdReceive(s *Socket, h *reliability.Header, frame []byte, src netip
 		p.last = now
 		if h.HasAck {
 			p.sendInit = false // the peer has our state
-			if err := q.rdOnAck(s, p, h, now); err != nil {
-				q.rdFailPeer(p, err)
-				q.rdComplete()
-				q.rdArm(now)
+			if err := r.onAck(s, p, h, now); err != nil {
+				r.failPeer(p, err)
+				r.complete()
+				r.arm(now)
 				return
 			}
 		}
 		if h.Type == reliability.Data {
-			q.rdOnData(p, h, frame[h.Size:], src, now)
+			r.onData(p, h, frame[h.Size:], src, now)
 		}
 	}
-	if p.established && len(p.queue) > 0 && q.rdPump(s, p, now) {
-		q.rdToMover(s)
+	if p.established && len(p.queue) > 0 && r.pump(s, p, now) {
+		r.toMover(s)
 	}
 	if due := p.rcv.AckDue(now); !due.IsZero() && !due.After(now) {
-		q.rdSendAck(s, p, now)
+		r.sendAck(s, p, now)
 	}
-	q.rdComplete()
-	q.rdArm(now)
+	r.complete()
+	r.arm(now)
 }
 
 // rdKeyed reports whether h, a Data frame opening a session, carries the
@@ -863,8 +863,8 @@ func (q *QP) rdReceive(s *Socket, h *reliability.Header, frame []byte, src netip
 // yet established also takes (its Hello's epoch is then unknown to the
 // peer, or answered by a Challenge that no longer matters). A session
 // that ended (rdBury) is not opened again.
-func (q *QP) rdKeyed(p *rdPeer, h *reliability.Header, src netip.AddrPort, epoch *uint32) bool {
-	r := q.rd
+func (r *rdQP) keyed(p *rdPeer, h *reliability.Header, src netip.AddrPort, epoch *uint32) bool {
+	q := r.q
 	if _, dead := r.graves[rdGrave{rdKey{src, h.SrcQPN}, h.Epoch}]; dead {
 		return false
 	}
@@ -895,8 +895,8 @@ func (q *QP) rdKeyed(p *rdPeer, h *reliability.Header, src netip.AddrPort, epoch
 // the source's epoch. Answering a Data frame, its window field carries
 // the low 16 bits of the frame's sequence number: the peer learns which
 // of its frames found no session (rdRenew).
-func (q *QP) rdChallenge(s *Socket, h *reliability.Header, src netip.AddrPort, echo uint64, p *rdPeer) {
-	r := q.rd
+func (r *rdQP) challenge(s *Socket, h *reliability.Header, src netip.AddrPort, echo uint64, p *rdPeer) {
+	q := r.q
 	if h.SrcQPN == 0 || h.SrcQPN > udiwarp.MaxQPN {
 		return
 	}
@@ -916,12 +916,13 @@ func (q *QP) rdChallenge(s *Socket, h *reliability.Header, src netip.AddrPort, e
 		return
 	}
 	r.tmp.setAddr(src, h.SrcQPN)
-	q.rdControl(s, &r.tmp, b)
+	r.control(s, &r.tmp, b)
 	q.dev.stats.RDChallenges.Add(1)
 }
 
 // rdOnAck applies an ack to p's sender.
-func (q *QP) rdOnAck(s *Socket, p *rdPeer, h *reliability.Header, now time.Time) error {
+func (r *rdQP) onAck(s *Socket, p *rdPeer, h *reliability.Header, now time.Time) error {
+	q := r.q
 	a := &h.Ack
 	err := p.snd.OnAck(a, h.Window, h.HasRNR, now,
 		func(seq uint32, pk *rdPkt) {
@@ -948,7 +949,7 @@ func (q *QP) rdOnAck(s *Socket, p *rdPeer, h *reliability.Header, now time.Time)
 		},
 		func(seq uint32, pk *rdPkt) {
 			q.dev.stats.RDRetransmits.Add(1)
-			q.rdData(s, p, seq, pk, now, false)
+			r.data(s, p, seq, pk, now, false)
 		})
 	if errors.Is(err, reliability.ErrAckUnsent) {
 		q.dev.stats.RDBadAcks.Add(1)
@@ -979,22 +980,22 @@ func rdStatus(c reliability.Code) Status {
 
 // rdOnData runs a Data frame's sequence number through p's receiver and
 // delivers what is in order.
-func (q *QP) rdOnData(p *rdPeer, h *reliability.Header, seg []byte, src netip.AddrPort, now time.Time) {
+func (r *rdQP) onData(p *rdPeer, h *reliability.Header, seg []byte, src netip.AddrPort, now time.Time) {
+	q := r.q
 	st := &q.dev.stats
 	if h.WantsAck {
 		p.rcv.Urge()
 	}
 	deliver := func(seq uint32, b []byte) bool {
-		ok := q.rdDeliver(p, seq, b, src)
+		ok := r.deliver(p, seq, b, src)
 		if ok && seq != h.Seq { // one the receiver held (a refused one it lets go of itself)
-			q.rdUnhold(p, b)
+			r.unhold(p, b)
 		}
 		return ok
 	}
 	next := p.rcv.Next()
 	switch v := p.rcv.Classify(h.Seq); v {
 	case reliability.Buffered:
-		r := q.rd
 		if p.held+len(seg) > r.cfg.MaxHeldBytes || r.held+len(seg) > r.cfg.MaxQPHeldBytes {
 			// Over the peer's or the QP's budget: dropped unacknowledged,
 			// as if lost; the sender sends it again.
@@ -1023,7 +1024,8 @@ func (q *QP) rdOnData(p *rdPeer, h *reliability.Header, seg []byte, src netip.Ad
 // when a Send finds no receive posted (receiver not ready: the peer sends
 // it again later); a segment that fails its checks is consumed and its
 // error reported in the acks.
-func (q *QP) rdDeliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool {
+func (r *rdQP) deliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool {
+	q := r.q
 	st := &q.dev.stats
 	seg, err := udiwarp.ParseSegment(b, udiwarp.ProfileDatagram)
 	if err != nil {
@@ -1053,11 +1055,11 @@ func (q *QP) rdDeliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool
 				p.noteErr(seq, reliability.CodeRemoteOperation)
 			}
 		case seg.Opcode() == udiwarp.OpWrite:
-			if code, ok := q.rdPlace(seg); !ok {
+			if code, ok := r.place(seg); !ok {
 				p.noteErr(seq, code)
 			}
 		case seg.Opcode() == udiwarp.OpReadResponse:
-			q.rdReadResponse(p, seg)
+			r.readResponse(p, seg)
 		default:
 			st.RxBadOpcode.Add(1)
 			p.noteErr(seq, reliability.CodeInvalidRequest)
@@ -1071,7 +1073,7 @@ func (q *QP) rdDeliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool
 		return true
 	}
 	if seg.Opcode() == udiwarp.OpReadRequest && h.Queue() == uint32(udiwarp.QueueReadRequest) {
-		q.rdServeRead(p, seq, seg)
+		r.serveRead(p, seq, seg)
 		return true
 	}
 	if !isSend(seg.Opcode()) || h.Queue() != uint32(udiwarp.QueueSend) {
@@ -1095,7 +1097,8 @@ func (q *QP) rdDeliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool
 }
 
 // rdPlace places an RDMA Write or Read Response segment (Device.placeTagged).
-func (q *QP) rdPlace(seg udiwarp.Segment) (reliability.Code, bool) {
+func (r *rdQP) place(seg udiwarp.Segment) (reliability.Code, bool) {
+	q := r.q
 	t := seg.Tagged()
 	if _, ok := q.dev.placeTagged(q.pd, t.STag(), t.TO(), seg.Payload, AccessRemoteWrite); !ok {
 		return reliability.CodeRemoteAccess, false
@@ -1109,10 +1112,11 @@ func (q *QP) rdPlace(seg udiwarp.Segment) (reliability.Code, bool) {
 // queues the Read Responses, tagged writes into the requester's sink,
 // which the window clocks out like any data: a peer gets no more than it
 // acknowledges, and only a validated peer has state to ask at all.
-func (q *QP) rdServeRead(p *rdPeer, seq uint32, seg udiwarp.Segment) {
+func (r *rdQP) serveRead(p *rdPeer, seq uint32, seg udiwarp.Segment) {
+	q := r.q
 	st := &q.dev.stats
 	rr := seg.ReadRequest()
-	if p.serving >= q.rd.cfg.IRD {
+	if p.serving >= r.cfg.IRD {
 		st.RDReadsRefused.Add(1)
 		p.noteErr(seq, reliability.CodeRemoteOperation)
 		return
@@ -1130,7 +1134,7 @@ func (q *QP) rdServeRead(p *rdPeer, seq uint32, seg udiwarp.Segment) {
 		m.unpin()
 		w.nsge = 1
 	} // a zero-length Read needs no valid STag (RFC 5042 §6.3.5)
-	w.seg = q.rdSegment(s)
+	w.seg = r.segment(s)
 	w.nseg = rdSegments(w.length, w.seg)
 	p.queue = append(p.queue, w)
 	p.serving++
@@ -1139,7 +1143,8 @@ func (q *QP) rdServeRead(p *rdPeer, seq uint32, seg udiwarp.Segment) {
 
 // rdReadResponse places a Read Response segment into the sink of the
 // oldest Read outstanding to p; its last segment completes that Read.
-func (q *QP) rdReadResponse(p *rdPeer, seg udiwarp.Segment) {
+func (r *rdQP) readResponse(p *rdPeer, seg udiwarp.Segment) {
+	q := r.q
 	st := &q.dev.stats
 	if len(p.reads) == 0 {
 		st.RxBadOpcode.Add(1) // a response to nothing
@@ -1154,7 +1159,7 @@ func (q *QP) rdReadResponse(p *rdPeer, seg udiwarp.Segment) {
 			w.status = RemoteOperationError // the responder answered outside the request
 		}
 	} else if len(seg.Payload) > 0 {
-		if _, ok := q.rdPlace(seg); !ok && w.status == Success {
+		if _, ok := r.place(seg); !ok && w.status == Success {
 			w.status = LocalProtectionError // the sink went bad under the Read
 		}
 		w.got += uint64(len(seg.Payload))
@@ -1184,8 +1189,8 @@ func (p *rdPeer) noteErr(seq uint32, code reliability.Code) {
 
 // rdComplete completes finished WRs in post order (a WR waits for the
 // ones posted before it, as verbs completion order requires).
-func (q *QP) rdComplete() {
-	r := q.rd
+func (r *rdQP) complete() {
+	q := r.q
 	k := 0
 	for ; k < len(r.out) && r.out[k].done; k++ {
 		w := r.out[k]
@@ -1216,19 +1221,20 @@ func (q *QP) rdComplete() {
 
 // rdFailPeer fails every WR to p with the status err maps to and drops
 // its state; the QP goes on serving its other peers.
-func (q *QP) rdFailPeer(p *rdPeer, err error) {
+func (r *rdQP) failPeer(p *rdPeer, err error) {
+	q := r.q
 	st := RetryExceededError
 	if errors.Is(err, reliability.ErrRNRRetryExceeded) {
 		st = RNRRetryExceededError
 	}
 	q.dev.stats.RDPeerFailures.Add(1)
-	q.rdAbort(p, st, true)
-	q.rdForget(p)
+	r.abort(p, st, true)
+	r.forget(p)
 }
 
 // rdAbort completes every WR to p with st: those in flight and, if all,
 // those still queued too.
-func (q *QP) rdAbort(p *rdPeer, st Status, all bool) {
+func (r *rdQP) abort(p *rdPeer, st Status, all bool) {
 	p.snd.Each(func(_ uint32, pk *rdPkt) {
 		if !pk.w.done && !pk.w.again {
 			pk.w.status, pk.w.done = st, true
@@ -1264,7 +1270,7 @@ func (q *QP) rdAbort(p *rdPeer, st Status, all bool) {
 	p.queue = keep
 	// WRs fully sent but not yet acked are in the sender's ring (done
 	// above); anything else of this peer still open is in r.out.
-	for _, w := range q.rd.out {
+	for _, w := range r.out {
 		if w.peer == p && !w.done && (all || w.sent > 0) {
 			w.status, w.done = st, true
 		}
@@ -1275,14 +1281,13 @@ func (q *QP) rdAbort(p *rdPeer, st Status, all bool) {
 // flight to its old one fail with RemoteAbortedError (it may or may not
 // have carried them out), queued ones start over in the new session, and
 // the old session is buried.
-func (q *QP) rdRestart(p *rdPeer, now time.Time) {
-	q.rdBury(p)
-	q.rdAbort(p, RemoteAbortedError, false)
-	q.rdEndWriteRecords(p.key)
+func (r *rdQP) restart(p *rdPeer, now time.Time) {
+	r.bury(p)
+	r.abort(p, RemoteAbortedError, false)
+	r.endWriteRecords(p.key)
 	p.probe = false
-	r := q.rd
 	p.snd = reliability.NewSender[rdPkt](r.cfg.Config)
-	p.rcv = q.rdNewReceiver(p)
+	p.rcv = r.newReceiver(p)
 	p.nerr = 0
 	p.established = false
 	p.last = now
@@ -1301,7 +1306,7 @@ func (q *QP) rdRestart(p *rdPeer, now time.Time) {
 // dropped the session (an ack lost) and complete with
 // RemoteAbortedError, as does everything when the frame is unknown or
 // went more than once.
-func (q *QP) rdRenew(s *Socket, p *rdPeer, seq16 uint16, now time.Time) {
+func (r *rdQP) renew(s *Socket, p *rdPeer, seq16 uint16, now time.Time) {
 	cut := p.snd.Next() // frames before cut may have been delivered
 	if seq, once, ok := p.snd.Find(seq16); ok && once {
 		cut = seq
@@ -1328,7 +1333,7 @@ func (q *QP) rdRenew(s *Socket, p *rdPeer, seq16 uint16, now time.Time) {
 			p.dropRead(w)
 		}
 	}
-	q.rdRestart(p, now)
+	r.restart(p, now)
 	// The WRs that go again come first, in post order; then the queue
 	// as it was, less any of them.
 	queue := make([]*rdWR, 0, len(again)+len(p.queue))
@@ -1347,15 +1352,15 @@ func (q *QP) rdRenew(s *Socket, p *rdPeer, seq16 uint16, now time.Time) {
 	p.theirToken, p.theirEpoch, p.sendInit = 0, 0, false
 	p.helloAt, p.helloTries = time.Time{}, 0
 	if len(p.queue) == 0 {
-		q.rdForget(p) // nothing to send: contact waits for the next WR
+		r.forget(p) // nothing to send: contact waits for the next WR
 		return
 	}
-	q.rdHello(s, p, now)
+	r.hello(s, p, now)
 }
 
 // rdTimer runs the QP's RD timers at now and returns the next deadline.
-func (q *QP) rdTimer(now time.Time) time.Time {
-	r := q.rd
+func (r *rdQP) timer(now time.Time) time.Time {
+	q := r.q
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := q.sock.Load()
@@ -1365,28 +1370,28 @@ func (q *QP) rdTimer(now time.Time) time.Time {
 	}
 	for _, p := range r.peers {
 		if !p.established {
-			if !p.helloAt.IsZero() && !now.Before(p.helloAt.Add(q.rdHelloWait(p))) {
+			if !p.helloAt.IsZero() && !now.Before(p.helloAt.Add(r.helloWait(p))) {
 				if p.helloTries >= r.cfg.MaxRetries {
-					q.rdFailPeer(p, reliability.ErrRetryExceeded)
+					r.failPeer(p, reliability.ErrRetryExceeded)
 					continue
 				}
 				p.helloTries++
-				q.rdHello(s, p, now)
+				r.hello(s, p, now)
 			}
 			continue
 		}
 		if d := p.snd.Deadline(); !d.IsZero() && !now.Before(d) {
 			err := p.snd.OnTimer(now, func(seq uint32, pk *rdPkt) {
 				q.dev.stats.RDRetransmits.Add(1)
-				q.rdData(s, p, seq, pk, now, true)
+				r.data(s, p, seq, pk, now, true)
 			})
 			if err != nil {
-				q.rdFailPeer(p, err)
+				r.failPeer(p, err)
 				continue
 			}
 		}
 		if due := p.rcv.AckDue(now); !due.IsZero() && !now.Before(due) {
-			q.rdSendAck(s, p, now)
+			r.sendAck(s, p, now)
 		}
 		if len(p.queue) > 0 {
 			// A zero window holds our queued work (and the regions it
@@ -1394,32 +1399,31 @@ func (q *QP) rdTimer(now time.Time) time.Time {
 			// out.
 			due, err := p.snd.Probe(now)
 			if err != nil {
-				q.rdFailPeer(p, err)
+				r.failPeer(p, err)
 				continue
 			}
 			p.probe = p.probe || due
 		}
-		if len(p.queue) > 0 && q.rdPump(s, p, now) {
-			q.rdToMover(s)
+		if len(p.queue) > 0 && r.pump(s, p, now) {
+			r.toMover(s)
 		}
-		if at := q.rdReclaimAt(p); !at.IsZero() && now.After(at) {
-			q.rdForget(p)
+		if at := r.reclaimAt(p); !at.IsZero() && now.After(at) {
+			r.forget(p)
 			q.dev.stats.RDPeersReclaimed.Add(1)
 		}
 	}
-	q.rdComplete()
+	r.complete()
 	r.next = time.Time{}
-	return q.rdDeadline(now)
+	return r.deadline(now)
 }
 
-func (q *QP) rdHelloWait(p *rdPeer) time.Duration {
-	c := q.rd.cfg
+func (r *rdQP) helloWait(p *rdPeer) time.Duration {
+	c := r.cfg
 	return min(c.InitialRTT<<min(p.helloTries, 20), c.MaxRTO)
 }
 
 // rdDeadline is the earliest time any peer needs the timer.
-func (q *QP) rdDeadline(now time.Time) time.Time {
-	r := q.rd
+func (r *rdQP) deadline(now time.Time) time.Time {
 	var next time.Time
 	early := func(t time.Time) {
 		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
@@ -1429,7 +1433,7 @@ func (q *QP) rdDeadline(now time.Time) time.Time {
 	for _, p := range r.peers {
 		if !p.established {
 			if !p.helloAt.IsZero() {
-				early(p.helloAt.Add(q.rdHelloWait(p)))
+				early(p.helloAt.Add(r.helloWait(p)))
 			}
 			continue
 		}
@@ -1440,7 +1444,7 @@ func (q *QP) rdDeadline(now time.Time) time.Time {
 			// a shut window.
 			early(p.snd.Resume())
 		}
-		if at := q.rdReclaimAt(p); !at.IsZero() {
+		if at := r.reclaimAt(p); !at.IsZero() {
 			early(at.Add(time.Millisecond))
 		}
 	}
@@ -1448,9 +1452,9 @@ func (q *QP) rdDeadline(now time.Time) time.Time {
 }
 
 // rdArm makes sure the device timer runs by the QP's next deadline.
-func (q *QP) rdArm(now time.Time) {
-	r := q.rd
-	next := q.rdDeadline(now)
+func (r *rdQP) arm(now time.Time) {
+	q := r.q
+	next := r.deadline(now)
 	if next.IsZero() || (!r.next.IsZero() && !next.Before(r.next)) {
 		return
 	}
@@ -1465,7 +1469,7 @@ func (q *QP) rdArm(now time.Time) {
 func (d *Device) rdCutReads(m *MR) {
 	for i := range d.qps {
 		if q := d.qps[i].Load(); q != nil && q.rd != nil {
-			q.rdCut(m)
+			q.rd.cut(m)
 		}
 	}
 }
@@ -1475,8 +1479,8 @@ func (d *Device) rdCutReads(m *MR) {
 // acknowledged goes (again) empty, and the response ends with an empty
 // last segment short of the Read's length, so the requester completes
 // the Read with RemoteAccessError, never Success.
-func (q *QP) rdCut(m *MR) {
-	r := q.rd
+func (r *rdQP) cut(m *MR) {
+	q := r.q
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	cut := func(w *rdWR) {
@@ -1513,19 +1517,18 @@ func (r *mrRefs) holds(m *MR) bool {
 }
 
 // rdFlush fails every WR of the QP with WRFlushError (ERROR, Destroy).
-func (q *QP) rdFlush() {
-	r := q.rd
+func (r *rdQP) flush() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, p := range r.peers {
-		q.rdAbort(p, WRFlushError, true)
+		r.abort(p, WRFlushError, true)
 	}
 	for _, w := range r.out {
 		if !w.done {
 			w.status, w.done = WRFlushError, true
 		}
 	}
-	q.rdComplete()
+	r.complete()
 	clear(r.peers)
 	clear(r.perAddr)
 }

@@ -295,7 +295,7 @@ func setIdleTimeout(q *QP, d time.Duration) {
 	q.rd.mu.Lock()
 	defer q.rd.mu.Unlock()
 	q.rd.cfg.IdleTimeout = d
-	q.rdArm(time.Now())
+	q.rd.arm(time.Now())
 }
 
 // TestRDSessionAfterIdleReclaim: b reclaims its idle peer a while a,

@@ -444,7 +444,7 @@ func BenchmarkRDPeerMemory(b *testing.B) {
 		now := time.Now()
 		for i := range peers {
 			k := rdKey{netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 4791), uint32(i%1000 + 1)}
-			q.rdNewPeer(k, now)
+			q.rd.newPeer(k, now)
 		}
 		q.rd.mu.Unlock()
 		runtime.GC()
@@ -456,7 +456,7 @@ func BenchmarkRDPeerMemory(b *testing.B) {
 	clear(q.rd.peers)
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	p := q.rdNewPeer(rdKey{netip.MustParseAddrPort("10.0.0.1:1"), 1}, time.Now())
+	p := q.rd.newPeer(rdKey{netip.MustParseAddrPort("10.0.0.1:1"), 1}, time.Now())
 	w := &rdWR{}
 	for range p.snd.Config().Window {
 		p.snd.Push(rdPkt{w: w}, time.Now())

@@ -282,7 +282,7 @@ func (q *QP) PostSend(wr *SendWR) error {
 	}
 	s := q.sock.Load()
 	if q.typ == RD {
-		return q.postRD(wr, s)
+		return q.rd.post(wr, s)
 	}
 	if wr.Opcode == OpWrite || wr.Opcode == OpRead {
 		return fmt.Errorf("%w: RDMA Write and Read need a reliable QP (RD or RC), not %v", ErrInvalidWR, q.typ)
@@ -426,7 +426,7 @@ func (s *Socket) writable(fd uintptr) bool {
 // socket filled up.
 func (q *QP) drain(s *Socket, max int) (more, full bool) {
 	if q.typ == RD {
-		return q.rdDrain(s)
+		return q.rd.drain(s)
 	}
 	q.sqMu.Lock()
 	defer q.sqMu.Unlock()

@@ -206,7 +206,7 @@ func (d *Device) timerWork(q *QP, now time.Time) time.Time {
 	}
 	var next time.Time
 	if q.rd != nil {
-		next = q.rdTimer(now)
+		next = q.rd.timer(now)
 	}
 	if q.rc.Load() != nil {
 		q.rcAckTimer()
