@@ -144,6 +144,7 @@ type QP struct {
 	wrMSN        map[wrKey]uint32 // Write-Record MSNs, under sqMu
 	wrMu         sync.Mutex       // guards wr: the receive path and the device's timer
 	wr           *writerecord.Engine
+	eng          engine                 // what differs between the types (engine.go)
 	rd           *rdQP                  // RD QPs: peers, reliability, WRs until acknowledged
 	rc           atomic.Pointer[rcConn] // RC QPs: the connection, once Connect or Accept made it
 	srqHeld      atomic.Int32           // SRQ receives held (seed 004 limit)
@@ -204,9 +205,7 @@ func (pd *PD) CreateQP(attr QPAttr) (*QP, error) {
 		q.rq = newRing[recvWQE](c.MaxRecvWR)
 	}
 	q.tx.init(q)
-	if attr.Type == RD {
-		q.rd = newRDQP(q, attr.RD)
-	}
+	q.eng = newEngine(q, attr)
 	if err := d.addQP(q); err != nil {
 		return nil, err
 	}
@@ -269,15 +268,8 @@ func (q *QP) Modify(attr ModifyAttr) error {
 	if attr.Socket != nil && cur != StateReset && cur != StateInit {
 		return fmt.Errorf("%w: the socket is set in RESET or INIT, not %v", ErrQPState, cur)
 	}
-	if q.typ == RC {
-		if attr.Socket != nil {
-			return fmt.Errorf("%w: an RC QP runs over its TCP connection, not a UDP socket", ErrInvalidAttr)
-		}
-		if (next == StateRTR || next == StateRTS) && q.rc.Load() == nil {
-			return fmt.Errorf("%w: an RC QP reaches %v through Connect or RCRequest.Accept", ErrQPState, next)
-		}
-	} else if (next == StateRTR || next == StateRTS) && attr.Socket == nil && q.sock.Load() == nil {
-		return fmt.Errorf("%w: a %v QP needs its bound socket to reach %v", ErrInvalidAttr, q.typ, next)
+	if err := q.eng.checkModify(&attr, next); err != nil {
+		return err
 	}
 	if attr.Socket != nil {
 		q.sock.Store(attr.Socket)
@@ -322,12 +314,7 @@ func (q *QP) flushLocked() {
 		q.complete(w, WRFlushError, 0)
 		q.popSQLocked()
 	}
-	if q.rd != nil {
-		q.rd.flush()
-	}
-	if c := q.rc.Load(); c != nil {
-		c.flush()
-	}
+	q.eng.flush()
 	q.rqMu.Lock()
 	for q.rq.len() > 0 {
 		w := q.rq.front()

@@ -259,7 +259,7 @@ func (s *Socket) rdMaxSend() int {
 }
 
 // postRD queues wr for its peer and sends what the window allows now.
-func (r *rdQP) post(wr *SendWR, s *Socket) error {
+func (r *rdQP) postOn(wr *SendWR, s *Socket) error {
 	q := r.q
 	var length uint64
 	for _, g := range wr.SGL {
@@ -716,7 +716,7 @@ func (r *rdQP) toMover(s *Socket) {
 
 // rdDrain is the datamover's turn for an RD QP: pump every peer with
 // queued segments.
-func (r *rdQP) drain(s *Socket) (more, full bool) {
+func (r *rdQP) drain(s *Socket, _ int) (more, full bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := time.Now()

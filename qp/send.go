@@ -253,40 +253,42 @@ func (q *QP) PostSend(wr *SendWR) error {
 	if st := q.State(); st != StateRTS {
 		return fmt.Errorf("%w: PostSend on a QP in %v", ErrQPState, st)
 	}
-	if q.typ == RC {
-		switch {
-		case wr.AH != nil:
-			return fmt.Errorf("%w: an RC QP sends to its connected peer: no address handle", ErrInvalidWR)
-		case len(wr.SGL) > q.caps.MaxSendSGE:
-			return fmt.Errorf("%w: %d SGEs, the QP takes %d", ErrInvalidWR, len(wr.SGL), q.caps.MaxSendSGE)
-		case wr.Inline != nil && len(wr.SGL) > 0:
-			return fmt.Errorf("%w: inline data and an SGL in one WR", ErrInvalidWR)
-		case len(wr.Inline) > q.inlineSz:
-			return fmt.Errorf("%w: %d bytes of inline data, the QP takes %d", ErrInvalidWR, len(wr.Inline), q.inlineSz)
-		}
-		return q.postRC(wr)
-	}
 	switch {
-	case wr.AH == nil:
-		return fmt.Errorf("%w: a UD send needs an address handle", ErrInvalidWR)
-	case wr.AH.pd != q.pd:
-		return fmt.Errorf("%w: address handle of another protection domain", ErrInvalidWR)
 	case len(wr.SGL) > q.caps.MaxSendSGE:
 		return fmt.Errorf("%w: %d SGEs, the QP takes %d", ErrInvalidWR, len(wr.SGL), q.caps.MaxSendSGE)
 	case wr.Inline != nil && len(wr.SGL) > 0:
 		return fmt.Errorf("%w: inline data and an SGL in one WR", ErrInvalidWR)
 	case len(wr.Inline) > q.inlineSz:
 		return fmt.Errorf("%w: %d bytes of inline data, the QP takes %d", ErrInvalidWR, len(wr.Inline), q.inlineSz)
+	}
+	return q.eng.post(wr)
+}
+
+// checkDatagramWR is what a UD or RD send WR needs beyond PostSend's
+// checks: an address handle of the QP's PD and a datagram opcode.
+func (q *QP) checkDatagramWR(wr *SendWR) error {
+	switch {
+	case wr.AH == nil:
+		return fmt.Errorf("%w: a UD send needs an address handle", ErrInvalidWR)
+	case wr.AH.pd != q.pd:
+		return fmt.Errorf("%w: address handle of another protection domain", ErrInvalidWR)
 	case wr.Opcode != OpSend && wr.Opcode != OpWriteRecord && wr.Opcode != OpWrite && wr.Opcode != OpRead:
 		return fmt.Errorf("%w: opcode %d", ErrInvalidWR, wr.Opcode)
 	}
-	s := q.sock.Load()
-	if q.typ == RD {
-		return q.rd.post(wr, s)
+	return nil
+}
+
+// post is a UD send: sent now in the caller's goroutine when nothing is
+// queued and the socket takes it, else queued for the datamover.
+func (e udEngine) post(wr *SendWR) error {
+	q := e.q
+	if err := q.checkDatagramWR(wr); err != nil {
+		return err
 	}
 	if wr.Opcode == OpWrite || wr.Opcode == OpRead {
 		return fmt.Errorf("%w: RDMA Write and Read need a reliable QP (RD or RC), not %v", ErrInvalidWR, q.typ)
 	}
+	s := q.sock.Load()
 	q.sqMu.Lock()
 	if st := q.State(); st != StateRTS { // Modify ran since the check above
 		q.sqMu.Unlock()
@@ -398,7 +400,7 @@ func (s *Socket) datamover() {
 			s.active = s.active[:len(s.active)-1]
 			s.txMu.Unlock()
 
-			more, full := q.drain(s, moverChunk)
+			more, full := q.eng.drain(s, moverChunk)
 			if full {
 				d.stats.TxParked.Add(1)
 				if err := s.raw.Write(s.writableFn); err != nil {
@@ -424,13 +426,10 @@ func (s *Socket) writable(fd uintptr) bool {
 
 // drain sends up to max queued WRs. more says WRs remain; full says the
 // socket filled up.
-func (q *QP) drain(s *Socket, max int) (more, full bool) {
-	if q.typ == RD {
-		return q.rd.drain(s)
-	}
-	q.sqMu.Lock()
-	defer q.sqMu.Unlock()
-	return q.drainLocked(s, max)
+func (e udEngine) drain(s *Socket, max int) (more, full bool) {
+	e.q.sqMu.Lock()
+	defer e.q.sqMu.Unlock()
+	return e.q.drainLocked(s, max)
 }
 
 func (q *QP) drainLocked(s *Socket, max int) (more, full bool) {

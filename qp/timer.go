@@ -204,13 +204,7 @@ func (d *Device) timerWork(q *QP, now time.Time) time.Time {
 	if d.lookupQP(q.num) != q {
 		return time.Time{} // destroyed after the fire took it off the heap
 	}
-	var next time.Time
-	if q.rd != nil {
-		next = q.rd.timer(now)
-	}
-	if q.rc.Load() != nil {
-		q.rcAckTimer()
-	}
+	next := q.eng.timer(now)
 	if at := q.wrExpire(now); !at.IsZero() && (next.IsZero() || at.Before(next)) {
 		next = at
 	}
