@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/udiwarp/udiwarp/qp"
+	"github.com/udiwarp/udiwarp/socketshim/internal/shim"
 )
 
 // ShimQPN is the QP number a PacketConn's QP has: each PacketConn opens
@@ -69,24 +70,17 @@ type PacketConn struct {
 	rmu   sync.Mutex // one reader at a time
 	rwc   [1]qp.WorkCompletion
 	wmu   sync.Mutex
-	free  []int // free send slots
+	free  shim.Slots // free send slots
 	swcs  []qp.WorkCompletion
 	dst   []netip.AddrPort // Reliable: each send slot's destination
 	serrs map[netip.AddrPort]*SendError
-	ahs   map[netip.AddrPort]*qp.AH
-	order []netip.AddrPort
-	maxAH int
+	ahs   shim.AHCache
 
 	reliable bool
-	deadlines
+	shim.Deadlines
 }
 
 var errClosed = net.ErrClosed
-
-// spinFor is how long a blocked read or write polls before it parks: a VM
-// wake-up costs about 20 µs here, so a reply that comes sooner is cheaper
-// to wait for awake.
-const spinFor = 50 * time.Microsecond
 
 // ListenPacket opens a PacketConn on a UDP address ("udp", "udp4" or
 // "udp6"), with its own device, socket and UD QP.
@@ -113,8 +107,8 @@ func ListenPacket(network, address string, opts *Options) (*PacketConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &PacketConn{dev: dev, depth: o.RecvDepth, closed: make(chan struct{}), ahs: map[netip.AddrPort]*qp.AH{}, maxAH: o.MaxAHs}
-	c.deadlines.init()
+	c := &PacketConn{dev: dev, depth: o.RecvDepth, closed: make(chan struct{})}
+	c.Deadlines.Init()
 	fail := func(err error) (*PacketConn, error) {
 		dev.Close()
 		return nil, &net.OpError{Op: "listen", Net: network, Err: err}
@@ -124,6 +118,7 @@ func ListenPacket(network, address string, opts *Options) (*PacketConn, error) {
 	}
 	c.slot = c.sock.MaxMessage()
 	c.pd = dev.AllocPD()
+	c.ahs = shim.AHCache{PD: c.pd, QPN: ShimQPN, Max: o.MaxAHs}
 	if c.rbuf, err = c.pd.RegisterMemory(make([]byte, o.RecvDepth*c.slot), qp.AccessLocalWrite); err != nil {
 		return fail(err)
 	}
@@ -156,9 +151,7 @@ func ListenPacket(network, address string, opts *Options) (*PacketConn, error) {
 			return fail(err)
 		}
 	}
-	for i := range o.SendSlots {
-		c.free = append(c.free, i)
-	}
+	c.free = shim.NewSlots(o.SendSlots)
 	c.swcs = make([]qp.WorkCompletion, o.SendSlots)
 	c.dst = make([]netip.AddrPort, o.SendSlots)
 	c.serrs = map[netip.AddrPort]*SendError{}
@@ -205,7 +198,7 @@ func (c *PacketConn) ReadFromUDPAddrPort(b []byte) (int, netip.AddrPort, error) 
 			}
 			return n, src, nil
 		}
-		if err := c.wait(c.rcq, &c.rdl, c.rkick); err != nil {
+		if err := c.wait(c.rcq, &c.Read, c.ReadKick); err != nil {
 			return 0, netip.AddrPort{}, c.opErr("read", err)
 		}
 	}
@@ -214,7 +207,7 @@ func (c *PacketConn) ReadFromUDPAddrPort(b []byte) (int, netip.AddrPort, error) 
 // wait parks until cq may have a completion, the deadline passes (or
 // moves), or the connection closes; it spins a little first (park).
 func (c *PacketConn) wait(cq *qp.CQ, dl *atomic.Int64, kick chan struct{}) error {
-	return park(cq, dl, kick, c.closed, nil, 0)
+	return shim.Park(cq, nil, dl, kick, c.closed, nil, 0)
 }
 
 // WriteTo sends b to addr as one datagram. On a Reliable PacketConn it
@@ -258,7 +251,7 @@ func (c *PacketConn) WriteToUDPAddrPort(b []byte, ap netip.AddrPort) (int, error
 		return 0, c.opErr("write", errClosed)
 	}
 	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-	ah, err := c.ah(ap)
+	ah, err := c.ahs.Get(ap)
 	if err != nil {
 		return 0, c.opErr("write", err)
 	}
@@ -281,7 +274,8 @@ func (c *PacketConn) WriteToUDPAddrPort(b []byte, ap netip.AddrPort) (int, error
 	// A slot: for the copy of b, and on RD for every send, so that its
 	// completion names the destination (the send queue holds SendSlots
 	// WRs: the slots cost no concurrency).
-	for len(c.free) == 0 {
+	i, ok := c.free.Take()
+	for ; !ok; i, ok = c.free.Take() {
 		if err := c.reap(); err != nil {
 			return 0, c.opErr("write", err)
 		}
@@ -289,8 +283,6 @@ func (c *PacketConn) WriteToUDPAddrPort(b []byte, ap netip.AddrPort) (int, error
 			return 0, err
 		}
 	}
-	i := c.free[len(c.free)-1]
-	c.free = c.free[:len(c.free)-1]
 	wr := qp.SendWR{ID: uint64(i), Flags: qp.FlagSignaled, AH: ah}
 	if len(b) <= 512 {
 		wr.Inline = b // copied at post
@@ -301,7 +293,7 @@ func (c *PacketConn) WriteToUDPAddrPort(b []byte, ap netip.AddrPort) (int, error
 	}
 	c.dst[i] = ap
 	if err := c.post(&wr); err != nil {
-		c.free = append(c.free, i)
+		c.free.Put(i)
 		return 0, c.opErr("write", err)
 	}
 	return len(b), nil
@@ -337,7 +329,7 @@ func (c *PacketConn) sent(wc *qp.WorkCompletion) {
 		return
 	}
 	i := int(wc.ID)
-	c.free = append(c.free, i)
+	c.free.Put(i)
 	if !c.reliable || wc.Status == qp.Success || wc.Status == qp.WRFlushError {
 		return
 	}
@@ -346,7 +338,7 @@ func (c *PacketConn) sent(wc *qp.WorkCompletion) {
 		e.Count++
 		return
 	}
-	if len(c.serrs) < c.maxAH { // bounded as the AH cache is
+	if len(c.serrs) < c.ahs.Max { // bounded as the AH cache is
 		c.serrs[ap] = &SendError{Addr: ap, Status: wc.Status, Count: 1}
 	}
 }
@@ -372,7 +364,7 @@ func (c *PacketConn) post(wr *qp.SendWR) error {
 			// UD: the queue holds datagrams the datamover has yet to send
 			// (the socket is full); unsignaled ones complete silently, so
 			// there is nothing to wait on but time.
-			if expired(&c.wdl) {
+			if shim.Expired(&c.Write) {
 				return os.ErrDeadlineExceeded
 			}
 			if c.isClosed() {
@@ -414,36 +406,12 @@ func (c *PacketConn) reap() error {
 		}
 		return nil
 	}
-	return c.wait(c.scq, &c.wdl, c.wkick)
-}
-
-// ah returns the cached address handle for ap, making it if needed.
-func (c *PacketConn) ah(ap netip.AddrPort) (*qp.AH, error) {
-	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-	if ah := c.ahs[ap]; ah != nil {
-		return ah, nil
-	}
-	ah, err := c.pd.CreateAH(ap, ShimQPN)
-	if err != nil {
-		return nil, err
-	}
-	if len(c.order) >= c.maxAH {
-		delete(c.ahs, c.order[0])
-		c.order = c.order[1:]
-	}
-	c.ahs[ap] = ah
-	c.order = append(c.order, ap)
-	return ah, nil
+	return c.wait(c.scq, &c.Write, c.WriteKick)
 }
 
 // Close closes the connection; blocked reads and writes return at once.
 func (c *PacketConn) Close() error {
-	first := false
-	c.once.Do(func() {
-		first = true
-		close(c.closed)
-	})
-	if !first {
+	if !shim.CloseOnce(&c.once, c.closed) {
 		return c.opErr("close", errClosed)
 	}
 	c.rmu.Lock() // a reader in progress has returned
@@ -453,7 +421,7 @@ func (c *PacketConn) Close() error {
 	return c.dev.Close()
 }
 
-func (c *PacketConn) isClosed() bool { return isDone(c.closed) }
+func (c *PacketConn) isClosed() bool { return shim.Done(c.closed) }
 
 func (c *PacketConn) opErr(op string, err error) error {
 	return &net.OpError{Op: op, Net: "udp", Source: c.LocalAddr(), Err: err}
@@ -468,19 +436,19 @@ func (c *PacketConn) SetDeadline(t time.Time) error {
 // SetReadDeadline sets the deadline of ReadFrom calls, including one
 // blocked now. It is cheap: quic-go calls it before every read.
 func (c *PacketConn) SetReadDeadline(t time.Time) error {
-	return c.setDeadline(&c.rdl, c.rkick, t)
+	return c.setDeadline(&c.Read, c.ReadKick, t)
 }
 
 // SetWriteDeadline sets the deadline of WriteTo calls.
 func (c *PacketConn) SetWriteDeadline(t time.Time) error {
-	return c.setDeadline(&c.wdl, c.wkick, t)
+	return c.setDeadline(&c.Write, c.WriteKick, t)
 }
 
 func (c *PacketConn) setDeadline(dl *atomic.Int64, kick chan struct{}, t time.Time) error {
 	if c.isClosed() {
 		return c.opErr("set", errClosed)
 	}
-	setDL(dl, kick, t)
+	shim.SetDeadline(dl, kick, t)
 	return nil
 }
 

@@ -8,11 +8,13 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/udiwarp/udiwarp/qp"
+	"github.com/udiwarp/udiwarp/socketshim/internal/shim"
 )
 
 // RC sockets: a byte stream (net.Conn) over an RC queue pair (TCP + MPA),
@@ -132,8 +134,8 @@ type RCConn struct {
 	remote   *net.TCPAddr
 	closed   chan struct{}
 	once     sync.Once
-	dl       deadlines
-	bell     bell
+	dl       shim.Deadlines
+	bell     shim.Bell
 
 	pmu sync.Mutex // polls rcq
 	wcs []qp.WorkCompletion
@@ -172,7 +174,7 @@ func newRCConn(o *RCOptions) (*RCConn, error) {
 		return nil, err
 	}
 	c := &RCConn{dev: dev, slot: o.MessageSize, depth: o.RecvDepth, thresh: max(1, o.RecvDepth/4), closed: make(chan struct{})}
-	c.dl.init()
+	c.dl.Init()
 	posted := c.depth + c.depth/c.thresh + 2
 	fail := func(err error) (*RCConn, error) {
 		dev.Close()
@@ -287,7 +289,7 @@ func resolveTCP(ctx context.Context, network, address string) (*net.TCPAddr, err
 
 // poll takes the receive CQ's completions: data messages queue for Read,
 // grants add credits, FIN marks the end, a failed receive the
-// connection's loss. It rings the bell when something changed.
+// connection's loss. It rings the shim.Bell when something changed.
 func (c *RCConn) poll() {
 	c.pmu.Lock()
 	changed := false
@@ -306,7 +308,7 @@ func (c *RCConn) poll() {
 	}
 	c.pmu.Unlock()
 	if changed {
-		c.bell.ring()
+		c.bell.Ring()
 	}
 }
 
@@ -407,8 +409,8 @@ func (c *RCConn) Read(b []byte) (int, error) {
 		if c.isClosed() {
 			return 0, c.opErr("read", errClosed)
 		}
-		if expired(&c.dl.rdl) {
-			return 0, c.opErr("read", errTimeout)
+		if shim.Expired(&c.dl.Read) {
+			return 0, c.opErr("read", os.ErrDeadlineExceeded)
 		}
 		if len(b) == 0 {
 			return 0, nil
@@ -427,7 +429,7 @@ func (c *RCConn) Read(b []byte) (int, error) {
 		if err != nil {
 			return 0, c.opErr("read", err)
 		}
-		if err := park(c.rcq, &c.dl.rdl, c.dl.rkick, c.closed, rang, 0); err != nil {
+		if err := shim.Park(c.rcq, nil, &c.dl.Read, c.dl.ReadKick, c.closed, rang, 0); err != nil {
 			return 0, c.opErr("read", err)
 		}
 	}
@@ -483,8 +485,8 @@ func (c *RCConn) Write(b []byte) (int, error) {
 		if c.isClosed() {
 			return done, c.opErr("write", errClosed)
 		}
-		if expired(&c.dl.wdl) {
-			return done, c.opErr("write", errTimeout)
+		if shim.Expired(&c.dl.Write) {
+			return done, c.opErr("write", os.ErrDeadlineExceeded)
 		}
 		if done == len(b) {
 			return done, nil
@@ -514,7 +516,7 @@ func (c *RCConn) Write(b []byte) (int, error) {
 			continue
 		}
 		c.mu.Unlock()
-		if err := park(c.rcq, &c.dl.wdl, c.dl.wkick, c.closed, rang, 0); err != nil {
+		if err := shim.Park(c.rcq, nil, &c.dl.Write, c.dl.WriteKick, c.closed, rang, 0); err != nil {
 			return done, c.opErr("write", err)
 		}
 	}
@@ -550,12 +552,7 @@ const closeLinger = 2 * time.Second
 // what Write sent is handed to TCP, then the FIN (unless CloseWrite sent
 // it), so the peer reads it all and then io.EOF.
 func (c *RCConn) Close() error {
-	first := false
-	c.once.Do(func() {
-		first = true
-		close(c.closed)
-	})
-	if !first {
+	if !shim.CloseOnce(&c.once, c.closed) {
 		return c.opErr("close", errClosed)
 	}
 	c.rmu.Lock()
@@ -591,7 +588,7 @@ func (c *RCConn) Close() error {
 	return c.dev.Close()
 }
 
-func (c *RCConn) isClosed() bool { return isDone(c.closed) }
+func (c *RCConn) isClosed() bool { return shim.Done(c.closed) }
 
 func (c *RCConn) opErr(op string, err error) error {
 	return &net.OpError{Op: op, Net: "tcp", Source: c.local, Addr: c.remote, Err: err}
@@ -617,7 +614,7 @@ func (c *RCConn) SetReadDeadline(t time.Time) error {
 	if c.isClosed() {
 		return c.opErr("set", errClosed)
 	}
-	setDL(&c.dl.rdl, c.dl.rkick, t)
+	shim.SetDeadline(&c.dl.Read, c.dl.ReadKick, t)
 	return nil
 }
 
@@ -627,7 +624,7 @@ func (c *RCConn) SetWriteDeadline(t time.Time) error {
 	if c.isClosed() {
 		return c.opErr("set", errClosed)
 	}
-	setDL(&c.dl.wdl, c.dl.wkick, t)
+	shim.SetDeadline(&c.dl.Write, c.dl.WriteKick, t)
 	return nil
 }
 
@@ -727,12 +724,7 @@ func (l *RCListener) accept(r *qp.RCRequest) (*RCConn, error) {
 
 // Close stops listening; connections already accepted stay open.
 func (l *RCListener) Close() error {
-	first := false
-	l.once.Do(func() {
-		first = true
-		close(l.closed)
-	})
-	if !first {
+	if !shim.CloseOnce(&l.once, l.closed) {
 		return &net.OpError{Op: "close", Net: "tcp", Addr: l.addr, Err: errClosed}
 	}
 	l.l.Close()

@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/udiwarp/udiwarp/qp"
 	"github.com/udiwarp/udiwarp/reliability"
+	"github.com/udiwarp/udiwarp/socketshim/internal/shim"
 )
 
 // Write-Record mode (seed 003): a datagram socket whose WriteTo is an RDMA
@@ -187,7 +189,7 @@ type WRConn struct {
 	pc     *PacketConn // its device, QP, CQs, deadlines and Close
 	o      WROptions
 	tokens *reliability.Tokens // the cookies
-	bell   bell
+	bell   shim.Bell
 	stage  int // bytes per send slot
 	hdr    *qp.MR
 
@@ -205,7 +207,7 @@ type WRConn struct {
 	stats WRStats
 	zcSeq uint64
 
-	watch watcher // answers control messages while the application waits on nothing
+	watch shim.Watcher // answers control messages while the application waits on nothing
 	wg    sync.WaitGroup
 }
 
@@ -317,8 +319,8 @@ func ListenWriteRecord(network, address string, opts *WROptions) (*WRConn, error
 		dev.Close()
 		return bad(err)
 	}
-	pc := &PacketConn{dev: dev, depth: wrCtlRecvs, closed: make(chan struct{}), ahs: map[netip.AddrPort]*qp.AH{}, maxAH: o.MaxPeers}
-	pc.deadlines.init()
+	pc := &PacketConn{dev: dev, depth: wrCtlRecvs, closed: make(chan struct{})}
+	pc.Deadlines.Init()
 	c := &WRConn{pc: pc, o: o, tokens: reliability.NewTokens(), peers: map[netip.AddrPort]*wrPeer{}, byTag: map[uint32]*wrRing{}}
 	if pc.sock, err = dev.Bind(network, address); err != nil {
 		return fail(err)
@@ -326,6 +328,7 @@ func ListenWriteRecord(network, address string, opts *WROptions) (*WRConn, error
 	c.stage = min(o.ZeroCopy, o.SlotSize-wrHeaderSize, pc.sock.MaxMessage()) + wrHeaderSize
 	pc.slot = wrCtlSize
 	pc.pd = dev.AllocPD()
+	pc.ahs = shim.AHCache{PD: pc.pd, QPN: ShimQPN, Max: o.MaxPeers}
 	if pc.rbuf, err = pc.pd.RegisterMemory(make([]byte, wrCtlRecvs*wrCtlSize), qp.AccessLocalWrite); err != nil {
 		return fail(err)
 	}
@@ -337,7 +340,7 @@ func ListenWriteRecord(network, address string, opts *WROptions) (*WRConn, error
 	}
 	// Every completion a peer keeping its credits can cause fits (the
 	// control receives, 2·Slots records per peer), and a margin for what
-	// an overrunning one gets in before it is found out; the watcher takes
+	// an overrunning one gets in before it is found out; the shim.Watcher takes
 	// completions off as they come.
 	maxCQE := o.Device.MaxCQE
 	if maxCQE <= 0 {
@@ -364,16 +367,14 @@ func ListenWriteRecord(network, address string, opts *WROptions) (*WRConn, error
 			return fail(err)
 		}
 	}
-	for i := range o.SendSlots {
-		pc.free = append(pc.free, i)
-	}
+	pc.free = shim.NewSlots(o.SendSlots)
 	pc.swcs = make([]qp.WorkCompletion, o.SendSlots+16)
 	c.wcs = make([]qp.WorkCompletion, 32)
-	c.watch.init()
+	c.watch.Init()
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		c.watch.run(pc.rcq, pc.closed, c.poll)
+		c.watch.Run(pc.rcq, pc.closed, c.poll)
 	}()
 	if o.IdleTimeout > 0 {
 		c.wg.Add(1)
@@ -536,7 +537,7 @@ func (c *WRConn) sweep() {
 }
 
 // poll takes the receive CQ's completions: records queue for ReadFrom,
-// control messages update the peers. It rings the bell on a change.
+// control messages update the peers. It rings the shim.Bell on a change.
 func (c *WRConn) poll() {
 	c.pmu.Lock()
 	changed := false
@@ -555,7 +556,7 @@ func (c *WRConn) poll() {
 	}
 	c.pmu.Unlock()
 	if changed {
-		c.bell.ring()
+		c.bell.Ring()
 	}
 }
 
@@ -842,8 +843,8 @@ func (c *WRConn) ReadFromUDPAddrPort(b []byte) (int, netip.AddrPort, error) {
 		if pc.isClosed() {
 			return 0, netip.AddrPort{}, pc.opErr("read", errClosed)
 		}
-		if expired(&pc.rdl) {
-			return 0, netip.AddrPort{}, pc.opErr("read", errTimeout)
+		if shim.Expired(&pc.Read) {
+			return 0, netip.AddrPort{}, pc.opErr("read", os.ErrDeadlineExceeded)
 		}
 		rang := c.bell.C()
 		c.poll()
@@ -878,7 +879,7 @@ func (c *WRConn) ReadFromUDPAddrPort(b []byte) (int, netip.AddrPort, error) {
 			return n, r.peer.ap, nil
 		}
 		c.mu.Unlock()
-		if err := parkW(pc.rcq, &c.watch, &pc.rdl, pc.rkick, pc.closed, rang, 0); err != nil {
+		if err := shim.Park(pc.rcq, &c.watch, &pc.Read, pc.ReadKick, pc.closed, rang, 0); err != nil {
 			return 0, netip.AddrPort{}, pc.opErr("read", err)
 		}
 	}
@@ -915,8 +916,8 @@ func (c *WRConn) WriteToUDPAddrPort(b []byte, ap netip.AddrPort) (int, error) {
 		if pc.isClosed() {
 			return 0, pc.opErr("write", errClosed)
 		}
-		if expired(&pc.wdl) {
-			return 0, pc.opErr("write", errTimeout)
+		if shim.Expired(&pc.Write) {
+			return 0, pc.opErr("write", os.ErrDeadlineExceeded)
 		}
 		rang := c.bell.C()
 		c.poll()
@@ -983,7 +984,7 @@ func (c *WRConn) WriteToUDPAddrPort(b []byte, ap netip.AddrPort) (int, error) {
 			tmo = min(probeEvery, c.o.CreditWait-now.Sub(t.creditStart))
 		}
 		c.mu.Unlock()
-		if err := parkW(pc.rcq, &c.watch, &pc.wdl, pc.wkick, pc.closed, rang, max(tmo, time.Millisecond)); err != nil {
+		if err := shim.Park(pc.rcq, &c.watch, &pc.Write, pc.WriteKick, pc.closed, rang, max(tmo, time.Millisecond)); err != nil {
 			return 0, pc.opErr("write", err)
 		}
 	}
@@ -1006,20 +1007,19 @@ func (c *WRConn) post(b []byte, seq uint64, ah *qp.AH, stag uint32, to uint64) e
 		wr.Inline = m[:n]
 		return pc.post(&wr)
 	case n <= c.stage:
-		for len(pc.free) == 0 {
+		i, ok := pc.free.Take()
+		for ; !ok; i, ok = pc.free.Take() {
 			if err := c.reap(false); err != nil {
 				return err
 			}
 		}
-		i := pc.free[len(pc.free)-1]
-		pc.free = pc.free[:len(pc.free)-1]
 		off := i * c.stage
 		s := pc.sbuf.Bytes()[off : off+n]
 		binary.BigEndian.PutUint64(s, seq)
 		copy(s[wrHeaderSize:], b)
 		wr.ID, wr.Flags, wr.SGL = uint64(i), qp.FlagSignaled, []qp.SGE{pc.sbuf.SGE(off, n)}
 		if err := pc.post(&wr); err != nil {
-			pc.free = append(pc.free, i)
+			pc.free.Put(i)
 			return err
 		}
 		return nil
@@ -1045,7 +1045,7 @@ func (c *WRConn) reapNow() {
 	n := pc.scq.Poll(pc.swcs)
 	for _, wc := range pc.swcs[:n] {
 		if wc.ID < uint64(c.o.SendSlots) {
-			pc.free = append(pc.free, int(wc.ID))
+			pc.free.Put(int(wc.ID))
 		}
 	}
 }
@@ -1061,7 +1061,7 @@ func (c *WRConn) reap(zc bool) error {
 		for _, wc := range pc.swcs[:n] {
 			switch {
 			case wc.ID < uint64(c.o.SendSlots):
-				pc.free = append(pc.free, int(wc.ID))
+				pc.free.Put(int(wc.ID))
 				got = got || !zc
 			case wc.ID == want && zc:
 				got = true
@@ -1071,7 +1071,7 @@ func (c *WRConn) reap(zc bool) error {
 			return nil
 		}
 		if n == 0 {
-			if err := pc.wait(pc.scq, &pc.wdl, pc.wkick); err != nil {
+			if err := pc.wait(pc.scq, &pc.Write, pc.WriteKick); err != nil {
 				return err
 			}
 		}

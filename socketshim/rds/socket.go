@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/udiwarp/udiwarp/qp"
 	"github.com/udiwarp/udiwarp/reliability"
+	"github.com/udiwarp/udiwarp/socketshim/internal/shim"
 )
 
 // QPN is the QP number of every Socket's RD QP: each Socket has its own
@@ -161,14 +161,13 @@ type Socket struct {
 	once   sync.Once
 	wg     sync.WaitGroup
 
-	rmu          sync.Mutex // one RecvMsg at a time
-	rdl, wdl     atomic.Int64
-	rkick, wkick chan struct{}
+	rmu sync.Mutex // one RecvMsg at a time
+	dl  shim.Deadlines
 
 	mu       sync.Mutex
 	readable chan struct{} // closed when RecvMsg may have something; then replaced
 	slotFree chan struct{} // closed when a send slot is freed; then replaced
-	free     []int
+	free     shim.Slots
 	ready    []incoming
 	notes    []StatusControl
 	reserved int
@@ -181,7 +180,7 @@ type Socket struct {
 	ops      map[uint64]*op
 	nextOp   uint64
 	queues   map[netip.AddrPort][]*op
-	ahs      map[netip.AddrPort]*qp.AH
+	ahs      shim.AHCache
 	st       Stats
 }
 
@@ -205,9 +204,9 @@ func Listen(network, address string, opts *Options) (*Socket, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Socket{dev: dev, opt: o, closed: make(chan struct{}), rkick: make(chan struct{}, 1), wkick: make(chan struct{}, 1),
+	s := &Socket{dev: dev, opt: o, closed: make(chan struct{}),
 		readable: make(chan struct{}), slotFree: make(chan struct{}), maps: map[Cookie]*mapping{}, known: map[peerKey]*peerCookie{},
-		ops: map[uint64]*op{}, queues: map[netip.AddrPort][]*op{}, ahs: map[netip.AddrPort]*qp.AH{}}
+		ops: map[uint64]*op{}, queues: map[netip.AddrPort][]*op{}}
 	fail := func(err error) (*Socket, error) {
 		dev.Close()
 		return nil, &net.OpError{Op: "listen", Net: network, Err: err}
@@ -224,6 +223,8 @@ func Listen(network, address string, opts *Options) (*Socket, error) {
 	}
 	s.slot = s.maxMsg + hdrMax
 	s.pd = dev.AllocPD()
+	s.ahs = shim.AHCache{PD: s.pd, QPN: QPN, Max: 4096}
+	s.dl.Init()
 	if s.rbuf, err = s.pd.RegisterMemory(make([]byte, o.RecvDepth*s.slot), qp.AccessLocalWrite); err != nil {
 		return fail(err)
 	}
@@ -252,9 +253,7 @@ func Listen(network, address string, opts *Options) (*Socket, error) {
 			return fail(err)
 		}
 	}
-	for i := range o.SendSlots {
-		s.free = append(s.free, i)
-	}
+	s.free = shim.NewSlots(o.SendSlots)
 	s.wg.Add(1)
 	go s.run()
 	return s, nil
@@ -308,7 +307,7 @@ func (s *Socket) GetMR(buf []byte, flags MapFlags) (Cookie, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.isClosed() {
+	if shim.Done(s.closed) {
 		return 0, s.opErr("getmr", net.ErrClosed)
 	}
 	c, err := s.mapLocked(buf, flags)
@@ -331,7 +330,7 @@ func (s *Socket) FreeMR(c Cookie, flags MapFlags) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.isClosed() {
+	if shim.Done(s.closed) {
 		return s.opErr("freemr", net.ErrClosed)
 	}
 	if c == 0 {
@@ -565,25 +564,23 @@ func (s *Socket) checkSend(b []byte, to netip.AddrPort, mc *MapControl, ac *Args
 func (s *Socket) takeSlot() (int, error) {
 	for {
 		s.mu.Lock()
-		if s.isClosed() {
+		if shim.Done(s.closed) {
 			s.mu.Unlock()
 			return 0, net.ErrClosed
 		}
-		if n := len(s.free); n > 0 {
-			i := s.free[n-1]
-			s.free = s.free[:n-1]
+		if i, ok := s.free.Take(); ok {
 			return i, nil
 		}
 		ch := s.slotFree
 		s.mu.Unlock()
-		if err := s.wait(ch, &s.wdl, s.wkick); err != nil {
+		if err := shim.Until(ch, &s.dl.Write, s.dl.WriteKick, s.closed); err != nil {
 			return 0, err
 		}
 	}
 }
 
 func (s *Socket) freeSlotLocked(i int) {
-	s.free = append(s.free, i)
+	s.free.Put(i)
 	close(s.slotFree)
 	s.slotFree = make(chan struct{})
 }
@@ -599,7 +596,7 @@ func (s *Socket) sendLocked(b []byte, to netip.AddrPort, slot int, mc *MapContro
 		}
 		req = &request{cookie: dc.Cookie, addr: m.mr.Addr(), length: uint64(m.mr.Len()), flags: m.flags}
 	}
-	ah, err := s.ah(to)
+	ah, err := s.ahs.Get(to)
 	if err != nil {
 		return errorf(ErrInvalid, "destination %v: %v", to, err)
 	}
@@ -707,22 +704,6 @@ func (s *Socket) postRDMA(o *op, pc *peerCookie, ac *ArgsControl) {
 		}
 		to += uint64(mr.Len())
 	}
-}
-
-// ah returns the cached address handle for a peer.
-func (s *Socket) ah(to netip.AddrPort) (*qp.AH, error) {
-	if ah := s.ahs[to]; ah != nil {
-		return ah, nil
-	}
-	ah, err := s.pd.CreateAH(to, QPN)
-	if err != nil {
-		return nil, err
-	}
-	if len(s.ahs) >= 4096 {
-		clear(s.ahs) // the ops in flight keep theirs
-	}
-	s.ahs[to] = ah
-	return ah, nil
 }
 
 // advanceLocked posts the ACKs and messages at the head of a peer's
@@ -847,7 +828,7 @@ func (s *Socket) cancelLocked(peer netip.AddrPort) int {
 func (s *Socket) run() {
 	defer s.wg.Done()
 	wcs := make([]qp.WorkCompletion, 64)
-	for !s.isClosed() {
+	for !shim.Done(s.closed) {
 		nr := s.rcq.Poll(wcs)
 		if nr > 0 {
 			s.mu.Lock()
@@ -978,7 +959,7 @@ func (s *Socket) RecvMsg(b []byte) (n int, from netip.AddrPort, ctrl []Control, 
 	defer s.rmu.Unlock()
 	for {
 		s.mu.Lock()
-		if s.isClosed() {
+		if shim.Done(s.closed) {
 			s.mu.Unlock()
 			return 0, netip.AddrPort{}, nil, s.opErr("recvmsg", net.ErrClosed)
 		}
@@ -1006,35 +987,10 @@ func (s *Socket) RecvMsg(b []byte) (n int, from netip.AddrPort, ctrl []Control, 
 		}
 		ch := s.readable
 		s.mu.Unlock()
-		if err := s.wait(ch, &s.rdl, s.rkick); err != nil {
+		if err := shim.Until(ch, &s.dl.Read, s.dl.ReadKick, s.closed); err != nil {
 			return 0, netip.AddrPort{}, nil, s.opErr("recvmsg", err)
 		}
 	}
-}
-
-// wait parks until ch is closed, the deadline passes (or moves), or the
-// socket closes.
-func (s *Socket) wait(ch chan struct{}, dl *atomic.Int64, kick chan struct{}) error {
-	d := dl.Load()
-	var timer <-chan time.Time
-	if d != 0 {
-		left := time.Duration(d - time.Now().UnixNano())
-		if left <= 0 {
-			return os.ErrDeadlineExceeded
-		}
-		t := time.NewTimer(left)
-		defer t.Stop()
-		timer = t.C
-	}
-	select {
-	case <-ch:
-	case <-kick:
-	case <-timer:
-		return os.ErrDeadlineExceeded
-	case <-s.closed:
-		return net.ErrClosed
-	}
-	return nil
 }
 
 // SetDeadline sets the read and write deadlines.
@@ -1047,25 +1003,20 @@ func (s *Socket) SetDeadline(t time.Time) error {
 
 // SetReadDeadline sets the deadline of RecvMsg, including one blocked
 // now; the zero time means none.
-func (s *Socket) SetReadDeadline(t time.Time) error { return s.setDeadline(&s.rdl, s.rkick, t) }
+func (s *Socket) SetReadDeadline(t time.Time) error {
+	return s.setDeadline(&s.dl.Read, s.dl.ReadKick, t)
+}
 
 // SetWriteDeadline sets the deadline of SendMsg waiting for a send slot.
-func (s *Socket) SetWriteDeadline(t time.Time) error { return s.setDeadline(&s.wdl, s.wkick, t) }
+func (s *Socket) SetWriteDeadline(t time.Time) error {
+	return s.setDeadline(&s.dl.Write, s.dl.WriteKick, t)
+}
 
 func (s *Socket) setDeadline(dl *atomic.Int64, kick chan struct{}, t time.Time) error {
-	if s.isClosed() {
+	if shim.Done(s.closed) {
 		return s.opErr("set", net.ErrClosed)
 	}
-	v := int64(0)
-	if !t.IsZero() {
-		v = t.UnixNano()
-	}
-	if dl.Swap(v) != v {
-		select {
-		case kick <- struct{}{}:
-		default:
-		}
-	}
+	shim.SetDeadline(dl, kick, t)
 	return nil
 }
 
@@ -1074,12 +1025,7 @@ func (s *Socket) setDeadline(dl *atomic.Int64, kick chan struct{}, t time.Time) 
 // with the socket), every mapping is invalidated, and every goroutine the
 // socket started has returned.
 func (s *Socket) Close() error {
-	first := false
-	s.once.Do(func() {
-		first = true
-		close(s.closed)
-	})
-	if !first {
+	if !shim.CloseOnce(&s.once, s.closed) {
 		return s.opErr("close", net.ErrClosed)
 	}
 	s.wg.Wait()
@@ -1088,15 +1034,6 @@ func (s *Socket) Close() error {
 	s.cancelLocked(netip.AddrPort{})
 	err := s.dev.Close() // flushes what is in flight; no more placement
 	return err
-}
-
-func (s *Socket) isClosed() bool {
-	select {
-	case <-s.closed:
-		return true
-	default:
-		return false
-	}
 }
 
 func (s *Socket) opErr(op string, err error) error {

@@ -31,6 +31,7 @@ import (
 
 	"github.com/udiwarp/udiwarp/qp"
 	"github.com/udiwarp/udiwarp/socketshim"
+	"github.com/udiwarp/udiwarp/socketshim/internal/shim"
 	"golang.org/x/sys/unix"
 )
 
@@ -72,11 +73,10 @@ type sock struct {
 	rwc  [1]qp.WorkCompletion
 	held *qp.WorkCompletion // a datagram MSG_PEEK looked at
 
-	wmu   sync.Mutex
-	free  []int
-	swcs  []qp.WorkCompletion
-	ahs   map[netip.AddrPort]*qp.AH
-	order []netip.AddrPort
+	wmu  sync.Mutex
+	free shim.Slots
+	swcs []qp.WorkCompletion
+	ahs  shim.AHCache
 }
 
 var (
@@ -163,7 +163,7 @@ func udw_adopt(fd C.int, evfd C.int, efd *C.int) C.longlong {
 		uc.Close()
 		return errno(err)
 	}
-	s := &sock{dev: dev, evfd: int(evfd), done: make(chan struct{}), ahs: map[netip.AddrPort]*qp.AH{}}
+	s := &sock{dev: dev, evfd: int(evfd), done: make(chan struct{})}
 	if err := s.setup(uc); err != nil {
 		dev.Close()
 		uc.Close()
@@ -191,6 +191,7 @@ func (s *sock) setup(uc *net.UDPConn) error {
 	s.v6 = uc.LocalAddr().(*net.UDPAddr).IP.To4() == nil
 	s.slot = s.s.MaxMessage()
 	s.pd = s.dev.AllocPD()
+	s.ahs = shim.AHCache{PD: s.pd, QPN: socketshim.ShimQPN, Max: maxAHs}
 	if s.rbuf, err = s.pd.RegisterMemory(make([]byte, recvDepth*s.slot), qp.AccessLocalWrite); err != nil {
 		return err
 	}
@@ -218,9 +219,7 @@ func (s *sock) setup(uc *net.UDPConn) error {
 			return err
 		}
 	}
-	for i := range sendSlots {
-		s.free = append(s.free, i)
-	}
+	s.free = shim.NewSlots(sendSlots)
 	s.swcs = make([]qp.WorkCompletion, sendSlots)
 	return nil
 }
@@ -366,7 +365,7 @@ func udw_send(h C.longlong, iov unsafe.Pointer, iovcnt C.int, to unsafe.Pointer,
 	}
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	ah, err := s.ah(ap)
+	ah, err := s.ahs.Get(ap)
 	if err != nil {
 		return errno(err)
 	}
@@ -380,10 +379,10 @@ func udw_send(h C.longlong, iov unsafe.Pointer, iovcnt C.int, to unsafe.Pointer,
 		}
 	} else {
 		s.reap()
-		if len(s.free) == 0 {
+		i, ok := s.free.Take()
+		if !ok {
 			return -C.longlong(unix.EAGAIN)
 		}
-		i := s.free[len(s.free)-1]
 		off := i * s.slot
 		dst := s.sbuf.Bytes()[off : off+n]
 		k := 0
@@ -393,9 +392,9 @@ func udw_send(h C.longlong, iov unsafe.Pointer, iovcnt C.int, to unsafe.Pointer,
 			}
 		}
 		if err := s.q.PostSend(&qp.SendWR{ID: uint64(i), Flags: qp.FlagSignaled, SGL: []qp.SGE{s.sbuf.SGE(off, n)}, AH: ah}); err != nil {
+			s.free.Put(i)
 			return errno(err)
 		}
-		s.free = s.free[:len(s.free)-1]
 	}
 	sent.Add(1)
 	sentBytes.Add(uint64(n))
@@ -407,30 +406,13 @@ func (s *sock) reap() {
 		k := s.scq.Poll(s.swcs)
 		for _, wc := range s.swcs[:k] {
 			if wc.ID != ^uint64(0) {
-				s.free = append(s.free, int(wc.ID))
+				s.free.Put(int(wc.ID))
 			}
 		}
 		if k < len(s.swcs) {
 			return
 		}
 	}
-}
-
-func (s *sock) ah(ap netip.AddrPort) (*qp.AH, error) {
-	if ah := s.ahs[ap]; ah != nil {
-		return ah, nil
-	}
-	ah, err := s.pd.CreateAH(ap, socketshim.ShimQPN)
-	if err != nil {
-		return nil, err
-	}
-	if len(s.order) >= maxAHs {
-		delete(s.ahs, s.order[0])
-		s.order = s.order[1:]
-	}
-	s.ahs[ap] = ah
-	s.order = append(s.order, ap)
-	return ah, nil
 }
 
 const (

@@ -1,6 +1,13 @@
-package socketshim
+// Package shim holds what udiwarp's socket shims share: PacketConn,
+// WRConn and RCConn (socketshim), the RDS socket (socketshim/rds) and the
+// LD_PRELOAD engine (socketshim/preload/engine). Waiting: a bell, parking
+// on a CQ with deadlines and a close, the watcher that takes a CQ's
+// completions while nobody waits; deadlines; the address-handle cache;
+// the send-slot free list.
+package shim
 
 import (
+	"net"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -9,20 +16,51 @@ import (
 	"github.com/udiwarp/udiwarp/qp"
 )
 
+// SpinFor is how long a wait spins on a CQ before it parks: a VM wake-up
+// costs about 20 µs here, so a completion that comes sooner is cheaper to
+// wait for awake.
+const SpinFor = 50 * time.Microsecond
+
+// Until waits until ch closes, the deadline in dl (UnixNano; 0 none)
+// passes or moves (kick), or closed closes: os.ErrDeadlineExceeded,
+// net.ErrClosed, else nil (look again).
+func Until(ch <-chan struct{}, dl *atomic.Int64, kick, closed <-chan struct{}) error {
+	d := dl.Load()
+	var timer <-chan time.Time
+	if d != 0 {
+		left := time.Duration(d - time.Now().UnixNano())
+		if left <= 0 {
+			return os.ErrDeadlineExceeded
+		}
+		t := time.NewTimer(left)
+		defer t.Stop()
+		timer = t.C
+	}
+	select {
+	case <-ch:
+	case <-kick:
+	case <-timer:
+		return os.ErrDeadlineExceeded
+	case <-closed:
+		return net.ErrClosed
+	}
+	return nil
+}
+
 // Waiting shared by the Write-Record PacketConn and the RC stream: there
 // a reader and a writer both poll one receive CQ (a reader waits for
 // data, a writer for credits or a handshake, and both arrive there), so
 // whoever polls rings a bell that wakes the other.
 
-// bell broadcasts "the state changed" to parked goroutines. Take C before
+// Bell broadcasts "the state changed" to parked goroutines. Take C before
 // looking at the state, then park on it: a change in between is not lost.
-type bell struct {
+type Bell struct {
 	mu sync.Mutex
 	ch chan struct{}
 }
 
 // C returns the channel the next ring closes.
-func (b *bell) C() <-chan struct{} {
+func (b *Bell) C() <-chan struct{} {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.ch == nil {
@@ -31,8 +69,8 @@ func (b *bell) C() <-chan struct{} {
 	return b.ch
 }
 
-// ring wakes every goroutine parked on a channel C returned.
-func (b *bell) ring() {
+// Ring wakes every goroutine parked on a channel C returned.
+func (b *Bell) Ring() {
 	b.mu.Lock()
 	if b.ch != nil {
 		close(b.ch)
@@ -41,17 +79,13 @@ func (b *bell) ring() {
 	b.mu.Unlock()
 }
 
-// park waits until cq may hold a completion, the bell rings, the deadline
-// (UnixNano in dl; 0 none) passes or moves (kick), closed closes, or tmo
-// (if not 0) passes. It spins for spinFor first: a completion that comes
-// within it costs no goroutine hand-off.
-// Returns os.ErrDeadlineExceeded or errClosed, else nil: look again.
-func park(cq *qp.CQ, dl *atomic.Int64, kick, closed chan struct{}, rang <-chan struct{}, tmo time.Duration) error {
-	return parkW(cq, nil, dl, kick, closed, rang, tmo)
-}
-
-// parkW is park that tells w (if not nil) a foreground goroutine waits.
-func parkW(cq *qp.CQ, w *watcher, dl *atomic.Int64, kick, closed chan struct{}, rang <-chan struct{}, tmo time.Duration) error {
+// Park waits until cq may hold a completion, the bell rings (rang), the
+// deadline (UnixNano in dl; 0 none) passes or moves (kick), closed
+// closes, or tmo (if not 0) passes, telling w (if not nil) that a
+// foreground goroutine waits. It spins for SpinFor first: a completion
+// that comes within it costs no goroutine hand-off. It returns
+// os.ErrDeadlineExceeded or net.ErrClosed, else nil: look again.
+func Park(cq *qp.CQ, w *Watcher, dl *atomic.Int64, kick, closed chan struct{}, rang <-chan struct{}, tmo time.Duration) error {
 	d := dl.Load()
 	now := time.Now().UnixNano()
 	if d != 0 && now >= d {
@@ -59,12 +93,12 @@ func parkW(cq *qp.CQ, w *watcher, dl *atomic.Int64, kick, closed chan struct{}, 
 	}
 	select {
 	case <-closed:
-		return errClosed
+		return net.ErrClosed
 	case <-rang:
 		return nil
 	default:
 	}
-	spin := spinFor
+	spin := SpinFor
 	if d != 0 {
 		spin = min(spin, time.Duration(d-now))
 	}
@@ -72,8 +106,8 @@ func parkW(cq *qp.CQ, w *watcher, dl *atomic.Int64, kick, closed chan struct{}, 
 		return nil
 	}
 	if w != nil {
-		w.enter(cq)
-		defer w.exit()
+		w.Enter(cq)
+		defer w.Exit()
 	} else {
 		cq.RequestNotify(false)
 	}
@@ -100,13 +134,13 @@ func parkW(cq *qp.CQ, w *watcher, dl *atomic.Int64, kick, closed chan struct{}, 
 	case <-timer:
 		return os.ErrDeadlineExceeded
 	case <-closed:
-		return errClosed
+		return net.ErrClosed
 	}
 	return nil
 }
 
-// isDone reports whether ch is closed.
-func isDone(ch <-chan struct{}) bool {
+// Done reports whether ch is closed.
+func Done(ch <-chan struct{}) bool {
 	select {
 	case <-ch:
 		return true
@@ -115,24 +149,28 @@ func isDone(ch <-chan struct{}) bool {
 	}
 }
 
-// expired reports whether the deadline in dl has passed.
-func expired(dl *atomic.Int64) bool {
+// Expired reports whether the deadline in dl (UnixNano; 0 none) has
+// passed.
+func Expired(dl *atomic.Int64) bool {
 	d := dl.Load()
 	return d != 0 && time.Now().UnixNano() >= d
 }
 
-// deadlines are a connection's read and write deadlines, set as
-// PacketConn's are: an atomic store and a kick to a parked call.
-type deadlines struct {
-	rdl, wdl     atomic.Int64
-	rkick, wkick chan struct{}
+// Deadlines are a connection's read and write deadlines (UnixNano; 0
+// none), each with the kick that tells a parked call it moved.
+type Deadlines struct {
+	Read, Write         atomic.Int64
+	ReadKick, WriteKick chan struct{}
 }
 
-func (d *deadlines) init() {
-	d.rkick, d.wkick = make(chan struct{}, 1), make(chan struct{}, 1)
+// Init makes the kicks.
+func (d *Deadlines) Init() {
+	d.ReadKick, d.WriteKick = make(chan struct{}, 1), make(chan struct{}, 1)
 }
 
-func setDL(dl *atomic.Int64, kick chan struct{}, t time.Time) {
+// SetDeadline sets the deadline in dl to t (zero: none) and, if it
+// moved, kicks a call parked on it.
+func SetDeadline(dl *atomic.Int64, kick chan struct{}, t time.Time) {
 	v := int64(0)
 	if !t.IsZero() {
 		v = t.UnixNano()
@@ -145,49 +183,48 @@ func setDL(dl *atomic.Int64, kick chan struct{}, t time.Time) {
 	}
 }
 
-// errTimeout is a deadline's error: os.IsTimeout and net.Error.Timeout
-// report true for it, wrapped in a net.OpError.
-var errTimeout = os.ErrDeadlineExceeded
-
-// watcher lets a background goroutine take a CQ's completions while no
+// Watcher lets a background goroutine take a CQ's completions while no
 // foreground goroutine waits on it, and stand aside (not take the
 // notification) while one does: control messages are answered, and
 // records taken off the CQ as they come, even while the application
 // calls nothing, so no peer can fill the CQ (the Write-Record socket).
 // The arming is under mu.
-type watcher struct {
+type Watcher struct {
 	mu         sync.Mutex
 	fg         int
 	busy, idle chan struct{}
 }
 
-func (w *watcher) init() {
+// Init makes the watcher's channels.
+func (w *Watcher) Init() {
 	w.busy, w.idle = make(chan struct{}, 1), make(chan struct{}, 1)
 }
 
-func signal(ch chan struct{}) {
+// Signal sends on ch, a channel of one, unless a signal waits there.
+func Signal(ch chan struct{}) {
 	select {
 	case ch <- struct{}{}:
 	default:
 	}
 }
 
-// enter arms cq for any completion on behalf of a foreground waiter.
-func (w *watcher) enter(cq *qp.CQ) {
+// Enter arms cq for any completion on behalf of a foreground waiter.
+func (w *Watcher) Enter(cq *qp.CQ) {
 	w.mu.Lock()
 	w.fg++
 	cq.RequestNotify(false)
 	w.mu.Unlock()
-	signal(w.busy)
+	Signal(w.busy)
 }
 
-func (w *watcher) exit() {
+// Exit ends a foreground wait.
+func (w *Watcher) Exit() {
 	w.mu.Lock()
 	w.fg--
 	idle := w.fg == 0
 	w.mu.Unlock()
 	if idle {
-		signal(w.idle)
+		Signal(w.idle)
 	}
 }
 
@@ -198,11 +235,11 @@ func (w *watcher) exit() {
 // before they are taken.
 const drainEvery = time.Millisecond
 
-// run is the background goroutine: while no foreground goroutine waits,
+// Run is the background goroutine: while no foreground goroutine waits,
 // it waits for a completion on cq and calls poll; after a poll it waits
 // drainEvery (or a solicited completion) before the next, as long as
 // completions keep coming.
-func (w *watcher) run(cq *qp.CQ, closed chan struct{}, poll func()) {
+func (w *Watcher) Run(cq *qp.CQ, closed chan struct{}, poll func()) {
 	gather := time.NewTimer(time.Hour)
 	gather.Stop()
 	defer gather.Stop()
@@ -258,4 +295,15 @@ func (w *watcher) run(cq *qp.CQ, closed chan struct{}, poll func()) {
 			}
 		}
 	}
+}
+
+// CloseOnce closes ch the first time it is called with once, and reports
+// whether this call did: a socket's Close is the first, every later one
+// returns net.ErrClosed.
+func CloseOnce(once *sync.Once, ch chan struct{}) (first bool) {
+	once.Do(func() {
+		first = true
+		close(ch)
+	})
+	return first
 }
