@@ -3,7 +3,6 @@ package qp
 import (
 	"fmt"
 	"net"
-	"slices"
 )
 
 // BindConn makes conn, a bound UDP socket opened elsewhere, one of the
@@ -24,20 +23,5 @@ func (d *Device) BindConn(conn *net.UDPConn) (*Socket, error) {
 	if _, ok := conn.LocalAddr().(*net.UDPAddr); !ok {
 		return nil, fmt.Errorf("%w: the connection has no local UDP address", ErrInvalidAttr)
 	}
-	s, err := newSocket(d, conn)
-	if err != nil {
-		return nil, err
-	}
-	d.mu.Lock()
-	if d.closed.Load() {
-		d.mu.Unlock()
-		s.close()
-		return nil, ErrClosed
-	}
-	d.sockets = append(d.sockets, s)
-	list := slices.Clone(d.sockets)
-	d.socketList.Store(&list)
-	s.start()
-	d.mu.Unlock()
-	return s, nil
+	return d.adopt(conn)
 }

@@ -228,9 +228,19 @@ func (d *Device) Bind(network, address string, opts ...BindOption) (*Socket, err
 		pc.Close()
 		return nil, fmt.Errorf("%w: network %q is not UDP", ErrInvalidAttr, network)
 	}
-	s, err := newSocket(d, conn)
+	s, err := d.adopt(conn)
 	if err != nil {
 		conn.Close()
+	}
+	return s, err
+}
+
+// adopt makes conn one of the device's sockets and starts receiving on
+// it: the one path behind Bind (a socket the device opened) and BindConn
+// (one opened elsewhere). On an error conn is left to the caller.
+func (d *Device) adopt(conn *net.UDPConn) (*Socket, error) {
+	s, err := newSocket(d, conn)
+	if err != nil {
 		return nil, err
 	}
 	d.mu.Lock()
