@@ -55,6 +55,12 @@ type DeviceConfig struct {
 	// Impair, if set, runs every datagram this device sends through an
 	// impairment layer (loss, reordering, duplication, delay, corruption).
 	Impair *Impairment
+	// ImpairRx, if set, runs every datagram this device's sockets read
+	// through another impairment layer before the stack sees it: loss,
+	// corruption, duplication, reordering and delay on the way in. It
+	// must not be the same Impairment as Impair. Direct placement is off
+	// on a device with it (every datagram passes through it).
+	ImpairRx *Impairment
 	// NoCRC sends every CRC32c trailer as zero and checks none, for peers
 	// whose applications agreed to rely on the UDP checksum alone (seed
 	// 003 leaves CRC settings to the ULP). Both ends must agree.
@@ -119,9 +125,14 @@ type Device struct {
 // Open creates a device.
 func Open(cfg DeviceConfig) (*Device, error) {
 	cfg.fill()
-	if cfg.Impair != nil {
-		if err := cfg.Impair.validate(); err != nil {
-			return nil, err
+	if cfg.Impair != nil && cfg.Impair == cfg.ImpairRx {
+		return nil, fmt.Errorf("%w: Impair and ImpairRx must be two Impairments (each direction draws its own)", ErrInvalidAttr)
+	}
+	for _, im := range []*Impairment{cfg.Impair, cfg.ImpairRx} {
+		if im != nil {
+			if err := im.validate(); err != nil {
+				return nil, err
+			}
 		}
 	}
 	d := &Device{
@@ -181,8 +192,10 @@ func (d *Device) Close() error {
 			q.toError()
 		}
 	}
-	if d.cfg.Impair != nil {
-		d.cfg.Impair.stop()
+	for _, im := range []*Impairment{d.cfg.Impair, d.cfg.ImpairRx} {
+		if im != nil {
+			im.stop()
+		}
 	}
 	return nil
 }

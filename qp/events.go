@@ -215,6 +215,7 @@ type Stats struct {
 	TxParked    atomic.Uint64 // times a socket was full
 	TxErrors    atomic.Uint64 // sendmsg failures other than a full socket
 	TxImpaired  atomic.Uint64 // dropped, duplicated, delayed or corrupted by the impairment layer
+	RxImpaired  atomic.Uint64 // the same on the way in (DeviceConfig.ImpairRx; RxDatagrams counts what the stack saw after it)
 	// TxRepliesWithheld counts error messages and RD Challenges not sent:
 	// larger than what the datagram that drew them had left, or that
 	// datagram was addressed to a multicast or broadcast address

@@ -162,6 +162,9 @@ func (s *Socket) groSize(i int) int {
 // rxDst returns the destination address of the datagram being delivered
 // and whether it is unicast (see pktinfoDst).
 func (s *Socket) rxDst() (dst netip.Addr, unicast, ok bool) {
+	if p := s.rxHeld; p != nil { // a datagram the receive impairment held
+		return p.dst.addr, p.dst.unicast, p.dst.ok
+	}
 	return pktinfoDst(s.rx.control(s.cur))
 }
 
@@ -169,12 +172,12 @@ func (s *Socket) rxDst() (dst netip.Addr, unicast, ok bool) {
 // merged several (every one gso bytes but the last).
 func (s *Socket) deliverSplit(b []byte, truncated bool, gso int, src netip.AddrPort) {
 	if gso <= 0 || gso >= len(b) || truncated {
-		s.dev.deliver(s, b, truncated, src)
+		s.rxIn(b, truncated, src)
 		return
 	}
 	for len(b) > 0 {
 		k := min(gso, len(b))
-		s.dev.deliver(s, b[:k], false, src)
+		s.rxIn(b[:k], false, src)
 		b = b[k:]
 	}
 }
@@ -190,7 +193,7 @@ type gsoCtx struct {
 // gsoSegments says how many of w's remaining segments one GSO send can
 // carry (0 or 1: send one at a time).
 func (q *QP) gsoSegments(s *Socket, w *sendWQE, seg uint32) int {
-	if s.noGSO.Load() || q.dev.cfg.Impair != nil || (!w.isInline && w.nsge != 1) {
+	if s.noGSO.Load() || (!w.isInline && w.nsge != 1) {
 		return 0
 	}
 	size := udiwarp.WriteRecordHeaderSize + int(seg) + udiwarp.CRCSize

@@ -10,12 +10,15 @@ import (
 	"unsafe"
 )
 
-// Impairment is a lossy link in software: every datagram a device sends
-// passes through it and may be dropped, corrupted, duplicated, held back
-// behind the next one (reordered) or delayed, as drawn from a seeded
-// generator, so a run can be repeated. Tests and udperf -loss use it where
-// netem is not available; it sits below the whole stack, so the real code
-// runs through it.
+// Impairment is a lossy link in software: every datagram that passes
+// through it may be dropped, corrupted, duplicated, held back behind the
+// next one (reordered) or delayed, as drawn from a seeded generator, so a
+// run can be repeated. A device runs what it sends through
+// DeviceConfig.Impair and what its sockets read through
+// DeviceConfig.ImpairRx (two Impairments: each direction has its own
+// generator and counters). Tests and udperf -loss use it where netem is
+// not available; it sits below the whole stack, so the real code runs
+// through it.
 type Impairment struct {
 	Seed      uint64
 	Loss      float64       // probability a datagram is dropped
@@ -49,10 +52,23 @@ type Impairment struct {
 	Dropped, Corrupted, Duplicated, Reordered, Delayed, Bursts, Spikes atomic.Uint64
 }
 
+// impaired is one datagram in the link: on the way out (addr is its
+// destination) or in (rx: addr is its source, and what the socket read
+// about its destination goes with it).
 type impaired struct {
-	s    *Socket
-	b    []byte
-	addr netip.AddrPort
+	s     *Socket
+	b     []byte
+	addr  netip.AddrPort
+	rx    bool
+	trunc bool
+	dst   rxDest
+}
+
+// rxDest is what a socket read about a datagram's destination
+// (IP_PKTINFO): see Socket.rxDst.
+type rxDest struct {
+	addr        netip.Addr
+	unicast, ok bool
 }
 
 func (im *Impairment) validate() error {
@@ -85,6 +101,21 @@ func (im *Impairment) send(s *Socket, t *txCtx) {
 	}
 	d := s.dev
 	d.stats.TxBytes.Add(uint64(n))
+	im.pass(&impaired{s: s, b: b, addr: addr}, &d.stats.TxImpaired)
+}
+
+// receive takes a datagram a socket read (b is the socket's buffer: it is
+// copied) before the stack sees it; what passes is delivered as if read
+// at that moment.
+func (im *Impairment) receive(s *Socket, b []byte, trunc bool, src netip.AddrPort) {
+	p := &impaired{s: s, b: append([]byte(nil), b...), addr: src, rx: true, trunc: trunc}
+	p.dst.addr, p.dst.unicast, p.dst.ok = s.rxDst()
+	im.pass(p, &s.dev.stats.RxImpaired)
+}
+
+// pass draws what the link does to p, counting each act in acted.
+func (im *Impairment) pass(p *impaired, acted *atomic.Uint64) {
+	b := p.b
 	im.mu.Lock()
 	defer im.mu.Unlock()
 	if im.stopped {
@@ -97,7 +128,7 @@ func (im *Impairment) send(s *Socket, t *txCtx) {
 	if im.burstLeft > 0 {
 		im.burstLeft--
 		im.Dropped.Add(1)
-		d.stats.TxImpaired.Add(1)
+		acted.Add(1)
 		return
 	}
 	if im.Burst > 0 && r.Float64() < im.Burst {
@@ -109,30 +140,29 @@ func (im *Impairment) send(s *Socket, t *txCtx) {
 		im.burstEnd = time.Now().Add(bt)
 		im.Bursts.Add(1)
 		im.Dropped.Add(1)
-		d.stats.TxImpaired.Add(1)
+		acted.Add(1)
 		return
 	}
 	if r.Float64() < im.Loss {
 		im.Dropped.Add(1)
-		d.stats.TxImpaired.Add(1)
+		acted.Add(1)
 		return
 	}
-	if r.Float64() < im.Corrupt {
+	if r.Float64() < im.Corrupt && len(b) > 0 {
 		b[r.IntN(len(b))] ^= 1 << r.IntN(8)
 		im.Corrupted.Add(1)
-		d.stats.TxImpaired.Add(1)
+		acted.Add(1)
 	}
 	copies := 1
 	if r.Float64() < im.Duplicate {
 		copies = 2
 		im.Duplicated.Add(1)
-		d.stats.TxImpaired.Add(1)
+		acted.Add(1)
 	}
-	p := &impaired{s: s, b: b, addr: addr}
 	if im.held == nil && r.Float64() < im.Reorder {
 		im.held = p
 		im.Reordered.Add(1)
-		d.stats.TxImpaired.Add(1)
+		acted.Add(1)
 		if copies == 2 {
 			im.emitLocked(p)
 		}
@@ -158,7 +188,7 @@ func (im *Impairment) emitLocked(p *impaired) {
 		im.Spikes.Add(1)
 	}
 	if delay <= 0 {
-		_, _ = p.s.conn.WriteToUDPAddrPort(p.b, p.addr)
+		p.out(false)
 		return
 	}
 	im.Delayed.Add(1)
@@ -171,10 +201,34 @@ func (im *Impairment) emitLocked(p *impaired) {
 		stopped := im.stopped
 		im.mu.Unlock()
 		if !stopped {
-			_, _ = p.s.conn.WriteToUDPAddrPort(p.b, p.addr)
+			p.out(true)
 		}
 	})
 	im.timers[t] = struct{}{}
+}
+
+// out sends p on, or (rx) delivers it to the stack. A datagram on its
+// way in that was delayed (later: not in the socket's receive goroutine)
+// is delivered under the socket's receive lock, unless the socket closed.
+func (p *impaired) out(later bool) {
+	s := p.s
+	if !p.rx {
+		_, _ = s.conn.WriteToUDPAddrPort(p.b, p.addr)
+		return
+	}
+	if later {
+		s.txMu.Lock()
+		closed := s.closed
+		s.txMu.Unlock()
+		if closed {
+			return
+		}
+		s.rxMu.Lock()
+		defer s.rxMu.Unlock()
+	}
+	s.rxHeld = p
+	s.dev.deliver(s, p.b, p.trunc, p.addr)
+	s.rxHeld = nil
 }
 
 // stop cancels pending delayed datagrams and waits for any being sent.
@@ -192,7 +246,8 @@ func (im *Impairment) stop() {
 	im.wg.Wait()
 }
 
-// TxImpairedTotal counts every datagram the impairment acted on.
+// TxImpairedTotal counts every datagram the impairment acted on (in
+// whichever direction it serves).
 func (im *Impairment) TxImpairedTotal() uint64 {
 	return im.Dropped.Load() + im.Corrupted.Load() + im.Duplicated.Load() + im.Reordered.Load() + im.Spikes.Load()
 }

@@ -207,64 +207,76 @@ func TestRDImpaired(t *testing.T) {
 			return &Impairment{Seed: s, Spike: 0.02, SpikeDelay: 30 * time.Millisecond}
 		}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ia, ib := tc.imp(1), tc.imp(2)
-			p := newRDPair(t, DeviceConfig{Impair: ia}, DeviceConfig{Impair: ib}, RDConfig{Config: reliability.Config{InitialRTT: time.Millisecond}})
-			region, err := p.b.pd.RegisterMemory(make([]byte, 1<<20), AccessLocalWrite|AccessRemoteWrite)
-			if err != nil {
+		for _, way := range []string{"out", "in"} {
+			t.Run(tc.name+", on the way "+way, func(t *testing.T) {
+				testRDImpaired(t, tc.imp, way == "in")
+			})
+		}
+	}
+}
+
+// testRDImpaired runs RD Sends and Writes through the impairment imp
+// draws for each end, on what the ends send or (rx) what they read.
+func testRDImpaired(t *testing.T, imp func(seed uint64) *Impairment, rx bool) {
+	ia, ib := imp(1), imp(2)
+	ca, cb := DeviceConfig{Impair: ia}, DeviceConfig{Impair: ib}
+	if rx {
+		ca, cb = DeviceConfig{ImpairRx: ia}, DeviceConfig{ImpairRx: ib}
+	}
+	p := newRDPair(t, ca, cb, RDConfig{Config: reliability.Config{InitialRTT: time.Millisecond}})
+	region, err := p.b.pd.RegisterMemory(make([]byte, 1<<20), AccessLocalWrite|AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 200
+	const slot = 2000
+	for i := range n {
+		p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*slot, slot)}})
+	}
+	for i := range n {
+		size := 1 + (i*331)%slot
+		fill(p.a.buf[i*slot:i*slot+size], i)
+		if err := p.qa.PostSend(&SendWR{ID: uint64(i), Flags: FlagSignaled, SGL: []SGE{p.a.mr.SGE(i*slot, size)}, AH: p.ahAB}); err != nil {
+			t.Fatal(err)
+		}
+		if i%20 == 0 { // and a Write of several segments now and then
+			if err := p.qa.PostSend(&SendWR{ID: 1000 + uint64(i), Opcode: OpWrite, Flags: FlagSignaled, SGL: []SGE{p.a.mr.SGE(i*slot, size)},
+				AH: p.ahAB, RemoteSTag: region.STag(), RemoteTO: region.Addr() + uint64(i*slot)}); err != nil {
 				t.Fatal(err)
 			}
-			const n = 200
-			const slot = 2000
-			for i := range n {
-				p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*slot, slot)}})
+		}
+	}
+	got := collect(t, p.cqb, n, 20*time.Second)
+	for i, wc := range got {
+		size := 1 + (i*331)%slot
+		if wc.ID != uint64(i) || wc.Status != Success || int(wc.Len) != size {
+			t.Fatalf("receive %d: %+v", i, wc)
+		}
+		if !bytes.Equal(p.b.buf[i*slot:i*slot+size], p.a.buf[i*slot:i*slot+size]) {
+			t.Fatalf("message %d differs", i)
+		}
+	}
+	done := collect(t, p.cqa, n+n/20, 20*time.Second)
+	for _, wc := range done {
+		if wc.Status != Success {
+			t.Fatalf("%+v", wc)
+		}
+		if wc.ID >= 1000 {
+			syncRD(p.qb)
+			i := int(wc.ID - 1000)
+			size := 1 + (i*331)%slot
+			if !bytes.Equal(region.Bytes()[i*slot:i*slot+size], p.a.buf[i*slot:i*slot+size]) {
+				t.Fatalf("write %d differs", i)
 			}
-			for i := range n {
-				size := 1 + (i*331)%slot
-				fill(p.a.buf[i*slot:i*slot+size], i)
-				if err := p.qa.PostSend(&SendWR{ID: uint64(i), Flags: FlagSignaled, SGL: []SGE{p.a.mr.SGE(i*slot, size)}, AH: p.ahAB}); err != nil {
-					t.Fatal(err)
-				}
-				if i%20 == 0 { // and a Write of several segments now and then
-					if err := p.qa.PostSend(&SendWR{ID: 1000 + uint64(i), Opcode: OpWrite, Flags: FlagSignaled, SGL: []SGE{p.a.mr.SGE(i*slot, size)},
-						AH: p.ahAB, RemoteSTag: region.STag(), RemoteTO: region.Addr() + uint64(i*slot)}); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
-			got := collect(t, p.cqb, n, 20*time.Second)
-			for i, wc := range got {
-				size := 1 + (i*331)%slot
-				if wc.ID != uint64(i) || wc.Status != Success || int(wc.Len) != size {
-					t.Fatalf("receive %d: %+v", i, wc)
-				}
-				if !bytes.Equal(p.b.buf[i*slot:i*slot+size], p.a.buf[i*slot:i*slot+size]) {
-					t.Fatalf("message %d differs", i)
-				}
-			}
-			done := collect(t, p.cqa, n+n/20, 20*time.Second)
-			for _, wc := range done {
-				if wc.Status != Success {
-					t.Fatalf("%+v", wc)
-				}
-				if wc.ID >= 1000 {
-					syncRD(p.qb)
-					i := int(wc.ID - 1000)
-					size := 1 + (i*331)%slot
-					if !bytes.Equal(region.Bytes()[i*slot:i*slot+size], p.a.buf[i*slot:i*slot+size]) {
-						t.Fatalf("write %d differs", i)
-					}
-				}
-			}
-			quietPoll(t, p.cqb) // nothing delivered twice
-			st := p.a.dev.Stats()
-			t.Logf("a: %d data frames, %d retransmissions; impairment dropped %d/%d (bursts %d/%d), duplicated %d/%d, corrupted %d/%d, spikes %d/%d",
-				st.RDDataSent.Load(), st.RDRetransmits.Load(), ia.Dropped.Load(), ib.Dropped.Load(), ia.Bursts.Load(), ib.Bursts.Load(),
-				ia.Duplicated.Load(), ib.Duplicated.Load(), ia.Corrupted.Load(), ib.Corrupted.Load(), ia.Spikes.Load(), ib.Spikes.Load())
-			if ia.TxImpairedTotal()+ib.TxImpairedTotal() == 0 {
-				t.Fatal("the impairment did nothing: the test did not test")
-			}
-		})
+		}
+	}
+	quietPoll(t, p.cqb) // nothing delivered twice
+	st := p.a.dev.Stats()
+	t.Logf("a: %d data frames, %d retransmissions; impairment dropped %d/%d (bursts %d/%d), duplicated %d/%d, corrupted %d/%d, spikes %d/%d",
+		st.RDDataSent.Load(), st.RDRetransmits.Load(), ia.Dropped.Load(), ib.Dropped.Load(), ia.Bursts.Load(), ib.Bursts.Load(),
+		ia.Duplicated.Load(), ib.Duplicated.Load(), ia.Corrupted.Load(), ib.Corrupted.Load(), ia.Spikes.Load(), ib.Spikes.Load())
+	if ia.TxImpairedTotal()+ib.TxImpairedTotal() == 0 {
+		t.Fatal("the impairment did nothing: the test did not test")
 	}
 }
 

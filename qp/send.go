@@ -215,15 +215,15 @@ func (t *txCtx) release() {
 	t.nmr = 0
 }
 
-// transmit sends the built datagram without waiting. It returns
-// errSocketFull when the socket cannot take it now.
-func (t *txCtx) transmit(s *Socket) error {
+// transmit sends the built datagram without waiting, through the
+// socket's way out (sendDirect, or the impairment layer in front of it:
+// Socket.txOut). It returns errSocketFull when the socket cannot take it
+// now.
+func (t *txCtx) transmit(s *Socket) error { return s.txOut(t) }
+
+// sendDirect is transmit straight to the socket.
+func (t *txCtx) sendDirect(s *Socket) error {
 	d := s.dev
-	if imp := d.cfg.Impair; imp != nil {
-		imp.send(s, t)
-		d.stats.TxDatagrams.Add(1)
-		return nil
-	}
 	if !s.acquire() {
 		return ErrClosed
 	}

@@ -26,11 +26,19 @@ import (
 // polling needs a receive that never parks, and the hot path none that
 // allocates.
 type Socket struct {
-	dev   *Device
-	conn  *net.UDPConn
-	raw   syscall.RawConn
-	local netip.AddrPort
-	v6    bool
+	dev *Device
+	// rxIn takes each datagram read: the device's deliver, or the receive
+	// impairment (DeviceConfig.ImpairRx) in front of it. rxHeld is the
+	// datagram the impairment is delivering, under rxMu; noLand turns
+	// direct placement off (the impairment must see every datagram).
+	rxIn   func(b []byte, truncated bool, src netip.AddrPort)
+	txOut  func(t *txCtx) error // transmit: the socket, or Impair in front of it
+	rxHeld *impaired
+	noLand bool
+	conn   *net.UDPConn
+	raw    syscall.RawConn
+	local  netip.AddrPort
+	v6     bool
 	// maxDatagram is the largest UDP payload the socket can send.
 	maxDatagram int
 
@@ -45,7 +53,7 @@ type Socket struct {
 	// acquire and release, so that close never pulls it from under one.
 	fd uintptr
 	fdUse
-	noGSO atomic.Bool // the kernel refused UDP_SEGMENT once
+	noGSO atomic.Bool // the kernel refused UDP_SEGMENT once, or the impairment layer sees each datagram
 	gro   bool        // UDP_GRO is on: a read may hold several datagrams
 
 	// Datamover: QPs with queued work, served round-robin.
@@ -156,6 +164,20 @@ func newSocket(d *Device, conn *net.UDPConn) (*Socket, error) {
 		s.pktinfo.Store(info)
 	})
 	s.readableFn, s.writableFn = s.readable, s.writable
+	s.txOut = func(t *txCtx) error { return t.sendDirect(s) }
+	if im := d.cfg.Impair; im != nil {
+		s.txOut = func(t *txCtx) error {
+			im.send(s, t)
+			d.stats.TxDatagrams.Add(1)
+			return nil
+		}
+		s.noGSO.Store(true) // the impairment acts on each datagram
+	}
+	s.rxIn = func(b []byte, truncated bool, src netip.AddrPort) { d.deliver(s, b, truncated, src) }
+	if im := d.cfg.ImpairRx; im != nil {
+		s.rxIn = func(b []byte, truncated bool, src netip.AddrPort) { im.receive(s, b, truncated, src) }
+		s.noLand = true
+	}
 	return s, nil
 }
 
@@ -233,7 +255,7 @@ func (s *Socket) recvmmsg(vlen int) bool {
 	landed := 0
 	if s.landOff > 0 {
 		s.landOff--
-	} else if big := s.landBig.Load(); vlen > 1 || big {
+	} else if big := s.landBig.Load(); !s.noLand && (vlen > 1 || big) {
 		if s.wrg.q != nil {
 			landed = s.prepareWRLanding(vlen)
 		}

@@ -1,0 +1,164 @@
+package qp
+
+import (
+	"encoding/binary"
+	"errors"
+	"testing"
+	"time"
+)
+
+// rxImpaired sends n numbered UD Sends of size bytes from a plain device
+// to one whose sockets read through im (DeviceConfig.ImpairRx), paced
+// within the socket buffer, and returns the numbers the receiver
+// completed, in order, once the device has handled all n datagrams
+// (counted received or impaired) and the link holds none back.
+func rxImpaired(t *testing.T, im *Impairment, n, size int, settle func(got int) bool) (nums []uint32, rx *node) {
+	t.Helper()
+	a := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	b := newNode(t, DeviceConfig{ImpairRx: im}, "udp4", "127.0.0.1:0")
+	for i := range 2 * n {
+		if err := b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*size, size)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ah := a.ah(b, b.qp)
+	for i := range n {
+		msg := a.buf[i*size : (i+1)*size]
+		fill(msg, i)
+		binary.BigEndian.PutUint32(msg, uint32(i))
+		if err := a.qp.PostSend(&SendWR{ID: uint64(i), SGL: []SGE{a.mr.SGE(i*size, size)}, AH: ah}); err != nil {
+			t.Fatal(err)
+		}
+		if i%32 == 31 { // within the socket buffer however slow the receiver
+			eventually(t, "the receiver reads the burst", func() bool { return handled(b, im) >= uint64(i+1) })
+		}
+	}
+	eventually(t, "the receiver reads every datagram", func() bool { return handled(b, im) >= uint64(n) })
+	wcs := make([]WorkCompletion, 2*n)
+	got := 0
+	eventually(t, "the link delivers what it holds", func() bool {
+		got += b.cq.Poll(wcs[got:])
+		return settle(got)
+	})
+	for _, wc := range wcs[:got] {
+		if wc.Status != Success || int(wc.Len) != size {
+			t.Fatalf("completion %+v", wc)
+		}
+		msg := b.buf[int(wc.ID)*size : int(wc.ID)*size+size]
+		i := binary.BigEndian.Uint32(msg)
+		want := make([]byte, size)
+		fill(want, int(i))
+		binary.BigEndian.PutUint32(want, i)
+		if string(msg) != string(want) {
+			t.Fatalf("message %d arrived changed", i)
+		}
+		nums = append(nums, i)
+	}
+	return nums, b
+}
+
+// handled is how many datagrams n's device has read: those its stack saw
+// (RxDatagrams, after the receive impairment) and those im dropped.
+func handled(n *node, im *Impairment) uint64 {
+	return n.dev.Stats().RxDatagrams.Load() + im.Dropped.Load()
+}
+
+// TestImpairRx: the receive direction of the impairment layer drops,
+// duplicates, reorders, delays and corrupts what a device's sockets read,
+// as drawn from its seed, before the stack sees it; every datagram that
+// passes is delivered as read.
+func TestImpairRx(t *testing.T) {
+	const n, size = 128, 200
+	t.Run("loss", func(t *testing.T) {
+		im := &Impairment{Seed: 3, Loss: 0.25}
+		nums, b := rxImpaired(t, im, n, size, func(got int) bool { return got > 0 && uint64(got)+im.Dropped.Load() == n })
+		if d := im.Dropped.Load(); d == 0 || d == n || len(nums) != n-int(d) {
+			t.Fatalf("dropped %d, delivered %d of %d", d, len(nums), n)
+		}
+		if b.dev.Stats().RxImpaired.Load() != im.Dropped.Load() {
+			t.Fatalf("RxImpaired %d, dropped %d", b.dev.Stats().RxImpaired.Load(), im.Dropped.Load())
+		}
+		for k := 1; k < len(nums); k++ {
+			if nums[k] <= nums[k-1] {
+				t.Fatalf("loss alone reordered: %v", nums)
+			}
+		}
+	})
+	t.Run("duplicate", func(t *testing.T) {
+		im := &Impairment{Seed: 3, Duplicate: 1}
+		nums, _ := rxImpaired(t, im, n, size, func(got int) bool { return got == 2*n })
+		for k, i := range nums {
+			if int(i) != k/2 {
+				t.Fatalf("delivery %d is message %d, want every message twice in order", k, i)
+			}
+		}
+	})
+	t.Run("reorder", func(t *testing.T) {
+		im := &Impairment{Seed: 3, Reorder: 1} // every other one held behind the next
+		nums, _ := rxImpaired(t, im, n, size, func(got int) bool { return got == n })
+		for k, i := range nums {
+			if want := k ^ 1; int(i) != want {
+				t.Fatalf("delivery %d is message %d, want %d (pairs swapped): %v", k, i, want, nums)
+			}
+		}
+	})
+	t.Run("delay", func(t *testing.T) {
+		im := &Impairment{Seed: 3, Delay: 20 * time.Millisecond, Jitter: 5 * time.Millisecond}
+		nums, _ := rxImpaired(t, im, n, size, func(got int) bool { return got == n })
+		if len(nums) != n || im.Delayed.Load() != n {
+			t.Fatalf("delivered %d, delayed %d, of %d", len(nums), im.Delayed.Load(), n)
+		}
+	})
+	t.Run("corrupt", func(t *testing.T) {
+		im := &Impairment{Seed: 3, Corrupt: 1}
+		nums, b := rxImpaired(t, im, n, size, func(got int) bool { return true })
+		st := b.dev.Stats()
+		if len(nums) != 0 || im.Corrupted.Load() != n {
+			t.Fatalf("%d delivered, %d corrupted, of %d", len(nums), im.Corrupted.Load(), n)
+		}
+		if bad := st.RxBadCRC.Load() + st.RxBadHeader.Load() + st.RxBadVersion.Load() + st.RxUnknownQP.Load() + st.RxBadOpcode.Load(); bad != n {
+			t.Fatalf("%d corrupted datagrams refused, want %d", bad, n)
+		}
+	})
+}
+
+// TestImpairBothWays: one device impairs in both directions with two
+// Impairments; the same Impairment for both is refused.
+func TestImpairBothWays(t *testing.T) {
+	im := &Impairment{Seed: 1, Loss: 0.1}
+	if _, err := Open(DeviceConfig{Impair: im, ImpairRx: im}); !errors.Is(err, ErrInvalidAttr) {
+		t.Fatalf("one Impairment for both directions: %v, want ErrInvalidAttr", err)
+	}
+	tx, rx := &Impairment{Seed: 1, Loss: 0.2}, &Impairment{Seed: 2, Loss: 0.2}
+	a := newNode(t, DeviceConfig{Impair: tx, ImpairRx: rx}, "udp4", "127.0.0.1:0")
+	b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	const n, size = 128, 100
+	for i := range n {
+		a.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{a.mr.SGE(i*size, size)}})
+		b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*size, size)}})
+	}
+	toB, toA := a.ah(b, b.qp), b.ah(a, a.qp)
+	for i := range n {
+		a.qp.PostSend(&SendWR{SGL: []SGE{a.mr.SGE(0, size)}, AH: toB})
+		b.qp.PostSend(&SendWR{SGL: []SGE{b.mr.SGE(0, size)}, AH: toA})
+		if i%32 == 31 {
+			eventually(t, "both read the burst", func() bool {
+				return handled(a, rx) >= uint64(i+1) && handled(b, tx) >= uint64(i+1)
+			})
+		}
+	}
+	eventually(t, "every datagram is handled", func() bool {
+		return handled(a, rx) == n && handled(b, tx) == n
+	})
+	if tx.Dropped.Load() == 0 || rx.Dropped.Load() == 0 {
+		t.Fatalf("dropped on the way out %d, on the way in %d: want both", tx.Dropped.Load(), rx.Dropped.Load())
+	}
+	wcs := make([]WorkCompletion, 2*n)
+	var got [2]int
+	eventually(t, "the completions", func() bool {
+		got[0] += a.cq.Poll(wcs)
+		got[1] += b.cq.Poll(wcs)
+		// a's CQ holds its receives; b's its receives (sends are unsignaled).
+		return got[0] == n-int(rx.Dropped.Load()) && got[1] == n-int(tx.Dropped.Load())
+	})
+}
