@@ -30,6 +30,7 @@ type Collector struct {
 	datagrams, bytes, drops, retrans, completions, wr *prometheus.Desc
 	ranges, inProgress, peers                         *prometheus.Desc
 	wrSegDrops, withheld, eventsDropped, probes       *prometheus.Desc
+	impaired                                          *prometheus.Desc
 }
 
 // New returns an empty Collector.
@@ -51,6 +52,8 @@ func New() *Collector {
 		eventsDropped: prometheus.NewDesc("udiwarp_async_events_dropped_total",
 			"Asynchronous events not queued, by origin: the device's own (Events full) or a peer's (coalesced or over their share).", []string{"origin"}, nil),
 		probes: prometheus.NewDesc("udiwarp_rd_window_probes_total", "RD frames sent into a peer's zero window to probe it.", nil, nil),
+		impaired: prometheus.NewDesc("udiwarp_impaired_datagrams_total",
+			"Datagrams the software impairment layer dropped, corrupted, duplicated, reordered or delayed, by direction (qp.DeviceConfig Impair and ImpairRx; udperf -loss).", []string{"direction"}, nil),
 	}
 }
 
@@ -115,6 +118,8 @@ func (k counts) add(d *qp.Device) {
 	add("events/local", s.EventsLost.Load())
 	add("events/remote", s.RemoteEventsDropped.Load())
 	add("probes", s.RDWindowProbes.Load())
+	add("impaired/out", s.TxImpaired.Load())
+	add("impaired/in", s.RxImpaired.Load())
 	add("retrans", s.RDRetransmits.Load())
 	add("peers", s.RDPeers.Load())
 	for i := range s.Completions {
@@ -143,7 +148,7 @@ func completionKey(i int) string { return "completion/" + strconv.Itoa(i) }
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.datagrams, c.bytes, c.drops, c.retrans, c.completions, c.wr, c.ranges, c.inProgress, c.peers,
-		c.wrSegDrops, c.withheld, c.eventsDropped, c.probes} {
+		c.wrSegDrops, c.withheld, c.eventsDropped, c.probes, c.impaired} {
 		ch <- d
 	}
 }
@@ -194,6 +199,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.eventsDropped, sum["events/local"], "local")
 	counter(c.eventsDropped, sum["events/remote"], "remote")
 	counter(c.probes, sum["probes"])
+	counter(c.impaired, sum["impaired/in"], "in")
+	counter(c.impaired, sum["impaired/out"], "out")
 	ch <- prometheus.MustNewConstMetric(c.ranges, prometheus.GaugeValue, ranges)
 	ch <- prometheus.MustNewConstMetric(c.inProgress, prometheus.GaugeValue, inProgress)
 }

@@ -51,6 +51,7 @@ func TestScrape(t *testing.T) {
 		`udiwarp_replies_withheld_total`,
 		`udiwarp_async_events_dropped_total{origin="remote"}`,
 		`udiwarp_rd_window_probes_total`,
+		`udiwarp_impaired_datagrams_total{direction="out"}`,
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("no %s in the scrape", want)
@@ -59,7 +60,8 @@ func TestScrape(t *testing.T) {
 	// Values, not just names: traffic flowed, RD retransmitted under loss,
 	// Write-Record delivered partial messages.
 	for _, zero := range []string{`udiwarp_datagrams_total{direction="in"} 0`, "udiwarp_retransmissions_total 0",
-		`udiwarp_write_record_messages_total{outcome="partial"} 0`, `udiwarp_completions_total{status="success"} 0`} {
+		`udiwarp_write_record_messages_total{outcome="partial"} 0`, `udiwarp_completions_total{status="success"} 0`,
+		`udiwarp_impaired_datagrams_total{direction="out"} 0`} {
 		if strings.Contains(text, zero+"\n") {
 			t.Errorf("%s: the counter did not count", zero)
 		}
