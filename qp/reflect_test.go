@@ -207,12 +207,18 @@ func TestNoReplyToMulticast(t *testing.T) {
 	} {
 		t.Run(tc.network, func(t *testing.T) {
 			ns := newNetns(t, tc.setup...)
-			inNetns(t, ns, func() { testNoReplyToMulticast(t, tc.network, tc.any, tc.group, tc.ifname, tc.victim) })
+			inNetns(t, ns, func() { testNoReplyToMulticast(t, tc.network, tc.any, tc.group, tc.ifname, tc.victim, false) })
+		})
+		// Delayed by the receive impairment, a datagram is delivered later,
+		// from a timer: the destination the socket read for it goes with it.
+		t.Run(tc.network+" delayed on the way in", func(t *testing.T) {
+			ns := newNetns(t, tc.setup...)
+			inNetns(t, ns, func() { testNoReplyToMulticast(t, tc.network, tc.any, tc.group, tc.ifname, tc.victim, true) })
 		})
 	}
 }
 
-func testNoReplyToMulticast(t *testing.T, network, any, groupName, ifname, victimAddr string) {
+func testNoReplyToMulticast(t *testing.T, network, any, groupName, ifname, victimAddr string, delayed bool) {
 	ifi, err := net.InterfaceByName(ifname)
 	if err != nil {
 		t.Fatal(err)
@@ -222,7 +228,11 @@ func testNoReplyToMulticast(t *testing.T, network, any, groupName, ifname, victi
 	to := netip.AddrPortFrom(group, uint16(port))
 	var members []*reflectTarget
 	for range 2 {
-		n := newNode(t, DeviceConfig{}, network, fmt.Sprintf("%s:%d", any, port), ReuseAddr())
+		var cfg DeviceConfig
+		if delayed {
+			cfg.ImpairRx = &Impairment{Seed: 1, Delay: 20 * time.Millisecond}
+		}
+		n := newNode(t, cfg, network, fmt.Sprintf("%s:%d", any, port), ReuseAddr())
 		r := newReflectTarget(t, n)
 		if err := r.ud.JoinMulticast(group, ifi); err != nil {
 			t.Fatal(err)
@@ -237,15 +247,19 @@ func testNoReplyToMulticast(t *testing.T, network, any, groupName, ifname, victi
 	}
 	defer victim.Close()
 	src := victim.LocalAddr().(*net.UDPAddr).AddrPort()
-	var send func(b []byte) error
+	var send, unicast func(b []byte) error // to the group; to one member
 	if group.Is4() {
 		sp := spoof.NewT(t) // in the namespace: its packets go to its loopback
 		send = func(b []byte) error { return sp.Send(src, to, b) }
+		one := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port))
+		unicast = func(b []byte) error { return sp.Send(src, one, b) }
 	} else {
 		if err := ipv6.NewPacketConn(victim).SetMulticastInterface(ifi); err != nil {
 			t.Fatal(err)
 		}
 		send = func(b []byte) error { _, err := victim.WriteToUDPAddrPort(b, to); return err }
+		one := netip.AddrPortFrom(src.Addr(), uint16(port))
+		unicast = func(b []byte) error { _, err := victim.WriteToUDPAddrPort(b, one); return err }
 	}
 	sendTo := func(qpn uint32) []byte { return udiwarpSend(qpn, 77, make([]byte, 1000)) }
 	hello := udiwarp.SealDatagram(reliability.Append(nil, &reliability.Fields{Type: reliability.Hello, DstQPN: rd, SrcQPN: 77, Epoch: 9, Init: true, Issued: 1}), 0)
@@ -263,13 +277,31 @@ func testNoReplyToMulticast(t *testing.T, network, any, groupName, ifname, victi
 				tx0 = append(tx0, m.dev.Stats().TxDatagrams.Load())
 				rx0 = append(rx0, m.dev.Stats().RxDatagrams.Load())
 			}
+			var garbage uint64 // unicast datagrams sent besides
+			total := func() (n uint64) {
+				for _, m := range members {
+					n += m.dev.Stats().RxDatagrams.Load()
+				}
+				return n
+			}
+			total0 := total()
 			read := func(k uint64) {
 				for i, m := range members {
 					eventually(t, "the members to read the datagram", func() bool { return m.dev.Stats().RxDatagrams.Load() >= rx0[i]+k })
 				}
+				eventually(t, "every datagram read", func() bool { return total() >= total0+k*uint64(len(members))+garbage })
 			}
 			if err := send(tc.b); err != nil {
 				t.Fatal(err)
+			}
+			if delayed {
+				// A unicast datagram read while the group's waits in the
+				// link: the socket's last control message is now a unicast
+				// one, and the group's datagram must keep its own.
+				if err := unicast([]byte("not a frame: drawn no reply")); err != nil {
+					t.Fatal(err)
+				}
+				garbage++
 			}
 			read(1)
 			if err := send(udiwarpSend(4000, 77, nil)); err != nil { // the marker
