@@ -503,7 +503,7 @@ func (z *fzDev) waitHandled(t *testing.T, n int, self bool) {
 		z.sock.rxMu.Lock()
 		queued := 0
 		if self {
-			z.sock.raw.Control(func(fd uintptr) { queued, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+			z.sock.udp.raw.Control(func(fd uintptr) { queued, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
 		}
 		z.sock.rxMu.Unlock()
 		if queued == 0 {

@@ -145,43 +145,6 @@ func putUDPSegment(ctl []byte, size uint16) int {
 	return n
 }
 
-// control returns the control messages of batch slot i's read.
-func (b *rxBatch) control(i int) []byte {
-	return b.ctrl[i][:min(int(b.hs[i].hdr.Controllen), rxCtrlSize)]
-}
-
-// groSize returns the segment size of batch slot i's read when GRO merged
-// several datagrams into it, or 0.
-func (s *Socket) groSize(i int) int {
-	if !s.gro {
-		return 0
-	}
-	return groSegment(s.rx.control(i))
-}
-
-// rxDst returns the destination address of the datagram being delivered
-// and whether it is unicast (see pktinfoDst).
-func (s *Socket) rxDst() (dst netip.Addr, unicast, ok bool) {
-	if p := s.rxHeld; p != nil { // a datagram the receive impairment held
-		return p.dst.addr, p.dst.unicast, p.dst.ok
-	}
-	return pktinfoDst(s.rx.control(s.cur))
-}
-
-// deliverSplit delivers a read, cutting it into its datagrams when GRO
-// merged several (every one gso bytes but the last).
-func (s *Socket) deliverSplit(b []byte, truncated bool, gso int, src netip.AddrPort) {
-	if gso <= 0 || gso >= len(b) || truncated {
-		s.rxIn(b, truncated, src)
-		return
-	}
-	for len(b) > 0 {
-		k := min(gso, len(b))
-		s.rxIn(b[:k], false, src)
-		b = b[k:]
-	}
-}
-
 // gsoCtx holds what one GSO send needs beside txCtx.
 type gsoCtx struct {
 	hdr [maxGSOSegments][udiwarp.WriteRecordHeaderSize]byte

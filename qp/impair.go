@@ -1,6 +1,7 @@
 package qp
 
 import (
+	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -8,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // Impairment is a lossy link in software: every datagram that passes
@@ -52,23 +55,18 @@ type Impairment struct {
 	Dropped, Corrupted, Duplicated, Reordered, Delayed, Bursts, Spikes atomic.Uint64
 }
 
-// impaired is one datagram in the link: on the way out (addr is its
-// destination) or in (rx: addr is its source, and what the socket read
-// about its destination goes with it).
+// impaired is one datagram in the link, on its way out (sa is its
+// destination as the stack addressed it) or in (rx: its source, whether
+// the read cut it, and its control messages, so that it keeps its own
+// destination however late it comes).
 type impaired struct {
-	s     *Socket
+	w     *impairLLP
 	b     []byte
-	addr  netip.AddrPort
 	rx    bool
+	sa    sockaddr
+	addr  netip.AddrPort
 	trunc bool
-	dst   rxDest
-}
-
-// rxDest is what a socket read about a datagram's destination
-// (IP_PKTINFO): see Socket.rxDst.
-type rxDest struct {
-	addr        netip.Addr
-	unicast, ok bool
+	ctl   []byte
 }
 
 func (im *Impairment) validate() error {
@@ -85,36 +83,10 @@ func (im *Impairment) validate() error {
 	return nil
 }
 
-// send takes the datagram t has built, copied out of the registered memory.
-func (im *Impairment) send(s *Socket, t *txCtx) {
-	n := 0
-	for i := 0; i < int(t.msg.Iovlen); i++ {
-		n += int(t.iov[i].Len)
-	}
-	b := make([]byte, 0, n)
-	for i := 0; i < int(t.msg.Iovlen); i++ {
-		b = append(b, unsafe.Slice(t.iov[i].Base, t.iov[i].Len)...)
-	}
-	addr := t.ah.addr
-	if s.v6 && addr.Addr().Is4() {
-		addr = netip.AddrPortFrom(netip.AddrFrom16(addr.Addr().As16()), addr.Port())
-	}
-	d := s.dev
-	d.stats.TxBytes.Add(uint64(n))
-	im.pass(&impaired{s: s, b: b, addr: addr}, &d.stats.TxImpaired)
-}
-
-// receive takes a datagram a socket read (b is the socket's buffer: it is
-// copied) before the stack sees it; what passes is delivered as if read
-// at that moment.
-func (im *Impairment) receive(s *Socket, b []byte, trunc bool, src netip.AddrPort) {
-	p := &impaired{s: s, b: append([]byte(nil), b...), addr: src, rx: true, trunc: trunc}
-	p.dst.addr, p.dst.unicast, p.dst.ok = s.rxDst()
-	im.pass(p, &s.dev.stats.RxImpaired)
-}
-
-// pass draws what the link does to p, counting each act in acted.
-func (im *Impairment) pass(p *impaired, acted *atomic.Uint64) {
+// pass draws what the link does to p, counting each act in acted. cur is
+// the lower layer whose reader is passing p (nil on the way out): only
+// its own datagrams may be handed to its reader at once.
+func (im *Impairment) pass(p *impaired, acted *atomic.Uint64, cur *impairLLP) {
 	b := p.b
 	im.mu.Lock()
 	defer im.mu.Unlock()
@@ -164,21 +136,24 @@ func (im *Impairment) pass(p *impaired, acted *atomic.Uint64) {
 		im.Reordered.Add(1)
 		acted.Add(1)
 		if copies == 2 {
-			im.emitLocked(p)
+			im.emitLocked(p, cur)
 		}
 		return
 	}
 	for range copies {
-		im.emitLocked(p)
+		im.emitLocked(p, cur)
 	}
 	if h := im.held; h != nil {
 		im.held = nil
-		im.emitLocked(h)
+		im.emitLocked(h, cur)
 	}
 }
 
-// emitLocked sends p now, or after the configured delay.
-func (im *Impairment) emitLocked(p *impaired) {
+// emitLocked sends p on now, or after the configured delay. A datagram
+// on its way in that another socket's reader let out (a held one, the
+// generator being the device's) goes through a timer too: only its own
+// reader may hand it over at once.
+func (im *Impairment) emitLocked(p *impaired, cur *impairLLP) {
 	delay := im.Delay
 	if im.Jitter > 0 {
 		delay += time.Duration(im.rng.Int64N(int64(im.Jitter)))
@@ -187,11 +162,13 @@ func (im *Impairment) emitLocked(p *impaired) {
 		delay += im.SpikeDelay
 		im.Spikes.Add(1)
 	}
-	if delay <= 0 {
+	if delay <= 0 && !(p.rx && p.w != cur) {
 		p.out(false)
 		return
 	}
-	im.Delayed.Add(1)
+	if delay > 0 {
+		im.Delayed.Add(1)
+	}
 	im.wg.Add(1)
 	var t *time.Timer
 	t = time.AfterFunc(delay, func() {
@@ -207,28 +184,33 @@ func (im *Impairment) emitLocked(p *impaired) {
 	im.timers[t] = struct{}{}
 }
 
-// out sends p on, or (rx) delivers it to the stack. A datagram on its
-// way in that was delayed (later: not in the socket's receive goroutine)
-// is delivered under the socket's receive lock, unless the socket closed.
+// out sends p on, or (rx) hands it to its socket's reader: at once
+// (now: in the read that passed it), or later, under the socket's
+// receive lock.
 func (p *impaired) out(later bool) {
-	s := p.s
-	if !p.rx {
-		_, _ = s.conn.WriteToUDPAddrPort(p.b, p.addr)
-		return
-	}
-	if later {
-		s.txMu.Lock()
-		closed := s.closed
-		s.txMu.Unlock()
-		if closed {
-			return
+	w := p.w
+	switch {
+	case p.rx && later:
+		w.s.deliverLate(p)
+	case p.rx:
+		w.ready = append(w.ready, p)
+		w.nready.Store(int32(len(w.ready)))
+	default:
+		// A link does not push back; the socket does: wait for room,
+		// as the stack's own datamover does.
+		iov := unix.Iovec{Base: unsafe.SliceData(p.b)}
+		iov.SetLen(len(p.b))
+		msg := unix.Msghdr{Name: &p.sa.raw[0], Namelen: p.sa.len, Iov: &iov}
+		msg.SetIovlen(1)
+		for {
+			if _, err := w.lowerLayer.write(&msg); err != errSocketFull {
+				return
+			}
+			if w.lowerLayer.waitWritable() != nil {
+				return
+			}
 		}
-		s.rxMu.Lock()
-		defer s.rxMu.Unlock()
 	}
-	s.rxHeld = p
-	s.dev.deliver(s, p.b, p.trunc, p.addr)
-	s.rxHeld = nil
 }
 
 // stop cancels pending delayed datagrams and waits for any being sent.
@@ -250,4 +232,132 @@ func (im *Impairment) stop() {
 // whichever direction it serves).
 func (im *Impairment) TxImpairedTotal() uint64 {
 	return im.Dropped.Load() + im.Corrupted.Load() + im.Duplicated.Load() + im.Reordered.Load() + im.Spikes.Load()
+}
+
+// impairLLP is a lower layer behind the impairment: what the stack
+// writes passes tx, what the socket reads passes rx (either may be nil).
+// It is the only place the impairment touches the stack: the engines and
+// the receive side above run as they do on a clean link, landing
+// included (a datagram that passes is scattered into the buffers the
+// reader supplied).
+type impairLLP struct {
+	lowerLayer
+	s      *Socket
+	tx, rx *Impairment
+	// The reader's own batch, and the datagrams that passed the receive
+	// link and wait for a read; under the socket's rxMu (nready is
+	// len(ready), for waitReadable).
+	scratch []rxMsg
+	iov     []unix.Iovec
+	bufs    [][]byte
+	ready   []*impaired
+	nready  atomic.Int32
+}
+
+func newImpairLLP(s *Socket, inner lowerLayer, tx, rx *Impairment) *impairLLP {
+	w := &impairLLP{lowerLayer: inner, s: s, tx: tx, rx: rx}
+	if rx != nil {
+		n := s.dev.cfg.RecvBatch
+		w.scratch = make([]rxMsg, n)
+		w.iov = make([]unix.Iovec, n)
+		w.bufs = make([][]byte, n)
+		for i := range n {
+			w.bufs[i] = make([]byte, 1<<16)
+			w.iov[i].Base = &w.bufs[i][0]
+			w.iov[i].SetLen(len(w.bufs[i]))
+			w.scratch[i].iov = w.iov[i : i+1]
+		}
+	}
+	return w
+}
+
+// read reads what the socket has into the layer's own buffers, passes
+// each datagram (a GRO read cut into its datagrams) through the receive
+// link, and hands what came out at once to the caller's buffers.
+func (w *impairLLP) read(ms []rxMsg) (int, bool) {
+	if w.rx == nil {
+		return w.lowerLayer.read(ms)
+	}
+	ok := true
+	if room := min(len(ms), len(w.scratch)) - len(w.ready); room > 0 {
+		var n int
+		n, ok = w.lowerLayer.read(w.scratch[:room])
+		acted := &w.s.dev.stats.RxImpaired
+		for i := range n {
+			m := &w.scratch[i]
+			b := w.bufs[i][:min(m.n, len(w.bufs[i]))]
+			ctl := bytes.Clone(m.ctl)
+			for {
+				k := len(b)
+				if m.gro > 0 && m.gro < k && !m.trunc {
+					k = m.gro
+				}
+				w.rx.pass(&impaired{w: w, b: bytes.Clone(b[:k]), rx: true, addr: m.src, trunc: m.trunc, ctl: ctl}, acted, w)
+				if b = b[k:]; len(b) == 0 {
+					break
+				}
+			}
+		}
+	}
+	k := 0
+	for ; k < len(ms) && len(w.ready) > 0; k++ {
+		p := w.ready[0]
+		w.ready[0] = nil
+		w.ready = w.ready[1:]
+		m := &ms[k]
+		m.n = scatter(m.iov, p.b)
+		m.trunc = p.trunc || m.n < len(p.b)
+		m.src, m.ctl, m.gro = p.addr, p.ctl, 0
+	}
+	if len(w.ready) == 0 {
+		w.ready = w.ready[:0:0]
+	}
+	w.nready.Store(int32(len(w.ready)))
+	if !ok {
+		return 0, false
+	}
+	return k, true
+}
+
+// scatter copies b into iov in order and returns how much fit.
+func scatter(iov []unix.Iovec, b []byte) int {
+	n := 0
+	for i := range iov {
+		if len(b) == 0 {
+			break
+		}
+		k := copy(unsafe.Slice(iov[i].Base, iov[i].Len), b)
+		b = b[k:]
+		n += k
+	}
+	return n
+}
+
+// waitReadable returns at once while datagrams that passed wait for a
+// read (a duplicate can leave more than one read takes).
+func (w *impairLLP) waitReadable() error {
+	if w.nready.Load() > 0 {
+		return nil
+	}
+	return w.lowerLayer.waitReadable()
+}
+
+// write passes the datagram through the send link: a copy, so the
+// registered memory it names is free when write returns, as on a socket.
+func (w *impairLLP) write(msg *unix.Msghdr) (int, error) {
+	if w.tx == nil {
+		return w.lowerLayer.write(msg)
+	}
+	n := 0
+	iov := unsafe.Slice(msg.Iov, msg.Iovlen)
+	for i := range iov {
+		n += int(iov[i].Len)
+	}
+	p := &impaired{w: w, b: make([]byte, 0, n)}
+	for i := range iov {
+		p.b = append(p.b, unsafe.Slice(iov[i].Base, iov[i].Len)...)
+	}
+	p.sa.len = uint32(copy(p.sa.raw[:], unsafe.Slice(msg.Name, msg.Namelen)))
+	w.tx.pass(p, &w.s.dev.stats.TxImpaired, nil)
+	return n, nil
 }

@@ -31,9 +31,9 @@ const landBackoff = 64
 // read in place pays for preparing it.
 const landBigMin = 2048
 
-func (s *Socket) noteSize(n int) {
-	if big := n >= landBigMin; s.landBig.Load() != big {
-		s.landBig.Store(big)
+func (r *rxSide) noteSize(n int) {
+	if big := n >= landBigMin; r.landBig.Load() != big {
+		r.landBig.Store(big)
 	}
 }
 
@@ -62,29 +62,27 @@ type landing struct {
 // QP's posted receives and returns how many it prepared. It holds the
 // QP's receive queue and the MRs until endLanding, so that no receive is
 // flushed and no memory deregistered while the kernel may write.
-func (s *Socket) prepareLanding(vlen int) int {
-	q := s.landQP.Load()
-	if q == nil || q.srq != nil || q.sock.Load() != s {
+func (r *rxSide) prepareLanding(vlen int) int {
+	q := r.landQP.Load()
+	if q == nil || q.srq != nil || q.sock.Load() != r.s {
 		return 0
 	}
-	b := &s.rx
 	q.rqMu.Lock()
 	k := 0
 	for ; k < min(vlen, maxLanding) && k < q.rq.len(); k++ {
 		w := q.rq.at(k)
-		l := &b.land[k]
-		if !l.bind(q, w, b.bufs[k]) {
+		l := &r.land[k]
+		if !l.bind(q, w, r.bufs[k]) {
 			break
 		}
 		// Receives may share memory; two datagrams of one batch must not
 		// land on the same bytes before the first is checked.
-		if overlapsEarlier(b.land[:k], l) {
+		if overlapsEarlier(r.land[:k], l) {
 			l.unlockMRs()
 			l.q = nil
 			break
 		}
-		b.hs[k].hdr.Iov = &l.iov[0]
-		b.hs[k].hdr.SetIovlen(l.nseg + 2)
+		r.msgs[k].iov = l.iov[:l.nseg+2]
 	}
 	if k == 0 {
 		q.rqMu.Unlock()
@@ -98,22 +96,20 @@ func (s *Socket) prepareLanding(vlen int) int {
 // order; any other is copied out for the ordinary path. Only then are the
 // receives and memory let go, so a flush or a deregistration can never
 // meet a datagram half handled.
-func (s *Socket) endLanding(k int) {
-	b := &s.rx
-	q := b.land[0].q
-	n := max(b.n, 0)
+func (r *rxSide) endLanding(k int) {
+	q := r.land[0].q
+	n := max(r.n, 0)
 	for i := 0; i < k; i++ {
-		l := &b.land[i]
+		l := &r.land[i]
+		m := &r.msgs[i]
 		if i < n {
-			h := &b.hs[i]
-			size := int(h.len)
-			merged := s.groSize(i) > 0 && size > s.groSize(i) // several datagrams: never complete in place
-			if merged || !s.completeLandingLocked(l, size, h.hdr.Flags&unix.MSG_TRUNC != 0, sockaddrToAddrPort(&b.names[i])) {
-				l.flat = l.flatten(size)
+			merged := m.gro > 0 && m.n > m.gro // several datagrams: never complete in place
+			if merged || !r.completeLandingLocked(l, m.n, m.trunc, m.src) {
+				l.flat = l.flatten(m.n)
 			}
 		}
 		l.unlockMRs()
-		l.reset(&b.iovs[i], &b.hs[i])
+		l.reset(m, r.own[i:i+1])
 		if i >= n {
 			l.q = nil // nothing arrived in this slot
 		}
@@ -184,12 +180,11 @@ func (l *landing) unlockMRs() {
 	}
 }
 
-// reset points the slot back at the socket's own buffer.
-func (l *landing) reset(iov *unix.Iovec, h *mmsghdr) {
+// reset points the slot back at its own buffer.
+func (l *landing) reset(m *rxMsg, own []unix.Iovec) {
 	clear(l.segs[:l.nseg])
 	l.nseg = 0
-	h.hdr.Iov = iov
-	h.hdr.Iovlen = 1
+	m.iov = own
 }
 
 // data calls f on the bytes after the header, in order, n in all.
@@ -219,7 +214,7 @@ func (l *landing) flatten(n int) []byte {
 // receive, if it is a valid Send for that QP that fits and that receive is
 // the next in order; it reports false otherwise. The caller holds the QP's
 // receive queue, so the receive is taken and completed in one step.
-func (s *Socket) completeLandingLocked(l *landing, n int, truncated bool, src netip.AddrPort) bool {
+func (r *rxSide) completeLandingLocked(l *landing, n int, truncated bool, src netip.AddrPort) bool {
 	payload := n - udiwarp.DDPUntaggedHeaderSize - udiwarp.CRCSize
 	if truncated || payload < 0 || payload > l.room {
 		return false
@@ -232,10 +227,10 @@ func (s *Socket) completeLandingLocked(l *landing, n int, truncated bool, src ne
 	h := seg.Untagged()
 	q := l.q
 	if !isSend(op) || h.DstQPN() != q.num {
-		s.landOff = landBackoff // the guess was wrong: copy for a while
+		r.landOff = landBackoff // the guess was wrong: copy for a while
 		return false
 	}
-	if !s.dev.cfg.NoCRC && !l.crcOK(payload) {
+	if !r.s.dev.cfg.NoCRC && !l.crcOK(payload) {
 		return false // the ordinary path counts it
 	}
 	if !q.canReceive() {
@@ -245,11 +240,11 @@ func (s *Socket) completeLandingLocked(l *landing, n int, truncated bool, src ne
 		return false // an earlier datagram took another path: copy, in order
 	}
 	q.rq.pop()
-	st := &s.dev.stats
+	st := &r.s.dev.stats
 	st.RxDatagrams.Add(1)
 	st.RxBytes.Add(uint64(n))
 	st.RxLanded.Add(1)
-	s.noteSize(payload)
+	r.noteSize(payload)
 	wc := q.sendWC(l.id, op, h, src, payload) // landed whole: Success
 	q.completeRecv(&wc)
 	l.done = true

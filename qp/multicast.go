@@ -84,12 +84,12 @@ func (s *Socket) joinGroup(group netip.Addr, ifi *net.Interface) error {
 	ga := &net.UDPAddr{IP: group.AsSlice()}
 	var err error
 	if s.v6 {
-		p := ipv6.NewPacketConn(s.conn)
+		p := ipv6.NewPacketConn(s.udp.conn)
 		if err = p.JoinGroup(ifi, ga); err == nil {
 			err = p.SetControlMessage(ipv6.FlagDst, true)
 		}
 	} else {
-		p := ipv4.NewPacketConn(s.conn)
+		p := ipv4.NewPacketConn(s.udp.conn)
 		if err = p.JoinGroup(ifi, ga); err == nil {
 			err = p.SetControlMessage(ipv4.FlagDst, true)
 		}
@@ -97,24 +97,24 @@ func (s *Socket) joinGroup(group netip.Addr, ifi *net.Interface) error {
 	if err != nil {
 		return fmt.Errorf("qp: joining %v: %w", group, err)
 	}
-	s.pktinfo.Store(true)
+	s.udp.pktinfo.Store(true)
 	return nil
 }
 
 func (s *Socket) leaveGroup(group netip.Addr) error {
 	ga := &net.UDPAddr{IP: group.AsSlice()}
 	if s.v6 {
-		return ipv6.NewPacketConn(s.conn).LeaveGroup(nil, ga)
+		return ipv6.NewPacketConn(s.udp.conn).LeaveGroup(nil, ga)
 	}
-	return ipv4.NewPacketConn(s.conn).LeaveGroup(nil, ga)
+	return ipv4.NewPacketConn(s.udp.conn).LeaveGroup(nil, ga)
 }
 
 // SetMulticastInterface chooses the interface multicast sends leave by.
 func (s *Socket) SetMulticastInterface(ifi *net.Interface) error {
 	if s.v6 {
-		return ipv6.NewPacketConn(s.conn).SetMulticastInterface(ifi)
+		return ipv6.NewPacketConn(s.udp.conn).SetMulticastInterface(ifi)
 	}
-	return ipv4.NewPacketConn(s.conn).SetMulticastInterface(ifi)
+	return ipv4.NewPacketConn(s.udp.conn).SetMulticastInterface(ifi)
 }
 
 // deliverMulticast gives each member QP of the datagram's group a copy.

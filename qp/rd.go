@@ -741,7 +741,7 @@ func (d *Device) deliverRD(s *Socket, b []byte, src netip.AddrPort) {
 			return
 		}
 	}
-	h := &s.rdh
+	h := &s.rx.rdh
 	if err := h.Parse(frame); err != nil {
 		st.RxBadHeader.Add(1)
 		return

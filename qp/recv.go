@@ -161,7 +161,7 @@ func (d *Device) deliver(s *Socket, b []byte, truncated bool, src netip.AddrPort
 	st := &d.stats
 	st.RxDatagrams.Add(1)
 	st.RxBytes.Add(uint64(len(b)))
-	s.rxLeft = len(b)
+	s.rx.left = len(b)
 	if truncated {
 		st.RxTooLong.Add(1)
 		return
@@ -259,10 +259,10 @@ func (q *QP) receiveSend(seg udiwarp.Segment, src netip.AddrPort) {
 	case Success:
 		if q.srq == nil {
 			if s := q.sock.Load(); s != nil {
-				if s.landQP.Load() != q {
-					s.landQP.Store(q)
+				if s.rx.landQP.Load() != q {
+					s.rx.landQP.Store(q)
 				}
-				s.noteSize(len(seg.Payload))
+				s.rx.noteSize(len(seg.Payload))
 			}
 		}
 	case LocalLengthError:
@@ -366,7 +366,7 @@ const errorMessageSize = udiwarp.DDPUntaggedHeaderSize + 6 + udiwarp.DDPUntagged
 func (s *Socket) mayAnswer(src netip.AddrPort, size int) bool {
 	a := src.Addr()
 	ok := a.IsValid() && !a.IsUnspecified() && !a.IsMulticast() && src.Port() != 0 &&
-		a != netip.AddrFrom4([4]byte{255, 255, 255, 255}) && size <= s.rxLeft
+		a != netip.AddrFrom4([4]byte{255, 255, 255, 255}) && size <= s.rx.left
 	if ok {
 		_, unicast, known := s.rxDst()
 		ok = known && unicast
@@ -375,7 +375,7 @@ func (s *Socket) mayAnswer(src netip.AddrPort, size int) bool {
 		s.dev.stats.TxRepliesWithheld.Add(1)
 		return false
 	}
-	s.rxLeft -= size
+	s.rx.left -= size
 	return true
 }
 

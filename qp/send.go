@@ -2,7 +2,6 @@ package qp
 
 import (
 	"fmt"
-	"syscall"
 	"unsafe"
 
 	"github.com/udiwarp/udiwarp/udiwarp"
@@ -92,8 +91,6 @@ type txCtx struct {
 	crc    [udiwarp.CRCSize]byte
 	mrs    [maxSGE]*MR
 	nmr    int
-	n      int
-	errno  syscall.Errno
 	length int
 	ah     *AH
 	gso    *gsoCtx // Write-Record batches, made on first use
@@ -106,11 +103,6 @@ type txCtx struct {
 func (t *txCtx) init(q *QP) {
 	t.q = q
 	t.msg.Iov = &t.iov[0]
-}
-
-func (t *txCtx) sendmsg(fd uintptr) {
-	r, _, e := unix.RawSyscall(unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(&t.msg)), unix.MSG_DONTWAIT)
-	t.n, t.errno = int(r), e
 }
 
 // build prepares the datagram of a send WR for socket s. On success the
@@ -215,31 +207,25 @@ func (t *txCtx) release() {
 	t.nmr = 0
 }
 
-// transmit sends the built datagram without waiting, through the
-// socket's way out (sendDirect, or the impairment layer in front of it:
-// Socket.txOut). It returns errSocketFull when the socket cannot take it
-// now.
-func (t *txCtx) transmit(s *Socket) error { return s.txOut(t) }
-
-// sendDirect is transmit straight to the socket.
-func (t *txCtx) sendDirect(s *Socket) error {
+// transmit sends the built datagram (or GSO train) without waiting
+// through the socket's lower layer. It returns errSocketFull when the
+// socket cannot take it now.
+func (t *txCtx) transmit(s *Socket) error {
 	d := s.dev
-	if !s.acquire() {
-		return ErrClosed
-	}
-	t.sendmsg(s.fd)
-	s.release()
-	switch t.errno {
-	case 0:
+	n, err := s.ll.write(&t.msg)
+	switch err {
+	case nil:
 		d.stats.TxDatagrams.Add(1)
-		d.stats.TxBytes.Add(uint64(t.n))
+		d.stats.TxBytes.Add(uint64(n))
 		return nil
-	case unix.EAGAIN:
-		return errSocketFull
+	case errSocketFull, ErrClosed:
+		return err
 	}
 	d.stats.TxErrors.Add(1)
-	d.stats.lastTxErrno.Store(uint32(t.errno))
-	return t.errno
+	if e, ok := err.(unix.Errno); ok {
+		d.stats.lastTxErrno.Store(uint32(e))
+	}
+	return err
 }
 
 // PostSend posts a send work request. It never blocks: when the QP has no
@@ -403,7 +389,7 @@ func (s *Socket) datamover() {
 			more, full := q.eng.drain(s, moverChunk)
 			if full {
 				d.stats.TxParked.Add(1)
-				if err := s.raw.Write(s.writableFn); err != nil {
+				if err := s.ll.waitWritable(); err != nil {
 					return // closed
 				}
 			}
@@ -414,14 +400,6 @@ func (s *Socket) datamover() {
 			}
 		}
 	}
-}
-
-// writable reports whether the socket can take a datagram now; as a
-// RawConn.Write callback it parks the datamover until it can.
-func (s *Socket) writable(fd uintptr) bool {
-	s.wpoll[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLOUT}
-	n, err := unix.Poll(s.wpoll[:], 0)
-	return err != nil || (n == 1 && s.wpoll[0].Revents&(unix.POLLOUT|unix.POLLERR|unix.POLLHUP) != 0)
 }
 
 // drain sends up to max queued WRs. more says WRs remain; full says the

@@ -222,13 +222,13 @@ func (q *QP) receiveWriteRecord(s *Socket, seg udiwarp.Segment, src netip.AddrPo
 	st.RxWRPlaced.Add(1)
 	if rec, ok := q.wr.Placed(&ws); ok {
 		q.recordWriteRecord(m, &rec)
-		if s != nil && s.wrg.q == q {
-			s.wrg.q = nil
+		if s != nil && s.rx.wrg.q == q {
+			s.rx.wrg.q = nil
 		}
 		return faultNone, true
 	}
 	if s != nil { // nil: an RD frame, which does not land in place
-		s.guessWriteRecord(q, m, &ws)
+		s.rx.guessWriteRecord(q, m, &ws)
 	}
 	return faultNone, true
 }

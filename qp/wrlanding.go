@@ -6,7 +6,6 @@ import (
 
 	"github.com/udiwarp/udiwarp/udiwarp"
 	"github.com/udiwarp/udiwarp/writerecord"
-	"golang.org/x/sys/unix"
 )
 
 // Direct placement of Write-Record segments. A message's segments come
@@ -54,8 +53,8 @@ type wrGuess struct {
 // guessWriteRecord notes, on the socket that received it, that ws was
 // placed and its message is still in progress. The caller is s's receive
 // path (under rxMu) and holds q.wrMu.
-func (s *Socket) guessWriteRecord(q *QP, m *MR, ws *writerecord.Segment) {
-	g := &s.wrg
+func (r *rxSide) guessWriteRecord(q *QP, m *MR, ws *writerecord.Segment) {
+	g := &r.wrg
 	if ws.Offset+ws.N >= ws.Length || ws.N < landBigMin {
 		g.q = nil // the message's last segment, or segments too small to pay
 		return
@@ -67,17 +66,17 @@ func (s *Socket) guessWriteRecord(q *QP, m *MR, ws *writerecord.Segment) {
 	}
 	*g = wrGuess{q: q, src: ws.Source, m: m, stag: ws.STag, msn: ws.MSN, mto: ws.MessageTO,
 		length: ws.Length, seg: ws.N, next: next}
-	s.landBig.Store(true)
+	r.landBig.Store(true)
 }
 
 // prepareWRLanding points the first slots of the batch at the predicted
 // segments' places in the region and returns how many it prepared. On
 // success it holds the QP's wrMu and a pin of the region per slot until
 // endWRLanding.
-func (s *Socket) prepareWRLanding(vlen int) int {
-	g := &s.wrg
+func (r *rxSide) prepareWRLanding(vlen int) int {
+	g := &r.wrg
 	q := g.q
-	if q.sock.Load() != s {
+	if q.sock.Load() != r.s {
 		g.q = nil
 		return 0
 	}
@@ -92,7 +91,6 @@ func (s *Socket) prepareWRLanding(vlen int) int {
 		g.q = nil
 		return 0
 	}
-	b := &s.rx
 	off := g.next
 	k := 0
 	for ; k < min(vlen, maxLanding) && off < g.length; k++ {
@@ -100,7 +98,7 @@ func (s *Socket) prepareWRLanding(vlen int) int {
 		// Each predicted place passes the one remote-access check, as the
 		// segment would on the ordinary path: a region revoked,
 		// deregistered or re-registered since the guess lands nothing.
-		m, f := s.dev.checkRemote(q.pd, g.stag, g.mto+uint64(off), uint64(n), AccessRemoteWrite)
+		m, f := r.s.dev.checkRemote(q.pd, g.stag, g.mto+uint64(off), uint64(n), AccessRemoteWrite)
 		if f != faultNone {
 			break
 		}
@@ -108,21 +106,20 @@ func (s *Socket) prepareWRLanding(vlen int) int {
 			m.unpin()
 			break
 		}
-		l := &b.land[k]
+		l := &r.land[k]
 		l.q, l.nseg, l.hlen = q, 1, udiwarp.WriteRecordHeaderSize
 		l.mrs[0] = m
 		l.segs[0] = m.buf[g.mto+uint64(off) : g.mto+uint64(off)+uint64(n)]
 		l.room = int(n)
 		l.wrTO = g.mto + uint64(off)
-		l.tail = b.bufs[k]
+		l.tail = r.bufs[k]
 		l.iov[0].Base = &l.hdr[0]
 		l.iov[0].SetLen(l.hlen)
 		l.iov[1].Base = &l.segs[0][0]
 		l.iov[1].SetLen(int(n))
 		l.iov[2].Base = &l.tail[0]
 		l.iov[2].SetLen(len(l.tail))
-		b.hs[k].hdr.Iov = &l.iov[0]
-		b.hs[k].hdr.SetIovlen(3)
+		r.msgs[k].iov = l.iov[:3]
 		off += n
 	}
 	if k == 0 {
@@ -130,7 +127,7 @@ func (s *Socket) prepareWRLanding(vlen int) int {
 		g.q = nil
 		return 0
 	}
-	b.landWR = true
+	r.landWR = true
 	return k
 }
 
@@ -139,26 +136,24 @@ func (s *Socket) prepareWRLanding(vlen int) int {
 // place, until the first that is not; that one and every later one are
 // copied out for the ordinary path, which then sees them in arrival
 // order. Only then are the QP and the region let go.
-func (s *Socket) endWRLanding(k int) {
-	b := &s.rx
-	g := &s.wrg
-	q := b.land[0].q
-	n := max(b.n, 0)
+func (r *rxSide) endWRLanding(k int) {
+	g := &r.wrg
+	q := r.land[0].q
+	n := max(r.n, 0)
 	inPlace := true
 	for i := 0; i < k; i++ {
-		l := &b.land[i]
+		l := &r.land[i]
+		m := &r.msgs[i]
 		if i < n {
-			h := &b.hs[i]
-			size := int(h.len)
-			merged := s.groSize(i) > 0 && size > s.groSize(i)
-			if !inPlace || merged || !s.placeLandedLocked(l, size, h.hdr.Flags&unix.MSG_TRUNC != 0, sockaddrToAddrPort(&b.names[i])) {
+			merged := m.gro > 0 && m.n > m.gro
+			if !inPlace || merged || !r.placeLandedLocked(l, m.n, m.trunc, m.src) {
 				inPlace = false
-				l.flat = l.flatten(size)
-				l.strayLanded(size)
+				l.flat = l.flatten(m.n)
+				l.strayLanded(m.n)
 			}
 		}
 		l.unlockMRs()
-		l.reset(&b.iovs[i], &b.hs[i])
+		l.reset(m, r.own[i:i+1])
 		if i >= n {
 			l.q = nil
 		}
@@ -166,7 +161,7 @@ func (s *Socket) endWRLanding(k int) {
 	if !inPlace {
 		g.q = nil // guess again from the ordinary path
 	}
-	b.landWR = false
+	r.landWR = false
 	q.wrMu.Unlock()
 }
 
@@ -188,8 +183,8 @@ func (l *landing) strayLanded(size int) {
 // place if it is exactly the predicted segment: same source, QP, STag,
 // message and offset, the predicted size, a good CRC. It reports false
 // otherwise. The caller holds q.wrMu and a pin of the region.
-func (s *Socket) placeLandedLocked(l *landing, n int, truncated bool, src netip.AddrPort) bool {
-	g := &s.wrg
+func (r *rxSide) placeLandedLocked(l *landing, n int, truncated bool, src netip.AddrPort) bool {
+	g := &r.wrg
 	q := l.q
 	payload := n - udiwarp.WriteRecordHeaderSize - udiwarp.CRCSize
 	if truncated || payload != l.room || g.q != q || src != g.src.Addr {
@@ -209,7 +204,7 @@ func (s *Socket) placeLandedLocked(l *landing, n int, truncated bool, src netip.
 		seg.Control.Last() != (g.next+uint32(payload) == g.length) {
 		return false
 	}
-	if !s.dev.cfg.NoCRC && !l.crcOK(payload) {
+	if !r.s.dev.cfg.NoCRC && !l.crcOK(payload) {
 		return false // the ordinary path counts it
 	}
 	if !q.canReceive() {
@@ -218,7 +213,7 @@ func (s *Socket) placeLandedLocked(l *landing, n int, truncated bool, src netip.
 	// Revoked while the datagram landed (Invalidate waited for this
 	// landing's pins before returning): not placed; the ordinary path
 	// refuses and counts it.
-	m, f := s.dev.checkRemote(q.pd, g.stag, g.mto+uint64(g.next), uint64(payload), AccessRemoteWrite)
+	m, f := r.s.dev.checkRemote(q.pd, g.stag, g.mto+uint64(g.next), uint64(payload), AccessRemoteWrite)
 	if f != faultNone {
 		return false
 	}
@@ -228,7 +223,7 @@ func (s *Socket) placeLandedLocked(l *landing, n int, truncated bool, src netip.
 	if q.wr.Admit(&ws, time.Time{}) != writerecord.Place {
 		return false // cannot happen under wrMu; the ordinary path decides
 	}
-	st := &s.dev.stats
+	st := &r.s.dev.stats
 	st.RxDatagrams.Add(1)
 	st.RxBytes.Add(uint64(n))
 	st.RxWRPlaced.Add(1)

@@ -1,0 +1,159 @@
+package qp
+
+import (
+	"net/netip"
+	"sync/atomic"
+
+	"github.com/udiwarp/udiwarp/reliability"
+	"golang.org/x/sys/unix"
+)
+
+// rxSide is the receive side of a socket's datagram engines: it supplies
+// the buffers of every read to the lower layer and hands each datagram to
+// the engines (Device.deliver). The buffers are the slot's own, or — when
+// it can guess what comes next — the memory the datagram is for: a posted
+// receive of the QP the last Sends were for (landing.go) or the next
+// segments' place in a Write-Record region (wrlanding.go). The guesses
+// live here, not in the lower layer, which only reads into what it is
+// given. Everything but landQP and landBig is under Socket.rxMu.
+type rxSide struct {
+	s    *Socket
+	msgs []rxMsg
+	own  []unix.Iovec // each slot's own buffer as one iovec
+	bufs [][]byte
+	land []landing // direct placement into posted receives, per slot
+	n    int       // datagrams the last read returned
+	// landWR says the landed slots are Write-Record segments.
+	landWR bool
+	// landQP is the QP the last Send was for: batch receives land in its
+	// posted receives (see landing.go).
+	landQP atomic.Pointer[QP]
+	// landBig says recent messages were large enough that landing in
+	// place beats preparing it, even for a single-datagram read.
+	landBig atomic.Bool
+	// landOff skips landing for this many reads after a wrong guess (the
+	// socket's traffic goes to several QPs).
+	landOff int
+	// wrg is the Write-Record message whose next segments batch receives
+	// land at their predicted place (see wrlanding.go).
+	wrg wrGuess
+	rdh reliability.Header // the RD header being handled
+	// cur is the slot being delivered (for its control messages); held,
+	// a datagram the receive impairment delayed, delivered outside a read.
+	cur  int
+	held *impaired
+	// left is how many bytes of replies the datagram being delivered may
+	// still draw (mayAnswer).
+	left int
+	// streak counts inline polls in a row that found a datagram.
+	streak int
+}
+
+func (r *rxSide) init(s *Socket, batch int) {
+	r.s = s
+	r.msgs = make([]rxMsg, batch)
+	r.own = make([]unix.Iovec, batch)
+	r.bufs = make([][]byte, batch)
+	r.land = make([]landing, batch)
+	for i := range batch {
+		r.bufs[i] = make([]byte, 1<<16)
+		r.own[i].Base = &r.bufs[i][0]
+		r.own[i].SetLen(len(r.bufs[i]))
+		r.msgs[i].iov = r.own[i : i+1]
+	}
+}
+
+// read reads up to vlen datagrams without waiting, landing them in place
+// where it can guess their place; false means the socket closed.
+func (r *rxSide) read(vlen int) bool {
+	vlen = min(vlen, len(r.msgs))
+	landed := 0
+	if r.landOff > 0 {
+		r.landOff--
+	} else if big := r.landBig.Load(); vlen > 1 || big {
+		if r.wrg.q != nil {
+			landed = r.prepareWRLanding(vlen)
+		}
+		// Large Sends land in their posted receives. Small ones do not:
+		// copying a few hundred bytes costs less than binding a batch of
+		// receives (BenchmarkRoundTripCPU).
+		if landed == 0 && big {
+			landed = r.prepareLanding(vlen)
+		}
+		if big && landed > 0 {
+			vlen = landed // large datagrams: read no more than can land in place
+		}
+	}
+	n, ok := r.s.ll.read(r.msgs[:vlen])
+	r.n = n
+	switch {
+	case landed > 0 && r.landWR:
+		r.endWRLanding(landed)
+	case landed > 0:
+		r.endLanding(landed)
+	}
+	return ok
+}
+
+// dispatch hands every datagram of the last read to the engines; false
+// when there was none.
+func (r *rxSide) dispatch() bool {
+	if r.n <= 0 {
+		return false
+	}
+	for i := 0; i < r.n; i++ {
+		r.cur = i
+		m := &r.msgs[i]
+		if l := &r.land[i]; l.q != nil {
+			// Landed in a posted receive: endLanding either completed it
+			// there or copied it out for the ordinary path.
+			if !l.done {
+				r.deliverSplit(l.flat, m.trunc || m.n > len(l.flat), m.gro, m.src)
+			}
+			l.q, l.done, l.flat = nil, false, nil
+			continue
+		}
+		r.deliverSplit(r.bufs[i][:min(m.n, len(r.bufs[i]))], m.trunc, m.gro, m.src)
+	}
+	return true
+}
+
+// deliverSplit delivers a read, cutting it into its datagrams when GRO
+// merged several (every one gso bytes but the last).
+func (r *rxSide) deliverSplit(b []byte, truncated bool, gso int, src netip.AddrPort) {
+	d := r.s.dev
+	if gso <= 0 || gso >= len(b) || truncated {
+		d.deliver(r.s, b, truncated, src)
+		return
+	}
+	for len(b) > 0 {
+		k := min(gso, len(b))
+		d.deliver(r.s, b[:k], false, src)
+		b = b[k:]
+	}
+}
+
+// deliverLate delivers a datagram the receive impairment delayed, under
+// the socket's receive lock, unless the socket has closed.
+func (s *Socket) deliverLate(p *impaired) {
+	s.txMu.Lock()
+	closed := s.closed
+	s.txMu.Unlock()
+	if closed {
+		return
+	}
+	s.rxMu.Lock()
+	defer s.rxMu.Unlock()
+	s.rx.held = p
+	s.dev.deliver(s, p.b, p.trunc, p.addr)
+	s.rx.held = nil
+}
+
+// rxDst returns the destination address of the datagram being delivered
+// and whether it is unicast (see pktinfoDst).
+func (s *Socket) rxDst() (dst netip.Addr, unicast, ok bool) {
+	if p := s.rx.held; p != nil {
+		return pktinfoDst(p.ctl)
+	}
+	return pktinfoDst(s.rx.msgs[s.rx.cur].ctl)
+}
