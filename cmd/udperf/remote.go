@@ -96,12 +96,6 @@ type runRequest struct {
 	QPN  uint32 `json:"qpn,omitempty"`
 }
 
-// regionRef is a region's handle.
-type regionRef struct {
-	STag uint32 `json:"stag"`
-	TO   uint64 `json:"to"`
-}
-
 type runReply struct {
 	// Udperf answers a greeting: the protocol the server speaks.
 	Udperf string `json:"udperf,omitempty"`
@@ -110,10 +104,10 @@ type runReply struct {
 	QPN    uint32 `json:"qpn,omitempty"`
 	// The server's region, and (rc-send) the receives it posted; ud-wr:
 	// a region per message slot.
-	STag    uint32      `json:"stag,omitempty"`
-	TO      uint64      `json:"to,omitempty"`
-	Credits int         `json:"credits,omitempty"`
-	Slots   []regionRef `json:"slots,omitempty"`
+	STag    uint32        `json:"stag,omitempty"`
+	TO      uint64        `json:"to,omitempty"`
+	Credits int           `json:"credits,omitempty"`
+	Slots   []perf.Region `json:"slots,omitempty"`
 	// After a bandwidth run: what the server received (Received: whole
 	// messages; Partial: Write-Records delivered partial; ValidBytes: the
 	// bytes recorded valid, whole and partial).
@@ -387,7 +381,7 @@ func (s *session) run(req runRequest, cfg perf.Config, dec *json.Decoder, enc *j
 		enc.Encode(runReply{Error: fmt.Sprintf("cannot serve %s %s %d B: %v", req.Mode, req.Test, req.Size, err)})
 		return nil // the session goes on: the next request may be right
 	}
-	ep, err := newEndpoint(req, cfg, host, from)
+	ep, err := newEndpoint(req, cfg, host, from, s.closing.Load)
 	if err != nil {
 		enc.Encode(runReply{Error: err.Error()})
 		return err
@@ -407,14 +401,9 @@ func (s *session) run(req runRequest, cfg perf.Config, dec *json.Decoder, enc *j
 		}
 		return fmt.Errorf("%s %s %d B: the client's done: %v", req.Mode, req.Test, req.Size, err)
 	}
-	if req.Test != "lat" && reliableMode(string(req.Mode)) && !clientMeasured(req.Mode) {
-		// A reliable transport loses nothing: take in what is still on
-		// its way, however slowly, before counting, so that the client's
-		// Lost is what was really lost (unless the server stops).
-		want := done.Sent * uint64(max(req.Size, 1))
-		perf.WaitUntil(perf.DrainLimit, func() bool { return s.closing.Load() || ep.bytes() >= want })
-	}
-	r := ep.stop()
+	// What is still on its way arrives (a reliable mode: all of it,
+	// however slowly, unless the server stops) before the count.
+	r := ep.stop(done.Sent)
 	release()
 	s.line(runLine(req, done, r))
 	return enc.Encode(r)
@@ -457,7 +446,7 @@ func runLine(req runRequest, done doneMsg, r runReply) string {
 	switch {
 	case req.Test == "lat":
 		return l + fmt.Sprintf(": p50 %.2f us, avg %.2f us", done.P50, done.Avg) + elsewhere
-	case clientMeasured(req.Mode):
+	case req.Mode.InitiatorMeasured():
 		return l + fmt.Sprintf(": %.2f Gb/s, %.4f Mpps", done.Gbps, done.Mpps) + elsewhere
 	}
 	l += fmt.Sprintf(": %.2f Gb/s, %.4f Mpps, %d of %d messages received", r.Gbps, r.Mpps, r.Received, done.Sent)
@@ -474,53 +463,26 @@ type endpoint struct {
 	stag    uint32
 	to      uint64
 	credits int
-	slots   []regionRef
-	stop    func() runReply
+	slots   []perf.Region
+	stop    func(sent uint64) runReply // settle, then the figures
 	close   func()
-	bytes   func() uint64 // received so far
 }
 
-func newEndpoint(req runRequest, cfg perf.Config, host string, from netip.AddrPort) (*endpoint, error) {
+// newEndpoint opens the server's end of req's run on host, taking data
+// from the client's data end (from) alone, and starts serving it: a
+// plain socket's echo or sink (perf.UDPEnd, perf.TCPEnd), or a
+// queue-pair mode's target half (perf.End.Serve). closing says the
+// server is stopping.
+func newEndpoint(req runRequest, cfg perf.Config, host string, from netip.AddrPort, closing func() bool) (*endpoint, error) {
 	slot := max(req.Size, 1)
+	tally := perf.NewTally()
 	var wg sync.WaitGroup
-	var received, bytes, partial, partialBytes atomic.Uint64
-	var first, last atomic.Int64
+	var stop atomic.Bool
 	var foreign atomic.Uint64 // raw-tcp: connections from elsewhere
 	foreignOf := foreign.Load // what the run dropped from elsewhere
-	note := func(n int) {
-		now := time.Now().UnixNano()
-		first.CompareAndSwap(0, now)
-		last.Store(now)
-		received.Add(1)
-		bytes.Add(uint64(n))
-	}
-	notePartial := func(valid uint64) { // a Write-Record delivered partial
-		now := time.Now().UnixNano()
-		first.CompareAndSwap(0, now)
-		last.Store(now)
-		partial.Add(1)
-		partialBytes.Add(valid)
-	}
-	start := time.Now()
-	result := func() runReply {
-		r := runReply{Received: received.Load(), Partial: partial.Load(), ValidBytes: bytes.Load() + partialBytes.Load(), Foreign: foreignOf()}
-		n := r.Received + r.Partial
-		el := time.Duration(last.Load() - first.Load()).Seconds()
-		if el <= 0 || n <= 1 {
-			// All of it at once: the run's span stands in (a lower
-			// bound, never a zero for data that arrived).
-			el = time.Unix(0, last.Load()).Sub(start).Seconds()
-		}
-		if el > 0 && n > 0 {
-			r.Gbps = float64(r.ValidBytes) * 8 / el / 1e9
-			r.Mpps = float64(n) / el / 1e6
-		}
-		return r
-	}
 	echo := req.Test == "lat"
-	ep := &endpoint{bytes: bytes.Load}
+	ep := &endpoint{}
 	poll := cfg.Poll
-	var stop atomic.Bool
 	switch req.Mode {
 	case perf.ModeRawUDP, perf.ModeRawUDPUnconnected:
 		// raw-udp: a socket connected to the client's data socket (the
@@ -548,13 +510,7 @@ func newEndpoint(req runRequest, cfg perf.Config, host string, from netip.AddrPo
 				end.Echo()
 				return
 			}
-			end.Sink(func(k, n int) {
-				now := time.Now().UnixNano()
-				first.CompareAndSwap(0, now)
-				last.Store(now)
-				received.Add(uint64(k))
-				bytes.Add(uint64(n))
-			})
+			end.Sink(tally.NoteN)
 		})
 		ep.close = func() { stop.Store(true); pc.Close(); wg.Wait() }
 	case perf.ModeRawTCP:
@@ -589,12 +545,7 @@ func newEndpoint(req runRequest, cfg perf.Config, host string, from netip.AddrPo
 				end.Echo(slot)
 				return
 			}
-			end.Sink(func(n int) {
-				now := time.Now().UnixNano()
-				first.CompareAndSwap(0, now)
-				last.Store(now)
-				received.Store(bytes.Add(uint64(n)) / uint64(slot))
-			})
+			end.Sink(func(n int) { tally.NoteBytes(n, slot) })
 		})
 		ep.close = func() {
 			stop.Store(true)
@@ -604,18 +555,41 @@ func newEndpoint(req runRequest, cfg perf.Config, host string, from netip.AddrPo
 			}
 			wg.Wait()
 		}
-	default:
-		qep, err := newQPEndpoint(req, cfg, host, from, note, notePartial, result, &foreignOf)
-		if qep != nil {
-			qep.bytes = bytes.Load
+	default: // a queue-pair mode: the target half
+		network := "udp4"
+		if a, err := netip.ParseAddr(host); err == nil && a.Is6() && !a.Is4In6() {
+			network = "udp6"
 		}
-		return qep, err
+		e, err := perf.OpenEnd(cfg, true, network, net.JoinHostPort(host, "0"))
+		if err != nil {
+			return nil, err
+		}
+		if err := e.Listen(host); err != nil {
+			e.Close()
+			return nil, err
+		}
+		o := e.Offer()
+		ep.addr, ep.qpn, ep.stag, ep.to, ep.credits, ep.slots = o.Addr, o.QPN, o.Region.STag, o.Region.TO, o.Credits, o.Slots
+		peer := perf.Peer{Addr: from, QPN: req.QPN, Region: perf.Region{STag: req.STag, TO: req.TO}}
+		foreignOf = e.Foreign
+		wg.Go(func() { e.Serve(peer, echo, tally, &stop) })
+		ep.close = func() { stop.Store(true); e.Close(); wg.Wait() }
 	}
-	ep.stop = func() runReply {
-		time.Sleep(50 * time.Millisecond) // what is still on its way arrives
-		return result()
+	ep.stop = func(sent uint64) runReply {
+		tally.Settle(cfg, sent, closing)
+		r := runReply{Foreign: foreignOf()}
+		r.Received, r.Partial, r.ValidBytes, r.Gbps, r.Mpps = tally.Figures()
+		return r
 	}
 	return ep, nil
+}
+
+// remoteMaxSize is the largest message of a mode over server/client.
+func remoteMaxSize(m perf.Mode) int {
+	if m == perf.ModeUDSend || m == perf.ModeRawUDP || m == perf.ModeRawUDPUnconnected {
+		return 65000
+	}
+	return 8 << 20
 }
 
 func client(args []string, stdout, stderr io.Writer) int {
@@ -755,7 +729,7 @@ func (s *clientSession) run(cfg perf.Config, test string) (perf.Result, error) {
 	}
 	anyPort := netip.AddrPortFrom(host, 0)
 	req.From = anyPort.String()
-	var end *qpEnd
+	var end *perf.End
 	var data *net.UDPConn
 	switch {
 	case cfg.Mode == perf.ModeRawUDP || cfg.Mode == perf.ModeRawUDPUnconnected:
@@ -767,14 +741,12 @@ func (s *clientSession) run(cfg perf.Config, test string) (perf.Result, error) {
 		req.From = data.LocalAddr().String()
 	case !plainMode(cfg.Mode):
 		var err error
-		if end, err = openQPEnd(cfg, false, network, anyPort.String()); err != nil {
+		if end, err = perf.OpenEnd(cfg, false, network, anyPort.String()); err != nil {
 			return perf.Result{}, err
 		}
-		defer end.dev.Close()
-		req.STag, req.TO = end.mr.STag(), end.mr.Addr()
-		if end.sock != nil {
-			req.From, req.QPN = end.sock.LocalAddr().String(), end.q.QPN()
-		}
+		defer end.Close()
+		p := end.Peer(host)
+		req.From, req.QPN, req.STag, req.TO = p.Addr.String(), p.QPN, p.Region.STag, p.Region.TO
 	}
 	if err := s.enc.Encode(req); err != nil {
 		return perf.Result{}, err
@@ -789,7 +761,14 @@ func (s *clientSession) run(cfg perf.Config, test string) (perf.Result, error) {
 	var res perf.Result
 	var err error
 	if end != nil {
-		res, err = end.driveQP(cfg, test, rep)
+		res, err = driveEnd(end, cfg, test, rep)
+		// Keep driving a busy-polled device while the server settles
+		// (an RD sender's last acks).
+		var settled atomic.Bool
+		var draining sync.WaitGroup
+		defer draining.Wait()
+		defer settled.Store(true)
+		draining.Go(func() { end.Drain(&settled) })
 	} else {
 		res, err = drive(cfg, test, rep, data, host)
 	}
@@ -808,7 +787,7 @@ func (s *clientSession) run(cfg perf.Config, test string) (perf.Result, error) {
 		}
 		return perf.Result{}, fmt.Errorf("the server's figures: %w", err)
 	}
-	if cfg.Test == perf.TestBW && !clientMeasured(cfg.Mode) {
+	if cfg.Test == perf.TestBW && !cfg.Mode.InitiatorMeasured() {
 		res.Received, res.Partial, res.Gbps, res.Mpps = fin.Received, fin.Partial, fin.Gbps, fin.Mpps
 		if res.Sent > res.Received {
 			res.Lost = res.Sent - res.Received
@@ -816,6 +795,20 @@ func (s *clientSession) run(cfg perf.Config, test string) (perf.Result, error) {
 		res.ValidBytes = fin.ValidBytes
 	}
 	return res, nil
+}
+
+// driveEnd runs the initiator half of a queue-pair mode against the
+// target the server offered in rep.
+func driveEnd(e *perf.End, cfg perf.Config, test string, rep runReply) (perf.Result, error) {
+	o := perf.Offer{Addr: rep.Addr, QPN: rep.QPN, Region: perf.Region{STag: rep.STag, TO: rep.TO}, Credits: rep.Credits, Slots: rep.Slots}
+	if test == "lat" {
+		ns, err := e.DriveLatency(cfg, o)
+		if err != nil {
+			return perf.Result{Config: cfg}, err
+		}
+		return perf.Summarize(cfg, ns), nil
+	}
+	return e.DriveBandwidth(cfg, o)
 }
 
 // connectUDP connects c, a bound UDP socket, to the server's data end:

@@ -46,14 +46,15 @@ func TestServerSpoofedData(t *testing.T) {
 			const size, trips = 64, 50
 			req := runRequest{Mode: mode, Test: "lat", Size: size, Poll: "event", Trips: trips}
 			var data *net.UDPConn
-			var end *qpEnd
+			var end *perf.End
 			cfg := perf.Config{Mode: mode, Test: perf.TestLat, Poll: qp.PollEvent, Size: size, Iters: trips, QPs: 1}
 			if mode == perf.ModeUDSend {
-				if end, err = openQPEnd(cfg, false, "udp4", "127.0.0.1:0"); err != nil {
+				if end, err = perf.OpenEnd(cfg, false, "udp4", "127.0.0.1:0"); err != nil {
 					t.Fatal(err)
 				}
-				defer end.dev.Close()
-				req.From, req.QPN = end.sock.LocalAddr().String(), end.q.QPN()
+				defer end.Close()
+				p := end.Peer(netip.MustParseAddr("127.0.0.1"))
+				req.From, req.QPN = p.Addr.String(), p.QPN
 			} else {
 				if data, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}); err != nil {
 					t.Fatal(err)
@@ -88,7 +89,7 @@ func TestServerSpoofedData(t *testing.T) {
 			// The client's run, as `udperf client` drives it.
 			var res perf.Result
 			if end != nil {
-				res, err = end.driveQP(cfg, "lat", rep)
+				res, err = driveEnd(end, cfg, "lat", rep)
 			} else {
 				res, err = drive(cfg, "lat", rep, data, netip.MustParseAddr("127.0.0.1"))
 			}

@@ -4,15 +4,16 @@
 // allows for each polling mode, so every figure has its baseline from the
 // same run.
 //
-// Files: perf.go the harness (Config, Check, Run, results); ud.go, wr.go,
-// rd.go and rc.go the queue-pair modes; sock.go the plain-socket ends
+// Files: perf.go the harness (Config, Check, Run, results); end.go the
+// queue-pair modes as two halves, a target End that serves and an
+// initiator End that measures, which udperf local runs in one process
+// and udperf server and client run in two; sock.go the plain-socket ends
 // (UDPEnd, TCPEnd), which udperf's server and client run too, so both
 // sides of every ratio poll alike in one process or two; raw.go and the
 // end of rc.go the plain-socket runs in one process.
 package perf
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -122,13 +123,6 @@ func openDevice(cfg Config, dc qp.DeviceConfig) (*qp.Device, error) {
 }
 
 var errStopped = errors.New("perf: stopped")
-
-// waitBriefly parks on cq for at most 10 ms.
-func waitBriefly(cq *qp.CQ) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
-	cq.Wait(ctx)
-	cancel()
-}
 
 func (c *Config) fill() {
 	if c.Iters <= 0 {
@@ -316,35 +310,18 @@ func bidir(cfg Config) (Result, error) {
 
 func run(cfg Config) (Result, error) {
 	switch {
-	case (cfg.Mode == ModeUDSend || cfg.Mode == ModeRDSend) && cfg.Test == TestLat:
-		return udLatency(cfg)
-	case (cfg.Mode == ModeUDSend || cfg.Mode == ModeRDSend) && cfg.Test == TestBW:
-		return udBandwidth(cfg)
-	case cfg.Mode.oneSided() && cfg.Test == TestLat:
-		return rdWriteLatency(cfg)
-	case cfg.Mode.oneSided() && cfg.Test == TestBW:
-		return rdWriteBandwidth(cfg)
-	case cfg.Mode == ModeUDWriteRecord && cfg.Test == TestLat:
-		return wrLatency(cfg)
-	case cfg.Mode == ModeUDWriteRecord && cfg.Test == TestBW:
-		return wrBandwidth(cfg)
 	case (cfg.Mode == ModeRawUDP || cfg.Mode == ModeRawUDPUnconnected) && cfg.Test == TestLat:
 		return rawLatency(cfg)
 	case (cfg.Mode == ModeRawUDP || cfg.Mode == ModeRawUDPUnconnected) && cfg.Test == TestBW:
 		return rawBandwidth(cfg)
-	case cfg.Mode.rc() && cfg.Test == TestLat:
-		return rcLatency(cfg)
-	case cfg.Mode.rc() && cfg.Test == TestBW:
-		return rcBandwidth(cfg)
 	case cfg.Mode == ModeRawTCP && cfg.Test == TestLat:
 		return rawTCPLatency(cfg)
 	case cfg.Mode == ModeRawTCP && cfg.Test == TestBW:
 		return rawTCPBandwidth(cfg)
 	}
-	return Result{}, fmt.Errorf("perf: no %s test for mode %s", cfg.Test, cfg.Mode)
+	return qpRun(cfg) // every queue-pair mode: a target and an initiator (end.go)
 }
 
-// latResult summarizes half-round-trip samples in nanoseconds.
 func latResult(cfg Config, ns []int64) Result {
 	r := Result{Config: cfg, Samples: len(ns)}
 	if len(ns) == 0 {

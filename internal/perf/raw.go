@@ -2,12 +2,10 @@ package perf
 
 import (
 	"net"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/udiwarp/udiwarp/qp"
 	"golang.org/x/sys/unix"
 )
 
@@ -44,16 +42,6 @@ func connectedPair() (a, b *net.UDPConn, err error) {
 		return nil, nil, err
 	}
 	return a, b, nil
-}
-
-// lockThread pins a busy poller to its OS thread, as the fastest spinning
-// code does, when there are no more spinners than one pair.
-func lockThread(cfg Config) func() {
-	if cfg.Poll != qp.PollBusy || cfg.QPs > 1 {
-		return func() {}
-	}
-	runtime.LockOSThread()
-	return runtime.UnlockOSThread
 }
 
 // rawLatency is the plain-UDP ping-pong: cfg.QPs socket pairs at once,
