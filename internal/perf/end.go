@@ -85,23 +85,28 @@ type Peer struct {
 // layer's loss, the segment size, Write-Record's deadline and policy,
 // metrics through Config.OnDevice).
 type End struct {
-	mode      Mode
-	size      int
-	slot      int
-	depth     int // receives posted (Send modes)
-	target    bool
-	noCRC     bool
-	lock      bool // busy polling, one pair: the latency loops keep their OS thread
-	dev       *qp.Device
-	pd        *qp.PD
-	buf       []byte
-	mr        *qp.MR
-	cq        *qp.CQ
-	q         *qp.QP
-	sock      *qp.Socket     // UD, RD
-	ln        *qp.RCListener // an RC target's, once Listen ran
-	slots     []*qp.MR       // ud-wr target: one region per message slot
-	foreign   atomic.Uint64  // what the target dropped from elsewhere
+	mode    Mode
+	size    int
+	slot    int
+	depth   int // receives posted (Send modes)
+	target  bool
+	noCRC   bool
+	lock    bool // busy polling, one pair: the latency loops keep their OS thread
+	dev     *qp.Device
+	pd      *qp.PD
+	buf     []byte
+	mr      *qp.MR
+	cq      *qp.CQ
+	q       *qp.QP
+	sock    *qp.Socket     // UD, RD
+	ln      *qp.RCListener // an RC target's, once Listen ran
+	slots   []*qp.MR       // ud-wr target: one region per message slot
+	foreign atomic.Uint64  // what the target dropped from elsewhere
+	// The WRs the loops post again and again, built in place: a WR with
+	// an SGL literal per message would allocate.
+	rwr       qp.RecvWR
+	swr       qp.SendWR
+	sges      [2]qp.SGE
 	closeOnce sync.Once
 }
 
@@ -273,7 +278,17 @@ func (e *End) Peer(host netip.Addr) Peer {
 func (e *End) Foreign() uint64 { return e.foreign.Load() }
 
 func (e *End) repost(wc *qp.WorkCompletion) {
-	e.q.PostRecv(&qp.RecvWR{ID: wc.ID, SGL: []qp.SGE{e.mr.SGE(int(wc.ID), e.slot)}})
+	e.sges[0] = e.mr.SGE(int(wc.ID), e.slot)
+	e.rwr = qp.RecvWR{ID: wc.ID, SGL: e.sges[:1]}
+	e.q.PostRecv(&e.rwr)
+}
+
+// post sends wr with one SGE, both built in place.
+func (e *End) post(wr qp.SendWR, sge qp.SGE) {
+	e.sges[1] = sge
+	e.swr = wr
+	e.swr.SGL = e.sges[1:2]
+	e.q.PostSend(&e.swr)
 }
 
 // park waits up to d for the CQ to have a completion (event mode).
@@ -341,7 +356,7 @@ func (e *End) Serve(p Peer, lat bool, t *Tally, stop *atomic.Bool) {
 	for it := 0; !stop.Load(); {
 		if watch && e.size > 0 && e.buf[in] == WriteMark(it) {
 			e.buf[e.size-1] = WriteMark(it)
-			e.q.PostSend(&qp.SendWR{Opcode: qp.OpWrite, SGL: []qp.SGE{e.mr.SGE(0, e.size)}, RemoteSTag: p.Region.STag, RemoteTO: p.Region.TO + uint64(e.slot)})
+			e.post(qp.SendWR{Opcode: qp.OpWrite, RemoteSTag: p.Region.STag, RemoteTO: p.Region.TO + uint64(e.slot)}, e.mr.SGE(0, e.size))
 			it++
 		}
 		n := e.cq.Poll(wcs)
@@ -371,7 +386,7 @@ func (e *End) Serve(p Peer, lat bool, t *Tally, stop *atomic.Bool) {
 			case qp.WCRecv:
 				e.repost(wc)
 				if lat {
-					e.q.PostSend(&qp.SendWR{SGL: []qp.SGE{e.mr.SGE(int(wc.ID), int(wc.Len))}, AH: ah})
+					e.post(qp.SendWR{AH: ah}, e.mr.SGE(int(wc.ID), int(wc.Len)))
 					continue
 				}
 				t.Note(int(wc.Len))
@@ -381,8 +396,8 @@ func (e *End) Serve(p Peer, lat bool, t *Tally, stop *atomic.Bool) {
 			case qp.WCWriteRecord:
 				switch {
 				case lat:
-					e.q.PostSend(&qp.SendWR{Opcode: qp.OpWriteRecord, SGL: []qp.SGE{e.mr.SGE(0, e.size)}, AH: ah,
-						RemoteSTag: p.Region.STag, RemoteTO: p.Region.TO + uint64(e.slot)})
+					e.post(qp.SendWR{Opcode: qp.OpWriteRecord, AH: ah, RemoteSTag: p.Region.STag, RemoteTO: p.Region.TO + uint64(e.slot)},
+						e.mr.SGE(0, e.size))
 				case wc.Partial: // deliver-partial: its valid ranges
 					var valid uint64
 					for _, r := range wc.Valid {
@@ -464,12 +479,18 @@ func (e *End) DriveLatency(cfg Config, o Offer) ([]int64, error) {
 			}
 			return nil
 		}
-		for k := 0; time.Now().Before(end); k++ {
+		for k := 1; ; k++ {
 			if e.cq.Poll(wcs[:1]) == 0 {
-				if !busy {
-					e.park(20 * time.Millisecond)
-				} else if k%1024 == 1023 {
+				if busy && k%1024 != 0 {
+					continue // the clock only now and then: it costs a poll's time
+				}
+				if time.Now().After(end) {
+					return os.ErrDeadlineExceeded
+				}
+				if busy {
 					runtime.Gosched()
+				} else {
+					e.park(20 * time.Millisecond)
 				}
 				continue
 			}
@@ -483,7 +504,6 @@ func (e *End) DriveLatency(cfg Config, o Offer) ([]int64, error) {
 				return nil
 			}
 		}
-		return os.ErrDeadlineExceeded
 	}
 	ns := make([]int64, 0, cfg.Iters)
 	for it := range max(cfg.Warmup, 0) + cfg.Iters {
