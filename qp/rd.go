@@ -184,12 +184,6 @@ type rdPeer struct {
 // that has not yet learnt the session ended) must not open it again.
 const rdGraveyard = 256
 
-// rdGrave names an ended session: the peer and the epoch it had in it.
-type rdGrave struct {
-	key   rdKey
-	epoch uint32
-}
-
 // rdQP is the RD state of a QP, under mu.
 type rdQP struct {
 	q       *QP
@@ -197,10 +191,8 @@ type rdQP struct {
 	cfg     RDConfig
 	tokens  *reliability.Tokens
 	peers   map[rdKey]*rdPeer
-	graves  map[rdGrave]struct{}
-	ring    [rdGraveyard]rdGrave // graves, oldest at ringAt once full
-	ringAt  int
-	out     []*rdWR // every WR not completed, in post order
+	graves  *reliability.Graveyard[rdKey] // ended sessions
+	out     []*rdWR                       // every WR not completed, in post order
 	tx      txCtx
 	hb      [reliability.MaxHeaderSize + udiwarp.WriteRecordHeaderSize]byte
 	ack     reliability.AckBlock
@@ -238,7 +230,7 @@ func newRDQP(q *QP, cfg RDConfig) *rdQP {
 	if cfg.MaxQPHeldBytes <= 0 {
 		cfg.MaxQPHeldBytes = defaultMaxQPHeldBytes
 	}
-	r := &rdQP{q: q, cfg: cfg, tokens: reliability.NewTokens(), peers: map[rdKey]*rdPeer{}, graves: map[rdGrave]struct{}{},
+	r := &rdQP{q: q, cfg: cfg, tokens: reliability.NewTokens(), peers: map[rdKey]*rdPeer{}, graves: reliability.NewGraveyard[rdKey](rdGraveyard),
 		perAddr: map[netip.Addr]int{}}
 	r.tx.init(q)
 	return r
@@ -398,16 +390,7 @@ func (r *rdQP) bury(p *rdPeer) {
 	if !p.established {
 		return
 	}
-	g := rdGrave{p.key, p.theirEpoch}
-	if _, ok := r.graves[g]; ok {
-		return
-	}
-	if len(r.graves) == rdGraveyard {
-		delete(r.graves, r.ring[r.ringAt])
-	}
-	r.ring[r.ringAt] = g
-	r.ringAt = (r.ringAt + 1) % rdGraveyard
-	r.graves[g] = struct{}{}
+	r.graves.Bury(p.key, p.theirEpoch)
 }
 
 // rdRoom makes room for one more peer under the cap, reclaiming the
@@ -865,7 +848,7 @@ func (r *rdQP) receive(s *Socket, h *reliability.Header, frame []byte, src netip
 // that ended (rdBury) is not opened again.
 func (r *rdQP) keyed(p *rdPeer, h *reliability.Header, src netip.AddrPort, epoch *uint32) bool {
 	q := r.q
-	if _, dead := r.graves[rdGrave{rdKey{src, h.SrcQPN}, h.Epoch}]; dead {
+	if r.graves.Buried(rdKey{src, h.SrcQPN}, h.Epoch) {
 		return false
 	}
 	if p != nil && r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.num, p.epoch) {
