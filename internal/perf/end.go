@@ -283,14 +283,6 @@ func (e *End) repost(wc *qp.WorkCompletion) {
 	e.q.PostRecv(&e.rwr)
 }
 
-// post sends wr with one SGE, both built in place.
-func (e *End) post(wr qp.SendWR, sge qp.SGE) {
-	e.sges[1] = sge
-	e.swr = wr
-	e.swr.SGL = e.sges[1:2]
-	e.q.PostSend(&e.swr)
-}
-
 // park waits up to d for the CQ to have a completion (event mode).
 func (e *End) park(d time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
@@ -350,13 +342,23 @@ func (e *End) Serve(p Peer, lat bool, t *Tally, stop *atomic.Bool) {
 		defer runtime.UnlockOSThread()
 	}
 	wcs := make([]qp.WorkCompletion, 64)
+	// The answers, built once: a Send echoes the received buffer (its
+	// SGE set per message); a Write or Write-Record goes back from 0 to
+	// the peer's slot.
+	var sgl [1]qp.SGE
+	echo := qp.SendWR{AH: ah, SGL: sgl[:]}
+	back := qp.SendWR{Opcode: qp.OpWriteRecord, AH: ah, SGL: []qp.SGE{e.mr.SGE(0, e.size)},
+		RemoteSTag: p.Region.STag, RemoteTO: p.Region.TO + uint64(e.slot)}
+	if e.mode == ModeRCWrite {
+		back.Opcode, back.AH = qp.OpWrite, nil
+	}
 	watch := e.mode == ModeRCWrite && lat
 	in := e.slot + e.size - 1
 	reposted := 0
 	for it := 0; !stop.Load(); {
 		if watch && e.size > 0 && e.buf[in] == WriteMark(it) {
 			e.buf[e.size-1] = WriteMark(it)
-			e.post(qp.SendWR{Opcode: qp.OpWrite, RemoteSTag: p.Region.STag, RemoteTO: p.Region.TO + uint64(e.slot)}, e.mr.SGE(0, e.size))
+			e.q.PostSend(&back)
 			it++
 		}
 		n := e.cq.Poll(wcs)
@@ -386,7 +388,8 @@ func (e *End) Serve(p Peer, lat bool, t *Tally, stop *atomic.Bool) {
 			case qp.WCRecv:
 				e.repost(wc)
 				if lat {
-					e.post(qp.SendWR{AH: ah}, e.mr.SGE(int(wc.ID), int(wc.Len)))
+					sgl[0] = e.mr.SGE(int(wc.ID), int(wc.Len))
+					e.q.PostSend(&echo)
 					continue
 				}
 				t.Note(int(wc.Len))
@@ -396,8 +399,7 @@ func (e *End) Serve(p Peer, lat bool, t *Tally, stop *atomic.Bool) {
 			case qp.WCWriteRecord:
 				switch {
 				case lat:
-					e.post(qp.SendWR{Opcode: qp.OpWriteRecord, AH: ah, RemoteSTag: p.Region.STag, RemoteTO: p.Region.TO + uint64(e.slot)},
-						e.mr.SGE(0, e.size))
+					e.q.PostSend(&back)
 				case wc.Partial: // deliver-partial: its valid ranges
 					var valid uint64
 					for _, r := range wc.Valid {
