@@ -102,11 +102,10 @@ type End struct {
 	ln      *qp.RCListener // an RC target's, once Listen ran
 	slots   []*qp.MR       // ud-wr target: one region per message slot
 	foreign atomic.Uint64  // what the target dropped from elsewhere
-	// The WRs the loops post again and again, built in place: a WR with
-	// an SGL literal per message would allocate.
+	// The receive the loops post again and again, built in place: a WR
+	// with an SGL literal per message would allocate.
 	rwr       qp.RecvWR
-	swr       qp.SendWR
-	sges      [2]qp.SGE
+	sges      [1]qp.SGE
 	closeOnce sync.Once
 }
 
