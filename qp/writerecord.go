@@ -203,11 +203,11 @@ func (q *QP) receiveWriteRecord(s *Socket, seg udiwarp.Segment, src netip.AddrPo
 		q.wr = writerecord.New(q.attr.WriteRecord)
 	}
 	v := q.wr.Admit(&ws, now)
+	if rec, ok := q.wr.Ended(); ok { // a message of this STag ended early, deliver-partial
+		q.recordWriteRecord(m, &rec)
+	}
 	if v == writerecord.Drop {
 		st.RxWRStale.Add(1)
-		if rec, ok := q.wr.Ended(); ok { // its message ended at MaxRanges, deliver-partial
-			q.recordWriteRecord(m, &rec)
-		}
 		return faultNone, false
 	}
 	if v == writerecord.PlaceNew {

@@ -15,6 +15,8 @@ import (
 	"github.com/udiwarp/udiwarp/qp"
 	"github.com/udiwarp/udiwarp/reliability"
 	"github.com/udiwarp/udiwarp/socketshim/internal/shim"
+	"github.com/udiwarp/udiwarp/validitymap"
+	"github.com/udiwarp/udiwarp/writerecord"
 )
 
 // Write-Record mode (seed 003): a datagram socket whose WriteTo is an RDMA
@@ -77,7 +79,10 @@ import (
 // start: an 8-byte header holding k, then the datagram. The receiver
 // takes records from its receive CQ's Write-Record entries (STag, offset,
 // length, source), each only if it is whole (the QP discards messages
-// with segments missing: nothing partial is ever returned), from the
+// with segments missing) or, with WROptions.Partial, partial (the QP
+// delivers them with their valid ranges; a record whose header was lost
+// is the one record number of the writer's window its slot maps to;
+// ReadRecord returns them, ReadFrom passes over them), from the
 // ring's owner, at the slot its number says, and newer than the last;
 // ReadFrom copies it out and checks the header again after the copy, so a
 // slot rewritten meanwhile is dropped rather than returned.
@@ -144,6 +149,21 @@ type WROptions struct {
 	// SendSlots is the number of copied datagrams that can be on their
 	// way out at once (default 64).
 	SendSlots int
+	// Segment is the payload of one Write-Record segment, one datagram
+	// (default: the most a datagram carries). A record larger than a
+	// segment travels as several; with Partial, a lost one costs its own
+	// bytes only.
+	Segment int
+	// Partial delivers a record whose deadline passed with segments
+	// missing, with the byte ranges that arrived: ReadRecord returns it
+	// (ReadFrom, which returns whole datagrams only, passes over it and
+	// counts it in WRStats.Discarded). Without Partial such a record is
+	// dropped, as a datagram with a lost fragment is.
+	Partial bool
+	// Deadline is how long a record may take from its first segment to
+	// its last before it is delivered partial or dropped (default 10 s;
+	// with Partial, a stream wants tens of milliseconds).
+	Deadline time.Duration
 	// Device configures the PacketConn's own device.
 	Device qp.DeviceConfig
 }
@@ -241,9 +261,10 @@ type wrRing struct {
 	peer     *wrPeer
 	buf      []byte
 	mr       *qp.MR
-	consumed uint64 // C: records below are read or passed over
-	seen     uint64 // records below were queued or passed over
-	reported uint64 // the C the peer was last told
+	consumed uint64    // C: records below are read or passed over
+	last     time.Time // when the last record of it was recorded
+	seen     uint64    // records below were queued or passed over
+	reported uint64    // the C the peer was last told
 	queued   int
 	arrivals int // the owner's records completed since C last advanced
 }
@@ -267,6 +288,25 @@ type wrEntry struct {
 	seq  uint64
 	off  int // the slot's first byte in ring.buf
 	n    int // payload bytes
+	// A partial record: the payload's ranges that arrived, and whether
+	// its header did (then it was checked).
+	partial bool
+	valid   []validitymap.Range
+	header  bool
+}
+
+// Record is a datagram ReadRecord returned: its length, its writer, and
+// for a partial one the byte ranges of it that arrived.
+type Record struct {
+	// N is the datagram's length; ReadRecord copied min(N, len(b)) bytes.
+	N    int
+	Addr netip.AddrPort
+	// Partial says the record's deadline passed with segments missing;
+	// Valid then lists the byte ranges of b[:N] that arrived, in order
+	// and disjoint, and the bytes between them are zero. A whole record
+	// has Partial false and Valid nil.
+	Partial bool
+	Valid   []validitymap.Range
 }
 
 // ListenWriteRecord opens a Write-Record PacketConn on a UDP address
@@ -310,6 +350,8 @@ func ListenWriteRecord(network, address string, opts *WROptions) (*WRConn, error
 		return bad(fmt.Errorf("socketshim: MaxPeers %d, want 1..65536", o.MaxPeers))
 	case o.ZeroCopy < 1 || o.SendSlots < 1 || o.SendSlots > 1<<14 || o.HandshakeTimeout < 0:
 		return bad(fmt.Errorf("socketshim: ZeroCopy %d, SendSlots %d, HandshakeTimeout %v", o.ZeroCopy, o.SendSlots, o.HandshakeTimeout))
+	case o.Segment < 0 || o.Deadline < 0:
+		return bad(fmt.Errorf("socketshim: Segment %d, Deadline %v: not negative", o.Segment, o.Deadline))
 	}
 	dev, err := qp.Open(o.Device)
 	if err != nil {
@@ -352,8 +394,13 @@ func ListenWriteRecord(network, address string, opts *WROptions) (*WRConn, error
 	if pc.scq, err = dev.CreateCQ(2*o.SendSlots + 16); err != nil {
 		return fail(err)
 	}
+	policy := writerecord.Discard
+	if o.Partial {
+		policy = writerecord.DeliverPartial
+	}
 	if pc.q, err = pc.pd.CreateQP(qp.QPAttr{Type: qp.UD, SendCQ: pc.scq, RecvCQ: pc.rcq,
-		Caps: qp.QPCaps{MaxSendWR: o.SendSlots + 256, MaxRecvWR: wrCtlRecvs, MaxSendSGE: 2, MaxRecvSGE: 1, MaxInline: wrInlineMax}}); err != nil {
+		Caps:               qp.QPCaps{MaxSendWR: o.SendSlots + 256, MaxRecvWR: wrCtlRecvs, MaxSendSGE: 2, MaxRecvSGE: 1, MaxInline: wrInlineMax},
+		WriteRecordSegment: o.Segment, WriteRecord: writerecord.Config{Timeout: o.Deadline, Policy: policy}}); err != nil {
 		return fail(err)
 	}
 	if pc.q.QPN() != ShimQPN {
@@ -603,20 +650,59 @@ func (c *WRConn) recordLocked(wc *qp.WorkCompletion, now time.Time) {
 	size := uint64(c.o.SlotSize)
 	base := r.mr.Addr()
 	switch {
-	case wc.Status != qp.Success || wc.Partial,
+	case wc.Status != qp.Success || (wc.Partial && !c.o.Partial),
 		wc.TO < base || (wc.TO-base)%size != 0 || wc.Len < wrHeaderSize || uint64(wc.Len) > size:
 		c.stats.Discarded.Add(1)
 		return
 	}
 	off := int(wc.TO - base)
-	seq := binary.BigEndian.Uint64(r.buf[off:])
-	if seq < max(r.consumed, r.seen) || seq >= r.consumed+uint64(c.o.Slots) || seq%uint64(c.o.Slots) != uint64(off)/size {
+	slots := uint64(c.o.Slots)
+	e := wrEntry{ring: r, off: off, n: int(wc.Len) - wrHeaderSize, partial: wc.Partial, header: true}
+	if e.partial {
+		e.valid, e.header = payloadRanges(wc.Valid, wc.TO, e.n)
+	}
+	if e.header {
+		e.seq = binary.BigEndian.Uint64(r.buf[off:])
+	} else {
+		// The header was lost: the slot says which record it was, as
+		// only one record number in the writer's window maps to it.
+		lo := max(r.consumed, r.seen)
+		e.seq = lo + (uint64(off)/size+slots-lo%slots)%slots
+	}
+	if e.seq < max(r.consumed, r.seen) || e.seq >= r.consumed+slots || e.seq%slots != uint64(off)/size {
 		c.stats.Discarded.Add(1)
 		return
 	}
-	r.seen = seq + 1
+	r.seen = e.seq + 1
 	r.queued++
-	c.rq = append(c.rq, wrEntry{ring: r, seq: seq, off: off, n: int(wc.Len) - wrHeaderSize})
+	r.last = now
+	c.rq = append(c.rq, e)
+}
+
+// deadline is how long the QP lets a record take (WROptions.Deadline, or
+// the Write-Record engine's default).
+func (c *WRConn) deadline() time.Duration {
+	if c.o.Deadline > 0 {
+		return c.o.Deadline
+	}
+	return writerecord.DefaultTimeout
+}
+
+// payloadRanges turns a partial record's valid ranges (tagged offsets,
+// the record at to) into ranges of its n-byte payload, and says whether
+// its whole header arrived.
+func payloadRanges(valid []validitymap.Range, to uint64, n int) (out []validitymap.Range, header bool) {
+	start := to + wrHeaderSize
+	for _, v := range valid {
+		if v.Start <= to && v.End >= start {
+			header = true
+		}
+		lo, hi := max(v.Start, start), min(v.End, start+uint64(n))
+		if lo < hi {
+			out = append(out, validitymap.Range{Start: lo - start, End: hi - start})
+		}
+	}
+	return out, header
 }
 
 // cookie is this socket's cookie for ap.
@@ -741,6 +827,10 @@ func (c *WRConn) controlLocked(src netip.AddrPort, m []byte, now time.Time) {
 		case r == nil:
 		case r.mr.STag() != stag:
 			c.helloLocked(p, false) // it writes to an old ring
+		case r.queued == 0 && n > r.consumed && c.o.Partial && now.Sub(r.last) <= c.deadline():
+			// A record may still be in progress at the QP, its last
+			// segments lost: it is delivered partial at its deadline.
+			// Re-keying now would lose it; the writer probes again.
 		case r.queued == 0 && n > r.consumed:
 			// Nothing waits to be read, yet the writer has records out:
 			// they were lost. A new STag makes sure none of them lands
@@ -835,16 +925,32 @@ func (c *WRConn) ReadFrom(b []byte) (int, net.Addr, error) {
 }
 
 // ReadFromUDPAddrPort is ReadFrom without the allocation of a net.Addr.
+// It returns whole records only: a partial one (WROptions.Partial) is
+// passed over and counted in WRStats.Discarded.
 func (c *WRConn) ReadFromUDPAddrPort(b []byte) (int, netip.AddrPort, error) {
+	r, err := c.read(b, false)
+	return min(r.N, len(b)), r.Addr, err
+}
+
+// ReadRecord reads the next record into b, whole or, with
+// WROptions.Partial, partial: Record says which bytes of it arrived. It
+// is how a program uses partial delivery through the socket; a stream
+// of MPEG-TS, say, keeps every 188-byte packet inside a valid range. It
+// honours the read deadline and Close as ReadFrom does.
+func (c *WRConn) ReadRecord(b []byte) (Record, error) {
+	return c.read(b, true)
+}
+
+func (c *WRConn) read(b []byte, partialOK bool) (Record, error) {
 	pc := c.pc
 	pc.rmu.Lock()
 	defer pc.rmu.Unlock()
 	for {
 		if pc.isClosed() {
-			return 0, netip.AddrPort{}, pc.opErr("read", errClosed)
+			return Record{}, pc.opErr("read", errClosed)
 		}
 		if shim.Expired(&pc.Read) {
-			return 0, netip.AddrPort{}, pc.opErr("read", os.ErrDeadlineExceeded)
+			return Record{}, pc.opErr("read", os.ErrDeadlineExceeded)
 		}
 		rang := c.bell.C()
 		c.poll()
@@ -857,11 +963,19 @@ func (c *WRConn) ReadFromUDPAddrPort(b []byte) (int, netip.AddrPort, error) {
 				c.rq, c.rqHead = c.rq[:0], 0
 			}
 			c.mu.Unlock()
-			n := copy(b, e.ring.buf[e.off+wrHeaderSize:e.off+wrHeaderSize+e.n])
+			ok := !e.partial || partialOK
+			var n int
+			if ok {
+				n = copy(b, e.ring.buf[e.off+wrHeaderSize:e.off+wrHeaderSize+e.n])
+				if e.partial {
+					zeroGaps(b[:n], e.valid)
+				}
+			}
 			// Still the record queued? (Only a writer breaking the
 			// credits, or a datagram older than the ring's turn, could
-			// have rewritten it.)
-			ok := binary.BigEndian.Uint64(e.ring.buf[e.off:]) == e.seq
+			// have rewritten it. A partial record whose header was lost
+			// has nothing to check it by.)
+			ok = ok && (!e.header || binary.BigEndian.Uint64(e.ring.buf[e.off:]) == e.seq)
 			c.mu.Lock()
 			r := e.ring
 			if r.queued > 0 { // 0: its ring was dropped meanwhile
@@ -876,12 +990,27 @@ func (c *WRConn) ReadFromUDPAddrPort(b []byte) (int, netip.AddrPort, error) {
 				c.stats.Discarded.Add(1)
 				continue
 			}
-			return n, r.peer.ap, nil
+			return Record{N: e.n, Addr: r.peer.ap, Partial: e.partial, Valid: e.valid}, nil
 		}
 		c.mu.Unlock()
 		if err := shim.Park(pc.rcq, &c.watch, &pc.Read, pc.ReadKick, pc.closed, rang, 0); err != nil {
-			return 0, netip.AddrPort{}, pc.opErr("read", err)
+			return Record{}, pc.opErr("read", err)
 		}
+	}
+}
+
+// zeroGaps clears the bytes of b outside the valid ranges: what a slot
+// held before is not this record's.
+func zeroGaps(b []byte, valid []validitymap.Range) {
+	at := uint64(0)
+	for _, v := range valid {
+		if v.Start > at {
+			clear(b[min(at, uint64(len(b))):min(v.Start, uint64(len(b)))])
+		}
+		at = max(at, v.End)
+	}
+	if at < uint64(len(b)) {
+		clear(b[at:])
 	}
 }
 

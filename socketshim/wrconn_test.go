@@ -362,3 +362,121 @@ func TestWRConnBadInput(t *testing.T) {
 		t.Error("MaxPeers 1 took two peers")
 	}
 }
+
+// wrLossyPair: a writer whose device drops 5 % of what it sends, cutting
+// records into 1000-byte segments, and a reader with partial delivery.
+func wrLossyPair(t *testing.T) (a, b *WRConn) {
+	return wrPair(t,
+		&WROptions{Segment: 1000, SlotSize: 1 << 16, Slots: 8, CreditWait: 5 * time.Second,
+			Device: qp.DeviceConfig{Impair: &qp.Impairment{Seed: 11, Loss: 0.05}}},
+		&WROptions{Segment: 1000, SlotSize: 1 << 16, Slots: 8, Partial: true, Deadline: 20 * time.Millisecond})
+}
+
+// writeRecords writes n records of size bytes from a to b in the
+// background; the returned channel closes when it is done.
+func writeRecords(t *testing.T, a, b *WRConn, n, size int) chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range n {
+			a.SetWriteDeadline(time.Now().Add(10 * time.Second))
+			if _, err := a.WriteTo(record(i, size), b.LocalAddr()); err != nil {
+				t.Errorf("write %d: %v", i, err)
+				return
+			}
+		}
+	}()
+	return done
+}
+
+// TestWRConnPartial: with WROptions.Partial, ReadRecord returns every
+// record, in order — whole, or partial with exactly the byte ranges that
+// arrived (each range's bytes the writer's, the gaps zero) — so a lossy
+// link costs the bytes lost, not the records they were in.
+func TestWRConnPartial(t *testing.T) {
+	a, b := wrLossyPair(t)
+	const n, size = 200, 20000 // 20 segments a record
+	done := writeRecords(t, a, b, n, size)
+	buf := make([]byte, 1<<16)
+	whole, partial := 0, 0
+	var valid uint64
+	for i := 0; i < n; i++ {
+		b.SetReadDeadline(time.Now().Add(10 * time.Second))
+		r, err := b.ReadRecord(buf)
+		if err != nil {
+			t.Fatalf("record %d: %v (whole %d, partial %d so far)", i, err, whole, partial)
+		}
+		if r.N != size || r.Addr != a.LocalAddr().(*net.UDPAddr).AddrPort() {
+			t.Fatalf("record %d: %d bytes from %v", i, r.N, r.Addr)
+		}
+		want := record(i, size)
+		if !r.Partial {
+			if r.Valid != nil || !bytes.Equal(buf[:size], want) {
+				t.Fatalf("whole record %d: not the writer's bytes (valid %v)", i, r.Valid)
+			}
+			whole++
+			valid += size
+			continue
+		}
+		partial++
+		at := uint64(0)
+		for _, v := range r.Valid {
+			if v.Start < at || v.End <= v.Start || v.End > size {
+				t.Fatalf("record %d: ranges %v not in order, disjoint and inside it", i, r.Valid)
+			}
+			if !bytes.Equal(buf[v.Start:v.End], want[v.Start:v.End]) || !allZero(buf[at:v.Start]) {
+				t.Fatalf("record %d: range %v is not the writer's bytes, or the gap before it is not zero", i, v)
+			}
+			at = v.End
+			valid += v.Len()
+		}
+		if !allZero(buf[at:size]) || valid == 0 {
+			t.Fatalf("record %d: the tail after %d is not zero", i, at)
+		}
+	}
+	<-done
+	t.Logf("%d whole, %d partial; %.1f %% of the bytes valid; writer dropped %d", whole, partial, 100*float64(valid)/float64(n*size), a.Stats().Dropped.Load())
+	if whole == 0 || partial == 0 || valid < n*size*8/10 {
+		t.Fatalf("%d whole, %d partial, %d of %d bytes valid: the loss did not act, or partial delivery lost more than it should", whole, partial, valid, n*size)
+	}
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// TestWRConnPartialReadFrom: ReadFrom returns whole datagrams only; the
+// partial records a Partial socket receives are passed over and counted.
+func TestWRConnPartialReadFrom(t *testing.T) {
+	a, b := wrLossyPair(t)
+	const n, size = 100, 20000
+	done := writeRecords(t, a, b, n, size)
+	buf := make([]byte, 1<<16)
+	got := 0
+	for {
+		b.SetReadDeadline(time.Now().Add(time.Second))
+		k, _, err := b.ReadFrom(buf)
+		if err != nil {
+			break
+		}
+		if _, ok := checkRecord(buf[:k]); !ok || k != size {
+			t.Fatalf("ReadFrom returned %d bytes that are not a whole record", k)
+		}
+		got++
+	}
+	<-done
+	if d := b.Stats().Discarded.Load(); got == 0 || got == n || uint64(got)+d < n {
+		t.Fatalf("%d whole of %d, %d discarded; reader %+v; device partial %d complete %d superseded-or-stale %d", got, n, d, statsOf(b), b.Device().Stats().RxWRPartial.Load(), b.Device().Stats().RxWRComplete.Load(), b.Device().Stats().RxWRStale.Load())
+	}
+}
+
+func statsOf(c *WRConn) map[string]uint64 {
+	s := c.Stats()
+	return map[string]uint64{"dropped": s.Dropped.Load(), "discarded": s.Discarded.Load(), "overruns": s.Overruns.Load(),
+		"rekeys": s.Rekeys.Load(), "probes": s.Probes.Load(), "credits": s.Credits.Load()}
+}

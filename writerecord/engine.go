@@ -60,9 +60,13 @@ type Config struct {
 	MaxRanges int
 }
 
+// DefaultTimeout is a message's deadline when Config.Timeout is zero:
+// long, so that only a message that will never complete waits it out.
+const DefaultTimeout = 10 * time.Second
+
 func (c *Config) fill() {
 	if c.Timeout <= 0 {
-		c.Timeout = 10 * time.Second
+		c.Timeout = DefaultTimeout
 	}
 	if c.MaxMessages <= 0 {
 		c.MaxMessages = 4096
@@ -124,7 +128,7 @@ type Stats struct {
 	Completed  uint64 // messages recorded complete
 	Partial    uint64 // messages recorded partial, at their deadline or at MaxRanges
 	Expired    uint64 // messages discarded at their deadline
-	Superseded uint64 // messages discarded for a newer MSN
+	Superseded uint64 // messages ended early by a newer MSN (deliver-partial: recorded partial, and counted in Partial too)
 	Stale      uint64 // segments dropped: older MSN than the message in progress
 	Evicted    uint64 // messages discarded at a cap
 	Duplicate  uint64 // segments dropped: their message, or a newer one, is remembered (completed or past its deadline)
@@ -302,7 +306,15 @@ func (e *Engine) Admit(s *Segment, now time.Time) Verdict {
 			return Place
 		case d > 0 && int(d) <= e.cfg.MSNWindow:
 			if !m.done {
+				// The source moved on: nothing more of m will come but
+				// stragglers. Deliver-partial records the runs that
+				// arrived now (Ended), as at its deadline; discard
+				// records nothing.
 				e.stats.Superseded++
+				if m.policy == DeliverPartial && m.placed > 0 {
+					e.stats.Partial++
+					e.ended, e.hasEnded = m.partial(), true
+				}
 			} // else a newer message: the tombstone has served
 			e.remove(m)
 		default:
@@ -383,9 +395,11 @@ func (e *Engine) fragment(m *message, now time.Time) {
 	m.deadline = now.Add(m.timeout)
 }
 
-// Ended returns the record of the message that the last Admit ended at
-// MaxRanges, when its policy is deliver-partial: exactly its runs that
-// arrived. The caller records it as it records Placed's and Expire's.
+// Ended returns the record of the message that the last Admit ended
+// early — at MaxRanges, or superseded by a newer message of its source to
+// the same STag — when its policy is deliver-partial: exactly its runs
+// that arrived. The caller records it as it records Placed's and
+// Expire's, whatever Admit returned.
 func (e *Engine) Ended() (Record, bool) {
 	r, ok := e.ended, e.hasEnded
 	e.ended, e.hasEnded = Record{}, false

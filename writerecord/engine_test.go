@@ -277,3 +277,44 @@ func TestStragglerAfterDeadline(t *testing.T) {
 		}
 	}
 }
+
+// TestSupersededDeliverPartial: with deliver-partial, a message that a
+// newer one of its source to the same STag supersedes is recorded at
+// once with exactly the runs that arrived (Ended), as at its deadline; a
+// straggler of it afterwards is dropped; with discard it is recorded
+// nothing. Back-to-back messages to one region (a stream's ring) keep
+// what arrived of each.
+func TestSupersededDeliverPartial(t *testing.T) {
+	for _, p := range []Policy{DeliverPartial, Discard} {
+		e := New(Config{Policy: p})
+		old := segs(src(3), 0x300, 10, 1000, 300, 100)
+		deliver(e, old[0], t0)
+		deliver(e, old[2], t0) // old[1] lost
+		if _, ok := e.Ended(); ok {
+			t.Fatalf("%v: ended before anything superseded it", p)
+		}
+		newer := segs(src(3), 0x300, 11, 2000, 300, 100)
+		if v, _ := deliver(e, newer[0], t0); v != PlaceNew {
+			t.Fatalf("%v: newer MSN: %v", p, v)
+		}
+		rec, ok := e.Ended()
+		st := e.Stats()
+		if p == Discard {
+			if ok || st.Superseded != 1 || st.Partial != 0 {
+				t.Fatalf("discard: ended %v %+v, stats %+v", ok, rec, st)
+			}
+			continue
+		}
+		want := []validitymap.Range{{Start: 1000, End: 1100}, {Start: 1200, End: 1300}}
+		if !ok || rec.Complete || rec.MSN != 10 || rec.MessageTO != 1000 || rec.Length != 300 || len(rec.Valid) != 2 ||
+			rec.Valid[0] != want[0] || rec.Valid[1] != want[1] || st.Superseded != 1 || st.Partial != 1 {
+			t.Fatalf("deliver-partial: ended %v %+v, stats %+v; want the runs %v", ok, rec, st, want)
+		}
+		if v, _ := deliver(e, old[1], t0); v != Drop {
+			t.Fatalf("the straggler of the superseded message: %v", v)
+		}
+		if _, ok := e.Ended(); ok {
+			t.Fatal("the straggler ended something")
+		}
+	}
+}
