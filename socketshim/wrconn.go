@@ -164,6 +164,11 @@ type WROptions struct {
 	// its last before it is delivered partial or dropped (default 10 s;
 	// with Partial, a stream wants tens of milliseconds).
 	Deadline time.Duration
+	// Reliable runs the socket over an RD QP instead of UD: records and
+	// control messages are delivered once, in order, or the writer's
+	// stack gives the peer up (a record then never completes and is
+	// dropped as lost). Both ends must be Reliable.
+	Reliable bool
 	// Device configures the PacketConn's own device.
 	Device qp.DeviceConfig
 }
@@ -398,7 +403,11 @@ func ListenWriteRecord(network, address string, opts *WROptions) (*WRConn, error
 	if o.Partial {
 		policy = writerecord.DeliverPartial
 	}
-	if pc.q, err = pc.pd.CreateQP(qp.QPAttr{Type: qp.UD, SendCQ: pc.scq, RecvCQ: pc.rcq,
+	typ := qp.UD
+	if o.Reliable {
+		typ = qp.RD
+	}
+	if pc.q, err = pc.pd.CreateQP(qp.QPAttr{Type: typ, SendCQ: pc.scq, RecvCQ: pc.rcq, RD: qp.RDConfig{Segment: o.Segment},
 		Caps:               qp.QPCaps{MaxSendWR: o.SendSlots + 256, MaxRecvWR: wrCtlRecvs, MaxSendSGE: 2, MaxRecvSGE: 1, MaxInline: wrInlineMax},
 		WriteRecordSegment: o.Segment, WriteRecord: writerecord.Config{Timeout: o.Deadline, Policy: policy}}); err != nil {
 		return fail(err)
