@@ -159,6 +159,7 @@ func (r *receiver) datagrams(ba, sender netip.AddrPort, o linkOpts, wait, idle t
 	lastData := time.Time{}
 	lastLine := time.Now()
 	got := false
+	var askErr error
 	for {
 		select {
 		case <-stop:
@@ -168,12 +169,17 @@ func (r *receiver) datagrams(ba, sender netip.AddrPort, o linkOpts, wait, idle t
 		now := time.Now()
 		if !got {
 			if now.After(askUntil) {
+				if askErr != nil {
+					return fmt.Errorf("no stream from %v within %v (is the sender there, with the same -t?): %w", sender, wait, askErr)
+				}
 				return fmt.Errorf("no stream from %v within %v (is the sender there, with the same -t?)", sender, wait)
 			}
 			if now.Sub(lastAsk) >= 200*time.Millisecond {
+				// The sender may not be there yet (a Write-Record socket's
+				// handshake then fails): ask again until -wait.
 				lastAsk = now
-				if err := d.write(req[:], sender); err != nil && !isTemporary(err) {
-					return fmt.Errorf("asking %v: %w", sender, err)
+				if err := d.write(req[:], sender); err != nil {
+					askErr = err
 				}
 			}
 		} else if now.Sub(lastData) > idle {
