@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -208,4 +209,296 @@ func TestLossPartialBeatsWhole(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBadInput: every mistake gets one line and exit 2 before anything
+// is opened; a peer that is not there gets one line and exit 1 within
+// -wait; nothing hangs.
+func TestBadInput(t *testing.T) {
+	dir := t.TempDir()
+	empty := filepath.Join(dir, "empty")
+	os.WriteFile(empty, nil, 0o644)
+	text := filepath.Join(dir, "text")
+	os.WriteFile(text, bytes.Repeat([]byte("not a transport stream\n"), 100), 0o644)
+	port := freePort(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	for _, tc := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		{nil, 2, "usage"},
+		{[]string{"play"}, 2, "unknown command"},
+		{[]string{"send", "-t", "tcp", "-i", text}, 2, "-t"},
+		{[]string{"send"}, 2, "-i"},
+		{[]string{"send", "-i", filepath.Join(dir, "missing.ts")}, 2, "no such file"},
+		{[]string{"send", "-i", empty, "-listen", addr}, 2, "empty"},
+		{[]string{"send", "-i", text, "-ts", "on", "-listen", addr}, 2, "not an MPEG-TS"},
+		{[]string{"send", "-i", text, "-loss", "1.5"}, 2, "-loss"},
+		{[]string{"send", "-t", "rc", "-i", text, "-loss", "0.1"}, 2, "rc is a TCP stream"},
+		{[]string{"send", "-i", text, "-listen", "localhost"}, 2, "-listen"},
+		{[]string{"send", "-i", text, "extra"}, 2, "unexpected argument"},
+		{[]string{"recv", "-t", "udp", "-discard"}, 2, "-discard"},
+		{[]string{"recv", "-o", filepath.Join(dir, "no", "such", "dir", "out.ts")}, 2, "-o"},
+		{[]string{"recv", "-buffer", "-1s"}, 2, "-buffer"},
+		{[]string{"recv", "-from", addr, "-wait", "600ms", "-o", filepath.Join(dir, "o1")}, 1, "no stream from"},
+		{[]string{"recv", "-t", "rc", "-from", addr, "-wait", "600ms", "-o", filepath.Join(dir, "o2")}, 1, "no stream from"},
+		{[]string{"send", "-i", text, "-listen", addr, "-wait", "600ms"}, 1, "no receiver asked"},
+		{[]string{"send", "-t", "rc", "-i", text, "-listen", addr, "-wait", "600ms"}, 1, "no receiver connected"},
+	} {
+		t0 := time.Now()
+		e := runCmd(tc.args, nil)
+		if e.code != tc.code || !strings.Contains(e.stderr, tc.says) || (tc.code != 0 && tc.args != nil && strings.Count(e.stderr, "\n") != 1) {
+			t.Errorf("udstream %q: exit %d, stderr %q; want exit %d saying %q in one line", tc.args, e.code, e.stderr, tc.code, tc.says)
+		}
+		if d := time.Since(t0); d > 10*time.Second {
+			t.Errorf("udstream %q took %v", tc.args, d)
+		}
+	}
+}
+
+// TestNotTSStreamsAsBytes: an input that is not MPEG-TS goes through as
+// bytes (-ts auto), whole at no loss; with loss over wr-ud the receiver
+// writes the valid ranges and counts the holes.
+func TestNotTSStreamsAsBytes(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "bytes")
+	b := make([]byte, 300000)
+	for i := range b {
+		b[i] = byte(i*7 + i/1000)
+	}
+	os.WriteFile(src, b, 0o644)
+	port := freePort(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	for _, loss := range []string{"0", "0.05"} {
+		out := filepath.Join(dir, "out-"+loss)
+		var wg sync.WaitGroup
+		var s ended
+		wg.Go(func() {
+			s = runCmd([]string{"send", "-listen", addr, "-i", src, "-rate", "8000000", "-speed", "8", "-q", "-loss", loss, "-seed", "3"}, nil)
+		})
+		time.Sleep(100 * time.Millisecond)
+		r := runCmd([]string{"recv", "-from", addr, "-o", out, "-json", "-q", "-rate", "8000000"}, nil)
+		wg.Wait()
+		var rs recvStats
+		json.Unmarshal([]byte(r.stdout), &rs)
+		got, _ := os.ReadFile(out)
+		if s.code != 0 || r.code != 0 || rs.TS {
+			t.Fatalf("loss %s: send %d %q, recv %d %q, %+v", loss, s.code, s.stderr, r.code, r.stderr, rs)
+		}
+		if loss == "0" && !bytes.Equal(got, b) {
+			t.Fatalf("no loss: %d bytes out of %d, not identical", len(got), len(b))
+		}
+		if loss != "0" && (rs.Holes == 0 || uint64(len(got)) != rs.BytesValid || rs.BytesValid >= uint64(len(b))) {
+			t.Fatalf("loss %s: %d bytes written, %+v", loss, len(got), rs)
+		}
+	}
+}
+
+// TestLateReceiverAndFlood: the receiver starts a second after the
+// sender; while the stream runs, a flood of datagrams from another
+// socket hits the receiver's port. The run ends cleanly, what is written
+// is the stream's own packets in order (the flood is counted, never
+// written), and it decodes; a flood that fills the kernel's socket buffer
+// may cost stream datagrams, as it would any UDP receiver.
+func TestLateReceiverAndFlood(t *testing.T) {
+	needTS(t)
+	in, _ := os.ReadFile(tsIn)
+	for _, tr := range []string{tWRUD, tUDP} {
+		t.Run(tr, func(t *testing.T) {
+			port, rport := freePort(t), freePort(t)
+			addr, raddr := fmt.Sprintf("127.0.0.1:%d", port), fmt.Sprintf("127.0.0.1:%d", rport)
+			out := filepath.Join(t.TempDir(), "out.ts")
+			var wg sync.WaitGroup
+			var s ended
+			wg.Go(func() {
+				s = runCmd([]string{"send", "-t", tr, "-listen", addr, "-i", tsIn, "-speed", "4", "-q"}, nil)
+			})
+			time.Sleep(time.Second)
+			flooding := make(chan struct{})
+			wg.Go(func() {
+				c, err := net.Dial("udp4", raddr)
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				junk := bytes.Repeat([]byte{'U', 'S', dataKind, 0, 0, 0, 0, 9}, 100)
+				for i := 0; i < 200000; i++ { // bounded; stops with the stream
+					select {
+					case <-flooding:
+						return
+					default:
+					}
+					c.Write(junk)
+				}
+			})
+			r := runCmd([]string{"recv", "-t", tr, "-from", addr, "-bind", raddr, "-o", out, "-json", "-q"}, nil)
+			close(flooding)
+			wg.Wait()
+			var rs recvStats
+			json.Unmarshal([]byte(r.stdout), &rs)
+			got, _ := os.ReadFile(out)
+			n, _ := frames(out)
+			if s.code != 0 || r.code != 0 || !packetsOf(got, in) || n < inFrames*8/10 {
+				t.Fatalf("send %d %q, recv %d %q: %d of %d bytes, %d frames, the input's packets in order %v (%+v)",
+					s.code, s.stderr, r.code, r.stderr, len(got), len(in), n, packetsOf(got, in), rs)
+			}
+			if tr == tUDP && rs.Foreign == 0 {
+				t.Fatalf("the flood was not seen: %+v", rs)
+			}
+			t.Logf("%s: %d of %d bytes, %d frames, %d foreign datagrams", tr, len(got), len(in), n, rs.Foreign)
+		})
+	}
+}
+
+// TestSenderVanishes: a sender stopped half way leaves the receiver with
+// what arrived; it ends after -idle, says so, exits 1, and its output
+// still decodes.
+func TestSenderVanishes(t *testing.T) {
+	needTS(t)
+	port := freePort(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	out := filepath.Join(t.TempDir(), "out.ts")
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var s ended
+	wg.Go(func() {
+		s = runCmd([]string{"send", "-listen", addr, "-i", tsIn, "-speed", "2", "-q"}, stop)
+	})
+	time.AfterFunc(1200*time.Millisecond, func() { close(stop) })
+	time.Sleep(100 * time.Millisecond)
+	r := runCmd([]string{"recv", "-from", addr, "-o", out, "-idle", "700ms", "-json", "-q"}, nil)
+	wg.Wait()
+	var rs recvStats
+	json.Unmarshal([]byte(r.stdout), &rs)
+	n, _ := frames(out)
+	if s.code != 1 || !strings.Contains(s.stderr, "interrupted") || r.code != 1 || !strings.Contains(r.stderr, "went silent") ||
+		rs.Ended || n == 0 || n >= inFrames {
+		t.Fatalf("send %d %q; recv %d %q; %d frames; %+v", s.code, s.stderr, r.code, r.stderr, n, rs)
+	}
+}
+
+// TestUDPFeed: ffmpeg feeds a live UDP stream (-re) into udstream send,
+// as a camera or encoder would; the receiver's output decodes.
+func TestUDPFeed(t *testing.T) {
+	needTS(t)
+	feed, port := freePort(t), freePort(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	out := filepath.Join(t.TempDir(), "out.ts")
+	var wg sync.WaitGroup
+	var s ended
+	wg.Go(func() {
+		s = runCmd([]string{"send", "-listen", addr, "-i", fmt.Sprintf("udp://127.0.0.1:%d", feed), "-idle", "1s", "-q", "-wait", "20s"}, nil)
+	})
+	time.Sleep(100 * time.Millisecond)
+	var r ended
+	wg.Go(func() {
+		r = runCmd([]string{"recv", "-from", addr, "-o", out, "-json", "-q", "-idle", "3s"}, nil)
+	})
+	time.Sleep(300 * time.Millisecond) // the receiver has asked: the sender streams what the feed brings
+	ff := exec.Command("ffmpeg", "-v", "error", "-re", "-i", tsIn, "-c", "copy", "-f", "mpegts",
+		fmt.Sprintf("udp://127.0.0.1:%d?pkt_size=1316", feed))
+	if o, err := ff.CombinedOutput(); err != nil {
+		t.Fatalf("ffmpeg: %v: %s", err, o)
+	}
+	wg.Wait()
+	var rs recvStats
+	json.Unmarshal([]byte(r.stdout), &rs)
+	n, _ := frames(out)
+	if s.code != 0 || r.code != 0 || n < inFrames*9/10 || !rs.TS {
+		t.Fatalf("send %d %q; recv %d %q; %d of %d frames; %+v", s.code, s.stderr, r.code, r.stderr, n, inFrames, rs)
+	}
+}
+
+// TestVLC: VLC itself (headless cvlc) plays udstream's output from UDP,
+// as `vlc udp://@:PORT` would, recording what it demuxed; it exits
+// cleanly on SIGTERM once the stream is over, and its recording decodes.
+func TestVLC(t *testing.T) {
+	needTS(t)
+	vlc, err := exec.LookPath("cvlc")
+	if err != nil {
+		t.Skip("VLC is not installed (Debian: apt-get install vlc-bin vlc-plugin-base; .ci/run installs it)")
+	}
+	dir, err := os.MkdirTemp("", "udstream-vlc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o777) // VLC runs as nobody when the test is root
+	rec := filepath.Join(dir, "vlc.ts")
+	player, port := freePort(t), freePort(t)
+	args := []string{"-I", "dummy", "--no-video-title-show", "--sout", "#std{access=file,mux=ts,dst=" + rec + "}",
+		fmt.Sprintf("udp://@127.0.0.1:%d", player)}
+	cmd := exec.Command(vlc, args...)
+	if os.Geteuid() == 0 { // VLC refuses to run as root
+		setpriv, err := exec.LookPath("setpriv")
+		if err != nil {
+			t.Skip("VLC refuses root, and setpriv (util-linux) is not there to run it as nobody")
+		}
+		cmd = exec.Command(setpriv, append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", vlc}, args...)...)
+	}
+	cmd.Env = append(os.Environ(), "HOME="+dir)
+	var log bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	cmd.WaitDelay = 2 * time.Second // a child of VLC holding its output open does not hold the test
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	reaped := false
+	defer func() {
+		if !reaped {
+			cmd.Process.Kill()
+			<-exited
+		}
+	}()
+	time.Sleep(500 * time.Millisecond) // VLC opens its UDP port
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	var wg sync.WaitGroup
+	var s ended
+	wg.Go(func() {
+		s = runCmd([]string{"send", "-listen", addr, "-i", tsIn, "-speed", "2", "-q"}, nil)
+	})
+	time.Sleep(100 * time.Millisecond)
+	r := runCmd([]string{"recv", "-from", addr, "-o", fmt.Sprintf("udp://127.0.0.1:%d", player), "-q"}, nil)
+	wg.Wait()
+	if s.code != 0 || r.code != 0 {
+		t.Fatalf("send %d %q, recv %d %q", s.code, s.stderr, r.code, r.stderr)
+	}
+	time.Sleep(500 * time.Millisecond) // VLC writes out what it holds
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		reaped = true
+		if err != nil {
+			t.Fatalf("VLC exited with %v: %s", err, log.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("VLC did not exit within 10 s of SIGTERM: %s", log.String())
+	}
+	n, err := frames(rec)
+	if err != nil || n < inFrames*8/10 {
+		t.Fatalf("VLC recorded %d of %d frames (%v): %s", n, inFrames, err, log.String())
+	}
+	t.Logf("VLC recorded %d of %d frames", n, inFrames)
+}
+
+// packetsOf reports whether out is whole TS packets of in, in order (a
+// subsequence of in's packets).
+func packetsOf(out, in []byte) bool {
+	if len(out)%188 != 0 {
+		return false
+	}
+	j := 0
+	for i := 0; i < len(out); i += 188 {
+		for j+188 <= len(in) && !bytes.Equal(in[j:j+188], out[i:i+188]) {
+			j += 188
+		}
+		if j+188 > len(in) {
+			return false
+		}
+		j += 188
+	}
+	return true
 }

@@ -5,8 +5,10 @@ import "encoding/binary"
 // The datagram transports' framing: every datagram begins with an
 // 8-byte header.
 //
-//	0  'U' 'S'   2  kind   3  zero   4  sequence number (big-endian)
+//	0  'U' 'S'   2  kind   3  flags   4  sequence number (big-endian)
 //
+// flags bit 0 (tsFlag) on a data chunk: the stream is MPEG-TS, cut at
+// packet boundaries.
 // kind reqKind: a receiver asks for the stream (sent again every
 // reqEvery until data comes); dataKind: chunk number seq of the stream
 // follows; endKind: the stream ended after seq chunks, and 8 more bytes
@@ -20,17 +22,19 @@ const (
 	endKind  = 3
 
 	endRepeats = 5
+
+	tsFlag = 1
 )
 
-func putHeader(b []byte, kind byte, seq uint32) {
-	b[0], b[1], b[2], b[3] = 'U', 'S', kind, 0
+func putHeader(b []byte, kind, flags byte, seq uint32) {
+	b[0], b[1], b[2], b[3] = 'U', 'S', kind, flags
 	binary.BigEndian.PutUint32(b[4:], seq)
 }
 
 // header parses b's header; false if b does not begin with one.
-func header(b []byte) (kind byte, seq uint32, ok bool) {
-	if len(b) < hdrSize || b[0] != 'U' || b[1] != 'S' || b[3] != 0 || b[2] < reqKind || b[2] > endKind {
-		return 0, 0, false
+func header(b []byte) (kind, flags byte, seq uint32, ok bool) {
+	if len(b) < hdrSize || b[0] != 'U' || b[1] != 'S' || b[3]&^tsFlag != 0 || b[2] < reqKind || b[2] > endKind {
+		return 0, 0, 0, false
 	}
-	return b[2], binary.BigEndian.Uint32(b[4:]), true
+	return b[2], b[3], binary.BigEndian.Uint32(b[4:]), true
 }

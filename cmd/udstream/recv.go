@@ -120,7 +120,7 @@ func recv(args []string, stdout, stderr io.Writer, stop <-chan struct{}) error {
 	}
 	if c.json {
 		printJSON(jsonOut, st)
-	} else if !c.quiet {
+	} else if !c.quiet && st.Chunks > 0 {
 		fmt.Fprintf(stderr, "udstream: %d of %d bytes valid (%.1f %%) in %.2f s; initial buffering %.0f ms; %d holes; TS packets forwarded %d, dropped %d; stalls %d\n",
 			st.BytesValid, max(st.BytesSent, st.BytesReceived), st.ValidPct, st.Seconds, st.InitialBufferingMs, st.Holes, st.TSForwarded, st.TSDropped, st.Stalls)
 	}
@@ -152,7 +152,7 @@ func (r *receiver) datagrams(ba, sender netip.AddrPort, o linkOpts, wait, idle t
 	}
 	defer d.Close()
 	var req [hdrSize]byte
-	putHeader(req[:], reqKind, 0)
+	putHeader(req[:], reqKind, 0, 0)
 	buf := make([]byte, o.slot)
 	askUntil := time.Now().Add(wait)
 	lastAsk := time.Time{}
@@ -203,9 +203,10 @@ func (r *receiver) datagrams(ba, sender netip.AddrPort, o linkOpts, wait, idle t
 			continue
 		}
 		now = time.Now()
-		kind, seq, ok := uint8(dataKind), r.next, false
-		if !partial || headerValid(valid) {
-			kind, seq, ok = header(buf[:n])
+		kind, flags, seq, ok := uint8(dataKind), byte(0), r.next, false
+		known := !partial || headerValid(valid)
+		if known {
+			kind, flags, seq, ok = header(buf[:n])
 			if !ok {
 				r.st.Foreign++
 				continue
@@ -227,6 +228,9 @@ func (r *receiver) datagrams(ba, sender netip.AddrPort, o linkOpts, wait, idle t
 				got = true
 			}
 			lastData = now
+			if known && !r.first { // the sender says whether it is MPEG-TS
+				r.decide(flags&tsFlag != 0)
+			}
 			if err := r.chunk(now, seq, buf[hdrSize:n], shift(valid, n), partial); err != nil {
 				return err
 			}
@@ -323,14 +327,8 @@ func (r *receiver) chunk(now time.Time, seq uint32, b []byte, valid []validityma
 		}
 	}
 	r.next = seq + 1
-	if !r.first {
-		r.first = true
-		switch r.tsMode {
-		case "on":
-			st.TS = true
-		case "auto":
-			st.TS = mpegts.Looks(b) || (partial && len(b) >= mpegts.PacketSize && len(b)%mpegts.PacketSize == 0)
-		}
+	if !r.first { // no header said (RC, or a first record whose header was lost)
+		r.decide(looksTS(b, valid))
 	}
 	st.Chunks++
 	st.BytesReceived += uint64(len(b))
@@ -398,6 +396,39 @@ func (r *receiver) chunk(now time.Time, seq uint32, b []byte, valid []validityma
 		r.pl.arrive(now, -1)
 	}
 	return nil
+}
+
+// decide settles whether the stream is forwarded as MPEG-TS: -ts on or
+// off, or (auto) what the stream itself says.
+func (r *receiver) decide(ts bool) {
+	r.first = true
+	switch r.tsMode {
+	case "on":
+		r.st.TS = true
+	case "off":
+		r.st.TS = false
+	default:
+		r.st.TS = ts
+	}
+}
+
+// looksTS says whether the valid parts of a chunk cut at packet
+// boundaries hold sync bytes wherever a packet starts (nil valid: all of
+// it arrived).
+func looksTS(b []byte, valid []validitymap.Range) bool {
+	if valid == nil {
+		return mpegts.Looks(b)
+	}
+	seen := 0
+	for _, v := range valid {
+		for p := (v.Start + mpegts.PacketSize - 1) / mpegts.PacketSize * mpegts.PacketSize; p < v.End && p < uint64(len(b)); p += mpegts.PacketSize {
+			if b[p] != mpegts.Sync {
+				return false
+			}
+			seen++
+		}
+	}
+	return seen > 0
 }
 
 // finish closes the figures at now.

@@ -138,8 +138,12 @@ func send(args []string, stdin io.Reader, stdout, stderr io.Writer, stop <-chan 
 		}
 		st.Receiver = peer.String()
 		buf := make([]byte, hdrSize+*chunk)
+		var flags byte
+		if ts {
+			flags = tsFlag
+		}
 		sendChunk = func(b []byte, seq uint32) error {
-			putHeader(buf, dataKind, seq)
+			putHeader(buf, dataKind, flags, seq)
 			n := copy(buf[hdrSize:], b)
 			if err := d.write(buf[:hdrSize+n], peer); err != nil {
 				if errors.Is(err, socketshim.ErrNoPeer) {
@@ -151,7 +155,7 @@ func send(args []string, stdin io.Reader, stdout, stderr io.Writer, stop <-chan 
 		}
 		finish = func(chunks uint32, bytes uint64) {
 			var end [hdrSize + 8]byte
-			putHeader(end[:], endKind, chunks)
+			putHeader(end[:], endKind, 0, chunks)
 			binary.BigEndian.PutUint64(end[hdrSize:], bytes)
 			for range endRepeats { // it may be lost: the receiver's -idle ends it anyway
 				d.write(end[:], peer)
@@ -226,7 +230,7 @@ func awaitRequest(d dgram, wait time.Duration, stop <-chan struct{}) (netip.Addr
 			}
 			return netip.AddrPort{}, foreign, err
 		}
-		if kind, _, ok := header(buf[:n]); ok && kind == reqKind && !partial {
+		if kind, _, _, ok := header(buf[:n]); ok && kind == reqKind && !partial {
 			d.SetReadDeadline(time.Time{})
 			return from, foreign, nil
 		}

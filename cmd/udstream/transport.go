@@ -67,7 +67,8 @@ func listenDgram(transport, network, addr string, o linkOpts) (dgram, error) {
 		c, err := socketshim.ListenWriteRecord(network, addr, &socketshim.WROptions{
 			Reliable: transport == tWRRD, Partial: o.partial && transport == tWRUD, Deadline: o.deadline,
 			Segment: o.segment, SlotSize: o.slot + 8, Slots: 64, CreditWait: 200 * time.Millisecond,
-			Device: o.device()})
+			HandshakeTimeout: 500 * time.Millisecond, // a receiver asks again every 200 ms until -wait
+			Device:           o.device()})
 		if err != nil {
 			return nil, err
 		}
