@@ -502,3 +502,29 @@ func packetsOf(out, in []byte) bool {
 	}
 	return true
 }
+
+// TestReceiverVanishes: a Write-Record receiver stopped half way stops
+// granting slots; the sender sees every chunk dropped, says the receiver
+// is gone, and exits 1 — it does not stream on into nothing.
+func TestReceiverVanishes(t *testing.T) {
+	needTS(t)
+	port := freePort(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var s ended
+	t0 := time.Now()
+	wg.Go(func() { // small chunks: more of them than the receiver's ring has slots
+		s = runCmd([]string{"send", "-listen", addr, "-i", tsIn, "-speed", "1", "-chunk", "1316", "-q"}, nil)
+	})
+	time.AfterFunc(800*time.Millisecond, func() { close(stop) })
+	time.Sleep(100 * time.Millisecond)
+	r := runCmd([]string{"recv", "-from", addr, "-o", filepath.Join(t.TempDir(), "out.ts"), "-q"}, stop)
+	wg.Wait()
+	if r.code != 1 || s.code != 1 || !strings.Contains(s.stderr, "stopped taking the stream") {
+		t.Fatalf("recv %d %q; send %d %q", r.code, r.stderr, s.code, s.stderr)
+	}
+	if d := time.Since(t0); d > 15*time.Second {
+		t.Fatalf("the sender took %v to give up", d)
+	}
+}

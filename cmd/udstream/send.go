@@ -142,6 +142,12 @@ func send(args []string, stdin io.Reader, stdout, stderr io.Writer, stop <-chan 
 		if ts {
 			flags = tsFlag
 		}
+		// A Write-Record receiver that stops reading stops granting
+		// slots, and each chunk is dropped after CreditWait: after
+		// goneAfter of nothing but drops, it is gone. (A UDP or UD Send
+		// receiver gives no such sign, as with any datagram socket.)
+		var dropping time.Time
+		var lastDropped uint64
 		sendChunk = func(b []byte, seq uint32) error {
 			putHeader(buf, dataKind, flags, seq)
 			n := copy(buf[hdrSize:], b)
@@ -151,6 +157,15 @@ func send(args []string, stdin io.Reader, stdout, stderr io.Writer, stop <-chan 
 				}
 				return err
 			}
+			switch dropped, _ := d.stats(); {
+			case dropped == lastDropped:
+				dropping = time.Time{}
+			case dropping.IsZero():
+				dropping = time.Now()
+			case time.Since(dropping) > goneAfter:
+				return fmt.Errorf("the receiver at %v stopped taking the stream: %d chunks dropped for want of a slot over %v", peer, dropped, goneAfter)
+			}
+			lastDropped, _ = d.stats()
 			return nil
 		}
 		finish = func(chunks uint32, bytes uint64) {
@@ -209,6 +224,10 @@ func send(args []string, stdin io.Reader, stdout, stderr io.Writer, stop <-chan 
 	}
 	return nil
 }
+
+// goneAfter is how long a Write-Record sender drops every chunk for want
+// of a slot before it takes the receiver for gone.
+const goneAfter = 2 * time.Second
 
 // awaitRequest waits up to wait for a receiver's request and returns its
 // address; datagrams that are not a request are counted and dropped.
