@@ -82,6 +82,13 @@ func frames(path string) (int, error) {
 	return strconv.Atoi(f[0])
 }
 
+// duration is the stream's duration as ffprobe reads it.
+func duration(path string) float64 {
+	out, _ := exec.Command("ffprobe", "-v", "error", "-show_entries", "format=duration", "-of", "default=nw=1:nk=1", path).Output()
+	f, _ := strconv.ParseFloat(strings.TrimSpace(string(out)), 64)
+	return f
+}
+
 // decodeErrors is how many error lines ffmpeg prints decoding path.
 func decodeErrors(t *testing.T, path string) int {
 	out, _ := exec.Command("ffmpeg", "-v", "error", "-i", path, "-f", "null", "-").CombinedOutput()
@@ -191,8 +198,11 @@ func TestLossPartialBeatsWhole(t *testing.T) {
 			if pf <= wf || partial.ChunksPartial == 0 || whole.ChunksLost == 0 || partial.TSForwarded <= whole.TSForwarded {
 				t.Fatalf("partial delivery %d frames against whole %d (partial %+v; whole %+v)", pf, wf, partial, whole)
 			}
-			if got, _ := os.ReadFile(out); len(got)%188 != 0 {
-				t.Fatalf("the partial output holds %d bytes: not whole TS packets", len(got))
+			if got, _ := os.ReadFile(out); len(got)%188 != 0 || !packetsOf(got, in) {
+				t.Fatalf("the partial output holds %d bytes: not whole TS packets of the input, in order", len(got))
+			}
+			if d, want := duration(out), duration(tsIn); d < want*0.95 {
+				t.Fatalf("the partial output lasts %.2f s, the input %.2f s: holes shortened the stream", d, want)
 			}
 			_, r, rd, out3 := pair(t, tWRRD, lossy, nil)
 			got, _ := os.ReadFile(out3)
