@@ -33,8 +33,8 @@
 // and folds them 1024 bits at a time over the buffer, then onto each
 // other (256 bits) and lane onto lane (128 bits). What remains, one
 // 128-bit lane, is reduced by two crc32 instructions from a zero state,
-// since the CRC of those 16 bytes is the CRC of the whole; the bytes past
-// the last whole 32 go to hash/crc32. The initial CRC enters by xoring
+// since the CRC of those 16 bytes is the CRC of the whole; the crc32
+// instruction takes the fewer than 32 bytes left after them. The initial CRC enters by xoring
 // it into the first four bytes, the usual equivalence for n ≥ 4.
 //
 // In the reflected domain a carry-less product lands one bit lower than
@@ -68,18 +68,17 @@ func Checksum(p []byte) uint32 { return Update(0, p) }
 // Update returns the CRC-32C of the bytes crc was computed over followed
 // by p: Update(Checksum(a), b) == Checksum(a+b).
 func Update(crc uint32, p []byte) uint32 {
-	if len(p) >= foldMin && useFold {
-		n := len(p) &^ 31
-		crc = ^fold(^crc, p[:n])
-		p = p[n:]
+	if useArch {
+		return ^archUpdate(^crc, p)
 	}
 	return crc32.Update(crc, table, p)
 }
 
-// Kernel names what Update uses for buffers of at least foldMin bytes on
-// this CPU: "vpclmulqdq-avx2" or "crc32-sse42/table" (hash/crc32).
+// Kernel names what Update uses on this CPU: "vpclmulqdq-avx2+crc32"
+// (the folding kernel from foldMin bytes, the crc32 instruction below)
+// or "hash/crc32".
 func Kernel() string {
-	if useFold {
+	if useArch {
 		return kernelName
 	}
 	return "hash/crc32"
@@ -108,14 +107,3 @@ func xPowModP(e int) uint32 {
 func foldConst(e int) uint64 {
 	return uint64(bits.Reverse32(xPowModP(e-1))) << 32
 }
-
-// foldConsts are the kernel's constants, in pairs for a fold by D bits:
-// the multiplier of the lane's low qword (its high-degree half H,
-// x^(D+64)) then of its high qword (L, x^D); for D = 1024, 256 and 128.
-var foldConsts = func() (k [6]uint64) {
-	for i, d := range []int{1024, 256, 128} {
-		k[2*i] = foldConst(d + 64)
-		k[2*i+1] = foldConst(d)
-	}
-	return k
-}()

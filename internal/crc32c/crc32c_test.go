@@ -16,9 +16,9 @@ func want(p []byte) uint32 { return crc32.Checksum(p, table) }
 // a CPU that has it, once more with it off, so both paths are tested.
 func withFold(t *testing.T, f func(t *testing.T)) {
 	t.Run("kernel="+Kernel(), f)
-	if useFold {
-		useFold = false
-		defer func() { useFold = true }()
+	if useArch {
+		useArch = false
+		defer func() { useArch = true }()
 		t.Run("kernel=hash/crc32", f)
 	}
 }
@@ -229,9 +229,10 @@ func BenchmarkCRC32c(b *testing.B) {
 // BenchmarkFold is the kernel alone at every multiple of 32 near the
 // crossover, to place it.
 func BenchmarkFold(b *testing.B) {
-	if !useFold {
+	if !useArch {
 		b.Skip("no folding kernel on this CPU")
 	}
+	fold := func(crc uint32, p []byte) uint32 { return archUpdate(crc, p) }
 	for n := 128; n <= 1024; n += 32 {
 		p := make([]byte, n)
 		b.Run(fmt.Sprintf("size=%d/impl=fold", n), func(b *testing.B) {
