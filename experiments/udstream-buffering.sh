@@ -16,10 +16,16 @@
 # (user + system, both processes) of the same stream, paced, through the
 # socket shim (send-ud) against plain UDP sockets, no loss.
 #
+# SPEED=0 sends as fast as the transport takes the stream (udstream send
+# -speed 0), so initial buffering measures the transfer itself, as a
+# player's pre-buffering over a fast network does; the default, 1, paces
+# at the stream's own rate.
+#
 # Prints CSV; needs root, iproute2, nftables, ffmpeg and ffprobe.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${ROUNDS:-5}"
+speed="${SPEED:-1}"
 work="$(mktemp -d)"
 ns="udiwarp-stream-$$"
 trap 'ip netns del "$ns" 2>/dev/null; rm -rf "$work"' EXIT
@@ -44,7 +50,7 @@ NFT
 # one TRANSPORT: a sender, then the receiver; prints the receiver's JSON.
 one() {
   local t=$1 port=$2
-  ip netns exec "$ns" "$work/udstream" send -t "$t" -listen "127.0.0.1:$port" -i "$work/in.ts" -q -wait 20s &
+  ip netns exec "$ns" "$work/udstream" send -t "$t" -listen "127.0.0.1:$port" -i "$work/in.ts" -speed "$speed" -q -wait 20s &
   local sp=$!
   sleep 0.3
   ip netns exec "$ns" "$work/udstream" recv -t "$t" -from "127.0.0.1:$port" -o "$work/out.ts" -json -q -wait 20s -idle 3s 2>/dev/null || true
@@ -79,7 +85,6 @@ done
 loss 0
 echo
 echo "transport,runs,cpu_s_median (sender + receiver, user + system)"
-for t in send-ud udp; do :; done
 declare -A cpu=()
 for r in $(seq 1 "$rounds"); do
   for t in send-ud udp; do
