@@ -2,10 +2,12 @@ package qp
 
 import (
 	"bytes"
+	"net"
 	"testing"
 	"time"
 
 	"github.com/udiwarp/udiwarp/udiwarp"
+	"github.com/udiwarp/udiwarp/writerecord"
 )
 
 // TestRemoteAccessMatrix (issue 15, "one home for each shared step"):
@@ -174,5 +176,61 @@ func TestRemoteAccessMatrix(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestWriteRecordLandingBounds: the landing path (a busy-polled UD QP
+// reading Write-Record segments straight into the region) holds to the
+// same check as the rest: after a message that fits has landed, a message
+// that runs past the end of the region lands nothing and places nothing;
+// every one of its segments is refused and counted out of bounds.
+func TestWriteRecordLandingBounds(t *testing.T) {
+	const seg = 4000
+	b := newNode(t, DeviceConfig{Poll: PollBusy}, "udp4", "127.0.0.1:0")
+	region, err := b.pd.RegisterMemory(make([]byte, 6*seg), AccessLocalWrite|AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := b.newQP(QPAttr{Type: UD, SendCQ: b.cq, RecvCQ: b.cq, WriteRecord: writerecord.Config{Policy: writerecord.DeliverPartial}})
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	st := b.dev.Stats()
+	send := func(msn uint32, msg []byte) {
+		for i := 0; i < len(msg)/seg; i++ {
+			if _, err := conn.WriteToUDPAddrPort(wrDatagram(q.QPN(), 77, region.STag(), region.Addr(), msn, msg, i*seg, seg, false), b.sock.LocalAddr()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	drive := func(what string, cond func() bool) {
+		t.Helper()
+		var wc [1]WorkCompletion
+		for end := time.Now().Add(5 * time.Second); !cond(); {
+			b.cq.Poll(wc[:]) // drives the busy-polled device
+			if time.Now().After(end) {
+				t.Fatalf("timed out waiting for %s: placed %d, landed %d, out of bounds %d", what, st.RxWRPlaced.Load(), st.RxLanded.Load(), st.RxBounds.Load())
+			}
+		}
+	}
+	fits := make([]byte, 6*seg)
+	fill(fits, 3)
+	send(1, fits)
+	drive("the message that fits", func() bool { return st.RxWRPlaced.Load() == 6 })
+	if st.RxLanded.Load() == 0 {
+		t.Fatal("nothing landed: the test does not reach the landing path")
+	}
+	landed := st.RxLanded.Load()
+	long := make([]byte, 12*seg)
+	fill(long, 9)
+	send(2, long)
+	drive("twelve segments refused", func() bool { return st.RxBounds.Load() == 12 })
+	if st.RxWRPlaced.Load() != 6 || st.RxLanded.Load() != landed {
+		t.Fatalf("placed %d, landed %d more from the message that does not fit", st.RxWRPlaced.Load()-6, st.RxLanded.Load()-landed)
+	}
+	if !bytes.Equal(region.Bytes(), fits) {
+		t.Fatal("the region holds bytes of the message that does not fit")
 	}
 }
