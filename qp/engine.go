@@ -2,17 +2,21 @@ package qp
 
 import (
 	"fmt"
+	"net/netip"
 	"time"
+
+	"github.com/udiwarp/udiwarp/reliability"
+	"github.com/udiwarp/udiwarp/udiwarp"
 )
 
 // engine is what differs between the QP types: UD (udEngine), RD (rdQP,
 // rd.go) and RC (rcEngine, over the connection in rcdata.go). The QP core
 // — verbs entry points, queues, completions, the device timer and the
 // datamover — calls its QP's engine and never dispatches on the type
-// itself. Receiving is routed by frame, not by QP: udiwarp.Classify (the
-// one home of the frame-type rule) sends RD frames to an RD QP's
-// rdQP.receive and UD frames to a UD QP's receive path (recv.go), and a
-// frame of one type never reaches a QP of the other.
+// itself. A received datagram is classified once (udiwarp.Classify, the
+// one home of the frame-type rule, in Device.deliver) and handed to the
+// engine of the QP it names, as a UD frame (receiveUD) or an RD frame
+// (receiveRD); an engine refuses the frames of the other type.
 type engine interface {
 	// post takes a send WR that passed PostSend's common checks.
 	post(wr *SendWR) error
@@ -29,6 +33,15 @@ type engine interface {
 	// timer runs the engine's timed work at now and returns when it is
 	// next due (zero: not until armed again).
 	timer(now time.Time) time.Time
+	// receiveUD takes a checked UD frame (a Send, a Terminate or a
+	// Write-Record) that socket s read for this QP, and receiveRD an RD
+	// frame; each returns false when the QP takes no frame of that type,
+	// so that a frame reaches only a QP of its own type: an RD QP takes
+	// nothing but RD frames from validated peers, or a spoofed UD Send
+	// would take its posted receives and a spoofed Write-Record its
+	// regions.
+	receiveUD(s *Socket, seg udiwarp.Segment, src netip.AddrPort) bool
+	receiveRD(s *Socket, h *reliability.Header, frame []byte, src netip.AddrPort) bool
 }
 
 // newEngine is the engine of q's type.
@@ -65,6 +78,19 @@ func (e udEngine) flush() {}
 
 func (e udEngine) timer(time.Time) time.Time { return time.Time{} }
 
+// receiveUD: a Write-Record into the QP's regions (writerecord.go), or a
+// Send or Terminate (recv.go).
+func (e udEngine) receiveUD(s *Socket, seg udiwarp.Segment, src netip.AddrPort) bool {
+	if seg.Control.Tagged() { // a Write-Record: ParseUDFrame allows no other tagged segment
+		e.q.receiveWriteRecord(s, seg, src)
+	} else {
+		e.q.receive(seg, src)
+	}
+	return true
+}
+
+func (udEngine) receiveRD(*Socket, *reliability.Header, []byte, netip.AddrPort) bool { return false }
+
 // post is an RD send: queued for its peer, sent as the window allows.
 func (r *rdQP) post(wr *SendWR) error {
 	if err := r.q.checkDatagramWR(wr); err != nil {
@@ -75,6 +101,17 @@ func (r *rdQP) post(wr *SendWR) error {
 
 func (r *rdQP) checkModify(attr *ModifyAttr, next QPState) error {
 	return r.q.checkDatagramModify(attr, next)
+}
+
+func (*rdQP) receiveUD(*Socket, udiwarp.Segment, netip.AddrPort) bool { return false }
+
+func (r *rdQP) receiveRD(s *Socket, h *reliability.Header, frame []byte, src netip.AddrPort) bool {
+	if !r.q.canReceive() {
+		r.q.dev.stats.RxQPState.Add(1)
+		return true
+	}
+	r.receive(s, h, frame, src)
+	return true
 }
 
 // rcEngine is RC's engine: the QP's connection (q.rc, rcdata.go) does the
@@ -114,3 +151,9 @@ func (e rcEngine) timer(time.Time) time.Time {
 	}
 	return time.Time{}
 }
+
+// An RC QP takes its frames from its TCP connection (rcdata.go), none
+// from a UDP socket.
+func (rcEngine) receiveUD(*Socket, udiwarp.Segment, netip.AddrPort) bool { return false }
+
+func (rcEngine) receiveRD(*Socket, *reliability.Header, []byte, netip.AddrPort) bool { return false }

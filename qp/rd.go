@@ -729,16 +729,9 @@ func (d *Device) deliverRD(s *Socket, b []byte, src netip.AddrPort) {
 		st.RxBadHeader.Add(1)
 		return
 	}
-	q := d.lookupQP(h.DstQPN)
-	if q == nil || q.typ != RD || q.sock.Load() != s {
+	if q := d.lookupQP(h.DstQPN); q == nil || q.sock.Load() != s || !q.eng.receiveRD(s, h, frame, src) {
 		st.RxUnknownQP.Add(1)
-		return
 	}
-	if !q.canReceive() {
-		st.RxQPState.Add(1)
-		return
-	}
-	q.rd.receive(s, h, frame, src)
 }
 
 // rdReceive runs one RD frame through the QP.

@@ -185,30 +185,17 @@ func (d *Device) deliver(s *Socket, b []byte, truncated bool, src netip.AddrPort
 		st.countRx(err)
 		return
 	}
-	// A UD frame reaches only a UD QP: an RD QP takes nothing but RD frames
-	// from validated peers (deliverRD), or a spoofed UD Send would take its
-	// posted receives and a spoofed Write-Record its regions.
+	var dst uint32
 	if seg.Control.Tagged() { // a Write-Record: ParseUDFrame allows no other tagged segment
-		q := d.lookupQP(seg.WriteRecord().DstQPN())
-		if q == nil || q.typ != UD || q.sock.Load() != s {
-			st.RxUnknownQP.Add(1)
-			return
-		}
-		q.receiveWriteRecord(s, seg, src)
-		return
-	}
-	h := seg.Untagged()
-	dst := h.DstQPN()
-	if dst == MulticastQPN {
+		dst = seg.WriteRecord().DstQPN()
+	} else if dst = seg.Untagged().DstQPN(); dst == MulticastQPN {
 		s.deliverMulticast(seg, src)
 		return
 	}
-	q := d.lookupQP(dst)
-	if q == nil || q.typ != UD || q.sock.Load() != s {
+	// A UD frame reaches only a UD QP (the engines' receiveUD).
+	if q := d.lookupQP(dst); q == nil || q.sock.Load() != s || !q.eng.receiveUD(s, seg, src) {
 		st.RxUnknownQP.Add(1)
-		return
 	}
-	q.receive(seg, src)
 }
 
 // receive handles a checked untagged segment addressed to q.
