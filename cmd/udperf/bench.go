@@ -14,8 +14,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/udiwarp/udiwarp/internal/metrics"
 	"github.com/udiwarp/udiwarp/internal/perf"
+	"github.com/udiwarp/udiwarp/metrics"
 	"github.com/udiwarp/udiwarp/qp"
 )
 
@@ -115,8 +115,9 @@ func (f *benchFlags) format() string {
 }
 
 // serveMetrics starts the -metrics server, and makes every run of runs
-// report its devices to it; the returned function stops it.
-func (f *benchFlags) serveMetrics(stderr io.Writer, runs ...[]perf.Config) (func(), error) {
+// report its devices to it under the label device="name"; the returned
+// function stops it.
+func (f *benchFlags) serveMetrics(stderr io.Writer, name string, runs ...[]perf.Config) (func(), error) {
 	if f.metrics == "" {
 		return func() {}, nil
 	}
@@ -127,7 +128,7 @@ func (f *benchFlags) serveMetrics(stderr io.Writer, runs ...[]perf.Config) (func
 	f.collector = metrics.New()
 	for _, cfgs := range runs {
 		for i := range cfgs {
-			cfgs[i].OnDevice = f.collector.Add
+			cfgs[i].OnDevice = f.collector.Adder(name)
 		}
 	}
 	mux := http.NewServeMux()
@@ -445,7 +446,7 @@ func local(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(err)
 	}
-	stop, err := f.serveMetrics(stderr, cfgs)
+	stop, err := f.serveMetrics(stderr, "local", cfgs)
 	if err != nil {
 		return fail(err)
 	}
@@ -530,7 +531,7 @@ func compare(args []string, stdout, stderr io.Writer) int {
 		}
 		byMode[i] = cfgs
 	}
-	stop, err := f.serveMetrics(stderr, byMode...)
+	stop, err := f.serveMetrics(stderr, "local", byMode...)
 	if err != nil {
 		return fail(err)
 	}

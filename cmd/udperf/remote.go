@@ -16,8 +16,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/udiwarp/udiwarp/internal/metrics"
 	"github.com/udiwarp/udiwarp/internal/perf"
+	"github.com/udiwarp/udiwarp/metrics"
 	"github.com/udiwarp/udiwarp/qp"
 	"golang.org/x/sys/unix"
 )
@@ -178,7 +178,7 @@ func server(args []string, stdout, stderr io.Writer) int {
 	if code, ok := cmd.parse(args, stdout, stderr); !ok {
 		return code
 	}
-	stopMetrics, err := f.serveMetrics(stderr)
+	stopMetrics, err := f.serveMetrics(stderr, "server")
 	if err != nil {
 		fmt.Fprintf(stderr, "udperf server: %v\n", err)
 		return 2
@@ -373,7 +373,7 @@ func (s *session) serve() (ran bool, err error) {
 // run serves one run of the session.
 func (s *session) run(req runRequest, cfg perf.Config, dec *json.Decoder, enc *json.Encoder) error {
 	if s.metrics != nil {
-		cfg.OnDevice = s.metrics.Add
+		cfg.OnDevice = s.metrics.Adder("server")
 	}
 	host, _, _ := net.SplitHostPort(s.c.LocalAddr().String())
 	from, err := dataPeer(req.From, s.c.RemoteAddr())
@@ -627,7 +627,7 @@ func client(args []string, stdout, stderr io.Writer) int {
 		}
 		runs = append(runs, c)
 	}
-	stopMetrics, err := f.serveMetrics(stderr, runs) // the client's devices
+	stopMetrics, err := f.serveMetrics(stderr, "client", runs) // the client's devices
 	if err != nil {
 		return fail(err)
 	}

@@ -436,7 +436,7 @@ func TestServerMetrics(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	rx := regexp.MustCompile(`udiwarp_datagrams_total\{direction="in"\} (\d+)`).FindSubmatch(body)
+	rx := regexp.MustCompile(`udiwarp_datagrams_total\{device="server",direction="in"\} (\d+)`).FindSubmatch(body)
 	if rx == nil || string(rx[1]) == "0" {
 		t.Fatalf("the server's metrics: %s", body)
 	}
