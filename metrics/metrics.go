@@ -208,6 +208,8 @@ var (
 	txPaths     = counter("send_events_total", "Events of the datagram send path: direct (sent in the poster's goroutine), queued (handed to the datamover), gso (a sendmsg carrying several datagrams), parked (the socket was full), errors (sendmsg failed); the events overlap, so do not sum them.", "event")
 	impaired    = counter("impaired_datagrams_total", "Datagrams the software impairment layer dropped, corrupted, duplicated, reordered or delayed, by direction (qp.DeviceConfig Impair and ImpairRx; udperf -loss).", "direction")
 	withheld    = counter("replies_withheld_total", "Error messages and RD Challenges not sent: larger than what drew them, or drawn by a multicast or broadcast datagram.", "")
+	events      = counter("async_events_total", "Asynchronous events raised, queued or not, by type.", "type")
+	cqDropped   = counter("completions_dropped_total", "Completions CQs refused after overflowing.", "")
 	eventsLost  = counter("async_events_dropped_total", "Asynchronous events not queued, by origin: the device's own (Events full) or a peer's (coalesced or over their share).", "origin")
 
 	wrInProgress   = family{name: "udiwarp_write_record_in_progress", help: "Write-Record messages in progress at targets.", kind: prometheus.GaugeValue}
@@ -216,7 +218,7 @@ var (
 
 var families = []*family{&datagrams, &wireBytes, &dropped, &delivered, &landed, &multicast, &remoteErr, &rdFrames, &completions,
 	&wrSegments, &wrMessages, &wrRecords, &rdPeers, &rdFramesOut, &rdRetrans, &rdBuffered, &rdRNR, &rdTagged, &rdReads, &timers,
-	&rcFPDUs, &rcTerms, &rcEvents, &txPaths, &impaired, &withheld, &eventsLost, &wrInProgress, &validityRanges}
+	&rcFPDUs, &rcTerms, &rcEvents, &txPaths, &impaired, &withheld, &events, &cqDropped, &eventsLost, &wrInProgress, &validityRanges}
 
 func init() {
 	for _, f := range families {
@@ -235,6 +237,12 @@ var statusLabel = [...]string{
 	qp.RemoteOperationError: "remote_operation_error", qp.RetryExceededError: "retry_exceeded_error", qp.GeneralError: "general_error",
 	qp.RemoteInvalidRequestError: "remote_invalid_request_error", qp.RNRRetryExceededError: "rnr_retry_exceeded_error",
 	qp.RemoteAbortedError: "remote_aborted_error",
+}
+
+// eventLabel is an asynchronous event type as a label value.
+var eventLabel = [...]string{
+	qp.AsyncCQOverflow: "cq_overflow", qp.AsyncSRQLimit: "srq_limit", qp.AsyncSRQOverdraft: "srq_overdraft",
+	qp.AsyncRemoteError: "remote_error", qp.AsyncQPFatal: "qp_fatal",
 }
 
 // table is every series a device has, in a fixed order.
@@ -331,6 +339,7 @@ var table = func() []series {
 		s(&impaired, "in", func(s *qp.Stats) uint64 { return s.RxImpaired.Load() }),
 		s(&withheld, "", func(s *qp.Stats) uint64 { return s.TxRepliesWithheld.Load() }),
 		s(&eventsLost, "local", func(s *qp.Stats) uint64 { return s.EventsLost.Load() }),
+		s(&cqDropped, "", func(s *qp.Stats) uint64 { return s.CQDropped.Load() }),
 		s(&eventsLost, "remote", func(s *qp.Stats) uint64 { return s.RemoteEventsDropped.Load() }),
 
 		{fam: &wrInProgress},
@@ -338,6 +347,11 @@ var table = func() []series {
 	}
 	for i, name := range statusLabel {
 		t = append(t, s(&completions, name, func(s *qp.Stats) uint64 { return s.Completions[i].Load() }))
+	}
+	for i, name := range eventLabel {
+		if name != "" {
+			t = append(t, s(&events, name, func(s *qp.Stats) uint64 { return s.Events[i].Load() }))
+		}
 	}
 	return t
 }()

@@ -143,13 +143,26 @@ func TestEveryCounter(t *testing.T) {
 		if !sf.IsExported() {
 			continue
 		}
-		if f.Kind() == reflect.Array {
-			for j := range min(f.Len(), len(statusLabel)) {
-				set(f.Index(j), fmt.Sprintf("%s[%d]", sf.Name, j))
+		if f.Kind() == reflect.Array { // indexed by a type: each value that names one
+			var labels []string
+			var named func(int) bool
+			switch sf.Name {
+			case "Completions":
+				labels = statusLabel[:]
+				named = func(j int) bool { return qp.Status(j).String() != fmt.Sprintf("status %d", j) }
+			case "Events":
+				labels = eventLabel[:]
+				named = func(j int) bool { return qp.AsyncEventType(j).String() != fmt.Sprintf("async event %d", j) }
+			default:
+				t.Errorf("qp.Stats.%s: an array the collector does not know", sf.Name)
+				continue
 			}
-			for j := len(statusLabel); j < f.Len(); j++ {
-				if qp.Status(j).String() != fmt.Sprintf("status %d", j) {
-					t.Errorf("completion status %d (%v) has no label", j, qp.Status(j))
+			for j := range f.Len() {
+				switch {
+				case j < len(labels) && labels[j] != "":
+					set(f.Index(j), fmt.Sprintf("%s[%d]", sf.Name, j))
+				case named(j):
+					t.Errorf("qp.Stats.%s[%d] has no label", sf.Name, j)
 				}
 			}
 			continue

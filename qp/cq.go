@@ -69,6 +69,7 @@ func (cq *CQ) push(wc *WorkCompletion) bool {
 		first := !cq.overflowed.Swap(true)
 		cq.mu.Unlock()
 		cq.dropped.Add(1)
+		cq.dev.stats.CQDropped.Add(1)
 		if q := wc.srqQP; q != nil { // nobody will poll it: give the SRQ receive back
 			q.srqHeld.Add(-1)
 		}

@@ -92,6 +92,9 @@ type eventKey struct {
 
 // raise queues an event without waiting (see Events for the rules).
 func (d *Device) raise(e AsyncEvent) {
+	if int(e.Type) < len(d.stats.Events) {
+		d.stats.Events[e.Type].Add(1)
+	}
 	b := &d.ev
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -226,6 +229,12 @@ type Stats struct {
 	// events: their source already had one waiting, or the remote share
 	// of the queue was full (Device.Events).
 	RemoteEventsDropped atomic.Uint64
+	// Events counts the asynchronous events raised, by AsyncEventType,
+	// whether or not they were queued.
+	Events [8]atomic.Uint64
+	// CQDropped counts the completions CQs refused after overflowing
+	// (the sum of CQ.Dropped over the device's CQs).
+	CQDropped atomic.Uint64
 
 	lastTxErrno atomic.Uint32
 }

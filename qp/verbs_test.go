@@ -257,6 +257,9 @@ func TestCQ(t *testing.T) {
 		if small.Dropped() != 2 {
 			t.Fatalf("dropped %d", small.Dropped())
 		}
+		if st := b.dev.Stats(); st.CQDropped.Load() != 2 || st.Events[AsyncCQOverflow].Load() != 1 {
+			t.Fatalf("device counts %d completions dropped and %d overflow events, want 2 and 1", st.CQDropped.Load(), st.Events[AsyncCQOverflow].Load())
+		}
 	})
 	t.Run("notification: solicited only", func(t *testing.T) {
 		b.cq.RequestNotify(true)
