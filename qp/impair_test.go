@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/udiwarp/udiwarp/internal/netnstest"
 )
 
 func runIn(t *testing.T, ns, c string) {
@@ -103,7 +105,7 @@ func TestDatamover(t *testing.T) {
 	}
 	nsA := newNetns(t, "link set lo up")
 	nsB := newNetns(t, "link set lo up")
-	veth := fmt.Sprintf("udw%d", netnsSeq.Load())
+	veth := fmt.Sprintf("udw%d", netnstest.Seq())
 	for _, c := range [][]string{
 		{nsA, "!ip link add " + veth + "a netns " + nsA + " type veth peer name " + veth + "b netns " + nsB},
 		{nsA, "addr add 10.211.0.1/24 dev " + veth + "a"}, {nsA, "link set " + veth + "a up"},

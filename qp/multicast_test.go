@@ -5,6 +5,8 @@ import (
 	"net"
 	"net/netip"
 	"testing"
+
+	"github.com/udiwarp/udiwarp/internal/netnstest"
 )
 
 // TestMulticast sends one datagram to a group with two member QPs on two
@@ -29,7 +31,7 @@ func TestMulticast(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				port := 47000 + int(netnsSeq.Load())
+				port := 47000 + int(netnstest.Seq())
 				group := netip.MustParseAddr(tc.group)
 				var members []*node
 				var outsider *QP

@@ -1,76 +1,19 @@
 package qp
 
 import (
-	"fmt"
-	"os"
-	"os/exec"
-	"runtime"
-	"strings"
-	"sync/atomic"
 	"testing"
 
-	"golang.org/x/sys/unix"
+	"github.com/udiwarp/udiwarp/internal/netnstest"
 )
 
-var netnsSeq atomic.Uint32
-
-// newNetns creates a network namespace for the test, runs the setup
-// commands in it ("ip" commands, run as `ip -n NS ...`; "!" prefixes a
-// command run verbatim with NS substituted), and removes it afterwards.
-// The test is skipped where namespaces cannot be made (not root, no ip).
+// newNetns and inNetns: a network namespace of the test's own
+// (internal/netnstest).
 func newNetns(t *testing.T, setup ...string) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("network namespaces need root")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("network namespaces need iproute2's ip")
-	}
-	name := fmt.Sprintf("udiwarp-test-%d-%d", os.Getpid(), netnsSeq.Add(1))
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Skipf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
-	for _, c := range setup {
-		var cmd *exec.Cmd
-		if rest, ok := strings.CutPrefix(c, "!"); ok {
-			f := strings.Fields(strings.ReplaceAll(rest, "NS", name))
-			cmd = exec.Command(f[0], f[1:]...)
-		} else {
-			cmd = exec.Command("ip", append([]string{"-n", name}, strings.Fields(c)...)...)
-		}
-		if out, err := cmd.CombinedOutput(); err != nil {
-			// The machine cannot build this test's network: not a fault of
-			// the code under test.
-			t.Skipf("setting up the namespace: %v: %v: %s", cmd.Args, err, out)
-		}
-	}
-	return name
+	return netnstest.New(t, setup...)
 }
 
-// inNetns runs f on an OS thread inside namespace ns; sockets f opens
-// belong to ns for their whole life.
 func inNetns(t *testing.T, ns string, f func()) {
 	t.Helper()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(orig)
-	fd, err := unix.Open("/var/run/netns/"+ns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
-	if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
-			panic(err) // the thread is in the wrong namespace; it must not be reused
-		}
-	}()
-	f()
+	netnstest.In(t, ns, f)
 }

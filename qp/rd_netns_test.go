@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/udiwarp/udiwarp/internal/netnstest"
 	"github.com/udiwarp/udiwarp/reliability"
 )
 
@@ -25,7 +26,7 @@ func TestRDNetnsRandomLoss(t *testing.T) {
 		t.Run(fmt.Sprintf("loss %d%%", pct), func(t *testing.T) {
 			nsA := newNetns(t, "link set lo up")
 			nsB := newNetns(t, "link set lo up")
-			veth := fmt.Sprintf("udr%d", netnsSeq.Load())
+			veth := fmt.Sprintf("udr%d", netnstest.Seq())
 			rules := filepath.Join(t.TempDir(), "loss.nft")
 			script := fmt.Sprintf("table inet udiwarp_loss {\n chain in {\n  type filter hook input priority 0; policy accept;\n  meta l4proto udp numgen random mod 100 < %d drop\n }\n}\n", pct)
 			if err := os.WriteFile(rules, []byte(script), 0o644); err != nil {

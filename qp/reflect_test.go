@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/udiwarp/udiwarp/internal/netnstest"
 	"github.com/udiwarp/udiwarp/internal/spoof"
 	"github.com/udiwarp/udiwarp/reliability"
 	"github.com/udiwarp/udiwarp/udiwarp"
@@ -223,7 +224,7 @@ func testNoReplyToMulticast(t *testing.T, network, any, groupName, ifname, victi
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := 47500 + int(netnsSeq.Load())
+	port := 47500 + int(netnstest.Seq())
 	group := netip.MustParseAddr(groupName)
 	to := netip.AddrPortFrom(group, uint16(port))
 	var members []*reflectTarget
