@@ -23,6 +23,9 @@ func (q *QP) JoinMulticast(group netip.Addr, ifi *net.Interface) error {
 	if !group.IsMulticast() {
 		return fmt.Errorf("%w: %v is not a multicast group", ErrInvalidAttr, group)
 	}
+	if q.typ != UD {
+		return fmt.Errorf("%w: join %v: a %v QP cannot join a group (multicast is unreliable datagrams: UD only)", ErrInvalidAttr, group, q.typ)
+	}
 	group = group.Unmap()
 	s.mcastMu.Lock()
 	defer s.mcastMu.Unlock()
@@ -133,7 +136,8 @@ func (s *Socket) deliverMulticast(seg udiwarp.Segment, src netip.AddrPort) {
 		return
 	}
 	for _, q := range members {
-		st.RxMulticast.Add(1)
-		q.receive(seg, src)
+		if q.eng.receiveUD(s, seg, src) {
+			st.RxMulticast.Add(1)
+		}
 	}
 }

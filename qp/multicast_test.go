@@ -1,6 +1,7 @@
 package qp
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -90,5 +91,16 @@ func TestMulticast(t *testing.T) {
 				quiet(t, members[0].cq)
 			})
 		})
+	}
+}
+
+// TestMulticastUDOnly: only a UD QP joins a group; an RD QP is refused,
+// so a datagram to a group (which anyone may send) never reaches a
+// reliable QP's receives.
+func TestMulticastUDOnly(t *testing.T) {
+	n := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	rd, _ := rdQPOn(t, n, RDConfig{})
+	if err := rd.JoinMulticast(netip.MustParseAddr("239.1.2.3"), nil); !errors.Is(err, ErrInvalidAttr) {
+		t.Fatalf("an RD QP joining a group: %v, want ErrInvalidAttr", err)
 	}
 }
