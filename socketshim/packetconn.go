@@ -45,6 +45,9 @@ type Options struct {
 	// Device configures the PacketConn's own device (polling mode, socket
 	// buffers, an impairment layer for tests).
 	Device qp.DeviceConfig
+	// ReuseAddr sets SO_REUSEADDR before binding, so that several
+	// PacketConns on one host can bind a multicast group's port.
+	ReuseAddr bool
 }
 
 // PacketConn is a net.PacketConn over a UD queue pair: WriteTo posts a
@@ -82,6 +85,75 @@ type PacketConn struct {
 
 var errClosed = net.ErrClosed
 
+var errReliableGroup = errors.New("socketshim: a Reliable PacketConn cannot send to or join a multicast group (RD is point to point)")
+
+// JoinGroup joins the multicast group (an IPv4 or IPv6 group address, as
+// a *net.UDPAddr, *net.IPAddr or any net.Addr whose String is an IP) on
+// interface ifi, nil for the system's choice, in the manner of
+// golang.org/x/net/ipv4.PacketConn.JoinGroup: datagrams sent to the group
+// at the PacketConn's port then reach ReadFrom, with their sources. Bind
+// the PacketConn to the group's port on the wildcard address (and set
+// Options.ReuseAddr where several on one host share it). WriteTo a group
+// address sends to every member. A Reliable PacketConn cannot join.
+func (c *PacketConn) JoinGroup(ifi *net.Interface, group net.Addr) error {
+	g, err := groupAddr(group)
+	if err != nil {
+		return c.opErr("join", err)
+	}
+	if c.reliable {
+		return c.opErr("join", errReliableGroup)
+	}
+	if err := c.q.JoinMulticast(g, ifi); err != nil {
+		return c.opErr("join", err)
+	}
+	return nil
+}
+
+// LeaveGroup leaves a group JoinGroup joined (ifi is not used: a
+// membership is left wherever it was made).
+func (c *PacketConn) LeaveGroup(ifi *net.Interface, group net.Addr) error {
+	g, err := groupAddr(group)
+	if err != nil {
+		return c.opErr("leave", err)
+	}
+	if err := c.q.LeaveMulticast(g); err != nil {
+		return c.opErr("leave", err)
+	}
+	return nil
+}
+
+// SetMulticastInterface chooses the interface datagrams to groups leave by.
+func (c *PacketConn) SetMulticastInterface(ifi *net.Interface) error {
+	if err := c.sock.SetMulticastInterface(ifi); err != nil {
+		return c.opErr("set", err)
+	}
+	return nil
+}
+
+// groupAddr is the IP address of a group given as a net.Addr.
+func groupAddr(a net.Addr) (netip.Addr, error) {
+	var ip net.IP
+	switch a := a.(type) {
+	case *net.UDPAddr:
+		ip = a.IP
+	case *net.IPAddr:
+		ip = a.IP
+	case nil:
+		return netip.Addr{}, errors.New("socketshim: no group address")
+	default:
+		s := a.String()
+		if h, _, err := net.SplitHostPort(s); err == nil {
+			s = h
+		}
+		ip = net.ParseIP(s)
+	}
+	g, ok := netip.AddrFromSlice(ip)
+	if !ok || !g.Unmap().IsMulticast() {
+		return netip.Addr{}, fmt.Errorf("socketshim: %v is not a multicast group", a)
+	}
+	return g.Unmap(), nil
+}
+
 // ListenPacket opens a PacketConn on a UDP address ("udp", "udp4" or
 // "udp6"), with its own device, socket and UD QP.
 func ListenPacket(network, address string, opts *Options) (*PacketConn, error) {
@@ -113,7 +185,11 @@ func ListenPacket(network, address string, opts *Options) (*PacketConn, error) {
 		dev.Close()
 		return nil, &net.OpError{Op: "listen", Net: network, Err: err}
 	}
-	if c.sock, err = dev.Bind(network, address); err != nil {
+	var bopts []qp.BindOption
+	if o.ReuseAddr {
+		bopts = append(bopts, qp.ReuseAddr())
+	}
+	if c.sock, err = dev.Bind(network, address, bopts...); err != nil {
 		return fail(err)
 	}
 	c.slot = c.sock.MaxMessage()
@@ -251,6 +327,9 @@ func (c *PacketConn) WriteToUDPAddrPort(b []byte, ap netip.AddrPort) (int, error
 		return 0, c.opErr("write", errClosed)
 	}
 	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	if c.reliable && ap.Addr().IsMulticast() {
+		return 0, c.opErr("write", errReliableGroup)
+	}
 	ah, err := c.ahs.Get(ap)
 	if err != nil {
 		return 0, c.opErr("write", err)

@@ -20,13 +20,18 @@ type AHCache struct {
 }
 
 // Get returns the address handle for ap (an IPv4-mapped address taken as
-// IPv4), making it if needed.
+// IPv4), making it if needed: to the shims' QP at ap, or to every member
+// of the group when ap is a multicast address.
 func (c *AHCache) Get(ap netip.AddrPort) (*qp.AH, error) {
 	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	if ah := c.m[ap]; ah != nil {
 		return ah, nil
 	}
-	ah, err := c.PD.CreateAH(ap, c.QPN)
+	qpn := c.QPN
+	if ap.Addr().IsMulticast() { // a group: every member QP (qp.JoinMulticast)
+		qpn = qp.MulticastQPN
+	}
+	ah, err := c.PD.CreateAH(ap, qpn)
 	if err != nil {
 		return nil, err
 	}
