@@ -30,6 +30,7 @@ type Socket struct {
 	// maxDatagram is the largest UDP payload the socket can send.
 	maxDatagram int
 	noGSO       atomic.Bool // the kernel refused UDP_SEGMENT once, or the impairment layer sees each datagram
+	broadcast   atomic.Bool // SetBroadcast(true)
 
 	rxMu sync.Mutex // one reader at a time
 	rx   rxSide
@@ -180,3 +181,31 @@ func (s *Socket) SetReadBuffer(bytes int) error {
 func (s *Socket) SetWriteBuffer(bytes int) error {
 	return s.udp.setBuffer(unix.SO_SNDBUFFORCE, unix.SO_SNDBUF, bytes)
 }
+
+// SetBroadcast allows (or forbids) sending to IPv4 broadcast addresses
+// from the socket (SO_BROADCAST), as a UDP socket needs it. Receiving
+// needs nothing: a datagram to a broadcast address reaches every socket
+// bound to its port, and the QP its header names there. IPv4 only.
+func (s *Socket) SetBroadcast(on bool) error {
+	if s.v6 {
+		return fmt.Errorf("%w: broadcast is IPv4's (IPv6 has multicast groups)", ErrInvalidAttr)
+	}
+	v := 0
+	if on {
+		v = 1
+	}
+	var serr error
+	if err := s.udp.raw.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_BROADCAST, v)
+	}); err != nil {
+		return err
+	}
+	if serr == nil {
+		s.broadcast.Store(on)
+	}
+	return serr
+}
+
+// Broadcast reports whether SetBroadcast allowed sending to broadcast
+// addresses.
+func (s *Socket) Broadcast() bool { return s.broadcast.Load() }

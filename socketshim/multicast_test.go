@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -116,5 +117,49 @@ func TestPacketConnGroupRefusals(t *testing.T) {
 	}
 	if _, err := c.WriteTo([]byte("still"), r.LocalAddr()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPacketConnBroadcast: with SetBroadcast, WriteTo a subnet's
+// broadcast address reaches both PacketConns bound to the port (a veth
+// pair in a namespace: 10.9.0.0/24); without it, WriteTo the limited
+// broadcast address fails with EACCES, as sendto does.
+func TestPacketConnBroadcast(t *testing.T) {
+	ns := netnstest.New(t, "link set lo up", "link add bc0 type veth peer name bc1", "link set bc0 up", "link set bc1 up",
+		"addr add 10.9.0.1/24 brd 10.9.0.255 dev bc0")
+	port := 48500 + int(netnstest.Seq())
+	var members []*PacketConn
+	var src *PacketConn
+	netnstest.In(t, ns, func() {
+		for range 2 {
+			c, err := ListenPacket("udp4", fmt.Sprintf("0.0.0.0:%d", port), &Options{ReuseAddr: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			members = append(members, c)
+		}
+		var err error
+		if src, err = ListenPacket("udp4", "10.9.0.1:0", nil); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { src.Close() })
+	})
+	if _, err := src.WriteTo([]byte("x"), &net.UDPAddr{IP: net.IPv4bcast, Port: port}); !errors.Is(err, syscall.EACCES) {
+		t.Fatalf("WriteTo 255.255.255.255 without SetBroadcast: %v, want EACCES", err)
+	}
+	if err := src.SetBroadcast(true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.WriteTo([]byte("to all"), &net.UDPAddr{IP: net.IPv4(10, 9, 0, 255), Port: port}); err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range members {
+		buf := make([]byte, 64)
+		m.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, from, err := m.ReadFrom(buf)
+		if err != nil || string(buf[:n]) != "to all" || from.String() != src.LocalAddr().String() {
+			t.Fatalf("member %d read %q from %v: %v", i, buf[:n], from, err)
+		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/udiwarp/udiwarp/qp"
@@ -85,7 +86,9 @@ type PacketConn struct {
 
 var errClosed = net.ErrClosed
 
-var errReliableGroup = errors.New("socketshim: a Reliable PacketConn cannot send to or join a multicast group (RD is point to point)")
+var errReliableGroup = errors.New("socketshim: a Reliable PacketConn cannot send to or join a multicast group, or broadcast (RD is point to point)")
+
+var limitedBroadcast = netip.AddrFrom4([4]byte{255, 255, 255, 255})
 
 // JoinGroup joins the multicast group (an IPv4 or IPv6 group address, as
 // a *net.UDPAddr, *net.IPAddr or any net.Addr whose String is an IP) on
@@ -125,6 +128,23 @@ func (c *PacketConn) LeaveGroup(ifi *net.Interface, group net.Addr) error {
 // SetMulticastInterface chooses the interface datagrams to groups leave by.
 func (c *PacketConn) SetMulticastInterface(ifi *net.Interface) error {
 	if err := c.sock.SetMulticastInterface(ifi); err != nil {
+		return c.opErr("set", err)
+	}
+	return nil
+}
+
+// SetBroadcast allows sending to IPv4 broadcast addresses (SO_BROADCAST),
+// as on a UDP socket: WriteTo 255.255.255.255 or a subnet's broadcast
+// address then reaches every PacketConn bound to the port on the hosts
+// it reaches. Without it, WriteTo the limited broadcast address fails
+// with EACCES, as the kernel's sendto does (a subnet's broadcast address
+// is the kernel's to refuse: that datagram is dropped and counted in
+// qp.Stats.TxErrors). Receiving needs nothing.
+func (c *PacketConn) SetBroadcast(on bool) error {
+	if c.reliable && on {
+		return c.opErr("set", errReliableGroup)
+	}
+	if err := c.sock.SetBroadcast(on); err != nil {
 		return c.opErr("set", err)
 	}
 	return nil
@@ -329,6 +349,12 @@ func (c *PacketConn) WriteToUDPAddrPort(b []byte, ap netip.AddrPort) (int, error
 	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	if c.reliable && ap.Addr().IsMulticast() {
 		return 0, c.opErr("write", errReliableGroup)
+	}
+	if c.reliable && ap.Addr() == limitedBroadcast {
+		return 0, c.opErr("write", errReliableGroup)
+	}
+	if ap.Addr() == limitedBroadcast && !c.sock.Broadcast() {
+		return 0, c.opErr("write", syscall.EACCES) // as sendto without SO_BROADCAST
 	}
 	ah, err := c.ahs.Get(ap)
 	if err != nil {
