@@ -1,10 +1,12 @@
 package qp
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"slices"
+	"syscall"
 
 	"github.com/udiwarp/udiwarp/udiwarp"
 	"golang.org/x/net/ipv4"
@@ -86,14 +88,17 @@ func (q *QP) leaveAllGroups() {
 func (s *Socket) joinGroup(group netip.Addr, ifi *net.Interface) error {
 	ga := &net.UDPAddr{IP: group.AsSlice()}
 	var err error
+	// EADDRINUSE: the socket is a member already, joined before the
+	// device had it (BindConn; a preloaded program that joins before it
+	// binds): the QP joins the kernel's membership.
 	if s.v6 {
 		p := ipv6.NewPacketConn(s.udp.conn)
-		if err = p.JoinGroup(ifi, ga); err == nil {
+		if err = p.JoinGroup(ifi, ga); err == nil || errors.Is(err, syscall.EADDRINUSE) {
 			err = p.SetControlMessage(ipv6.FlagDst, true)
 		}
 	} else {
 		p := ipv4.NewPacketConn(s.udp.conn)
-		if err = p.JoinGroup(ifi, ga); err == nil {
+		if err = p.JoinGroup(ifi, ga); err == nil || errors.Is(err, syscall.EADDRINUSE) {
 			err = p.SetControlMessage(ipv4.FlagDst, true)
 		}
 	}

@@ -94,7 +94,7 @@ func need(t *testing.T, progs ...string) {
 	t.Helper()
 	for _, p := range progs {
 		if lookPath(p) == "" {
-			t.Skipf("%s is not installed (Debian: apt-get install sockperf dnsmasq-base bind9-dnsutils iperf)", p)
+			t.Skipf("%s is not installed (Debian: apt-get install sockperf dnsmasq-base bind9-dnsutils iperf socat)", p)
 		}
 	}
 }

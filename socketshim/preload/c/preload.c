@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #define MAXFD 65536
+#define MAXGROUPS 20 // IP_MAX_MEMBERSHIPS, the kernel's default per socket
 #define EXPORT __attribute__((visibility("default")))
 
 // ---- the real functions -------------------------------------------------
@@ -99,6 +100,7 @@ static long long (*e_recv)(long long, void *, int, void *, int *, int, int *, lo
 static long long (*e_next_len)(long long);
 static int (*e_close)(long long);
 static void (*e_exit)(void);
+static long long (*e_group)(long long, int, int, const void *, int);
 
 static long long spin_ns = 50000;
 
@@ -124,6 +126,11 @@ struct usock {
 	atomic_int connected;
 	struct sockaddr_storage peer;
 	socklen_t peerlen;
+	// Groups joined before the engine adopted the socket (socat joins
+	// before it binds): the kernel's membership is made at once, and the
+	// engine's QP joins them when it adopts the socket. Under mu.
+	struct { unsigned char opt[sizeof(struct ip_mreqn) > sizeof(struct ipv6_mreq) ? sizeof(struct ip_mreqn) : sizeof(struct ipv6_mreq)]; int len, v6; } groups[MAXGROUPS];
+	int ngroups;
 	pthread_mutex_t mu;
 };
 
@@ -234,7 +241,8 @@ static void load(void) {
 	e_next_len = dlsym(h, "udw_next_len");
 	e_close = dlsym(h, "udw_close");
 	e_exit = dlsym(h, "udw_exit");
-	if (!e_init || !e_adopt || !e_send || !e_recv || !e_next_len || !e_close || !e_exit || e_init() != 0) {
+	e_group = dlsym(h, "udw_group");
+	if (!e_init || !e_adopt || !e_send || !e_recv || !e_next_len || !e_close || !e_exit || !e_group || e_init() != 0) {
 		warn("the engine is incomplete; using the kernel");
 		free(before);
 		free(after);
@@ -468,6 +476,9 @@ static int adopt(struct usock *u, int fd) {
 				u->engfd = efd;
 				mark(efd, 2);
 				atomic_store(&u->h, h);
+				for (int i = 0; i < u->ngroups; i++) // the kernel has them; now the QP
+					e_group(h, 1, u->groups[i].v6, u->groups[i].opt, u->groups[i].len);
+				u->ngroups = 0;
 			} else {
 				char m[128];
 				snprintf(m, sizeof m, "the engine refused socket %d (errno %lld); it stays on the kernel", fd, -h);
@@ -696,9 +707,73 @@ static long long tv_ns(const void *v, socklen_t l) {
 	return (long long)tv->tv_sec * 1000000000LL + (long long)tv->tv_usec * 1000LL;
 }
 
+// group_opt reports whether (lvl, name) joins (*join = 1) or leaves a
+// multicast group.
+static int group_opt(int lvl, int name, int *join) {
+	if (lvl == IPPROTO_IP && (name == IP_ADD_MEMBERSHIP || name == IP_DROP_MEMBERSHIP)) {
+		*join = name == IP_ADD_MEMBERSHIP;
+		return 1;
+	}
+	if (lvl == IPPROTO_IPV6 && (name == IPV6_JOIN_GROUP || name == IPV6_LEAVE_GROUP)) {
+		*join = name == IPV6_JOIN_GROUP;
+		return 1;
+	}
+	return 0;
+}
+
+// bound reports whether the hidden socket has a port.
+static int bound(struct usock *u) {
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof ss;
+	if (REAL(getsockname)(u->hidden, (struct sockaddr *)&ss, &sl) != 0) return 0;
+	return (ss.ss_family == AF_INET && ((struct sockaddr_in *)&ss)->sin_port != 0) ||
+	       (ss.ss_family == AF_INET6 && ((struct sockaddr_in6 *)&ss)->sin6_port != 0);
+}
+
 EXPORT int setsockopt(int fd, int lvl, int name, const void *v, socklen_t l) {
 	struct usock *u = enter(fd);
 	if (!u) return REAL(setsockopt)(fd, lvl, name, v, l);
+	int join;
+	if (v && group_opt(lvl, name, &join)) {
+		// A group membership is the engine's to make: its QP must be a
+		// member for the group's datagrams to reach it, and it makes the
+		// kernel's membership on the same socket itself. Before the engine
+		// has the socket, the kernel's membership is made now and the
+		// QP's when the engine adopts it.
+		if (join && atomic_load(&u->h) == 0 && bound(u)) adopt(u, fd);
+		long long h = atomic_load(&u->h);
+		if (h > 0 && !atomic_load(&u->kmode)) {
+			long long r = e_group(h, join, lvl == IPPROTO_IPV6, v, (int)l);
+			leave(u);
+			if (r < 0) {
+				errno = (int)-r;
+				return -1;
+			}
+			return 0;
+		}
+		int r = REAL(setsockopt)(u->hidden, lvl, name, v, l);
+		if (r == 0 && !atomic_load(&u->kmode)) {
+			int e = errno;
+			pthread_mutex_lock(&u->mu);
+			int v6 = lvl == IPPROTO_IPV6;
+			size_t gl = v6 ? sizeof(struct in6_addr) : sizeof(struct in_addr); // the group, first in every form
+			int at = -1;
+			for (int i = 0; i < u->ngroups; i++)
+				if (u->groups[i].v6 == v6 && (size_t)l >= gl && memcmp(u->groups[i].opt, v, gl) == 0) at = i;
+			if (join && at < 0 && u->ngroups < MAXGROUPS && (size_t)l <= sizeof u->groups[0].opt) {
+				memcpy(u->groups[u->ngroups].opt, v, l);
+				u->groups[u->ngroups].len = (int)l;
+				u->groups[u->ngroups].v6 = v6;
+				u->ngroups++;
+			} else if (!join && at >= 0) {
+				u->groups[at] = u->groups[--u->ngroups];
+			}
+			pthread_mutex_unlock(&u->mu);
+			errno = e;
+		}
+		leave(u);
+		return r;
+	}
 	int r = REAL(setsockopt)(u->hidden, lvl, name, v, l);
 	if (r == 0 && lvl == SOL_SOCKET && name == SO_RCVTIMEO) u->rcvtimeo = tv_ns(v, l);
 	if (r == 0 && lvl == SOL_SOCKET && name == SO_SNDTIMEO) u->sndtimeo = tv_ns(v, l);

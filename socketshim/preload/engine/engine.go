@@ -16,6 +16,7 @@ package main
 import "C"
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -519,6 +520,89 @@ func udw_next_len(h C.longlong) C.longlong {
 // udw_close closes the socket's device (and the engine's descriptor of
 // the kernel socket; the C side keeps its own).
 //
+// udw_group joins (join != 0) or leaves the multicast group a program
+// gave setsockopt: IP_ADD_MEMBERSHIP / IP_DROP_MEMBERSHIP with a struct
+// ip_mreq or ip_mreqn (v6 == 0), IPV6_JOIN_GROUP / IPV6_LEAVE_GROUP with
+// a struct ipv6_mreq. The socket's QP becomes a member (qp.JoinMulticast,
+// which makes the kernel's membership too). It returns 0 or -errno as
+// the kernel's setsockopt would fail.
+//
+//export udw_group
+func udw_group(h C.longlong, join C.int, v6 C.int, opt unsafe.Pointer, optlen C.int) C.longlong {
+	s := lookup(h)
+	if s == nil {
+		return -C.longlong(unix.EBADF)
+	}
+	b := unsafe.Slice((*byte)(opt), max(int(optlen), 0))
+	var group netip.Addr
+	var ifi *net.Interface
+	if v6 == 0 {
+		if len(b) < 8 { // struct ip_mreq: group, interface address
+			return -C.longlong(unix.EINVAL)
+		}
+		group = netip.AddrFrom4([4]byte(b[0:4]))
+		if len(b) >= 12 { // struct ip_mreqn: group, address, interface index
+			if i := int32(binary.NativeEndian.Uint32(b[8:12])); i > 0 {
+				x, err := net.InterfaceByIndex(int(i))
+				if err != nil {
+					return -C.longlong(unix.ENODEV)
+				}
+				ifi = x
+			}
+		}
+		if a := netip.AddrFrom4([4]byte(b[4:8])); ifi == nil && !a.IsUnspecified() {
+			ifi = interfaceOf(a)
+			if ifi == nil {
+				return -C.longlong(unix.ENODEV)
+			}
+		}
+	} else {
+		if len(b) < 20 { // struct ipv6_mreq: group, interface index
+			return -C.longlong(unix.EINVAL)
+		}
+		group = netip.AddrFrom16([16]byte(b[0:16]))
+		if i := binary.NativeEndian.Uint32(b[16:20]); i > 0 {
+			x, err := net.InterfaceByIndex(int(i))
+			if err != nil {
+				return -C.longlong(unix.ENODEV)
+			}
+			ifi = x
+		}
+	}
+	if !group.IsMulticast() {
+		return -C.longlong(unix.EINVAL)
+	}
+	var err error
+	if join != 0 {
+		err = s.q.JoinMulticast(group, ifi)
+	} else {
+		err = s.q.LeaveMulticast(group)
+	}
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, qp.ErrNotFound):
+		return -C.longlong(unix.EADDRNOTAVAIL) // not a member: the kernel's answer
+	case errors.Is(err, qp.ErrInvalidAttr):
+		return -C.longlong(unix.EINVAL)
+	}
+	return errno(err)
+}
+
+// interfaceOf is the interface that has address a, or nil.
+func interfaceOf(a netip.Addr) *net.Interface {
+	ifs, _ := net.Interfaces()
+	for i := range ifs {
+		addrs, _ := ifs[i].Addrs()
+		for _, x := range addrs {
+			if p, err := netip.ParsePrefix(x.String()); err == nil && p.Addr() == a {
+				return &ifs[i]
+			}
+		}
+	}
+	return nil
+}
+
 //export udw_close
 func udw_close(h C.longlong) C.int {
 	s := lookup(h)
