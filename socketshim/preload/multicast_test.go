@@ -29,14 +29,7 @@ func TestSocatMulticast(t *testing.T) {
 	const group = "239.7.7.9"
 	port := 49000 + int(netnstest.Seq())
 	work := t.TempDir()
-	// in runs a program preloaded inside the namespace.
-	in := func(name string, args ...string) *proc {
-		p := start(t, ctx, dir, false, "ip", append([]string{"netns", "exec", ns, "env",
-			"LD_PRELOAD=" + filepath.Join(dir, "libudiwarp_preload.so"), "UDIWARP_ENGINE=" + filepath.Join(dir, "libudiwarp_engine.so"),
-			"UDIWARP_PRELOAD_STATS=" + filepath.Join(work, fmt.Sprintf("stats-%d.json", time.Now().UnixNano())), name}, args...)...)
-		p.stats = p.cmd.Args[len(p.cmd.Args)-len(args)-2][len("UDIWARP_PRELOAD_STATS="):]
-		return p
-	}
+	in := func(name string, args ...string) *proc { return startIn(t, ctx, dir, ns, name, args...) }
 	var recvs []*proc
 	var outs []string
 	for i := range 2 {
@@ -92,5 +85,66 @@ func TestSocatMulticast(t *testing.T) {
 	}
 	if ss.Sent < 1 || ss.SentBytes < uint64(len(msg)) {
 		t.Errorf("the sender's engine sent %d datagrams, %d bytes", ss.Sent, ss.SentBytes)
+	}
+}
+
+// startIn runs a program preloaded inside network namespace ns.
+func startIn(t *testing.T, ctx context.Context, dir, ns, name string, args ...string) *proc {
+	t.Helper()
+	stats := filepath.Join(t.TempDir(), "stats.json")
+	p := start(t, ctx, dir, false, "ip", append([]string{"netns", "exec", ns, "env",
+		"LD_PRELOAD=" + filepath.Join(dir, "libudiwarp_preload.so"), "UDIWARP_ENGINE=" + filepath.Join(dir, "libudiwarp_engine.so"),
+		"UDIWARP_PRELOAD_STATS=" + stats, name}, args...)...)
+	p.stats = stats
+	return p
+}
+
+// TestSocatBroadcast: unmodified socat, preloaded, sends to a subnet's
+// broadcast address with SO_BROADCAST (socat's broadcast option, set on
+// the kernel socket the engine sends on), and a preloaded socat bound to
+// the port receives it through its engine (a veth pair in a namespace).
+func TestSocatBroadcast(t *testing.T) {
+	need(t, "socat")
+	dir := built(t)
+	ns := netnstest.New(t, "link set lo up", "link add bc0 type veth peer name bc1", "link set bc0 up", "link set bc1 up",
+		"addr add 10.9.1.1/24 brd 10.9.1.255 dev bc0")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	port := 49500 + int(netnstest.Seq())
+	out := filepath.Join(t.TempDir(), "recv")
+	rcv := startIn(t, ctx, dir, ns, "socat", "-u", fmt.Sprintf("UDP4-RECV:%d", port), "OPEN:"+out+",creat,trunc")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/net/udp", rcv.cmd.Process.Pid))
+		if bytes.Contains(b, []byte(fmt.Sprintf(":%04X ", port))) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("socat never bound port %d:\n%s", port, rcv.out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	msg := []byte("to every host on the subnet\n")
+	file := filepath.Join(t.TempDir(), "msg")
+	if err := os.WriteFile(file, msg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	snd := startIn(t, ctx, dir, ns, "socat", "-u", "OPEN:"+file, fmt.Sprintf("UDP4-DATAGRAM:10.9.1.255:%d,broadcast", port))
+	snd.wait(t)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		got, _ := os.ReadFile(out)
+		if bytes.Equal(got, msg) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the receiver wrote %q\n%s", got, rcv.out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	rcv.stop(syscall.SIGINT)
+	rs, ss := rcv.readStats(t), snd.readStats(t)
+	if rs.Received < 1 || rs.ReceivedBytes < uint64(len(msg)) || ss.Sent < 1 {
+		t.Errorf("the engines carried nothing: receiver %+v, sender %+v", rs, ss)
 	}
 }
