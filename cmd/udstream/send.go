@@ -325,8 +325,9 @@ func (s *source) close() {
 }
 
 // next fills b with the stream's next bytes: a file's or stdin's up to
-// len(b); a UDP feed's datagrams (each kept whole) until b is full or
-// 20 ms have passed since the first of them. It returns io.EOF with the
+// len(b); a UDP feed's datagrams (each kept whole; an RTP datagram's
+// payload, its header stripped) until b is full or 20 ms have passed
+// since the first of them. It returns io.EOF with the
 // last bytes, or when the stream has ended.
 func (s *source) next(b []byte) (int, error) {
 	if s.udp == nil {
@@ -371,11 +372,15 @@ func (s *source) next(b []byte) (int, error) {
 			return n, err
 		}
 		s.started = true
-		if n+k > len(b) {
-			s.pending = append([]byte(nil), dg[:k]...)
+		d := dg[:k]
+		if p, ok := mpegts.RTPPayload(d); ok { // an RTP feed (ffmpeg -f rtp_mpegts): its TS packets
+			d = p
+		}
+		if n+len(d) > len(b) {
+			s.pending = append([]byte(nil), d...)
 			return n, nil
 		}
-		n += copy(b[n:], dg[:k])
+		n += copy(b[n:], d)
 		if flushAt.IsZero() {
 			flushAt = time.Now().Add(20 * time.Millisecond)
 		}

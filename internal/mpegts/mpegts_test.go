@@ -1,6 +1,7 @@
 package mpegts
 
 import (
+	"bytes"
 	"testing"
 	"time"
 )
@@ -72,5 +73,32 @@ func TestPackets(t *testing.T) {
 	}
 	if !Looks(s) || Looks([]byte("hello, this is not a transport stream at all")) || Looks(nil) {
 		t.Fatal("Looks")
+	}
+}
+
+func TestRTPPayload(t *testing.T) {
+	ts := make([]byte, 2*PacketSize)
+	ts[0], ts[PacketSize] = Sync, Sync
+	hdr := []byte{0x80, 33, 0, 1, 0, 0, 0, 9, 1, 2, 3, 4} // V=2, PT 33 (MP2T)
+	for _, tc := range []struct {
+		name string
+		d    []byte
+		want []byte
+		ok   bool
+	}{
+		{"plain", append(append([]byte(nil), hdr...), ts...), ts, true},
+		{"CSRCs", append(append([]byte{0x82, 33, 0, 1, 0, 0, 0, 9, 1, 2, 3, 4, 5, 5, 5, 5, 6, 6, 6, 6}), ts...), ts, true},
+		{"extension", append(append([]byte{0x90, 33, 0, 1, 0, 0, 0, 9, 1, 2, 3, 4, 0xbe, 0xde, 0, 1, 7, 7, 7, 7}), ts...), ts, true},
+		{"padding", append(append(append([]byte{0xa0}, hdr[1:]...), ts...), 0, 0, 3), ts, true},
+		{"raw TS is not RTP", ts, nil, false},
+		{"RTP without TS", append(append([]byte(nil), hdr...), 1, 2, 3), nil, false},
+		{"short", hdr[:8], nil, false},
+		{"extension past the end", []byte{0x90, 33, 0, 1, 0, 0, 0, 9, 1, 2, 3, 4, 0xbe}, nil, false},
+		{"padding past the header", append(append([]byte{0xa0}, hdr[1:]...), 200), nil, false},
+	} {
+		got, ok := RTPPayload(tc.d)
+		if ok != tc.ok || !bytes.Equal(got, tc.want) {
+			t.Errorf("%s: %d bytes, %v; want %d, %v", tc.name, len(got), ok, len(tc.want), tc.ok)
+		}
 	}
 }
