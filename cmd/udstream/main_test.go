@@ -388,68 +388,43 @@ func TestSenderVanishes(t *testing.T) {
 	}
 }
 
-// TestUDPFeed: ffmpeg feeds a live UDP stream (-re) into udstream send,
-// as a camera or encoder would; the receiver's output decodes.
-func TestUDPFeed(t *testing.T) {
+// TestFeed: ffmpeg feeds a live stream (-re) into udstream send, as a
+// camera or encoder would: plain MPEG-TS over UDP, or RTP (-f
+// rtp_mpegts, RFC 2250, whose headers udstream strips); the receiver's
+// output is whole TS packets that decode.
+func TestFeed(t *testing.T) {
 	needTS(t)
-	feed, port := freePort(t), freePort(t)
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	out := filepath.Join(t.TempDir(), "out.ts")
-	var wg sync.WaitGroup
-	var s ended
-	wg.Go(func() {
-		s = runCmd([]string{"send", "-listen", addr, "-i", fmt.Sprintf("udp://127.0.0.1:%d", feed), "-idle", "1s", "-q", "-wait", "20s"}, nil)
-	})
-	time.Sleep(100 * time.Millisecond)
-	var r ended
-	wg.Go(func() {
-		r = runCmd([]string{"recv", "-from", addr, "-o", out, "-json", "-q", "-idle", "3s"}, nil)
-	})
-	time.Sleep(300 * time.Millisecond) // the receiver has asked: the sender streams what the feed brings
-	ff := exec.Command("ffmpeg", "-v", "error", "-re", "-i", tsIn, "-c", "copy", "-f", "mpegts",
-		fmt.Sprintf("udp://127.0.0.1:%d?pkt_size=1316", feed))
-	if o, err := ff.CombinedOutput(); err != nil {
-		t.Fatalf("ffmpeg: %v: %s", err, o)
-	}
-	wg.Wait()
-	var rs recvStats
-	json.Unmarshal([]byte(r.stdout), &rs)
-	n, _ := frames(out)
-	if s.code != 0 || r.code != 0 || n < inFrames*9/10 || !rs.TS {
-		t.Fatalf("send %d %q; recv %d %q; %d of %d frames; %+v", s.code, s.stderr, r.code, r.stderr, n, inFrames, rs)
-	}
-}
-
-// TestRTPFeed: ffmpeg feeds RTP (-f rtp_mpegts, RFC 2250), as a
-// broadcast encoder does; udstream strips the RTP headers and the
-// receiver's output is whole TS packets that decode.
-func TestRTPFeed(t *testing.T) {
-	needTS(t)
-	feed, port := freePort(t), freePort(t)
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	out := filepath.Join(t.TempDir(), "out.ts")
-	var wg sync.WaitGroup
-	var s, r ended
-	wg.Go(func() {
-		s = runCmd([]string{"send", "-listen", addr, "-i", fmt.Sprintf("udp://127.0.0.1:%d", feed), "-idle", "1s", "-q", "-wait", "20s"}, nil)
-	})
-	time.Sleep(100 * time.Millisecond)
-	wg.Go(func() {
-		r = runCmd([]string{"recv", "-from", addr, "-o", out, "-json", "-q", "-idle", "3s"}, nil)
-	})
-	time.Sleep(300 * time.Millisecond)
-	ff := exec.Command("ffmpeg", "-v", "error", "-re", "-i", tsIn, "-c", "copy", "-f", "rtp_mpegts",
-		fmt.Sprintf("rtp://127.0.0.1:%d?pkt_size=1328", feed))
-	if o, err := ff.CombinedOutput(); err != nil {
-		t.Fatalf("ffmpeg: %v: %s", err, o)
-	}
-	wg.Wait()
-	var rs recvStats
-	json.Unmarshal([]byte(r.stdout), &rs)
-	got, _ := os.ReadFile(out)
-	n, _ := frames(out)
-	if s.code != 0 || r.code != 0 || !rs.TS || len(got) == 0 || len(got)%188 != 0 || got[0] != 0x47 || n < inFrames*9/10 {
-		t.Fatalf("send %d %q; recv %d %q; %d bytes, %d of %d frames; %+v", s.code, s.stderr, r.code, r.stderr, len(got), n, inFrames, rs)
+	for _, tc := range []struct{ name, format, url string }{
+		{"udp", "mpegts", "udp://127.0.0.1:%d?pkt_size=1316"},
+		{"rtp", "rtp_mpegts", "rtp://127.0.0.1:%d?pkt_size=1328"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			feed, port := freePort(t), freePort(t)
+			addr := fmt.Sprintf("127.0.0.1:%d", port)
+			out := filepath.Join(t.TempDir(), "out.ts")
+			var wg sync.WaitGroup
+			var s, r ended
+			wg.Go(func() {
+				s = runCmd([]string{"send", "-listen", addr, "-i", fmt.Sprintf("udp://127.0.0.1:%d", feed), "-idle", "1s", "-q", "-wait", "20s"}, nil)
+			})
+			time.Sleep(100 * time.Millisecond)
+			wg.Go(func() {
+				r = runCmd([]string{"recv", "-from", addr, "-o", out, "-json", "-q", "-idle", "3s"}, nil)
+			})
+			time.Sleep(300 * time.Millisecond) // the receiver has asked: the sender streams what the feed brings
+			ff := exec.Command("ffmpeg", "-v", "error", "-re", "-i", tsIn, "-c", "copy", "-f", tc.format, fmt.Sprintf(tc.url, feed))
+			if o, err := ff.CombinedOutput(); err != nil {
+				t.Fatalf("ffmpeg: %v: %s", err, o)
+			}
+			wg.Wait()
+			var rs recvStats
+			json.Unmarshal([]byte(r.stdout), &rs)
+			got, _ := os.ReadFile(out)
+			n, _ := frames(out)
+			if s.code != 0 || r.code != 0 || !rs.TS || len(got) == 0 || len(got)%188 != 0 || got[0] != 0x47 || n < inFrames*9/10 {
+				t.Fatalf("send %d %q; recv %d %q; %d bytes, %d of %d frames; %+v", s.code, s.stderr, r.code, r.stderr, len(got), n, inFrames, rs)
+			}
+		})
 	}
 }
 
