@@ -87,8 +87,8 @@ func TestRTPPayload(t *testing.T) {
 		ok   bool
 	}{
 		{"plain", append(append([]byte(nil), hdr...), ts...), ts, true},
-		{"CSRCs", append(append([]byte{0x82, 33, 0, 1, 0, 0, 0, 9, 1, 2, 3, 4, 5, 5, 5, 5, 6, 6, 6, 6}), ts...), ts, true},
-		{"extension", append(append([]byte{0x90, 33, 0, 1, 0, 0, 0, 9, 1, 2, 3, 4, 0xbe, 0xde, 0, 1, 7, 7, 7, 7}), ts...), ts, true},
+		{"CSRCs", append([]byte{0x82, 33, 0, 1, 0, 0, 0, 9, 1, 2, 3, 4, 5, 5, 5, 5, 6, 6, 6, 6}, ts...), ts, true},
+		{"extension", append([]byte{0x90, 33, 0, 1, 0, 0, 0, 9, 1, 2, 3, 4, 0xbe, 0xde, 0, 1, 7, 7, 7, 7}, ts...), ts, true},
 		{"padding", append(append(append([]byte{0xa0}, hdr[1:]...), ts...), 0, 0, 3), ts, true},
 		{"raw TS is not RTP", ts, nil, false},
 		{"RTP without TS", append(append([]byte(nil), hdr...), 1, 2, 3), nil, false},
