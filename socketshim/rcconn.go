@@ -146,6 +146,7 @@ type RCConn struct {
 	inq       []rcRef
 	peerFIN   bool
 	finSent   bool
+	finPosted bool // the FIN is posted, signaled: Close waits for its completion
 	err       error
 	ctl       [rcHeaderSize]byte
 
@@ -539,9 +540,12 @@ func (c *RCConn) CloseWrite() error {
 		return nil
 	}
 	c.finSent = true
-	if err := c.sendLocked(rcFIN, nil, 0); err != nil {
+	// Signaled: Close waits for its completion, which says everything
+	// written before it is in TCP's hands.
+	if err := c.sendLocked(rcFIN, nil, qp.FlagSignaled); err != nil {
 		return c.opErr("close", err)
 	}
+	c.finPosted = true
 	return nil
 }
 
@@ -549,8 +553,9 @@ func (c *RCConn) CloseWrite() error {
 const closeLinger = 2 * time.Second
 
 // Close closes the connection: blocked reads and writes return at once;
-// what Write sent is handed to TCP, then the FIN (unless CloseWrite sent
-// it), so the peer reads it all and then io.EOF.
+// what Write sent is handed to TCP, then the FIN (or the one CloseWrite
+// sent: Close waits for it all the same, up to closeLinger), so the peer
+// reads it all and then io.EOF.
 func (c *RCConn) Close() error {
 	if !shim.CloseOnce(&c.once, c.closed) {
 		return c.opErr("close", errClosed)
@@ -560,11 +565,11 @@ func (c *RCConn) Close() error {
 	defer c.wmu.Unlock()
 	defer c.rmu.Unlock()
 	c.mu.Lock()
-	fin := c.err == nil && !c.finSent
-	if fin {
+	if c.err == nil && !c.finSent {
 		c.finSent = true
-		fin = c.sendLocked(rcFIN, nil, qp.FlagSignaled) == nil
+		c.finPosted = c.sendLocked(rcFIN, nil, qp.FlagSignaled) == nil
 	}
+	fin := c.finPosted // by Close or by CloseWrite: wait for it either way
 	c.mu.Unlock()
 	if fin {
 		// Sends complete in order once TCP took them: the FIN's

@@ -408,3 +408,58 @@ func TestDialListen(t *testing.T) {
 		t.Fatalf("Dial(unix): %v", err)
 	}
 }
+
+// TestRCConnCloseAfterCloseWrite: a writer that writes, calls CloseWrite
+// and then Close at once (udstream's sender does) loses nothing: the
+// reader, slow to read, gets every byte and then io.EOF. Close waited
+// for the FIN only when Close itself sent it; after CloseWrite it closed
+// the device with data still queued behind TCP, and the reader saw a
+// short stream and a reset.
+func TestRCConnCloseAfterCloseWrite(t *testing.T) {
+	for round := range 3 {
+		// Credits for 512 messages of 64 KiB: more than TCP's buffers
+		// hold, so the rest waits in the stack's queue.
+		o := &RCOptions{RecvDepth: 512}
+		a, b := rcPair(t, o, o)
+		const size = 32 << 20
+		src := make([]byte, size)
+		for i := range src {
+			src[i] = byte(i*13 + round)
+		}
+		done := make(chan error, 1)
+		go func() {
+			for off := 0; off < size; off += 64 << 10 {
+				if _, err := a.Write(src[off : off+64<<10]); err != nil {
+					done <- err
+					return
+				}
+			}
+			if err := a.CloseWrite(); err != nil {
+				done <- err
+				return
+			}
+			done <- a.Close()
+		}()
+		b.SetReadDeadline(time.Now().Add(30 * time.Second))
+		var got []byte
+		buf := make([]byte, 32<<10)
+		var rerr error
+		for {
+			n, err := b.Read(buf)
+			got = append(got, buf[:n]...)
+			if err != nil {
+				rerr = err
+				break
+			}
+			if len(got)%(1<<20) < len(buf) {
+				time.Sleep(5 * time.Millisecond) // a slow reader: the writer's data waits in the stack
+			}
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("round %d: the writer: %v", round, err)
+		}
+		if rerr != io.EOF || !bytes.Equal(got, src) {
+			t.Fatalf("round %d: read %d of %d bytes, then %v", round, len(got), size, rerr)
+		}
+	}
+}

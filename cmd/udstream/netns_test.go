@@ -73,7 +73,7 @@ table inet loss {
 		}
 	}
 	in, _ := os.ReadFile(tsIn)
-	stream := func(transport string, extra ...string) (recvStats, []byte, int) {
+	stream := func(t *testing.T, transport string, extra ...string) (recvStats, []byte, int) {
 		t.Helper()
 		out := filepath.Join(dir, "out-"+transport+".ts")
 		var wg sync.WaitGroup
@@ -103,20 +103,20 @@ table inet loss {
 	for _, pm := range []int{10, 50} {
 		loss(pm)
 		t.Run(fmt.Sprintf("loss=%d‰", pm), func(t *testing.T) {
-			_, _, pf := stream(tWRUD)
-			_, _, wf := stream(tWRUD, "-discard")
+			_, _, pf := stream(t, tWRUD)
+			_, _, wf := stream(t, tWRUD, "-discard")
 			t.Logf("wr-ud: partial %d frames, whole %d, of %d", pf, wf, inFrames)
 			if pf < wf || (pm >= 50 && pf <= wf) || pf == 0 {
 				t.Fatalf("partial delivery %d frames against whole-message %d", pf, wf)
 			}
 			for _, tr := range []string{tWRRD, tRC} {
-				rs, got, n := stream(tr)
+				rs, got, n := stream(t, tr)
 				if !bytes.Equal(got, in) || n != inFrames {
 					t.Fatalf("%s: %d of %d bytes, %d frames, through a lossy link (%+v)", tr, len(got), len(in), n, rs)
 				}
 			}
 			for _, tr := range []string{tSendUD, tUDP} {
-				rs, _, n := stream(tr)
+				rs, _, n := stream(t, tr)
 				if n == 0 {
 					t.Fatalf("%s: nothing decodes (%+v)", tr, rs)
 				}

@@ -123,7 +123,14 @@ func send(args []string, stdin io.Reader, stdout, stderr io.Writer, stop <-chan 
 			}
 			return nil
 		}
-		finish = func(uint32, uint64) { conn.CloseWrite() }
+		finish = func(uint32, uint64) {
+			// The end of the stream, then the receiver's own close: it has
+			// read everything once it closes, so closing first cannot cut
+			// off what TCP still holds (under loss, retransmissions).
+			conn.CloseWrite()
+			conn.SetReadDeadline(time.Now().Add(rcDrainWait))
+			io.Copy(io.Discard, conn)
+		}
 	} else {
 		d, err := listenDgram(c.transport, network(la), la.String(), o)
 		if err != nil {
@@ -224,6 +231,10 @@ func send(args []string, stdin io.Reader, stdout, stderr io.Writer, stop <-chan 
 	}
 	return nil
 }
+
+// rcDrainWait bounds how long an RC sender waits, after the end of the
+// stream, for the receiver to close its side.
+const rcDrainWait = 10 * time.Second
 
 // goneAfter is how long a Write-Record sender drops every chunk for want
 // of a slot before it takes the receiver for gone.
