@@ -97,21 +97,14 @@ func (c *Collector) retireLocked() {
 
 // read adds d's counts to sum, one per entry of table.
 func read(sum []float64, d *qp.Device) {
-	st := d.Stats()
-	wr, inProgress := d.WriteRecordStats()
+	sn := snapshot{st: d.Stats(), d: d}
+	sn.wr, sn.inProgress = d.WriteRecordStats()
 	closed := d.Closed()
 	for i, s := range table {
-		switch {
-		case s.stat != nil:
-			sum[i] += float64(s.stat(st))
-		case s.wr != nil:
-			sum[i] += float64(s.wr(&wr))
-		case closed: // a closed device holds nothing in progress
-		case s.fam == &wrInProgress:
-			sum[i] += float64(inProgress)
-		case s.fam == &validityRanges:
-			sum[i] += float64(d.ValidityRanges())
+		if s.gauge && closed { // a closed device holds nothing in progress
+			continue
 		}
+		sum[i] += float64(s.get(&sn))
 	}
 }
 
@@ -168,13 +161,20 @@ type family struct {
 }
 
 // series is one series of a family per device: the label value and where
-// its count comes from (a qp.Stats counter, a writerecord.Stats count, or
-// for the two gauges the device itself).
+// its count comes from.
 type series struct {
 	fam   *family
 	value string
-	stat  func(*qp.Stats) uint64
-	wr    func(*writerecord.Stats) uint64
+	get   func(*snapshot) uint64
+	gauge bool // what the device holds now, not a count: nothing once it closed
+}
+
+// snapshot is what one scrape reads of a device.
+type snapshot struct {
+	d          *qp.Device
+	st         *qp.Stats
+	wr         writerecord.Stats
+	inProgress int
 }
 
 func counter(name, help, label string) family {
@@ -216,17 +216,19 @@ var (
 	validityRanges = family{name: "udiwarp_validity_map_ranges", help: "Disjoint valid ranges in the regions' validity maps.", kind: prometheus.GaugeValue}
 )
 
-var families = []*family{&datagrams, &wireBytes, &dropped, &delivered, &landed, &multicast, &remoteErr, &rdFrames, &completions,
-	&wrSegments, &wrMessages, &wrRecords, &rdPeers, &rdFramesOut, &rdRetrans, &rdBuffered, &rdRNR, &rdTagged, &rdReads, &timers,
-	&rcFPDUs, &rcTerms, &rcEvents, &txPaths, &impaired, &withheld, &events, &cqDropped, &eventsLost, &wrInProgress, &validityRanges}
+// families are table's, in order of first use.
+var families []*family
 
 func init() {
-	for _, f := range families {
-		labels := []string{"device"}
-		if f.label != "" {
-			labels = append(labels, f.label)
+	for _, s := range table {
+		if f := s.fam; f.desc == nil {
+			labels := []string{"device"}
+			if f.label != "" {
+				labels = append(labels, f.label)
+			}
+			f.desc = prometheus.NewDesc(f.name, f.help, labels, nil)
+			families = append(families, f)
 		}
-		f.desc = prometheus.NewDesc(f.name, f.help, labels, nil)
 	}
 }
 
@@ -248,10 +250,10 @@ var eventLabel = [...]string{
 // table is every series a device has, in a fixed order.
 var table = func() []series {
 	s := func(f *family, value string, get func(*qp.Stats) uint64) series {
-		return series{fam: f, value: value, stat: get}
+		return series{fam: f, value: value, get: func(sn *snapshot) uint64 { return get(sn.st) }}
 	}
-	w := func(value string, get func(*writerecord.Stats) uint64) series {
-		return series{fam: &wrMessages, value: value, wr: get}
+	w := func(f *family, value string, get func(*writerecord.Stats) uint64) series {
+		return series{fam: f, value: value, get: func(sn *snapshot) uint64 { return get(&sn.wr) }}
 	}
 	t := []series{
 		s(&datagrams, "in", func(s *qp.Stats) uint64 { return s.RxDatagrams.Load() }),
@@ -290,19 +292,19 @@ var table = func() []series {
 		s(&rdFrames, "", func(s *qp.Stats) uint64 { return s.RxRDFrames.Load() }),
 
 		s(&wrSegments, "placed", func(s *qp.Stats) uint64 { return s.RxWRPlaced.Load() }),
-		{fam: &wrSegments, value: "stale", wr: func(w *writerecord.Stats) uint64 { return w.Stale }},
-		{fam: &wrSegments, value: "duplicate", wr: func(w *writerecord.Stats) uint64 { return w.Duplicate }},
-		{fam: &wrSegments, value: "far_ahead", wr: func(w *writerecord.Stats) uint64 { return w.FarAhead }},
-		{fam: &wrSegments, value: "mismatch", wr: func(w *writerecord.Stats) uint64 { return w.Mismatch }},
+		w(&wrSegments, "stale", func(w *writerecord.Stats) uint64 { return w.Stale }),
+		w(&wrSegments, "duplicate", func(w *writerecord.Stats) uint64 { return w.Duplicate }),
+		w(&wrSegments, "far_ahead", func(w *writerecord.Stats) uint64 { return w.FarAhead }),
+		w(&wrSegments, "mismatch", func(w *writerecord.Stats) uint64 { return w.Mismatch }),
 		s(&wrRecords, "complete", func(s *qp.Stats) uint64 { return s.RxWRComplete.Load() }),
 		s(&wrRecords, "partial", func(s *qp.Stats) uint64 { return s.RxWRPartial.Load() }),
-		w("completed", func(w *writerecord.Stats) uint64 { return w.Completed }),
-		w("partial", func(w *writerecord.Stats) uint64 { return w.Partial }),
-		w("discarded", func(w *writerecord.Stats) uint64 { return w.Expired }),
-		w("superseded", func(w *writerecord.Stats) uint64 { return w.Superseded }),
-		w("evicted", func(w *writerecord.Stats) uint64 { return w.Evicted }),
-		w("displaced", func(w *writerecord.Stats) uint64 { return w.Displaced }),
-		w("fragmented", func(w *writerecord.Stats) uint64 { return w.Fragmented }),
+		w(&wrMessages, "completed", func(w *writerecord.Stats) uint64 { return w.Completed }),
+		w(&wrMessages, "partial", func(w *writerecord.Stats) uint64 { return w.Partial }),
+		w(&wrMessages, "discarded", func(w *writerecord.Stats) uint64 { return w.Expired }),
+		w(&wrMessages, "superseded", func(w *writerecord.Stats) uint64 { return w.Superseded }),
+		w(&wrMessages, "evicted", func(w *writerecord.Stats) uint64 { return w.Evicted }),
+		w(&wrMessages, "displaced", func(w *writerecord.Stats) uint64 { return w.Displaced }),
+		w(&wrMessages, "fragmented", func(w *writerecord.Stats) uint64 { return w.Fragmented }),
 
 		s(&rdPeers, "created", func(s *qp.Stats) uint64 { return s.RDPeers.Load() }),
 		s(&rdPeers, "reclaimed", func(s *qp.Stats) uint64 { return s.RDPeersReclaimed.Load() }),
@@ -339,11 +341,11 @@ var table = func() []series {
 		s(&impaired, "in", func(s *qp.Stats) uint64 { return s.RxImpaired.Load() }),
 		s(&withheld, "", func(s *qp.Stats) uint64 { return s.TxRepliesWithheld.Load() }),
 		s(&eventsLost, "local", func(s *qp.Stats) uint64 { return s.EventsLost.Load() }),
-		s(&cqDropped, "", func(s *qp.Stats) uint64 { return s.CQDropped.Load() }),
 		s(&eventsLost, "remote", func(s *qp.Stats) uint64 { return s.RemoteEventsDropped.Load() }),
+		s(&cqDropped, "", func(s *qp.Stats) uint64 { return s.CQDropped.Load() }),
 
-		{fam: &wrInProgress},
-		{fam: &validityRanges},
+		{fam: &wrInProgress, gauge: true, get: func(sn *snapshot) uint64 { return uint64(sn.inProgress) }},
+		{fam: &validityRanges, gauge: true, get: func(sn *snapshot) uint64 { return uint64(sn.d.ValidityRanges()) }},
 	}
 	for i, name := range statusLabel {
 		t = append(t, s(&completions, name, func(s *qp.Stats) uint64 { return s.Completions[i].Load() }))

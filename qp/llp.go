@@ -207,13 +207,16 @@ func (u *udpLLP) close() error {
 }
 
 func (u *udpLLP) setBuffer(force, plain, bytes int) error {
+	if u.setsockopt(unix.SOL_SOCKET, force, bytes) != nil {
+		return u.setsockopt(unix.SOL_SOCKET, plain, bytes)
+	}
+	return nil
+}
+
+// setsockopt sets an integer socket option.
+func (u *udpLLP) setsockopt(level, name, v int) error {
 	var serr error
-	err := u.raw.Control(func(fd uintptr) {
-		if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, force, bytes) != nil {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, plain, bytes)
-		}
-	})
-	if err != nil {
+	if err := u.raw.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), level, name, v) }); err != nil {
 		return err
 	}
 	return serr

@@ -194,16 +194,11 @@ func (s *Socket) SetBroadcast(on bool) error {
 	if on {
 		v = 1
 	}
-	var serr error
-	if err := s.udp.raw.Control(func(fd uintptr) {
-		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_BROADCAST, v)
-	}); err != nil {
+	if err := s.udp.setsockopt(unix.SOL_SOCKET, unix.SO_BROADCAST, v); err != nil {
 		return err
 	}
-	if serr == nil {
-		s.broadcast.Store(on)
-	}
-	return serr
+	s.broadcast.Store(on)
+	return nil
 }
 
 // Broadcast reports whether SetBroadcast allowed sending to broadcast

@@ -347,10 +347,7 @@ func (c *PacketConn) WriteToUDPAddrPort(b []byte, ap netip.AddrPort) (int, error
 		return 0, c.opErr("write", errClosed)
 	}
 	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-	if c.reliable && ap.Addr().IsMulticast() {
-		return 0, c.opErr("write", errReliableGroup)
-	}
-	if c.reliable && ap.Addr() == limitedBroadcast {
+	if c.reliable && (ap.Addr().IsMulticast() || ap.Addr() == limitedBroadcast) {
 		return 0, c.opErr("write", errReliableGroup)
 	}
 	if ap.Addr() == limitedBroadcast && !c.sock.Broadcast() {

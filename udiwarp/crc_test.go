@@ -3,7 +3,6 @@ package udiwarp
 import (
 	"bytes"
 	"encoding/hex"
-	"fmt"
 	stdcrc "hash/crc32"
 	"strings"
 	"testing"
@@ -89,34 +88,5 @@ func TestDatagramTrailer(t *testing.T) {
 		if _, err := OpenDatagram(bad); !isErr(err, ErrCRC) {
 			t.Fatalf("flipping byte %d: err = %v, want ErrCRC", i, err)
 		}
-	}
-}
-
-var crcSizes = []int{64, 1500, 64000}
-
-// BenchmarkCRC32c compares the stack's CRC32c (internal/crc32c) with
-// hash/crc32's Castagnoli on the segment sizes that matter; the full
-// crossover table is internal/crc32c's BenchmarkCRC32c.
-func BenchmarkCRC32c(b *testing.B) {
-	std := stdcrc.MakeTable(stdcrc.Castagnoli)
-	for _, n := range crcSizes {
-		buf := make([]byte, n)
-		for i := range buf {
-			buf[i] = byte(i * 7)
-		}
-		b.Run(fmt.Sprintf("udiwarp/%d", n), func(b *testing.B) {
-			b.ReportAllocs()
-			b.SetBytes(int64(n))
-			for b.Loop() {
-				_ = CRC32c(buf)
-			}
-		})
-		b.Run(fmt.Sprintf("stdlib/%d", n), func(b *testing.B) {
-			b.ReportAllocs()
-			b.SetBytes(int64(n))
-			for b.Loop() {
-				_ = stdcrc.Checksum(buf, std)
-			}
-		})
 	}
 }

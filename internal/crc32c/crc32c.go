@@ -57,9 +57,6 @@ import (
 	"math/bits"
 )
 
-// Size is the size of a CRC-32C in bytes.
-const Size = 4
-
 var table = crc32.MakeTable(crc32.Castagnoli)
 
 // Checksum returns the CRC-32C of p.

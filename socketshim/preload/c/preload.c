@@ -450,6 +450,17 @@ static void fallback(struct usock *u, int fd) {
 	REAL(dup3)(u->hidden, fd, fl >= 0 && (fl & FD_CLOEXEC) ? O_CLOEXEC : 0);
 }
 
+// local_port is the hidden socket's port (0: not bound), or -1 where
+// getsockname fails.
+static int local_port(struct usock *u) {
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof ss;
+	if (REAL(getsockname)(u->hidden, (struct sockaddr *)&ss, &sl) != 0) return -1;
+	if (ss.ss_family == AF_INET) return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+	if (ss.ss_family == AF_INET6) return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+	return -1;
+}
+
 // adopt hands the (bound) kernel socket to the engine, binding it to an
 // ephemeral port first if the program did not.
 static int adopt(struct usock *u, int fd) {
@@ -458,11 +469,8 @@ static int adopt(struct usock *u, int fd) {
 	pthread_mutex_lock(&u->mu);
 	int ret = 0;
 	if (atomic_load(&u->h) == 0 && !atomic_load(&u->kmode)) {
-		struct sockaddr_storage ss;
-		socklen_t sl = sizeof ss;
-		if (REAL(getsockname)(u->hidden, (struct sockaddr *)&ss, &sl) == 0 &&
-		    ((ss.ss_family == AF_INET && ((struct sockaddr_in *)&ss)->sin_port == 0) ||
-		     (ss.ss_family == AF_INET6 && ((struct sockaddr_in6 *)&ss)->sin6_port == 0))) {
+		if (local_port(u) == 0) {
+			struct sockaddr_storage ss;
 			memset(&ss, 0, sizeof ss);
 			ss.ss_family = (sa_family_t)u->family;
 			if (REAL(bind)(u->hidden, (struct sockaddr *)&ss,
@@ -721,15 +729,6 @@ static int group_opt(int lvl, int name, int *join) {
 	return 0;
 }
 
-// bound reports whether the hidden socket has a port.
-static int bound(struct usock *u) {
-	struct sockaddr_storage ss;
-	socklen_t sl = sizeof ss;
-	if (REAL(getsockname)(u->hidden, (struct sockaddr *)&ss, &sl) != 0) return 0;
-	return (ss.ss_family == AF_INET && ((struct sockaddr_in *)&ss)->sin_port != 0) ||
-	       (ss.ss_family == AF_INET6 && ((struct sockaddr_in6 *)&ss)->sin6_port != 0);
-}
-
 EXPORT int setsockopt(int fd, int lvl, int name, const void *v, socklen_t l) {
 	struct usock *u = enter(fd);
 	if (!u) return REAL(setsockopt)(fd, lvl, name, v, l);
@@ -740,7 +739,7 @@ EXPORT int setsockopt(int fd, int lvl, int name, const void *v, socklen_t l) {
 		// kernel's membership on the same socket itself. Before the engine
 		// has the socket, the kernel's membership is made now and the
 		// QP's when the engine adopts it.
-		if (join && atomic_load(&u->h) == 0 && bound(u)) adopt(u, fd);
+		if (join && atomic_load(&u->h) == 0 && local_port(u) > 0) adopt(u, fd);
 		long long h = atomic_load(&u->h);
 		if (h > 0 && !atomic_load(&u->kmode)) {
 			long long r = e_group(h, join, lvl == IPPROTO_IPV6, v, (int)l);
