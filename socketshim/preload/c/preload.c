@@ -739,9 +739,14 @@ EXPORT int setsockopt(int fd, int lvl, int name, const void *v, socklen_t l) {
 		// kernel's membership on the same socket itself. Before the engine
 		// has the socket, the kernel's membership is made now and the
 		// QP's when the engine adopts it.
+		// Under mu, as adopt replays the recorded groups under it: a
+		// socket adopted meanwhile takes the engine's path, never a record
+		// that no one replays.
 		if (join && atomic_load(&u->h) == 0 && local_port(u) > 0) adopt(u, fd);
+		pthread_mutex_lock(&u->mu);
 		long long h = atomic_load(&u->h);
 		if (h > 0 && !atomic_load(&u->kmode)) {
+			pthread_mutex_unlock(&u->mu);
 			long long r = e_group(h, join, lvl == IPPROTO_IPV6, v, (int)l);
 			leave(u);
 			if (r < 0) {
@@ -751,9 +756,8 @@ EXPORT int setsockopt(int fd, int lvl, int name, const void *v, socklen_t l) {
 			return 0;
 		}
 		int r = REAL(setsockopt)(u->hidden, lvl, name, v, l);
+		int e = errno;
 		if (r == 0 && !atomic_load(&u->kmode)) {
-			int e = errno;
-			pthread_mutex_lock(&u->mu);
 			int v6 = lvl == IPPROTO_IPV6;
 			size_t gl = v6 ? sizeof(struct in6_addr) : sizeof(struct in_addr); // the group, first in every form
 			int at = -1;
@@ -767,10 +771,10 @@ EXPORT int setsockopt(int fd, int lvl, int name, const void *v, socklen_t l) {
 			} else if (!join && at >= 0) {
 				u->groups[at] = u->groups[--u->ngroups];
 			}
-			pthread_mutex_unlock(&u->mu);
-			errno = e;
 		}
+		pthread_mutex_unlock(&u->mu);
 		leave(u);
+		errno = e;
 		return r;
 	}
 	int r = REAL(setsockopt)(u->hidden, lvl, name, v, l);
