@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/udiwarp/udiwarp/internal/netnstest"
 	"go.uber.org/goleak"
 )
 
@@ -407,11 +408,17 @@ func TestFeed(t *testing.T) {
 			wg.Go(func() {
 				s = runCmd([]string{"send", "-listen", addr, "-i", fmt.Sprintf("udp://127.0.0.1:%d", feed), "-idle", "1s", "-q", "-wait", "20s"}, nil)
 			})
-			time.Sleep(100 * time.Millisecond)
 			wg.Go(func() {
 				r = runCmd([]string{"recv", "-from", addr, "-o", out, "-json", "-q", "-idle", "3s"}, nil)
 			})
-			time.Sleep(300 * time.Millisecond) // the receiver has asked: the sender streams what the feed brings
+			// The feed starts once the sender listens for it (it keeps what
+			// comes before the receiver asks); the receiver asks until the
+			// sender answers.
+			for end := time.Now().Add(10 * time.Second); !netnstest.UDPBound(0, feed); time.Sleep(time.Millisecond) {
+				if time.Now().After(end) {
+					t.Fatal("the sender never listened for the feed")
+				}
+			}
 			ff := exec.Command("ffmpeg", "-v", "error", "-re", "-i", tsIn, "-c", "copy", "-f", tc.format, fmt.Sprintf(tc.url, feed))
 			if o, err := ff.CombinedOutput(); err != nil {
 				t.Fatalf("ffmpeg: %v: %s", err, o)

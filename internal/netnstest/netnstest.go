@@ -82,3 +82,27 @@ func In(t testing.TB, ns string, f func()) {
 	}()
 	f()
 }
+
+// UDPBound reports whether a UDP socket (IPv4 or IPv6) is bound to port
+// in the network namespace of process pid (0: this process), by
+// /proc/PID/net/udp and udp6, whose local_address column is ADDR:PORT in
+// hex.
+func UDPBound(pid, port int) bool {
+	dir := "/proc/self/net"
+	if pid != 0 {
+		dir = fmt.Sprintf("/proc/%d/net", pid)
+	}
+	suffix := fmt.Sprintf(":%04X", port)
+	for _, f := range []string{"udp", "udp6"} {
+		b, err := os.ReadFile(dir + "/" + f)
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n")[1:] {
+			if fs := strings.Fields(l); len(fs) > 1 && strings.HasSuffix(fs[1], suffix) {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/udiwarp/udiwarp/internal/netnstest"
 	"github.com/udiwarp/udiwarp/socketshim"
 )
 
@@ -117,6 +118,7 @@ type proc struct {
 	cmd   *exec.Cmd
 	out   bytes.Buffer
 	stats string
+	file  string // what the program writes, where a test names it
 	done  chan struct{}
 	err   error
 }
@@ -209,7 +211,7 @@ func waitUDP(t *testing.T, port int, p *proc) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		if udpBound(port) {
+		if netnstest.UDPBound(0, port) {
 			return
 		}
 		select {
@@ -219,24 +221,6 @@ func waitUDP(t *testing.T, port int, p *proc) {
 		}
 	}
 	t.Fatalf("%s never bound UDP port %d\n%s", p.cmd.Path, port, p.out.String())
-}
-
-// udpBound says whether a UDP socket (IPv4 or IPv6) is bound to port, by
-// /proc/net/udp and udp6: their local_address column is ADDR:PORT in hex.
-func udpBound(port int) bool {
-	suffix := fmt.Sprintf(":%04X", port)
-	for _, f := range []string{"/proc/net/udp", "/proc/net/udp6"} {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		for _, l := range strings.Split(string(b), "\n")[1:] {
-			if fs := strings.Fields(l); len(fs) > 1 && strings.HasSuffix(fs[1], suffix) {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 func num(t *testing.T, re, s string) float64 {
