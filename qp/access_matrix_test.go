@@ -2,12 +2,10 @@ package qp
 
 import (
 	"bytes"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/udiwarp/udiwarp/udiwarp"
-	"github.com/udiwarp/udiwarp/writerecord"
 )
 
 // TestRemoteAccessMatrix (issue 15, "one home for each shared step"):
@@ -192,25 +190,9 @@ func TestRemoteAccessMatrix(t *testing.T) {
 // every one of its segments is refused and counted out of bounds.
 func TestWriteRecordLandingBounds(t *testing.T) {
 	const seg = 4000
-	b := newNode(t, DeviceConfig{Poll: PollBusy}, "udp4", "127.0.0.1:0")
-	region, err := b.pd.RegisterMemory(make([]byte, 6*seg), AccessLocalWrite|AccessRemoteWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := b.newQP(QPAttr{Type: UD, SendCQ: b.cq, RecvCQ: b.cq, WriteRecord: writerecord.Config{Policy: writerecord.DeliverPartial}})
-	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	b, region, sendSegs := landingTarget(t, 6*seg, seg)
 	st := b.dev.Stats()
-	send := func(msn uint32, msg []byte) {
-		for i := 0; i < len(msg)/seg; i++ {
-			if _, err := conn.WriteToUDPAddrPort(wrDatagram(q.QPN(), 77, region.STag(), region.Addr(), msn, msg, i*seg, seg, false), b.sock.LocalAddr()); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	send := func(msn uint32, msg []byte) { sendSegs(msn, msg, 0, len(msg)/seg) }
 	drive := func(what string, cond func() bool) {
 		t.Helper()
 		var wc [1]WorkCompletion

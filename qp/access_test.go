@@ -181,27 +181,11 @@ func TestRemoteInvalidateNeedsAccess(t *testing.T) {
 // rest of the message is refused on the landing path like on the
 // ordinary one — nothing placed, nothing recorded.
 func TestWriteRecordLandingRevoked(t *testing.T) {
-	b := newNode(t, DeviceConfig{Poll: PollBusy}, "udp4", "127.0.0.1:0")
-	region, err := b.pd.RegisterMemory(make([]byte, 1<<20), AccessLocalWrite|AccessRemoteWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := b.newQP(QPAttr{Type: UD, SendCQ: b.cq, RecvCQ: b.cq, WriteRecord: writerecord.Config{Policy: writerecord.DeliverPartial}})
-	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
 	const seg = 4000
+	b, region, sendSegs := landingTarget(t, 1<<20, seg)
 	msg := make([]byte, 12*seg)
 	fill(msg, 5)
-	send := func(from, to int) {
-		for i := from; i < to; i++ {
-			if _, err := conn.WriteToUDPAddrPort(wrDatagram(q.QPN(), 77, region.STag(), region.Addr(), 1, msg, i*seg, seg, false), b.sock.LocalAddr()); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	send := func(from, to int) { sendSegs(1, msg, from, to) }
 	st := b.dev.Stats()
 	drive := func(what string, cond func() bool) {
 		t.Helper()
@@ -437,5 +421,32 @@ func TestRDReadInvalidatedSource(t *testing.T) {
 	}
 	if err := src.Deregister(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// landingTarget is a busy-polled node with a Write-Record UD QP
+// (deliver-partial) and a region of size bytes, for the landing path;
+// send sends segments [from, to) of msg, seg bytes each, as message msn
+// from a plain UDP socket.
+func landingTarget(t *testing.T, size, seg int) (b *node, region *MR, send func(msn uint32, msg []byte, from, to int)) {
+	t.Helper()
+	b = newNode(t, DeviceConfig{Poll: PollBusy}, "udp4", "127.0.0.1:0")
+	region, err := b.pd.RegisterMemory(make([]byte, size), AccessLocalWrite|AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := b.newQP(QPAttr{Type: UD, SendCQ: b.cq, RecvCQ: b.cq, WriteRecord: writerecord.Config{Policy: writerecord.DeliverPartial}})
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return b, region, func(msn uint32, msg []byte, from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			if _, err := conn.WriteToUDPAddrPort(wrDatagram(q.QPN(), 77, region.STag(), region.Addr(), msn, msg, i*seg, seg, false), b.sock.LocalAddr()); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 }
