@@ -1,9 +1,10 @@
 // Package crc32c computes the CRC-32C (Castagnoli) that every udiwarp
-// datagram and MPA FPDU carries, as fast as the CPU allows: a carry-less
-// multiplication folding kernel for large buffers where the CPU has
-// VPCLMULQDQ, and the standard library's hash/crc32 (the SSE4.2 crc32
-// instruction, three streams interleaved) below a measured crossover and
-// on every other CPU or architecture.
+// datagram and MPA FPDU carries, as fast as the CPU allows: where the CPU
+// has VPCLMULQDQ, one assembly call that folds buffers of foldMin bytes
+// and more with the carry-less multiply, interleaved with the crc32
+// instruction, and runs the crc32 instruction alone below that (the
+// crossover is measured: BENCHMARKS.md); the standard library's
+// hash/crc32 on every other CPU or architecture.
 //
 // # Why it is written here
 //
@@ -34,8 +35,11 @@
 // other (256 bits) and lane onto lane (128 bits). What remains, one
 // 128-bit lane, is reduced by two crc32 instructions from a zero state,
 // since the CRC of those 16 bytes is the CRC of the whole; the crc32
-// instruction takes the fewer than 32 bytes left after them. The initial CRC enters by xoring
-// it into the first four bytes, the usual equivalence for n ≥ 4.
+// instruction takes the fewer than 32 bytes left after them. The initial
+// CRC enters by xoring it into the first four bytes, the usual
+// equivalence for n ≥ 4. Blocks interleave three crc32 streams with the
+// folding, and carry their CRCs to the block's end by one carry-less
+// product each (crc32c_amd64.go).
 //
 // In the reflected domain a carry-less product lands one bit lower than
 // the polynomial product, so each constant is x^(e−1) mod P; foldConsts
