@@ -162,6 +162,9 @@ type Stats struct {
 	RxBadSTag      atomic.Uint64 // Write-Record: unknown STag, stale key, or another PD
 	RxAccess       atomic.Uint64 // Write-Record: region without remote-write access
 	RxBounds       atomic.Uint64 // Write-Record: message outside its region
+	RxMisaligned   atomic.Uint64 // atomic on a word not 8-byte aligned
+	RxImmediate    atomic.Uint64 // Immediate Data messages delivered (RFC 7306)
+	RxAtomics      atomic.Uint64 // atomics carried out (RFC 7306), each once
 	RxWRStale      atomic.Uint64 // Write-Record: segment the engine dropped (older, duplicate, too far ahead, ...: WriteRecordStats says which)
 	RxWRPlaced     atomic.Uint64 // Write-Record segments placed
 	RxWRComplete   atomic.Uint64 // Write-Record messages recorded complete

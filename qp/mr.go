@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/udiwarp/udiwarp/udiwarp"
 	"github.com/udiwarp/udiwarp/validitymap"
@@ -26,6 +27,10 @@ const (
 	// and the STag keeps working (RFC 5040 §6.4; verbs: remote
 	// invalidation only of what was registered for it).
 	AccessRemoteInvalidate
+	// AccessRemoteAtomic lets peers run RFC 7306 atomics (FetchAdd,
+	// CmpSwap) on the region's 8-byte-aligned 64-bit words (RD and RC
+	// QPs). Like remote write it needs local write.
+	AccessRemoteAtomic
 )
 
 func (a Access) String() string {
@@ -34,7 +39,7 @@ func (a Access) String() string {
 		bit  Access
 		name string
 	}{{AccessLocalWrite, "local-write"}, {AccessRemoteWrite, "remote-write"}, {AccessRemoteRead, "remote-read"},
-		{AccessRemoteInvalidate, "remote-invalidate"}} {
+		{AccessRemoteInvalidate, "remote-invalidate"}, {AccessRemoteAtomic, "remote-atomic"}} {
 		if a&f.bit != 0 {
 			if s != "" {
 				s += "|"
@@ -226,8 +231,8 @@ func (pd *PD) RegisterMemory(buf []byte, access Access) (*MR, error) {
 	if len(buf) == 0 {
 		return nil, fmt.Errorf("%w: RegisterMemory of an empty buffer", ErrInvalidAttr)
 	}
-	if access&AccessRemoteWrite != 0 && access&AccessLocalWrite == 0 {
-		return nil, fmt.Errorf("%w: remote write access needs local write access (access %v)", ErrInvalidAttr, access)
+	if access&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && access&AccessLocalWrite == 0 {
+		return nil, fmt.Errorf("%w: remote write and remote atomic access need local write access (access %v)", ErrInvalidAttr, access)
 	}
 	d := pd.dev
 	if d.closed.Load() {
@@ -329,6 +334,7 @@ const (
 	faultPD              // a region of another protection domain
 	faultAccess          // the access is not granted, or was revoked
 	faultBounds          // [to, to+n) is not inside the region
+	faultAlign           // an atomic's word is not 8 bytes at an 8-byte-aligned address
 )
 
 // remoteRegion checks a peer's access to n bytes at tagged offset to of
@@ -338,7 +344,9 @@ const (
 // access: every tagged placement (RDMA Write, Read Response, Write-Record
 // on UD, RD and RC QPs, the Write-Record landing path) and every tagged
 // read (a Read Request, and each Read Response segment as it is sent)
-// goes through it or, where nothing was received to count, checkRemote.
+// and every atomic (need AccessRemoteAtomic: the word must also be 8
+// bytes at an 8-byte-aligned address of the buffer, RFC 7306) goes
+// through it or, where nothing was received to count, checkRemote.
 func (d *Device) remoteRegion(pd *PD, stag uint32, to, n uint64, need Access) (*MR, tagFault) {
 	m, f := d.checkRemote(pd, stag, to, n, need)
 	st := &d.stats
@@ -349,6 +357,8 @@ func (d *Device) remoteRegion(pd *PD, stag uint32, to, n uint64, need Access) (*
 		st.RxAccess.Add(1)
 	case faultBounds:
 		st.RxBounds.Add(1)
+	case faultAlign:
+		st.RxMisaligned.Add(1)
 	}
 	return m, f
 }
@@ -367,6 +377,8 @@ func (d *Device) checkRemote(pd *PD, stag uint32, to, n uint64, need Access) (*M
 		return nil, faultAccess
 	case to > uint64(len(m.buf)) || n > uint64(len(m.buf))-to: // zero-based
 		return nil, faultBounds
+	case need&AccessRemoteAtomic != 0 && (n != 8 || (uintptr(unsafe.Pointer(unsafe.SliceData(m.buf)))+uintptr(to))&7 != 0):
+		return nil, faultAlign
 	}
 	m.pins.Add(1)
 	if !m.valid.Load() || m.revoked.Load() { // deregistered or revoked meanwhile: Deregister and Invalidate drain pins
@@ -400,6 +412,10 @@ func (f tagFault) rdmapCode() udiwarp.ErrorCode {
 		return udiwarp.RDMAPAccessRights
 	case faultBounds:
 		return udiwarp.RDMAPBaseBounds
+	case faultAlign:
+		// RFC 7306 names no code for a misaligned atomic: remote
+		// operation error, unspecified (docs/wire.md §6.3).
+		return udiwarp.RDMAPOpUnspecified
 	}
 	return udiwarp.RDMAPInvalidSTag
 }

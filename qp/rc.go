@@ -397,7 +397,7 @@ func (q *QP) attachRC(tc *net.TCPConn, neg rcNegotiated, cfg RCConfig, early []b
 		mss = v
 	}
 	c := &rcConn{q: q, tc: tc, fd: fd, neg: neg, ackMode: cfg.CompleteOnAck,
-		sendMSN: 1, readMSN: 1, termMSN: 1, rxSendMSN: 1, rxReadMSN: 1, rxTermMSN: 1}
+		sendMSN: 1, readMSN: 1, termMSN: 1, atomicMSN: 1, rxSendMSN: 1, rxReadMSN: 1, rxTermMSN: 1, rxAtomicMSN: 1}
 	// The largest ULPDU: what fits one TCP segment with MPA's 8 bytes of
 	// framing, as RFC 5044 §4.1 advises (MULPDU from the EMSS); markers
 	// take 4 bytes per 512 more.

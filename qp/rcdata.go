@@ -50,6 +50,18 @@ type rcMsg struct {
 	handed    bool // its last byte went to TCP
 	respDone  bool // a Read's last response arrived
 	done      bool
+	// RFC 7306: the Immediate Data of an OpImmediate, OpSendImm or
+	// OpWriteImm; an atomic's operands; an Atomic Response's request and
+	// value (in compareAdd).
+	imm              uint64
+	compareAdd, swap uint64
+	reqID            uint32
+}
+
+// single reports whether m is one FPDU whatever its length: a request,
+// a response header, an Immediate Data message, a Terminate.
+func (m *rcMsg) single() bool {
+	return m.op.awaitsResponse() || m.op.imm() || m.op == opTerminate || m.op == opAtomicResponse
 }
 
 func (m *rcMsg) releaseMRs() { m.refs.release() }
@@ -90,20 +102,22 @@ type rcConn struct {
 	sendMSN    uint32
 	readMSN    uint32
 	termMSN    uint32
-	rtrPending bool // responder in revision 2: nothing goes out before the initiator's RTR
+	atomicMSN  uint32 // Atomic Response MSNs (queue 3)
+	rtrPending bool   // responder in revision 2: nothing goes out before the initiator's RTR
 	dead       bool
 	// revokedTerm: a Read Response's source was invalidated under it; a
 	// Terminate is queued and the device's timer fails the QP.
 	revokedTerm atomic.Bool
 
-	rxMu      sync.Mutex // the receive side: one reader at a time
-	deframer  udiwarp.MPADeframer
-	rx        []byte
-	rxSendMSN uint32
-	rxReadMSN uint32
-	rxTermMSN uint32
-	cur       rcRecv
-	fdUse     // system calls on fd in flight, and closing
+	rxMu        sync.Mutex // the receive side: one reader at a time
+	deframer    udiwarp.MPADeframer
+	rx          []byte
+	rxSendMSN   uint32
+	rxReadMSN   uint32
+	rxTermMSN   uint32
+	rxAtomicMSN uint32
+	cur         rcRecv
+	fdUse       // system calls on fd in flight, and closing
 }
 
 // postRC queues a send WR on an RC QP and sends what TCP takes now.
@@ -123,15 +137,24 @@ func (q *QP) postRC(wr *SendWR) error {
 	m := rcMsgPool.Get().(*rcMsg)
 	keep := m.inlineBuf[:0]
 	*m = rcMsg{id: wr.ID, op: wr.Opcode, flags: wr.Flags, length: uint32(length), rstag: wr.RemoteSTag, rto: wr.RemoteTO,
-		invSTag: wr.InvalidateSTag, inlineBuf: keep}
+		invSTag: wr.InvalidateSTag, inlineBuf: keep, imm: wr.Imm, compareAdd: wr.CompareAdd, swap: wr.Swap}
+	var err error
 	switch wr.Opcode {
-	case OpSend, OpSendInvalidate, OpWrite:
+	case OpSend, OpSendInvalidate, OpWrite, OpSendImm, OpWriteImm:
+	case OpImmediate:
+		err = checkImmWR(wr)
+	case OpAtomicFetchAdd, OpAtomicCmpSwap:
+		err = checkAtomicWR(wr)
 	case OpRead:
 		if len(wr.SGL) != 1 || wr.Inline != nil {
-			return fmt.Errorf("%w: an RDMA Read names one sink SGE, not %d", ErrInvalidWR, len(wr.SGL))
+			err = fmt.Errorf("%w: an RDMA Read names one sink SGE, not %d", ErrInvalidWR, len(wr.SGL))
 		}
 	default:
-		return fmt.Errorf("%w: opcode %v is not available on RC QPs", ErrInvalidWR, wr.Opcode)
+		err = fmt.Errorf("%w: opcode %v is not available on RC QPs", ErrInvalidWR, wr.Opcode)
+	}
+	if err != nil {
+		rcMsgPool.Put(m)
+		return err
 	}
 	if wr.Inline != nil {
 		m.inlineBuf = append(m.inlineBuf, wr.Inline...)
@@ -139,12 +162,15 @@ func (q *QP) postRC(wr *SendWR) error {
 	}
 	m.nsge = copy(m.sge[:], wr.SGL)
 	need := Access(0)
-	if m.op == OpRead {
+	switch {
+	case m.op == OpRead:
 		need = AccessLocalWrite | AccessRemoteWrite // Read Responses are tagged writes into the sink
 		m.sinkSTag, m.sinkTO = m.sge[0].LKey, m.sge[0].Addr
+	case m.op.atomic():
+		need = AccessLocalWrite // the original value lands there
 	}
 	if st := m.refs.take(q.dev, q.pd, m.sge[:m.nsge], need); st != Success {
-		q.pushSend(wr.ID, st, rcWCOp(m.op), 0)
+		q.pushSend(wr.ID, st, m.op.wcOpcode(), 0)
 		return nil
 	}
 	c.mu.Lock()
@@ -157,12 +183,25 @@ func (q *QP) postRC(wr *SendWR) error {
 		m.releaseMRs()
 		return fmt.Errorf("%w: %d send WRs outstanding", ErrQueueFull, len(c.posted))
 	}
-	switch m.op {
-	case OpSend, OpSendInvalidate:
+	if m.op == OpSendImm || m.op == OpWriteImm {
+		// The Send or Write goes first, as a message of its own that
+		// completes nothing; m itself is the Immediate Data after it.
+		body := &rcMsg{op: OpSend, internal: true, nsge: m.nsge, sge: m.sge, inline: m.inline, length: m.length,
+			rstag: m.rstag, rto: m.rto}
+		if m.op == OpWriteImm {
+			body.op = OpWrite
+		} else {
+			body.msn = c.sendMSN
+			c.sendMSN++
+		}
+		c.queue = append(c.queue, body)
+	}
+	switch {
+	case m.op == OpSend, m.op == OpSendInvalidate, m.op.imm():
 		m.msn = c.sendMSN
 		c.sendMSN++
-	case OpRead:
-		m.msn = c.readMSN
+	case m.op.awaitsResponse():
+		m.msn = c.readMSN // Read and Atomic Requests share queue 1
 		c.readMSN++
 	}
 	c.queue = append(c.queue, m)
@@ -170,16 +209,6 @@ func (q *QP) postRC(wr *SendWR) error {
 	c.pumpLocked()
 	c.completeLocked()
 	return nil
-}
-
-func rcWCOp(op SendOpcode) WCOpcode {
-	switch op {
-	case OpWrite:
-		return WCRDMAWrite
-	case OpRead:
-		return WCRDMARead
-	}
-	return WCSend
 }
 
 // pumpLocked writes FPDUs while TCP takes them. It stops at a full socket
@@ -211,7 +240,7 @@ func (c *rcConn) pumpLocked() {
 		if c.rtrPending && m.op != opTerminate {
 			break
 		}
-		if m.op == OpRead && m.off == 0 && len(c.reads) >= c.neg.ord {
+		if m.op.awaitsResponse() && m.off == 0 && len(c.reads) >= c.neg.ord {
 			break // ORD: later WRs wait their turn, in order
 		}
 		n, full := c.sendFPDU(m)
@@ -247,9 +276,9 @@ func (c *rcConn) handedLocked(m *rcMsg) {
 	m.handed = true
 	m.end = c.written + uint64(len(c.rest))
 	switch {
-	case m.op == OpRead:
+	case m.op.awaitsResponse():
 		c.reads = append(c.reads, m)
-	case m.op == opReadResponse:
+	case m.op == opReadResponse, m.op == opAtomicResponse:
 		m.releaseMRs()
 		c.serving--
 	case m.op == opTerminate:
@@ -272,7 +301,7 @@ func (c *rcConn) completeLocked() {
 	k := 0
 	for ; k < len(c.posted); k++ {
 		m := c.posted[k]
-		if c.ackMode && m.handed && !m.done && m.op != OpRead && m.end <= acked {
+		if c.ackMode && m.handed && !m.done && !m.op.awaitsResponse() && m.end <= acked {
 			m.done = true
 		}
 		if !m.done {
@@ -284,7 +313,7 @@ func (c *rcConn) completeLocked() {
 			if m.status != Success {
 				n = 0
 			}
-			q.pushSend(m.id, m.status, rcWCOp(m.op), n)
+			q.pushSend(m.id, m.status, m.op.wcOpcode(), n)
 		}
 		c.posted[k] = nil
 		rcMsgPool.Put(m) // nothing else refers to it now: it left the queue and the Reads
@@ -341,6 +370,23 @@ func (c *rcConn) fpduHeader(m *rcMsg, off uint32, h []byte) ([]byte, uint32) {
 		}
 		h = udiwarp.AppendTagged(h, &udiwarp.TaggedFields{Last: off+n == m.length, DV: udiwarp.DDPVersion,
 			RDMAP: udiwarp.NewRDMAPControl(opc), STag: stag, TO: to + uint64(off)})
+	case OpImmediate, OpSendImm, OpWriteImm:
+		opc := udiwarp.OpImmediateData
+		if m.flags&FlagSolicited != 0 {
+			opc = udiwarp.OpImmediateDataSE
+		}
+		h = udiwarp.AppendUntagged(h, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DDPVersion,
+			RDMAP: udiwarp.NewRDMAPControl(opc), QN: uint32(udiwarp.QueueSend), MSN: m.msn})
+		h = udiwarp.AppendImmediateData(h, m.imm)
+	case OpAtomicFetchAdd, OpAtomicCmpSwap:
+		h = udiwarp.AppendUntagged(h, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DDPVersion,
+			RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpAtomicRequest), QN: uint32(udiwarp.QueueReadRequest), MSN: m.msn})
+		a := atomicRequest(m.op, m.msn, m.rstag, m.rto, m.compareAdd, m.swap)
+		h = udiwarp.AppendAtomicRequest(h, &a)
+	case opAtomicResponse:
+		h = udiwarp.AppendUntagged(h, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DDPVersion,
+			RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpAtomicResponse), QN: uint32(udiwarp.QueueAtomicResponse), MSN: m.msn})
+		h = udiwarp.AppendAtomicResponse(h, m.reqID, m.compareAdd)
 	case OpRead:
 		h = udiwarp.AppendUntagged(h, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DDPVersion,
 			RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpReadRequest), QN: uint32(udiwarp.QueueReadRequest), MSN: m.msn})
@@ -447,7 +493,7 @@ func (c *rcConn) sendFPDU(m *rcMsg) (int, bool) {
 		off += n
 		framed++
 		c.q.dev.stats.RCFPDUsSent.Add(1)
-		if off >= m.length || m.op == OpRead || m.op == opTerminate {
+		if off >= m.length || m.single() {
 			break
 		}
 	}
@@ -475,7 +521,7 @@ func (c *rcConn) sendFPDU(m *rcMsg) (int, bool) {
 		full = true
 	}
 	m.off = off
-	if m.off >= m.length || m.op == OpRead || m.op == opTerminate {
+	if m.off >= m.length || m.single() {
 		m.off, m.framed = m.length, true
 	}
 	return w, full
@@ -524,7 +570,7 @@ func (c *rcConn) sendMarked(m *rcMsg) (int, bool) {
 		full = true
 	}
 	m.off += n
-	if m.off >= m.length || m.op == OpRead || m.op == opTerminate {
+	if m.off >= m.length || m.single() {
 		m.off, m.framed = m.length, true
 	}
 	return w, full
@@ -677,17 +723,29 @@ func (c *rcConn) handle(b []byte) bool {
 	h := seg.Untagged()
 	switch udiwarp.Queue(h.Queue()) {
 	case udiwarp.QueueSend:
-		if op != udiwarp.OpSend && op != udiwarp.OpSendSE && op != udiwarp.OpSendInvalidate && op != udiwarp.OpSendSEInvalidate {
-			c.terminate(udiwarp.RDMAPUnexpectedOpcode, ddpHdr(seg), nil, len(b))
-			return false
+		switch op {
+		case udiwarp.OpSend, udiwarp.OpSendSE, udiwarp.OpSendInvalidate, udiwarp.OpSendSEInvalidate:
+			return c.receiveSend(seg, len(b))
+		case udiwarp.OpImmediateData, udiwarp.OpImmediateDataSE:
+			return c.receiveImmediate(seg, len(b))
 		}
-		return c.receiveSend(seg, len(b))
+		c.terminate(udiwarp.RDMAPUnexpectedOpcode, ddpHdr(seg), nil, len(b))
+		return false
 	case udiwarp.QueueReadRequest:
-		if op != udiwarp.OpReadRequest {
+		switch op {
+		case udiwarp.OpReadRequest:
+			return c.serveRead(seg, len(b))
+		case udiwarp.OpAtomicRequest:
+			return c.serveAtomic(seg, len(b))
+		}
+		c.terminate(udiwarp.RDMAPUnexpectedOpcode, ddpHdr(seg), nil, len(b))
+		return false
+	case udiwarp.QueueAtomicResponse:
+		if op != udiwarp.OpAtomicResponse {
 			c.terminate(udiwarp.RDMAPUnexpectedOpcode, ddpHdr(seg), nil, len(b))
 			return false
 		}
-		return c.serveRead(seg, len(b))
+		return c.atomicResponse(seg, len(b))
 	case udiwarp.QueueTerminate:
 		if op != udiwarp.OpTerminate {
 			c.terminate(udiwarp.RDMAPUnexpectedOpcode, ddpHdr(seg), nil, len(b))
@@ -698,6 +756,7 @@ func (c *rcConn) handle(b []byte) bool {
 		ev := AsyncEvent{Type: AsyncRemoteError, QP: q, Source: c.peer(), Code: t.Code()}
 		if dh := t.DDPHeader(); len(dh) == udiwarp.DDPUntaggedHeaderSize {
 			ev.MSN = udiwarp.DDPUntagged(dh).MSN()
+			c.refused(udiwarp.DDPUntagged(dh), t.Code())
 		}
 		q.dev.raise(ev)
 		c.fail()
@@ -836,7 +895,7 @@ func (c *rcConn) readResponse(seg udiwarp.Segment, size int) bool {
 	}
 	c.mu.Unlock()
 	t := seg.Tagged()
-	if m == nil || t.STag() != m.sinkSTag || t.TO() < m.sinkTO || t.TO()-m.sinkTO+uint64(len(seg.Payload)) > uint64(m.length) {
+	if m == nil || m.op != OpRead || t.STag() != m.sinkSTag || t.TO() < m.sinkTO || t.TO()-m.sinkTO+uint64(len(seg.Payload)) > uint64(m.length) {
 		c.terminate(udiwarp.DDPTaggedBaseBounds, ddpHdr(seg), nil, size)
 		return false
 	}
@@ -853,6 +912,126 @@ func (c *rcConn) readResponse(seg udiwarp.Segment, size int) bool {
 		c.mu.Unlock()
 	}
 	return true
+}
+
+// serveAtomic carries out an Atomic Request (Device.executeAtomic: the
+// one remote-access check, then the operation — once, as TCP delivers
+// each request once) and queues its Atomic Response. Atomics share the
+// Read Requests' queue, MSNs and IRD (RFC 7306).
+func (c *rcConn) serveAtomic(seg udiwarp.Segment, size int) bool {
+	q := c.q
+	h := seg.Untagged()
+	if h.MSN() != c.rxReadMSN {
+		c.terminate(udiwarp.DDPUntaggedMSNRange, ddpHdr(seg), nil, size)
+		return false
+	}
+	c.rxReadMSN++
+	c.mu.Lock()
+	over := c.serving >= c.neg.ird
+	c.mu.Unlock()
+	if over {
+		q.dev.stats.RCReadsOverIRD.Add(1)
+		c.terminate(udiwarp.RDMAPCatastrophicStream, ddpHdr(seg), nil, size)
+		return false
+	}
+	a := seg.AtomicRequest()
+	v, af, f := q.dev.executeAtomic(q.pd, a)
+	switch af {
+	case atomicInvalid:
+		c.terminate(udiwarp.RDMAPOpUnspecified, ddpHdr(seg), nil, size)
+		return false
+	case atomicAccess:
+		c.terminate(f.rdmapCode(), ddpHdr(seg), nil, size)
+		return false
+	}
+	c.mu.Lock()
+	m := &rcMsg{op: opAtomicResponse, internal: true, msn: c.atomicMSN, reqID: a.RequestID(), compareAdd: v}
+	c.atomicMSN++
+	c.serving++
+	c.queue = append(c.queue, m)
+	c.pumpLocked()
+	c.mu.Unlock()
+	return true
+}
+
+// atomicResponse places the original value an Atomic Response brought
+// into the SGE of the oldest outstanding request, which must be the
+// atomic it names (responses come in request order), and completes it.
+func (c *rcConn) atomicResponse(seg udiwarp.Segment, size int) bool {
+	h := seg.Untagged()
+	a := seg.AtomicResponse()
+	if h.MSN() != c.rxAtomicMSN {
+		c.terminate(udiwarp.DDPUntaggedMSNRange, ddpHdr(seg), nil, size)
+		return false
+	}
+	c.rxAtomicMSN++
+	c.mu.Lock()
+	var m *rcMsg
+	if len(c.reads) > 0 {
+		m = c.reads[0]
+	}
+	c.mu.Unlock()
+	if m == nil || !m.op.atomic() || m.msn != a.RequestID() {
+		c.terminate(udiwarp.RDMAPUnexpectedOpcode, ddpHdr(seg), nil, size)
+		return false
+	}
+	st := c.q.placeAtomicResult(m.sge[0], a.Value())
+	c.mu.Lock()
+	c.reads = c.reads[1:]
+	if m.status == Success {
+		m.status = st
+	}
+	m.respDone, m.done = true, true
+	c.pumpLocked() // a request held back by ORD may go now
+	c.completeLocked()
+	c.mu.Unlock()
+	return true
+}
+
+// receiveImmediate completes the receive at the head of the queue with
+// an Immediate Data message: the next message of the Send queue.
+func (c *rcConn) receiveImmediate(seg udiwarp.Segment, size int) bool {
+	q := c.q
+	if h := seg.Untagged(); h.MSN() != c.rxSendMSN || c.cur.have {
+		c.terminate(udiwarp.DDPUntaggedMSNRange, ddpHdr(seg), nil, size)
+		return false
+	}
+	var w recvWQE
+	if ok, _ := q.takeRecv(&w); !ok {
+		q.dev.stats.RxNoRecv.Add(1)
+		c.terminate(udiwarp.DDPUntaggedNoBuffer, ddpHdr(seg), nil, size)
+		return false
+	}
+	c.rxSendMSN++
+	q.deliverImmediate(&w, seg, c.peer())
+	return true
+}
+
+// refused completes the request a peer's Terminate names (its echoed
+// header: the oldest outstanding Read or atomic, by queue and MSN) with
+// the status the code maps to, before the QP fails and flushes the rest:
+// the requester learns why, not only that its WR was flushed.
+func (c *rcConn) refused(h udiwarp.DDPUntagged, code udiwarp.ErrorCode) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.reads) == 0 || udiwarp.Queue(h.QN()) != udiwarp.QueueReadRequest || h.MSN() != c.reads[0].msn {
+		return
+	}
+	m := c.reads[0]
+	c.reads = c.reads[1:]
+	m.status, m.done = terminateStatus(code), true
+}
+
+// terminateStatus is the completion status of a request a peer's
+// Terminate refused with code.
+func terminateStatus(code udiwarp.ErrorCode) Status {
+	switch {
+	case code == udiwarp.RDMAPOpUnspecified, code == udiwarp.RDMAPUnexpectedOpcode:
+		return RemoteInvalidRequestError
+	case code>>8 == udiwarp.RDMAPInvalidSTag>>8, code>>8 == udiwarp.DDPTaggedInvalidSTag>>8:
+		return RemoteAccessError // RDMAP remote protection, DDP tagged buffer errors
+	}
+	return RemoteOperationError
 }
 
 // terminate sends a Terminate for the failed segment (RFC 5040 §7.1),

@@ -83,8 +83,12 @@ type RDConfig struct {
 	MaxHeldBytes, MaxQPHeldBytes int
 }
 
-// opReadResponse is the internal WR a QP queues to answer a Read Request.
-const opReadResponse SendOpcode = 0xff
+// The internal WRs a QP queues to answer a Read Request and an Atomic
+// Request.
+const (
+	opReadResponse   SendOpcode = 0xff
+	opAtomicResponse SendOpcode = 0xfc
+)
 
 const (
 	defaultMaxPeers    = 1024
@@ -130,7 +134,14 @@ type rdWR struct {
 	respDone bool
 	internal bool
 	got      uint64 // RDMA Read: response bytes placed; short at the last one fails it
-	again    bool   // rdRenew: in flight, provably not delivered, goes again
+	// RFC 7306: the Immediate Data of an OpImmediate, OpSendImm or
+	// OpWriteImm (its own MSN on the Send queue, after the Send's); an
+	// atomic's operands; an Atomic Response's request and value.
+	imm              uint64
+	immMSN           uint32
+	compareAdd, swap uint64
+	reqID            uint32
+	again            bool // rdRenew: in flight, provably not delivered, goes again
 	// cut: a Read Response whose source region was deregistered (rdCut):
 	// its segments not yet acknowledged go empty, and its last ends short
 	// of the Read, which fails it at the requester.
@@ -142,7 +153,8 @@ type rdWR struct {
 type rdPkt struct {
 	w      *rdWR
 	off, n uint32
-	last   bool // the last segment of w
+	last   bool // the last segment of w's Send or Write
+	imm    bool // w's trailing Immediate Data message
 }
 
 type rdErr struct {
@@ -172,8 +184,9 @@ type rdPeer struct {
 	nerr        int
 	outstanding int               // WRs posted to it and not completed
 	reads       []*rdWR           // Reads sent to it, awaiting their responses, in order
-	serving     int               // Read Responses being sent to it (IRD)
-	readMSN     uint32            // Read Request MSNs to it
+	serving     int               // Read and Atomic Responses to it not yet all sent (IRD)
+	readMSN     uint32            // Read and Atomic Request MSNs to it (one queue)
+	atomicMSN   uint32            // Atomic Response MSNs to it
 	wrMSN       map[uint32]uint32 // Write-Record MSNs to it, per STag
 	held        int               // bytes its receiver buffers ahead of a gap
 	moved       time.Time         // when its receiver last delivered (or the peer was made)
@@ -194,7 +207,7 @@ type rdQP struct {
 	graves  *reliability.Graveyard[rdKey] // ended sessions
 	out     []*rdWR                       // every WR not completed, in post order
 	tx      txCtx
-	hb      [reliability.MaxHeaderSize + udiwarp.WriteRecordHeaderSize]byte
+	hb      [reliability.MaxHeaderSize + udiwarp.DDPUntaggedHeaderSize + udiwarp.AtomicRequestSize]byte
 	ack     reliability.AckBlock
 	tmp     AH // for Challenges to sources without state
 	next    time.Time
@@ -259,11 +272,18 @@ func (r *rdQP) postOn(wr *SendWR, s *Socket) error {
 	}
 	length += uint64(len(wr.Inline))
 	switch wr.Opcode {
-	case OpSend:
+	case OpSend, OpSendImm, OpImmediate:
 		if length > uint64(s.rdMaxSend()) {
 			return fmt.Errorf("%w: an RD Send of %d bytes, at most %d (one datagram)", ErrInvalidWR, length, s.rdMaxSend())
 		}
-	case OpWrite, OpWriteRecord:
+		if err := checkImmWR(wr); err != nil {
+			return err
+		}
+	case OpAtomicFetchAdd, OpAtomicCmpSwap:
+		if err := checkAtomicWR(wr); err != nil {
+			return err
+		}
+	case OpWrite, OpWriteRecord, OpWriteImm:
 		if length > 1<<32-1 {
 			return fmt.Errorf("%w: an RDMA Write of %d bytes (at most 4 GiB - 1)", ErrInvalidWR, length)
 		}
@@ -274,7 +294,8 @@ func (r *rdQP) postOn(wr *SendWR, s *Socket) error {
 	default:
 		return fmt.Errorf("%w: opcode %v is not available on RD QPs", ErrInvalidWR, wr.Opcode)
 	}
-	w := &rdWR{id: wr.ID, op: wr.Opcode, flags: wr.Flags, length: uint32(length), rstag: wr.RemoteSTag, rto: wr.RemoteTO}
+	w := &rdWR{id: wr.ID, op: wr.Opcode, flags: wr.Flags, length: uint32(length), rstag: wr.RemoteSTag, rto: wr.RemoteTO,
+		imm: wr.Imm, compareAdd: wr.CompareAdd, swap: wr.Swap}
 	if wr.Inline != nil {
 		w.inline = append([]byte(nil), wr.Inline...)
 	}
@@ -282,28 +303,34 @@ func (r *rdQP) postOn(wr *SendWR, s *Socket) error {
 	// source until the peer acknowledged it.
 	w.nsge = copy(w.sge[:], wr.SGL)
 	need := Access(0)
-	if w.op == OpRead {
+	switch {
+	case w.op == OpRead:
 		// The Read Responses are tagged writes into the sink (RFC 5040).
 		need = AccessLocalWrite | AccessRemoteWrite
 		w.sinkSTag, w.sinkTO = w.sge[0].LKey, w.sge[0].Addr
+	case w.op.atomic():
+		need = AccessLocalWrite // the original value lands there
 	}
 	if st := w.refs.take(q.dev, q.pd, w.sge[:w.nsge], need); st != Success {
 		q.completeSend(wr.ID, st, 0)
 		return nil
 	}
 	switch w.op {
-	case OpSend:
+	case OpSend, OpSendImm:
 		w.seg = uint32(s.rdMaxSend())
-	case OpWrite:
+	case OpWrite, OpWriteImm:
 		w.seg = r.segment(s)
 	case OpWriteRecord:
 		w.seg = r.segment(s) - (udiwarp.WriteRecordHeaderSize - udiwarp.DDPTaggedHeaderSize)
-	case OpRead:
-		w.seg = 1 // the request: one segment
+	default:
+		w.seg = 1 // a request, or Immediate Data alone: one segment
 	}
 	w.nseg = rdSegments(w.length, w.seg)
-	if w.op == OpRead {
+	switch {
+	case w.op.awaitsResponse(), w.op == OpImmediate:
 		w.nseg = 1
+	case w.op.imm():
+		w.nseg++ // the Immediate Data after the Send or Write
 	}
 	now := time.Now()
 	r.mu.Lock()
@@ -323,10 +350,10 @@ func (r *rdQP) postOn(wr *SendWR, s *Socket) error {
 	}
 	w.peer = p
 	switch w.op {
-	case OpSend:
+	case OpSend, OpSendImm:
 		p.msn++
 		w.msn = p.msn
-	case OpRead:
+	case OpRead, OpAtomicFetchAdd, OpAtomicCmpSwap:
 		p.readMSN++
 		w.msn = p.readMSN
 	case OpWriteRecord:
@@ -335,6 +362,10 @@ func (r *rdQP) postOn(wr *SendWR, s *Socket) error {
 		}
 		p.wrMSN[w.rstag]++
 		w.msn = p.wrMSN[w.rstag]
+	}
+	if w.op.imm() {
+		p.msn++
+		w.immMSN = p.msn
 	}
 	p.queue = append(p.queue, w)
 	p.outstanding++
@@ -552,19 +583,28 @@ func (r *rdQP) pump(s *Socket, p *rdPeer, now time.Time) (full bool) {
 			p.queue = p.queue[1:]
 			continue
 		}
-		if w.op == OpRead && len(p.reads) >= r.cfg.ORD {
+		if w.op.awaitsResponse() && len(p.reads) >= r.cfg.ORD {
 			break // ORD reached: later WRs wait their turn, in order
 		}
-		off := w.sent * w.seg
-		pk := rdPkt{w: w, off: off, n: min(w.seg, w.length-off), last: w.sent+1 == w.nseg}
-		if w.op == OpRead || w.cut {
+		body := w.nseg // the Send's or Write's segments; then the Immediate Data
+		if w.op.imm() {
+			body--
+		}
+		var pk rdPkt
+		if w.sent >= body {
+			pk = rdPkt{w: w, imm: true}
+		} else {
+			off := w.sent * w.seg
+			pk = rdPkt{w: w, off: off, n: min(w.seg, w.length-off), last: w.sent+1 == body}
+		}
+		if w.op.awaitsResponse() || w.cut {
 			pk.n = 0
 		}
-		if w.op == OpRead {
+		if w.op.awaitsResponse() {
 			pk.off = 0
 		}
 		seq := p.snd.Push(pk, now)
-		tail := pk.last && len(p.queue) == 1
+		tail := w.sent+1 == w.nseg && len(p.queue) == 1
 		if err := r.data(s, p, seq, &pk, now, probing || (tail && w.flags&FlagSignaled != 0)); err == errSocketFull {
 			p.snd.Unpush(seq)
 			return true
@@ -574,8 +614,15 @@ func (r *rdQP) pump(s *Socket, p *rdPeer, now time.Time) (full bool) {
 			q.dev.stats.RDWindowProbes.Add(1)
 		}
 		w.sent++
-		if w.op == OpRead {
+		if w.op.awaitsResponse() {
 			p.reads = append(p.reads, w)
+		}
+		if w.internal && w.sent == w.nseg {
+			// A response's last segment is out: IRD counts the responses
+			// not yet sent. The requester frees its ORD slot when the
+			// response arrives, maybe before our sender sees the ack, so
+			// counting until then would refuse its next request.
+			p.serving--
 		}
 		if w.sent == w.nseg {
 			p.queue[0] = nil
@@ -597,26 +644,42 @@ func (r *rdQP) data(s *Socket, p *rdPeer, seq uint32, pk *rdPkt, now time.Time, 
 	}
 	b := reliability.Append(r.hb[:0], &f)
 	last := pk.last
-	switch w.op {
-	case OpSend:
-		opc := udiwarp.OpSend
+	untagged := func(opc udiwarp.Opcode, queue udiwarp.Queue, msn uint32) {
+		b = udiwarp.AppendUntagged(b, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
+			RDMAP: udiwarp.NewRDMAPControl(opc), ULP: q.num, QN: udiwarp.DatagramQN(p.key.qpn, queue), MSN: msn})
+	}
+	switch op := w.op; {
+	case pk.imm:
+		opc := udiwarp.OpImmediateData
 		if w.flags&FlagSolicited != 0 {
+			opc = udiwarp.OpImmediateDataSE
+		}
+		untagged(opc, udiwarp.QueueSend, w.immMSN)
+		b = udiwarp.AppendImmediateData(b, w.imm)
+	case op == OpSend, op == OpSendImm:
+		opc := udiwarp.OpSend
+		if w.flags&FlagSolicited != 0 && op == OpSend { // Send with Immediate: the SE rides on the Immediate Data
 			opc = udiwarp.OpSendSE
 		}
-		b = udiwarp.AppendUntagged(b, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
-			RDMAP: udiwarp.NewRDMAPControl(opc), ULP: q.num, QN: udiwarp.DatagramQN(p.key.qpn, udiwarp.QueueSend), MSN: w.msn})
-	case OpWrite:
+		untagged(opc, udiwarp.QueueSend, w.msn)
+	case op == OpAtomicFetchAdd, op == OpAtomicCmpSwap:
+		untagged(udiwarp.OpAtomicRequest, udiwarp.QueueReadRequest, w.msn)
+		a := atomicRequest(op, w.msn, w.rstag, w.rto, w.compareAdd, w.swap)
+		b = udiwarp.AppendAtomicRequest(b, &a)
+	case op == opAtomicResponse:
+		untagged(udiwarp.OpAtomicResponse, udiwarp.QueueAtomicResponse, w.msn)
+		b = udiwarp.AppendAtomicResponse(b, w.reqID, w.compareAdd)
+	case op == OpWrite, op == OpWriteImm:
 		b = udiwarp.AppendTagged(b, &udiwarp.TaggedFields{Last: last, DV: udiwarp.DatagramDDPVersion,
 			RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpWrite), STag: w.rstag, TO: w.rto + uint64(pk.off)})
-	case opReadResponse:
+	case op == opReadResponse:
 		b = udiwarp.AppendTagged(b, &udiwarp.TaggedFields{Last: last, DV: udiwarp.DatagramDDPVersion,
 			RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpReadResponse), STag: w.rstag, TO: w.rto + uint64(pk.off)})
-	case OpWriteRecord:
+	case op == OpWriteRecord:
 		b = udiwarp.AppendWriteRecord(b, &udiwarp.WriteRecordFields{Last: last, RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpWrite),
 			STag: w.rstag, TO: w.rto + uint64(pk.off), MSN: w.msn, MO: pk.off, MessageLength: w.length, DstQPN: p.key.qpn, SrcQPN: q.num})
-	case OpRead:
-		b = udiwarp.AppendUntagged(b, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
-			RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpReadRequest), ULP: q.num, QN: udiwarp.DatagramQN(p.key.qpn, udiwarp.QueueReadRequest), MSN: w.msn})
+	case op == OpRead:
+		untagged(udiwarp.OpReadRequest, udiwarp.QueueReadRequest, w.msn)
 		b = udiwarp.AppendReadRequest(b, &udiwarp.ReadRequestFields{SinkSTag: w.sinkSTag, SinkTO: w.sinkTO, Size: w.length,
 			SourceSTag: w.rstag, SourceTO: w.rto})
 	}
@@ -910,17 +973,16 @@ func (r *rdQP) onAck(s *Socket, p *rdPeer, h *reliability.Header, now time.Time)
 			w.acked++
 			switch {
 			case w.acked < w.nseg || w.done:
-			case w.op == OpRead && bad:
+			case w.op.awaitsResponse() && bad:
 				p.dropRead(w) // refused: no response will come
 				w.done = true
-			case w.op == OpRead:
+			case w.op.awaitsResponse():
 				w.done = w.respDone // else when its last response arrives
 			default:
 				w.done = true
 			}
 			if w.done && w.internal {
 				w.releaseMRs()
-				p.serving--
 			}
 		},
 		func(seq uint32, pk *rdPkt) {
@@ -1048,11 +1110,18 @@ func (r *rdQP) deliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool
 		p.noteErr(seq, reliability.CodeInvalidRequest)
 		return true
 	}
-	if seg.Opcode() == udiwarp.OpReadRequest && h.Queue() == uint32(udiwarp.QueueReadRequest) {
+	// ParseSegment checked that each opcode came on its queue.
+	switch op := seg.Opcode(); {
+	case op == udiwarp.OpReadRequest:
 		r.serveRead(p, seq, seg)
 		return true
-	}
-	if !isSend(seg.Opcode()) || h.Queue() != uint32(udiwarp.QueueSend) {
+	case op == udiwarp.OpAtomicRequest:
+		r.serveAtomic(p, seq, seg)
+		return true
+	case op == udiwarp.OpAtomicResponse:
+		r.atomicResponse(p, seg)
+		return true
+	case !isSend(op) && op != udiwarp.OpImmediateData && op != udiwarp.OpImmediateDataSE:
 		st.RxBadOpcode.Add(1)
 		p.noteErr(seq, reliability.CodeInvalidRequest)
 		return true
@@ -1061,6 +1130,10 @@ func (r *rdQP) deliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool
 	if ok, _ := q.takeRecv(&w); !ok {
 		st.RDNotReady.Add(1)
 		return false
+	}
+	if !isSend(seg.Opcode()) {
+		q.deliverImmediate(&w, seg, src)
+		return true
 	}
 	switch q.deliverSend(&w, seg, src) {
 	case Success:
@@ -1122,11 +1195,18 @@ func (r *rdQP) serveRead(p *rdPeer, seq uint32, seg udiwarp.Segment) {
 func (r *rdQP) readResponse(p *rdPeer, seg udiwarp.Segment) {
 	q := r.q
 	st := &q.dev.stats
-	if len(p.reads) == 0 {
+	// Responses come in the order of the requests: an atomic ahead of the
+	// first Read with no response yet was refused (its error is on its way
+	// in an ack), so the response is the first Read's.
+	i := 0
+	for i < len(p.reads) && p.reads[i].op != OpRead {
+		i++
+	}
+	if i == len(p.reads) {
 		st.RxBadOpcode.Add(1) // a response to nothing
 		return
 	}
-	w := p.reads[0]
+	w := p.reads[i]
 	t := seg.Tagged()
 	to := t.TO()
 	if t.STag() != w.sinkSTag || to < w.sinkTO || to-w.sinkTO > uint64(w.length) || uint64(len(seg.Payload)) > uint64(w.length)-(to-w.sinkTO) {
@@ -1146,12 +1226,62 @@ func (r *rdQP) readResponse(p *rdPeer, seg udiwarp.Segment) {
 			// invalidated (sent empty) or deregistered (rdCut) under it.
 			w.status = RemoteAccessError
 		}
-		p.reads = p.reads[1:]
+		p.reads = append(p.reads[:i], p.reads[i+1:]...)
 		w.respDone = true
 		if w.acked == w.nseg {
 			w.done = true
 		}
 	}
+}
+
+// rdServeAtomic carries out an Atomic Request from p (Device.executeAtomic:
+// the one remote-access check, then the operation, once: the receiver
+// delivers each sequence number once) and queues the Atomic Response,
+// which holds the original value and is retransmitted from it. Atomics
+// share the Read Requests' queue and IRD: responses go in request order.
+func (r *rdQP) serveAtomic(p *rdPeer, seq uint32, seg udiwarp.Segment) {
+	q := r.q
+	if p.serving >= r.cfg.IRD {
+		q.dev.stats.RDReadsRefused.Add(1)
+		p.noteErr(seq, reliability.CodeRemoteOperation)
+		return
+	}
+	a := seg.AtomicRequest()
+	v, af, f := q.dev.executeAtomic(q.pd, a)
+	switch {
+	case af == atomicInvalid || f == faultAlign:
+		p.noteErr(seq, reliability.CodeInvalidRequest)
+		return
+	case af != atomicOK:
+		p.noteErr(seq, reliability.CodeRemoteAccess)
+		return
+	}
+	p.atomicMSN++
+	w := &rdWR{op: opAtomicResponse, internal: true, peer: p, msn: p.atomicMSN, reqID: a.RequestID(), compareAdd: v, seg: 1, nseg: 1}
+	p.queue = append(p.queue, w)
+	p.serving++
+}
+
+// rdAtomicResponse places the original value an Atomic Response brought
+// into its atomic's SGE; the atomic completes once its request is also
+// acknowledged. It is matched by request identifier (the request's MSN).
+func (r *rdQP) atomicResponse(p *rdPeer, seg udiwarp.Segment) {
+	a := seg.AtomicResponse()
+	for i, w := range p.reads {
+		if !w.op.atomic() || w.msn != a.RequestID() {
+			continue
+		}
+		p.reads = append(p.reads[:i], p.reads[i+1:]...)
+		if w.status == Success {
+			w.status = r.q.placeAtomicResult(w.sge[0], a.Value())
+		}
+		w.respDone = true
+		if w.acked == w.nseg {
+			w.done = true
+		}
+		return
+	}
+	r.q.dev.stats.RxBadOpcode.Add(1) // a response to nothing
 }
 
 func (p *rdPeer) noteErr(seq uint32, code reliability.Code) {
@@ -1173,20 +1303,11 @@ func (r *rdQP) complete() {
 		w.releaseMRs()
 		w.peer.outstanding--
 		if w.status != Success || w.flags&FlagSignaled != 0 {
-			op := WCSend
-			switch w.op {
-			case OpWrite:
-				op = WCRDMAWrite
-			case OpRead:
-				op = WCRDMARead
-			case OpWriteRecord:
-				op = WCWriteRecord
-			}
 			n := int(w.length)
 			if w.status != Success {
 				n = 0
 			}
-			q.pushSend(w.id, w.status, op, n)
+			q.pushSend(w.id, w.status, w.op.wcOpcode(), n)
 		}
 		r.out[k] = nil
 	}
@@ -1216,7 +1337,9 @@ func (r *rdQP) abort(p *rdPeer, st Status, all bool) {
 			pk.w.status, pk.w.done = st, true
 			if pk.w.internal {
 				pk.w.releaseMRs()
-				p.serving--
+				if pk.w.sent < pk.w.nseg {
+					p.serving--
+				}
 			}
 		}
 	})
@@ -1232,7 +1355,7 @@ func (r *rdQP) abort(p *rdPeer, st Status, all bool) {
 	for _, w := range p.queue {
 		switch {
 		case w.done:
-		case w.internal: // a Read Response to the old incarnation: drop it
+		case w.internal: // a response to the old incarnation: drop it (not all sent: it is in the queue)
 			w.status, w.done = st, true
 			w.releaseMRs()
 			p.serving--
@@ -1305,7 +1428,7 @@ func (r *rdQP) renew(s *Socket, p *rdPeer, seq16 uint16, now time.Time) {
 	})
 	for _, w := range again {
 		w.sent, w.acked = 0, 0
-		if w.op == OpRead {
+		if w.op.awaitsResponse() {
 			p.dropRead(w)
 		}
 	}

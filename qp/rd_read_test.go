@@ -58,13 +58,15 @@ func TestRDRead(t *testing.T) {
 	quietPoll(t, p.cqb) // the responder completes nothing
 }
 
-// TestRDReadIRD: a responder serves at most IRD Reads at once; the rest
-// are refused with a remote operation error, and served ones are intact.
+// TestRDReadIRD: a responder serves at most IRD Reads at once (responses
+// not yet all sent: here a window of 4 segments holds them back); the
+// rest are refused with a remote operation error, and served ones are
+// intact.
 func TestRDReadIRD(t *testing.T) {
 	a := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
 	b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
 	qa, cqa := rdQPOn(t, a, RDConfig{ORD: 8})
-	qb, _ := rdQPOn(t, b, RDConfig{IRD: 1})
+	qb, _ := rdQPOn(t, b, RDConfig{IRD: 1, Segment: 4000, Config: reliability.Config{Window: 4}})
 	src, _ := b.pd.RegisterMemory(make([]byte, 8*65536), AccessLocalWrite|AccessRemoteRead)
 	fill(src.Bytes(), 3)
 	sink, _ := a.pd.RegisterMemory(make([]byte, 8*65536), AccessLocalWrite|AccessRemoteWrite)

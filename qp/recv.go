@@ -275,7 +275,7 @@ func (q *QP) deliverSend(w *recvWQE, seg udiwarp.Segment, src netip.AddrPort) St
 // sendWC is the completion of receive id by a Send with header h from
 // src, n bytes of payload.
 func (q *QP) sendWC(id uint64, op udiwarp.Opcode, h udiwarp.DDPUntagged, src netip.AddrPort, n int) WorkCompletion {
-	return WorkCompletion{ID: id, Opcode: WCRecv, QPN: q.num, Solicited: op == udiwarp.OpSendSE,
+	return WorkCompletion{ID: id, Opcode: WCRecv, QPN: q.num, Solicited: op.Solicited(),
 		Source: src, SourceQPN: h.SrcQPN(), MSN: h.MSN(), Len: uint32(n)}
 }
 

@@ -2,6 +2,7 @@ package qp
 
 import (
 	"fmt"
+	"strconv"
 	"unsafe"
 
 	"github.com/udiwarp/udiwarp/udiwarp"
@@ -31,7 +32,69 @@ const (
 	// InvalidateSTag for remote access (RC QPs; RFC 5040 Send with
 	// Invalidate). FlagSolicited makes it Send with SE and Invalidate.
 	OpSendInvalidate
+	// OpAtomicFetchAdd adds CompareAdd to the 64-bit word of the peer's
+	// region at RemoteSTag/RemoteTO (8-byte aligned, remote atomic
+	// access) and returns the word's original value into the one 8-byte
+	// SGE of the SGL (RFC 7306 FetchAdd). RD and RC QPs; the word is
+	// changed exactly once, and the WR completes when the value arrived.
+	OpAtomicFetchAdd
+	// OpAtomicCmpSwap writes Swap into that word if it equals CompareAdd,
+	// and returns its original value the same way (RFC 7306 CmpSwap).
+	OpAtomicCmpSwap
+	// OpImmediate sends the 8 bytes of Imm as an RFC 7306 Immediate Data
+	// message: it consumes a posted receive at the peer, whose completion
+	// carries Imm (WithImm) and no data. FlagSolicited sends Immediate
+	// Data with Solicited Event. RD and RC QPs.
+	OpImmediate
+	// OpSendImm is a Send followed by an Immediate Data message carrying
+	// Imm (RFC 7306 has no single message for it): each consumes a posted
+	// receive at the peer, in order, the second completing with Imm. One
+	// send completion covers both. RD and RC QPs.
+	OpSendImm
+	// OpWriteImm is an RDMA Write followed by an Immediate Data message
+	// carrying Imm (RFC 7306 RDMA Write with Immediate Data): the peer's
+	// posted receive completes with Imm once every byte of the Write is
+	// placed. RD and RC QPs.
+	OpWriteImm
 )
+
+var sendOpNames = [...]string{OpSend: "send", OpWriteRecord: "write-record", OpWrite: "rdma-write", OpRead: "rdma-read",
+	OpSendInvalidate: "send-with-invalidate", OpAtomicFetchAdd: "atomic-fetch-add", OpAtomicCmpSwap: "atomic-cmp-swap",
+	OpImmediate: "immediate-data", OpSendImm: "send-with-imm", OpWriteImm: "rdma-write-with-imm"}
+
+func (o SendOpcode) String() string {
+	if int(o) < len(sendOpNames) && sendOpNames[o] != "" {
+		return sendOpNames[o]
+	}
+	return "send opcode " + strconv.Itoa(int(o))
+}
+
+// atomic reports whether o is an RFC 7306 atomic operation.
+func (o SendOpcode) atomic() bool { return o == OpAtomicFetchAdd || o == OpAtomicCmpSwap }
+
+// awaitsResponse reports whether a WR of o completes only when the peer's
+// response arrived (RDMA Read, atomics): ORD counts these.
+func (o SendOpcode) awaitsResponse() bool { return o == OpRead || o.atomic() }
+
+// wcOpcode is the completion opcode of a send WR of o.
+func (o SendOpcode) wcOpcode() WCOpcode {
+	switch o {
+	case OpWriteRecord:
+		return WCWriteRecord
+	case OpWrite, OpWriteImm:
+		return WCRDMAWrite
+	case OpRead:
+		return WCRDMARead
+	case OpAtomicFetchAdd:
+		return WCAtomicFetchAdd
+	case OpAtomicCmpSwap:
+		return WCAtomicCmpSwap
+	}
+	return WCSend
+}
+
+// imm reports whether o ends with an Immediate Data message.
+func (o SendOpcode) imm() bool { return o == OpImmediate || o == OpSendImm || o == OpWriteImm }
 
 // SendFlags modify a send work request (ibv_send_flags).
 type SendFlags uint8
@@ -59,6 +122,12 @@ type SendWR struct {
 	RemoteTO   uint64
 	// InvalidateSTag is the peer's STag an OpSendInvalidate invalidates.
 	InvalidateSTag uint32
+	// CompareAdd is the addend of OpAtomicFetchAdd and the value
+	// OpAtomicCmpSwap compares with; Swap is what OpAtomicCmpSwap writes
+	// (ibv_send_wr's wr.atomic).
+	CompareAdd, Swap uint64
+	// Imm is the immediate data of OpImmediate, OpSendImm and OpWriteImm.
+	Imm uint64
 }
 
 type sendWQE struct {
@@ -251,15 +320,13 @@ func (q *QP) PostSend(wr *SendWR) error {
 }
 
 // checkDatagramWR is what a UD or RD send WR needs beyond PostSend's
-// checks: an address handle of the QP's PD and a datagram opcode.
+// checks: an address handle of the QP's PD (each engine checks the opcode).
 func (q *QP) checkDatagramWR(wr *SendWR) error {
 	switch {
 	case wr.AH == nil:
 		return fmt.Errorf("%w: a UD send needs an address handle", ErrInvalidWR)
 	case wr.AH.pd != q.pd:
 		return fmt.Errorf("%w: address handle of another protection domain", ErrInvalidWR)
-	case wr.Opcode != OpSend && wr.Opcode != OpWriteRecord && wr.Opcode != OpWrite && wr.Opcode != OpRead:
-		return fmt.Errorf("%w: opcode %d", ErrInvalidWR, wr.Opcode)
 	}
 	return nil
 }
@@ -271,8 +338,16 @@ func (e udEngine) post(wr *SendWR) error {
 	if err := q.checkDatagramWR(wr); err != nil {
 		return err
 	}
-	if wr.Opcode == OpWrite || wr.Opcode == OpRead {
-		return fmt.Errorf("%w: RDMA Write and Read need a reliable QP (RD or RC), not %v", ErrInvalidWR, q.typ)
+	switch op := wr.Opcode; {
+	case op == OpSend, op == OpWriteRecord:
+	case op == OpWrite, op.awaitsResponse():
+		return fmt.Errorf("%w: %v needs a reliable QP (RD or RC), not %v: UD carries no acknowledgement or response back", ErrInvalidWR, op, q.typ)
+	case op.imm():
+		// Immediate Data completes a receive only after the Send or Write
+		// before it: on UD either datagram may be lost alone.
+		return fmt.Errorf("%w: %v needs a reliable QP (RD or RC), not %v: UD may lose its Send or Write and still deliver the Immediate Data", ErrInvalidWR, op, q.typ)
+	default:
+		return fmt.Errorf("%w: %v is not available on %v QPs", ErrInvalidWR, op, q.typ)
 	}
 	s := q.sock.Load()
 	q.sqMu.Lock()
@@ -334,13 +409,7 @@ func (q *QP) enqueueLocked(wr *SendWR, msn uint32, s *Socket) error {
 // completeSend completes a Send WR; complete, a queued WR of any kind.
 func (q *QP) completeSend(id uint64, st Status, n int) { q.pushSend(id, st, WCSend, n) }
 
-func (q *QP) complete(w *sendWQE, st Status, n int) {
-	op := WCSend
-	if w.op == OpWriteRecord {
-		op = WCWriteRecord
-	}
-	q.pushSend(w.id, st, op, n)
-}
+func (q *QP) complete(w *sendWQE, st Status, n int) { q.pushSend(w.id, st, w.op.wcOpcode(), n) }
 
 func (q *QP) pushSend(id uint64, st Status, op WCOpcode, n int) {
 	q.sendCQ.push(&WorkCompletion{ID: id, Status: st, Opcode: op, Len: uint32(n), QPN: q.num})

@@ -65,6 +65,8 @@ const (
 	WCWriteRecord
 	WCRDMAWrite
 	WCRDMARead
+	WCAtomicFetchAdd // ibv's IBV_WC_FETCH_ADD
+	WCAtomicCmpSwap  // IBV_WC_COMP_SWAP
 )
 
 func (o WCOpcode) String() string {
@@ -79,6 +81,10 @@ func (o WCOpcode) String() string {
 		return "rdma-write"
 	case WCRDMARead:
 		return "rdma-read"
+	case WCAtomicFetchAdd:
+		return "atomic-fetch-add"
+	case WCAtomicCmpSwap:
+		return "atomic-cmp-swap"
 	}
 	return "wc opcode " + strconv.Itoa(int(o))
 }
@@ -109,6 +115,11 @@ type WorkCompletion struct {
 	// Invalidated is the local STag a Send with Invalidate revoked for
 	// remote access (RC).
 	Invalidated uint32
+	// WithImm says an Immediate Data message (RFC 7306) consumed this
+	// receive, and Imm is its value (IBV_WC_WITH_IMM; iWARP's immediate
+	// data is 8 bytes). Len is then 0: the value is not in the buffer.
+	WithImm bool
+	Imm     uint64
 
 	srqQP *QP // the QP holding an SRQ receive until this is polled
 }
