@@ -190,6 +190,7 @@ var (
 	multicast   = counter("multicast_copies_total", "Copies of multicast datagrams delivered to member QPs.", "")
 	remoteErr   = counter("remote_errors_received_total", "Error messages (Terminates) received from peers on datagram QPs.", "")
 	rdFrames    = counter("rd_frames_received_total", "RD frames read from sockets.", "")
+	rfc7306     = counter("rfc7306_operations_total", "RFC 7306 operations carried out at targets, by kind: atomics executed (each once), Immediate Data messages delivered.", "operation")
 	completions = counter("completions_total", "Work completions the devices' CQs took, by status.", "status")
 	wrSegments  = counter("write_record_segments_total", "Write-Record segments at targets, by fate: placed, or dropped by the engine (stale, duplicate, far_ahead, mismatch: docs/wire.md §4.3).", "fate")
 	wrMessages  = counter("write_record_messages_total", "Write-Record messages at the targets' engines, by outcome (superseded and fragmented messages also count as partial or discarded).", "outcome")
@@ -276,6 +277,7 @@ var table = func() []series {
 		s(&dropped, "bad_stag", func(s *qp.Stats) uint64 { return s.RxBadSTag.Load() }),
 		s(&dropped, "access", func(s *qp.Stats) uint64 { return s.RxAccess.Load() }),
 		s(&dropped, "bounds", func(s *qp.Stats) uint64 { return s.RxBounds.Load() }),
+		s(&dropped, "misaligned", func(s *qp.Stats) uint64 { return s.RxMisaligned.Load() }),
 		s(&dropped, "write_record_engine", func(s *qp.Stats) uint64 { return s.RxWRStale.Load() }),
 		s(&dropped, "rd_unvalidated", func(s *qp.Stats) uint64 { return s.RDRejected.Load() }),
 		s(&dropped, "rd_peer_cap", func(s *qp.Stats) uint64 { return s.RDRefused.Load() }),
@@ -290,6 +292,8 @@ var table = func() []series {
 		s(&multicast, "", func(s *qp.Stats) uint64 { return s.RxMulticast.Load() }),
 		s(&remoteErr, "", func(s *qp.Stats) uint64 { return s.RxRemoteErrors.Load() }),
 		s(&rdFrames, "", func(s *qp.Stats) uint64 { return s.RxRDFrames.Load() }),
+		s(&rfc7306, "atomic", func(s *qp.Stats) uint64 { return s.RxAtomics.Load() }),
+		s(&rfc7306, "immediate", func(s *qp.Stats) uint64 { return s.RxImmediate.Load() }),
 
 		s(&wrSegments, "placed", func(s *qp.Stats) uint64 { return s.RxWRPlaced.Load() }),
 		w(&wrSegments, "stale", func(w *writerecord.Stats) uint64 { return w.Stale }),

@@ -108,7 +108,8 @@ func TestAtomicSemantics(t *testing.T) {
 
 // TestAtomicRefusals: every reason to refuse an atomic — a misaligned
 // word (by the address in memory, not only the offset), a region without
-// remote atomic access, a word past the end, a wrong key — is refused by
+// remote atomic access, a word past the end, a wrong key, a region of
+// another PD, an invalidated region — is refused by
 // the one remote-access check with its own counter, the word is
 // untouched, and the requester's WR completes with the status the reason
 // maps to (RC: the Terminate's code names it too).
@@ -147,6 +148,17 @@ func TestAtomicRefusals(t *testing.T) {
 			func(pd *PD) (*MR, uint32, uint64) {
 				m := reg(pd, make([]byte, 64), atomicRW)
 				return m, m.STag() ^ 0x01, 0
+			}},
+		{"other PD", RemoteAccessError, udiwarp.RDMAPSTagNotAssociated, func(s *Stats) uint64 { return s.RxBadSTag.Load() },
+			func(pd *PD) (*MR, uint32, uint64) {
+				m := reg(pd.dev.AllocPD(), make([]byte, 64), atomicRW)
+				return m, m.STag(), 0
+			}},
+		{"invalidated", RemoteAccessError, udiwarp.RDMAPAccessRights, func(s *Stats) uint64 { return s.RxAccess.Load() },
+			func(pd *PD) (*MR, uint32, uint64) {
+				m := reg(pd, make([]byte, 64), atomicRW)
+				m.Invalidate()
+				return m, m.STag(), 0
 			}},
 	}
 	for _, mk := range reliablePairs(t) {

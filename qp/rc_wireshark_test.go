@@ -17,8 +17,10 @@ import (
 // it captures the RC traffic of a run on the loopback interface with
 // tshark and decodes it with Wireshark's iWARP dissectors (MPA, then
 // DDP/RDMAP). Every operation is there — Sends of several sizes, Send
-// with Solicited Event and with Invalidate, RDMA Writes, RDMA Reads, the
-// MPA Request/Reply and the RTR — over connections with markers and
+// with Solicited Event and with Invalidate, RDMA Writes, RDMA Reads, RFC
+// 7306 FetchAdd and CmpSwap with their responses, Immediate Data alone,
+// after a Send and after a Write, the MPA Request/Reply and the RTR —
+// over connections with markers and
 // without, CRC on and off, MPA revisions 1 and 2. No frame may decode as
 // malformed, with a bad CRC, or with an error-level expert note. It runs
 // where tshark is installed (Debian package tshark; .ci/run installs it)
@@ -97,6 +99,10 @@ func TestRCWiresharkDecode(t *testing.T) {
 			bq.PostRecv(&RecvWR{ID: uint64(k), SGL: []SGE{b.mr.SGE(k*100000, 100000)}})
 		}
 		bq.PostRecv(&RecvWR{ID: 99, SGL: []SGE{b.mr.SGE(900000, 100)}})
+		for k := range 4 { // Immediate Data alone, Send with Immediate (two), Write with Immediate
+			bq.PostRecv(&RecvWR{ID: 300 + uint64(k), SGL: []SGE{b.mr.SGE(950000+k*100, 100)}})
+		}
+		word, _ := b.pd.RegisterMemory(make([]byte, 8), AccessLocalWrite|AccessRemoteAtomic)
 		for k, n := range sizes {
 			fill(a.buf[:n], k+i)
 			flags := FlagSignaled
@@ -110,12 +116,25 @@ func TestRCWiresharkDecode(t *testing.T) {
 				RemoteSTag: b.mr.STag(), RemoteTO: b.mr.Addr() + 2<<20})
 		}
 		a.q.PostSend(&SendWR{ID: 99, Opcode: OpSendInvalidate, Flags: FlagSignaled, Inline: []byte("invalidate"), InvalidateSTag: inv.STag()})
-		for _, wc := range collect(t, a.cq, 3*len(sizes)+1, 10*time.Second) {
+		atomics := []*SendWR{
+			{ID: 300, Opcode: OpAtomicFetchAdd, SGL: []SGE{a.mr.SGE(0, 8)}, RemoteSTag: word.STag(), CompareAdd: 5},
+			{ID: 301, Opcode: OpAtomicCmpSwap, SGL: []SGE{a.mr.SGE(8, 8)}, RemoteSTag: word.STag(), CompareAdd: 5, Swap: 9},
+			{ID: 302, Opcode: OpImmediate, Flags: FlagSolicited, Imm: 0x0102030405060708},
+			{ID: 303, Opcode: OpSendImm, Inline: []byte("send, then immediate"), Imm: 7},
+			{ID: 304, Opcode: OpWriteImm, SGL: []SGE{a.mr.SGE(0, 1000)}, RemoteSTag: b.mr.STag(), RemoteTO: 3 << 20, Imm: 8},
+		}
+		for _, wr := range atomics {
+			wr.Flags |= FlagSignaled
+			if err := a.q.PostSend(wr); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, wc := range collect(t, a.cq, 3*len(sizes)+1+len(atomics), 10*time.Second) {
 			if wc.Status != Success {
 				t.Fatalf("connection %d: %+v", i, wc)
 			}
 		}
-		collect(t, b.cq, len(sizes)+1, 5*time.Second)
+		collect(t, b.cq, len(sizes)+1+4, 5*time.Second)
 	}
 	time.Sleep(200 * time.Millisecond) // the last segments reach the capture
 	capture.Process.Signal(syscall.SIGINT)
@@ -146,13 +165,22 @@ func TestRCWiresharkDecode(t *testing.T) {
 	}
 	t.Logf("%d MPA frames, %d FPDUs with a good CRC; RDMAP opcodes decoded: %v",
 		strings.Count(text, "iWARP Marker Protocol data unit Aligned framing"), good, opcodes)
-	for _, op := range []string{"Write (0x0)", "Read Request (0x1)", "Read Response (0x2)", "Send (0x3)", "Send with Invalidate (0x4)", "Send with SE (0x5)"} {
+	// Wireshark 4.0 decodes RFC 7306's atomics by name; Immediate Data
+	// (0x8, 0x9) it knows only by number (and decodes the DDP header and
+	// CRC around it, checked above).
+	for _, op := range []string{"Write (0x0)", "Read Request (0x1)", "Read Response (0x2)", "Send (0x3)", "Send with Invalidate (0x4)", "Send with SE (0x5)",
+		"Atomic Request (0xa)", "Atomic Response (0xb)"} {
 		if opcodes[op] == 0 {
 			t.Errorf("no %s decoded: Wireshark did not see every operation (%v)", op, opcodes)
 		}
 	}
 	if good == 0 {
 		t.Error("no FPDU CRC was checked")
+	}
+	for _, f := range []string{"Add Data: 5\n", "Swap Data: 9\n", "Compare Data: 5\n", "OpCode: FetchAdd (0)", "OpCode: CmpSwap (2)"} {
+		if !strings.Contains(text, f) {
+			t.Errorf("no %q in the decode of the atomics", f)
+		}
 	}
 	if !strings.Contains(text, "Markers") || !strings.Contains(text, "FPDU back pointer") {
 		t.Error("no MPA marker decoded")
