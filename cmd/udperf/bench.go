@@ -24,8 +24,7 @@ import (
 // to back, alternating, for several rounds, and gives each figure with its
 // ratio to the first mode. Figures and columns follow perftest.
 
-var allModes = []perf.Mode{perf.ModeUDSend, perf.ModeUDWriteRecord, perf.ModeRDSend, perf.ModeRDWrite, perf.ModeRDRead,
-	perf.ModeRDWriteRecord, perf.ModeRCSend, perf.ModeRCWrite, perf.ModeRCRead, perf.ModeRawUDP, perf.ModeRawUDPUnconnected, perf.ModeRawTCP}
+var allModes = perf.Modes()
 
 // maxSize is the largest message a mode carries (for -a).
 func maxSize(m perf.Mode) int {
@@ -221,6 +220,12 @@ func (f *benchFlags) configs(m perf.Mode) ([]perf.Config, error) {
 		return nil, fmt.Errorf("-loss %v: want a probability in [0, 1)", f.loss)
 	}
 	sizes := []int{f.size}
+	if m.Atomic() && (f.cmd == nil || !f.cmd.set("s")) {
+		sizes = []int{perf.AtomicSize} // an atomic's word, whatever -s defaults to
+	}
+	if f.all && m.Atomic() {
+		return nil, fmt.Errorf("-a: %s has one size, %d bytes", m, perf.AtomicSize)
+	}
 	if f.all {
 		sizes = nil
 		for s := 2; s <= maxSize(m); s *= 2 {

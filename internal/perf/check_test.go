@@ -18,12 +18,16 @@ func TestCheckDefaults(t *testing.T) {
 					continue
 				}
 				// As udperf fills a Config from its flags' defaults.
-				c := Config{Mode: m, Test: test, Poll: poll, Size: 64, Iters: 10000, Warmup: 1000, Duration: time.Second,
+				size, small := 64, 1
+				if m.Atomic() { // udperf's -s default is 8 there; 0 is the zero value
+					size, small = AtomicSize, 0
+				}
+				c := Config{Mode: m, Test: test, Poll: poll, Size: size, Iters: 10000, Warmup: 1000, Duration: time.Second,
 					QPs: 1, Seed: 1, Deadline: 5 * time.Millisecond}
 				if err := c.Check(); err != nil {
 					t.Errorf("%s %s %v: %v", m, test, poll, err)
 				}
-				c = Config{Mode: m, Test: test, Poll: poll, Size: 1}
+				c = Config{Mode: m, Test: test, Poll: poll, Size: small}
 				if err := c.Check(); err != nil {
 					t.Errorf("%s %s %v, zero values: %v", m, test, poll, err)
 				}
@@ -43,6 +47,10 @@ func TestCheckRefuses(t *testing.T) {
 		with(lat(ModeRawUDP), func(c *Config) { c.Size = 65508 }),
 		with(lat(ModeRDSend), func(c *Config) { c.Size = MaxSize(ModeRDSend) + 1 }),
 		with(lat(ModeRawTCP), func(c *Config) { c.Size = -1 }),
+		lat(ModeRDAtomic), // 64 bytes: an atomic is one 8-byte word
+		with(bw(ModeRCAtomic), func(c *Config) { c.Size = 16 }),
+		with(bw(ModeRCWriteImm), func(c *Config) { c.Loss = 0.1 }),
+		with(bw(ModeRDAtomic), func(c *Config) { c.Segment = 1000 }),
 		{Mode: "nope", Test: TestLat},
 		{Mode: ModeUDSend, Test: "rate"},
 		with(lat(ModeUDSend), func(c *Config) { c.Poll = 7 }),

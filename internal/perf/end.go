@@ -140,12 +140,21 @@ func (m Mode) qpType() qp.QPType {
 	return qp.RD
 }
 
-func (m Mode) sends() bool { return m == ModeUDSend || m == ModeRDSend || m == ModeRCSend }
+// sends says the target posts receives: Sends, and Writes with
+// Immediate Data.
+func (m Mode) sends() bool {
+	return m == ModeUDSend || m == ModeRDSend || m == ModeRCSend || m.writeImm()
+}
+
+// credited says the initiator waits for credits: RC has no
+// receiver-not-ready, so it sends only into receives it knows are posted.
+func (m Mode) credited() bool { return m == ModeRCSend || m == ModeRCWriteImm }
 
 // InitiatorMeasured says the initiator's completions give a bandwidth
-// run's figures (RDMA Write and Read); otherwise the target counts.
+// run's figures (RDMA Write and Read, atomics); otherwise the target
+// counts.
 func (m Mode) InitiatorMeasured() bool {
-	return m == ModeRDWrite || m == ModeRDRead || m == ModeRCWrite || m == ModeRCRead
+	return m == ModeRDWrite || m == ModeRDRead || m == ModeRCWrite || m == ModeRCRead || m.Atomic()
 }
 
 // OpenEnd opens one end of c's run; local is the address to bind (UD,
@@ -173,7 +182,11 @@ func OpenEnd(c Config, target bool, network, local string) (*End, error) {
 		n = max(n, wrSlots*e.slot)
 	}
 	e.buf = make([]byte, n)
-	if e.mr, err = e.pd.RegisterMemory(e.buf, qp.AccessLocalWrite|qp.AccessRemoteWrite|qp.AccessRemoteRead); err != nil {
+	access := qp.AccessLocalWrite | qp.AccessRemoteWrite | qp.AccessRemoteRead
+	if m.Atomic() {
+		access |= qp.AccessRemoteAtomic // the word at offset 0
+	}
+	if e.mr, err = e.pd.RegisterMemory(e.buf, access); err != nil {
 		return fail(err)
 	}
 	if m == ModeUDWriteRecord && target {
@@ -351,6 +364,9 @@ func (e *End) Serve(p Peer, lat bool, t *Tally, stop *atomic.Bool) {
 	if e.mode == ModeRCWrite {
 		back.Opcode, back.AH = qp.OpWrite, nil
 	}
+	if e.mode.writeImm() { // the answer to a Write with Immediate: one back
+		echo = qp.SendWR{Opcode: qp.OpWriteImm, AH: ah, SGL: []qp.SGE{e.mr.SGE(0, e.size)}, RemoteSTag: p.Region.STag, RemoteTO: p.Region.TO}
+	}
 	watch := e.mode == ModeRCWrite && lat
 	in := e.slot + e.size - 1
 	reposted := 0
@@ -387,12 +403,18 @@ func (e *End) Serve(p Peer, lat bool, t *Tally, stop *atomic.Bool) {
 			case qp.WCRecv:
 				e.repost(wc)
 				if lat {
-					sgl[0] = e.mr.SGE(int(wc.ID), int(wc.Len))
+					if !e.mode.writeImm() {
+						sgl[0] = e.mr.SGE(int(wc.ID), int(wc.Len))
+					}
 					e.q.PostSend(&echo)
 					continue
 				}
-				t.Note(int(wc.Len))
-				if reposted++; e.mode == ModeRCSend && reposted%creditBatch == 0 {
+				n := int(wc.Len)
+				if wc.WithImm {
+					n = e.size // the Write's bytes, placed before the value came
+				}
+				t.Note(n)
+				if reposted++; e.mode.credited() && reposted%creditBatch == 0 {
 					e.q.PostSend(&qp.SendWR{}) // creditBatch more receives are posted
 				}
 			case qp.WCWriteRecord:
@@ -440,6 +462,11 @@ func (e *End) wr(cfg Config, ah *qp.AH, o Offer) (qp.SendWR, qp.WCOpcode) {
 		wr.RemoteTO += uint64(e.slot)
 	case ModeRDRead, ModeRCRead:
 		wr.Opcode, wr.Flags, want = qp.OpRead, qp.FlagSignaled, qp.WCRDMARead
+	case ModeRDAtomic, ModeRCAtomic:
+		// Add 1 to the target's word 0; the original value lands in ours.
+		wr.Opcode, wr.Flags, wr.CompareAdd, want = qp.OpAtomicFetchAdd, qp.FlagSignaled, 1, qp.WCAtomicFetchAdd
+	case ModeRDWriteImm, ModeRCWriteImm:
+		wr.Opcode = qp.OpWriteImm // want: the peer's answer, a receive
 	}
 	return wr, want
 }
@@ -596,7 +623,7 @@ func (e *End) DriveBandwidth(cfg Config, o Offer) (Result, error) {
 				}
 			}
 		}
-		if e.mode == ModeRCSend && credits <= 0 {
+		if e.mode.credited() && credits <= 0 {
 			if !busy {
 				e.park(time.Millisecond)
 			}

@@ -58,13 +58,36 @@ const (
 	ModeRCRead  Mode = "rc-read"
 	// ModeRawTCP is plain Go TCP: the RC baseline.
 	ModeRawTCP Mode = "raw-tcp"
+	// RFC 7306 atomics, as perftest's ib_atomic_lat and ib_atomic_bw
+	// (FetchAdd, the default there): each WR adds 1 to an 8-byte word of
+	// the target and brings back its original value; lat is half the
+	// time from posting to completion (as rd-read; ib_atomic_lat reports
+	// the whole round trip), bw counts the completed atomics. -s is 8.
+	ModeRDAtomic Mode = "rd-atomic"
+	ModeRCAtomic Mode = "rc-atomic"
+	// RDMA Write with Immediate Data: the Write lands in the target's
+	// region and a posted receive completes with the value. lat is a
+	// ping-pong of them (each side answers its receive's completion with
+	// a Write with Immediate back); bw counts the target's completions.
+	ModeRDWriteImm Mode = "rd-write-imm"
+	ModeRCWriteImm Mode = "rc-write-imm"
 )
 
-func (m Mode) rc() bool { return m == ModeRCSend || m == ModeRCWrite || m == ModeRCRead }
+func (m Mode) rc() bool {
+	return m == ModeRCSend || m == ModeRCWrite || m == ModeRCRead || m == ModeRCAtomic || m == ModeRCWriteImm
+}
 
 func (m Mode) reliable() bool {
-	return m == ModeRDSend || m == ModeRDWrite || m == ModeRDRead || m == ModeRDWriteRecord
+	return m == ModeRDSend || m == ModeRDWrite || m == ModeRDRead || m == ModeRDWriteRecord || m == ModeRDAtomic || m == ModeRDWriteImm
 }
+
+// Atomic says the mode runs RFC 7306 atomics: its size is AtomicSize.
+func (m Mode) Atomic() bool { return m == ModeRDAtomic || m == ModeRCAtomic }
+
+func (m Mode) writeImm() bool { return m == ModeRDWriteImm || m == ModeRCWriteImm }
+
+// AtomicSize is the message size of the atomic modes: one 64-bit word.
+const AtomicSize = 8
 
 // oneSided says the mode is an RDMA operation the target does not see.
 func (m Mode) oneSided() bool { return m == ModeRDWrite || m == ModeRDRead || m == ModeRDWriteRecord }
@@ -136,6 +159,9 @@ func (c *Config) fill() {
 	if c.Duration <= 0 {
 		c.Duration = time.Second
 	}
+	if c.Mode.Atomic() {
+		c.Size = AtomicSize
+	}
 	if c.QPs <= 0 {
 		c.QPs = 1
 	}
@@ -191,10 +217,14 @@ const maxUDPv4 = 65507
 
 var (
 	knownModes = []Mode{ModeUDSend, ModeUDWriteRecord, ModeRDSend, ModeRDWrite, ModeRDRead, ModeRDWriteRecord,
-		ModeRCSend, ModeRCWrite, ModeRCRead, ModeRawUDP, ModeRawUDPUnconnected, ModeRawTCP}
+		ModeRCSend, ModeRCWrite, ModeRCRead, ModeRawUDP, ModeRawUDPUnconnected, ModeRawTCP,
+		ModeRDAtomic, ModeRCAtomic, ModeRDWriteImm, ModeRCWriteImm}
 	// multiQP: the modes that run Config.QPs pairs at once.
 	multiQP = []Mode{ModeUDSend, ModeRDSend, ModeRawUDP, ModeRawUDPUnconnected, ModeRawTCP}
 )
+
+// Modes returns every mode, in the order udperf lists them.
+func Modes() []Mode { return slices.Clone(knownModes) }
 
 func (m Mode) raw() bool { return m == ModeRawUDP || m == ModeRawUDPUnconnected || m == ModeRawTCP }
 
@@ -211,7 +241,8 @@ func (m Mode) raw() bool { return m == ModeRawUDP || m == ModeRawUDPUnconnected 
 //   - Mode and Test are known, Poll is busy or event; rc-write lat
 //     watches memory for the peer's Write, as ib_write_lat does: it needs
 //     busy polling and at least 1 byte.
-//   - Size is not negative, and at most MaxSize for a datagram mode.
+//   - Size is not negative, and at most MaxSize for a datagram mode;
+//     rd-atomic and rc-atomic take 8 (or 0, which Run makes 8).
 //   - Loss, a probability in [0, 1), needs an impairment layer that
 //     drops: ud-send and ud-wr bandwidth (the sender's), and the RD modes
 //     (both ends', data and acks). Plain sockets have none, TCP (raw-tcp,
@@ -232,6 +263,8 @@ func (c Config) Check() error {
 		return fmt.Errorf("unknown polling mode %v (busy or event)", c.Poll)
 	case c.Size < 0:
 		return fmt.Errorf("-s %d: not negative", c.Size)
+	case m.Atomic() && c.Size != AtomicSize && c.Size != 0:
+		return fmt.Errorf("-s %d: an atomic is one 8-byte word (-s 8)", c.Size)
 	case MaxSize(m) > 0 && c.Size > MaxSize(m):
 		return fmt.Errorf("-s %d: %s carries at most %d bytes (one UDP datagram over IPv4, less its headers)", c.Size, m, MaxSize(m))
 	case m == ModeRCWrite && c.Test == TestLat && c.Poll != qp.PollBusy:

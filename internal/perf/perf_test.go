@@ -60,6 +60,15 @@ func TestRun(t *testing.T) {
 		{Mode: ModeRDWriteRecord, Test: TestBW, Poll: qp.PollBusy, Size: 200000, Duration: 300 * time.Millisecond},
 		{Mode: ModeRCSend, Test: TestBW, Poll: qp.PollBusy, Size: 65536, Duration: 300 * time.Millisecond},
 		{Mode: ModeRCRead, Test: TestBW, Poll: qp.PollBusy, Size: 65536, Duration: 300 * time.Millisecond},
+		// RFC 7306: atomics, and Writes with Immediate Data.
+		{Mode: ModeRDAtomic, Test: TestLat, Poll: qp.PollBusy, Iters: 200, Warmup: 10},
+		{Mode: ModeRCAtomic, Test: TestLat, Poll: qp.PollEvent, Size: 8, Iters: 200, Warmup: 10},
+		{Mode: ModeRDAtomic, Test: TestBW, Duration: 200 * time.Millisecond, Loss: 0.02, Seed: 6},
+		{Mode: ModeRCAtomic, Test: TestBW, Poll: qp.PollBusy, Duration: 200 * time.Millisecond},
+		{Mode: ModeRDWriteImm, Test: TestLat, Poll: qp.PollEvent, Size: 1024, Iters: 200, Warmup: 10},
+		{Mode: ModeRCWriteImm, Test: TestLat, Poll: qp.PollBusy, Size: 64, Iters: 200, Warmup: 10},
+		{Mode: ModeRDWriteImm, Test: TestBW, Size: 64000, Duration: 300 * time.Millisecond, Loss: 0.02, Seed: 7},
+		{Mode: ModeRCWriteImm, Test: TestBW, Size: 65536, Duration: 300 * time.Millisecond},
 	} {
 		r, err := Run(c)
 		if err != nil {
