@@ -19,15 +19,15 @@ import (
 // reliablePair is a requester and a responder connected by a reliable QP
 // type: RD (an address handle) or RC (a connection).
 type reliablePair struct {
-	name             string
-	reqDev, respDev  *Device
-	reqPD, respPD    *PD
-	req, resp        *QP
-	reqCQ, respCQ    *CQ
-	ah               *AH // RD: the requester's handle for the responder
-	rc               bool
-	reqBuf, respBuf  []byte
-	reqMR, respMRAll *MR
+	name            string
+	reqDev, respDev *Device
+	reqPD, respPD   *PD
+	req, resp       *QP
+	reqCQ, respCQ   *CQ
+	ah              *AH // RD: the requester's handle for the responder
+	rc              bool
+	reqBuf, respBuf []byte
+	reqMR           *MR
 }
 
 func reliablePairs(t *testing.T) []func(t *testing.T) *reliablePair {
