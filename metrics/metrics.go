@@ -1,7 +1,7 @@
 // Package metrics exports the counters of udiwarp devices to Prometheus:
 // a prometheus.Collector over one or more qp.Devices, each under its
 // "device" label, with every counter qp.Stats has, the Write-Record
-// engines' outcomes and two gauges, named by Prometheus conventions
+// engines' outcomes and the gauges of qp.Device.Levels, named by Prometheus conventions
 // (udiwarp_…_total, snake_case label values). The counters are read when
 // Prometheus scrapes; nothing is added to the data path.
 //
@@ -99,6 +99,7 @@ func (c *Collector) retireLocked() {
 func read(sum []float64, d *qp.Device) {
 	sn := snapshot{st: d.Stats(), d: d}
 	sn.wr, sn.inProgress = d.WriteRecordStats()
+	sn.lv = d.Levels()
 	closed := d.Closed()
 	for i, s := range table {
 		if s.gauge && closed { // a closed device holds nothing in progress
@@ -175,6 +176,7 @@ type snapshot struct {
 	st         *qp.Stats
 	wr         writerecord.Stats
 	inProgress int
+	lv         qp.Levels
 }
 
 func counter(name, help, label string) family {
@@ -215,6 +217,10 @@ var (
 
 	wrInProgress   = family{name: "udiwarp_write_record_in_progress", help: "Write-Record messages in progress at targets.", kind: prometheus.GaugeValue}
 	validityRanges = family{name: "udiwarp_validity_map_ranges", help: "Disjoint valid ranges in the regions' validity maps.", kind: prometheus.GaugeValue}
+	rdPeersNow     = family{name: "udiwarp_rd_peers", help: "Peer states the RD QPs hold now.", kind: prometheus.GaugeValue}
+	rcConnsNow     = family{name: "udiwarp_rc_connections", help: "RC QPs with a live connection now.", kind: prometheus.GaugeValue}
+	srqReceives    = family{name: "udiwarp_srq_receives", help: "Receives posted to shared receive queues and not yet taken.", kind: prometheus.GaugeValue}
+	srqCapacity    = family{name: "udiwarp_srq_capacity", help: "Receives the shared receive queues hold when full.", kind: prometheus.GaugeValue}
 )
 
 // families are table's, in order of first use.
@@ -350,6 +356,10 @@ var table = func() []series {
 
 		{fam: &wrInProgress, gauge: true, get: func(sn *snapshot) uint64 { return uint64(sn.inProgress) }},
 		{fam: &validityRanges, gauge: true, get: func(sn *snapshot) uint64 { return uint64(sn.d.ValidityRanges()) }},
+		{fam: &rdPeersNow, gauge: true, get: func(sn *snapshot) uint64 { return uint64(sn.lv.RDPeers) }},
+		{fam: &rcConnsNow, gauge: true, get: func(sn *snapshot) uint64 { return uint64(sn.lv.RCConnections) }},
+		{fam: &srqReceives, gauge: true, get: func(sn *snapshot) uint64 { return uint64(sn.lv.SRQReceives) }},
+		{fam: &srqCapacity, gauge: true, get: func(sn *snapshot) uint64 { return uint64(sn.lv.SRQCapacity) }},
 	}
 	for i, name := range statusLabel {
 		t = append(t, s(&completions, name, func(s *qp.Stats) uint64 { return s.Completions[i].Load() }))

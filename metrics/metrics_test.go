@@ -3,8 +3,10 @@ package metrics
 import (
 	"fmt"
 	"io"
+	"os"
 	"net/http/httptest"
 	"reflect"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -238,5 +240,60 @@ udiwarp_datagrams_total{device="end1",direction="out"} 55
 	}
 	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "udiwarp_datagrams_total", "udiwarp_dropped_total"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestGauges: the gauges of qp.Device.Levels, scraped.
+func TestGauges(t *testing.T) {
+	d, err := qp.Open(qp.DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	pd := d.AllocPD()
+	mr, err := pd.RegisterMemory(make([]byte, 256), qp.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srq, err := pd.CreateSRQ(4, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		srq.PostRecv(&qp.RecvWR{ID: uint64(i), SGL: []qp.SGE{mr.SGE(i*64, 64)}})
+	}
+	c := New()
+	c.Add("d", d)
+	want := `
+# HELP udiwarp_srq_receives Receives posted to shared receive queues and not yet taken.
+# TYPE udiwarp_srq_receives gauge
+udiwarp_srq_receives{device="d"} 2
+# HELP udiwarp_srq_capacity Receives the shared receive queues hold when full.
+# TYPE udiwarp_srq_capacity gauge
+udiwarp_srq_capacity{device="d"} 4
+# HELP udiwarp_rd_peers Peer states the RD QPs hold now.
+# TYPE udiwarp_rd_peers gauge
+udiwarp_rd_peers{device="d"} 0
+# HELP udiwarp_rc_connections RC QPs with a live connection now.
+# TYPE udiwarp_rc_connections gauge
+udiwarp_rc_connections{device="d"} 0
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "udiwarp_srq_receives", "udiwarp_srq_capacity", "udiwarp_rd_peers", "udiwarp_rc_connections"); err != nil {
+		t.Fatal(err)
+	}
+	runtime.KeepAlive(srq)
+}
+
+// TestDocumented: docs/udperf.md's table lists every family, so the
+// documentation cannot fall behind the collector.
+func TestDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../docs/udperf.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if !strings.Contains(string(doc), "| `"+f.name+"` |") {
+			t.Errorf("docs/udperf.md does not list %s", f.name)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"weak"
 
 	"github.com/udiwarp/udiwarp/udiwarp"
 	"golang.org/x/sys/unix"
@@ -120,6 +121,9 @@ type Device struct {
 	timer deviceTimer // Write-Record deadlines, RD timers, RC acks (timer.go)
 
 	rc rcPoller // RC: one poller for every connection (rcpoller.go)
+
+	srqMu sync.Mutex
+	srqs  []weak.Pointer[SRQ] // for Levels; an SRQ nobody holds any more drops out
 }
 
 // Open creates a device.

@@ -313,6 +313,53 @@ func (d *Device) WriteRecordStats() (st writerecord.Stats, inProgress int) {
 	return st, inProgress
 }
 
+// Levels is what a device holds now, where Stats counts what happened:
+// the gauges beside the counters.
+type Levels struct {
+	RDPeers       int // peer states of its RD QPs
+	RCConnections int // its RC QPs with a live connection
+	SRQReceives   int // receives posted to its SRQs and not yet taken
+	SRQCapacity   int // what its SRQs hold when full
+}
+
+// Levels reads the device's gauges.
+func (d *Device) Levels() Levels {
+	var l Levels
+	for i := range d.qps {
+		q := d.qps[i].Load()
+		if q == nil {
+			continue
+		}
+		if r := q.rd; r != nil {
+			r.mu.Lock()
+			l.RDPeers += len(r.peers)
+			r.mu.Unlock()
+		}
+		if c := q.rc.Load(); c != nil {
+			c.mu.Lock()
+			if !c.dead {
+				l.RCConnections++
+			}
+			c.mu.Unlock()
+		}
+	}
+	d.srqMu.Lock()
+	keep := d.srqs[:0]
+	for _, w := range d.srqs {
+		if s := w.Value(); s != nil {
+			keep = append(keep, w)
+			s.mu.Lock()
+			l.SRQReceives += s.ring.len()
+			l.SRQCapacity += s.ring.cap()
+			s.mu.Unlock()
+		}
+	}
+	clear(d.srqs[len(keep):])
+	d.srqs = keep
+	d.srqMu.Unlock()
+	return l
+}
+
 // ValidityRanges returns the disjoint valid ranges held by every validity
 // map of the device's regions.
 func (d *Device) ValidityRanges() int {

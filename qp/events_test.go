@@ -2,7 +2,9 @@ package qp
 
 import (
 	"net/netip"
+	"runtime"
 	"testing"
+	"time"
 
 	"github.com/udiwarp/udiwarp/internal/spoof"
 	"github.com/udiwarp/udiwarp/udiwarp"
@@ -102,5 +104,43 @@ func TestLocalEventsSurviveRemoteFlood(t *testing.T) {
 	}
 	if e := nextEvent(t, b.dev, AsyncRemoteError); e.Source != one || e.MSN != 1000 {
 		t.Fatalf("%v", e)
+	}
+}
+
+// TestLevels: a device's gauges — RD peer states, live RC connections,
+// receives posted to its SRQs and their capacity — follow what it holds,
+// and an SRQ the application dropped stops counting.
+func TestLevels(t *testing.T) {
+	p := newRDPair(t, DeviceConfig{}, DeviceConfig{}, RDConfig{})
+	p.qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{p.b.mr.SGE(0, 64)}})
+	p.qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("hi"), AH: p.ahAB})
+	collect(t, p.cqa, 1, 5*time.Second)
+	if l := p.a.dev.Levels(); l.RDPeers != 1 || l.RCConnections != 0 {
+		t.Fatalf("RD: %+v", l)
+	}
+	a, b := newRCSide(t, DeviceConfig{}), newRCSide(t, DeviceConfig{})
+	rcConnect(t, a, b, RCConfig{}, RCConfig{})
+	if la, lb := a.dev.Levels(), b.dev.Levels(); la.RCConnections != 1 || lb.RCConnections != 1 {
+		t.Fatalf("RC: %+v, %+v", la, lb)
+	}
+	func() { // the SRQ lives in here only
+		srq, err := a.pd.CreateSRQ(8, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 3 {
+			srq.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{a.mr.SGE(i*64, 64)}})
+		}
+		if l := a.dev.Levels(); l.SRQReceives != 3 || l.SRQCapacity != 8 {
+			t.Fatalf("SRQ: %+v", l)
+		}
+	}()
+	a.q.Modify(ModifyAttr{State: StateError})
+	if l := a.dev.Levels(); l.RCConnections != 0 {
+		t.Fatalf("a QP in ERROR still counts its connection: %+v", l)
+	}
+	runtime.GC()
+	if l := a.dev.Levels(); l.SRQReceives != 0 || l.SRQCapacity != 0 {
+		t.Fatalf("a dropped SRQ still counts: %+v", l)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
+	"weak"
 
 	"github.com/udiwarp/udiwarp/udiwarp"
 )
@@ -98,7 +99,12 @@ func (pd *PD) CreateSRQ(depth, maxSGE int) (*SRQ, error) {
 	if depth <= 0 || depth > 1<<20 || maxSGE <= 0 || maxSGE > 16 {
 		return nil, fmt.Errorf("%w: SRQ of %d receives with %d SGEs", ErrInvalidAttr, depth, maxSGE)
 	}
-	return &SRQ{pd: pd, ring: newRing[recvWQE](depth), maxSGE: maxSGE}, nil
+	s := &SRQ{pd: pd, ring: newRing[recvWQE](depth), maxSGE: maxSGE}
+	d := pd.dev
+	d.srqMu.Lock()
+	d.srqs = append(d.srqs, weak.Make(s))
+	d.srqMu.Unlock()
+	return s, nil
 }
 
 // PostRecv posts a receive to the SRQ.
