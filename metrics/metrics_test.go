@@ -3,8 +3,8 @@ package metrics
 import (
 	"fmt"
 	"io"
-	"os"
 	"net/http/httptest"
+	"os"
 	"reflect"
 	"runtime"
 	"strings"
