@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/binary"
 	"errors"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/udiwarp/udiwarp/internal/spoof"
 	"github.com/udiwarp/udiwarp/reliability"
 	"github.com/udiwarp/udiwarp/udiwarp"
 )
@@ -420,5 +422,63 @@ func TestAtomicImmediatePostChecks(t *testing.T) {
 	}
 	if _, err := n.pd.RegisterMemory(make([]byte, 8), AccessRemoteAtomic); !errors.Is(err, ErrInvalidAttr) {
 		t.Errorf("remote atomic without local write: %v", err)
+	}
+}
+
+// TestAtomicSpoofed: RFC 7306 frames from raw sockets with spoofed
+// 127.x.y.z sources, with the true STag of a region that grants remote
+// atomic access, carry out nothing. A UD QP drops Atomic Requests,
+// Atomic Responses and Immediate Data as an unexpected opcode (nothing
+// executed, no receive consumed, no reply); an RD QP takes them only in a
+// Data frame of a validated session, so bare ones are not RD frames at
+// all and are dropped before any state exists.
+func TestAtomicSpoofed(t *testing.T) {
+	sp := spoof.NewT(t)
+	for _, typ := range []QPType{UD, RD} {
+		t.Run(typ.String(), func(t *testing.T) {
+			n := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+			q := n.newQP(QPAttr{Type: typ, SendCQ: n.cq, RecvCQ: n.cq})
+			region, err := n.pd.RegisterMemory(make([]byte, 64), AccessLocalWrite|AccessRemoteAtomic)
+			if err != nil {
+				t.Fatal(err)
+			}
+			q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{n.mr.SGE(0, 64)}})
+			st := n.dev.Stats()
+			sent := st.RxDatagrams.Load()
+			dst := n.sock.LocalAddr()
+			untagged := func(op udiwarp.Opcode, queue udiwarp.Queue, msn uint32) []byte {
+				return udiwarp.AppendUntagged(nil, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
+					RDMAP: udiwarp.NewRDMAPControl(op), ULP: 9, QN: udiwarp.DatagramQN(q.QPN(), queue), MSN: msn})
+			}
+			for i := range 200 {
+				src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, byte(i), byte(i * 7), 3}), uint16(4000+i))
+				a := atomicRequest(OpAtomicFetchAdd, uint32(i), region.STag(), 0, 1, 0)
+				frames := [][]byte{
+					udiwarp.AppendAtomicRequest(untagged(udiwarp.OpAtomicRequest, udiwarp.QueueReadRequest, uint32(i)), &a),
+					udiwarp.AppendAtomicResponse(untagged(udiwarp.OpAtomicResponse, udiwarp.QueueAtomicResponse, uint32(i)), 1, 2),
+					udiwarp.AppendImmediateData(untagged(udiwarp.OpImmediateData, udiwarp.QueueSend, uint32(i)), 3),
+				}
+				for _, f := range frames {
+					if err := sp.Send(src, dst, udiwarp.SealDatagram(f, 0)); err != nil {
+						t.Fatal(err)
+					}
+					sent++
+				}
+				if i%20 == 0 {
+					eventually(t, "the spoofed datagrams read", func() bool { return st.RxDatagrams.Load() >= sent })
+				}
+			}
+			eventually(t, "the spoofed datagrams read", func() bool { return st.RxDatagrams.Load() >= sent })
+			if w := word(region, 0); w != 0 || st.RxAtomics.Load() != 0 || st.RxImmediate.Load() != 0 {
+				t.Fatalf("spoofed frames were carried out: word %d, %d atomics, %d immediate", w, st.RxAtomics.Load(), st.RxImmediate.Load())
+			}
+			if st.TxDatagrams.Load() != 0 {
+				t.Fatalf("%d replies to spoofed sources", st.TxDatagrams.Load())
+			}
+			quietPoll(t, n.cq) // the posted receive is still there: nothing completed it
+			if typ == UD && st.RxBadOpcode.Load() != 600 {
+				t.Fatalf("UD dropped %d as an unexpected opcode, want 600", st.RxBadOpcode.Load())
+			}
+		})
 	}
 }
