@@ -749,7 +749,7 @@ func (t *Tally) Settle(cfg Config, sent uint64, closing func() bool) {
 func qpRun(cfg Config) (Result, error) {
 	tally := NewTally()
 	var stop atomic.Bool
-	var serving sync.WaitGroup
+	var serving, targets sync.WaitGroup // targets: the Serve loops, which note into tally
 	var ends []*End
 	defer func() {
 		stop.Store(true)
@@ -757,6 +757,7 @@ func qpRun(cfg Config) (Result, error) {
 			e.Close()
 		}
 		serving.Wait()
+		targets.Wait()
 	}()
 	type pair struct {
 		ini   *End
@@ -782,7 +783,7 @@ func qpRun(cfg Config) (Result, error) {
 			return Result{}, err
 		}
 		peer := ini.Peer(host)
-		serving.Go(func() { tgt.Serve(peer, cfg.Test == TestLat, tally, &stop) })
+		targets.Go(func() { tgt.Serve(peer, cfg.Test == TestLat, tally, &stop) })
 		pairs = append(pairs, pair{ini, tgt.Offer(), c})
 	}
 	var drivers sync.WaitGroup
@@ -825,6 +826,11 @@ func qpRun(cfg Config) (Result, error) {
 	}
 	if !cfg.Mode.InitiatorMeasured() {
 		tally.Settle(cfg, r.Sent, nil)
+		// The targets stop counting before the tally is read: its figures
+		// are several counters, and a record noted between two reads
+		// would make them disagree.
+		stop.Store(true)
+		targets.Wait()
 		r.Received, r.Partial, r.ValidBytes, r.Gbps, r.Mpps = tally.Figures()
 		r.WholeBytes = tally.bytes.Load()
 	}

@@ -37,6 +37,93 @@ func TestSocatMulticast(t *testing.T) {
 	sendUntilReceived(t, ctx, dir, ns, msg, fmt.Sprintf("UDP4-DATAGRAM:%s:%d,ip-multicast-loop=1", group, port), recvs)
 }
 
+// TestSocatMulticastNoLoop: IP_MULTICAST_LOOP and the other
+// IP_MULTICAST_* options an owned socket takes go to the kernel socket
+// the engine sends on, so the kernel honours them for the engine's
+// datagrams: with ip-multicast-loop=0, a preloaded socat's group
+// datagrams (sent through its engine) do not come back to the receivers
+// on the same host, while the same message with loop on does. The
+// receivers are shown ready first, and the looped message sent after the
+// unlooped ones comes through after them (loopback delivers in order):
+// a receiver holding only copies of it never got an unlooped one.
+func TestSocatMulticastNoLoop(t *testing.T) {
+	need(t, "socat")
+	dir := built(t)
+	ns := netnstest.New(t, "link set lo up multicast on", "route add 224.0.0.0/4 dev lo")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const group = "239.7.7.10"
+	port := 49200 + int(netnstest.Seq())
+	var recvs []*proc
+	for range 2 {
+		recvs = append(recvs, receiver(t, ctx, dir, ns, fmt.Sprintf("UDP4-RECV:%d,ip-add-membership=%s:127.0.0.1,reuseaddr", port, group)))
+	}
+	looped := []byte("looped back\n")
+	dst := fmt.Sprintf("UDP4-DATAGRAM:%s:%d,ip-multicast-if=127.0.0.1,ip-multicast-ttl=1", group, port)
+	sendUntilReceived(t, ctx, dir, ns, looped, dst+",ip-multicast-loop=1", recvs) // both ready; stops them
+	recvs = recvs[:0]
+	for range 2 {
+		recvs = append(recvs, receiver(t, ctx, dir, ns, fmt.Sprintf("UDP4-RECV:%d,ip-add-membership=%s:127.0.0.1,reuseaddr", port, group)))
+	}
+	// Ready again: each has a looped copy. Then three unlooped sends
+	// through the engine, then looped ones until each has one more.
+	file := filepath.Join(t.TempDir(), "msg")
+	send := func(msg []byte, loop int) *proc {
+		if err := os.WriteFile(file, msg, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		p := startIn(t, ctx, dir, ns, "socat", "-u", "OPEN:"+file, fmt.Sprintf("%s,ip-multicast-loop=%d", dst, loop))
+		p.wait(t)
+		return p
+	}
+	have := func(n int) bool {
+		for _, r := range recvs {
+			if got, _ := os.ReadFile(r.file); len(got) < n*len(looped) {
+				return false
+			}
+		}
+		return true
+	}
+	for end := time.Now().Add(20 * time.Second); !have(1); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the receivers never got a looped datagram")
+		}
+		send(looped, 1)
+	}
+	for range 3 {
+		if ss := send([]byte("NOT LOOPED\n"), 0).readStats(t); ss.Sent != 1 {
+			t.Fatalf("the unlooped datagram did not go through the engine: %+v", ss)
+		}
+	}
+	before := make([]int, len(recvs))
+	for i, r := range recvs {
+		got, _ := os.ReadFile(r.file)
+		before[i] = len(got)
+	}
+	for end := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		send(looped, 1)
+		grown := true
+		for i, r := range recvs {
+			if got, _ := os.ReadFile(r.file); len(got) <= before[i] {
+				grown = false
+			}
+		}
+		if grown {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the looped datagram after the unlooped ones never arrived")
+		}
+	}
+	for i, r := range recvs {
+		r.stop(syscall.SIGINT)
+		got, _ := os.ReadFile(r.file)
+		if bytes.Contains(got, []byte("NOT LOOPED")) || len(got)%len(looped) != 0 || !bytes.Equal(got, bytes.Repeat(looped, len(got)/len(looped))) {
+			t.Errorf("receiver %d got %q: an unlooped datagram came back, or a copy was cut", i, got)
+		}
+	}
+}
+
 // TestSocatBroadcast: unmodified socat, preloaded, sends to a subnet's
 // broadcast address with SO_BROADCAST (socat's broadcast option, set on
 // the kernel socket the engine sends on), and a preloaded socat bound to
