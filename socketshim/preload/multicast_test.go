@@ -41,29 +41,34 @@ func TestSocatMulticast(t *testing.T) {
 // IP_MULTICAST_* options an owned socket takes go to the kernel socket
 // the engine sends on, so the kernel honours them for the engine's
 // datagrams: with ip-multicast-loop=0, a preloaded socat's group
-// datagrams (sent through its engine) do not come back to the receivers
-// on the same host, while the same message with loop on does. The
+// datagrams (sent through its engine out of a veth chosen with
+// ip-multicast-if) do not come back to the receivers on the same host,
+// while the same message with loop on does, as on the kernel path. The
 // receivers are shown ready first, and the looped message sent after the
 // unlooped ones comes through after them (loopback delivers in order):
 // a receiver holding only copies of it never got an unlooped one.
 func TestSocatMulticastNoLoop(t *testing.T) {
 	need(t, "socat")
 	dir := built(t)
-	ns := netnstest.New(t, "link set lo up multicast on", "route add 224.0.0.0/4 dev lo")
+	// The group is routed out of a veth (on loopback the datagram itself
+	// comes back in, looped or not); the receivers join on its address,
+	// so only the host's own loop copy can reach them.
+	ns := netnstest.New(t, "link set lo up", "link add mc0 type veth peer name mc1", "link set mc0 up", "link set mc1 up",
+		"addr add 10.9.3.1/24 dev mc0", "route add 224.0.0.0/4 dev mc0")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const group = "239.7.7.10"
 	port := 49200 + int(netnstest.Seq())
 	var recvs []*proc
 	for range 2 {
-		recvs = append(recvs, receiver(t, ctx, dir, ns, fmt.Sprintf("UDP4-RECV:%d,ip-add-membership=%s:127.0.0.1,reuseaddr", port, group)))
+		recvs = append(recvs, receiver(t, ctx, dir, ns, fmt.Sprintf("UDP4-RECV:%d,ip-add-membership=%s:10.9.3.1,reuseaddr", port, group)))
 	}
 	looped := []byte("looped back\n")
-	dst := fmt.Sprintf("UDP4-DATAGRAM:%s:%d,ip-multicast-if=127.0.0.1,ip-multicast-ttl=1", group, port)
+	dst := fmt.Sprintf("UDP4-DATAGRAM:%s:%d,ip-multicast-if=10.9.3.1,ip-multicast-ttl=1", group, port)
 	sendUntilReceived(t, ctx, dir, ns, looped, dst+",ip-multicast-loop=1", recvs) // both ready; stops them
 	recvs = recvs[:0]
 	for range 2 {
-		recvs = append(recvs, receiver(t, ctx, dir, ns, fmt.Sprintf("UDP4-RECV:%d,ip-add-membership=%s:127.0.0.1,reuseaddr", port, group)))
+		recvs = append(recvs, receiver(t, ctx, dir, ns, fmt.Sprintf("UDP4-RECV:%d,ip-add-membership=%s:10.9.3.1,reuseaddr", port, group)))
 	}
 	// Ready again: each has a looped copy. Then three unlooped sends
 	// through the engine, then looped ones until each has one more.
