@@ -417,31 +417,63 @@ func serverSignalRounds(t *testing.T) map[syscall.Signal][]time.Duration {
 	return out
 }
 
-// TestServerMetrics: `udperf server -metrics` serves its devices' counts.
+// TestServerMetrics: `udperf server -metrics` serves its devices' counts
+// over HTTP while a run goes on (a bandwidth run scraped before it ends)
+// and after it; an RFC 7306 run (rd-atomic) shows in the atomics the
+// server carried out.
 func TestServerMetrics(t *testing.T) {
 	bin := buildUdperf(t)
 	_, addr, lines, srvErr := startServerProcess(t, bin, "-metrics", "127.0.0.1:0")
+	scrape := func(url, series string) int {
+		t.Helper()
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		m := regexp.MustCompile(regexp.QuoteMeta(series) + ` (\d+)`).FindSubmatch(body)
+		if m == nil {
+			return -1
+		}
+		n, _ := strconv.Atoi(string(m[1]))
+		return n
+	}
+	url := func() string {
+		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			if m := regexp.MustCompile(`metrics at (http://\S+/metrics)`).FindStringSubmatch(srvErr.String()); m != nil {
+				return m[1]
+			}
+		}
+		t.Fatalf("no metrics address on stderr: %q", srvErr.String())
+		return ""
+	}()
+	in := `udiwarp_datagrams_total{device="server",direction="in"}`
+	done := make(chan int, 1)
+	go func() {
+		var out, errb bytes.Buffer
+		done <- run([]string{"client", "-addr", addr, "-mode", "ud-send", "-test", "bw", "-s", "1000", "-D", "3s", "-poll", "event"}, &out, &errb)
+	}()
+	during := false
+	for !during {
+		select {
+		case code := <-done:
+			t.Fatalf("the run ended (exit %d) before a scrape saw its datagrams", code)
+		case <-time.After(50 * time.Millisecond):
+			during = scrape(url, in) > 0
+		}
+	}
+	if code := <-done; code != 0 {
+		t.Fatalf("client: exit %d", code)
+	}
+	<-lines
 	var out, errb bytes.Buffer
-	if code := run([]string{"client", "-addr", addr, "-mode", "ud-send", "-n", "100", "-w", "5", "-poll", "event"}, &out, &errb); code != 0 {
-		t.Fatalf("client: exit %d: %s", code, errb.String())
+	if code := run([]string{"client", "-addr", addr, "-mode", "rd-atomic", "-n", "100", "-w", "5", "-poll", "event"}, &out, &errb); code != 0 {
+		t.Fatalf("client rd-atomic: exit %d: %s", code, errb.String())
 	}
-	<-lines // the run's line: the run is over
-	m := regexp.MustCompile(`metrics at (http://\S+/metrics)`).FindStringSubmatch(srvErr.String())
-	if m == nil {
-		t.Fatalf("stderr %q", srvErr.String())
-	}
-	resp, err := http.Get(m[1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	rx := regexp.MustCompile(`udiwarp_datagrams_total\{device="server",direction="in"\} (\d+)`).FindSubmatch(body)
-	if rx == nil || string(rx[1]) == "0" {
-		t.Fatalf("the server's metrics: %s", body)
-	}
-	if n, _ := strconv.Atoi(string(rx[1])); n < 105 {
-		t.Fatalf("the server received %d datagrams, want the client's 105", n)
+	<-lines
+	if n := scrape(url, `udiwarp_rfc7306_operations_total{device="server",operation="atomic"}`); n != 105 {
+		t.Fatalf("the server carried out %d atomics, want the client's 105", n)
 	}
 }
 
