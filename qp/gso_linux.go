@@ -160,6 +160,9 @@ func (q *QP) gsoSegments(s *Socket, w *sendWQE, seg uint32) int {
 		return 0
 	}
 	size := udiwarp.WriteRecordHeaderSize + int(seg) + udiwarp.CRCSize
+	if lim := s.gsoTooBig.Load(); lim != 0 && uint32(size) >= lim {
+		return 0
+	}
 	// In 64 bits: near 4 GiB, length-off+seg-1 wraps 32.
 	left := (uint64(w.length-w.off) + uint64(seg) - 1) / uint64(seg)
 	return min(int(min(left, maxGSOSegments)), s.maxDatagram/size)
@@ -228,6 +231,18 @@ func (t *txCtx) sendGSO(s *Socket, w *sendWQE, seg uint32, k int) (Status, error
 		return Success, nil
 	case err == unix.EINVAL || err == unix.EIO || err == unix.ENOPROTOOPT || err == unix.EOPNOTSUPP:
 		s.noGSO.Store(true)
+		return Success, errGSOUnsupported
+	case err == unix.EMSGSIZE:
+		// The segments are larger than the route's MTU: UDP GSO does not
+		// fragment them (a datagram sent alone is fragmented). Segments
+		// this large go one per call from now on; this batch too.
+		size := uint32(udiwarp.WriteRecordHeaderSize + int(seg) + udiwarp.CRCSize)
+		for {
+			old := s.gsoTooBig.Load()
+			if old != 0 && old <= size || s.gsoTooBig.CompareAndSwap(old, size) {
+				break
+			}
+		}
 		return Success, errGSOUnsupported
 	}
 	return Success, err

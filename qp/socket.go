@@ -30,7 +30,12 @@ type Socket struct {
 	// maxDatagram is the largest UDP payload the socket can send.
 	maxDatagram int
 	noGSO       atomic.Bool // the kernel refused UDP_SEGMENT once, or the impairment layer sees each datagram
-	broadcast   atomic.Bool // SetBroadcast(true)
+	// gsoTooBig: a GSO send of segments this large (UDP payload bytes)
+	// failed with EMSGSIZE — the route's MTU is smaller, and the kernel
+	// does not fragment a GSO segment — so segments this large or larger
+	// go one datagram per call, which the kernel fragments (0: no limit).
+	gsoTooBig atomic.Uint32
+	broadcast atomic.Bool // SetBroadcast(true)
 
 	rxMu sync.Mutex // one reader at a time
 	rx   rxSide

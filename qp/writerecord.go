@@ -96,7 +96,8 @@ func (q *QP) sendWriteRecord(s *Socket, w *sendWQE) (Status, error) {
 			case err != errGSOUnsupported:
 				return Success, err
 			}
-			// The kernel has no UDP GSO: one datagram per call from now on.
+			// The kernel has no UDP GSO, or not for segments over the
+			// route's MTU: one datagram per call (gsoSegments says when).
 		}
 		n := min(seg, w.length-w.off)
 		st := q.tx.buildWR(s, w, n)
