@@ -414,7 +414,7 @@ func (e *End) Serve(p Peer, lat bool, t *Tally, stop *atomic.Bool) {
 					n = e.size // the Write's bytes, placed before the value came
 				}
 				t.Note(n)
-				if reposted++; e.mode.credited() && reposted%creditBatch == 0 {
+				if reposted++; e.mode.credited() && reposted%creditsPer(e.slot) == 0 {
 					e.q.PostSend(&qp.SendWR{}) // creditBatch more receives are posted
 				}
 			case qp.WCWriteRecord:
@@ -619,7 +619,7 @@ func (e *End) DriveBandwidth(cfg Config, o Offer) (Result, error) {
 			for _, wc := range wcs[:e.cq.Poll(wcs)] {
 				if wc.Opcode == qp.WCRecv && wc.Status == qp.Success {
 					e.repost(&wc)
-					credits += creditBatch
+					credits += creditsPer(e.slot)
 				}
 			}
 		}

@@ -19,6 +19,12 @@ import (
 // plain TCP, with 4 MiB 0.73-0.81x (BENCHMARKS.md).
 func rcDepth(size int) int { return max(4, min(recvDepth, (4<<20)/max(size, 1))) }
 
+// creditsPer is how many reposted receives one credit message returns
+// (creditBatch, or half the receives when fewer are posted: a batch
+// larger than what the sender was first given would never come back).
+// Both ends compute it from the message size.
+func creditsPer(slot int) int { return max(1, min(creditBatch, rcDepth(slot)/2)) }
+
 // recvDepth bounds the receives a Send mode's end keeps posted.
 const recvDepth = 256
 

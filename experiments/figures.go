@@ -1,0 +1,173 @@
+package main
+
+import (
+	"strconv"
+)
+
+// A figure is a set of series measured over the same x values: message
+// sizes (lossless, on loopback, `udperf local`) or loss rates (the
+// kernel's or the impairment layer's, `udperf client` against `udperf
+// server` in another namespace, or `udperf local -loss`).
+type figure struct {
+	ID, Title string
+	Test      string // lat or bw
+	XLabel    string
+	YLabel    string
+	X         []float64 // bytes, or loss in percent
+	LossX     bool      // X are loss rates; Size is the message size
+	Size      int
+	Series    []series
+	// Panels cut a size figure into small, medium and large plots (FIG 15).
+	Panels [][2]float64
+	// Seed is what seed 003 published for it, and Differs why ours may
+	// not look the same, for the report.
+	Seed, Differs string
+	// External figures are made by a program of their own (FIG 19).
+	External func(e *env, f *figure, o options) ([]row, error)
+}
+
+// A series is one line of a figure: a udperf mode with its flags.
+type series struct {
+	Label string
+	Mode  string
+	Flags []string
+	// MaxSize: above it the series is measured in chunks of MaxSize, as
+	// the seed's UD Send for messages over 64 KB (the application
+	// segments), and the row says so; 0: no limit.
+	MaxSize int
+}
+
+// udSendMax is the largest UD Send udperf carries over IPv4 in one
+// datagram, rounded down to a round size (65,485 exactly).
+const udSendMax = 65000
+
+func lossRates(quick bool) []float64 {
+	if quick {
+		return []float64{0, 1, 5}
+	}
+	return []float64{0, 0.1, 0.5, 1, 2, 5}
+}
+
+func sizes(from, to int, quick bool, quickSet ...int) []float64 {
+	if quick {
+		var x []float64
+		for _, s := range quickSet {
+			x = append(x, float64(s))
+		}
+		return x
+	}
+	var x []float64
+	for s := from; s <= to; s *= 4 {
+		x = append(x, float64(s))
+	}
+	return x
+}
+
+func figures(quick bool) []*figure {
+	loss := lossRates(quick)
+	partial := []string{"-partial", "-deadline", "5ms"}
+	return []*figure{
+		{
+			ID: "fig15", Title: "Verbs latency (seed 003 FIG 15)", Test: "lat",
+			XLabel: "message size (bytes)", YLabel: "latency, half round trip (µs)",
+			X: sizes(2, 8<<20, quick, 64, 4096, 1<<20),
+			Series: []series{
+				{Label: "UD Send/Recv", Mode: "ud-send", MaxSize: udSendMax},
+				{Label: "UD Write-Record", Mode: "ud-wr"},
+				{Label: "RC Send/Recv", Mode: "rc-send"},
+				{Label: "RC RDMA Write", Mode: "rc-write"},
+			},
+			Panels: [][2]float64{{0, 2048}, {2048, 65536}, {65536, 1 << 30}},
+			Seed: "UD Send/Recv and UD Write-Record 27-28 µs under 128 B, RC about 33 µs; up to 2 KB UD Send/Recv 18.1 % below RC Send/Recv " +
+				"and UD Write-Record 24.4 % below RC RDMA Write (two hosts, 10 GbE NetEffect cards, software iWARP).",
+			Differs: "Ours is one host's loopback: no NIC, no wire, and both ends share two cores, so absolute times are a few µs and " +
+				"what remains is the software path. UD Send above 65,000 bytes is not one datagram and is not measured for latency.",
+		},
+		{
+			ID: "fig16", Title: "Unidirectional verbs bandwidth (seed 003 FIG 16)", Test: "bw",
+			XLabel: "message size (bytes)", YLabel: "goodput (Gb/s)",
+			X: sizes(1024, 8<<20, quick, 4096, 1<<20),
+			Series: []series{
+				{Label: "UD Send/Recv (64 KB chunks above)", Mode: "ud-send", MaxSize: udSendMax},
+				{Label: "UD Write-Record", Mode: "ud-wr"},
+				{Label: "RC Send/Recv", Mode: "rc-send"},
+				{Label: "RC RDMA Write", Mode: "rc-write"},
+			},
+			Seed: "UD Send/Recv up to 33.4 % above RC Send/Recv (at 256 KB); UD Write-Record 256 % above RC RDMA Write at 512 KB.",
+			Differs: "On loopback TCP costs what UDP costs: there is no NIC offload gap and no wire, and one kernel copy moves both, so RC's " +
+				"stream is not the handicap it was across a 10 GbE link; the datagram modes' advantage shows under loss (fig17, fig18, fig-rdma-loss).",
+		},
+		{
+			ID: "fig17", Title: "UD Send/Recv bandwidth under packet loss (seed 003 FIG 17)", Test: "bw",
+			XLabel: "packet loss (%)", YLabel: "goodput (Gb/s)", X: loss, LossX: true,
+			Series: func() []series {
+				var s []series
+				for _, n := range []int{1400, 8192, 32768, udSendMax} {
+					if quick && n != 1400 && n != udSendMax {
+						continue
+					}
+					s = append(s, series{Label: "UD Send " + strconv.Itoa(n) + " B", Mode: "ud-send", Flags: []string{"-s", strconv.Itoa(n)}})
+				}
+				return s
+			}(),
+			Seed: "The larger the message, the more a little loss costs: a message is lost with any of its packets (0.1 % is intra-US web " +
+				"traffic, 0.5 % Europe-US, 1-5 % Africa and parts of Asia).",
+			Differs: "The same shape is expected: a datagram over the 1,500-byte MTU of the veth is IP fragments, and it is lost with any of them.",
+		},
+		{
+			ID: "fig18", Title: "UD Write-Record with partial delivery under packet loss, by segment size (seed 003 FIG 18)", Test: "bw",
+			XLabel: "packet loss (%)", YLabel: "valid goodput (Gb/s)", X: loss, LossX: true, Size: 512 << 10,
+			Series: func() []series {
+				var s []series
+				for _, seg := range []int{1400, 9000, 64000} {
+					s = append(s, series{Label: "Write-Record, " + strconv.Itoa(seg) + " B segments", Mode: "ud-wr",
+						Flags: append([]string{"-mtu", strconv.Itoa(seg)}, partial...)})
+				}
+				return s
+			}(),
+			Seed: "Partial delivery keeps what arrived, so Write-Record degrades gracefully where Send/Recv loses whole messages; the " +
+				"seed concludes a segment size (MTU) suited to the loss rate is best.",
+			Differs: "The veth's MTU is 1,500 bytes: a 9,000 or 64,000-byte segment is fragments that all must arrive, so smaller " +
+				"segments lose less as loss grows while larger ones cost fewer headers and system calls without loss.",
+		},
+		{
+			ID: "fig-rdma-loss", Title: "RDMA Write under packet loss: RC (TCP + MPA), RD, and UD Write-Record", Test: "bw",
+			XLabel: "packet loss (%)", YLabel: "goodput (Gb/s)", X: loss, LossX: true, Size: 512 << 10,
+			Series: []series{
+				{Label: "RC RDMA Write", Mode: "rc-write"},
+				// RD's segment fits the 1,500-byte MTU: a 64 KB datagram is 45
+				// fragments, all of which a retransmission needs again.
+				{Label: "RD RDMA Write (1400 B segments)", Mode: "rd-write", Flags: []string{"-mtu", "1400"}},
+				{Label: "UD Write-Record (partial, 1400 B segments)", Mode: "ud-wr", Flags: append([]string{"-mtu", "1400"}, partial...)},
+			},
+			Seed: "Not in the seed: its loss study covers UD Send/Recv and Write-Record. RC is the reliable baseline, RD our light " +
+				"reliability layer over UDP.",
+			Differs: "TCP's congestion control backs off at every loss; RD retransmits selectively with a fixed window; Write-Record " +
+				"retransmits nothing and counts only the bytes that arrived.",
+		},
+		{
+			ID: "fig19", Title: "Initial buffering of a media stream (seed 003 FIG 19, udstream)", Test: "stream",
+			XLabel: "packet loss (%)", YLabel: "initial buffering (ms)", LossX: true,
+			Seed:     "UD streaming buffered 74.1 % faster than VLC's HTTP streaming over RC-iWARP; the socket interface cost about 2 %.",
+			Differs:  "udstream paces at the stream's own rate, so lossless buffering is the stream's 500 ms whatever carries it; loss is where transports differ.",
+			External: udstreamFigure,
+		},
+	}
+}
+
+func figureIDs() []string {
+	var ids []string
+	for _, f := range figures(false) {
+		ids = append(ids, f.ID)
+	}
+	return ids
+}
+
+func needsKernel(figs []*figure) bool {
+	for _, f := range figs {
+		if f.LossX && f.External == nil {
+			return true
+		}
+	}
+	return false
+}

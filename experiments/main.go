@@ -1,0 +1,207 @@
+// Command experiments remakes the figures of seed 003 and ours in one
+// run: `go run ./experiments` (full) or `go run ./experiments -quick`
+// (CI-sized, under two minutes). It writes
+// experiments/results/<date>-<host>[-quick]/ with
+//
+//   - runs.csv and runs.json: one row per measurement, with the udperf
+//     command that made it and every setting udperf reports;
+//   - a PNG and an SVG per figure (gonum.org/v1/plot): the median of the
+//     rounds, and the rounds' min–max as error bars;
+//   - report.md: each figure with its table, the seed's published result
+//     beside ours, and why they differ where they do.
+//
+// Every measurement is one run of the udperf command (built from this
+// tree), so each row carries exactly what udperf records and anyone can
+// run it again by hand. Rounds alternate the order of a figure's series,
+// as `udperf compare` does. Loss is made three ways, chosen with -loss:
+// netem on a veth pair between two network namespaces where the kernel
+// has sch_netem; nftables `numgen random` drops on the same veth pair
+// where it does not; the stack's in-process impairment layer. auto picks
+// the first available. With -server HOST the client side runs here
+// against `udperf server` on HOST, and netem applies to -dev
+// (experiments/README.md).
+//
+// Why a Go program and not a script: the plots need Go (gonum), the
+// namespaces and the loss rules need careful setup and teardown, and a
+// test (`go test ./experiments`) runs the quick mode and checks what it
+// wrote.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+type options struct {
+	quick   bool
+	out     string
+	loss    string
+	rounds  int
+	only    string
+	server  string
+	dev     string
+	udperf  string
+	udstrem bool
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("experiments", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o options
+	fs.BoolVar(&o.quick, "quick", false, "CI-sized: few sizes and loss rates, short runs, 3 rounds (under 2 minutes)")
+	fs.StringVar(&o.out, "out", "", "results directory (default experiments/results/<date>-<host>[-quick])")
+	fs.StringVar(&o.loss, "loss", "auto", "how to lose packets: auto, netem, nft (nftables), inproc (the stack's impairment layer)")
+	fs.IntVar(&o.rounds, "rounds", 0, "rounds per figure, modes alternating (default 3; at least 3)")
+	fs.StringVar(&o.only, "only", "", "comma-separated figure IDs to make (default every figure)")
+	fs.StringVar(&o.server, "server", "", "host mode: `HOST[:PORT]` running `udperf server`; the loss figures run against it")
+	fs.StringVar(&o.dev, "dev", "", "host mode: the interface netem loses packets on (as root)")
+	fs.StringVar(&o.udperf, "udperf", "", "a udperf binary to use (default: built from this tree)")
+	fs.BoolVar(&o.udstrem, "udstream", true, "full mode: run the udstream buffering experiment (FIG 19; needs ffmpeg)")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: go run ./experiments [-quick] [-loss auto|netem|nft|inproc] [-only IDs] [-server HOST -dev IF]\n\n")
+		fs.PrintDefaults()
+		fmt.Fprintf(stderr, "\nfigures: %s\n", strings.Join(figureIDs(), ", "))
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "experiments: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if o.rounds == 0 {
+		o.rounds = 3
+	}
+	if o.rounds < 3 {
+		fmt.Fprintln(stderr, "experiments: -rounds: at least 3 (every figure carries the spread of its rounds)")
+		return 2
+	}
+	if o.server != "" && o.dev == "" && o.loss != "inproc" {
+		fmt.Fprintln(stderr, "experiments: -server: name the interface netem loses packets on with -dev (or -loss inproc)")
+		return 2
+	}
+	if err := do(o, stdout, stderr); err != nil {
+		fmt.Fprintf(stderr, "experiments: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func do(o options, stdout, stderr io.Writer) error {
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	figs := figures(o.quick)
+	if o.only != "" {
+		want := strings.Split(o.only, ",")
+		figs = slices.DeleteFunc(figs, func(f *figure) bool { return !slices.Contains(want, f.ID) })
+		if len(figs) == 0 {
+			return fmt.Errorf("-only %q: no such figure (%s)", o.only, strings.Join(figureIDs(), ", "))
+		}
+	}
+	work, err := os.MkdirTemp("", "udiwarp-experiments-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	bin := o.udperf
+	if bin == "" {
+		bin = filepath.Join(work, "udperf")
+		if out, err := goCmd(root, "build", "-o", bin, "./cmd/udperf").CombinedOutput(); err != nil {
+			return fmt.Errorf("building udperf: %v\n%s", err, out)
+		}
+	}
+	out := o.out
+	if out == "" {
+		host, _ := os.Hostname()
+		name := time.Now().UTC().Format("2006-01-02") + "-" + host
+		if o.quick {
+			name += "-quick"
+		}
+		out = filepath.Join(root, "experiments", "results", name)
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	e := &env{bin: bin, root: root, work: work, log: stderr, quick: o.quick}
+	if e.method, err = chooseLoss(o, needsKernel(figs)); err != nil {
+		return err
+	}
+	// SIGINT and SIGTERM tear the namespaces down before exiting.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	go func() {
+		if _, ok := <-sig; ok {
+			e.close()
+			os.Exit(130)
+		}
+	}()
+	defer e.close()
+	if o.server != "" {
+		e.host, e.dev = o.server, o.dev
+	}
+	fmt.Fprintf(stderr, "experiments: %d figures, %d rounds, loss by %s, into %s\n", len(figs), o.rounds, e.method, out)
+	start := time.Now()
+	var rows []row
+	for _, f := range figs {
+		t0 := time.Now()
+		got, err := e.measure(f, o)
+		if err != nil {
+			return fmt.Errorf("%s: %w", f.ID, err)
+		}
+		rows = append(rows, got...)
+		fmt.Fprintf(stderr, "experiments: %s: %d runs in %v\n", f.ID, len(got), time.Since(t0).Round(time.Second))
+	}
+	if err := writeData(out, rows); err != nil {
+		return err
+	}
+	var made []plotted
+	for _, f := range figs {
+		p, err := plotFigure(out, f, rows)
+		if err != nil {
+			return fmt.Errorf("%s: plot: %w", f.ID, err)
+		}
+		made = append(made, p...)
+	}
+	if err := writeReport(out, figs, rows, made, e, o, time.Since(start)); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s\n", filepath.Join(out, "report.md"))
+	return nil
+}
+
+// moduleRoot is the directory of this module's go.mod.
+func moduleRoot() (string, error) {
+	b, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(b))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("run from inside the udiwarp module (go run ./experiments)")
+	}
+	return filepath.Dir(mod), nil
+}
+
+func goCmd(dir string, args ...string) *exec.Cmd {
+	c := exec.Command("go", args...)
+	c.Dir = dir
+	return c
+}

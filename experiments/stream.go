@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// udstreamFigure is seed 003's streaming experiment with udstream: the
+// receiver's initial buffering (its request until it holds 500 ms of
+// stream by the stream's clock) of one ffmpeg-made MPEG-TS stream over
+// each transport, under each loss rate, the sender in the server
+// namespace and the receiver in the client one (or both in this one, in
+// process loss). Full runs pace the stream at its own rate, as a live
+// source is; quick ones send as fast as the transport takes it.
+func udstreamFigure(e *env, f *figure, o options) ([]row, error) {
+	if _, err := exec.LookPath("ffmpeg"); err != nil {
+		fmt.Fprintln(e.log, "experiments: fig19: no ffmpeg (Debian package ffmpeg; .ci/run installs it): skipped")
+		return nil, nil
+	}
+	bin, err := e.tool("udstream")
+	if err != nil {
+		return nil, err
+	}
+	secs, speed, transports, losses := "4", "1", []string{"wr-ud", "wr-rd", "send-ud", "rc", "udp"}, []float64{0, 0.5, 1, 5}
+	if e.quick {
+		secs, speed, transports, losses = "2", "0", []string{"wr-ud", "rc", "udp"}, []float64{0, 5}
+	}
+	f.X = losses
+	in := filepath.Join(e.work, "in.ts")
+	if _, err := os.Stat(in); err != nil {
+		gen := exec.Command("ffmpeg", "-v", "error", "-f", "lavfi", "-i", "testsrc=size=640x360:rate=25", "-f", "lavfi",
+			"-i", "sine=frequency=440:sample_rate=48000", "-t", secs, "-c:v", "mpeg2video", "-b:v", "1M", "-c:a", "mp2", "-f", "mpegts", in)
+		if out, err := gen.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("ffmpeg: %v: %s", err, out)
+		}
+	}
+	f.Series = nil
+	for _, t := range transports {
+		f.Series = append(f.Series, series{Label: t, Mode: t})
+	}
+	port := 5200
+	var rows []row
+	for _, pct := range losses {
+		if err := e.setLoss(pct); err != nil {
+			return rows, err
+		}
+		for r := range o.rounds {
+			for k := range transports {
+				t := transports[(k+r)%len(transports)]
+				if e.method == "inproc" && t == "rc" && pct > 0 {
+					continue // TCP cannot drop on request
+				}
+				port++
+				got, err := e.stream(bin, in, t, port, speed, pct, r)
+				if err != nil {
+					return rows, fmt.Errorf("%s at %v %%, round %d: %w", t, pct, r+1, err)
+				}
+				got["figure"], got["series"], got["x"], got["round"], got["loss_pct"] = f.ID, t, pct, r+1, pct
+				got["loss_method"] = e.method
+				got["value"], got["unit"] = got.num("initial_buffering_ms"), "ms"
+				got["speed"] = speed
+				rows = append(rows, got)
+			}
+		}
+	}
+	return rows, e.setLoss(0)
+}
+
+// stream runs one sender and one receiver of transport t and returns the
+// receiver's figures.
+func (e *env) stream(bin, in, t string, port int, speed string, pct float64, round int) (row, error) {
+	host := "127.0.0.1"
+	var sndPrefix, rcvPrefix []string
+	if e.method != "inproc" {
+		if err := e.ensureTopology(); err != nil {
+			return nil, err
+		}
+		host = srvAddr
+		sndPrefix = []string{"ip", "netns", "exec", e.topo.srv}
+		rcvPrefix = e.clientPrefix()
+	}
+	addr := host + ":" + strconv.Itoa(port)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	snd := append(sndPrefix, bin, "send", "-t", t, "-listen", addr, "-i", in, "-speed", speed, "-q", "-wait", "20s")
+	rcv := append(rcvPrefix, bin, "recv", "-t", t, "-from", addr, "-o", filepath.Join(e.work, "out.ts"), "-json", "-q", "-wait", "20s", "-idle", "1s")
+	if e.method == "inproc" && pct > 0 {
+		loss := strconv.FormatFloat(pct/100, 'g', -1, 64)
+		seed := strconv.Itoa(round + 1)
+		snd = append(snd, "-loss", loss, "-seed", seed)
+		rcv = append(rcv, "-loss", loss, "-seed", seed)
+	}
+	sc := exec.CommandContext(ctx, snd[0], snd[1:]...)
+	if err := sc.Start(); err != nil {
+		return nil, err
+	}
+	defer sc.Wait()
+	out, err := exec.CommandContext(ctx, rcv[0], rcv[1:]...).Output()
+	if err != nil {
+		sc.Process.Kill()
+		return nil, fmt.Errorf("%s: %v", strings.Join(rcv, " "), err)
+	}
+	var r row
+	if err := json.Unmarshal(out, &r); err != nil {
+		return nil, fmt.Errorf("the receiver's JSON: %v: %.200s", err, out)
+	}
+	r["command"] = strings.Join(snd, " ") + " & " + strings.Join(rcv, " ")
+	return r, nil
+}
