@@ -13,8 +13,8 @@ import (
 	"testing"
 )
 
-// TestQuick runs `go run ./experiments -quick` (in process) and checks
-// what it wrote: runs.csv parses and has rows for every figure, runs.json
+// TestQuick runs `go run ./experiments -quick` (in process), then
+// -replot on what it wrote, and checks the files: runs.csv parses and has rows for every figure, runs.json
 // is the same rows, every plot is a PNG that decodes and is not blank
 // and an SVG, and report.md shows every plot. Kernel loss needs root and
 // nftables (netem where the kernel has it); without them the run takes
@@ -29,6 +29,13 @@ func TestQuick(t *testing.T) {
 		t.Fatalf("exit %d\n%s", code, stderr.String())
 	}
 	t.Log(stderr.String())
+	// The plots and the report again, from the data alone.
+	if code := run([]string{"-replot", out}, &stdout, &stderr); code != 0 {
+		t.Fatalf("-replot: exit %d\n%s", code, stderr.String())
+	}
+	if _, err := os.Stat(filepath.Join(out, "meta.json")); err != nil {
+		t.Fatal(err)
+	}
 	f, err := os.Open(filepath.Join(out, "runs.csv"))
 	if err != nil {
 		t.Fatal(err)

@@ -81,7 +81,9 @@ func figures(quick bool) []*figure {
 			Seed: "UD Send/Recv and UD Write-Record 27-28 µs under 128 B, RC about 33 µs; up to 2 KB UD Send/Recv 18.1 % below RC Send/Recv " +
 				"and UD Write-Record 24.4 % below RC RDMA Write (two hosts, 10 GbE NetEffect cards, software iWARP).",
 			Differs: "Ours is one host's loopback: no NIC, no wire, and both ends share two cores, so absolute times are a few µs and " +
-				"what remains is the software path. UD Send above 65,000 bytes is not one datagram and is not measured for latency.",
+				"what remains is the software path; RC and UD differ by little under 2 KB. UD Send above 65,000 bytes is not one datagram " +
+				"and is not measured for latency. RC RDMA Write's ping-pong watches memory for the peer's last byte with both ends " +
+				"spinning on two cores (as ib_write_lat), which starves TCP's own work for messages of megabytes.",
 		},
 		{
 			ID: "fig16", Title: "Unidirectional verbs bandwidth (seed 003 FIG 16)", Test: "bw",
@@ -94,8 +96,11 @@ func figures(quick bool) []*figure {
 				{Label: "RC RDMA Write", Mode: "rc-write"},
 			},
 			Seed: "UD Send/Recv up to 33.4 % above RC Send/Recv (at 256 KB); UD Write-Record 256 % above RC RDMA Write at 512 KB.",
-			Differs: "On loopback TCP costs what UDP costs: there is no NIC offload gap and no wire, and one kernel copy moves both, so RC's " +
-				"stream is not the handicap it was across a 10 GbE link; the datagram modes' advantage shows under loss (fig17, fig18, fig-rdma-loss).",
+			Differs: "Both ends share one host's two cores and its loopback, with no NIC and no wire: what is measured is the software " +
+				"path. RC Send/Recv pays most: its receiver copies every message out of the TCP byte stream into the posted receive " +
+				"(UD Send lands in it directly) and the sender waits for receive credits, as RC has no receiver-not-ready. RC RDMA Write " +
+				"places from the stream without that copy, so Write-Record's margin over it is smaller than the seed's, whose TCP cost " +
+				"was a 10 GbE link's and a 2010 kernel's.",
 		},
 		{
 			ID: "fig17", Title: "UD Send/Recv bandwidth under packet loss (seed 003 FIG 17)", Test: "bw",
@@ -127,8 +132,10 @@ func figures(quick bool) []*figure {
 			}(),
 			Seed: "Partial delivery keeps what arrived, so Write-Record degrades gracefully where Send/Recv loses whole messages; the " +
 				"seed concludes a segment size (MTU) suited to the loss rate is best.",
-			Differs: "The veth's MTU is 1,500 bytes: a 9,000 or 64,000-byte segment is fragments that all must arrive, so smaller " +
-				"segments lose less as loss grows while larger ones cost fewer headers and system calls without loss.",
+			Differs: "The veth's MTU is 1,500 bytes: a 9,000 or 64,000-byte segment is IP fragments that must all arrive, so it is " +
+				"lost more often as loss grows, while 1,400-byte segments are single packets and go out with UDP GSO, many in one " +
+				"system call, which the kernel does not do for datagrams over the MTU. On this host the smallest segment wins at every " +
+				"loss rate; with jumbo frames, as the seed's 10 GbE link may have had, a 9,000-byte segment would be one packet.",
 		},
 		{
 			ID: "fig-rdma-loss", Title: "RDMA Write under packet loss: RC (TCP + MPA), RD, and UD Write-Record", Test: "bw",

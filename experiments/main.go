@@ -28,6 +28,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -36,6 +37,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -45,15 +47,15 @@ import (
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 type options struct {
-	quick   bool
-	out     string
-	loss    string
-	rounds  int
-	only    string
-	server  string
-	dev     string
-	udperf  string
-	udstrem bool
+	quick  bool
+	out    string
+	loss   string
+	rounds int
+	only   string
+	server string
+	dev    string
+	udperf string
+	replot string
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -68,7 +70,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.server, "server", "", "host mode: `HOST[:PORT]` running `udperf server`; the loss figures run against it")
 	fs.StringVar(&o.dev, "dev", "", "host mode: the interface netem loses packets on (as root)")
 	fs.StringVar(&o.udperf, "udperf", "", "a udperf binary to use (default: built from this tree)")
-	fs.BoolVar(&o.udstrem, "udstream", true, "full mode: run the udstream buffering experiment (FIG 19; needs ffmpeg)")
+	fs.StringVar(&o.replot, "replot", "", "remake the plots and report.md of results `DIR` from its runs.json, measuring nothing")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: go run ./experiments [-quick] [-loss auto|netem|nft|inproc] [-only IDs] [-server HOST -dev IF]\n\n")
 		fs.PrintDefaults()
@@ -94,6 +96,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if o.server != "" && o.dev == "" && o.loss != "inproc" {
 		fmt.Fprintln(stderr, "experiments: -server: name the interface netem loses packets on with -dev (or -loss inproc)")
 		return 2
+	}
+	if o.replot != "" {
+		if err := replot(o, stdout); err != nil {
+			fmt.Fprintf(stderr, "experiments: %v\n", err)
+			return 1
+		}
+		return 0
 	}
 	if err := do(o, stdout, stderr); err != nil {
 		fmt.Fprintf(stderr, "experiments: %v\n", err)
@@ -172,18 +181,88 @@ func do(o options, stdout, stderr io.Writer) error {
 	if err := writeData(out, rows); err != nil {
 		return err
 	}
+	m := runMeta(e, o, time.Since(start))
+	if err := m.save(out); err != nil {
+		return err
+	}
+	if err := finish(out, figs, rows, m); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s\n", filepath.Join(out, "report.md"))
+	return nil
+}
+
+// finish draws every figure that has data and writes the report.
+func finish(out string, figs []*figure, rows []row, m meta) error {
 	var made []plotted
 	for _, f := range figs {
+		if !hasRows(rows, f.ID) {
+			continue // not made (fig19 without ffmpeg)
+		}
 		p, err := plotFigure(out, f, rows)
 		if err != nil {
 			return fmt.Errorf("%s: plot: %w", f.ID, err)
 		}
 		made = append(made, p...)
 	}
-	if err := writeReport(out, figs, rows, made, e, o, time.Since(start)); err != nil {
+	return writeReport(out, figs, rows, made, m)
+}
+
+func hasRows(rows []row, fig string) bool {
+	for _, r := range rows {
+		if r.str("figure") == fig {
+			return true
+		}
+	}
+	return false
+}
+
+// replot remakes the plots and the report of a results directory from
+// its runs.json: the figures as this tree defines them, their x values
+// and series as the data has them.
+func replot(o options, stdout io.Writer) error {
+	b, err := os.ReadFile(filepath.Join(o.replot, "runs.json"))
+	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%s\n", filepath.Join(out, "report.md"))
+	var rows []row
+	if err := json.Unmarshal(b, &rows); err != nil {
+		return fmt.Errorf("runs.json: %w", err)
+	}
+	o.quick = strings.HasSuffix(filepath.Clean(o.replot), "-quick")
+	figs := figures(o.quick)
+	for _, f := range figs {
+		f.X = nil
+		seen := map[float64]bool{}
+		var labels []string
+		for _, r := range rows {
+			if r.str("figure") != f.ID {
+				continue
+			}
+			if x := r.num("x"); !seen[x] {
+				seen[x] = true
+				f.X = append(f.X, x)
+			}
+			if !slices.Contains(labels, r.str("series")) {
+				labels = append(labels, r.str("series"))
+			}
+		}
+		slices.Sort(f.X)
+		if f.External != nil {
+			f.Series = nil
+			for _, l := range labels {
+				f.Series = append(f.Series, series{Label: l, Mode: l})
+			}
+		}
+	}
+	var m meta
+	if b, err := os.ReadFile(filepath.Join(o.replot, "meta.json")); err != nil || json.Unmarshal(b, &m) != nil {
+		return fmt.Errorf("%s: no meta.json to say how the runs were made", o.replot)
+	}
+	if err := finish(o.replot, figs, rows, m); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s\n", filepath.Join(o.replot, "report.md"))
 	return nil
 }
 
@@ -204,4 +283,33 @@ func goCmd(dir string, args ...string) *exec.Cmd {
 	c := exec.Command("go", args...)
 	c.Dir = dir
 	return c
+}
+
+// meta is how a results directory was made: the head of its report.
+type meta struct {
+	Date, Host, Command, Mode, Took, Loss, Machine, Tree string
+	Rounds                                               int
+}
+
+func runMeta(e *env, o options, took time.Duration) meta {
+	host, _ := os.Hostname()
+	mode := "full"
+	if o.quick {
+		mode = "quick (CI-sized: few points, short runs)"
+	}
+	return meta{
+		Date: time.Now().UTC().Format("2006-01-02 15:04 MST"), Host: host,
+		Command: strings.TrimSpace("go run ./experiments " + strings.Join(flagsOf(o), " ")),
+		Mode:    mode, Rounds: o.rounds, Took: took.Round(time.Second).String(), Loss: lossText(e),
+		Machine: fmt.Sprintf("%s, %d CPUs, kernel %s, %s", cpuModel(), runtime.NumCPU(), uname(), runtime.Version()),
+		Tree:    commit(e.root),
+	}
+}
+
+func (m meta) save(dir string) error {
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "meta.json"), append(b, '\n'), 0o644)
 }

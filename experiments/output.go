@@ -136,7 +136,9 @@ func plotFigure(dir string, f *figure, rows []row) ([]plotted, error) {
 			p.Title.Text += " — " + part + " messages"
 		}
 		p.X.Label.Text, p.Y.Label.Text = f.XLabel, f.YLabel
-		p.Legend.Top = true
+		// The legend where the curves are not: y starts at 0, sizes rise
+		// to the right, goodput falls with loss.
+		p.Legend.Top, p.Legend.Left = false, f.LossX
 		p.Add(plotter.NewGrid())
 		drawn := 0
 		for k, s := range f.Series {
@@ -174,6 +176,7 @@ func plotFigure(dir string, f *figure, rows []row) ([]plotted, error) {
 		if drawn == 0 {
 			return nil, fmt.Errorf("panel %s has no data", name)
 		}
+		p.Y.Min = 0 // goodput and latency from zero: the eye reads ratios
 		if !f.LossX && f.Test != "stream" {
 			p.X.Scale = plot.LogScale{}
 			p.X.Tick.Marker = plot.LogTicks{Prec: -1}

@@ -9,27 +9,21 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"time"
 )
 
 // writeReport writes report.md: the setting of the run, then each figure
 // with its plots, its table (median and min–max of the rounds), the
 // seed's published result and ours beside it.
-func writeReport(dir string, figs []*figure, rows []row, made []plotted, e *env, o options, took time.Duration) error {
+func writeReport(dir string, figs []*figure, rows []row, made []plotted, m meta) error {
 	var b bytes.Buffer
-	host, _ := os.Hostname()
-	fmt.Fprintf(&b, "# udiwarp experiments: %s on %s\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"), host)
-	mode := "full"
-	if o.quick {
-		mode = "quick (CI-sized: few points, short runs)"
-	}
+	fmt.Fprintf(&b, "# udiwarp experiments: %s on %s\n\n", m.Date, m.Host)
 	fmt.Fprintf(&b, "| | |\n|---|---|\n")
-	fmt.Fprintf(&b, "| command | `go run ./experiments %s` |\n", strings.Join(flagsOf(o), " "))
-	fmt.Fprintf(&b, "| mode | %s; %d rounds per point, series alternating; %s |\n", mode, o.rounds, took.Round(time.Second))
-	fmt.Fprintf(&b, "| loss | %s |\n", lossText(e))
-	fmt.Fprintf(&b, "| machine | %s, %d CPUs, kernel %s, %s |\n", cpuModel(), runtime.NumCPU(), uname(), runtime.Version())
-	fmt.Fprintf(&b, "| tree | %s |\n", commit(e.root))
-	fmt.Fprintf(&b, "| data | [runs.csv](runs.csv), [runs.json](runs.json): one row per run, with its udperf (or udstream) command and every setting |\n\n")
+	fmt.Fprintf(&b, "| command | `%s` |\n", m.Command)
+	fmt.Fprintf(&b, "| mode | %s; %d rounds per point, series alternating; %s |\n", m.Mode, m.Rounds, m.Took)
+	fmt.Fprintf(&b, "| loss | %s |\n", m.Loss)
+	fmt.Fprintf(&b, "| machine | %s |\n", m.Machine)
+	fmt.Fprintf(&b, "| tree | %s |\n", m.Tree)
+	fmt.Fprintf(&b, "| data | [runs.csv](runs.csv), [runs.json](runs.json): one row per run, with its udperf (or udstream) command and every setting; [meta.json](meta.json): this table |\n\n")
 	b.WriteString("Each point is the median of its rounds; the error bars and the brackets give the rounds' min–max. " +
 		"Lossless figures run both ends in one process on loopback (`udperf local`; latency busy-polls as perftest does, " +
 		"bandwidth waits on events); the loss figures run " +
@@ -96,14 +90,14 @@ func lossText(e *env) string {
 	case "netem":
 		return "netem (`tc qdisc ... netem loss P%`) on both ends of the veth pair"
 	case "nft":
-		return "nftables `numgen random` drops of UDP and TCP on input in both namespaces (this kernel has no netem)"
+		return "nftables `numgen random` drops of UDP and TCP packets, each fragment on its own (prerouting, before reassembly), in both namespaces (this kernel has no netem)"
 	}
 	return "the stack's in-process impairment layer (`udperf -loss`; RC, which TCP carries, is not measured under loss this way)"
 }
 
 func skippedWhy(f *figure) string {
 	if f.ID == "fig19" {
-		return "needs ffmpeg"
+		return "needs ffmpeg, and runs on one machine"
 	}
 	return "no data"
 }

@@ -20,6 +20,10 @@ import (
 // process loss). Full runs pace the stream at its own rate, as a live
 // source is; quick ones send as fast as the transport takes it.
 func udstreamFigure(e *env, f *figure, o options) ([]row, error) {
+	if e.host != "" {
+		fmt.Fprintln(e.log, "experiments: fig19: runs on one machine (two namespaces), not against -server: skipped")
+		return nil, nil
+	}
 	if _, err := exec.LookPath("ffmpeg"); err != nil {
 		fmt.Fprintln(e.log, "experiments: fig19: no ffmpeg (Debian package ffmpeg; .ci/run installs it): skipped")
 		return nil, nil
