@@ -24,10 +24,8 @@ type env struct {
 	log             io.Writer
 	quick           bool
 	method          string // netem, nft, inproc
-	chose           string // how the method was chosen, for the report
 	topo            *topology
 	host, dev       string // host mode: udperf server's address, netem's interface
-	udstream        string // built on first use
 	mu              sync.Mutex
 }
 
@@ -302,7 +300,6 @@ func nftLoss(ns string, pct float64) error {
 type topology struct {
 	srv, cli string
 	server   *exec.Cmd
-	serverOK chan error
 }
 
 func (e *env) ensureTopology() error {
