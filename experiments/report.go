@@ -96,7 +96,7 @@ func lossText(e *env) string {
 }
 
 func skippedWhy(f *figure) string {
-	if f.ID == "fig19" {
+	if f.External != nil {
 		return "needs ffmpeg, and runs on one machine"
 	}
 	return "no data"
@@ -111,11 +111,7 @@ func table(b *bytes.Buffer, f *figure, rows []row) {
 	case "stream":
 		unit = "ms"
 	}
-	x := "bytes"
-	if f.LossX {
-		x = "loss %"
-	}
-	fmt.Fprintf(b, "| %s |", x)
+	fmt.Fprintf(b, "| %s |", f.XLabel)
 	for _, s := range f.Series {
 		fmt.Fprintf(b, " %s (%s) |", s.Label, unit)
 	}
@@ -131,7 +127,7 @@ func table(b *bytes.Buffer, f *figure, rows []row) {
 		}
 	}
 	for _, xv := range sortedKeys(xs) {
-		fmt.Fprintf(b, "| %s |", fmtX(xv, f.LossX))
+		fmt.Fprintf(b, "| %s |", fmtX(xv, f.LossX || f.Test == "stream"))
 		for _, s := range f.Series {
 			cellv := "–"
 			for _, p := range points(rows, f.ID, s.Label) {
@@ -285,6 +281,18 @@ func ours(f *figure, rows []row) string {
 			}
 		}
 		return "best per loss rate — " + strings.Join(parts, "; ") + "."
+	case "fig-shim":
+		var parts []string
+		for _, x := range f.X {
+			a, oka := at(rows, f, f.Series[0].Label, x)
+			u, oku := at(rows, f, f.Series[1].Label, x)
+			if oka && oku && u > 0 {
+				parts = append(parts, fmt.Sprintf("%g Mb/s: %.2fx (%+.1f %%)", x, a/u, (a/u-1)*100))
+			}
+		}
+		if len(parts) > 0 {
+			return "pre-buffering through the shim against kernel sockets — " + strings.Join(parts, "; ") + "."
+		}
 	case "fig19":
 		a, oka := at(rows, f, "wr-ud", 0)
 		c, okc := at(rows, f, "rc", 0)

@@ -118,3 +118,55 @@ func (e *env) stream(bin, in, t string, port int, speed string, pct float64, rou
 	r["command"] = strings.Join(snd, " ") + " & " + strings.Join(rcv, " ")
 	return r, nil
 }
+
+// shimFigure is seed 003's measure of the socket interface's cost: the
+// pre-buffering time of a stream sent as fast as the transport takes it
+// (udstream -speed 0) through the socket shim (send-ud:
+// socketshim.PacketConn over a UD QP) against plain UDP sockets, for
+// streams of several bit rates, no loss, on this host's loopback.
+func shimFigure(e *env, f *figure, o options) ([]row, error) {
+	if _, err := exec.LookPath("ffmpeg"); err != nil {
+		fmt.Fprintln(e.log, "experiments: fig-shim: no ffmpeg (Debian package ffmpeg; .ci/run installs it): skipped")
+		return nil, nil
+	}
+	bin, err := e.tool("udstream")
+	if err != nil {
+		return nil, err
+	}
+	rates := []int{1, 4, 16}
+	if e.quick {
+		rates = []int{4}
+	}
+	f.X = nil
+	f.Series = []series{{Label: "send-ud (socket shim over UD)", Mode: "send-ud"}, {Label: "udp (kernel sockets)", Mode: "udp"}}
+	saved := e.method
+	e.method = "inproc" // loopback of this namespace, nothing lost
+	defer func() { e.method = saved }()
+	port := 5600
+	var rows []row
+	for _, mbps := range rates {
+		f.X = append(f.X, float64(mbps))
+		in := filepath.Join(e.work, fmt.Sprintf("shim-%d.ts", mbps))
+		gen := exec.Command("ffmpeg", "-v", "error", "-f", "lavfi", "-i", "testsrc=size=640x360:rate=25", "-t", "3",
+			"-c:v", "mpeg2video", "-b:v", fmt.Sprintf("%dM", mbps), "-maxrate", fmt.Sprintf("%dM", mbps), "-bufsize", fmt.Sprintf("%dM", mbps),
+			"-f", "mpegts", in)
+		if out, err := gen.CombinedOutput(); err != nil {
+			return rows, fmt.Errorf("ffmpeg: %v: %s", err, out)
+		}
+		for r := range o.rounds {
+			for k := range f.Series {
+				s := f.Series[(k+r)%len(f.Series)]
+				port++
+				got, err := e.stream(bin, in, s.Mode, port, "0", 0, r)
+				if err != nil {
+					return rows, fmt.Errorf("%s at %d Mb/s, round %d: %w", s.Mode, mbps, r+1, err)
+				}
+				got["figure"], got["series"], got["x"], got["round"], got["loss_pct"] = f.ID, s.Label, float64(mbps), r+1, 0.0
+				got["loss_method"], got["speed"], got["stream_mbps"] = "none", "0", mbps
+				got["value"], got["unit"] = got.num("initial_buffering_ms"), "ms"
+				rows = append(rows, got)
+			}
+		}
+	}
+	return rows, nil
+}
