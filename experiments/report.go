@@ -287,7 +287,7 @@ func ours(f *figure, rows []row) string {
 			a, oka := at(rows, f, f.Series[0].Label, x)
 			u, oku := at(rows, f, f.Series[1].Label, x)
 			if oka && oku && u > 0 {
-				parts = append(parts, fmt.Sprintf("%g Mb/s: %.2fx (%+.1f %%)", x, a/u, (a/u-1)*100))
+				parts = append(parts, fmt.Sprintf("%g Mb/s: %.2fx (%+.1f ms)", x, a/u, a-u))
 			}
 		}
 		if len(parts) > 0 {
