@@ -40,6 +40,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -148,6 +149,9 @@ func do(o options, stdout, stderr io.Writer) error {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
+	// The log is written from here and by the programs' output copiers
+	// (udperf server's stderr): one writer at a time.
+	stderr = &syncWriter{w: stderr}
 	e := &env{bin: bin, root: root, work: work, log: stderr, quick: o.quick}
 	if e.method, err = chooseLoss(o, needsKernel(figs)); err != nil {
 		return err
@@ -312,4 +316,16 @@ func (m meta) save(dir string) error {
 		return err
 	}
 	return os.WriteFile(filepath.Join(dir, "meta.json"), append(b, '\n'), 0o644)
+}
+
+// syncWriter serializes writes to w.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }

@@ -381,6 +381,7 @@ func (e *env) close() {
 			case <-done:
 			case <-time.After(5 * time.Second):
 				t.server.Process.Kill()
+				<-done // its output copied out: nothing writes to the log after close
 			}
 		}
 		exec.Command("ip", "netns", "del", t.srv).Run()
