@@ -165,8 +165,9 @@ func figures(quick bool) []*figure {
 			Seed: "About 2 % more pre-buffering time through the datagram-iWARP socket interface than without it.",
 			Differs: "The seed timed the pre-buffering of a paced stream, where a cost paid once at the start vanishes in the " +
 				"stream's own 500 ms; here the stream is sent as fast as it is taken, so pre-buffering is milliseconds and any cost " +
-				"paid once (the shim's device and QP, its first exchange) stands out: a gap that stays the same in ms as the bit " +
-				"rate grows is a start-up cost, one that grows with it a per-datagram cost. The paced comparison is fig19's.",
+				"paid once stands out: udstream counts from the receiver's start, which for send-ud opens a udiwarp device and QP " +
+				"(for udp, a socket). A gap that stays the same in ms as the bit rate grows is that start-up cost; one that grows " +
+				"with it would be a per-datagram cost. The paced comparison is fig19's.",
 			External: shimFigure,
 		},
 	}

@@ -24,8 +24,10 @@ type recvStats struct {
 	Sender    string `json:"sender"`
 	TS        bool   `json:"ts"`
 	Partial   bool   `json:"partial_delivery"`
-	// InitialBufferingMs: from the request until the receiver held
-	// -buffer of stream (by its PCR, or -rate) and playback could start.
+	// InitialBufferingMs: from the receiver's start — opening its socket
+	// (for the udiwarp transports a device and a QP; for rc the TCP
+	// connection and MPA), then the request — until it held -buffer of
+	// stream (by its PCR, or -rate) and playback could start.
 	InitialBufferingMs float64 `json:"initial_buffering_ms"`
 	Seconds            float64 `json:"duration_s"`
 	GoodputMbps        float64 `json:"goodput_mbps"`
