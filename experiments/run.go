@@ -431,34 +431,34 @@ func chooseLoss(o options, kernel bool) (string, error) {
 }
 
 // probeNetem says why netem cannot be used here ("" when it can): it
-// tries the qdisc in a namespace of its own (or on -dev in host mode).
+// tries the qdisc in a namespace of its own (or trusts -dev in host
+// mode, where the first rate tells).
 func probeNetem(o options) string {
-	if os.Geteuid() != 0 {
-		return "needs root"
-	}
-	if _, err := exec.LookPath("tc"); err != nil {
-		return "needs tc (iproute2)"
-	}
-	if o.server != "" {
+	return probe(o, "tc", "needs tc (iproute2)", func(ns string) string {
+		if out, err := exec.Command("tc", "-n", ns, "qdisc", "add", "dev", "lo", "root", "netem", "loss", "1%").CombinedOutput(); err != nil {
+			return "this kernel has no netem (" + strings.TrimSpace(string(out)) + ")"
+		}
 		return ""
-	}
-	ns := "udiwarp-exp-probe-" + strconv.Itoa(os.Getpid())
-	if err := exec.Command("ip", "netns", "add", ns).Run(); err != nil {
-		return "cannot make a network namespace"
-	}
-	defer exec.Command("ip", "netns", "del", ns).Run()
-	if out, err := exec.Command("tc", "-n", ns, "qdisc", "add", "dev", "lo", "root", "netem", "loss", "1%").CombinedOutput(); err != nil {
-		return "this kernel has no netem (" + strings.TrimSpace(string(out)) + ")"
-	}
-	return ""
+	})
 }
 
+// probeNft says why nftables drops cannot be used here ("" when they can).
 func probeNft(o options) string {
+	return probe(o, "nft", "needs nft (nftables)", func(ns string) string {
+		if err := nftLoss(ns, 1); err != nil {
+			return err.Error()
+		}
+		return ""
+	})
+}
+
+// probe checks root and tool, then runs try in a scratch namespace.
+func probe(o options, tool, missing string, try func(ns string) string) string {
 	if os.Geteuid() != 0 {
 		return "needs root"
 	}
-	if _, err := exec.LookPath("nft"); err != nil {
-		return "needs nft (nftables)"
+	if _, err := exec.LookPath(tool); err != nil {
+		return missing
 	}
 	if o.server != "" {
 		return ""
@@ -468,10 +468,7 @@ func probeNft(o options) string {
 		return "cannot make a network namespace"
 	}
 	defer exec.Command("ip", "netns", "del", ns).Run()
-	if err := nftLoss(ns, 1); err != nil {
-		return err.Error()
-	}
-	return ""
+	return try(ns)
 }
 
 // tool builds a command of this tree once, into the work directory.

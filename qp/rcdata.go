@@ -846,12 +846,12 @@ func (c *rcConn) receiveSend(seg udiwarp.Segment, size int) bool {
 	return true
 }
 
-// serveRead checks a Read Request and queues its Read Responses.
-func (c *rcConn) serveRead(seg udiwarp.Segment, size int) bool {
-	q := c.q
-	h := seg.Untagged()
-	rr := seg.ReadRequest()
-	if h.MSN() != c.rxReadMSN {
+// takeRequest numbers a Read or Atomic Request (they share queue 1's
+// MSNs) and holds it to IRD; a request out of order or over IRD ends
+// the stream with a Terminate echoing rdma (the Read Request header, or
+// nothing).
+func (c *rcConn) takeRequest(seg udiwarp.Segment, size int, rdma []byte) bool {
+	if seg.Untagged().MSN() != c.rxReadMSN {
 		c.terminate(udiwarp.DDPUntaggedMSNRange, ddpHdr(seg), nil, size)
 		return false
 	}
@@ -860,8 +860,18 @@ func (c *rcConn) serveRead(seg udiwarp.Segment, size int) bool {
 	over := c.serving >= c.neg.ird
 	c.mu.Unlock()
 	if over {
-		q.dev.stats.RCReadsOverIRD.Add(1)
-		c.terminate(udiwarp.RDMAPCatastrophicStream, ddpHdr(seg), []byte(seg.ReadRequest()), size)
+		c.q.dev.stats.RCReadsOverIRD.Add(1)
+		c.terminate(udiwarp.RDMAPCatastrophicStream, ddpHdr(seg), rdma, size)
+		return false
+	}
+	return true
+}
+
+// serveRead checks a Read Request and queues its Read Responses.
+func (c *rcConn) serveRead(seg udiwarp.Segment, size int) bool {
+	q := c.q
+	rr := seg.ReadRequest()
+	if !c.takeRequest(seg, size, []byte(rr)) {
 		return false
 	}
 	m := &rcMsg{op: opReadResponse, internal: true, length: rr.Size(), sinkSTag: rr.SinkSTag(), sinkTO: rr.SinkTO()}
@@ -920,18 +930,7 @@ func (c *rcConn) readResponse(seg udiwarp.Segment, size int) bool {
 // Read Requests' queue, MSNs and IRD (RFC 7306).
 func (c *rcConn) serveAtomic(seg udiwarp.Segment, size int) bool {
 	q := c.q
-	h := seg.Untagged()
-	if h.MSN() != c.rxReadMSN {
-		c.terminate(udiwarp.DDPUntaggedMSNRange, ddpHdr(seg), nil, size)
-		return false
-	}
-	c.rxReadMSN++
-	c.mu.Lock()
-	over := c.serving >= c.neg.ird
-	c.mu.Unlock()
-	if over {
-		q.dev.stats.RCReadsOverIRD.Add(1)
-		c.terminate(udiwarp.RDMAPCatastrophicStream, ddpHdr(seg), nil, size)
+	if !c.takeRequest(seg, size, nil) {
 		return false
 	}
 	a := seg.AtomicRequest()
