@@ -3,6 +3,9 @@ package qp
 import (
 	"fmt"
 	"net"
+	"net/netip"
+
+	"golang.org/x/sys/unix"
 )
 
 // BindConn makes conn, a bound UDP socket opened elsewhere, one of the
@@ -24,4 +27,53 @@ func (d *Device) BindConn(conn *net.UDPConn) (*Socket, error) {
 		return nil, fmt.Errorf("%w: the connection has no local UDP address", ErrInvalidAttr)
 	}
 	return d.adopt(conn)
+}
+
+// BindFD makes fd, a bound UDP socket's descriptor that stays its
+// caller's, one of the device's sockets: a manual one. The device starts
+// no goroutine to read it and changes none of its options; the caller
+// reads it with Progress, typically when the descriptor polls readable,
+// so the kernel's queue (bounded by the socket's own SO_RCVBUF) is the
+// only receive buffering and readiness is the kernel's. Sends go out
+// directly, a datamover goroutine starting only if one has to wait.
+// The device never closes fd: Close leaves it to the caller, and SetFD
+// follows it to a duplicate. It is how the LD_PRELOAD engine runs the
+// sockets of an unmodified program at one descriptor each, with no
+// memory per idle socket beyond its QP.
+func (d *Device) BindFD(fd int) (*Socket, error) {
+	if fd < 0 {
+		return nil, fmt.Errorf("%w: descriptor %d", ErrInvalidAttr, fd)
+	}
+	if d.closed.Load() {
+		return nil, ErrClosed
+	}
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return nil, fmt.Errorf("qp: descriptor %d: %w", fd, err)
+	}
+	if t, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE); err != nil || t != unix.SOCK_DGRAM {
+		return nil, fmt.Errorf("%w: descriptor %d is not a datagram socket", ErrInvalidAttr, fd)
+	}
+	var la netip.AddrPort
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		la = netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port))
+	case *unix.SockaddrInet6:
+		la = netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port))
+	default:
+		return nil, fmt.Errorf("%w: descriptor %d is not a UDP socket", ErrInvalidAttr, fd)
+	}
+	if la.Port() == 0 {
+		return nil, fmt.Errorf("%w: descriptor %d is not bound", ErrInvalidAttr, fd)
+	}
+	s := initSocket(d, la)
+	s.manual = true
+	u := newFDLLP(fd, s.v6, d.cfg.RecvBatch)
+	s.udp, s.ll = u, u
+	if d.cfg.Impair != nil || d.cfg.ImpairRx != nil {
+		s.ll = newImpairLLP(s, u, d.cfg.Impair, d.cfg.ImpairRx)
+		s.noGSO.Store(d.cfg.Impair != nil)
+	}
+	s.rx.init(s, d.cfg.RecvBatch)
+	return s, d.addSocket(s)
 }

@@ -260,18 +260,27 @@ func (d *Device) adopt(conn *net.UDPConn) (*Socket, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := d.addSocket(s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// addSocket lists s among the device's sockets and starts it; on
+// ErrClosed s is closed (a descriptor it was given stays open).
+func (d *Device) addSocket(s *Socket) error {
 	d.mu.Lock()
 	if d.closed.Load() {
 		d.mu.Unlock()
 		s.close()
-		return nil, ErrClosed
+		return ErrClosed
 	}
 	d.sockets = append(d.sockets, s)
 	list := slices.Clone(d.sockets)
 	d.socketList.Store(&list)
 	s.start() // under d.mu: Close cannot run between the check and wg.Add
 	d.mu.Unlock()
-	return s, nil
+	return nil
 }
 
 // progressOnce runs one non-blocking receive pass over the device's

@@ -1,8 +1,10 @@
 package qp
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -62,7 +64,10 @@ type rxMsg struct {
 type udpLLP struct {
 	conn *net.UDPConn
 	raw  syscall.RawConn
-	fd   uintptr
+	fd   atomic.Uintptr // used between acquire and release; moves only by setFD
+	// borrowed: fd is the caller's (BindFD), not conn's: it is never
+	// closed here, it can move (SetFD), and the waits are poll(2)'s.
+	borrowed bool
 	fdUse
 	v6      bool
 	gro     bool        // UDP_GRO is on: a read may hold several datagrams
@@ -106,13 +111,109 @@ func newUDPLLP(conn *net.UDPConn, v6 bool, batch, rcvbuf, sndbuf int) (*udpLLP, 
 		u.hs[i].hdr.Control = &u.ctrl[i][0]
 	}
 	raw.Control(func(fd uintptr) {
-		u.fd = fd
+		u.fd.Store(fd)
 		var info bool
 		u.gro, info = enableRxControl(int(fd), v6)
 		u.pktinfo.Store(info)
 	})
 	u.readableFn, u.writableFn = u.readable, u.writable
 	return u, nil
+}
+
+// newFDLLP takes a descriptor its caller keeps (BindFD) as a lower layer.
+// Nothing about the socket changes: its buffer sizes are the caller's
+// (SO_RCVBUF bounds what the kernel queues, as for any UDP socket), and
+// UDP_GRO stays off, since whoever else reads the socket (a forked child
+// of a preloaded program) would not expect merged datagrams.
+func newFDLLP(fd int, v6 bool, batch int) *udpLLP {
+	u := &udpLLP{v6: v6, borrowed: true}
+	u.fd.Store(uintptr(fd))
+	u.hs = make([]mmsghdr, batch)
+	u.names = make([]unix.RawSockaddrAny, batch)
+	u.ctrl = make([][rxCtrlSize]byte, batch)
+	for i := range u.hs {
+		u.hs[i].hdr.Name = (*byte)(unsafe.Pointer(&u.names[i]))
+		u.hs[i].hdr.Control = &u.ctrl[i][0]
+	}
+	return u
+}
+
+// control runs f with the descriptor, as RawConn.Control does.
+func (u *udpLLP) control(f func(fd uintptr)) error {
+	if !u.borrowed {
+		return u.raw.Control(f)
+	}
+	if !u.acquire() {
+		return ErrClosed
+	}
+	defer u.release()
+	f(u.fd.Load())
+	return nil
+}
+
+// packetConn returns the socket as a net.PacketConn for golang.org/x/net's
+// option setters, and what to call when done with it. A borrowed
+// descriptor is duplicated for the call: options such as group
+// memberships belong to the socket, not to the descriptor, and stay.
+func (u *udpLLP) packetConn() (net.PacketConn, func(), error) {
+	if !u.borrowed {
+		return u.conn, func() {}, nil
+	}
+	var nfd int
+	var err error
+	if cerr := u.control(func(fd uintptr) { nfd, err = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0) }); cerr != nil {
+		return nil, nil, cerr
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	f := os.NewFile(uintptr(nfd), "udiwarp")
+	pc, err := net.FilePacketConn(f)
+	f.Close()
+	if err != nil {
+		return nil, nil, err
+	}
+	return pc, func() { pc.Close() }, nil
+}
+
+// setFD moves a borrowed lower layer to another descriptor of the same
+// socket, once no call is using the old one.
+func (u *udpLLP) setFD(fd int) error {
+	if !u.borrowed {
+		return fmt.Errorf("%w: the socket's descriptor is the device's own (Bind, BindConn)", ErrInvalidAttr)
+	}
+	u.fdMu.Lock()
+	defer u.fdMu.Unlock()
+	if u.closing.Load() {
+		return ErrClosed
+	}
+	// Calls from now on use the new descriptor; wait for those that may
+	// still use the old one (the caller closes it after this returns).
+	// Calls are non-blocking: the wait is short.
+	u.fd.Store(uintptr(fd))
+	for u.users.Load() != 0 {
+		runtime.Gosched()
+	}
+	return nil
+}
+
+// pollWait waits in poll(2) for events on a borrowed descriptor, a tenth
+// of a second at a time so that close is seen; error once closed.
+func (u *udpLLP) pollWait(events int16) error {
+	for {
+		if !u.acquire() {
+			return ErrClosed
+		}
+		p := [1]unix.PollFd{{Fd: int32(u.fd.Load()), Events: events}}
+		n, err := unix.Poll(p[:], 100)
+		u.release()
+		if err == nil && n == 1 {
+			return nil
+		}
+		if err != nil && err != unix.EINTR {
+			return err
+		}
+	}
 }
 
 func (u *udpLLP) read(ms []rxMsg) (int, bool) {
@@ -136,14 +237,14 @@ func (u *udpLLP) read(ms []rxMsg) (int, bool) {
 	n := 0
 	if vlen == 1 {
 		// One datagram: recvmsg(2) is cheaper than a one-slot recvmmsg(2).
-		r, _, e := unix.RawSyscall(unix.SYS_RECVMSG, u.fd, uintptr(unsafe.Pointer(&u.hs[0].hdr)), unix.MSG_DONTWAIT)
+		r, _, e := unix.RawSyscall(unix.SYS_RECVMSG, u.fd.Load(), uintptr(unsafe.Pointer(&u.hs[0].hdr)), unix.MSG_DONTWAIT)
 		if e != 0 {
 			return 0, true
 		}
 		u.hs[0].len = uint32(r)
 		n = 1
 	} else {
-		r, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, u.fd, uintptr(unsafe.Pointer(&u.hs[0])), uintptr(vlen), unix.MSG_DONTWAIT, 0, 0)
+		r, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, u.fd.Load(), uintptr(unsafe.Pointer(&u.hs[0])), uintptr(vlen), unix.MSG_DONTWAIT, 0, 0)
 		if e != 0 {
 			return 0, true
 		}
@@ -168,7 +269,7 @@ func (u *udpLLP) write(msg *unix.Msghdr) (int, error) {
 	if !u.acquire() {
 		return 0, ErrClosed
 	}
-	r, _, e := unix.RawSyscall(unix.SYS_SENDMSG, u.fd, uintptr(unsafe.Pointer(msg)), unix.MSG_DONTWAIT)
+	r, _, e := unix.RawSyscall(unix.SYS_SENDMSG, u.fd.Load(), uintptr(unsafe.Pointer(msg)), unix.MSG_DONTWAIT)
 	u.release()
 	switch e {
 	case 0:
@@ -179,9 +280,19 @@ func (u *udpLLP) write(msg *unix.Msghdr) (int, error) {
 	return 0, e
 }
 
-func (u *udpLLP) waitReadable() error { return u.raw.Read(u.readableFn) }
+func (u *udpLLP) waitReadable() error {
+	if u.borrowed {
+		return u.pollWait(unix.POLLIN)
+	}
+	return u.raw.Read(u.readableFn)
+}
 
-func (u *udpLLP) waitWritable() error { return u.raw.Write(u.writableFn) }
+func (u *udpLLP) waitWritable() error {
+	if u.borrowed {
+		return u.pollWait(unix.POLLOUT)
+	}
+	return u.raw.Write(u.writableFn)
+}
 
 // readable reports whether a datagram is queued; as a RawConn.Read
 // callback it parks the caller in the netpoller until one is.
@@ -202,7 +313,12 @@ func (u *udpLLP) writable(fd uintptr) bool {
 }
 
 func (u *udpLLP) close() error {
+	u.fdMu.Lock()
 	u.retire()
+	u.fdMu.Unlock()
+	if u.borrowed {
+		return nil // the caller's to close
+	}
 	return u.conn.Close()
 }
 
@@ -216,7 +332,7 @@ func (u *udpLLP) setBuffer(force, plain, bytes int) error {
 // setsockopt sets an integer socket option.
 func (u *udpLLP) setsockopt(level, name, v int) error {
 	var serr error
-	if err := u.raw.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), level, name, v) }); err != nil {
+	if err := u.control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), level, name, v) }); err != nil {
 		return err
 	}
 	return serr
@@ -228,6 +344,7 @@ func (u *udpLLP) setsockopt(level, name, v int) error {
 type fdUse struct {
 	closing atomic.Bool
 	users   atomic.Int64
+	fdMu    sync.Mutex // setFD against close
 }
 
 // acquire reports whether the descriptor may be used; every true must be

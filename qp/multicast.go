@@ -87,17 +87,21 @@ func (q *QP) leaveAllGroups() {
 
 func (s *Socket) joinGroup(group netip.Addr, ifi *net.Interface) error {
 	ga := &net.UDPAddr{IP: group.AsSlice()}
-	var err error
+	pc, done, err := s.udp.packetConn()
+	if err != nil {
+		return fmt.Errorf("qp: joining %v: %w", group, err)
+	}
+	defer done()
 	// EADDRINUSE: the socket is a member already, joined before the
 	// device had it (BindConn; a preloaded program that joins before it
 	// binds): the QP joins the kernel's membership.
 	if s.v6 {
-		p := ipv6.NewPacketConn(s.udp.conn)
+		p := ipv6.NewPacketConn(pc)
 		if err = p.JoinGroup(ifi, ga); err == nil || errors.Is(err, syscall.EADDRINUSE) {
 			err = p.SetControlMessage(ipv6.FlagDst, true)
 		}
 	} else {
-		p := ipv4.NewPacketConn(s.udp.conn)
+		p := ipv4.NewPacketConn(pc)
 		if err = p.JoinGroup(ifi, ga); err == nil || errors.Is(err, syscall.EADDRINUSE) {
 			err = p.SetControlMessage(ipv4.FlagDst, true)
 		}
@@ -111,18 +115,28 @@ func (s *Socket) joinGroup(group netip.Addr, ifi *net.Interface) error {
 
 func (s *Socket) leaveGroup(group netip.Addr) error {
 	ga := &net.UDPAddr{IP: group.AsSlice()}
-	if s.v6 {
-		return ipv6.NewPacketConn(s.udp.conn).LeaveGroup(nil, ga)
+	pc, done, err := s.udp.packetConn()
+	if err != nil {
+		return err
 	}
-	return ipv4.NewPacketConn(s.udp.conn).LeaveGroup(nil, ga)
+	defer done()
+	if s.v6 {
+		return ipv6.NewPacketConn(pc).LeaveGroup(nil, ga)
+	}
+	return ipv4.NewPacketConn(pc).LeaveGroup(nil, ga)
 }
 
 // SetMulticastInterface chooses the interface multicast sends leave by.
 func (s *Socket) SetMulticastInterface(ifi *net.Interface) error {
-	if s.v6 {
-		return ipv6.NewPacketConn(s.udp.conn).SetMulticastInterface(ifi)
+	pc, done, err := s.udp.packetConn()
+	if err != nil {
+		return err
 	}
-	return ipv4.NewPacketConn(s.udp.conn).SetMulticastInterface(ifi)
+	defer done()
+	if s.v6 {
+		return ipv6.NewPacketConn(pc).SetMulticastInterface(ifi)
+	}
+	return ipv4.NewPacketConn(pc).SetMulticastInterface(ifi)
 }
 
 // deliverMulticast gives each member QP of the datagram's group a copy.

@@ -196,11 +196,7 @@ func (pd *PD) CreateQP(attr QPAttr) (*QP, error) {
 	attr.Caps = c
 	q := &QP{dev: d, pd: pd, typ: attr.Type, sendCQ: attr.SendCQ, recvCQ: attr.RecvCQ, srq: attr.SRQ, caps: c, attr: attr}
 	q.sq = newRing[sendWQE](c.MaxSendWR)
-	q.inlineSz = c.MaxInline
-	inline := make([]byte, c.MaxSendWR*c.MaxInline)
-	for i := range q.sq.buf {
-		q.sq.buf[i].inline = inline[i*c.MaxInline : (i+1)*c.MaxInline : (i+1)*c.MaxInline]
-	}
+	q.inlineSz = c.MaxInline // each slot's buffer is made when first queued (inlineBuf)
 	if attr.SRQ == nil {
 		q.rq = newRing[recvWQE](c.MaxRecvWR)
 	}

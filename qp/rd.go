@@ -792,7 +792,7 @@ func (d *Device) deliverRD(s *Socket, b []byte, src netip.AddrPort) {
 		st.RxBadHeader.Add(1)
 		return
 	}
-	if q := d.lookupQP(h.DstQPN); q == nil || q.sock.Load() != s || !q.eng.receiveRD(s, h, frame, src) {
+	if q := s.lookupQP(h.DstQPN); q == nil || !q.eng.receiveRD(s, h, frame, src) {
 		st.RxUnknownQP.Add(1)
 	}
 }

@@ -199,7 +199,7 @@ func (d *Device) deliver(s *Socket, b []byte, truncated bool, src netip.AddrPort
 		return
 	}
 	// A UD frame reaches only a UD QP (the engines' receiveUD).
-	if q := d.lookupQP(dst); q == nil || q.sock.Load() != s || !q.eng.receiveUD(s, seg, src) {
+	if q := s.lookupQP(dst); q == nil || !q.eng.receiveUD(s, seg, src) {
 		st.RxUnknownQP.Add(1)
 	}
 }

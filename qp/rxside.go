@@ -2,6 +2,7 @@ package qp
 
 import (
 	"net/netip"
+	"sync"
 	"sync/atomic"
 
 	"github.com/udiwarp/udiwarp/reliability"
@@ -56,10 +57,44 @@ func (r *rxSide) init(s *Socket, batch int) {
 	r.bufs = make([][]byte, batch)
 	r.land = make([]landing, batch)
 	for i := range batch {
-		r.bufs[i] = make([]byte, 1<<16)
-		r.own[i].Base = &r.bufs[i][0]
-		r.own[i].SetLen(len(r.bufs[i]))
 		r.msgs[i].iov = r.own[i : i+1]
+		if !s.manual {
+			r.setBuf(i, make([]byte, 1<<16))
+		}
+	}
+}
+
+func (r *rxSide) setBuf(i int, b []byte) {
+	r.bufs[i] = b
+	r.own[i].Base = &b[0]
+	r.own[i].SetLen(len(b))
+}
+
+// rxBufs lends manual sockets their read buffers for the length of one
+// Progress: a socket at rest holds none, so that ten thousand of them
+// (the LD_PRELOAD engine's) cost no receive memory.
+var rxBufs = sync.Pool{New: func() any { return new([1 << 16]byte) }}
+
+// lend gives a manual socket's first n slots a buffer each.
+func (r *rxSide) lend(n int) {
+	if !r.s.manual {
+		return
+	}
+	for i := range n {
+		r.setBuf(i, rxBufs.Get().(*[1 << 16]byte)[:])
+	}
+}
+
+// giveBack returns what lend gave, once the datagrams were handled
+// (dispatch copies what it keeps).
+func (r *rxSide) giveBack(n int) {
+	if !r.s.manual {
+		return
+	}
+	for i := range n {
+		rxBufs.Put((*[1 << 16]byte)(r.bufs[i]))
+		r.bufs[i] = nil
+		r.own[i] = unix.Iovec{}
 	}
 }
 
@@ -70,6 +105,9 @@ func (r *rxSide) read(vlen int) bool {
 	landed := 0
 	if r.landOff > 0 {
 		r.landOff--
+	} else if r.s.manual {
+		// Lent buffers: no landing guesses (a manual socket reads a
+		// datagram or a few at a time, for a program's receive).
 	} else if big := r.landBig.Load(); vlen > 1 || big {
 		if r.wrg.q != nil {
 			landed = r.prepareWRLanding(vlen)

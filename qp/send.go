@@ -394,7 +394,7 @@ func (q *QP) enqueueLocked(wr *SendWR, msn uint32, s *Socket) error {
 	w.id, w.op, w.flags, w.ah = wr.ID, wr.Opcode, wr.Flags, wr.AH
 	w.nsge = copy(w.sge[:], wr.SGL)
 	w.isInline = wr.Inline != nil
-	w.inlineLen = copy(w.inline, wr.Inline)
+	w.inlineLen = copy(q.inlineBuf(w, len(wr.Inline)), wr.Inline)
 	w.msn = msn
 	schedule := !q.inMover
 	q.inMover = true
@@ -404,6 +404,17 @@ func (q *QP) enqueueLocked(wr *SendWR, msn uint32, s *Socket) error {
 		s.activate(q)
 	}
 	return nil
+}
+
+// inlineBuf is w's inline buffer, made the first time the slot queues
+// inline data: a send that goes out directly (most; every one of an
+// idle QP) copies nothing there, so a QP's inline buffers cost memory
+// only once its sends have had to wait.
+func (q *QP) inlineBuf(w *sendWQE, n int) []byte {
+	if n > 0 && w.inline == nil {
+		w.inline = make([]byte, q.inlineSz)
+	}
+	return w.inline
 }
 
 // completeSend completes a Send WR; complete, a queued WR of any kind.
@@ -424,6 +435,14 @@ func (q *QP) popSQLocked() {
 func (s *Socket) activate(q *QP) {
 	s.txMu.Lock()
 	s.active = append(s.active, q)
+	if !s.mover && !s.closed {
+		// The first send that waits starts the datamover: a socket whose
+		// sends all go out directly (most, and every idle one) costs no
+		// goroutine. Close sets closed under txMu before the device waits.
+		s.mover = true
+		s.dev.wg.Add(1)
+		go s.datamover()
+	}
 	s.txMu.Unlock()
 	select {
 	case s.txWake <- struct{}{}:
@@ -441,6 +460,8 @@ func (s *Socket) datamover() {
 	for {
 		select {
 		case <-s.txWake:
+		case <-s.txDone:
+			return
 		case <-d.done:
 			return
 		}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -44,9 +45,20 @@ type Socket struct {
 	txMu    sync.Mutex
 	active  []*QP
 	txWake  chan struct{}
+	txDone  chan struct{} // closed by close: the datamover returns
+	mover   bool          // the datamover goroutine started (under txMu)
 	mcastMu sync.RWMutex
 	mcast   map[netip.Addr][]*QP
 	closed  bool
+
+	// manual: BindFD's socket, read only by Progress.
+	manual bool
+	alias  atomic.Pointer[socketAlias] // Alias
+}
+
+type socketAlias struct {
+	qpn uint32
+	q   *QP
 }
 
 const maxUDPv4 = 65507
@@ -54,13 +66,7 @@ const maxUDPv6 = 65527
 
 func newSocket(d *Device, conn *net.UDPConn) (*Socket, error) {
 	la := conn.LocalAddr().(*net.UDPAddr).AddrPort()
-	s := &Socket{dev: d, local: netip.AddrPortFrom(la.Addr().Unmap(), la.Port()),
-		txWake: make(chan struct{}, 1), mcast: map[netip.Addr][]*QP{}}
-	s.v6 = la.Addr().Is6() && !la.Addr().Is4In6()
-	s.maxDatagram = maxUDPv4
-	if s.v6 {
-		s.maxDatagram = maxUDPv6
-	}
+	s := initSocket(d, la)
 	u, err := newUDPLLP(conn, s.v6, d.cfg.RecvBatch, d.cfg.RecvBuffer, d.cfg.SendBuffer)
 	if err != nil {
 		return nil, fmt.Errorf("qp: sizing socket buffers: %w", err)
@@ -74,6 +80,17 @@ func newSocket(d *Device, conn *net.UDPConn) (*Socket, error) {
 	return s, nil
 }
 
+func initSocket(d *Device, la netip.AddrPort) *Socket {
+	s := &Socket{dev: d, local: netip.AddrPortFrom(la.Addr().Unmap(), la.Port()),
+		txWake: make(chan struct{}, 1), txDone: make(chan struct{}), mcast: map[netip.Addr][]*QP{}}
+	s.v6 = la.Addr().Is6() && !la.Addr().Is4In6()
+	s.maxDatagram = maxUDPv4
+	if s.v6 {
+		s.maxDatagram = maxUDPv6
+	}
+	return s
+}
+
 // LocalAddr returns the address the socket is bound to.
 func (s *Socket) LocalAddr() netip.AddrPort { return s.local }
 
@@ -83,11 +100,13 @@ func (s *Socket) MaxMessage() int {
 	return s.maxDatagram - udiwarp.DDPUntaggedHeaderSize - udiwarp.CRCSize
 }
 
+// start starts the socket's receive goroutine, in event mode; the
+// datamover starts with the first send that has to wait (activate).
+// A manual socket (BindFD) has no receive goroutine: its owner calls
+// Progress.
 func (s *Socket) start() {
 	d := s.dev
-	d.wg.Add(1)
-	go s.datamover()
-	if d.cfg.Poll == PollEvent {
+	if d.cfg.Poll == PollEvent && !s.manual {
 		d.wg.Add(1)
 		go s.recvLoop()
 	}
@@ -95,9 +114,102 @@ func (s *Socket) start() {
 
 func (s *Socket) close() {
 	s.txMu.Lock()
-	s.closed = true
+	if !s.closed {
+		s.closed = true
+		close(s.txDone)
+	}
 	s.txMu.Unlock()
 	s.ll.close()
+}
+
+// Close closes the socket alone, the device and its other sockets going
+// on: the device stops reading and sending on it, and a descriptor it
+// opened (Bind) or was given (BindConn) is closed; one BindFD was given
+// stays its owner's. Destroy or move the QPs active on it first: their
+// sends fail afterwards. Closing a closed socket does nothing.
+func (s *Socket) Close() error {
+	d := s.dev
+	d.mu.Lock()
+	i := slices.Index(d.sockets, s)
+	if i >= 0 {
+		d.sockets = slices.Delete(d.sockets, i, i+1)
+		list := slices.Clone(d.sockets)
+		d.socketList.Store(&list)
+	}
+	d.mu.Unlock()
+	if i < 0 {
+		return nil // closed already, or by the device's Close
+	}
+	s.close()
+	s.rxMu.Lock() // a reader in flight has finished
+	s.rxMu.Unlock()
+	return nil
+}
+
+// Progress reads and handles up to limit datagrams queued on the socket
+// now, without waiting, in the caller's goroutine, and returns how many
+// it read (a busy-poll device reads this way when a CQ is polled; a
+// manual socket, BindFD's, only this way). It waits for another
+// goroutine reading the socket to finish first.
+func (s *Socket) Progress(limit int) int {
+	if limit <= 0 {
+		return 0
+	}
+	s.rxMu.Lock()
+	defer s.rxMu.Unlock()
+	r := &s.rx
+	vlen := min(limit, len(r.msgs))
+	r.lend(vlen)
+	defer r.giveBack(vlen)
+	if !r.read(vlen) {
+		return 0
+	}
+	r.dispatch()
+	return max(r.n, 0)
+}
+
+// SetFD tells a socket BindFD made that its owner moved it to descriptor
+// fd, another descriptor of the same socket (a dup), so that the old one
+// may be closed once SetFD returns.
+func (s *Socket) SetFD(fd int) error {
+	if fd < 0 {
+		return fmt.Errorf("%w: descriptor %d", ErrInvalidAttr, fd)
+	}
+	return s.udp.setFD(fd)
+}
+
+// Alias makes the datagrams that arrive on this socket addressed to QP
+// number qpn go to q, a QP active on it, whatever number q has: how one
+// device serving many sockets gives each socket's QP the fixed number
+// its peers address (socketshim.ShimQPN, the LD_PRELOAD engine). One
+// alias per socket; a later call replaces it, and q == nil removes it.
+// A QP the device numbered qpn itself is found first only when it is
+// active on this socket.
+func (s *Socket) Alias(qpn uint32, q *QP) error {
+	if q != nil && (q.sock.Load() != s || q.dev != s.dev) {
+		return fmt.Errorf("%w: QP %d is not active on this socket", ErrInvalidAttr, q.num)
+	}
+	if q != nil && q.typ != UD && q.typ != RD {
+		return fmt.Errorf("%w: %v QPs are not datagram QPs", ErrInvalidAttr, q.typ)
+	}
+	if q == nil {
+		s.alias.Store(nil)
+	} else {
+		s.alias.Store(&socketAlias{qpn, q})
+	}
+	return nil
+}
+
+// lookupQP finds the QP a datagram that arrived on s for qpn is for: the
+// device's QP of that number if it is active here, else the alias.
+func (s *Socket) lookupQP(qpn uint32) *QP {
+	if q := s.dev.lookupQP(qpn); q != nil && q.sock.Load() == s {
+		return q
+	}
+	if a := s.alias.Load(); a != nil && a.qpn == qpn && a.q.sock.Load() == s {
+		return a.q
+	}
+	return nil
 }
 
 // recvLoop is the event-mode receive goroutine. It waits for the socket
@@ -128,7 +240,7 @@ func (s *Socket) recvLoop() {
 // pollOnce reads whatever is queued without waiting, if no other
 // goroutine is reading this socket now.
 func (s *Socket) pollOnce() {
-	if !s.rxMu.TryLock() {
+	if s.manual || !s.rxMu.TryLock() { // a manual socket: its owner's Progress only
 		return
 	}
 	r := &s.rx

@@ -57,7 +57,7 @@ func (q *QP) postWriteRecordLocked(wr *SendWR, s *Socket) error {
 	w.id, w.op, w.flags, w.ah = wr.ID, wr.Opcode, wr.Flags, wr.AH
 	w.nsge = copy(w.sge[:], wr.SGL)
 	w.isInline = wr.Inline != nil
-	w.inlineLen = copy(w.inline, wr.Inline)
+	w.inlineLen = copy(q.inlineBuf(w, len(wr.Inline)), wr.Inline)
 	w.msn = q.wrMSN[k]
 	w.rstag, w.rto, w.length, w.off = wr.RemoteSTag, wr.RemoteTO, uint32(length), 0
 	if q.inMover {

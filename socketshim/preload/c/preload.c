@@ -91,37 +91,42 @@ static void resolve(void) {
 
 enum { E_UNLOADED = 0, E_READY = 1, E_FAILED = -1, E_CHILD = -2 };
 static atomic_int estate;
+// A blocking receive first polls the socket in the engine this long
+// (UDIWARP_PRELOAD_SPIN_NS): a reply that comes within it costs no
+// wake-up; then it waits in ppoll.
+static long long spin_ns = 50000;
 static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int (*e_init)(void);
-static long long (*e_adopt)(int, int, int *);
+static long long (*e_adopt)(int);
 static long long (*e_send)(long long, void *, int, void *, int);
 static long long (*e_recv)(long long, void *, int, void *, int *, int, int *, long long);
 static long long (*e_next_len)(long long);
 static int (*e_close)(long long);
+static int (*e_setfd)(long long, int);
 static void (*e_exit)(void);
 static long long (*e_group)(long long, int, int, const void *, int);
 
-static long long spin_ns = 50000;
 
 // ---- descriptors -----------------------------------------------------------
 
-// usock is one owned socket. The program's descriptor(s) for it are an
-// eventfd the engine makes readable while datagrams wait; hidden is the
-// kernel UDP socket itself (a high, close-on-exec descriptor), which the
-// engine's device sends and receives on. A usock is never freed, so a
-// thread holding one while another closes it reads valid memory; its
-// resources are released once no descriptor and no call refers to it.
+// usock is one owned socket. The program's descriptor is the kernel UDP
+// socket itself, and stays so: the engine runs a UD QP over it (a manual
+// socket of its one device) and reads it only when the program receives,
+// so the kernel's queue (bounded by the program's SO_RCVBUF) is the only
+// receive buffering, poll, select and epoll see the kernel's readiness
+// unaided, and a socket costs the program's one descriptor. engfd is the
+// descriptor the engine uses: one of the program's (they may dup it). A
+// usock is never freed, so a thread holding one while another closes it
+// reads valid memory.
 struct usock {
 	atomic_int fds;      // program descriptors referring to it
-	atomic_int inflight; // calls in progress
-	atomic_int closing;  // the last program descriptor closed
-	atomic_int torn;     // resources released
-	int hidden, evfd, engfd;
-	atomic_llong h;      // engine handle, 0 until adopted
+	atomic_int engfd;    // the one the engine uses, -1 before adoption
+	atomic_llong h;      // engine handle, 0 until adopted and after the last close
 	int family;
 	atomic_int nonblock; // the program's O_NONBLOCK
 	atomic_int kmode;    // kernel path: a forked child, or the engine refused it
+	atomic_int closing;  // the last program descriptor closed
 	long long rcvtimeo, sndtimeo; // ns, 0 none
 	atomic_int connected;
 	struct sockaddr_storage peer;
@@ -135,8 +140,8 @@ struct usock {
 };
 
 static _Atomic(struct usock *) owned[MAXFD];
-// protect marks descriptors that are not the program's: 1 the preload's
-// own (hidden sockets, eventfds), 2 the Go engine's and its runtime's.
+// protect marks descriptors that are not the program's: the Go engine's
+// runtime's (2).
 // The program closing one is a no-op that reports success.
 static _Atomic unsigned char protect[MAXFD];
 static atomic_int maxfd; // highest descriptor ever owned or protected
@@ -155,22 +160,6 @@ static void mark(int fd, unsigned char v) {
 static inline struct usock *lookup(int fd) {
 	if ((unsigned)fd >= MAXFD) return NULL;
 	return atomic_load_explicit(&owned[fd], memory_order_acquire);
-}
-
-// hibase is where the preload puts its own descriptors: high, out of the
-// way of programs that expect small numbers (and of select's FD_SETSIZE).
-static int hibase(void) {
-	struct rlimit rl;
-	if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur < 64) return 3;
-	if (rl.rlim_cur >= 2048) return 1024;
-	return (int)(rl.rlim_cur / 2);
-}
-
-static int movehigh(int fd) {
-	int h = REAL(fcntl)(fd, F_DUPFD_CLOEXEC, hibase());
-	if (h < 0) return fd;
-	REAL(close)(fd);
-	return h;
 }
 
 static long long now_ns(void) {
@@ -242,7 +231,8 @@ static void load(void) {
 	e_close = dlsym(h, "udw_close");
 	e_exit = dlsym(h, "udw_exit");
 	e_group = dlsym(h, "udw_group");
-	if (!e_init || !e_adopt || !e_send || !e_recv || !e_next_len || !e_close || !e_exit || !e_group || e_init() != 0) {
+	e_setfd = dlsym(h, "udw_setfd");
+	if (!e_init || !e_adopt || !e_send || !e_recv || !e_next_len || !e_close || !e_exit || !e_group || !e_setfd || e_init() != 0) {
 		warn("the engine is incomplete; using the kernel");
 		free(before);
 		free(after);
@@ -279,28 +269,16 @@ static int engine_ready(void) {
 // ---- fork --------------------------------------------------------------
 
 // A forked child never calls into Go (the runtime's other threads do not
-// exist there). Each owned descriptor becomes the kernel socket again, so
-// the child goes on with plain UDP on it.
+// exist there). Every owned descriptor is the kernel socket already: the
+// child goes on with plain UDP on it.
 static void atfork_child(void) {
 	atomic_store(&estate, E_CHILD);
 	int m = atomic_load(&maxfd);
 	for (int fd = 0; fd <= m && fd < MAXFD; fd++) {
 		struct usock *u = atomic_load(&owned[fd]);
-		if (!u || atomic_load(&u->torn)) continue;
-		int fl = REAL(fcntl)(fd, F_GETFD);
-		REAL(dup3)(u->hidden, fd, fl >= 0 && (fl & FD_CLOEXEC) ? O_CLOEXEC : 0);
-	}
-	for (int fd = 0; fd <= m && fd < MAXFD; fd++) {
-		struct usock *u = atomic_load(&owned[fd]);
-		if (!u || atomic_exchange(&u->kmode, 1)) continue;
-		if (u->evfd >= 0) {
-			atomic_store(&protect[u->evfd], 0);
-			REAL(close)(u->evfd);
-			u->evfd = -1;
-		}
-	}
-	for (int fd = 0; fd <= m && fd < MAXFD; fd++)
+		if (u) atomic_store(&u->kmode, 1);
 		if (atomic_load(&protect[fd]) == 2) atomic_store(&protect[fd], 0);
+	}
 }
 
 __attribute__((constructor)) static void init(void) {
@@ -367,41 +345,51 @@ EXPORT sighandler_t sigset(int sig, sighandler_t h) { return variant(REAL(sigset
 
 // ---- socket lifetime ---------------------------------------------------
 
-static void teardown(struct usock *u) {
-	if (atomic_exchange(&u->torn, 1)) return;
+// detach ends the engine's use of the socket: after it returns no
+// engine call uses the descriptor, and calls with the old handle fail.
+static void detach(struct usock *u) {
 	long long h = atomic_exchange(&u->h, 0);
-	if (h > 0 && atomic_load(&estate) == E_READY) {
-		e_close(h);
-		if (u->engfd >= 0) atomic_store(&protect[u->engfd], 0);
-	}
-	atomic_store(&protect[u->hidden], 0);
-	REAL(close)(u->hidden);
-	if (u->evfd >= 0) {
-		atomic_store(&protect[u->evfd], 0);
-		REAL(close)(u->evfd);
-	}
+	if (h > 0 && atomic_load(&estate) == E_READY) e_close(h);
 }
 
-static void release_fd(struct usock *u) {
-	if (atomic_fetch_sub(&u->fds, 1) != 1) return;
-	atomic_store(&u->closing, 1);
-	if (u->evfd >= 0 && !atomic_load(&u->kmode)) {
-		uint64_t one = 1; // wake blocked readers: they see closing
-		REAL(write)(u->evfd, &one, sizeof one);
+// another finds a descriptor other than fd that refers to u, or -1.
+static int another(struct usock *u, int fd) {
+	int m = atomic_load(&maxfd);
+	for (int i = 0; i <= m && i < MAXFD; i++)
+		if (i != fd && atomic_load(&owned[i]) == u) return i;
+	return -1;
+}
+
+// forget takes fd from u, before the descriptor closes (or dup2 reuses
+// it): the engine moves to another of the program's descriptors for the
+// socket if it used this one, or detaches when this was the last.
+static void forget(struct usock *u, int fd) {
+	if (atomic_fetch_sub(&u->fds, 1) == 1) {
+		atomic_store(&u->closing, 1);
+		detach(u);
+		return;
 	}
-	if (atomic_load(&u->inflight) == 0) teardown(u);
+	pthread_mutex_lock(&u->mu);
+	if (atomic_load(&u->engfd) == fd) {
+		int o = another(u, fd);
+		long long h = atomic_load(&u->h);
+		if (o >= 0 && h > 0 && atomic_load(&estate) == E_READY && e_setfd(h, o) == 0) {
+			atomic_store(&u->engfd, o);
+		} else if (o >= 0) {
+			detach(u); // cannot follow it: the socket goes on over the kernel
+			atomic_store(&u->kmode, 1);
+		}
+	}
+	pthread_mutex_unlock(&u->mu);
 }
 
 static struct usock *enter(int fd) {
 	struct usock *u = lookup(fd);
 	if (!u) return NULL;
-	atomic_fetch_add(&u->inflight, 1);
 	return u;
 }
 
-static void leave(struct usock *u) {
-	if (atomic_fetch_sub(&u->inflight, 1) == 1 && atomic_load(&u->closing)) teardown(u);
-}
+static void leave(struct usock *u) { (void)u; }
 
 static int wants(int domain, int type, int proto) {
 	return (domain == AF_INET || domain == AF_INET6) && (type & 0xf) == SOCK_DGRAM &&
@@ -413,76 +401,51 @@ EXPORT int socket(int domain, int type, int proto) {
 	if (fd < 0 || fd >= MAXFD || !wants(domain, type, proto) || !engine_ready()) return fd;
 	struct usock *u = calloc(1, sizeof *u);
 	if (!u) return fd;
-	int saved = errno;
-	u->hidden = REAL(fcntl)(fd, F_DUPFD_CLOEXEC, hibase());
-	int ev = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	if (u->hidden < 0 || ev < 0) goto fail;
-	u->evfd = movehigh(ev);
-	ev = -1;
-	// The program's descriptor becomes the eventfd; the socket lives on
-	// as hidden.
-	if (REAL(dup3)(u->evfd, fd, (type & SOCK_CLOEXEC) ? O_CLOEXEC : 0) < 0) goto fail;
 	u->family = domain;
-	u->engfd = -1;
+	atomic_store(&u->engfd, -1);
 	atomic_store(&u->nonblock, (type & SOCK_NONBLOCK) != 0);
 	atomic_store(&u->fds, 1);
 	pthread_mutex_init(&u->mu, NULL);
-	mark(u->hidden, 1);
-	mark(u->evfd, 1);
 	seen(fd);
 	atomic_store(&owned[fd], u);
-	errno = saved;
-	return fd;
-fail:
-	if (u->hidden >= 0) REAL(close)(u->hidden);
-	if (u->evfd > 0) REAL(close)(u->evfd);
-	if (ev >= 0) REAL(close)(ev);
-	free(u);
-	errno = saved;
 	return fd;
 }
 
-// fallback puts the kernel socket back under fd: the engine would not
-// take it, and the program goes on over plain UDP.
-static void fallback(struct usock *u, int fd) {
-	if (atomic_exchange(&u->kmode, 1)) return;
-	int fl = REAL(fcntl)(fd, F_GETFD);
-	REAL(dup3)(u->hidden, fd, fl >= 0 && (fl & FD_CLOEXEC) ? O_CLOEXEC : 0);
-}
+// fallback leaves the socket to the kernel: the engine would not take
+// it, and the program goes on over plain UDP on its own descriptor.
+static void fallback(struct usock *u) { atomic_store(&u->kmode, 1); }
 
-// local_port is the hidden socket's port (0: not bound), or -1 where
+// local_port is the socket's port (0: not bound), or -1 where
 // getsockname fails.
-static int local_port(struct usock *u) {
+static int local_port(int fd) {
 	struct sockaddr_storage ss;
 	socklen_t sl = sizeof ss;
-	if (REAL(getsockname)(u->hidden, (struct sockaddr *)&ss, &sl) != 0) return -1;
+	if (REAL(getsockname)(fd, (struct sockaddr *)&ss, &sl) != 0) return -1;
 	if (ss.ss_family == AF_INET) return ntohs(((struct sockaddr_in *)&ss)->sin_port);
 	if (ss.ss_family == AF_INET6) return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
 	return -1;
 }
 
-// adopt hands the (bound) kernel socket to the engine, binding it to an
+// adopt hands the (bound) socket to the engine, binding it to an
 // ephemeral port first if the program did not.
 static int adopt(struct usock *u, int fd) {
 	if (atomic_load(&u->h) > 0) return 0;
-	if (atomic_load(&u->kmode)) return 0;
+	if (atomic_load(&u->kmode) || atomic_load(&u->closing)) return 0;
 	pthread_mutex_lock(&u->mu);
 	int ret = 0;
-	if (atomic_load(&u->h) == 0 && !atomic_load(&u->kmode)) {
-		if (local_port(u) == 0) {
+	if (atomic_load(&u->h) == 0 && !atomic_load(&u->kmode) && !atomic_load(&u->closing)) {
+		if (local_port(fd) == 0) {
 			struct sockaddr_storage ss;
 			memset(&ss, 0, sizeof ss);
 			ss.ss_family = (sa_family_t)u->family;
-			if (REAL(bind)(u->hidden, (struct sockaddr *)&ss,
+			if (REAL(bind)(fd, (struct sockaddr *)&ss,
 			               u->family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6)) != 0)
 				ret = -1;
 		}
 		if (ret == 0) {
-			int efd = -1;
-			long long h = atomic_load(&estate) == E_READY ? e_adopt(u->hidden, u->evfd, &efd) : -EIO;
+			long long h = atomic_load(&estate) == E_READY ? e_adopt(fd) : -EIO;
 			if (h > 0) {
-				u->engfd = efd;
-				mark(efd, 2);
+				atomic_store(&u->engfd, fd);
 				atomic_store(&u->h, h);
 				for (int i = 0; i < u->ngroups; i++) // the kernel has them; now the QP
 					e_group(h, 1, u->groups[i].v6, u->groups[i].opt, u->groups[i].len);
@@ -491,7 +454,7 @@ static int adopt(struct usock *u, int fd) {
 				char m[128];
 				snprintf(m, sizeof m, "the engine refused socket %d (errno %lld); it stays on the kernel", fd, -h);
 				warn(m);
-				fallback(u, fd);
+				fallback(u);
 			}
 		}
 	}
@@ -502,11 +465,11 @@ static int adopt(struct usock *u, int fd) {
 EXPORT int close(int fd) {
 	if ((unsigned)fd < MAXFD) {
 		if (atomic_load_explicit(&protect[fd], memory_order_relaxed)) return 0;
-		struct usock *u = atomic_exchange(&owned[fd], NULL);
+		struct usock *u = atomic_load(&owned[fd]);
 		if (u) {
-			int r = REAL(close)(fd);
-			release_fd(u);
-			return r;
+			forget(u, fd); // the engine leaves the descriptor first
+			atomic_store(&owned[fd], NULL);
+			return REAL(close)(fd);
 		}
 	}
 	return REAL(close)(fd);
@@ -556,8 +519,7 @@ static void alias(struct usock *u, int newfd) {
 	if (newfd < 0 || newfd >= MAXFD) return;
 	atomic_fetch_add(&u->fds, 1);
 	seen(newfd);
-	struct usock *old = atomic_exchange(&owned[newfd], u);
-	if (old) release_fd(old);
+	atomic_store(&owned[newfd], u);
 }
 
 EXPORT int dup(int fd) {
@@ -572,15 +534,18 @@ static int dupto(int oldfd, int newfd, int flags, int three) {
 		errno = EBUSY; // the preload's or the engine's descriptor
 		return -1;
 	}
-	int r = three ? REAL(dup3)(oldfd, newfd, flags) : REAL(dup2)(oldfd, newfd);
-	if (r < 0 || oldfd == newfd) return r;
-	struct usock *u = lookup(oldfd);
-	if (u) {
-		alias(u, r);
-	} else if ((unsigned)r < MAXFD) {
-		struct usock *old = atomic_exchange(&owned[r], NULL);
-		if (old) release_fd(old);
+	if (oldfd == newfd) return three ? REAL(dup3)(oldfd, newfd, flags) : REAL(dup2)(oldfd, newfd);
+	// newfd's socket, if owned, loses that descriptor: the engine must
+	// leave it before the kernel reuses the number.
+	struct usock *old = lookup(newfd);
+	if (old && REAL(fcntl)(oldfd, F_GETFD) >= 0) {
+		forget(old, newfd);
+		atomic_store(&owned[newfd], NULL);
 	}
+	int r = three ? REAL(dup3)(oldfd, newfd, flags) : REAL(dup2)(oldfd, newfd);
+	if (r < 0) return r;
+	struct usock *u = lookup(oldfd);
+	if (u) alias(u, r);
 	return r;
 }
 
@@ -591,14 +556,9 @@ static int dofcntl(int (*real)(int, int, ...), int fd, int cmd, void *arg) {
 	struct usock *u = lookup(fd);
 	if (!u) return real(fd, cmd, arg);
 	switch (cmd) {
-	case F_GETFL: {
-		int r = real(fd, F_GETFL);
-		if (r < 0) return r;
-		return (r & ~O_NONBLOCK) | (atomic_load(&u->nonblock) ? O_NONBLOCK : 0);
-	}
-	case F_SETFL: {
+	case F_SETFL: { // the kernel's flag is the program's; the engine's calls never block
 		int fl = (int)(intptr_t)arg;
-		int r = real(fd, F_SETFL, fl | O_NONBLOCK); // the descriptor itself stays non-blocking
+		int r = real(fd, F_SETFL, fl);
 		if (r == 0) atomic_store(&u->nonblock, (fl & O_NONBLOCK) != 0);
 		return r;
 	}
@@ -636,10 +596,7 @@ EXPORT int ioctl(int fd, unsigned long req, ...) {
 	struct usock *u = enter(fd);
 	if (!u) return REAL(ioctl)(fd, req, arg);
 	int r;
-	if (req == FIONBIO && !atomic_load(&u->kmode)) {
-		atomic_store(&u->nonblock, arg && *(int *)arg != 0);
-		r = 0;
-	} else if (req == FIONREAD && !atomic_load(&u->kmode)) {
+	if (req == FIONREAD && !atomic_load(&u->kmode) && atomic_load(&u->h) > 0) {
 		long long h = atomic_load(&u->h);
 		long long n = h > 0 ? e_next_len(h) : 0;
 		if (n < 0) {
@@ -649,11 +606,9 @@ EXPORT int ioctl(int fd, unsigned long req, ...) {
 			*(int *)arg = (int)n;
 			r = 0;
 		}
-	} else if (req == FIONBIO) {
-		atomic_store(&u->nonblock, arg && *(int *)arg != 0);
-		r = 0;
 	} else {
-		r = REAL(ioctl)(u->hidden, req, arg);
+		r = REAL(ioctl)(fd, req, arg);
+		if (r == 0 && req == FIONBIO) atomic_store(&u->nonblock, arg && *(int *)arg != 0);
 	}
 	leave(u);
 	return r;
@@ -667,7 +622,7 @@ EXPORT int bind(int fd, const struct sockaddr *addr, socklen_t len) {
 		errno = EINVAL; // bound already
 		r = -1;
 	} else {
-		r = REAL(bind)(u->hidden, addr, len);
+		r = REAL(bind)(fd, addr, len);
 		if (r == 0 && !atomic_load(&u->kmode)) adopt(u, fd);
 	}
 	leave(u);
@@ -677,7 +632,7 @@ EXPORT int bind(int fd, const struct sockaddr *addr, socklen_t len) {
 EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len) {
 	struct usock *u = enter(fd);
 	if (!u) return REAL(connect)(fd, addr, len);
-	int r = REAL(connect)(u->hidden, addr, len);
+	int r = REAL(connect)(fd, addr, len);
 	if (r == 0) {
 		pthread_mutex_lock(&u->mu);
 		if (addr->sa_family == AF_UNSPEC) {
@@ -693,20 +648,6 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len) {
 	}
 	leave(u);
 	return r;
-}
-
-#define FWD(call, plain)                                   \
-	struct usock *u = enter(fd);                       \
-	if (!u) return plain;                              \
-	int r = call;                                      \
-	leave(u);                                          \
-	return r;
-
-EXPORT int getsockname(int fd, struct sockaddr *a, socklen_t *l) { FWD(REAL(getsockname)(u->hidden, a, l), REAL(getsockname)(fd, a, l)) }
-EXPORT int getpeername(int fd, struct sockaddr *a, socklen_t *l) { FWD(REAL(getpeername)(u->hidden, a, l), REAL(getpeername)(fd, a, l)) }
-EXPORT int shutdown(int fd, int how) { FWD(REAL(shutdown)(u->hidden, how), REAL(shutdown)(fd, how)) }
-EXPORT int getsockopt(int fd, int lvl, int name, void *v, socklen_t *l) {
-	FWD(REAL(getsockopt)(u->hidden, lvl, name, v, l), REAL(getsockopt)(fd, lvl, name, v, l))
 }
 
 static long long tv_ns(const void *v, socklen_t l) {
@@ -742,7 +683,7 @@ EXPORT int setsockopt(int fd, int lvl, int name, const void *v, socklen_t l) {
 		// Under mu, as adopt replays the recorded groups under it: a
 		// socket adopted meanwhile takes the engine's path, never a record
 		// that no one replays.
-		if (join && atomic_load(&u->h) == 0 && local_port(u) > 0) adopt(u, fd);
+		if (join && atomic_load(&u->h) == 0 && local_port(fd) > 0) adopt(u, fd);
 		pthread_mutex_lock(&u->mu);
 		long long h = atomic_load(&u->h);
 		if (h > 0 && !atomic_load(&u->kmode)) {
@@ -755,7 +696,7 @@ EXPORT int setsockopt(int fd, int lvl, int name, const void *v, socklen_t l) {
 			}
 			return 0;
 		}
-		int r = REAL(setsockopt)(u->hidden, lvl, name, v, l);
+		int r = REAL(setsockopt)(fd, lvl, name, v, l);
 		int e = errno;
 		if (r == 0 && !atomic_load(&u->kmode)) {
 			int v6 = lvl == IPPROTO_IPV6;
@@ -777,7 +718,7 @@ EXPORT int setsockopt(int fd, int lvl, int name, const void *v, socklen_t l) {
 		errno = e;
 		return r;
 	}
-	int r = REAL(setsockopt)(u->hidden, lvl, name, v, l);
+	int r = REAL(setsockopt)(fd, lvl, name, v, l);
 	if (r == 0 && lvl == SOL_SOCKET && name == SO_RCVTIMEO) u->rcvtimeo = tv_ns(v, l);
 	if (r == 0 && lvl == SOL_SOCKET && name == SO_SNDTIMEO) u->sndtimeo = tv_ns(v, l);
 	leave(u);
@@ -829,38 +770,19 @@ static long long deadline_of(long long timeo) { return timeo > 0 ? now_ns() + ti
 
 // ---- the data path -----------------------------------------------------
 
-// krecv and ksend are the kernel path (a forked child, or a socket the
-// engine refused), keeping the program's blocking mode over a descriptor
-// that is non-blocking underneath.
-static ssize_t kio(struct usock *u, struct msghdr *m, int flags, int send) {
-	int nb = atomic_load(&u->nonblock) || (flags & MSG_DONTWAIT);
-	long long dl = deadline_of(send ? u->sndtimeo : u->rcvtimeo);
-	for (;;) {
-		ssize_t r = send ? REAL(sendmsg)(u->hidden, m, flags | MSG_DONTWAIT)
-		                 : REAL(recvmsg)(u->hidden, m, flags | MSG_DONTWAIT);
-		if (r >= 0 || nb || (errno != EAGAIN && errno != EWOULDBLOCK)) return r;
-		int w = pollwait(u->hidden, send ? POLLOUT : POLLIN, dl);
-		if (w == 0) {
-			errno = EAGAIN;
-			return -1;
-		}
-		if (w < 0) {
-			errno = EINTR;
-			return -1;
-		}
-	}
-}
+// The kernel path (a forked child, a socket the engine refused) is the
+// program's own descriptor, in its own blocking mode.
+static ssize_t krecv(int fd, struct msghdr *m, int flags) { return REAL(recvmsg)(fd, m, flags); }
 
-static ssize_t krecv(struct usock *u, struct msghdr *m, int flags) { return kio(u, m, flags, 0); }
+static ssize_t ksend(int fd, const struct msghdr *m, int flags) { return REAL(sendmsg)(fd, m, flags); }
 
-static ssize_t ksend(struct usock *u, const struct msghdr *m, int flags) {
-	return kio(u, (struct msghdr *)m, flags, 1);
-}
-
-// urecv reads one datagram through the engine: a bounded spin in Go,
-// then a wait in C on the eventfd.
-static ssize_t urecv(struct usock *u, struct msghdr *m, int flags) {
-	if (atomic_load(&u->kmode)) return krecv(u, m, flags);
+// urecv reads one datagram through the engine, waiting for the kernel
+// socket to be readable while the program's mode and timeout let it.
+static ssize_t urecv(struct usock *u, int fd, struct msghdr *m, int flags) {
+	// A receive before the socket has an address binds it, as a send
+	// would, so that the engine reads it: nothing can reach it before.
+	if (atomic_load(&u->h) == 0 && adopt(u, fd) != 0) return -1;
+	if (atomic_load(&u->kmode)) return krecv(fd, m, flags);
 	if (flags & ~(MSG_PEEK | MSG_TRUNC | MSG_DONTWAIT | MSG_WAITALL | MSG_CMSG_CLOEXEC | MSG_NOSIGNAL)) {
 		errno = EOPNOTSUPP; // MSG_OOB, MSG_ERRQUEUE: nothing of the kind here
 		return -1;
@@ -869,32 +791,30 @@ static ssize_t urecv(struct usock *u, struct msghdr *m, int flags) {
 	long long dl = deadline_of(u->rcvtimeo);
 	long long spin = nb ? 0 : spin_ns;
 	for (int i = 0;; i++) {
-		if (atomic_load(&u->closing)) {
+		if (atomic_load(&u->kmode)) return krecv(fd, m, flags);
+		long long h = atomic_load(&u->h);
+		if (h <= 0) {
 			errno = EBADF;
 			return -1;
 		}
-		if (atomic_load(&u->kmode)) return krecv(u, m, flags);
-		long long h = atomic_load(&u->h);
-		if (h > 0) {
-			int fl = m->msg_name ? (int)m->msg_namelen : 0;
-			int mf = 0;
-			long long r = e_recv(h, m->msg_iov, (int)m->msg_iovlen, m->msg_name, &fl, flags & (MSG_PEEK | MSG_TRUNC), &mf, spin);
-			if (r >= 0) {
-				if (m->msg_name) m->msg_namelen = (socklen_t)fl;
-				m->msg_controllen = 0;
-				m->msg_flags = mf;
-				return r;
-			}
-			if (r != -EAGAIN) {
-				errno = (int)-r;
-				return -1;
-			}
+		int fl = m->msg_name ? (int)m->msg_namelen : 0;
+		int mf = 0;
+		long long r = e_recv(h, m->msg_iov, (int)m->msg_iovlen, m->msg_name, &fl, flags & (MSG_PEEK | MSG_TRUNC), &mf, spin);
+		if (r >= 0) {
+			if (m->msg_name) m->msg_namelen = (socklen_t)fl;
+			m->msg_controllen = 0;
+			m->msg_flags = mf;
+			return r;
+		}
+		if (r != -EAGAIN) {
+			errno = (int)-r;
+			return -1;
 		}
 		if (nb) {
 			errno = EAGAIN;
 			return -1;
 		}
-		int w = pollwait(u->evfd, POLLIN, dl);
+		int w = pollwait(fd, POLLIN, dl);
 		if (w == 0) {
 			errno = EAGAIN;
 			return -1;
@@ -907,8 +827,8 @@ static ssize_t urecv(struct usock *u, struct msghdr *m, int flags) {
 	}
 }
 
-static ssize_t usend(struct usock *u, const struct msghdr *m, int flags) {
-	if (atomic_load(&u->kmode)) return ksend(u, m, flags);
+static ssize_t usend(struct usock *u, int fd, const struct msghdr *m, int flags) {
+	if (atomic_load(&u->kmode)) return ksend(fd, m, flags);
 	struct sockaddr_storage to;
 	socklen_t tolen = m->msg_namelen;
 	if (m->msg_name && tolen > 0) {
@@ -924,8 +844,8 @@ static ssize_t usend(struct usock *u, const struct msghdr *m, int flags) {
 		tolen = u->peerlen;
 		pthread_mutex_unlock(&u->mu);
 	}
-	if (adopt(u, -1) != 0) return -1;
-	if (atomic_load(&u->kmode)) return ksend(u, m, flags);
+	if (adopt(u, fd) != 0) return -1;
+	if (atomic_load(&u->kmode)) return ksend(fd, m, flags);
 	int nb = atomic_load(&u->nonblock) || (flags & MSG_DONTWAIT);
 	long long dl = deadline_of(u->sndtimeo);
 	for (;;) {
@@ -940,12 +860,15 @@ static ssize_t usend(struct usock *u, const struct msghdr *m, int flags) {
 			errno = (int)-r;
 			return -1;
 		}
-		if (dl >= 0 && now_ns() >= dl) {
+		int w = pollwait(fd, POLLOUT, dl); // the send queue is full: wait for the kernel's buffer
+		if (w == 0) {
 			errno = EAGAIN;
 			return -1;
 		}
-		struct timespec ts = {0, 20000}; // the send queue is full: let it drain
-		nanosleep(&ts, NULL);
+		if (w < 0) {
+			errno = EINTR;
+			return -1;
+		}
 	}
 }
 
@@ -956,7 +879,7 @@ EXPORT ssize_t sendto(int fd, const void *buf, size_t len, int flags, const stru
 	if (!u) return REAL(sendto)(fd, buf, len, flags, to, tolen);
 	struct iovec iov = {(void *)buf, len};
 	struct msghdr m = {.msg_name = (void *)to, .msg_namelen = to ? tolen : 0, .msg_iov = &iov, .msg_iovlen = 1};
-	ssize_t r = usend(u, &m, flags);
+	ssize_t r = usend(u, fd, &m, flags);
 	leave(u);
 	return r;
 }
@@ -966,7 +889,7 @@ EXPORT ssize_t send(int fd, const void *buf, size_t len, int flags) {
 	if (!u) return REAL(send)(fd, buf, len, flags);
 	struct iovec iov = {(void *)buf, len};
 	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
-	ssize_t r = usend(u, &m, flags);
+	ssize_t r = usend(u, fd, &m, flags);
 	leave(u);
 	return r;
 }
@@ -974,7 +897,7 @@ EXPORT ssize_t send(int fd, const void *buf, size_t len, int flags) {
 EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags) {
 	struct usock *u = enter(fd);
 	if (!u) return REAL(sendmsg)(fd, msg, flags);
-	ssize_t r = usend(u, msg, flags); // control messages (IP_PKTINFO, …) are not carried
+	ssize_t r = usend(u, fd, msg, flags); // control messages (IP_PKTINFO, …) are not carried
 	leave(u);
 	return r;
 }
@@ -984,7 +907,7 @@ EXPORT int sendmmsg(int fd, struct mmsghdr *vec, unsigned vlen, int flags) {
 	if (!u) return REAL(sendmmsg)(fd, vec, vlen, flags);
 	int n = 0;
 	for (unsigned i = 0; i < vlen && i < 1024; i++) {
-		ssize_t r = usend(u, &vec[i].msg_hdr, flags);
+		ssize_t r = usend(u, fd, &vec[i].msg_hdr, flags);
 		if (r < 0) {
 			if (n == 0) n = -1;
 			break;
@@ -1001,7 +924,7 @@ EXPORT ssize_t write(int fd, const void *buf, size_t len) {
 	if (!u) return REAL(write)(fd, buf, len);
 	struct iovec iov = {(void *)buf, len};
 	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
-	ssize_t r = usend(u, &m, 0);
+	ssize_t r = usend(u, fd, &m, 0);
 	leave(u);
 	return r;
 }
@@ -1010,7 +933,7 @@ EXPORT ssize_t writev(int fd, const struct iovec *iov, int n) {
 	struct usock *u = enter(fd);
 	if (!u) return REAL(writev)(fd, iov, n);
 	struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
-	ssize_t r = usend(u, &m, 0);
+	ssize_t r = usend(u, fd, &m, 0);
 	leave(u);
 	return r;
 }
@@ -1021,7 +944,7 @@ EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sockadd
 	struct iovec iov = {buf, len};
 	struct msghdr m = {.msg_name = from && fromlen ? from : NULL, .msg_namelen = from && fromlen ? *fromlen : 0,
 	                   .msg_iov = &iov, .msg_iovlen = 1};
-	ssize_t r = urecv(u, &m, flags);
+	ssize_t r = urecv(u, fd, &m, flags);
 	if (r >= 0 && from && fromlen) *fromlen = m.msg_namelen;
 	leave(u);
 	return r;
@@ -1032,7 +955,7 @@ EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags) {
 	if (!u) return REAL(recv)(fd, buf, len, flags);
 	struct iovec iov = {buf, len};
 	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
-	ssize_t r = urecv(u, &m, flags);
+	ssize_t r = urecv(u, fd, &m, flags);
 	leave(u);
 	return r;
 }
@@ -1040,7 +963,7 @@ EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags) {
 EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags) {
 	struct usock *u = enter(fd);
 	if (!u) return REAL(recvmsg)(fd, msg, flags);
-	ssize_t r = urecv(u, msg, flags);
+	ssize_t r = urecv(u, fd, msg, flags);
 	leave(u);
 	return r;
 }
@@ -1052,7 +975,7 @@ EXPORT int recvmmsg(int fd, struct mmsghdr *vec, unsigned vlen, int flags, struc
 	// are there already (MSG_WAITFORONE's behaviour).
 	int n = 0;
 	for (unsigned i = 0; i < vlen && i < 1024; i++) {
-		ssize_t r = urecv(u, &vec[i].msg_hdr, (flags & ~MSG_WAITFORONE) | (i > 0 ? MSG_DONTWAIT : 0));
+		ssize_t r = urecv(u, fd, &vec[i].msg_hdr, (flags & ~MSG_WAITFORONE) | (i > 0 ? MSG_DONTWAIT : 0));
 		if (r < 0) {
 			if (n == 0) n = -1;
 			break;
@@ -1069,7 +992,7 @@ EXPORT ssize_t read(int fd, void *buf, size_t len) {
 	if (!u) return REAL(read)(fd, buf, len);
 	struct iovec iov = {buf, len};
 	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
-	ssize_t r = urecv(u, &m, 0);
+	ssize_t r = urecv(u, fd, &m, 0);
 	leave(u);
 	return r;
 }
@@ -1078,7 +1001,7 @@ EXPORT ssize_t readv(int fd, const struct iovec *iov, int n) {
 	struct usock *u = enter(fd);
 	if (!u) return REAL(readv)(fd, iov, n);
 	struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
-	ssize_t r = urecv(u, &m, 0);
+	ssize_t r = urecv(u, fd, &m, 0);
 	leave(u);
 	return r;
 }

@@ -39,58 +39,99 @@ import (
 func main() {}
 
 const (
-	recvDepth = 128 // posted receives per socket
-	sendSlots = 32  // registered send slots per socket (datagrams over maxInline)
-	maxInline = 512
-	maxAHs    = 1024
-	maxSocks  = 1 << 16
+	// heldPerSocket caps the pool's receives one socket holds at once
+	// (QPAttr.SRQLimit): a socket reads one datagram per receive call
+	// (Progress(1)), and holds one more for MSG_PEEK or FIONREAD.
+	heldPerSocket = 4
+	sendDepth     = 16 // send WRs queued per socket while its kernel buffer is full
+	maxAHs        = 256
+	// recvSize is the pool's receive size: a whole UD Send of the
+	// largest UDP datagram, IPv6's.
+	recvSize       = 65527
+	defaultPool    = 4 << 20 // UDIWARP_PRELOAD_POOL's default, bytes
+	minPoolEntries = 8
 )
 
-// sock is one owned socket: its own device over the program's kernel
-// socket, one UD QP (number socketshim.ShimQPN), and the eventfd the
-// program polls.
-type sock struct {
+// engine is the process's one udiwarp device: every owned socket is one
+// of its manual sockets (qp.Device.BindFD over the program's own
+// descriptor) with one UD QP, and all the QPs receive from one shared
+// receive queue over one registered pool (seed 004), so the receive
+// memory of the process is the pool's, whatever the number of sockets.
+var engine struct {
+	once sync.Once
+	err  error
 	dev  *qp.Device
-	s    *qp.Socket
 	pd   *qp.PD
+	srq  *qp.SRQ
+	pool *qp.MR
+	n    int // receives in the pool
+}
+
+func start() error {
+	engine.once.Do(func() {
+		size := defaultPool
+		if v, err := strconv.Atoi(os.Getenv("UDIWARP_PRELOAD_POOL")); err == nil && v > 0 {
+			size = v
+		}
+		engine.n = max(size/recvSize, minPoolEntries)
+		d, err := qp.Open(qp.DeviceConfig{RecvBatch: 1, EventSpin: -1})
+		if err != nil {
+			engine.err = err
+			return
+		}
+		engine.dev, engine.pd = d, d.AllocPD()
+		if engine.srq, err = engine.pd.CreateSRQ(engine.n, 1); err == nil {
+			engine.pool, err = engine.pd.RegisterMemory(make([]byte, engine.n*recvSize), qp.AccessLocalWrite)
+		}
+		for i := 0; err == nil && i < engine.n; i++ {
+			err = repost(uint64(i))
+		}
+		engine.err = err
+	})
+	return engine.err
+}
+
+// repost gives receive id back to the pool.
+func repost(id uint64) error {
+	return engine.srq.PostRecv(&qp.RecvWR{ID: id, SGL: []qp.SGE{engine.pool.SGE(int(id)*recvSize, recvSize)}})
+}
+
+// sock is one owned socket: a manual socket of the engine's device over
+// the program's descriptor, and its UD QP, whose peers address it as
+// socketshim.ShimQPN (Socket.Alias).
+type sock struct {
+	s    *qp.Socket
 	q    *qp.QP
 	rcq  *qp.CQ
 	scq  *qp.CQ
-	rbuf *qp.MR
-	sbuf *qp.MR
-	slot int
+	slot int // the largest datagram
 	v6   bool
-	evfd int
-
-	signaled atomic.Bool
-	// sigMu orders the notifier's look-and-signal against a reader's
-	// settle: without it a notifier woken for a datagram the reader has
-	// already taken could make the eventfd readable over an empty queue,
-	// and an edge-triggered epoll would fire with nothing to read.
-	sigMu sync.Mutex
-	done  chan struct{}
 
 	rmu  sync.Mutex
 	rwc  [1]qp.WorkCompletion
-	held *qp.WorkCompletion // a datagram MSG_PEEK looked at
+	held *qp.WorkCompletion // a datagram MSG_PEEK or FIONREAD looked at
 
 	wmu  sync.Mutex
-	free shim.Slots
-	swcs []qp.WorkCompletion
+	swcs [sendDepth]qp.WorkCompletion
 	ahs  shim.AHCache
 }
 
+// The handle table: a handle is a slot's index and its generation, so
+// that slots are reused (a program may open and close sockets without
+// end) and a stale handle finds nothing.
 var (
-	socks   [maxSocks]atomic.Pointer[sock]
-	nextID  atomic.Int64
+	tabMu   sync.Mutex
+	tab     []atomic.Pointer[sock]
+	gens    []uint32
+	free    []int32
 	statsMu sync.Mutex
 
 	// Counters: datagrams and bytes through udiwarp, for the stats file.
-	adopted, sent, received, sentBytes, receivedBytes atomic.Uint64
-	// Device counters of closed sockets, added to the live ones'.
-	closedTx, closedRx atomic.Uint64
-	statsPath          string
+	adopted, live, sent, received, sentBytes, receivedBytes atomic.Uint64
+	statsPath                                               string
 )
+
+func handleOf(i int, gen uint32) C.longlong { return C.longlong(int64(gen)<<32 | int64(i+1)) }
 
 func errno(err error) C.longlong {
 	var e unix.Errno
@@ -109,7 +150,8 @@ func errno(err error) C.longlong {
 // udw_init sets the runtime up for a host process: enough Ps that
 // program threads calling in never wait for one (they may outnumber the
 // CPUs), the netpoller started (so its descriptors exist before the C
-// side takes its inventory of them), and the stats file.
+// side takes its inventory of them), the device and its receive pool,
+// and the stats file.
 //
 //export udw_init
 func udw_init() C.int {
@@ -125,6 +167,10 @@ func udw_init() C.int {
 	} else if pc, err := net.ListenPacket("udp6", "[::1]:0"); err == nil {
 		pc.Close()
 	}
+	if err := start(); err != nil {
+		fmt.Fprintf(os.Stderr, "udiwarp preload[%d]: the engine cannot start: %v\n", os.Getpid(), err)
+		return -1
+	}
 	statsPath = os.Getenv("UDIWARP_PRELOAD_STATS")
 	if statsPath != "" {
 		writeStats()
@@ -137,151 +183,77 @@ func udw_init() C.int {
 	return 0
 }
 
-// udw_adopt runs a device over the kernel UDP socket fd (bound or
-// connected already) and signals evfd whenever datagrams wait to be read.
-// It returns a handle (> 0) and stores the engine's own descriptor in
-// *efd, or returns -errno.
+// udw_adopt runs a UD QP over fd, the program's own bound UDP socket,
+// which stays the program's: the engine reads it only when the program
+// receives (so the kernel's queue, bounded by the socket's SO_RCVBUF, is
+// the only buffering, and poll, select and epoll see the kernel's
+// readiness), and never closes it. It returns a handle (> 0) or -errno.
 //
 //export udw_adopt
-func udw_adopt(fd C.int, evfd C.int, efd *C.int) C.longlong {
-	nfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+func udw_adopt(fd C.int) C.longlong {
+	if err := start(); err != nil {
+		return errno(err)
+	}
+	qs, err := engine.dev.BindFD(int(fd))
 	if err != nil {
 		return errno(err)
 	}
-	f := os.NewFile(uintptr(nfd), "udiwarp")
-	pc, err := net.FilePacketConn(f)
-	f.Close()
-	if err != nil {
-		return errno(err)
-	}
-	uc, ok := pc.(*net.UDPConn)
-	if !ok {
-		pc.Close()
-		return -C.longlong(unix.EPROTOTYPE)
-	}
-	dev, err := qp.Open(qp.DeviceConfig{})
-	if err != nil {
-		uc.Close()
-		return errno(err)
-	}
-	s := &sock{dev: dev, evfd: int(evfd), done: make(chan struct{})}
-	if err := s.setup(uc); err != nil {
-		dev.Close()
-		uc.Close()
-		return errno(err)
-	}
-	if rc, err := uc.SyscallConn(); err == nil {
-		rc.Control(func(fd uintptr) { *efd = C.int(fd) })
-	}
-	id := nextID.Add(1)
-	if id >= maxSocks {
+	s := &sock{s: qs, v6: qs.LocalAddr().Addr().Is6(), slot: qs.MaxMessage()}
+	if err := s.setup(); err != nil {
 		s.close()
-		return -C.longlong(unix.EMFILE)
+		return errno(err)
 	}
-	socks[id].Store(s)
+	tabMu.Lock()
+	var i int
+	if k := len(free); k > 0 {
+		i = int(free[k-1])
+		free = free[:k-1]
+	} else {
+		tab = append(tab, atomic.Pointer[sock]{})
+		gens = append(gens, 0)
+		i = len(tab) - 1
+	}
+	gens[i]++
+	h := handleOf(i, gens[i])
+	tab[i].Store(s)
+	tabMu.Unlock()
 	adopted.Add(1)
-	go s.notifier()
-	return C.longlong(id)
+	live.Add(1)
+	return h
 }
 
-func (s *sock) setup(uc *net.UDPConn) error {
+func (s *sock) setup() error {
 	var err error
-	if s.s, err = s.dev.BindConn(uc); err != nil {
+	s.ahs = shim.AHCache{PD: engine.pd, QPN: socketshim.ShimQPN, Max: maxAHs}
+	if s.rcq, err = engine.dev.CreateCQ(2*heldPerSocket + 2); err != nil {
 		return err
 	}
-	s.v6 = uc.LocalAddr().(*net.UDPAddr).IP.To4() == nil
-	s.slot = s.s.MaxMessage()
-	s.pd = s.dev.AllocPD()
-	s.ahs = shim.AHCache{PD: s.pd, QPN: socketshim.ShimQPN, Max: maxAHs}
-	if s.rbuf, err = s.pd.RegisterMemory(make([]byte, recvDepth*s.slot), qp.AccessLocalWrite); err != nil {
+	if s.scq, err = engine.dev.CreateCQ(2 * sendDepth); err != nil {
 		return err
 	}
-	if s.sbuf, err = s.pd.RegisterMemory(make([]byte, sendSlots*s.slot), qp.AccessLocalWrite); err != nil {
+	// Every send is inline: the QP copies a datagram only if it has to
+	// wait for the kernel's buffer, into a slot made then.
+	if s.q, err = engine.pd.CreateQP(qp.QPAttr{Type: qp.UD, SendCQ: s.scq, RecvCQ: s.rcq, SRQ: engine.srq, SRQLimit: heldPerSocket,
+		Caps: qp.QPCaps{MaxSendWR: sendDepth, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: s.slot}}); err != nil {
 		return err
-	}
-	if s.rcq, err = s.dev.CreateCQ(2 * recvDepth); err != nil {
-		return err
-	}
-	if s.scq, err = s.dev.CreateCQ(2 * sendSlots); err != nil {
-		return err
-	}
-	if s.q, err = s.pd.CreateQP(qp.QPAttr{Type: qp.UD, SendCQ: s.scq, RecvCQ: s.rcq,
-		Caps: qp.QPCaps{MaxSendWR: 4 * sendSlots, MaxRecvWR: recvDepth, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: maxInline}}); err != nil {
-		return err
-	}
-	if s.q.QPN() != socketshim.ShimQPN {
-		return fmt.Errorf("the QP got number %d, not %d", s.q.QPN(), socketshim.ShimQPN)
 	}
 	if err := s.q.Activate(s.s); err != nil {
 		return err
 	}
-	for i := range recvDepth {
-		if err := s.q.PostRecv(&qp.RecvWR{ID: uint64(i), SGL: []qp.SGE{s.rbuf.SGE(i*s.slot, s.slot)}}); err != nil {
-			return err
-		}
-	}
-	s.free = shim.NewSlots(sendSlots)
-	s.swcs = make([]qp.WorkCompletion, sendSlots)
-	return nil
-}
-
-// notifier makes the eventfd readable whenever receives completed.
-func (s *sock) notifier() {
-	for {
-		s.rcq.RequestNotify(false)
-		s.signalPending()
-		select {
-		case <-s.rcq.C():
-			s.signalPending()
-		case <-s.done:
-			return
-		}
-	}
-}
-
-// signalPending makes the eventfd readable if completions wait.
-func (s *sock) signalPending() {
-	s.sigMu.Lock()
-	if s.rcq.Pending() > 0 {
-		s.signal()
-	}
-	s.sigMu.Unlock()
-}
-
-var one = [8]byte{1}
-
-func (s *sock) signal() {
-	if !s.signaled.Swap(true) {
-		unix.Write(s.evfd, one[:])
-	}
-}
-
-// settle makes the eventfd's readability match the queue, after a read:
-// drain first, then clear the flag, then look again, so that a datagram
-// completing meanwhile always leaves it readable.
-func (s *sock) settle() {
-	s.sigMu.Lock()
-	defer s.sigMu.Unlock()
-	if s.held != nil || s.rcq.Pending() > 0 {
-		s.signal()
-		return
-	}
-	if !s.signaled.Load() {
-		return
-	}
-	var b [8]byte
-	unix.Read(s.evfd, b[:])
-	s.signaled.Store(false)
-	if s.rcq.Pending() > 0 {
-		s.signal()
-	}
+	return s.s.Alias(socketshim.ShimQPN, s.q)
 }
 
 func lookup(h C.longlong) *sock {
-	if h <= 0 || h >= maxSocks {
+	i, gen := int(int64(h)&0xffffffff)-1, uint32(int64(h)>>32)
+	if h <= 0 || i < 0 {
 		return nil
 	}
-	return socks[h].Load()
+	tabMu.Lock()
+	defer tabMu.Unlock()
+	if i >= len(tab) || gens[i] != gen {
+		return nil
+	}
+	return tab[i].Load()
 }
 
 // iovecs views a C struct iovec array.
@@ -340,8 +312,12 @@ func putSockaddr(p unsafe.Pointer, n *C.int, ap netip.AddrPort, v6 bool) {
 	*n = C.int(l)
 }
 
+// gather holds a datagram of several iovecs while it is sent inline.
+var gather = sync.Pool{New: func() any { return new([1 << 16]byte) }}
+
 // udw_send sends the iovecs as one datagram to the address at to.
-// It returns the length, or -EAGAIN when the send queue is full.
+// It returns the length, or -EAGAIN when the socket's send queue is
+// full (the C side waits for the descriptor to be writable).
 //
 //export udw_send
 func udw_send(h C.longlong, iov unsafe.Pointer, iovcnt C.int, to unsafe.Pointer, tolen C.int) C.longlong {
@@ -364,55 +340,41 @@ func udw_send(h C.longlong, iov unsafe.Pointer, iovcnt C.int, to unsafe.Pointer,
 	if n > s.slot {
 		return -C.longlong(unix.EMSGSIZE)
 	}
+	var b []byte
+	switch {
+	case n == 0:
+		b = []byte{}
+	case len(vs) == 1:
+		b = unsafe.Slice(vs[0].Base, n)
+	default:
+		g := gather.Get().(*[1 << 16]byte)
+		defer gather.Put(g)
+		for _, v := range vs {
+			if v.Len > 0 {
+				copy(g[len(b):], unsafe.Slice(v.Base, int(v.Len)))
+				b = g[:len(b)+int(v.Len)]
+			}
+		}
+	}
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
+	s.reap()
 	ah, err := s.ahs.Get(ap)
 	if err != nil {
 		return errno(err)
 	}
-	if n <= maxInline && len(vs) <= 1 {
-		var b []byte
-		if n > 0 {
-			b = unsafe.Slice(vs[0].Base, n)
-		}
-		if err := s.q.PostSend(&qp.SendWR{ID: ^uint64(0), Inline: b, AH: ah}); err != nil {
-			return errno(err)
-		}
-	} else {
-		s.reap()
-		i, ok := s.free.Take()
-		if !ok {
-			return -C.longlong(unix.EAGAIN)
-		}
-		off := i * s.slot
-		dst := s.sbuf.Bytes()[off : off+n]
-		k := 0
-		for _, v := range vs {
-			if v.Len > 0 {
-				k += copy(dst[k:], unsafe.Slice(v.Base, int(v.Len)))
-			}
-		}
-		if err := s.q.PostSend(&qp.SendWR{ID: uint64(i), Flags: qp.FlagSignaled, SGL: []qp.SGE{s.sbuf.SGE(off, n)}, AH: ah}); err != nil {
-			s.free.Put(i)
-			return errno(err)
-		}
+	if err := s.q.PostSend(&qp.SendWR{ID: ^uint64(0), Inline: b, AH: ah}); err != nil {
+		return errno(err)
 	}
 	sent.Add(1)
 	sentBytes.Add(uint64(n))
 	return C.longlong(n)
 }
 
+// reap empties the send CQ: the sends are unsignaled, so it holds only
+// failed ones, which a datagram socket does not report either.
 func (s *sock) reap() {
-	for {
-		k := s.scq.Poll(s.swcs)
-		for _, wc := range s.swcs[:k] {
-			if wc.ID != ^uint64(0) {
-				s.free.Put(int(wc.ID))
-			}
-		}
-		if k < len(s.swcs) {
-			return
-		}
+	for s.scq.Poll(s.swcs[:]) == len(s.swcs) {
 	}
 }
 
@@ -421,10 +383,38 @@ const (
 	msgTrunc = 0x20
 )
 
-// udw_recv reads the next datagram into the iovecs, spinning up to spin
-// nanoseconds for one, and returns its length (its full length with
-// MSG_TRUNC in flags), or -EAGAIN. *msgflags gets MSG_TRUNC when the
-// datagram was cut; from/fromlen get the source as recvfrom(2) does.
+// next returns the next completed receive, reading one datagram from
+// the kernel if none is waiting; nil when the kernel's queue is empty.
+// A receive that did not complete well (a datagram too long; a flush)
+// goes back to the pool, as the kernel drops such a datagram. Under rmu.
+func (s *sock) next() *qp.WorkCompletion {
+	if s.held != nil {
+		return s.held
+	}
+	// A datagram that is not a Send for this socket (an error report, a
+	// stray frame) makes no completion: read on, a bounded number.
+	for range 64 {
+		if s.rcq.Poll(s.rwc[:]) == 0 {
+			if s.s.Progress(1) == 0 {
+				return nil
+			}
+			continue
+		}
+		if wc := &s.rwc[0]; wc.Status == qp.Success {
+			s.held = wc
+			return wc
+		}
+		repost(s.rwc[0].ID)
+	}
+	return nil
+}
+
+// udw_recv reads the next datagram into the iovecs and returns its
+// length (its full length with MSG_TRUNC in flags), or -EAGAIN when
+// none is queued (the C side waits for the descriptor to be readable).
+// *msgflags gets MSG_TRUNC when the datagram was cut; from/fromlen get
+// the source as recvfrom(2) does. With none queued it polls the socket
+// for up to spin nanoseconds first (a blocking receive's busy poll).
 //
 //export udw_recv
 func udw_recv(h C.longlong, iov unsafe.Pointer, iovcnt C.int, from unsafe.Pointer, fromlen *C.int, flags C.int, msgflags *C.int, spin C.longlong) C.longlong {
@@ -434,61 +424,43 @@ func udw_recv(h C.longlong, iov unsafe.Pointer, iovcnt C.int, from unsafe.Pointe
 	}
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
-	for range recvDepth + 1 {
-		wc := s.held
-		if wc == nil {
-			if s.rcq.Poll(s.rwc[:]) == 0 {
-				if spin <= 0 || !s.rcq.Spin(time.Duration(spin)) || s.rcq.Poll(s.rwc[:]) == 0 {
-					s.settle()
-					return -C.longlong(unix.EAGAIN)
-				}
-				spin = 0
-			}
-			wc = &s.rwc[0]
+	wc := s.next()
+	if wc == nil && spin > 0 {
+		for end := time.Now().Add(time.Duration(spin)); wc == nil && time.Now().Before(end); {
+			wc = s.next()
 		}
-		off := int(wc.ID) * s.slot
-		if wc.Status != qp.Success {
-			s.held = nil
-			if err := s.q.PostRecv(&qp.RecvWR{ID: wc.ID, SGL: []qp.SGE{s.rbuf.SGE(off, s.slot)}}); err != nil {
-				return errno(err)
-			}
-			continue // flushed or too long: nothing a socket would return
-		}
-		data := s.rbuf.Bytes()[off : off+int(wc.Len)]
-		k := 0
-		for _, v := range iovecs(iov, iovcnt) {
-			if k == len(data) {
-				break
-			}
-			if v.Len > 0 {
-				k += copy(unsafe.Slice(v.Base, int(v.Len)), data[k:])
-			}
-		}
-		if msgflags != nil && k < len(data) {
-			*msgflags |= msgTrunc
-		}
-		putSockaddr(from, fromlen, wc.Source, s.v6)
-		n := len(data)
-		if flags&msgPeek != 0 {
-			if s.held == nil {
-				w := *wc
-				s.held = &w
-			}
-		} else {
-			s.held = nil
-			if err := s.q.PostRecv(&qp.RecvWR{ID: wc.ID, SGL: []qp.SGE{s.rbuf.SGE(off, s.slot)}}); err != nil {
-				return errno(err)
-			}
-			received.Add(1)
-			receivedBytes.Add(uint64(n))
-		}
-		s.settle()
-		if flags&msgTrunc != 0 {
-			return C.longlong(n)
-		}
-		return C.longlong(k)
 	}
-	return -C.longlong(unix.EAGAIN)
+	if wc == nil {
+		return -C.longlong(unix.EAGAIN)
+	}
+	off := int(wc.ID) * recvSize
+	data := engine.pool.Bytes()[off : off+int(wc.Len)]
+	k := 0
+	for _, v := range iovecs(iov, iovcnt) {
+		if k == len(data) {
+			break
+		}
+		if v.Len > 0 {
+			k += copy(unsafe.Slice(v.Base, int(v.Len)), data[k:])
+		}
+	}
+	if msgflags != nil && k < len(data) {
+		*msgflags |= msgTrunc
+	}
+	putSockaddr(from, fromlen, wc.Source, s.v6)
+	n := len(data)
+	if flags&msgPeek == 0 {
+		s.held = nil
+		if err := repost(wc.ID); err != nil {
+			return errno(err)
+		}
+		received.Add(1)
+		receivedBytes.Add(uint64(n))
+	}
+	if flags&msgTrunc != 0 {
+		return C.longlong(n)
+	}
+	return C.longlong(k)
 }
 
 // udw_next_len returns the length of the next datagram, 0 if none (FIONREAD).
@@ -501,20 +473,10 @@ func udw_next_len(h C.longlong) C.longlong {
 	}
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
-	for s.held == nil {
-		if s.rcq.Poll(s.rwc[:]) == 0 {
-			return 0
-		}
-		wc := s.rwc[0]
-		if wc.Status == qp.Success {
-			s.held = &wc
-			break
-		}
-		if err := s.q.PostRecv(&qp.RecvWR{ID: wc.ID, SGL: []qp.SGE{s.rbuf.SGE(int(wc.ID)*s.slot, s.slot)}}); err != nil {
-			return errno(err)
-		}
+	if wc := s.next(); wc != nil {
+		return C.longlong(wc.Len)
 	}
-	return C.longlong(s.held.Len)
+	return 0
 }
 
 // udw_close closes the socket's device (and the engine's descriptor of
@@ -606,27 +568,63 @@ func interfaceOf(a netip.Addr) *net.Interface {
 //export udw_close
 func udw_close(h C.longlong) C.int {
 	s := lookup(h)
-	if s == nil || !socks[h].CompareAndSwap(s, nil) {
+	if s == nil {
 		return -C.int(unix.EBADF)
 	}
+	i := int(int64(h)&0xffffffff) - 1
+	tabMu.Lock()
+	if !tab[i].CompareAndSwap(s, nil) {
+		tabMu.Unlock()
+		return -C.int(unix.EBADF)
+	}
+	free = append(free, int32(i))
+	tabMu.Unlock()
 	s.close()
+	live.Add(^uint64(0))
 	if statsPath != "" {
 		writeStats()
 	}
 	return 0
 }
 
+// close destroys the QP (its held receives go back to the pool) and
+// closes the manual socket; the descriptor stays the program's, which
+// closes it when this returns.
 func (s *sock) close() {
-	close(s.done)
 	s.rmu.Lock()
 	s.wmu.Lock()
-	st := s.dev.Stats()
-	tx, rx := st.TxDatagrams.Load(), st.RxDelivered.Load()
-	s.dev.Close()
-	closedTx.Add(tx)
-	closedRx.Add(rx)
+	if s.held != nil {
+		repost(s.held.ID)
+		s.held = nil
+	}
+	if s.q != nil {
+		s.q.Destroy()
+	}
+	if s.rcq != nil {
+		for s.rcq.Poll(s.rwc[:]) > 0 {
+			if s.rwc[0].Status == qp.Success {
+				repost(s.rwc[0].ID)
+			}
+		}
+	}
+	s.s.Close()
 	s.wmu.Unlock()
 	s.rmu.Unlock()
+}
+
+// udw_setfd follows the socket to fd, another descriptor of it, before
+// the C side closes the one the engine used.
+//
+//export udw_setfd
+func udw_setfd(h C.longlong, fd C.int) C.int {
+	s := lookup(h)
+	if s == nil {
+		return -C.int(unix.EBADF)
+	}
+	if err := s.s.SetFD(int(fd)); err != nil {
+		return C.int(errno(err))
+	}
+	return 0
 }
 
 // udw_exit writes the stats file one last time (the C side calls it at exit).
@@ -641,34 +639,39 @@ func udw_exit() {
 // Stats is what the stats file holds: datagrams through udiwarp.
 type Stats struct {
 	PID int `json:"pid"`
-	// Sockets is the number of program sockets run over udiwarp.
+	// Sockets is the number of program sockets run over udiwarp; Live,
+	// those open now.
 	Sockets uint64 `json:"sockets"`
+	Live    uint64 `json:"live"`
 	// Sent and Received count the program's datagrams the engine sent
 	// and delivered; the bytes are their payloads.
 	Sent          uint64 `json:"sent"`
 	Received      uint64 `json:"received"`
 	SentBytes     uint64 `json:"sent_bytes"`
 	ReceivedBytes uint64 `json:"received_bytes"`
-	// DeviceTx and DeviceRx are the devices' own counters: UDP datagrams
+	// DeviceTx and DeviceRx are the device's own counters: UDP datagrams
 	// (udiwarp frames) sent, and messages placed and completed.
 	DeviceTx uint64 `json:"device_tx_datagrams"`
 	DeviceRx uint64 `json:"device_rx_delivered"`
+	// Pool is the receive pool's size in receives, PoolFree those posted
+	// and free now; NoRecv and Overdraft count datagrams dropped because
+	// the pool was empty or a socket held its share.
+	Pool      int    `json:"pool_receives"`
+	PoolFree  int    `json:"pool_free"`
+	NoRecv    uint64 `json:"dropped_no_receive"`
+	Overdraft uint64 `json:"dropped_overdraft"`
 }
 
 func writeStats() {
 	statsMu.Lock()
 	defer statsMu.Unlock()
-	st := Stats{PID: os.Getpid(), Sockets: adopted.Load(), Sent: sent.Load(), Received: received.Load(),
-		SentBytes: sentBytes.Load(), ReceivedBytes: receivedBytes.Load(), DeviceTx: closedTx.Load(), DeviceRx: closedRx.Load()}
-	for i := range socks {
-		if int64(i) > nextID.Load() {
-			break
-		}
-		if s := socks[i].Load(); s != nil {
-			ds := s.dev.Stats()
-			st.DeviceTx += ds.TxDatagrams.Load()
-			st.DeviceRx += ds.RxDelivered.Load()
-		}
+	st := Stats{PID: os.Getpid(), Sockets: adopted.Load(), Live: live.Load(), Sent: sent.Load(), Received: received.Load(),
+		SentBytes: sentBytes.Load(), ReceivedBytes: receivedBytes.Load(), Pool: engine.n}
+	if engine.dev != nil {
+		ds := engine.dev.Stats()
+		st.DeviceTx, st.DeviceRx = ds.TxDatagrams.Load(), ds.RxDelivered.Load()
+		st.NoRecv, st.Overdraft = ds.RxNoRecv.Load(), ds.RxSRQOverdraft.Load()
+		st.PoolFree = engine.srq.Len()
 	}
 	b, _ := json.Marshal(st)
 	tmp := statsPath + ".tmp"
