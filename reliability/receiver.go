@@ -47,8 +47,14 @@ type Receiver[F any] struct {
 	have   []uint64 // bit per ring slot: buffered
 	mask   uint32
 	held   int // packets buffered
+	holes  int // runs of missing sequence numbers between next and top, while held > 0
 	top    uint32
 	anyTop bool
+	// Renege dropped packets up to renegeTop the sender had selectively
+	// acked: until next passes it, every arrival is acked at once, so the
+	// sender learns of each dropped packet one round trip after the last.
+	reneged   bool
+	renegeTop uint32
 
 	// Ack state: packets received since the last ack, when the first of
 	// them arrived, and whether the next ack must go at once.
@@ -95,6 +101,34 @@ func (r *Receiver[F]) Next() uint32 { return r.next }
 
 // Held returns how many packets are buffered ahead of a gap.
 func (r *Receiver[F]) Held() int { return r.held }
+
+// Holes returns how many gaps the buffered packets span: runs of missing
+// sequence numbers from Next up to the highest packet buffered.
+func (r *Receiver[F]) Holes() int { return r.holes }
+
+// HolesWith returns what Holes would be once packet seq, which Classify
+// calls Buffered, is buffered.
+func (r *Receiver[F]) HolesWith(seq uint32) int {
+	switch {
+	case r.held == 0:
+		return 1 // [next, seq)
+	case Before(r.top, seq):
+		if seq == r.top+1 {
+			return r.holes
+		}
+		return r.holes + 1
+	}
+	// Inside a gap below top: it splits it, fills it or shortens it.
+	left := seq-1 != r.next && r.has(seq-1) // next itself is never buffered
+	right := r.has(seq + 1)
+	switch {
+	case left && right:
+		return r.holes - 1
+	case !left && !right:
+		return r.holes + 1
+	}
+	return r.holes
+}
 
 // Window is what the receiver advertises: packets it can take beyond
 // Next.
@@ -147,13 +181,14 @@ func (r *Receiver[F]) Receive(seq uint32, f F, now time.Time, deliver func(seq u
 		r.BeyondWindow++
 		return v
 	case Buffered:
+		r.holes = r.HolesWith(seq)
 		if seq-r.next >= uint32(len(r.ring)) {
 			r.grow(seq)
 		}
 		r.ring[seq&r.mask] = f
 		r.mark(seq, true)
 		r.held++
-		if !r.anyTop || Before(r.top, seq) {
+		if !r.anyTop || r.held == 1 || Before(r.top, seq) { // top is stale once nothing is held
 			r.top, r.anyTop = seq, true
 		}
 		r.noteArrival(now, true)
@@ -165,8 +200,13 @@ func (r *Receiver[F]) Receive(seq uint32, f F, now time.Time, deliver func(seq u
 		return Refused
 	}
 	r.next++
+	if r.held > 0 && r.has(r.next) {
+		r.holes-- // the gap at the front just filled
+	}
 	r.rnr = false
-	r.noteArrival(now, r.held > 0) // a gap just filled: say so at once
+	recovering := r.reneged && AtOrBefore(r.next, r.renegeTop)
+	r.reneged = recovering
+	r.noteArrival(now, r.held > 0 || recovering) // a gap just filled: say so at once
 	r.drain(deliver)
 	return Delivered
 }
@@ -192,6 +232,11 @@ func (r *Receiver[F]) drain(deliver func(seq uint32, f F) bool) {
 			r.ring[i] = zero
 			r.mark(r.next, false)
 			r.held--
+			if r.held == 0 {
+				r.holes = 0
+			} else if r.has(r.next + 1) {
+				r.holes++ // next is a gap of its own again
+			}
 			r.Refusals++
 			r.rnr, r.urgent = true, true
 			return
@@ -275,8 +320,25 @@ func (r *Receiver[F]) Ack(a *AckBlock, now time.Time) (rnr bool) {
 }
 
 // Reset drops everything buffered (the peer restarted or went away).
-func (r *Receiver[F]) Reset() {
+func (r *Receiver[F]) Reset() { r.dropHeld() }
+
+// Renege drops every packet buffered ahead of a gap and returns how many
+// it dropped. The sender keeps a packet it saw selectively acked until
+// the cumulative point passes it, and sends it again when an ack at that
+// point shows it missing, so nothing is lost (RFC 2018 §8); until Next
+// passes the packets dropped, each arrival is acked at once.
+func (r *Receiver[F]) Renege() int {
+	n := r.dropHeld()
+	if n > 0 {
+		r.reneged, r.renegeTop, r.urgent = true, r.top, true
+	}
+	return n
+}
+
+// dropHeld lets go of every packet buffered and returns how many.
+func (r *Receiver[F]) dropHeld() int {
 	var zero F
+	n := r.held
 	for seq := r.next; r.held > 0; seq++ {
 		if r.has(seq) {
 			if r.released != nil {
@@ -287,4 +349,6 @@ func (r *Receiver[F]) Reset() {
 			r.held--
 		}
 	}
+	r.holes = 0
+	return n
 }

@@ -48,6 +48,9 @@ type link struct {
 	gap                time.Duration            // data packets leave at least this far apart (serialization)
 	spurious           uint64                   // retransmissions allowed beyond what loss needs
 	blackhole          func(now time.Time) bool // drop everything while true
+	// receive, if set, hands the receiver each data packet in place of
+	// Receive (a receiver that also drops what it holds, say).
+	receive func(r *Receiver[int], now time.Time, seq uint32, v int, deliver func(uint32, int) bool)
 }
 
 type simResult struct {
@@ -149,6 +152,10 @@ func simulate(t *testing.T, seed uint64, n int, cfg Config, l link, ready func(n
 					res.err = err
 					return res
 				}
+				continue
+			}
+			if l.receive != nil {
+				l.receive(r, now, e.seq, e.val, deliver)
 				continue
 			}
 			r.Receive(e.seq, e.val, now, deliver)
