@@ -214,8 +214,14 @@ func TestBindFD(t *testing.T) {
 	if err := sb.SetFD(dup); !errors.Is(err, ErrClosed) {
 		t.Fatalf("SetFD on a closed socket: %v", err)
 	}
-	if n := len(*d.socketList.Load()); n != 1 {
+	d.mu.Lock()
+	n := len(d.sockets)
+	d.mu.Unlock()
+	if n != 1 {
 		t.Fatalf("%d sockets listed after one of two closed", n)
+	}
+	if l := d.socketList.Load(); l != nil && len(*l) != 0 {
+		t.Fatalf("busy pollers list %d manual sockets", len(*l))
 	}
 	send(addrA, qa.QPN(), "A goes on")
 	if w := progress(sa, cqa); w == nil || string(mra.Bytes()[w.ID*2048:][:w.Len]) != "A goes on" {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -106,9 +105,11 @@ type Device struct {
 	qpNext uint32
 	pdNext atomic.Uint32
 
-	mu         sync.Mutex
-	sockets    []*Socket
-	socketList atomic.Pointer[[]*Socket] // a snapshot for pollers
+	mu      sync.Mutex
+	sockets map[*Socket]struct{}
+	// socketList is a snapshot of the sockets a busy poller reads (every
+	// socket but the manual ones), remade when one comes or goes.
+	socketList atomic.Pointer[[]*Socket]
 
 	events     chan AsyncEvent
 	eventsLost atomic.Uint64
@@ -186,7 +187,7 @@ func (d *Device) Close() error {
 	d.sockets = nil
 	d.socketList.Store(nil)
 	d.mu.Unlock()
-	for _, s := range socks {
+	for s := range socks { // in any order
 		s.close()
 	}
 	d.rc.close()
@@ -275,9 +276,13 @@ func (d *Device) addSocket(s *Socket) error {
 		s.close()
 		return ErrClosed
 	}
-	d.sockets = append(d.sockets, s)
-	list := slices.Clone(d.sockets)
-	d.socketList.Store(&list)
+	if d.sockets == nil {
+		d.sockets = map[*Socket]struct{}{}
+	}
+	d.sockets[s] = struct{}{}
+	if !s.manual {
+		d.relistLocked()
+	}
 	s.start() // under d.mu: Close cannot run between the check and wg.Add
 	d.mu.Unlock()
 	return nil
@@ -302,6 +307,17 @@ func (d *Device) busyLoop() {
 	for !d.closed.Load() {
 		d.progressOnce()
 	}
+}
+
+// relistLocked remakes the pollers' snapshot; under d.mu.
+func (d *Device) relistLocked() {
+	list := make([]*Socket, 0, len(d.sockets))
+	for s := range d.sockets {
+		if !s.manual {
+			list = append(list, s)
+		}
+	}
+	d.socketList.Store(&list)
 }
 
 func (d *Device) lookupQP(qpn uint32) *QP {

@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -130,14 +129,15 @@ func (s *Socket) close() {
 func (s *Socket) Close() error {
 	d := s.dev
 	d.mu.Lock()
-	i := slices.Index(d.sockets, s)
-	if i >= 0 {
-		d.sockets = slices.Delete(d.sockets, i, i+1)
-		list := slices.Clone(d.sockets)
-		d.socketList.Store(&list)
+	_, listed := d.sockets[s]
+	if listed {
+		delete(d.sockets, s)
+		if !s.manual {
+			d.relistLocked()
+		}
 	}
 	d.mu.Unlock()
-	if i < 0 {
+	if !listed {
 		return nil // closed already, or by the device's Close
 	}
 	s.close()

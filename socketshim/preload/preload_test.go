@@ -32,6 +32,10 @@ type stats struct {
 	ReceivedBytes uint64 `json:"received_bytes"`
 	DeviceTx      uint64 `json:"device_tx_datagrams"`
 	DeviceRx      uint64 `json:"device_rx_delivered"`
+	Live          uint64 `json:"live"`
+	Pool          int    `json:"pool_receives"`
+	PoolFree      int    `json:"pool_free"`
+	NoRecv        uint64 `json:"dropped_no_receive"`
 }
 
 var (
@@ -61,6 +65,7 @@ func built(t *testing.T) string {
 		steps := [][]string{
 			{"gcc", "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-o", filepath.Join(dir, "libudiwarp_preload.so"), "c/preload.c", "-ldl", "-lpthread"},
 			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(dir, "survive"), "testdata/survive.c", "-lpthread"},
+			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(dir, "manysock"), "testdata/manysock.c"},
 			{"go", "build", "-buildmode=c-shared", "-o", filepath.Join(dir, "libudiwarp_engine.so"), "./engine"},
 		}
 		for _, s := range steps {

@@ -43,13 +43,17 @@ const (
 	// (QPAttr.SRQLimit): a socket reads one datagram per receive call
 	// (Progress(1)), and holds one more for MSG_PEEK or FIONREAD.
 	heldPerSocket = 4
-	sendDepth     = 16 // send WRs queued per socket while its kernel buffer is full
+	sendDepth     = 4 // send WRs queued per socket while its kernel buffer is full
 	maxAHs        = 256
 	// recvSize is the pool's receive size: a whole UD Send of the
 	// largest UDP datagram, IPv6's.
 	recvSize       = 65527
 	defaultPool    = 4 << 20 // UDIWARP_PRELOAD_POOL's default, bytes
 	minPoolEntries = 8
+	// maxQPs is the most sockets one process runs over the engine: its
+	// table of QPs is this many pointers (8 MiB of address space, touched
+	// only as far as used). Beyond it a socket stays on the kernel.
+	maxQPs = 1 << 20
 )
 
 // engine is the process's one udiwarp device: every owned socket is one
@@ -65,6 +69,11 @@ var engine struct {
 	srq  *qp.SRQ
 	pool *qp.MR
 	n    int // receives in the pool
+	// scq is every QP's send CQ: sends are unsignaled, so it holds only
+	// failed ones, and whichever socket sends next empties it (reap).
+	scq   *qp.CQ
+	reapM sync.Mutex
+	swcs  [64]qp.WorkCompletion
 }
 
 func start() error {
@@ -74,12 +83,17 @@ func start() error {
 			size = v
 		}
 		engine.n = max(size/recvSize, minPoolEntries)
-		d, err := qp.Open(qp.DeviceConfig{RecvBatch: 1, EventSpin: -1})
+		// A QP per socket: as many as a process can have descriptors.
+		d, err := qp.Open(qp.DeviceConfig{RecvBatch: 1, EventSpin: -1, MaxQP: maxQPs})
 		if err != nil {
 			engine.err = err
 			return
 		}
 		engine.dev, engine.pd = d, d.AllocPD()
+		if engine.scq, err = d.CreateCQ(4096); err != nil {
+			engine.err = err
+			return
+		}
 		if engine.srq, err = engine.pd.CreateSRQ(engine.n, 1); err == nil {
 			engine.pool, err = engine.pd.RegisterMemory(make([]byte, engine.n*recvSize), qp.AccessLocalWrite)
 		}
@@ -103,7 +117,6 @@ type sock struct {
 	s    *qp.Socket
 	q    *qp.QP
 	rcq  *qp.CQ
-	scq  *qp.CQ
 	slot int // the largest datagram
 	v6   bool
 
@@ -111,9 +124,8 @@ type sock struct {
 	rwc  [1]qp.WorkCompletion
 	held *qp.WorkCompletion // a datagram MSG_PEEK or FIONREAD looked at
 
-	wmu  sync.Mutex
-	swcs [sendDepth]qp.WorkCompletion
-	ahs  shim.AHCache
+	wmu sync.Mutex
+	ahs shim.AHCache
 }
 
 // The handle table: a handle is a slot's index and its generation, so
@@ -225,15 +237,12 @@ func udw_adopt(fd C.int) C.longlong {
 func (s *sock) setup() error {
 	var err error
 	s.ahs = shim.AHCache{PD: engine.pd, QPN: socketshim.ShimQPN, Max: maxAHs}
-	if s.rcq, err = engine.dev.CreateCQ(2*heldPerSocket + 2); err != nil {
-		return err
-	}
-	if s.scq, err = engine.dev.CreateCQ(2 * sendDepth); err != nil {
+	if s.rcq, err = engine.dev.CreateCQ(heldPerSocket + 2); err != nil {
 		return err
 	}
 	// Every send is inline: the QP copies a datagram only if it has to
 	// wait for the kernel's buffer, into a slot made then.
-	if s.q, err = engine.pd.CreateQP(qp.QPAttr{Type: qp.UD, SendCQ: s.scq, RecvCQ: s.rcq, SRQ: engine.srq, SRQLimit: heldPerSocket,
+	if s.q, err = engine.pd.CreateQP(qp.QPAttr{Type: qp.UD, SendCQ: engine.scq, RecvCQ: s.rcq, SRQ: engine.srq, SRQLimit: heldPerSocket,
 		Caps: qp.QPCaps{MaxSendWR: sendDepth, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: s.slot}}); err != nil {
 		return err
 	}
@@ -356,9 +365,9 @@ func udw_send(h C.longlong, iov unsafe.Pointer, iovcnt C.int, to unsafe.Pointer,
 			}
 		}
 	}
+	reap()
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	s.reap()
 	ah, err := s.ahs.Get(ap)
 	if err != nil {
 		return errno(err)
@@ -373,9 +382,14 @@ func udw_send(h C.longlong, iov unsafe.Pointer, iovcnt C.int, to unsafe.Pointer,
 
 // reap empties the send CQ: the sends are unsignaled, so it holds only
 // failed ones, which a datagram socket does not report either.
-func (s *sock) reap() {
-	for s.scq.Poll(s.swcs[:]) == len(s.swcs) {
+func reap() {
+	if engine.scq.Pending() == 0 {
+		return
 	}
+	engine.reapM.Lock()
+	for engine.scq.Poll(engine.swcs[:]) == len(engine.swcs) {
+	}
+	engine.reapM.Unlock()
 }
 
 const (

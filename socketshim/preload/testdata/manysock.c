@@ -1,0 +1,108 @@
+// manysock: opens N bound UDP sockets in one process, as a server with
+// a socket per client does (SIPp's -t un), and exercises each: every
+// socket sends one datagram to socket 0, which answers each, and every
+// socket reads its answer. Then it prints "ready N" and waits for its
+// standard input to close, so that the test measures its memory with
+// every socket open. Also: "burst K" mode sends K datagrams to one
+// socket that reads nothing until all are sent, then counts what it can
+// read (the kernel's SO_RCVBUF decides).
+//
+// Usage: manysock N | manysock burst K RCVBUF
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define FAIL(...) do { fprintf(stderr, "manysock: " __VA_ARGS__); fprintf(stderr, " (errno %d: %s)\n", errno, strerror(errno)); exit(1); } while (0)
+
+static int udp(struct sockaddr_in *a) {
+	int fd = socket(AF_INET, SOCK_DGRAM, 0);
+	if (fd < 0) FAIL("socket");
+	memset(a, 0, sizeof *a);
+	a->sin_family = AF_INET;
+	a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (bind(fd, (struct sockaddr *)a, sizeof *a) != 0) FAIL("bind");
+	socklen_t l = sizeof *a;
+	if (getsockname(fd, (struct sockaddr *)a, &l) != 0) FAIL("getsockname");
+	return fd;
+}
+
+static void timeo(int fd, int ms) {
+	struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
+static int burst(int k, int rcvbuf) {
+	struct sockaddr_in ra, sa;
+	int r = socket(AF_INET, SOCK_DGRAM, 0);
+	if (r < 0) FAIL("socket");
+	if (setsockopt(r, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf) != 0) FAIL("SO_RCVBUF");
+	memset(&ra, 0, sizeof ra);
+	ra.sin_family = AF_INET;
+	ra.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (bind(r, (struct sockaddr *)&ra, sizeof ra) != 0) FAIL("bind");
+	socklen_t l = sizeof ra;
+	getsockname(r, (struct sockaddr *)&ra, &l);
+	int s = udp(&sa);
+	char buf[1000];
+	memset(buf, 'b', sizeof buf);
+	for (int i = 0; i < k; i++)
+		if (sendto(s, buf, sizeof buf, 0, (struct sockaddr *)&ra, sizeof ra) != (ssize_t)sizeof buf) FAIL("sendto %d", i);
+	usleep(200000);
+	int n = 0;
+	fcntl(r, F_SETFL, O_NONBLOCK);
+	while (recv(r, buf, sizeof buf, 0) == (ssize_t)sizeof buf) n++;
+	printf("received %d of %d\n", n, k);
+	return 0;
+}
+
+int main(int argc, char **argv) {
+	if (argc == 4 && !strcmp(argv[1], "burst")) return burst(atoi(argv[2]), atoi(argv[3]));
+	if (argc != 2) FAIL("usage: manysock N | manysock burst K RCVBUF");
+	int n = atoi(argv[1]);
+	struct rlimit rl;
+	getrlimit(RLIMIT_NOFILE, &rl);
+	if (rl.rlim_cur < (rlim_t)n + 64) {
+		rl.rlim_cur = (rlim_t)n + 64;
+		if (rl.rlim_max < rl.rlim_cur) rl.rlim_max = rl.rlim_cur;
+		if (setrlimit(RLIMIT_NOFILE, &rl) != 0) FAIL("RLIMIT_NOFILE %d", n + 64);
+	}
+	int *fd = calloc(n, sizeof *fd);
+	struct sockaddr_in *a = calloc(n, sizeof *a);
+	for (int i = 0; i < n; i++) fd[i] = udp(&a[i]);
+	timeo(fd[0], 5000);
+	char buf[256];
+	// In rounds of 256, so that socket 0's queue never overflows.
+	for (int lo = 1; lo < n; lo += 256) {
+		int hi = lo + 256 < n ? lo + 256 : n;
+		for (int i = lo; i < hi; i++) {
+			int m = snprintf(buf, sizeof buf, "hello from %d", i);
+			if (sendto(fd[i], buf, m, 0, (struct sockaddr *)&a[0], sizeof a[0]) != m) FAIL("sendto from %d", i);
+		}
+		for (int i = lo; i < hi; i++) {
+			struct sockaddr_in from;
+			socklen_t fl = sizeof from;
+			ssize_t m = recvfrom(fd[0], buf, sizeof buf - 1, 0, (struct sockaddr *)&from, &fl);
+			if (m <= 0) FAIL("socket 0 received %zd of round %d", m, lo);
+			if (sendto(fd[0], buf, m, 0, (struct sockaddr *)&from, fl) != m) FAIL("answer");
+		}
+		for (int i = lo; i < hi; i++) {
+			timeo(fd[i], 5000);
+			ssize_t m = recv(fd[i], buf, sizeof buf - 1, 0);
+			if (m <= 0) FAIL("socket %d received %zd", i, m);
+			buf[m] = 0;
+			int who = -1;
+			if (sscanf(buf, "hello from %d", &who) != 1 || who != i) FAIL("socket %d got %s", i, buf);
+		}
+	}
+	printf("ready %d\n", n);
+	fflush(stdout);
+	while (read(0, buf, sizeof buf) > 0) {}
+	return 0;
+}
