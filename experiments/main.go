@@ -57,6 +57,9 @@ type options struct {
 	dev    string
 	udperf string
 	replot string
+	// SIPp experiment: clients, transports, prebuilt preload libraries.
+	sippClients, sippTransports, preload string
+	sippRate                             int
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -71,6 +74,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.server, "server", "", "host mode: `HOST[:PORT]` running `udperf server`; the loss figures run against it")
 	fs.StringVar(&o.dev, "dev", "", "host mode: the interface netem loses packets on (as root)")
 	fs.StringVar(&o.udperf, "udperf", "", "a udperf binary to use (default: built from this tree)")
+	fs.StringVar(&o.sippClients, "sipp-clients", "", "sipp: comma-separated client counts (default 1000,10000; quick 20,100)")
+	fs.StringVar(&o.sippTransports, "sipp-transports", "", "sipp: comma-separated transports (default all: "+strings.Join(sippNames(), ",")+")")
+	fs.IntVar(&o.sippRate, "sipp-rate", 0, "sipp: calls per second that open the clients (default 1000; quick 200)")
+	fs.StringVar(&o.preload, "preload", "", "sipp: `DIR` holding a built libudiwarp_preload.so and libudiwarp_engine.so (default: built from this tree)")
 	fs.StringVar(&o.replot, "replot", "", "remake the plots and report.md of results `DIR` from its runs.json, measuring nothing")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: go run ./experiments [-quick] [-loss auto|netem|nft|inproc] [-only IDs] [-server HOST -dev IF]\n\n")
@@ -131,7 +138,8 @@ func do(o options, stdout, stderr io.Writer) error {
 	}
 	defer os.RemoveAll(work)
 	bin := o.udperf
-	if bin == "" {
+	// The SIPp experiment runs sipp, not udperf: -only sipp needs no build.
+	if bin == "" && slices.ContainsFunc(figs, func(f *figure) bool { return f.Test != "sipp" }) {
 		bin = filepath.Join(work, "udperf")
 		if out, err := goCmd(root, "build", "-o", bin, "./cmd/udperf").CombinedOutput(); err != nil {
 			return fmt.Errorf("building udperf: %v\n%s", err, out)
@@ -203,7 +211,11 @@ func finish(out string, figs []*figure, rows []row, m meta) error {
 		if !hasRows(rows, f.ID) {
 			continue // not made (fig19 without ffmpeg)
 		}
-		p, err := plotFigure(out, f, rows)
+		plotf := plotFigure
+		if f.Plot != nil {
+			plotf = f.Plot
+		}
+		p, err := plotf(out, f, rows)
 		if err != nil {
 			return fmt.Errorf("%s: plot: %w", f.ID, err)
 		}

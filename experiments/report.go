@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 )
 
@@ -43,8 +44,12 @@ func writeReport(dir string, figs []*figure, rows []row, made []plotted, m meta)
 			fmt.Fprintf(&b, "Not made in this run (%s).\n\n", skippedWhy(f))
 			continue
 		}
-		table(&b, f, rows)
-		if n := failed(rows, f.ID); n > 0 {
+		if f.Table != nil {
+			f.Table(&b, f, rows)
+		} else {
+			table(&b, f, rows)
+		}
+		if n := failed(rows, f.ID); n > 0 && f.LossX {
 			fmt.Fprintf(&b, "%d runs under loss did not finish (their `failed` field in runs.csv says why) and count as 0.\n\n", n)
 		}
 		fmt.Fprintf(&b, "**Seed 003:** %s\n\n", f.Seed)
@@ -53,8 +58,7 @@ func writeReport(dir string, figs []*figure, rows []row, made []plotted, m meta)
 		}
 		fmt.Fprintf(&b, "**Why they may differ:** %s\n\n", f.Differs)
 	}
-	b.WriteString("## Not here yet\n\nSeed 003's SIPp response time and memory at many clients (FIG 20), and memory per peer as peers " +
-		"grow (UD/RD against RC), come with issue 18 (scale to 100,000 clients and SIPp over the preload library).\n")
+	b.WriteString("## Not here yet\n\nMemory per peer as peers grow (UD/RD against RC, verbs level) comes with issue 18.\n")
 	return os.WriteFile(filepath.Join(dir, "report.md"), b.Bytes(), 0o644)
 }
 
@@ -79,6 +83,15 @@ func flagsOf(o options) []string {
 	if o.only != "" {
 		f = append(f, "-only", o.only)
 	}
+	if o.sippClients != "" {
+		f = append(f, "-sipp-clients", o.sippClients)
+	}
+	if o.sippRate > 0 {
+		f = append(f, "-sipp-rate", strconv.Itoa(o.sippRate))
+	}
+	if o.sippTransports != "" {
+		f = append(f, "-sipp-transports", o.sippTransports)
+	}
 	if o.server != "" {
 		f = append(f, "-server", o.server, "-dev", o.dev)
 	}
@@ -96,6 +109,9 @@ func lossText(e *env) string {
 }
 
 func skippedWhy(f *figure) string {
+	if f.Needs != "" {
+		return f.Needs + ", and runs on one machine"
+	}
 	if f.External != nil {
 		return "needs ffmpeg, and runs on one machine"
 	}
