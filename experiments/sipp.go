@@ -640,8 +640,11 @@ func (e *env) sippRun(t sippTransport, n int, set sippSettings, round int, o opt
 				fail(p.name + ": the preload's engine wrote no stats (did it load?)")
 				continue
 			}
-			r["engine_"+p.name+"_sent"], r["engine_"+p.name+"_received"] = st["sent"], st["received"]
-			r["engine_"+p.name+"_sockets"] = st["sockets"]
+			for k, v := range st { // sent, received, sockets, the receive pool's figures: whatever the engine reports
+				if k != "pid" {
+					r["engine_"+p.name+"_"+k] = v
+				}
+			}
 			if s, _ := st["sent"].(float64); s == 0 && t.T == "un" {
 				fail(p.name + ": its engine sent nothing: the traffic went around udiwarp")
 			}
