@@ -1,8 +1,6 @@
 package qp
 
 import (
-	"crypto/rand"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -190,6 +188,7 @@ type rdPeer struct {
 	wrMSN       map[uint32]uint32 // Write-Record MSNs to it, per STag
 	held        int               // bytes its receiver buffers ahead of a gap
 	moved       time.Time         // when its receiver last delivered (or the peer was made)
+	rdSlots                       // its places in the QP's peer table (rdpeers.go)
 }
 
 // rdGraveyard is how many ended sessions a QP remembers: a Data frame of
@@ -203,7 +202,7 @@ type rdQP struct {
 	mu      sync.Mutex
 	cfg     RDConfig
 	tokens  *reliability.Tokens
-	peers   map[rdKey]*rdPeer
+	rdTable                               // the peers (rdpeers.go)
 	graves  *reliability.Graveyard[rdKey] // ended sessions
 	out     []*rdWR                       // every WR not completed, in post order
 	tx      txCtx
@@ -212,8 +211,7 @@ type rdQP struct {
 	tmp     AH // for Challenges to sources without state
 	next    time.Time
 	inMover bool
-	held    int                // bytes all peers' receivers buffer ahead of gaps
-	perAddr map[netip.Addr]int // peers per source address
+	held    int // bytes all peers' receivers buffer ahead of gaps
 }
 
 func newRDQP(q *QP, cfg RDConfig) *rdQP {
@@ -243,8 +241,8 @@ func newRDQP(q *QP, cfg RDConfig) *rdQP {
 	if cfg.MaxQPHeldBytes <= 0 {
 		cfg.MaxQPHeldBytes = defaultMaxQPHeldBytes
 	}
-	r := &rdQP{q: q, cfg: cfg, tokens: reliability.NewTokens(), peers: map[rdKey]*rdPeer{}, graves: reliability.NewGraveyard[rdKey](rdGraveyard),
-		perAddr: map[netip.Addr]int{}}
+	r := &rdQP{q: q, cfg: cfg, tokens: reliability.NewTokens(), graves: reliability.NewGraveyard[rdKey](rdGraveyard)}
+	r.rdTable.init()
 	r.tx.init(q)
 	return r
 }
@@ -377,6 +375,7 @@ func (r *rdQP) postOn(wr *SendWR, s *Socket) error {
 	} else if r.pump(s, p, now) {
 		r.toMover(s)
 	}
+	r.touch(p)
 	r.arm(now)
 	return nil
 }
@@ -388,141 +387,6 @@ func (w *rdWR) releaseMRs() { w.refs.release() }
 // in 64 bits: a length near 4 GiB must not wrap to a single segment.
 func rdSegments(length, seg uint32) uint32 {
 	return uint32(max(1, (uint64(length)+uint64(seg)-1)/uint64(seg)))
-}
-
-// rdPeerFor returns the peer state for ah, making it (and starting
-// contact) if there is none. Caller holds r.mu.
-func (r *rdQP) peerFor(ah *AH, now time.Time) (*rdPeer, error) {
-	k := rdKey{ah.addr, ah.qpn}
-	if p := r.peers[k]; p != nil {
-		return p, nil
-	}
-	if !r.room(now) {
-		return nil, fmt.Errorf("%w: %d RD peers with work outstanding", ErrTooMany, len(r.peers))
-	}
-	p := r.newPeer(k, now)
-	p.newToken()
-	return p, nil
-}
-
-// newToken draws the random token our Hello carries for a new session.
-func (p *rdPeer) newToken() {
-	var tok [8]byte
-	for p.myToken = 0; p.myToken == 0; {
-		rand.Read(tok[:])
-		p.myToken = binary.BigEndian.Uint64(tok[:])
-	}
-}
-
-// rdBury remembers that p's session ended: a Data frame of it, even with
-// a valid keyed token, opens nothing (rdReceive). The graveyard keeps the
-// last rdGraveyard sessions.
-func (r *rdQP) bury(p *rdPeer) {
-	if !p.established {
-		return
-	}
-	r.graves.Bury(p.key, p.theirEpoch)
-}
-
-// rdRoom makes room for one more peer under the cap, reclaiming the
-// longest-idle reclaimable peer; false if none can go.
-func (r *rdQP) room(now time.Time) bool {
-	if len(r.peers) < r.cfg.MaxPeers {
-		return true
-	}
-	return r.reclaimOne(now, func(*rdPeer) bool { return true })
-}
-
-// rdAddrRoom makes room for one more peer from addr under the
-// per-address limit, reclaiming that address's longest-idle reclaimable
-// peer; false if none can go.
-func (r *rdQP) addrRoom(addr netip.Addr, now time.Time) bool {
-	if r.perAddr[addr] < r.cfg.MaxPeersPerAddr {
-		return true
-	}
-	return r.reclaimOne(now, func(p *rdPeer) bool { return p.key.addr.Addr() == addr })
-}
-
-// rdReclaimOne forgets the longest-idle reclaimable peer that which
-// selects; false if there is none.
-func (r *rdQP) reclaimOne(now time.Time, which func(*rdPeer) bool) bool {
-	q := r.q
-	var idle *rdPeer
-	for _, p := range r.peers {
-		if r.reclaimable(p, now) && which(p) && (idle == nil || p.last.Before(idle.last)) {
-			idle = p
-		}
-	}
-	if idle == nil {
-		return false
-	}
-	r.forget(idle)
-	q.dev.stats.RDPeersReclaimed.Add(1)
-	return true
-}
-
-// quiet: nothing of ours is outstanding to p.
-func (p *rdPeer) quiet() bool {
-	return p.outstanding == 0 && len(p.queue) == 0 && p.snd.InFlight() == 0
-}
-
-// rdReclaimable: p can be forgotten at the cap: nothing of ours is
-// outstanding to it, and it holds nothing, or holds frames ahead of a gap
-// that has not moved for IdleTimeout (its sender gave up on the gap, or
-// never meant to fill it: buffered frames must not pin a peer's state).
-func (r *rdQP) reclaimable(p *rdPeer, now time.Time) bool {
-	return p.quiet() && (p.rcv.Held() == 0 || now.Sub(p.moved) > r.cfg.IdleTimeout)
-}
-
-// rdReclaimAt is when the timer forgets p: IdleTimeout after its last
-// traffic if it is idle, after its receiver last moved if it holds
-// frames; zero while work of ours to it is outstanding.
-func (r *rdQP) reclaimAt(p *rdPeer) time.Time {
-	switch {
-	case !p.quiet():
-		return time.Time{}
-	case p.rcv.Held() > 0:
-		return p.moved.Add(r.cfg.IdleTimeout)
-	}
-	return p.last.Add(r.cfg.IdleTimeout)
-}
-
-// rdForget drops p's state, remembering its session if it had one (rdBury):
-// what its receiver holds is let go of (and leaves the byte budgets), and
-// it leaves its address's count. Caller holds r.mu.
-func (r *rdQP) forget(p *rdPeer) {
-	r.bury(p)
-	p.rcv.Reset()
-	delete(r.peers, p.key)
-	a := p.key.addr.Addr()
-	if r.perAddr[a]--; r.perAddr[a] <= 0 {
-		delete(r.perAddr, a)
-	}
-}
-
-// rdNewReceiver returns a receiver for p whose buffered frames are
-// counted against the byte budgets until delivered or let go of.
-func (r *rdQP) newReceiver(p *rdPeer) *reliability.Receiver[[]byte] {
-	return reliability.NewReceiver[[]byte](r.cfg.Config, func(b []byte) { r.unhold(p, b) })
-}
-
-// rdUnhold takes a buffered frame off the byte budgets.
-func (r *rdQP) unhold(p *rdPeer, b []byte) {
-	p.held -= len(b)
-	r.held -= len(b)
-}
-
-func (r *rdQP) newPeer(k rdKey, now time.Time) *rdPeer {
-	q := r.q
-	p := &rdPeer{key: k, last: now, moved: now, epoch: reliability.NewEpoch()}
-	p.ah.setAddr(k.addr, k.qpn)
-	p.snd = reliability.NewSender[rdPkt](r.cfg.Config)
-	p.rcv = r.newReceiver(p)
-	r.peers[k] = p
-	r.perAddr[k.addr.Addr()]++
-	q.dev.stats.RDPeers.Add(1)
-	r.endWriteRecords(k)
-	return p
 }
 
 // rdEndWriteRecords ends, at the QP's Write-Record engine, the messages
@@ -607,6 +471,7 @@ func (r *rdQP) pump(s *Socket, p *rdPeer, now time.Time) (full bool) {
 		tail := w.sent+1 == w.nseg && len(p.queue) == 1
 		if err := r.data(s, p, seq, &pk, now, probing || (tail && w.flags&FlagSignaled != 0)); err == errSocketFull {
 			p.snd.Unpush(seq)
+			r.waitMover(p)
 			return true
 		}
 		if probing {
@@ -760,22 +625,6 @@ func (r *rdQP) toMover(s *Socket) {
 	}
 }
 
-// rdDrain is the datamover's turn for an RD QP: pump every peer with
-// queued segments.
-func (r *rdQP) drain(s *Socket, _ int) (more, full bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	now := time.Now()
-	for _, p := range r.peers {
-		if p.established && len(p.queue) > 0 && r.pump(s, p, now) {
-			return true, true
-		}
-	}
-	r.inMover = false
-	r.arm(now)
-	return false, false
-}
-
 // deliverRD handles an RD frame received on s.
 func (d *Device) deliverRD(s *Socket, b []byte, src netip.AddrPort) {
 	st := &d.stats
@@ -822,6 +671,7 @@ func (r *rdQP) receive(s *Socket, h *reliability.Header, frame []byte, src netip
 			// (only a receiver of them knows the token echoed). The
 			// session is over; we open a new one.
 			st.RDPeerRestarts.Add(1)
+			r.touch(p)
 			r.renew(s, p, h.Window, now)
 			r.complete()
 			r.arm(now)
@@ -831,6 +681,7 @@ func (r *rdQP) receive(s *Socket, h *reliability.Header, frame []byte, src netip
 			return
 		}
 		p.last = now
+		r.touch(p)
 	case reliability.Data, reliability.Ack:
 		// A peer's frames carry the token it got from us: the random one
 		// of our Hello, or the keyed one of our Challenge (both sides may
@@ -871,6 +722,7 @@ func (r *rdQP) receive(s *Socket, h *reliability.Header, frame []byte, src netip
 			return
 		}
 		p.last = now
+		r.touch(p)
 		if h.HasAck {
 			p.sendInit = false // the peer has our state
 			if err := r.onAck(s, p, h, now); err != nil {
@@ -1302,6 +1154,7 @@ func (r *rdQP) complete() {
 		w := r.out[k]
 		w.releaseMRs()
 		w.peer.outstanding--
+		r.touch(w.peer)
 		if w.status != Success || w.flags&FlagSignaled != 0 {
 			n := int(w.length)
 			if w.status != Success {
@@ -1467,7 +1320,10 @@ func (r *rdQP) timer(now time.Time) time.Time {
 		r.next = time.Time{} // the timer no longer holds q: the next rdArm arms it
 		return time.Time{}
 	}
-	for _, p := range r.peers {
+	for _, p := range r.takeDue(now) {
+		if !p.listed {
+			continue // forgotten by an earlier one's work
+		}
 		if !p.established {
 			if !p.helloAt.IsZero() && !now.Before(p.helloAt.Add(r.helloWait(p))) {
 				if p.helloTries >= r.cfg.MaxRetries {
@@ -1513,52 +1369,12 @@ func (r *rdQP) timer(now time.Time) time.Time {
 	}
 	r.complete()
 	r.next = time.Time{}
-	return r.deadline(now)
+	return r.settle(now)
 }
 
 func (r *rdQP) helloWait(p *rdPeer) time.Duration {
 	c := r.cfg
 	return min(c.InitialRTT<<min(p.helloTries, 20), c.MaxRTO)
-}
-
-// rdDeadline is the earliest time any peer needs the timer.
-func (r *rdQP) deadline(now time.Time) time.Time {
-	var next time.Time
-	early := func(t time.Time) {
-		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
-			next = t
-		}
-	}
-	for _, p := range r.peers {
-		if !p.established {
-			if !p.helloAt.IsZero() {
-				early(p.helloAt.Add(r.helloWait(p)))
-			}
-			continue
-		}
-		early(p.snd.Deadline())
-		early(p.rcv.AckDue(now))
-		if len(p.queue) > 0 && !p.snd.CanSend(now) && p.snd.InFlight() == 0 {
-			// Waiting out a receiver-not-ready, or for the next probe of
-			// a shut window.
-			early(p.snd.Resume())
-		}
-		if at := r.reclaimAt(p); !at.IsZero() {
-			early(at.Add(time.Millisecond))
-		}
-	}
-	return next
-}
-
-// rdArm makes sure the device timer runs by the QP's next deadline.
-func (r *rdQP) arm(now time.Time) {
-	q := r.q
-	next := r.deadline(now)
-	if next.IsZero() || (!r.next.IsZero() && !next.Before(r.next)) {
-		return
-	}
-	r.next = next
-	q.armTimer(next)
 }
 
 // rdCutReads cuts short the Read Responses the device's RD QPs are
@@ -1628,6 +1444,5 @@ func (r *rdQP) flush() {
 		}
 	}
 	r.complete()
-	clear(r.peers)
-	clear(r.perAddr)
+	r.rdTable.reset()
 }

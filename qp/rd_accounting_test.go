@@ -3,6 +3,7 @@ package qp
 import (
 	"fmt"
 	"net/netip"
+	"time"
 )
 
 // rdAccounting checks the RD QP's books against its peers: each source
@@ -21,19 +22,19 @@ func rdAccounting(r *rdQP) error {
 		held += p.held
 	}
 	for a, n := range r.perAddr {
-		if count[a] != n {
-			return fmt.Errorf("address %v counted for %d RD peers, has %d", a, n, count[a])
+		if count[a] != n.n {
+			return fmt.Errorf("address %v counted for %d RD peers, has %d", a, n.n, count[a])
 		}
 	}
 	for a, n := range count {
-		if r.perAddr[a] != n {
-			return fmt.Errorf("address %v has %d RD peers, counted for %d", a, n, r.perAddr[a])
+		if r.perAddr[a].n != n {
+			return fmt.Errorf("address %v has %d RD peers, counted for %d", a, n, r.perAddr[a].n)
 		}
 	}
 	if held != r.held || r.held > r.cfg.MaxQPHeldBytes {
 		return fmt.Errorf("RD QP holds %d bytes, its peers %d, budget %d", r.held, held, r.cfg.MaxQPHeldBytes)
 	}
-	return nil
+	return rdTableCheck(r, time.Now())
 }
 
 // checkRDAccounting is rdAccounting under the QP's RD lock.

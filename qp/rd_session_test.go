@@ -295,6 +295,9 @@ func setIdleTimeout(q *QP, d time.Duration) {
 	q.rd.mu.Lock()
 	defer q.rd.mu.Unlock()
 	q.rd.cfg.IdleTimeout = d
+	for _, p := range q.rd.peers { // every peer's reclaim time moved
+		q.rd.touch(p)
+	}
 	q.rd.arm(time.Now())
 }
 

@@ -448,7 +448,7 @@ func BenchmarkRDPeerMemory(b *testing.B) {
 	var before, after runtime.MemStats
 	for b.Loop() {
 		q.rd.mu.Lock()
-		clear(q.rd.peers)
+		q.rd.rdTable.reset()
 		q.rd.mu.Unlock()
 		runtime.GC()
 		runtime.ReadMemStats(&before)
@@ -465,7 +465,7 @@ func BenchmarkRDPeerMemory(b *testing.B) {
 	}
 	// One peer with a full window in flight: its rings at their largest.
 	q.rd.mu.Lock()
-	clear(q.rd.peers)
+	q.rd.rdTable.reset()
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	p := q.rd.newPeer(rdKey{netip.MustParseAddrPort("10.0.0.1:1"), 1}, time.Now())

@@ -1,0 +1,505 @@
+package qp
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/udiwarp/udiwarp/reliability"
+	"github.com/udiwarp/udiwarp/udiwarp"
+)
+
+// Issue 18: one RD QP with 1,000 to 100,000 peers. The benchmarks here
+// measure what one frame and one first contact cost as the peer table
+// grows; scale_mem_test.go measures the memory.
+
+// rdQPFor is rdQPOn for benchmarks too.
+func rdQPFor(tb testing.TB, n *node, rd RDConfig) (*QP, *CQ) {
+	tb.Helper()
+	cq, err := n.dev.CreateCQ(8192)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return n.newQP(QPAttr{Type: RD, SendCQ: cq, RecvCQ: cq, RD: rd, Caps: QPCaps{MaxSendWR: 4096, MaxRecvWR: 4096}}), cq
+}
+
+// fillRDPeers gives q n established, idle peers at addresses no socket
+// has (10.x.y.z), whose last traffic was at: what a QP has after serving
+// n clients that went quiet.
+func fillRDPeers(tb testing.TB, q *QP, n int, at time.Time) {
+	tb.Helper()
+	r := q.rd
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := range n {
+		k := rdKey{netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 4791), 7}
+		p := r.newPeer(k, at)
+		p.established, p.theirEpoch, p.theirToken = true, 1, 1
+		p.newToken()
+	}
+	r.arm(at)
+}
+
+// rdContactor makes validated first contacts with an RD QP from sockets
+// at distinct 127.1.x.y addresses, each contact a new (address, QP
+// number): Hello, the Challenge read, then a Data frame with the issued
+// token (a zero-length RDMA Write to STag 0, which the QP refuses in its
+// ack: the contact needs no receive posted), and the ack read.
+type rdContactor struct {
+	tb    testing.TB
+	socks []*net.UDPConn
+	to    netip.AddrPort
+	dst   uint32
+	n     int
+	buf   []byte
+}
+
+func newRDContactor(tb testing.TB, to *node, dst *QP, socks int) *rdContactor {
+	tb.Helper()
+	c := &rdContactor{tb: tb, to: to.sock.LocalAddr(), dst: dst.QPN(), buf: make([]byte, 2048)}
+	for i := range socks {
+		s, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 1, byte(i>>8), byte(i+1))})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { s.Close() })
+		c.socks = append(c.socks, s)
+	}
+	return c
+}
+
+// contact makes the next first contact; it reports whether the QP took
+// the peer (its ack came), false when it answered nothing (refused).
+func (c *rdContactor) contact() bool {
+	tb := c.tb
+	s := c.socks[c.n%len(c.socks)]
+	qpn := uint32(1 + c.n/len(c.socks))
+	c.n++
+	epoch, mine := 0x5ca1e000|qpn, 0x5eed000000000000|uint64(c.n)
+	send := func(b []byte) {
+		if _, err := s.WriteToUDPAddrPort(b, c.to); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	read := func(want reliability.Type) *reliability.Header {
+		s.SetReadDeadline(time.Now().Add(2 * time.Second))
+		for {
+			n, _, err := s.ReadFromUDPAddrPort(c.buf)
+			if err != nil {
+				return nil
+			}
+			h := new(reliability.Header)
+			if h.Parse(c.buf[:n-udiwarp.CRCSize]) == nil && h.DstQPN == qpn && (h.Type == want || want == reliability.Ack && h.HasAck) {
+				return h
+			}
+		}
+	}
+	send(rdFrame(reliability.Fields{Type: reliability.Hello, DstQPN: c.dst, SrcQPN: qpn, Epoch: epoch, Init: true, Issued: mine}, nil))
+	h := read(reliability.Challenge)
+	if h == nil || h.Token != mine {
+		tb.Fatalf("contact %d: no Challenge", c.n)
+	}
+	w := udiwarp.AppendTagged(nil, &udiwarp.TaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion, RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpWrite)})
+	send(rdFrame(reliability.Fields{Type: reliability.Data, DstQPN: c.dst, SrcQPN: qpn, Epoch: epoch, Token: h.Issued, Seq: 0,
+		Init: true, Issued: mine, AckNow: true}, w))
+	return read(reliability.Ack) != nil
+}
+
+// BenchmarkRDFirstContact: a validated first contact with a QP whose
+// table is full of idle peers, so each one reclaims the longest-idle
+// peer. What the QP spends on it must not grow with the table: a flood of
+// first contacts from many addresses would otherwise cost the QP a scan
+// of every peer each.
+func BenchmarkRDFirstContact(b *testing.B) {
+	for _, peers := range []int{1000, 10000, 100000} {
+		b.Run(fmt.Sprintf("peers=%d", peers), func(b *testing.B) {
+			srv := newNode(b, DeviceConfig{}, "udp4", "127.0.0.1:0")
+			q, _ := rdQPFor(b, srv, RDConfig{MaxPeers: peers})
+			fillRDPeers(b, q, peers, time.Now().Add(-time.Second))
+			c := newRDContactor(b, srv, q, 256)
+			b.ReportAllocs()
+			for b.Loop() {
+				if !c.contact() {
+					b.Fatal("a first contact refused")
+				}
+			}
+			b.StopTimer()
+			if n := peersOf(q); n != peers {
+				b.Fatalf("%d peers, cap %d", n, peers)
+			}
+		})
+	}
+}
+
+// BenchmarkRDSendAtPeers: an RD Send and its ack between two QPs, the
+// receiver holding peers idle peers besides: one frame's cost must not
+// grow with the peers a QP has.
+func BenchmarkRDSendAtPeers(b *testing.B) {
+	for _, peers := range []int{0, 1000, 10000, 100000} {
+		b.Run(fmt.Sprintf("peers=%d", peers), func(b *testing.B) {
+			x := newNode(b, DeviceConfig{}, "udp4", "127.0.0.1:0")
+			y := newNode(b, DeviceConfig{}, "udp4", "127.0.0.1:0")
+			qx, cqx := rdQPFor(b, x, RDConfig{})
+			qy, cqy := rdQPFor(b, y, RDConfig{MaxPeers: peers + 1})
+			fillRDPeers(b, qy, peers, time.Now())
+			const depth = 64
+			for i := range depth {
+				qy.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{y.mr.SGE(4096*i, 4096)}})
+			}
+			wr := SendWR{Flags: FlagSignaled, SGL: []SGE{x.mr.SGE(0, 64)}, AH: x.ah(y, qy)}
+			recv := RecvWR{SGL: make([]SGE, 1)}
+			wc := make([]WorkCompletion, 1)
+			await := func(cq *CQ) {
+				for end := time.Now().Add(5 * time.Second); cq.Poll(wc) == 0; {
+					if time.Now().After(end) {
+						b.Fatal("no completion")
+					}
+				}
+				if wc[0].Status != Success {
+					b.Fatalf("%+v", wc[0])
+				}
+			}
+			for b.Loop() {
+				if err := qx.PostSend(&wr); err != nil {
+					b.Fatal(err)
+				}
+				await(cqy)
+				recv.ID, recv.SGL[0] = wc[0].ID, y.mr.SGE(4096*int(wc[0].ID), 4096)
+				if err := qy.PostRecv(&recv); err != nil {
+					b.Fatal(err)
+				}
+				await(cqx)
+			}
+		})
+	}
+}
+
+// rdTableCheck checks the peer table's structures against its peers
+// (rdpeers.go): every peer is listed under its key and in its address's
+// list; the heap is a heap, and holds every peer with timed work due no
+// later than its work is (early is harmless, late is a timer lost); the
+// reclaim lists hold exactly the quiet peers, each in the right one; no
+// peer is left touched between operations. The caller holds r.mu.
+func rdTableCheck(r *rdQP, now time.Time) error {
+	if len(r.dirty) != 0 {
+		return fmt.Errorf("%d RD peers touched and not settled", len(r.dirty))
+	}
+	n := 0
+	for a, ap := range r.perAddr {
+		k := 0
+		for p := ap.head; p != nil; p = p.addrNext {
+			if p.key.addr.Addr() != a || r.peers[p.key] != p || (p.addrNext != nil && p.addrNext.addrPrev != p) {
+				return fmt.Errorf("peer %v in the list of address %v", p.key, a)
+			}
+			k++
+		}
+		if k != ap.n {
+			return fmt.Errorf("address %v lists %d peers, counts %d", a, k, ap.n)
+		}
+		n += k
+	}
+	if n != len(r.peers) {
+		return fmt.Errorf("address lists hold %d peers, the table %d", n, len(r.peers))
+	}
+	for i, p := range r.tm {
+		if p.tmIdx != int32(i+1) || r.peers[p.key] != p {
+			return fmt.Errorf("heap slot %d: peer %v (index %d, in the table %v)", i, p.key, p.tmIdx, r.peers[p.key] == p)
+		}
+		if i > 0 && r.tm[(i-1)/2].tmAt > p.tmAt {
+			return fmt.Errorf("heap slot %d due before its parent", i)
+		}
+	}
+	inList := map[*rdPeer]uint8{}
+	for _, which := range []uint8{rdFreeList, rdHoldingList} {
+		l := r.listOf(which)
+		var prev *rdPeer
+		for p := l.head; p != nil; p = p.lnext {
+			if p.list != which || p.lprev != prev || inList[p] != 0 {
+				return fmt.Errorf("peer %v misplaced in reclaim list %d", p.key, which)
+			}
+			inList[p] = which
+			prev = p
+		}
+		if l.tail != prev {
+			return fmt.Errorf("reclaim list %d: tail is not its last peer", which)
+		}
+	}
+	for k, p := range r.peers {
+		if !p.listed || p.key != k {
+			return fmt.Errorf("peer %v under key %v, listed %v", p.key, k, p.listed)
+		}
+		if due := r.peerDue(p, now); !due.IsZero() {
+			if p.tmIdx == 0 {
+				return fmt.Errorf("peer %v has work due %v and is not on the timer's heap", k, due)
+			}
+			if at := r.base.Add(time.Duration(p.tmAt)); at.After(due) {
+				return fmt.Errorf("peer %v: timer at %v, work due %v", k, at, due)
+			}
+		}
+		want := uint8(rdNoList)
+		switch {
+		case !p.quiet():
+		case p.rcv.Held() == 0:
+			want = rdFreeList
+		default:
+			want = rdHoldingList
+		}
+		if inList[p] != want {
+			return fmt.Errorf("peer %v in reclaim list %d, want %d", k, inList[p], want)
+		}
+	}
+	if len(inList) > len(r.peers) {
+		return fmt.Errorf("reclaim lists hold %d peers, the table %d", len(inList), len(r.peers))
+	}
+	return nil
+}
+
+// rdRawPeer is a validated hand-driven RD peer of a QP (contactFrom): it
+// can send more Data frames in its session.
+type rdRawPeer struct {
+	tb           testing.TB
+	s            *net.UDPConn
+	to           netip.AddrPort
+	dst, qpn     uint32
+	epoch        uint32
+	mine, theirs uint64
+	buf          []byte
+}
+
+// contactFrom makes a validated first contact from s as QP qpn: Hello,
+// Challenge, and a first Data frame (a zero-length RDMA Write the QP
+// refuses in its ack), whose ack it reads; false if none came (refused).
+func contactFrom(tb testing.TB, s *net.UDPConn, to *node, dst *QP, qpn, epoch uint32) (*rdRawPeer, bool) {
+	tb.Helper()
+	p := &rdRawPeer{tb: tb, s: s, to: to.sock.LocalAddr(), dst: dst.QPN(), qpn: qpn, epoch: epoch, mine: 0xfeed0000<<32 | uint64(epoch), buf: make([]byte, 2048)}
+	p.send(rdFrame(reliability.Fields{Type: reliability.Hello, Window: 64, DstQPN: p.dst, SrcQPN: qpn, Epoch: epoch, Init: true, Issued: p.mine}, nil))
+	h := p.read(reliability.Challenge)
+	if h == nil || h.Token != p.mine {
+		tb.Fatalf("%v QP %d: no Challenge", s.LocalAddr(), qpn)
+	}
+	p.theirs = h.Issued
+	return p, p.data(0)
+}
+
+func (p *rdRawPeer) send(b []byte) {
+	if _, err := p.s.WriteToUDPAddrPort(b, p.to); err != nil {
+		p.tb.Fatal(err)
+	}
+}
+
+func (p *rdRawPeer) read(want reliability.Type) *reliability.Header {
+	p.s.SetReadDeadline(time.Now().Add(time.Second))
+	for {
+		n, _, err := p.s.ReadFromUDPAddrPort(p.buf)
+		if err != nil {
+			return nil
+		}
+		h := new(reliability.Header)
+		if h.Parse(p.buf[:n-udiwarp.CRCSize]) == nil && h.DstQPN == p.qpn && (h.Type == want || want == reliability.Ack && h.HasAck) {
+			return h
+		}
+	}
+}
+
+// data sends Data frame seq (a zero-length RDMA Write to STag 0) and
+// reports whether the QP acknowledged it.
+func (p *rdRawPeer) data(seq uint32) bool {
+	w := udiwarp.AppendTagged(nil, &udiwarp.TaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion, RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpWrite)})
+	p.send(rdFrame(reliability.Fields{Type: reliability.Data, Window: 64, DstQPN: p.dst, SrcQPN: p.qpn, Epoch: p.epoch, Token: p.theirs, Seq: seq,
+		Init: true, Issued: p.mine, AckNow: true}, w))
+	return p.read(reliability.Ack) != nil
+}
+
+func (p *rdRawPeer) key() rdKey { return rdKey{p.s.LocalAddr().(*net.UDPAddr).AddrPort(), p.qpn} }
+
+// rdHas reports which of the peers q has state for.
+func rdHas(q *QP, peers ...*rdRawPeer) []bool {
+	q.rd.mu.Lock()
+	defer q.rd.mu.Unlock()
+	var has []bool
+	for _, p := range peers {
+		has = append(has, q.rd.peers[p.key()] != nil)
+	}
+	return has
+}
+
+// TestRDReclaimOrder: at the cap a first contact reclaims the peer
+// touched longest ago, never one with work of ours outstanding; at the
+// per-address limit, the address's own least recent peer; a reclaimed
+// peer comes back with a new session.
+func TestRDReclaimOrder(t *testing.T) {
+	srv := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	// The Send it posts to a peer stays outstanding (the raw peer never
+	// acks) for the whole test: the retransmission timeout is floored
+	// at 20 s.
+	q, _ := rdQPFor(t, srv, RDConfig{MaxPeers: 4, MaxPeersPerAddr: 2, IdleTimeout: time.Hour,
+		Config: reliability.Config{Granularity: 20 * time.Second, MaxRTO: 20 * time.Second}})
+	socks := make([]*net.UDPConn, 8)
+	for i := range socks {
+		s, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 2, 0, byte(i+1))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		socks[i] = s
+	}
+	check := func(what string, peers []*rdRawPeer, want ...bool) {
+		t.Helper()
+		if got := rdHas(q, peers...); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("%s: peers held %v, want %v", what, got, want)
+		}
+		if err := checkRDAccounting(q); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	var c [8]*rdRawPeer
+	for i := range 4 {
+		var ok bool
+		if c[i], ok = contactFrom(t, socks[i], srv, q, 1, uint32(100+i)); !ok {
+			t.Fatalf("contact %d refused", i)
+		}
+	}
+	// Touched since: c0 (more traffic), then c2 (a Send of ours to it,
+	// outstanding). The longest untouched is c1, then c3.
+	if !c[0].data(1) {
+		t.Fatal("c0: no ack")
+	}
+	ah, _ := srv.pd.CreateAH(c[2].key().addr, 1)
+	if err := q.PostSend(&SendWR{ID: 7, Inline: []byte("held"), AH: ah}); err != nil {
+		t.Fatal(err)
+	}
+	if c[2].read(reliability.Data) == nil {
+		t.Fatal("c2: the Send did not come")
+	}
+	c[4], _ = contactFrom(t, socks[4], srv, q, 1, 104)
+	check("c4 came", c[:5], true, false, true, true, true)
+	c[5], _ = contactFrom(t, socks[5], srv, q, 1, 105)
+	check("c5 came", c[:6], true, false, true, false, true, true)
+	c[6], _ = contactFrom(t, socks[6], srv, q, 1, 106)
+	check("c6 came", c[:7], false, false, true, false, true, true, true)
+	// c2 has work outstanding: it is never the one reclaimed, whatever
+	// comes.
+	for i := range 3 {
+		contactFrom(t, socks[7], srv, q, uint32(10+i), uint32(200+i))
+	}
+	if !rdHas(q, c[2])[0] {
+		t.Fatal("a peer with work outstanding was reclaimed")
+	}
+	// The per-address limit: a third QP from socks[7]'s address reclaims
+	// that address's least recent peer, QP 11 (QP 10 went at the cap).
+	a := &rdRawPeer{s: socks[7], qpn: 11}
+	b := &rdRawPeer{s: socks[7], qpn: 12}
+	check("socks[7]'s two", []*rdRawPeer{a, b}, true, true)
+	contactFrom(t, socks[7], srv, q, 13, 213)
+	check("socks[7]'s third", []*rdRawPeer{a, b, {s: socks[7], qpn: 13}, c[2]}, false, true, true, true)
+	if n := srv.dev.Stats().RDAddrLimited.Load(); n != 0 {
+		t.Fatalf("%d first contacts refused for their address", n)
+	}
+	// A reclaimed peer comes back in a new session.
+	if _, ok := contactFrom(t, socks[1], srv, q, 1, 301); !ok {
+		t.Fatal("c1 could not come back")
+	}
+	check("c1 back", []*rdRawPeer{{s: socks[1], qpn: 1}, c[2]}, true, true)
+	if n := peersOf(q); n != 4 {
+		t.Fatalf("%d peers, cap 4", n)
+	}
+}
+
+// TestRDChurnAtCap: 24 client QPs take turns sending to a server whose
+// cap is 8, round after round, so each one's state is reclaimed before
+// its next turn and its next Send finds none: the table stays at the
+// cap, every Send completes Success and is delivered once, in order (the
+// client reopens, and what provably never arrived goes again), and two
+// peers the server has a Send outstanding to (their receives not posted
+// yet) are never reclaimed.
+func TestRDChurnAtCap(t *testing.T) {
+	const maxPeers, nodes, perNode, rounds = 8, 3, 8, 4
+	srv := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	qs, cqs := rdQPFor(t, srv, RDConfig{MaxPeers: maxPeers, IdleTimeout: time.Hour,
+		Config: reliability.Config{RNRRetries: -1, RNRDelay: time.Millisecond, MaxRTO: 20 * time.Millisecond}})
+	for i := range nodes * perNode * rounds {
+		qs.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{srv.mr.SGE(i*8, 8)}})
+	}
+	type client struct {
+		n  *node
+		q  *QP
+		cq *CQ
+	}
+	var cs []client
+	for range nodes {
+		n := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+		for range perNode {
+			q, cq := rdQPFor(t, n, RDConfig{})
+			cs = append(cs, client{n, q, cq})
+		}
+	}
+	pinned := []int{0, 13}
+	for _, i := range pinned {
+		ah, _ := srv.pd.CreateAH(cs[i].n.sock.LocalAddr(), cs[i].q.QPN())
+		if err := qs.PostSend(&SendWR{ID: uint64(1000 + i), Flags: FlagSignaled, Inline: []byte("pin"), AH: ah}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pinKeys := func() error {
+		qs.rd.mu.Lock()
+		defer qs.rd.mu.Unlock()
+		for _, i := range pinned {
+			if qs.rd.peers[rdKey{cs[i].n.sock.LocalAddr(), cs[i].q.QPN()}] == nil {
+				return fmt.Errorf("client %d, with a Send outstanding, was reclaimed", i)
+			}
+		}
+		if len(qs.rd.peers) > maxPeers {
+			return fmt.Errorf("%d peers, cap %d", len(qs.rd.peers), maxPeers)
+		}
+		return rdAccounting(qs.rd)
+	}
+	eventually(t, "the pinned peers' state", func() bool { return pinKeys() == nil })
+	got := map[[2]byte]int{}
+	for r := range rounds {
+		for i, c := range cs {
+			ah := c.n.ah(srv, qs)
+			if err := c.q.PostSend(&SendWR{ID: uint64(r), Flags: FlagSignaled, Inline: []byte{byte(i), byte(r)}, AH: ah}); err != nil {
+				t.Fatal(err)
+			}
+			if wc := collect(t, c.cq, 1, 10*time.Second)[0]; wc.Status != Success {
+				t.Fatalf("round %d client %d: %+v", r, i, wc)
+			}
+			for _, wc := range collect(t, cqs, 1, 10*time.Second) {
+				if wc.Status != Success || wc.Opcode != WCRecv {
+					t.Fatalf("server: %+v", wc)
+				}
+				m := [2]byte(srv.buf[wc.ID*8 : wc.ID*8+2])
+				if got[m]++; got[m] > 1 || int(m[0]) != i || int(m[1]) != r {
+					t.Fatalf("round %d client %d: the server received %v (%d times)", r, i, m, got[m])
+				}
+			}
+			if err := pinKeys(); err != nil {
+				t.Fatalf("round %d client %d: %v", r, i, err)
+			}
+		}
+	}
+	if n := peersOf(qs); n != maxPeers {
+		t.Fatalf("%d peers after the churn, cap %d", n, maxPeers)
+	}
+	st := srv.dev.Stats()
+	if rec := st.RDPeersReclaimed.Load(); rec < uint64((len(cs)-len(pinned))*rounds-(maxPeers-len(pinned))) { // every contact but the first to each free place
+		t.Fatalf("%d peers reclaimed", rec)
+	}
+	// The pinned peers take their Sends at last: Success, once.
+	for _, i := range pinned {
+		cs[i].q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{cs[i].n.mr.SGE(0, 8)}})
+	}
+	for _, wc := range collect(t, cqs, len(pinned), 10*time.Second) {
+		if wc.Status != Success || wc.ID < 1000 {
+			t.Fatalf("server's pinned Send: %+v", wc)
+		}
+	}
+	for _, i := range pinned {
+		if wc := collect(t, cs[i].cq, 1, time.Second)[0]; wc.Status != Success || string(cs[i].n.buf[:3]) != "pin" {
+			t.Fatalf("client %d: %+v", i, wc)
+		}
+	}
+	t.Logf("%d reclaimed, %d restarts, %d challenges", st.RDPeersReclaimed.Load(), st.RDPeerRestarts.Load(), st.RDChallenges.Load())
+}
