@@ -24,11 +24,23 @@ func holesByScan[F any](r *Receiver[F]) int {
 	return n
 }
 
+// claimsByScan counts the claimed packets buffered the slow way.
+func claimsByScan[F any](r *Receiver[F]) int {
+	n := 0
+	for seq := r.next; r.held > 0 && AtOrBefore(seq, r.top); seq++ {
+		if r.has(seq) && r.claimed(seq) {
+			n++
+		}
+	}
+	return n
+}
+
 // TestHoles: the receiver's count of gaps (kept as packets arrive, fill
 // gaps, drain, are refused while draining, or are reneged) is the count a
 // scan finds, through random arrivals over a small window that wraps the
 // ring and the sequence space; HolesWith foretells it before each packet
-// is buffered.
+// is buffered. The count of claimed packets (Claim) follows them out
+// likewise.
 func TestHoles(t *testing.T) {
 	for seed := range uint64(50) {
 		rng := rand.New(rand.NewPCG(seed, 3))
@@ -48,6 +60,10 @@ func TestHoles(t *testing.T) {
 			if v == Buffered && r.Holes() != want {
 				t.Fatalf("seed %d step %d: HolesWith(%d) said %d, Holes is %d", seed, step, seq, want, r.Holes())
 			}
+			if v == Buffered && step%3 == 0 {
+				r.Claim(seq)
+				r.Claim(seq) // once is enough
+			}
 			if rng.IntN(200) == 0 {
 				ready = true
 				r.Drain(deliver)
@@ -59,6 +75,9 @@ func TestHoles(t *testing.T) {
 			}
 			if got, scan := r.Holes(), holesByScan(r); got != scan {
 				t.Fatalf("seed %d step %d (seq %d, %v): Holes %d, a scan finds %d", seed, step, seq, v, got, scan)
+			}
+			if got, scan := r.Claims(), claimsByScan(r); got != scan {
+				t.Fatalf("seed %d step %d (seq %d, %v): Claims %d, a scan finds %d", seed, step, seq, v, got, scan)
 			}
 		}
 	}

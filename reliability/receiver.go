@@ -45,6 +45,8 @@ type Receiver[F any] struct {
 	next   uint32 // the next sequence number to deliver
 	ring   []F
 	have   []uint64 // bit per ring slot: buffered
+	claim  []uint64 // bit per ring slot: a buffered packet the caller marked (Claim)
+	claims int
 	mask   uint32
 	held   int // packets buffered
 	holes  int // runs of missing sequence numbers between next and top, while held > 0
@@ -74,7 +76,7 @@ func NewReceiver[F any](cfg Config, release func(F)) *Receiver[F] {
 	cfg = cfg.Fill()
 	n := min(initialRing, cfg.Window)
 	return &Receiver[F]{cfg: cfg, next: cfg.FirstSeq, ring: make([]F, n),
-		have: make([]uint64, (n+63)/64), mask: uint32(n - 1), released: release}
+		have: make([]uint64, (n+63)/64), claim: make([]uint64, (n+63)/64), mask: uint32(n - 1), released: release}
 }
 
 // grow doubles the ring until seq fits, keeping every held packet at its
@@ -84,16 +86,19 @@ func (r *Receiver[F]) grow(seq uint32) {
 	for seq-r.next >= uint32(n) {
 		n *= 2
 	}
-	ring, have := make([]F, n), make([]uint64, (n+63)/64)
+	ring, have, claim := make([]F, n), make([]uint64, (n+63)/64), make([]uint64, (n+63)/64)
 	mask := uint32(n - 1)
 	for k := r.next; r.anyTop && AtOrBefore(k, r.top) && k-r.next < uint32(len(r.ring)); k++ {
 		if r.has(k) {
 			i := k & mask
 			ring[i] = r.ring[k&r.mask]
 			have[i/64] |= 1 << (i % 64)
+			if r.claimed(k) {
+				claim[i/64] |= 1 << (i % 64)
+			}
 		}
 	}
-	r.ring, r.have, r.mask = ring, have, mask
+	r.ring, r.have, r.claim, r.mask = ring, have, claim, mask
 }
 
 // Next returns the next sequence number to deliver.
@@ -143,10 +148,34 @@ func (r *Receiver[F]) mark(seq uint32, on bool) {
 	i := seq & r.mask
 	if on {
 		r.have[i/64] |= 1 << (i % 64)
-	} else {
-		r.have[i/64] &^= 1 << (i % 64)
+		return
+	}
+	r.have[i/64] &^= 1 << (i % 64)
+	if r.claimed(seq) {
+		r.claim[i/64] &^= 1 << (i % 64)
+		r.claims--
 	}
 }
+
+func (r *Receiver[F]) claimed(seq uint32) bool {
+	i := seq & r.mask
+	return r.claim[i/64]&(1<<(i%64)) != 0
+}
+
+// Claim marks buffered packet seq as one the caller counts apart (a
+// Send that will take a receive, for an RD QP): Claims counts the marked
+// packets the receiver holds, until each is delivered or let go of.
+func (r *Receiver[F]) Claim(seq uint32) {
+	if Before(seq, r.next) || seq-r.next >= uint32(len(r.ring)) || !r.has(seq) || r.claimed(seq) {
+		return
+	}
+	i := seq & r.mask
+	r.claim[i/64] |= 1 << (i % 64)
+	r.claims++
+}
+
+// Claims returns how many of the packets buffered are marked by Claim.
+func (r *Receiver[F]) Claims() int { return r.claims }
 
 // Classify says what Receive would do with seq without doing it, so the
 // caller copies a frame only when it will be buffered.
