@@ -214,6 +214,7 @@ var (
 	events      = counter("async_events_total", "Asynchronous events raised, queued or not, by type.", "type")
 	cqDropped   = counter("completions_dropped_total", "Completions CQs refused after overflowing.", "")
 	eventsLost  = counter("async_events_dropped_total", "Asynchronous events not queued, by origin: the device's own (Events full) or a peer's (coalesced or over their share).", "origin")
+	srqRecouped = counter("srq_recouped_receives_total", "Receives reserved for idle QPs that their SRQs recouped for others (qp.SRQLimits.Reserve).", "")
 
 	wrInProgress   = family{name: "udiwarp_write_record_in_progress", help: "Write-Record messages in progress at targets.", kind: prometheus.GaugeValue}
 	validityRanges = family{name: "udiwarp_validity_map_ranges", help: "Disjoint valid ranges in the regions' validity maps.", kind: prometheus.GaugeValue}
@@ -221,6 +222,7 @@ var (
 	rcConnsNow     = family{name: "udiwarp_rc_connections", help: "RC QPs with a live connection now.", kind: prometheus.GaugeValue}
 	srqReceives    = family{name: "udiwarp_srq_receives", help: "Receives posted to shared receive queues and not yet taken.", kind: prometheus.GaugeValue}
 	srqCapacity    = family{name: "udiwarp_srq_capacity", help: "Receives the shared receive queues hold when full.", kind: prometheus.GaugeValue}
+	srqHeld        = family{name: "udiwarp_srq_held", help: "Receives the shared receive queues' QPs hold: taken by a message, not yet polled from a CQ.", kind: prometheus.GaugeValue}
 )
 
 // families are table's, in order of first use.
@@ -251,7 +253,8 @@ var statusLabel = [...]string{
 // eventLabel is an asynchronous event type as a label value.
 var eventLabel = [...]string{
 	qp.AsyncCQOverflow: "cq_overflow", qp.AsyncSRQLimit: "srq_limit", qp.AsyncSRQOverdraft: "srq_overdraft",
-	qp.AsyncRemoteError: "remote_error", qp.AsyncQPFatal: "qp_fatal",
+	qp.AsyncRemoteError: "remote_error", qp.AsyncQPFatal: "qp_fatal", qp.AsyncSRQSoftLimit: "srq_soft_limit",
+	qp.AsyncSRQPeerLimit: "srq_peer_limit", qp.AsyncSRQTotalLimit: "srq_total_limit", qp.AsyncSRQOutOfOrder: "srq_out_of_order",
 }
 
 // table is every series a device has, in a fixed order.
@@ -278,6 +281,9 @@ var table = func() []series {
 		s(&dropped, "qp_state", func(s *qp.Stats) uint64 { return s.RxQPState.Load() }),
 		s(&dropped, "no_recv", func(s *qp.Stats) uint64 { return s.RxNoRecv.Load() }),
 		s(&dropped, "srq_overdraft", func(s *qp.Stats) uint64 { return s.RxSRQOverdraft.Load() }),
+		s(&dropped, "srq_peer_limit", func(s *qp.Stats) uint64 { return s.RxSRQPeerLimit.Load() }),
+		s(&dropped, "srq_total_limit", func(s *qp.Stats) uint64 { return s.RxSRQTotalLimit.Load() }),
+		s(&dropped, "srq_out_of_order", func(s *qp.Stats) uint64 { return s.RxSRQOutOfOrder.Load() }),
 		s(&dropped, "recv_too_small", func(s *qp.Stats) uint64 { return s.RxRecvTooSmall.Load() }),
 		s(&dropped, "recv_protection", func(s *qp.Stats) uint64 { return s.RxRecvProt.Load() }),
 		s(&dropped, "bad_stag", func(s *qp.Stats) uint64 { return s.RxBadSTag.Load() }),
@@ -353,6 +359,7 @@ var table = func() []series {
 		s(&eventsLost, "local", func(s *qp.Stats) uint64 { return s.EventsLost.Load() }),
 		s(&eventsLost, "remote", func(s *qp.Stats) uint64 { return s.RemoteEventsDropped.Load() }),
 		s(&cqDropped, "", func(s *qp.Stats) uint64 { return s.CQDropped.Load() }),
+		s(&srqRecouped, "", func(s *qp.Stats) uint64 { return s.SRQRecouped.Load() }),
 
 		{fam: &wrInProgress, gauge: true, get: func(sn *snapshot) uint64 { return uint64(sn.inProgress) }},
 		{fam: &validityRanges, gauge: true, get: func(sn *snapshot) uint64 { return uint64(sn.d.ValidityRanges()) }},
@@ -360,6 +367,7 @@ var table = func() []series {
 		{fam: &rcConnsNow, gauge: true, get: func(sn *snapshot) uint64 { return uint64(sn.lv.RCConnections) }},
 		{fam: &srqReceives, gauge: true, get: func(sn *snapshot) uint64 { return uint64(sn.lv.SRQReceives) }},
 		{fam: &srqCapacity, gauge: true, get: func(sn *snapshot) uint64 { return uint64(sn.lv.SRQCapacity) }},
+		{fam: &srqHeld, gauge: true, get: func(sn *snapshot) uint64 { return uint64(sn.lv.SRQHeld) }},
 	}
 	for i, name := range statusLabel {
 		t = append(t, s(&completions, name, func(s *qp.Stats) uint64 { return s.Completions[i].Load() }))

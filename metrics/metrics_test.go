@@ -271,6 +271,9 @@ udiwarp_srq_receives{device="d"} 2
 # HELP udiwarp_srq_capacity Receives the shared receive queues hold when full.
 # TYPE udiwarp_srq_capacity gauge
 udiwarp_srq_capacity{device="d"} 4
+# HELP udiwarp_srq_held Receives the shared receive queues' QPs hold: taken by a message, not yet polled from a CQ.
+# TYPE udiwarp_srq_held gauge
+udiwarp_srq_held{device="d"} 0
 # HELP udiwarp_rd_peers Peer states the RD QPs hold now.
 # TYPE udiwarp_rd_peers gauge
 udiwarp_rd_peers{device="d"} 0
@@ -278,7 +281,7 @@ udiwarp_rd_peers{device="d"} 0
 # TYPE udiwarp_rc_connections gauge
 udiwarp_rc_connections{device="d"} 0
 `
-	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "udiwarp_srq_receives", "udiwarp_srq_capacity", "udiwarp_rd_peers", "udiwarp_rc_connections"); err != nil {
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "udiwarp_srq_receives", "udiwarp_srq_capacity", "udiwarp_srq_held", "udiwarp_rd_peers", "udiwarp_rc_connections"); err != nil {
 		t.Fatal(err)
 	}
 	runtime.KeepAlive(srq)

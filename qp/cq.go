@@ -71,7 +71,7 @@ func (cq *CQ) push(wc *WorkCompletion) bool {
 		cq.dropped.Add(1)
 		cq.dev.stats.CQDropped.Add(1)
 		if q := wc.srqQP; q != nil { // nobody will poll it: give the SRQ receive back
-			q.srqHeld.Add(-1)
+			q.releaseRecv(wc)
 		}
 		if first {
 			cq.dev.raise(AsyncEvent{Type: AsyncCQOverflow, CQ: cq})
@@ -129,9 +129,7 @@ func (cq *CQ) Poll(wcs []WorkCompletion) int {
 		f := cq.ring.front()
 		wcs[j] = *f
 		if q := f.srqQP; q != nil {
-			if q.srqHeld.Add(-1) < int32(q.attr.SRQLimit) {
-				q.srqOverdrawn.Store(false)
-			}
+			q.releaseRecv(f)
 			wcs[j].srqQP = nil
 			f.srqQP = nil
 		}

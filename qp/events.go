@@ -26,7 +26,28 @@ const (
 	AsyncRemoteError
 	// AsyncQPFatal: a QP entered ERROR.
 	AsyncQPFatal
+	// AsyncSRQSoftLimit: a QP holds more SRQ receives than its soft limit;
+	// its messages are still taken (once per crossing).
+	AsyncSRQSoftLimit
+	// AsyncSRQPeerLimit: a source address (Source) holds as many of a
+	// datagram QP's SRQ receives as its per-peer limit allows; its
+	// messages are refused until it is back under (once per crossing).
+	AsyncSRQPeerLimit
+	// AsyncSRQTotalLimit: an SRQ's QPs hold as many receives as its total
+	// limit allows; messages are refused until they are back under.
+	AsyncSRQTotalLimit
+	// AsyncSRQOutOfOrder: an RD QP dropped the frames a peer (Source)
+	// held ahead of a gap, over its out-of-order threshold or hole limit.
+	AsyncSRQOutOfOrder
 )
+
+// peerDrawn reports whether a peer's traffic raises an event of type t
+// for its source, so that a flood of them (forged sources cost nothing)
+// shares the remote part of the Events queue, one waiting per (QP,
+// source).
+func (t AsyncEventType) peerDrawn() bool {
+	return t == AsyncRemoteError || t == AsyncSRQPeerLimit || t == AsyncSRQOutOfOrder
+}
 
 func (t AsyncEventType) String() string {
 	switch t {
@@ -36,6 +57,14 @@ func (t AsyncEventType) String() string {
 		return "SRQ limit reached"
 	case AsyncSRQOverdraft:
 		return "SRQ per-QP limit exceeded"
+	case AsyncSRQSoftLimit:
+		return "SRQ per-QP soft limit exceeded"
+	case AsyncSRQPeerLimit:
+		return "SRQ per-peer limit reached"
+	case AsyncSRQTotalLimit:
+		return "SRQ total limit reached"
+	case AsyncSRQOutOfOrder:
+		return "SRQ out-of-order frames dropped"
 	case AsyncRemoteError:
 		return "remote error message"
 	case AsyncQPFatal:
@@ -52,6 +81,11 @@ type AsyncEvent struct {
 	SRQ  *SRQ
 	// For AsyncRemoteError: who reported it, the error, and the MSN of the
 	// message it concerns (from the echoed header, when there is one).
+	// For the SRQ events of a datagram QP, Source names the peer: the
+	// address over its limit (AsyncSRQPeerLimit), the peer whose frames
+	// were dropped (AsyncSRQOutOfOrder), else the address holding the most
+	// of the QP's receives when the QP counts per address (port 0 unless
+	// it is the refused message's source), or the refused message's source.
 	Source    netip.AddrPort
 	SourceQPN uint32
 	Code      udiwarp.ErrorCode
@@ -59,9 +93,13 @@ type AsyncEvent struct {
 }
 
 func (e AsyncEvent) String() string {
-	switch e.Type {
-	case AsyncRemoteError:
+	switch {
+	case e.Type == AsyncRemoteError:
 		return fmt.Sprintf("%v from %v QP %d: %v (MSN %d)", e.Type, e.Source, e.SourceQPN, e.Code, e.MSN)
+	case e.QP != nil && e.Source.IsValid():
+		return fmt.Sprintf("%v: QP %d, peer %v", e.Type, e.QP.num, e.Source)
+	case e.QP != nil:
+		return fmt.Sprintf("%v: QP %d", e.Type, e.QP.num)
 	}
 	return e.Type.String()
 }
@@ -108,7 +146,7 @@ func (d *Device) raise(e AsyncEvent) {
 		}
 	}
 	var k eventKey
-	if e.Type == AsyncRemoteError {
+	if e.Type.peerDrawn() {
 		k = eventKey{e.QP, e.Source}
 		if _, waiting := b.pending[k]; waiting || len(b.pending) >= eventQueueLen-eventLocalReserve {
 			d.stats.RemoteEventsDropped.Add(1)
@@ -154,7 +192,7 @@ type Stats struct {
 	RxUnknownQP    atomic.Uint64 // no such destination QP
 	RxQPState      atomic.Uint64 // destination QP not in RTR or RTS
 	RxNoRecv       atomic.Uint64 // no receive posted (RQ or SRQ empty)
-	RxSRQOverdraft atomic.Uint64 // a QP over its SRQ limit
+	RxSRQOverdraft atomic.Uint64 // a QP at its SRQ hard limit (SRQLimits.Hard)
 	RxRecvTooSmall atomic.Uint64 // message longer than the posted receive
 	RxRecvProt     atomic.Uint64 // posted receive names bad memory
 	RxRemoteErrors atomic.Uint64 // error messages received
@@ -169,6 +207,14 @@ type Stats struct {
 	RxWRPlaced     atomic.Uint64 // Write-Record segments placed
 	RxWRComplete   atomic.Uint64 // Write-Record messages recorded complete
 	RxWRPartial    atomic.Uint64 // Write-Record messages recorded partial (at their deadline or at MaxRanges)
+
+	// Seed 004's other limits of a shared receive queue.
+	RxSRQPeerLimit  atomic.Uint64 // a source address at its per-peer limit inside a datagram QP (SRQLimits.Peer)
+	RxSRQTotalLimit atomic.Uint64 // an SRQ at its total limit (SRQAttr.MaxHeld)
+	// RxSRQOutOfOrder counts RD frames dropped over the out-of-order
+	// threshold or the hole limit (SRQLimits.OutOfOrder, Holes): those a
+	// peer held ahead of a gap and the one that would have added to them.
+	RxSRQOutOfOrder atomic.Uint64
 
 	// RD (reliable datagram) QPs.
 	RDPeers          atomic.Uint64 // peer states created
@@ -234,7 +280,10 @@ type Stats struct {
 	RemoteEventsDropped atomic.Uint64
 	// Events counts the asynchronous events raised, by AsyncEventType,
 	// whether or not they were queued.
-	Events [8]atomic.Uint64
+	Events [16]atomic.Uint64
+	// SRQRecouped counts the reserved receives recouped from idle QPs
+	// (SRQLimits.Reserve, SRQAttr.Recoup).
+	SRQRecouped atomic.Uint64
 	// CQDropped counts the completions CQs refused after overflowing
 	// (the sum of CQ.Dropped over the device's CQs).
 	CQDropped atomic.Uint64
@@ -320,6 +369,7 @@ type Levels struct {
 	RCConnections int // its RC QPs with a live connection
 	SRQReceives   int // receives posted to its SRQs and not yet taken
 	SRQCapacity   int // what its SRQs hold when full
+	SRQHeld       int // receives its SRQs' QPs hold: taken, not yet polled
 }
 
 // Levels reads the device's gauges.
@@ -348,10 +398,10 @@ func (d *Device) Levels() Levels {
 	for _, w := range d.srqs {
 		if s := w.Value(); s != nil {
 			keep = append(keep, w)
-			s.mu.Lock()
-			l.SRQReceives += s.ring.len()
-			l.SRQCapacity += s.ring.cap()
-			s.mu.Unlock()
+			posted, capacity, held := s.level()
+			l.SRQReceives += posted
+			l.SRQCapacity += capacity
+			l.SRQHeld += held
 		}
 	}
 	clear(d.srqs[len(keep):])

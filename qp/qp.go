@@ -80,7 +80,12 @@ type QPAttr struct {
 	// SRQLimit caps how many SRQ receives this QP may hold at once (taken
 	// and completed but not yet polled); 0 means no cap. Over it, a message
 	// is dropped, counted and reported with AsyncSRQOverdraft (seed 004).
+	// It is SRQLimits.Hard when that is 0.
 	SRQLimit int
+	// SRQLimits are the QP's limits on what it holds of its SRQ: soft and
+	// hard, per source address, out of order (RD), a reservation (seed
+	// 004; SetSRQLimits changes them at run time).
+	SRQLimits SRQLimits
 	// WriteRecordSegment is the largest Write-Record payload per datagram
 	// this QP sends: about 1400 for a 1500-byte Ethernet path; default and
 	// maximum the socket's MaxWriteRecordSegment (65 469 over IPv4, 65 489
@@ -148,7 +153,8 @@ type QP struct {
 	rd           *rdQP                  // RD QPs: peers, reliability, WRs until acknowledged
 	rc           atomic.Pointer[rcConn] // RC QPs: the connection, once Connect or Accept made it
 	srqHeld      atomic.Int32           // SRQ receives held (seed 004 limit)
-	srqOverdrawn atomic.Bool
+	srqOverdrawn atomic.Bool            // AsyncSRQOverdraft raised, until back under the hard limit
+	srqa         *srqAcct               // the rest of its SRQ use, on an SRQ (srq.go)
 
 	// The device timer's entry for the QP, under Device.timer.mu.
 	tmAt   time.Time // when the QP is due
@@ -193,6 +199,12 @@ func (pd *PD) CreateQP(attr QPAttr) (*QP, error) {
 	case attr.SRQLimit < 0:
 		return nil, fmt.Errorf("%w: SRQ limit %d", ErrInvalidAttr, attr.SRQLimit)
 	}
+	if attr.SRQLimits.Hard == 0 {
+		attr.SRQLimits.Hard = attr.SRQLimit
+	}
+	if err := checkSRQLimits(attr.Type, attr.SRQ, attr.SRQLimits); err != nil {
+		return nil, err
+	}
 	attr.Caps = c
 	q := &QP{dev: d, pd: pd, typ: attr.Type, sendCQ: attr.SendCQ, recvCQ: attr.RecvCQ, srq: attr.SRQ, caps: c, attr: attr}
 	q.sq = newRing[sendWQE](c.MaxSendWR)
@@ -202,7 +214,13 @@ func (pd *PD) CreateQP(attr QPAttr) (*QP, error) {
 	}
 	q.tx.init(q)
 	q.eng = newEngine(q, attr)
+	if attr.SRQ != nil {
+		attr.SRQ.join(q, attr.SRQLimits)
+	}
 	if err := d.addQP(q); err != nil {
+		if attr.SRQ != nil {
+			attr.SRQ.leave(q)
+		}
 		return nil, err
 	}
 	return q, nil
@@ -292,6 +310,9 @@ func (q *QP) Destroy() error {
 	q.sqMu.Unlock()
 	q.leaveAllGroups()
 	q.dev.removeQP(q)
+	if q.srq != nil {
+		q.srq.leave(q)
+	}
 	return nil
 }
 
@@ -311,6 +332,9 @@ func (q *QP) flushLocked() {
 		q.popSQLocked()
 	}
 	q.eng.flush()
+	if q.srq != nil {
+		q.srq.standDown(q)
+	}
 	q.rqMu.Lock()
 	for q.rq.len() > 0 {
 		w := q.rq.front()

@@ -626,7 +626,7 @@ func (c *rcConn) onReadable() {
 	if !c.rxMu.TryLock() {
 		return
 	}
-	defer c.rxMu.Unlock()
+	defer c.rxUnlock()
 	for !c.closing.Load() {
 		if len(c.rx) == cap(c.rx) {
 			grown := make([]byte, len(c.rx), 2*cap(c.rx))
@@ -796,8 +796,14 @@ func (c *rcConn) receiveSend(seg udiwarp.Segment, size int) bool {
 			c.terminate(udiwarp.DDPUntaggedInvalidMO, ddpHdr(seg), nil, size)
 			return false
 		}
-		if ok, _ := q.takeRecv(&r.w); !ok {
-			st.RxNoRecv.Add(1)
+		n := -1 // a message of several FPDUs: its length is not known yet
+		if seg.Control.Last() {
+			n = len(seg.Payload)
+		}
+		if res := q.takeRecv(&r.w, n, netip.AddrPort{}); res != recvTaken {
+			if res == recvNone {
+				st.RxNoRecv.Add(1)
+			}
 			c.terminate(udiwarp.DDPUntaggedNoBuffer, ddpHdr(seg), nil, size)
 			return false
 		}
@@ -833,8 +839,7 @@ func (c *rcConn) receiveSend(seg udiwarp.Segment, size int) bool {
 			if m == nil {
 				code = udiwarp.RDMAPOpCannotInvalidate
 			}
-			r.have = false
-			c.terminate(code, ddpHdr(seg), nil, size)
+			c.terminate(code, ddpHdr(seg), nil, size) // the receive flushes (rxUnlock)
 			return false
 		}
 		m.Invalidate()
@@ -996,8 +1001,10 @@ func (c *rcConn) receiveImmediate(seg udiwarp.Segment, size int) bool {
 		return false
 	}
 	var w recvWQE
-	if ok, _ := q.takeRecv(&w); !ok {
-		q.dev.stats.RxNoRecv.Add(1)
+	if res := q.takeRecv(&w, 0, netip.AddrPort{}); res != recvTaken {
+		if res == recvNone {
+			q.dev.stats.RxNoRecv.Add(1)
+		}
 		c.terminate(udiwarp.DDPUntaggedNoBuffer, ddpHdr(seg), nil, size)
 		return false
 	}
@@ -1100,7 +1107,37 @@ func (c *rcConn) flush() {
 	c.completeLocked()
 	c.dead = true
 	c.mu.Unlock()
-	c.shutdown()
+	c.shutdown() // sets closing
+	if c.rxMu.TryLock() {
+		c.flushCur()
+		c.rxMu.Unlock()
+	} // else the reader flushes it (rxUnlock)
+}
+
+// rxUnlock ends a turn of the receive side. A connection that ended
+// meanwhile flushes the receive a Send in progress holds: flush cannot
+// take rxMu while a reader holds it (the reader itself may be failing the
+// QP), so the reader does it, here; and flush, having set closing first,
+// does it when it gets rxMu, so one of them always does.
+func (c *rcConn) rxUnlock() {
+	if c.closing.Load() {
+		c.flushCur()
+	}
+	c.rxMu.Unlock()
+	if c.closing.Load() && c.rxMu.TryLock() {
+		c.flushCur()
+		c.rxMu.Unlock()
+	}
+}
+
+// flushCur completes with WRFlushError the receive a Send whose last
+// segment never came holds, so that the application gets its buffer
+// back (and an SRQ its count). Caller holds rxMu.
+func (c *rcConn) flushCur() {
+	if c.cur.have {
+		c.cur.have = false
+		c.q.flushRecv(c.cur.w.id)
+	}
 }
 
 // shutdown takes the connection off the poller and closes it.

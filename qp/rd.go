@@ -892,9 +892,15 @@ func (r *rdQP) onData(p *rdPeer, h *reliability.Header, seg []byte, src netip.Ad
 			st.RDOverBudget.Add(1)
 			return
 		}
+		if q.srq != nil && !r.admitOutOfOrder(p, h.Seq, seg) {
+			return
+		}
 		p.held += len(seg)
 		r.held += len(seg)
 		p.rcv.Receive(h.Seq, append([]byte(nil), seg...), now, deliver)
+		if q.srq != nil && rdNeedsRecv(seg) {
+			p.rcv.Claim(h.Seq) // a claim on a receive (srq_rd.go)
+		}
 		st.RDBuffered.Add(1)
 	case reliability.Duplicate:
 		p.rcv.Receive(h.Seq, nil, now, deliver)
@@ -979,8 +985,12 @@ func (r *rdQP) deliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool
 		return true
 	}
 	var w recvWQE
-	if ok, _ := q.takeRecv(&w); !ok {
-		st.RDNotReady.Add(1)
+	n := len(seg.Payload)
+	if !isSend(seg.Opcode()) {
+		n = 0 // Immediate Data: the value goes in the completion
+	}
+	if q.takeRecv(&w, n, src) != recvTaken {
+		st.RDNotReady.Add(1) // at an SRQ limit too: the sender sends it again
 		return false
 	}
 	if !isSend(seg.Opcode()) {

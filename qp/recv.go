@@ -3,8 +3,6 @@ package qp
 import (
 	"fmt"
 	"net/netip"
-	"sync"
-	"weak"
 
 	"github.com/udiwarp/udiwarp/udiwarp"
 )
@@ -58,107 +56,33 @@ func (q *QP) PostRecv(wr *RecvWR) error {
 	return nil
 }
 
-// takeRecv removes the next receive for q from its RQ or SRQ into w.
-// It returns false when there is none, or when q is over its SRQ limit.
-func (q *QP) takeRecv(w *recvWQE) (ok, overdraft bool) {
-	if q.srq != nil {
-		if lim := q.attr.SRQLimit; lim > 0 && int(q.srqHeld.Load()) >= lim {
-			return false, true
-		}
-		if !q.srq.take(w) {
-			return false, false
-		}
-		q.srqHeld.Add(1)
-		return true, false
+// takeRecv removes into w the receive for a message of n bytes (n < 0:
+// not known yet) from src: from q's RQ, or from its SRQ within q's limits
+// (SRQ.take, which counts and reports a refusal at a limit). recvNone,
+// nothing posted, is the caller's to count.
+func (q *QP) takeRecv(w *recvWQE, n int, src netip.AddrPort) recvResult {
+	if s := q.srq; s != nil {
+		return s.take(q, w, n, src)
 	}
 	q.rqMu.Lock()
 	if q.rq.len() == 0 {
 		q.rqMu.Unlock()
-		return false, false
+		return recvNone
 	}
 	*w = *q.rq.front()
 	q.rq.pop()
 	q.rqMu.Unlock()
-	return true, false
+	return recvTaken
 }
 
-// SRQ is a shared receive queue: one pool of receives for many QPs, with
-// per-QP limits (QPAttr.SRQLimit) so that no QP can starve the others,
-// and a low-watermark event (seed 004).
-type SRQ struct {
-	pd     *PD
-	mu     sync.Mutex
-	ring   ring[recvWQE]
-	maxSGE int
-	limit  int // armed watermark; 0 when disarmed
-}
-
-// CreateSRQ makes a shared receive queue holding depth receives of up to
-// maxSGE SGEs each.
-func (pd *PD) CreateSRQ(depth, maxSGE int) (*SRQ, error) {
-	if depth <= 0 || depth > 1<<20 || maxSGE <= 0 || maxSGE > 16 {
-		return nil, fmt.Errorf("%w: SRQ of %d receives with %d SGEs", ErrInvalidAttr, depth, maxSGE)
+// flushRecv completes receive id, taken from q's RQ or SRQ, with
+// WRFlushError: the QP went to ERROR before a message filled it.
+func (q *QP) flushRecv(id uint64) {
+	wc := WorkCompletion{ID: id, Status: WRFlushError, Opcode: WCRecv, QPN: q.num}
+	if q.srq != nil {
+		wc.srqQP = q
 	}
-	s := &SRQ{pd: pd, ring: newRing[recvWQE](depth), maxSGE: maxSGE}
-	d := pd.dev
-	d.srqMu.Lock()
-	d.srqs = append(d.srqs, weak.Make(s))
-	d.srqMu.Unlock()
-	return s, nil
-}
-
-// PostRecv posts a receive to the SRQ.
-func (s *SRQ) PostRecv(wr *RecvWR) error {
-	if len(wr.SGL) > s.maxSGE {
-		return fmt.Errorf("%w: %d SGEs, the SRQ takes %d", ErrInvalidWR, len(wr.SGL), s.maxSGE)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.ring.full() {
-		return fmt.Errorf("%w: %d receives posted to the SRQ", ErrQueueFull, s.ring.len())
-	}
-	w := s.ring.push()
-	w.id = wr.ID
-	w.nsge = copy(w.sge[:], wr.SGL)
-	return nil
-}
-
-// Arm sets the low watermark: when fewer than limit receives remain, one
-// AsyncSRQLimit event fires and the watermark disarms (ibv_modify_srq).
-func (s *SRQ) Arm(limit int) error {
-	if limit <= 0 || limit > s.ring.cap() {
-		return fmt.Errorf("%w: SRQ limit %d, want 1..%d", ErrInvalidAttr, limit, s.ring.cap())
-	}
-	s.mu.Lock()
-	s.limit = limit
-	s.mu.Unlock()
-	return nil
-}
-
-// Len returns the number of receives posted and not yet taken.
-func (s *SRQ) Len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.ring.len()
-}
-
-func (s *SRQ) take(w *recvWQE) bool {
-	s.mu.Lock()
-	if s.ring.len() == 0 {
-		s.mu.Unlock()
-		return false
-	}
-	*w = *s.ring.front()
-	s.ring.pop()
-	fire := s.limit > 0 && s.ring.len() < s.limit
-	if fire {
-		s.limit = 0
-	}
-	s.mu.Unlock()
-	if fire {
-		s.pd.dev.raise(AsyncEvent{Type: AsyncSRQLimit, SRQ: s})
-	}
-	return true
+	q.recvCQ.push(&wc)
 }
 
 // deliver handles one received datagram. b is the datagram, truncated
@@ -232,17 +156,10 @@ func (q *QP) receive(seg udiwarp.Segment, src netip.AddrPort) {
 // receiveSend takes a receive for a UD Send (slow path) and delivers it;
 // a Send it cannot take is reported to the source (reportError).
 func (q *QP) receiveSend(seg udiwarp.Segment, src netip.AddrPort) {
-	d := q.dev
-	st := &d.stats
+	st := &q.dev.stats
 	var w recvWQE
-	ok, overdraft := q.takeRecv(&w)
-	if !ok {
-		if overdraft {
-			st.RxSRQOverdraft.Add(1)
-			if !q.srqOverdrawn.Swap(true) {
-				d.raise(AsyncEvent{Type: AsyncSRQOverdraft, QP: q, SRQ: q.srq})
-			}
-		} else {
+	if r := q.takeRecv(&w, len(seg.Payload), src); r != recvTaken {
+		if r == recvNone {
 			st.RxNoRecv.Add(1)
 		}
 		q.reportError(seg, src, udiwarp.DDPUntaggedNoBuffer)
