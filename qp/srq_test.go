@@ -888,3 +888,31 @@ func TestSRQTakeAllocs(t *testing.T) {
 		t.Fatalf("%v allocations per take and give back", n)
 	}
 }
+
+// TestSRQPeerEventsShareRemoteRoom: the SRQ events a peer's traffic draws
+// for its address (AsyncSRQPeerLimit, AsyncSRQOutOfOrder) are coalesced
+// per (QP, address) and take no more of the Events queue than error
+// messages from peers may, so sources without number cannot crowd out
+// the device's own events.
+func TestSRQPeerEventsShareRemoteRoom(t *testing.T) {
+	b := newSRQNode(t, "127.0.0.1:0", SRQAttr{Depth: 8})
+	q := b.newQP(QPAttr{Type: UD, SendCQ: b.cq, RecvCQ: b.rcq, SRQ: b.srq, SRQLimits: SRQLimits{Peer: 1}})
+	for i := range eventQueueLen {
+		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 1, byte(i >> 8), byte(i)}), 9)
+		typ := AsyncSRQPeerLimit
+		if i%2 == 1 {
+			typ = AsyncSRQOutOfOrder
+		}
+		b.dev.raise(AsyncEvent{Type: typ, QP: q, SRQ: b.srq, Source: src})
+		b.dev.raise(AsyncEvent{Type: typ, QP: q, SRQ: b.srq, Source: src}) // coalesced
+	}
+	b.dev.raise(AsyncEvent{Type: AsyncSRQOverdraft, QP: q, SRQ: b.srq})
+	evs := drainEvents(b.dev)
+	peer := len(evs) - len(eventsOf(evs, AsyncSRQOverdraft))
+	if peer != eventQueueLen-eventLocalReserve || len(eventsOf(evs, AsyncSRQOverdraft)) != 1 {
+		t.Fatalf("%d peer-drawn events queued, %d overdraft", peer, len(eventsOf(evs, AsyncSRQOverdraft)))
+	}
+	if got := b.dev.Stats().RemoteEventsDropped.Load(); got != uint64(2*eventQueueLen-peer) {
+		t.Fatalf("%d dropped", got)
+	}
+}
