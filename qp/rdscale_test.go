@@ -4,9 +4,13 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"runtime"
 	"testing"
 	"time"
 
+	"github.com/udiwarp/udiwarp/internal/memstat"
+	"github.com/udiwarp/udiwarp/internal/spoof"
 	"github.com/udiwarp/udiwarp/reliability"
 	"github.com/udiwarp/udiwarp/udiwarp"
 )
@@ -502,4 +506,132 @@ func TestRDChurnAtCap(t *testing.T) {
 		}
 	}
 	t.Logf("%d reclaimed, %d restarts, %d challenges", st.RDPeersReclaimed.Load(), st.RDPeerRestarts.Load(), st.RDChallenges.Load())
+}
+
+// TestRDSpoofedContactFlood: first contacts from 100,000 forged
+// addresses, a Hello or a first Data frame with a guessed token from
+// each, while a real peer sends Sends: no spoofed source gets state (it
+// cannot answer the Challenge), so the table holds the real peer alone,
+// the heap and the resident set grow by less than the documented cap's
+// worth of peers, every Send arrives once and in order, and the counters
+// show the refusals.
+func TestRDSpoofedContactFlood(t *testing.T) {
+	sp := spoof.NewT(t)
+	srv := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	qs, cqs := rdQPFor(t, srv, RDConfig{})
+	cl := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	qc, cqc := rdQPFor(t, cl, RDConfig{})
+	const sends, flood = 2000, 100000
+	for i := range sends {
+		qs.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{srv.mr.SGE(i*8, 8)}})
+	}
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	rss0, err := memstat.RSS(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := srv.dev.Stats()
+	rx0 := st.RxDatagrams.Load()
+
+	// The real peer sends throughout, a window of 64 Sends at a time.
+	done := make(chan error, 1)
+	go func() {
+		ah := cl.ah(srv, qs)
+		wcs := make([]WorkCompletion, 64)
+		posted, completed := 0, 0
+		for end := time.Now().Add(time.Minute); completed < sends; {
+			for ; posted < sends && posted-completed < 64; posted++ {
+				b := []byte{byte(posted >> 8), byte(posted)}
+				if err := qc.PostSend(&SendWR{ID: uint64(posted), Flags: FlagSignaled, Inline: b, AH: ah}); err != nil {
+					done <- err
+					return
+				}
+			}
+			k := cqc.Poll(wcs)
+			for _, wc := range wcs[:k] {
+				if wc.Status != Success {
+					done <- fmt.Errorf("the real peer's Send %d: %v", wc.ID, wc.Status)
+					return
+				}
+			}
+			completed += k
+			if k == 0 {
+				if time.Now().After(end) {
+					done <- fmt.Errorf("%d of %d Sends completed", completed, sends)
+					return
+				}
+				time.Sleep(100 * time.Microsecond)
+			}
+		}
+		done <- nil
+	}()
+
+	dst := srv.sock.LocalAddr()
+	write := udiwarp.AppendTagged(nil, &udiwarp.TaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion, RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpWrite)})
+	var frame []byte
+	for i := range flood {
+		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, byte(200 + i>>16), byte(i >> 8), byte(i)}), 4791)
+		f := reliability.Fields{Type: reliability.Hello, Window: 64, DstQPN: qs.QPN(), SrcQPN: 1, Epoch: uint32(i) + 1, Init: true, Issued: uint64(i) + 1}
+		if i%2 == 0 {
+			frame = udiwarp.SealDatagram(reliability.Append(frame[:0], &f), 0)
+		} else { // the first Data frame, with a guess at the Challenge's token
+			f.Type, f.Token = reliability.Data, uint64(i)*0x9e3779b97f4a7c15
+			frame = udiwarp.SealDatagram(append(reliability.Append(frame[:0], &f), write...), 0)
+		}
+		if err := sp.Send(src, dst, frame); err != nil {
+			t.Fatal(err)
+		}
+		if i%1000 == 999 {
+			// Paced to what the QP reads, so that the forgeries reach it
+			// rather than a full socket's floor.
+			sent := uint64(i + 1)
+			eventually(t, "the QP reading the flood", func() bool { return st.RxDatagrams.Load()-rx0+8000 >= sent })
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	got := collect(t, cqs, sends, 30*time.Second)
+	for i, wc := range got {
+		if wc.Status != Success || wc.ID != uint64(i) || srv.buf[i*8] != byte(i>>8) || srv.buf[i*8+1] != byte(i) {
+			t.Fatalf("the server's receive %d: %+v", i, wc)
+		}
+	}
+	// The forgeries the kernel delivered are all read (some may have
+	// been dropped at a full socket: they count in neither).
+	rxSettled(srv.sock)
+	cst := cl.dev.Stats()
+	forged := st.RxDatagrams.Load() - rx0 - (cst.RDDataSent.Load() + cst.RDControlSent.Load())
+
+	var after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	rss, err := memstat.RSS(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The cap's worth: MaxPeers (1024) peers at 4 KiB, more than an
+	// active peer costs (BenchmarkPeerMemory). The resident set grows by
+	// the receive path's buffers and the runtime's share besides (the race
+	// detector's too: 27 MiB under -race, 9 MiB without), so it is held
+	// to 64 MiB: state for the flood's 100,000 sources would be 200 MiB.
+	const capBytes, rssBound = defaultMaxPeers * 4096, 64 << 20
+	heapGrew, rssGrew := int64(after.HeapAlloc)-int64(before.HeapAlloc), rss-rss0
+	rejected, challenges, withheld := st.RDRejected.Load(), st.RDChallenges.Load(), st.TxRepliesWithheld.Load()
+	t.Logf("%d forged frames read of %d; %d rejected, %d challenges, %d replies withheld; heap +%d B, RSS +%d B",
+		forged, flood, rejected, challenges, withheld, heapGrew, rssGrew)
+	if n := peersOf(qs); n != 1 || st.RDPeers.Load() != 1 {
+		t.Fatalf("%d peers (%d made) after the flood, want the real peer alone", n, st.RDPeers.Load())
+	}
+	if heapGrew > capBytes || rssGrew > rssBound {
+		t.Fatalf("the heap grew %d bytes (bound %d), the resident set %d (bound %d)", heapGrew, capBytes, rssGrew, rssBound)
+	}
+	// Every forged frame read was refused: the Hellos drew a Challenge
+	// (or, over the reply budget, none), the Data frames were rejected
+	// (and drew one too).
+	if forged < flood-flood/100 || rejected < forged-flood/2 || challenges+withheld < forged {
+		t.Fatalf("%d forged frames read: %d rejected, %d challenges, %d withheld", forged, rejected, challenges, withheld)
+	}
 }
