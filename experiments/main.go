@@ -194,6 +194,9 @@ func do(o options, stdout, stderr io.Writer) error {
 		return err
 	}
 	m := runMeta(e, o, time.Since(start))
+	if !slices.ContainsFunc(figs, func(f *figure) bool { return f.LossX }) {
+		m.Loss = "none (no figure of this run loses packets)"
+	}
 	if err := m.save(out); err != nil {
 		return err
 	}

@@ -89,6 +89,9 @@ func flagsOf(o options) []string {
 	if o.sippRate > 0 {
 		f = append(f, "-sipp-rate", strconv.Itoa(o.sippRate))
 	}
+	if o.preload != "" {
+		f = append(f, "-preload", o.preload)
+	}
 	if o.sippTransports != "" {
 		f = append(f, "-sipp-transports", o.sippTransports)
 	}
