@@ -1372,6 +1372,7 @@ func (r *rdQP) timer(now time.Time) time.Time {
 		if len(p.queue) > 0 && r.pump(s, p, now) {
 			r.toMover(s)
 		}
+		r.compact(p, now)
 		if at := r.reclaimAt(p); !at.IsZero() && now.After(at) {
 			r.forget(p)
 			q.dev.stats.RDPeersReclaimed.Add(1)

@@ -298,10 +298,25 @@ func (r *rdQP) peerDue(p *rdPeer, now time.Time) time.Time {
 		// a shut window.
 		early(p.snd.Resume())
 	}
+	if p.quiet() && p.snd.Slots() > 0 {
+		early(p.last.Add(rdCompactAfter))
+	}
 	if at := r.reclaimAt(p); !at.IsZero() {
 		early(at.Add(time.Millisecond))
 	}
 	return next
+}
+
+// rdCompactAfter is how long a peer stays quiet before its sender lets go
+// of its ring (Sender.Compact): a peer that exchanges more often keeps it
+// (no allocation per message), an idle one costs its state without it.
+const rdCompactAfter = time.Second
+
+// rdCompact lets go of the sender ring of a peer quiet for rdCompactAfter.
+func (r *rdQP) compact(p *rdPeer, now time.Time) {
+	if p.quiet() && !now.Before(p.last.Add(rdCompactAfter)) {
+		p.snd.Compact()
+	}
 }
 
 // rdSettle gives every touched peer its place in the heap and the lists,

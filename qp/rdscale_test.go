@@ -635,3 +635,39 @@ func TestRDSpoofedContactFlood(t *testing.T) {
 		t.Fatalf("%d forged frames read: %d rejected, %d challenges, %d withheld", forged, rejected, challenges, withheld)
 	}
 }
+
+// TestRDIdlePeerLetsGoOfItsRing: a peer quiet for rdCompactAfter keeps
+// its state but not its sender's ring (an idle peer's largest part), and
+// sends again as before, in the same session.
+func TestRDIdlePeerLetsGoOfItsRing(t *testing.T) {
+	p := newRDPair(t, DeviceConfig{}, DeviceConfig{}, RDConfig{IdleTimeout: time.Hour})
+	slots := func() int {
+		p.qa.rd.mu.Lock()
+		defer p.qa.rd.mu.Unlock()
+		for _, peer := range p.qa.rd.peers {
+			return peer.snd.Slots()
+		}
+		return -1
+	}
+	for i := range 2 {
+		p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*8, 8)}})
+	}
+	p.qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("one"), AH: p.ahAB})
+	if wc := collect(t, p.cqa, 1, 10*time.Second)[0]; wc.Status != Success || slots() <= 0 {
+		t.Fatalf("%+v, %d slots", wc, slots())
+	}
+	eventually(t, "the idle peer's ring let go of", func() bool { return slots() == 0 })
+	restarts := p.b.dev.Stats().RDPeerRestarts.Load() + p.a.dev.Stats().RDPeerRestarts.Load()
+	p.qa.PostSend(&SendWR{ID: 2, Flags: FlagSignaled, Inline: []byte("two"), AH: p.ahAB})
+	if wc := collect(t, p.cqa, 1, 10*time.Second)[0]; wc.Status != Success || slots() <= 0 {
+		t.Fatalf("%+v, %d slots", wc, slots())
+	}
+	for i, wc := range collect(t, p.cqb, 2, 10*time.Second) {
+		if wc.Status != Success || string(p.b.buf[i*8:i*8+3]) != []string{"one", "two"}[i] {
+			t.Fatalf("receive %d: %+v", i, wc)
+		}
+	}
+	if n := p.b.dev.Stats().RDPeerRestarts.Load() + p.a.dev.Stats().RDPeerRestarts.Load(); n != restarts || peersOf(p.qa) != 1 {
+		t.Fatalf("%d restarts, %d peers: the session did not go on", n-restarts, peersOf(p.qa))
+	}
+}

@@ -29,9 +29,9 @@ import (
 // again, TestScaleChild), so its resident set is its own: one RD or UD
 // QP answering every Send with a Send, or an RC listener doing the same
 // on every connection it accepts. The clients are in this process, each
-// on its own socket at its own 127.x.y.z address, opened (with
-// RLIMIT_NOFILE raised) before the baseline is read, so neither their
-// memory nor their sockets' slab is in the figures. An RD client is a
+// at its own 127.x.y.z address (scaleSockets says how they share
+// sockets), which are opened before the baseline is read, so neither
+// their memory nor their sockets' slab is in the figures. An RD client is a
 // hand-driven RD endpoint speaking the wire of docs/wire.md §11 (Hello,
 // Challenge, Data with the issued token, acks), an RC client a
 // hand-driven MPA initiator on a TCP socket made before the baseline.
@@ -652,9 +652,13 @@ func (c *scaleClients) udExchange(msn uint32) scalePhase {
 // scaleSettle gives the server time to take the clients' last frames.
 func scaleSettle() { time.Sleep(300 * time.Millisecond) }
 
-// peerMemory measures kind ("rd" or "ud") at n peers: idle (after one
-// exchange, nothing outstanding) and active (a second exchange's answer
-// in flight, RD's unacknowledged).
+// scaleIdle waits until every peer has been quiet long enough to be idle
+// (its sender's ring let go of, rdCompactAfter).
+func scaleIdle() { time.Sleep(rdCompactAfter + 500*time.Millisecond) }
+
+// peerMemory measures kind ("rd" or "ud") at n peers: idle (a while
+// after one exchange, nothing outstanding) and active (a second
+// exchange's answer in flight, RD's unacknowledged).
 func peerMemory(b *testing.B, kind string, n int) {
 	srv := startScaleServer(b, kind, n)
 	c := newScaleClients(b, srv, n)
@@ -665,7 +669,7 @@ func peerMemory(b *testing.B, kind string, n int) {
 	} else {
 		c.run(c.udExchange(1), 1024, limit)
 	}
-	scaleSettle()
+	scaleIdle()
 	idle := srv.mem()
 	if kind == "rd" {
 		c.run(c.rdActive(), 1024, limit)

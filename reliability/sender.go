@@ -155,23 +155,42 @@ type Sender[P any] struct {
 // that exchanges little costs little.
 const initialRing = 8
 
-// NewSender returns a Sender.
+// NewSender returns a Sender. Its ring is made by the first Push (a peer
+// we never send to needs none).
 func NewSender[P any](cfg Config) *Sender[P] {
 	cfg = cfg.Fill()
-	n := min(initialRing, cfg.Window)
-	return &Sender[P]{cfg: cfg, ring: make([]slot[P], n), mask: uint32(n - 1),
-		una: cfg.FirstSeq, next: cfg.FirstSeq, limit: cfg.FirstSeq + uint32(cfg.Window)}
+	return &Sender[P]{cfg: cfg, una: cfg.FirstSeq, next: cfg.FirstSeq, limit: cfg.FirstSeq + uint32(cfg.Window)}
 }
 
-// grow doubles the ring, keeping every packet at its place by sequence.
+// grow doubles the ring (or makes the first), keeping every packet at its
+// place by sequence.
 func (s *Sender[P]) grow() {
-	ring := make([]slot[P], 2*len(s.ring))
+	n := 2 * len(s.ring)
+	if n == 0 {
+		n = min(initialRing, s.cfg.Window)
+	}
+	ring := make([]slot[P], n)
 	mask := uint32(len(ring) - 1)
 	for seq := s.una; Before(seq, s.next); seq++ {
 		ring[seq&mask] = s.ring[seq&s.mask]
 	}
 	s.ring, s.mask = ring, mask
 }
+
+// Compact lets go of the ring when nothing is in flight: a sender that
+// has been idle a while keeps its sequence numbers, RTT and window, and
+// the next Push makes a ring again. It reports whether there was one.
+func (s *Sender[P]) Compact() bool {
+	if s.una != s.next || s.ring == nil {
+		return false
+	}
+	s.ring, s.mask = nil, 0
+	return true
+}
+
+// Slots returns the size of the ring (zero until the first Push, and
+// after Compact).
+func (s *Sender[P]) Slots() int { return len(s.ring) }
 
 // Config returns the sender's configuration, defaults filled.
 func (s *Sender[P]) Config() Config { return s.cfg }
@@ -289,7 +308,8 @@ func (s *Sender[P]) OnAck(a *AckBlock, window uint16, rnr bool, now time.Time,
 		note(seq, true)
 	}
 	s.una = cum
-	if sl := &s.ring[s.una&s.mask]; Before(s.una, s.next) && sl.sacked {
+	if Before(s.una, s.next) && s.ring[s.una&s.mask].sacked {
+		sl := &s.ring[s.una&s.mask]
 		// Selectively acked before, not delivered now: the receiver
 		// dropped it (it refused it once it was in order). It goes again.
 		sl.sacked, sl.pending = false, true

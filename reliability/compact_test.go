@@ -1,0 +1,46 @@
+package reliability
+
+import (
+	"testing"
+	"time"
+)
+
+// TestSenderCompact: a sender has no ring until its first packet, lets go
+// of it when asked with nothing in flight (not before), and numbers on
+// from where it was when it makes one again; acks, old and new, find it
+// without a ring as with one.
+func TestSenderCompact(t *testing.T) {
+	s := NewSender[int](Config{FirstSeq: 1<<32 - 2})
+	if s.Slots() != 0 {
+		t.Fatalf("a new sender has %d slots", s.Slots())
+	}
+	now := time.Now()
+	ack := func(cum uint32) error {
+		return s.OnAck(&AckBlock{Cumulative: cum}, 64, false, now, func(uint32, *int) {}, func(uint32, *int) {})
+	}
+	if err := ack(1<<32 - 2); err != nil || s.Compact() {
+		t.Fatalf("an ack with nothing sent: %v; Compact of no ring: true", err)
+	}
+	for i := range 3 {
+		s.Push(i, now)
+	}
+	if s.Slots() != initialRing || s.Compact() {
+		t.Fatalf("%d slots with 3 in flight, or Compact let them go", s.Slots())
+	}
+	if err := ack(1); err != nil || s.InFlight() != 0 { // across the wrap
+		t.Fatalf("ack: %v, %d in flight", err, s.InFlight())
+	}
+	if !s.Compact() || s.Slots() != 0 || s.Deadline() != (time.Time{}) {
+		t.Fatal("Compact kept the ring, or a timer")
+	}
+	if err := ack(1); err != nil { // the same ack again, no ring
+		t.Fatal(err)
+	}
+	if seq := s.Push(7, now); seq != 1 || s.Slots() != initialRing {
+		t.Fatalf("after Compact: seq %d, %d slots", seq, s.Slots())
+	}
+	var got []int
+	if err := s.OnAck(&AckBlock{Cumulative: 2}, 64, false, now, func(_ uint32, p *int) { got = append(got, *p) }, nil); err != nil || len(got) != 1 || got[0] != 7 {
+		t.Fatalf("ack after Compact: %v %v", err, got)
+	}
+}
