@@ -141,7 +141,8 @@ func (s *Socket) Close() error {
 		return nil // closed already, or by the device's Close
 	}
 	s.close()
-	s.rxMu.Lock() // a reader in flight has finished
+	s.rxMu.Lock() // once a reader in flight has finished
+	s.rx.n = 0
 	s.rxMu.Unlock()
 	return nil
 }

@@ -133,3 +133,20 @@ func TestReceiveBufferIsTheKernels(t *testing.T) {
 		}
 	}
 }
+
+// Datagrams of every size, small and large interleaved and across the
+// classes' edges, arrive whole through the engine's two receive classes
+// (2 KiB and 64 KiB: where each receive lies in the pool), and every
+// receive goes back.
+func TestReceiveSizeClasses(t *testing.T) {
+	dir := built(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := start(t, ctx, dir, true, filepath.Join(dir, "manysock"), "sizes")
+	if out := p.wait(t); out != "sizes ok\n" {
+		t.Fatalf("manysock sizes: %q", out)
+	}
+	if st := p.readStats(t); st.Received != 30 || st.PoolFree != st.Pool || st.NoRecv != 0 {
+		t.Fatalf("the engine delivered %d of 30, pool %d with %d free, %d dropped", st.Received, st.Pool, st.PoolFree, st.NoRecv)
+	}
+}

@@ -48,6 +48,7 @@ const (
 	// recvSize is the pool's receive size: a whole UD Send of the
 	// largest UDP datagram, IPv6's.
 	recvSize       = 65527
+	smallSize      = 2048
 	defaultPool    = 4 << 20 // UDIWARP_PRELOAD_POOL's default, bytes
 	minPoolEntries = 8
 	// maxQPs is the most sockets one process runs over the engine: its
@@ -62,13 +63,14 @@ const (
 // receive queue over one registered pool (seed 004), so the receive
 // memory of the process is the pool's, whatever the number of sockets.
 var engine struct {
-	once sync.Once
-	err  error
-	dev  *qp.Device
-	pd   *qp.PD
-	srq  *qp.SRQ
-	pool *qp.MR
-	n    int // receives in the pool
+	once  sync.Once
+	err   error
+	dev   *qp.Device
+	pd    *qp.PD
+	srq   *qp.SRQ
+	pool  *qp.MR
+	small int // small receives in the pool (smallSize), ids 0..small-1
+	n     int // large ones (recvSize), the ids after
 	// scq is every QP's send CQ: sends are unsignaled, so it holds only
 	// failed ones, and whichever socket sends next empties it (reap).
 	scq   *qp.CQ
@@ -82,7 +84,11 @@ func start() error {
 		if v, err := strconv.Atoi(os.Getenv("UDIWARP_PRELOAD_POOL")); err == nil && v > 0 {
 			size = v
 		}
-		engine.n = max(size/recvSize, minPoolEntries)
+		// Two size classes (seed 004's pool, qp.SRQClass): a quarter of the
+		// pool in small receives, so that small datagrams (SIP, DNS, most
+		// of what a datagram program sends) do not take 64 KiB each.
+		engine.small = max(size/4/smallSize, minPoolEntries)
+		engine.n = max((size-engine.small*smallSize)/recvSize, minPoolEntries)
 		// A QP per socket: as many as a process can have descriptors.
 		d, err := qp.Open(qp.DeviceConfig{RecvBatch: 1, EventSpin: -1, MaxQP: maxQPs})
 		if err != nil {
@@ -94,10 +100,12 @@ func start() error {
 			engine.err = err
 			return
 		}
-		if engine.srq, err = engine.pd.CreateSRQ(engine.n, 1); err == nil {
-			engine.pool, err = engine.pd.RegisterMemory(make([]byte, engine.n*recvSize), qp.AccessLocalWrite)
+		engine.srq, err = engine.pd.CreateSRQEx(qp.SRQAttr{MaxSGE: 1,
+			Classes: []qp.SRQClass{{Size: smallSize, Depth: engine.small}, {Size: recvSize, Depth: engine.n}}})
+		if err == nil {
+			engine.pool, err = engine.pd.RegisterMemory(make([]byte, engine.small*smallSize+engine.n*recvSize), qp.AccessLocalWrite)
 		}
-		for i := 0; err == nil && i < engine.n; i++ {
+		for i := 0; err == nil && i < engine.small+engine.n; i++ {
 			err = repost(uint64(i))
 		}
 		engine.err = err
@@ -105,9 +113,19 @@ func start() error {
 	return engine.err
 }
 
+// receive is where receive id lies in the pool: the small ones first.
+func receive(id uint64) (off, size int) {
+	i := int(id)
+	if i < engine.small {
+		return i * smallSize, smallSize
+	}
+	return engine.small*smallSize + (i-engine.small)*recvSize, recvSize
+}
+
 // repost gives receive id back to the pool.
 func repost(id uint64) error {
-	return engine.srq.PostRecv(&qp.RecvWR{ID: id, SGL: []qp.SGE{engine.pool.SGE(int(id)*recvSize, recvSize)}})
+	off, size := receive(id)
+	return engine.srq.PostRecv(&qp.RecvWR{ID: id, SGL: []qp.SGE{engine.pool.SGE(off, size)}})
 }
 
 // sock is one owned socket: a manual socket of the engine's device over
@@ -447,7 +465,7 @@ func udw_recv(h C.longlong, iov unsafe.Pointer, iovcnt C.int, from unsafe.Pointe
 	if wc == nil {
 		return -C.longlong(unix.EAGAIN)
 	}
-	off := int(wc.ID) * recvSize
+	off, _ := receive(wc.ID)
 	data := engine.pool.Bytes()[off : off+int(wc.Len)]
 	k := 0
 	for _, v := range iovecs(iov, iovcnt) {
@@ -680,7 +698,7 @@ func writeStats() {
 	statsMu.Lock()
 	defer statsMu.Unlock()
 	st := Stats{PID: os.Getpid(), Sockets: adopted.Load(), Live: live.Load(), Sent: sent.Load(), Received: received.Load(),
-		SentBytes: sentBytes.Load(), ReceivedBytes: receivedBytes.Load(), Pool: engine.n}
+		SentBytes: sentBytes.Load(), ReceivedBytes: receivedBytes.Load(), Pool: engine.small + engine.n}
 	if engine.dev != nil {
 		ds := engine.dev.Stats()
 		st.DeviceTx, st.DeviceRx = ds.TxDatagrams.Load(), ds.RxDelivered.Load()

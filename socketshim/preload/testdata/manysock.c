@@ -7,7 +7,7 @@
 // socket that reads nothing until all are sent, then counts what it can
 // read (the kernel's SO_RCVBUF decides).
 //
-// Usage: manysock N | manysock burst K RCVBUF
+// Usage: manysock N | manysock burst K RCVBUF | manysock sizes
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -62,7 +62,27 @@ static int burst(int k, int rcvbuf) {
 	return 0;
 }
 
+// sizes: datagrams of every size class and across their edges arrive
+// whole, each with its length, in order, interleaved small and large.
+static int sizes(void) {
+	static const int sz[] = {1, 100, 2047, 2048, 2049, 30000, 65000, 7, 64000, 1500};
+	static unsigned char out[65536], in[65536];
+	struct sockaddr_in aa, ba;
+	int a = udp(&aa), b = udp(&ba);
+	timeo(b, 5000);
+	for (int k = 0; k < 3; k++)
+		for (size_t i = 0; i < sizeof sz / sizeof sz[0]; i++) {
+			for (int j = 0; j < sz[i]; j++) out[j] = (unsigned char)(j * 7 + i + k);
+			if (sendto(a, out, sz[i], 0, (struct sockaddr *)&ba, sizeof ba) != sz[i]) FAIL("sendto %d", sz[i]);
+			ssize_t m = recv(b, in, sizeof in, 0);
+			if (m != sz[i] || memcmp(in, out, sz[i]) != 0) FAIL("%zd bytes back for %d", m, sz[i]);
+		}
+	printf("sizes ok\n");
+	return 0;
+}
+
 int main(int argc, char **argv) {
+	if (argc == 2 && !strcmp(argv[1], "sizes")) return sizes();
 	if (argc == 4 && !strcmp(argv[1], "burst")) return burst(atoi(argv[2]), atoi(argv[3]));
 	if (argc != 2) FAIL("usage: manysock N | manysock burst K RCVBUF");
 	int n = atoi(argv[1]);
