@@ -435,8 +435,9 @@ func syncRD(q *QP) {
 }
 
 // BenchmarkRDPeerMemory reports the heap one peer's state costs at a QP:
-// idle (after contact, nothing in flight), and with a full window of 256
-// packets in flight to it.
+// idle (after contact, nothing in flight), with a full window of 256
+// packets in flight to it, and with its receiver grown to the window
+// (the most a peer can make us keep without our sending anything).
 func BenchmarkRDPeerMemory(b *testing.B) {
 	n := newNode(b, DeviceConfig{}, "udp4", "127.0.0.1:0")
 	cq, _ := n.dev.CreateCQ(16)
@@ -478,8 +479,28 @@ func BenchmarkRDPeerMemory(b *testing.B) {
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&after)
-	q.rd.mu.Unlock()
 	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc), "bytes/busy-peer")
+	// What a peer can make us keep with nothing of ours in flight: its
+	// receiver's ring grown to the window by frames ahead of a gap, the
+	// gap since filled (the frames themselves are budgeted apart:
+	// MaxHeldBytes).
+	q.rd.rdTable.reset()
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	p = q.rd.newPeer(rdKey{netip.MustParseAddrPort("10.0.0.1:1"), 1}, time.Now())
+	for seq := uint32(p.snd.Config().Window - 1); ; seq-- {
+		p.rcv.Receive(seq, nil, time.Now(), func(uint32, []byte) bool { return true })
+		if seq == 0 {
+			break
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	q.rd.mu.Unlock()
+	if p.rcv.Held() != 0 {
+		b.Fatalf("%d frames held", p.rcv.Held())
+	}
+	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc), "bytes/grown-peer")
 }
 
 // TestRDAndUDShareASocket: the frame-type rule lets one socket carry UD

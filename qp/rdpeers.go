@@ -298,7 +298,7 @@ func (r *rdQP) peerDue(p *rdPeer, now time.Time) time.Time {
 		// a shut window.
 		early(p.snd.Resume())
 	}
-	if p.quiet() && p.snd.Slots() > 0 {
+	if p.quiet() && (p.snd.Slots() > 0 || p.rcv.Slots() > 0 && p.rcv.Held() == 0) {
 		early(p.last.Add(rdCompactAfter))
 	}
 	if at := r.reclaimAt(p); !at.IsZero() {
@@ -307,15 +307,18 @@ func (r *rdQP) peerDue(p *rdPeer, now time.Time) time.Time {
 	return next
 }
 
-// rdCompactAfter is how long a peer stays quiet before its sender lets go
-// of its ring (Sender.Compact): a peer that exchanges more often keeps it
-// (no allocation per message), an idle one costs its state without it.
+// rdCompactAfter is how long a peer stays quiet before its sender and
+// receiver let go of their rings (Sender.Compact, Receiver.Compact): a
+// peer that exchanges more often keeps them (no allocation per message),
+// an idle one costs its state without them, and a ring a peer grew to
+// the window with frames out of order does not stay grown.
 const rdCompactAfter = time.Second
 
-// rdCompact lets go of the sender ring of a peer quiet for rdCompactAfter.
+// rdCompact lets go of the rings of a peer quiet for rdCompactAfter.
 func (r *rdQP) compact(p *rdPeer, now time.Time) {
 	if p.quiet() && !now.Before(p.last.Add(rdCompactAfter)) {
 		p.snd.Compact()
+		p.rcv.Compact()
 	}
 }
 

@@ -638,7 +638,8 @@ func TestRDSpoofedContactFlood(t *testing.T) {
 
 // TestRDIdlePeerLetsGoOfItsRing: a peer quiet for rdCompactAfter keeps
 // its state but not its sender's ring (an idle peer's largest part), and
-// sends again as before, in the same session.
+// sends again as before, in the same session; a receiver's ring grown by
+// frames out of order goes the same way.
 func TestRDIdlePeerLetsGoOfItsRing(t *testing.T) {
 	p := newRDPair(t, DeviceConfig{}, DeviceConfig{}, RDConfig{IdleTimeout: time.Hour})
 	slots := func() int {
@@ -670,4 +671,32 @@ func TestRDIdlePeerLetsGoOfItsRing(t *testing.T) {
 	if n := p.b.dev.Stats().RDPeerRestarts.Load() + p.a.dev.Stats().RDPeerRestarts.Load(); n != restarts || peersOf(p.qa) != 1 {
 		t.Fatalf("%d restarts, %d peers: the session did not go on", n-restarts, peersOf(p.qa))
 	}
+
+	// A receiver's ring, grown by a frame ahead of a gap, goes too once
+	// the gap is filled and the peer is quiet.
+	s, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	raw, ok := contactFrom(t, s, p.b, p.qb, 9, 77)
+	if !ok {
+		t.Fatal("raw contact refused")
+	}
+	rcvSlots := func() int {
+		p.qb.rd.mu.Lock()
+		defer p.qb.rd.mu.Unlock()
+		if peer := p.qb.rd.peers[raw.key()]; peer != nil {
+			return peer.rcv.Slots()
+		}
+		return -1
+	}
+	raw.data(40) // held ahead of the gap at 1
+	if n := rcvSlots(); n < 64 {
+		t.Fatalf("%d receive slots holding frame 40", n)
+	}
+	for seq := uint32(1); seq < 40; seq++ {
+		raw.data(seq)
+	}
+	eventually(t, "the receiver's ring let go of", func() bool { return rcvSlots() == 0 })
 }

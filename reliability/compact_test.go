@@ -44,3 +44,38 @@ func TestSenderCompact(t *testing.T) {
 		t.Fatalf("ack after Compact: %v %v", err, got)
 	}
 }
+
+// TestReceiverCompact: a receiver has no ring while packets come in
+// order, makes one for a packet ahead of a gap, keeps it while it holds
+// anything, lets go of it when asked once nothing is held (a ring grown
+// to the window would stay so), and buffers again after.
+func TestReceiverCompact(t *testing.T) {
+	r := NewReceiver[int](Config{Window: 64}, nil)
+	now := time.Now()
+	var got []uint32
+	deliver := func(seq uint32, _ int) bool { got = append(got, seq); return true }
+	r.Receive(0, 0, now, deliver)
+	if r.Slots() != 0 || r.Compact() {
+		t.Fatalf("%d slots after a packet in order", r.Slots())
+	}
+	var a AckBlock
+	r.Ack(&a, now)
+	for seq := uint32(63); seq > 1; seq-- { // ahead of the gap at 1
+		r.Receive(seq, int(seq), now, deliver)
+	}
+	r.Ack(&a, now)
+	if r.Slots() != 64 || r.Held() != 62 || r.Compact() || len(a.Ranges) != 1 || a.Ranges[0] != (Range{Start: 2, Len: 62}) {
+		t.Fatalf("%d slots, %d held, ranges %v", r.Slots(), r.Held(), a.Ranges)
+	}
+	r.Receive(1, 1, now, deliver)
+	if r.Held() != 0 || len(got) != 64 || !r.Compact() || r.Slots() != 0 {
+		t.Fatalf("%d held, %d delivered, %d slots", r.Held(), len(got), r.Slots())
+	}
+	r.Ack(&a, now)
+	r.Receive(66, 66, now, deliver)
+	r.Receive(65, 65, now, deliver)
+	r.Receive(64, 64, now, deliver)
+	if r.Held() != 0 || len(got) != 67 || got[66] != 66 || r.Slots() != initialRing {
+		t.Fatalf("after Compact: %d held, delivered %v, %d slots", r.Held(), got[64:], r.Slots())
+	}
+}

@@ -71,18 +71,21 @@ type Receiver[F any] struct {
 }
 
 // NewReceiver returns a Receiver; release, if not nil, is called for each
-// buffered packet the receiver lets go of without delivering (Reset).
+// buffered packet the receiver lets go of without delivering (Reset). Its
+// ring is made by the first packet it buffers: packets that come in order
+// need none.
 func NewReceiver[F any](cfg Config, release func(F)) *Receiver[F] {
 	cfg = cfg.Fill()
-	n := min(initialRing, cfg.Window)
-	return &Receiver[F]{cfg: cfg, next: cfg.FirstSeq, ring: make([]F, n),
-		have: make([]uint64, (n+63)/64), claim: make([]uint64, (n+63)/64), mask: uint32(n - 1), released: release}
+	return &Receiver[F]{cfg: cfg, next: cfg.FirstSeq, released: release}
 }
 
-// grow doubles the ring until seq fits, keeping every held packet at its
-// place by sequence.
+// grow doubles the ring (or makes the first) until seq fits, keeping
+// every held packet at its place by sequence.
 func (r *Receiver[F]) grow(seq uint32) {
 	n := len(r.ring)
+	if n == 0 {
+		n = min(initialRing, r.cfg.Window)
+	}
 	for seq-r.next >= uint32(n) {
 		n *= 2
 	}
@@ -100,6 +103,22 @@ func (r *Receiver[F]) grow(seq uint32) {
 	}
 	r.ring, r.have, r.claim, r.mask = ring, have, claim, mask
 }
+
+// Compact lets go of the ring when nothing is buffered: a ring grown by
+// packets out of order stays grown otherwise, and a receiver that has
+// been idle a while needs none; the next packet buffered makes one. It
+// reports whether there was one.
+func (r *Receiver[F]) Compact() bool {
+	if r.held != 0 || r.ring == nil {
+		return false
+	}
+	r.ring, r.have, r.claim, r.mask = nil, nil, nil, 0
+	return true
+}
+
+// Slots returns the size of the ring (zero until a packet is buffered,
+// and after Compact).
+func (r *Receiver[F]) Slots() int { return len(r.ring) }
 
 // Next returns the next sequence number to deliver.
 func (r *Receiver[F]) Next() uint32 { return r.next }
