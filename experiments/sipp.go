@@ -49,10 +49,10 @@ type sippTransport struct {
 	Label string
 	T     string // SIPp's transport: un (a UDP socket per call), tn (a TCP connection per call)
 	// QP is the udiwarp QP type under the preload ("": the kernel's
-	// sockets, no preload). The preload is asked for it with
-	// UDIWARP_PRELOAD_QP, and must say in its stats file ("qp") that it
-	// used it — but for UD, the only mode it has today, which is its
-	// default and says nothing.
+	// sockets, no preload). The datagram types are asked for with
+	// UDIWARP_PRELOAD_QP=ud|rd, and RD must be named in the engines'
+	// stats ("qp":"rd"); RC carries SIPp's TCP (-t tn), and is there
+	// when the engines' counters show they sent SIPp's requests.
 	QP string
 }
 
@@ -296,8 +296,10 @@ func (e *env) sippStart(dir, name string, t sippTransport, libs string, args []s
 	if t.QP != "" {
 		p.stats = filepath.Join(dir, name+"-engine.json")
 		p.cmd.Env = append(p.cmd.Env, "LD_PRELOAD="+filepath.Join(libs, "libudiwarp_preload.so"),
-			"UDIWARP_ENGINE="+filepath.Join(libs, "libudiwarp_engine.so"), "UDIWARP_PRELOAD_STATS="+p.stats,
-			"UDIWARP_PRELOAD_QP="+t.QP)
+			"UDIWARP_ENGINE="+filepath.Join(libs, "libudiwarp_engine.so"), "UDIWARP_PRELOAD_STATS="+p.stats)
+		if t.T == "un" {
+			p.cmd.Env = append(p.cmd.Env, "UDIWARP_PRELOAD_QP="+t.QP)
+		}
 	}
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := p.cmd.Start(); err != nil {
@@ -399,9 +401,10 @@ func tcpListening(port int) bool {
 }
 
 // sippProbe says why the preload cannot carry t ("" when it can): ten
-// calls between a preloaded UAS and UAC must complete with the engines'
-// counters showing they carried them, and for RD or RC the engines
-// must say (their stats' "qp") that they used that QP type.
+// calls between a preloaded UAS and UAC must complete; for RD the
+// engines must say (their stats' "qp") that they ran RD QPs, for RC the
+// UAC's engine must have sent SIPp's thirty requests (its counters
+// named *sent*, but bytes).
 func (e *env) sippProbe(t sippTransport, o options) (string, error) {
 	libs, err := e.preloadLibs(o)
 	if err != nil {
@@ -418,14 +421,21 @@ func (e *env) sippProbe(t sippTransport, o options) (string, error) {
 	if s := got.str("failed"); s != "" && t.QP != "rc" {
 		return "the preload did not carry ten calls: " + s, nil
 	}
-	if q, _ := got["engine_qp"].(string); q != t.QP {
-		switch t.QP {
-		case "rc":
-			return "the preload carries UDP sockets only: SIPp's TCP connections (-t tn) went through the kernel (no RC mode yet)", nil
-		default:
-			return fmt.Sprintf("the preload has no %s mode: asked with UDIWARP_PRELOAD_QP=%s, its engines report no \"qp\":%q (UD only today)",
-				strings.ToUpper(t.QP), t.QP, t.QP), nil
+	if t.QP == "rc" {
+		var sent float64
+		for k, v := range got {
+			if f, ok := v.(float64); ok && strings.HasPrefix(k, "engine_uac0_") && strings.Contains(k, "sent") && !strings.Contains(k, "bytes") {
+				sent += f
+			}
 		}
+		if sent < 30 {
+			return "the preload carries UDP sockets only: SIPp's TCP connections (-t tn) went through the kernel (no RC mode yet)", nil
+		}
+		return "", nil
+	}
+	if q, _ := got["engine_qp"].(string); q != t.QP {
+		return fmt.Sprintf("the preload has no %s mode: asked with UDIWARP_PRELOAD_QP=%s, its engines report no \"qp\":%q (UD only today)",
+			strings.ToUpper(t.QP), t.QP, t.QP), nil
 	}
 	return "", nil
 }
