@@ -113,9 +113,9 @@ func scaleServe(kind string, n int, cmds io.Reader, out io.Writer) error {
 		}
 		defer l.Close()
 		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
 		var wg sync.WaitGroup
-		defer wg.Wait()
+		defer wg.Wait() // after cancel: the accepting goroutine waits in Next
+		defer cancel()
 		wg.Go(func() {
 			for i := 0; ; i++ {
 				r, err := l.Next(ctx)
