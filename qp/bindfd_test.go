@@ -183,6 +183,11 @@ func TestBindFD(t *testing.T) {
 	if got[0].Status != Success || string(peer.buf[:got[0].Len]) != "reply" || got[0].Source != addrB {
 		t.Fatalf("the peer received %+v %q", got[0], peer.buf[:got[0].Len])
 	}
+	// The aliased QP's frames carry the alias as their source: the number
+	// its peers address it by (RD keys its sessions by it).
+	if got[0].SourceQPN != qa.QPN() {
+		t.Fatalf("the reply came from QP %d, want the alias %d (the QP is %d)", got[0].SourceQPN, qa.QPN(), qb.QPN())
+	}
 
 	// Sends that went out directly started no datamover and made no
 	// inline slot.

@@ -338,6 +338,7 @@ func (d *Device) addQP(q *QP) error {
 		}
 		if d.qps[n].Load() == nil {
 			q.num = n
+			q.wire.Store(n)
 			d.qps[n].Store(q)
 			return nil
 		}

@@ -45,10 +45,10 @@ var errGSOUnsupported = errors.New("UDP GSO not supported")
 
 // enableRxControl asks the kernel for GRO and for each datagram's
 // destination on fd, and reports which it granted.
-func enableRxControl(fd int, v6 bool) (gro, pktinfo bool) {
+func enableRxControl(fd int, v6, withGRO bool) (gro, pktinfo bool) {
 	// GRO: datagrams a peer sent with UDP GSO arrive in one read, cut by
 	// dispatch; one system call for up to 64 datagrams.
-	gro = unix.SetsockoptInt(fd, unix.SOL_UDP, unix.UDP_GRO, 1) == nil
+	gro = withGRO && unix.SetsockoptInt(fd, unix.SOL_UDP, unix.UDP_GRO, 1) == nil
 	// Each datagram's destination. IP_PKTINFO also on an IPv6 socket: for
 	// IPv4 datagrams it tells a broadcast destination apart.
 	pktinfo = unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_PKTINFO, 1) == nil
@@ -194,7 +194,7 @@ func (t *txCtx) sendGSO(s *Socket, w *sendWQE, seg uint32, k int) (Status, error
 		n := min(seg, w.length-off)
 		hdr := udiwarp.WriteRecordHeader(g.hdr[i][:])
 		hdr.Encode(&udiwarp.WriteRecordFields{Last: off+n == w.length, RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpWrite),
-			STag: w.rstag, TO: w.rto + uint64(off), MSN: w.msn, MO: off, MessageLength: w.length, DstQPN: w.ah.qpn, SrcQPN: q.num})
+			STag: w.rstag, TO: w.rto + uint64(off), MSN: w.msn, MO: off, MessageLength: w.length, DstQPN: w.ah.qpn, SrcQPN: q.wireQPN()})
 		p := data[off : off+n]
 		var crc uint32
 		if sum {

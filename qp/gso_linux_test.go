@@ -260,7 +260,7 @@ func TestControlMessagesKernel(t *testing.T) {
 			}
 			v6 := tc.network != "udp4"
 			var gro, info bool
-			if err := raw.Control(func(fd uintptr) { gro, info = enableRxControl(int(fd), v6) }); err != nil {
+			if err := raw.Control(func(fd uintptr) { gro, info = enableRxControl(int(fd), v6, true) }); err != nil {
 				t.Fatal(err)
 			}
 			if !info {

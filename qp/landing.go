@@ -226,7 +226,7 @@ func (r *rxSide) completeLandingLocked(l *landing, n int, truncated bool, src ne
 	op := seg.Opcode()
 	h := seg.Untagged()
 	q := l.q
-	if !isSend(op) || h.DstQPN() != q.num {
+	if !isSend(op) || h.DstQPN() != q.wireQPN() {
 		r.landOff = landBackoff // the guess was wrong: copy for a while
 		return false
 	}

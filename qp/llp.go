@@ -113,7 +113,7 @@ func newUDPLLP(conn *net.UDPConn, v6 bool, batch, rcvbuf, sndbuf int) (*udpLLP, 
 	raw.Control(func(fd uintptr) {
 		u.fd.Store(fd)
 		var info bool
-		u.gro, info = enableRxControl(int(fd), v6)
+		u.gro, info = enableRxControl(int(fd), v6, true)
 		u.pktinfo.Store(info)
 	})
 	u.readableFn, u.writableFn = u.readable, u.writable
@@ -121,13 +121,17 @@ func newUDPLLP(conn *net.UDPConn, v6 bool, batch, rcvbuf, sndbuf int) (*udpLLP, 
 }
 
 // newFDLLP takes a descriptor its caller keeps (BindFD) as a lower layer.
-// Nothing about the socket changes: its buffer sizes are the caller's
-// (SO_RCVBUF bounds what the kernel queues, as for any UDP socket), and
-// UDP_GRO stays off, since whoever else reads the socket (a forked child
-// of a preloaded program) would not expect merged datagrams.
+// Its buffer sizes stay the caller's (SO_RCVBUF bounds what the kernel
+// queues, as for any UDP socket), and UDP_GRO stays off, since whoever
+// else reads the socket (a forked child of a preloaded program) would
+// not expect merged datagrams. IP_PKTINFO goes on: RD answers only
+// datagrams it knows were unicast to it, and a reader that passes no
+// control buffer never sees it.
 func newFDLLP(fd int, v6 bool, batch int) *udpLLP {
 	u := &udpLLP{v6: v6, borrowed: true}
 	u.fd.Store(uintptr(fd))
+	_, info := enableRxControl(fd, v6, false)
+	u.pktinfo.Store(info)
 	u.hs = make([]mmsghdr, batch)
 	u.names = make([]unix.RawSockaddrAny, batch)
 	u.ctrl = make([][rxCtrlSize]byte, batch)

@@ -153,6 +153,7 @@ type QP struct {
 	rd           *rdQP                  // RD QPs: peers, reliability, WRs until acknowledged
 	rc           atomic.Pointer[rcConn] // RC QPs: the connection, once Connect or Accept made it
 	srqHeld      atomic.Int32           // SRQ receives held (seed 004 limit)
+	wire         atomic.Uint32          // wireQPN
 	srqOverdrawn atomic.Bool            // AsyncSRQOverdraft raised, until back under the hard limit
 	srqa         *srqAcct               // the rest of its SRQ use, on an SRQ (srq.go)
 
@@ -228,6 +229,11 @@ func (pd *PD) CreateQP(attr QPAttr) (*QP, error) {
 
 // QPN returns the QP number peers address it by.
 func (q *QP) QPN() uint32 { return q.num }
+
+// wireQPN is the number q's frames carry as their source, and the one
+// frames for it carry: its own, or the alias its socket gives it
+// (Socket.Alias).
+func (q *QP) wireQPN() uint32 { return q.wire.Load() }
 
 // Type returns the QP's transport service.
 func (q *QP) Type() QPType { return q.typ }

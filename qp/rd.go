@@ -413,7 +413,7 @@ func (r *rdQP) hello(s *Socket, p *rdPeer, now time.Time) {
 	q := r.q
 	p.helloAt = now
 	b := reliability.Append(r.hb[:0], &reliability.Fields{Type: reliability.Hello, Window: p.rcv.Window(),
-		DstQPN: p.key.qpn, SrcQPN: q.num, Epoch: p.epoch, Init: true, Issued: p.myToken})
+		DstQPN: p.key.qpn, SrcQPN: q.wireQPN(), Epoch: p.epoch, Init: true, Issued: p.myToken})
 	r.control(s, &p.ah, b)
 }
 
@@ -502,7 +502,7 @@ func (r *rdQP) pump(s *Socket, p *rdPeer, now time.Time) (full bool) {
 func (r *rdQP) data(s *Socket, p *rdPeer, seq uint32, pk *rdPkt, now time.Time, ackNow bool) error {
 	q := r.q
 	w := pk.w
-	f := reliability.Fields{Type: reliability.Data, Window: p.rcv.Window(), DstQPN: p.key.qpn, SrcQPN: q.num,
+	f := reliability.Fields{Type: reliability.Data, Window: p.rcv.Window(), DstQPN: p.key.qpn, SrcQPN: q.wireQPN(),
 		Epoch: p.epoch, Token: p.theirToken, Seq: seq, Init: p.sendInit, Issued: p.myToken, AckNow: ackNow}
 	if !p.rcv.AckDue(now).IsZero() {
 		f.Ack = r.ackBlock(p, now, &f.RNR)
@@ -511,7 +511,7 @@ func (r *rdQP) data(s *Socket, p *rdPeer, seq uint32, pk *rdPkt, now time.Time, 
 	last := pk.last
 	untagged := func(opc udiwarp.Opcode, queue udiwarp.Queue, msn uint32) {
 		b = udiwarp.AppendUntagged(b, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
-			RDMAP: udiwarp.NewRDMAPControl(opc), ULP: q.num, QN: udiwarp.DatagramQN(p.key.qpn, queue), MSN: msn})
+			RDMAP: udiwarp.NewRDMAPControl(opc), ULP: q.wireQPN(), QN: udiwarp.DatagramQN(p.key.qpn, queue), MSN: msn})
 	}
 	switch op := w.op; {
 	case pk.imm:
@@ -542,7 +542,7 @@ func (r *rdQP) data(s *Socket, p *rdPeer, seq uint32, pk *rdPkt, now time.Time, 
 			RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpReadResponse), STag: w.rstag, TO: w.rto + uint64(pk.off)})
 	case op == OpWriteRecord:
 		b = udiwarp.AppendWriteRecord(b, &udiwarp.WriteRecordFields{Last: last, RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpWrite),
-			STag: w.rstag, TO: w.rto + uint64(pk.off), MSN: w.msn, MO: pk.off, MessageLength: w.length, DstQPN: p.key.qpn, SrcQPN: q.num})
+			STag: w.rstag, TO: w.rto + uint64(pk.off), MSN: w.msn, MO: pk.off, MessageLength: w.length, DstQPN: p.key.qpn, SrcQPN: q.wireQPN()})
 	case op == OpRead:
 		untagged(udiwarp.OpReadRequest, udiwarp.QueueReadRequest, w.msn)
 		b = udiwarp.AppendReadRequest(b, &udiwarp.ReadRequestFields{SinkSTag: w.sinkSTag, SinkTO: w.sinkTO, Size: w.length,
@@ -609,7 +609,7 @@ func (r *rdQP) ackBlock(p *rdPeer, now time.Time, rnr *bool) *reliability.AckBlo
 // rdSendAck sends a standalone ack to p.
 func (r *rdQP) sendAck(s *Socket, p *rdPeer, now time.Time) {
 	q := r.q
-	f := reliability.Fields{Type: reliability.Ack, Window: p.rcv.Window(), DstQPN: p.key.qpn, SrcQPN: q.num,
+	f := reliability.Fields{Type: reliability.Ack, Window: p.rcv.Window(), DstQPN: p.key.qpn, SrcQPN: q.wireQPN(),
 		Epoch: p.epoch, Token: p.theirToken, Init: p.sendInit, Issued: p.myToken}
 	f.Ack = r.ackBlock(p, now, &f.RNR)
 	r.control(s, &p.ah, reliability.Append(r.hb[:0], &f))
@@ -689,7 +689,7 @@ func (r *rdQP) receive(s *Socket, h *reliability.Header, frame []byte, src netip
 		known := p != nil && p.established && h.Epoch == p.theirEpoch
 		var epoch uint32
 		switch {
-		case known && (h.Token == p.myToken || r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.num, p.epoch)):
+		case known && (h.Token == p.myToken || r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.wireQPN(), p.epoch)):
 		case h.Type == reliability.Data && h.HasInit && r.keyed(p, h, src, &epoch):
 			// First contact, validated: the source received our Challenge.
 			switch {
@@ -759,11 +759,11 @@ func (r *rdQP) keyed(p *rdPeer, h *reliability.Header, src netip.AddrPort, epoch
 	if r.graves.Buried(rdKey{src, h.SrcQPN}, h.Epoch) {
 		return false
 	}
-	if p != nil && r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.num, p.epoch) {
+	if p != nil && r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.wireQPN(), p.epoch) {
 		*epoch = p.epoch
 		return true
 	}
-	if p != nil && !p.established && p.prevEpoch != 0 && r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.num, p.prevEpoch) {
+	if p != nil && !p.established && p.prevEpoch != 0 && r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.wireQPN(), p.prevEpoch) {
 		// The peer opened a new session (its epoch is not buried) and
 		// took the epoch a Challenge of ours gave before we renewed:
 		// the pair is new all the same, and refusing it would have each
@@ -772,7 +772,7 @@ func (r *rdQP) keyed(p *rdPeer, h *reliability.Header, src netip.AddrPort, epoch
 		return true
 	}
 	if p == nil || !p.established {
-		if d := r.tokens.Epoch(src, h.SrcQPN, h.Epoch, q.num); r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.num, d) {
+		if d := r.tokens.Epoch(src, h.SrcQPN, h.Epoch, q.wireQPN()); r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.wireQPN(), d) {
 			*epoch = d
 			return true
 		}
@@ -795,14 +795,14 @@ func (r *rdQP) challenge(s *Socket, h *reliability.Header, src netip.AddrPort, e
 	if p != nil {
 		epoch = p.epoch
 	} else {
-		epoch = r.tokens.Epoch(src, h.SrcQPN, h.Epoch, q.num)
+		epoch = r.tokens.Epoch(src, h.SrcQPN, h.Epoch, q.wireQPN())
 	}
 	var seq16 uint16
 	if h.Type == reliability.Data {
 		seq16 = uint16(h.Seq)
 	}
-	b := reliability.Append(r.hb[:0], &reliability.Fields{Type: reliability.Challenge, Window: seq16, DstQPN: h.SrcQPN, SrcQPN: q.num,
-		Epoch: epoch, Token: echo, Init: true, Issued: r.tokens.Issue(src, h.SrcQPN, h.Epoch, q.num, epoch)})
+	b := reliability.Append(r.hb[:0], &reliability.Fields{Type: reliability.Challenge, Window: seq16, DstQPN: h.SrcQPN, SrcQPN: q.wireQPN(),
+		Epoch: epoch, Token: echo, Init: true, Issued: r.tokens.Issue(src, h.SrcQPN, h.Epoch, q.wireQPN(), epoch)})
 	if !s.mayAnswer(src, len(b)+udiwarp.CRCSize) {
 		return
 	}
@@ -934,7 +934,7 @@ func (r *rdQP) deliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool
 		case seg.Control.WriteRecord():
 			// Write-Record over RD: the UD target engine, now fed in order
 			// and without loss (docs/verbs.md).
-			if h := seg.WriteRecord(); h.DstQPN() != q.num || h.SrcQPN() != p.key.qpn {
+			if h := seg.WriteRecord(); h.DstQPN() != q.wireQPN() || h.SrcQPN() != p.key.qpn {
 				st.RxBadHeader.Add(1)
 				p.noteErr(seq, reliability.CodeInvalidRequest)
 				return true
@@ -963,7 +963,7 @@ func (r *rdQP) deliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool
 		return true
 	}
 	h := seg.Untagged()
-	if h.DstQPN() != q.num || h.SrcQPN() != p.key.qpn {
+	if h.DstQPN() != q.wireQPN() || h.SrcQPN() != p.key.qpn {
 		st.RxBadHeader.Add(1)
 		p.noteErr(seq, reliability.CodeInvalidRequest)
 		return true

@@ -242,7 +242,7 @@ func (q *QP) reportError(seg udiwarp.Segment, src netip.AddrPort, code udiwarp.E
 	h := seg.Untagged()
 	var b [errorMessageSize]byte
 	out := udiwarp.AppendUntagged(b[:0], &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
-		RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpTerminate), ULP: q.num,
+		RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpTerminate), ULP: q.wireQPN(),
 		QN: udiwarp.DatagramQN(h.SrcQPN(), udiwarp.QueueTerminate), MSN: q.errMSN.Add(1)})
 	out, _ = udiwarp.AppendTerminate(out, &udiwarp.TerminateFields{Code: code, SegmentLengthValid: true,
 		DDPSegmentLength: uint16(min(len(seg.Header)+len(seg.Payload), 0xFFFF)), DDPHeader: seg.Header[:udiwarp.DDPUntaggedHeaderSize]})

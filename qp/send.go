@@ -184,7 +184,7 @@ func (t *txCtx) build(s *Socket, flags SendFlags, ah *AH, sgl []SGE, inline []by
 	}
 	hdr := udiwarp.DDPUntagged(t.hdr[:udiwarp.DDPUntaggedHeaderSize])
 	hdr.Encode(&udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion, RDMAP: udiwarp.NewRDMAPControl(opc),
-		ULP: q.num, QN: udiwarp.DatagramQN(ah.qpn, udiwarp.QueueSend), MSN: msn})
+		ULP: q.wireQPN(), QN: udiwarp.DatagramQN(ah.qpn, udiwarp.QueueSend), MSN: msn})
 	t.begin(hdr)
 	total := 0
 	if inline != nil {

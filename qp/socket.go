@@ -182,8 +182,9 @@ func (s *Socket) SetFD(fd int) error {
 // Alias makes the datagrams that arrive on this socket addressed to QP
 // number qpn go to q, a QP active on it, whatever number q has: how one
 // device serving many sockets gives each socket's QP the fixed number
-// its peers address (socketshim.ShimQPN, the LD_PRELOAD engine). One
-// alias per socket; a later call replaces it, and q == nil removes it.
+// its peers address (socketshim.ShimQPN, the LD_PRELOAD engine); q's
+// frames then carry qpn as their source QP number. One alias per
+// socket; a later call replaces it, and q == nil removes it.
 // A QP the device numbered qpn itself is found first only when it is
 // active on this socket.
 func (s *Socket) Alias(qpn uint32, q *QP) error {
@@ -193,9 +194,13 @@ func (s *Socket) Alias(qpn uint32, q *QP) error {
 	if q != nil && q.typ != UD && q.typ != RD {
 		return fmt.Errorf("%w: %v QPs are not datagram QPs", ErrInvalidAttr, q.typ)
 	}
-	if q == nil {
-		s.alias.Store(nil)
-	} else {
+	// The QP's frames carry the alias as their source: its peers key
+	// their state (RD's sessions and tokens) by the number they address.
+	if old := s.alias.Swap(nil); old != nil {
+		old.q.wire.Store(old.q.num)
+	}
+	if q != nil {
+		q.wire.Store(qpn)
 		s.alias.Store(&socketAlias{qpn, q})
 	}
 	return nil

@@ -130,7 +130,7 @@ func (t *txCtx) buildWR(s *Socket, w *sendWQE, n uint32) Status {
 	off := w.off
 	hdr := udiwarp.WriteRecordHeader(t.hdr[:])
 	hdr.Encode(&udiwarp.WriteRecordFields{Last: off+n == w.length, RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpWrite),
-		STag: w.rstag, TO: w.rto + uint64(off), MSN: w.msn, MO: off, MessageLength: w.length, DstQPN: w.ah.qpn, SrcQPN: t.q.num})
+		STag: w.rstag, TO: w.rto + uint64(off), MSN: w.msn, MO: off, MessageLength: w.length, DstQPN: w.ah.qpn, SrcQPN: t.q.wireQPN()})
 	t.begin(hdr)
 	lo, hi := uint64(off), uint64(off)+uint64(n)
 	if w.isInline {

@@ -199,7 +199,7 @@ func (r *rxSide) placeLandedLocked(l *landing, n int, truncated bool, src netip.
 	}
 	h := seg.WriteRecord()
 	t := h.Tagged()
-	if h.DstQPN() != q.num || h.SrcQPN() != g.src.QPN || t.STag() != g.stag || h.MSN() != g.msn ||
+	if h.DstQPN() != q.wireQPN() || h.SrcQPN() != g.src.QPN || t.STag() != g.stag || h.MSN() != g.msn ||
 		h.MO() != g.next || h.MessageLength() != g.length || t.TO() != g.mto+uint64(g.next) ||
 		seg.Control.Last() != (g.next+uint32(payload) == g.length) {
 		return false

@@ -25,6 +25,7 @@ import (
 // stats is the engine's stats file (engine.Stats).
 type stats struct {
 	PID           int    `json:"pid"`
+	QP            string `json:"qp"`
 	Sockets       uint64 `json:"sockets"`
 	Sent          uint64 `json:"sent"`
 	Received      uint64 `json:"received"`

@@ -16,6 +16,8 @@
 #include <limits.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -66,6 +68,13 @@ static ssize_t (*r_recvmsg)(int, struct msghdr *, int);
 static int (*r_recvmmsg)(int, struct mmsghdr *, unsigned, int, struct timespec *);
 static ssize_t (*r_read)(int, void *, size_t);
 static ssize_t (*r_readv)(int, const struct iovec *, int);
+static int (*r_poll)(struct pollfd *, nfds_t, int);
+static int (*r_ppoll)(struct pollfd *, nfds_t, const struct timespec *, const sigset_t *);
+static int (*r_select)(int, fd_set *, fd_set *, fd_set *, struct timeval *);
+static int (*r_pselect)(int, fd_set *, fd_set *, fd_set *, const struct timespec *, const sigset_t *);
+static int (*r_epoll_ctl)(int, int, int, struct epoll_event *);
+static int (*r_epoll_wait)(int, struct epoll_event *, int, int);
+static int (*r_epoll_pwait)(int, struct epoll_event *, int, int, const sigset_t *);
 static long (*r_syscall)(long, ...);
 static int (*r_sigaction)(int, const struct sigaction *, struct sigaction *);
 static sighandler_t (*r_signal)(int, sighandler_t);
@@ -81,6 +90,7 @@ static void resolve(void) {
 	R(getpeername); R(shutdown); R(sendto); R(send); R(sendmsg); R(sendmmsg); R(write);
 	R(writev); R(recvfrom); R(recv); R(recvmsg); R(recvmmsg); R(read); R(readv); R(syscall);
 	R(sigaction); R(signal); R(bsd_signal); R(sysv_signal); R(sigset); R(ssignal);
+	R(poll); R(ppoll); R(select); R(pselect); R(epoll_ctl); R(epoll_wait); R(epoll_pwait);
 #undef R
 	if (!r_fcntl64) r_fcntl64 = r_fcntl;
 }
@@ -97,7 +107,8 @@ static long long spin_ns = 50000;
 static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int (*e_init)(void);
-static long long (*e_adopt)(int);
+static long long (*e_adopt)(int, int *);
+static int (*e_ready)(long long);
 static long long (*e_send)(long long, void *, int, void *, int);
 static long long (*e_recv)(long long, void *, int, void *, int *, int, int *, long long);
 static long long (*e_next_len)(long long);
@@ -128,6 +139,10 @@ struct usock {
 	atomic_int closing;  // the last program descriptor closed
 	long long rcvtimeo, sndtimeo; // ns, 0 none
 	atomic_int connected;
+	// pending is set by the engine (atomically, in this memory): 1 while
+	// datagrams for the program wait in it, which the kernel's readiness
+	// of the descriptor does not show (see "readiness").
+	int pending;
 	struct sockaddr_storage peer;
 	socklen_t peerlen;
 	// Groups joined before the engine adopted the socket (socat joins
@@ -144,6 +159,11 @@ static _Atomic(struct usock *) owned[MAXFD];
 // The program closing one is a no-op that reports success.
 static _Atomic unsigned char protect[MAXFD];
 static atomic_int maxfd; // highest descriptor ever owned or protected
+// epoll registrations of owned descriptors (see "readiness").
+static atomic_int reg_ep[MAXFD];      // epoll descriptor + 1, or 0
+static uint64_t reg_data[MAXFD];
+static uint32_t reg_ev[MAXFD];
+static _Atomic unsigned char ep_owned[MAXFD]; // the epoll set has owned descriptors
 
 static void seen(int fd) {
 	int m = atomic_load(&maxfd);
@@ -231,7 +251,8 @@ static void load(void) {
 	e_exit = dlsym(h, "udw_exit");
 	e_group = dlsym(h, "udw_group");
 	e_setfd = dlsym(h, "udw_setfd");
-	if (!e_init || !e_adopt || !e_send || !e_recv || !e_next_len || !e_close || !e_exit || !e_group || !e_setfd || e_init() != 0) {
+	e_ready = dlsym(h, "udw_ready");
+	if (!e_init || !e_adopt || !e_send || !e_recv || !e_next_len || !e_close || !e_exit || !e_group || !e_setfd || !e_ready || e_init() != 0) {
 		warn("the engine is incomplete; using the kernel");
 		free(before);
 		free(after);
@@ -442,7 +463,7 @@ static int adopt(struct usock *u, int fd) {
 				ret = -1;
 		}
 		if (ret == 0) {
-			long long h = atomic_load(&estate) == E_READY ? e_adopt(fd) : -EIO;
+			long long h = atomic_load(&estate) == E_READY ? e_adopt(fd, &u->pending) : -EIO;
 			if (h > 0) {
 				atomic_store(&u->engfd, fd);
 				atomic_store(&u->h, h);
@@ -466,6 +487,7 @@ EXPORT int close(int fd) {
 		if (atomic_load_explicit(&protect[fd], memory_order_relaxed)) return 0;
 		struct usock *u = atomic_load(&owned[fd]);
 		if (u) {
+			atomic_store(&reg_ep[fd], 0);
 			forget(u, fd); // the engine leaves the descriptor first
 			atomic_store(&owned[fd], NULL);
 			return REAL(close)(fd);
@@ -757,7 +779,7 @@ static int pollwait(int fd, short events, long long deadline) {
 			tp = &ts;
 		}
 		struct pollfd p = {.fd = fd, .events = events};
-		int n = ppoll(&p, 1, tp, &mask);
+		int n = REAL(ppoll)(&p, 1, tp, &mask);
 		if (n > 0) return 1;
 		if (n == 0) return 0;
 		if (errno != EINTR) return 1; // let the call itself report it
@@ -855,11 +877,15 @@ static ssize_t usend(struct usock *u, int fd, const struct msghdr *m, int flags)
 		}
 		long long r = e_send(h, m->msg_iov, (int)m->msg_iovlen, &to, (int)tolen);
 		if (r >= 0) return r;
+		// -ENOBUFS: an RD QP full of Sends its peers have not acknowledged
+		// yet; their acknowledgements make the socket readable.
+		int acks = r == -ENOBUFS;
+		if (acks) r = -EAGAIN;
 		if (r != -EAGAIN || nb) {
 			errno = (int)-r;
 			return -1;
 		}
-		int w = pollwait(fd, POLLOUT, dl); // the send queue is full: wait for the kernel's buffer
+		int w = pollwait(fd, acks ? POLLIN : POLLOUT, dl); // wait for the kernel's buffer, or for acks
 		if (w == 0) {
 			errno = EAGAIN;
 			return -1;
@@ -869,6 +895,231 @@ static ssize_t usend(struct usock *u, int fd, const struct msghdr *m, int flags)
 			return -1;
 		}
 	}
+}
+
+// ---- readiness -----------------------------------------------------------
+
+// The kernel calls an owned socket readable whenever a datagram is
+// queued, and the engine reads the queue only when the program receives.
+// Two things differ from what a program expects: a queued datagram may be
+// none of the program's (an RD acknowledgement or handshake, an error
+// report), and a datagram the engine has read already (for FIONREAD,
+// MSG_PEEK, or an RD sender's acknowledgements) waits in the engine,
+// where the kernel does not see it. So poll, ppoll, select, pselect,
+// epoll_wait and epoll_pwait ask the engine about every owned descriptor
+// the kernel calls readable (udw_ready reads its queue up to the first
+// datagram for the program, which it keeps) and report as readable every
+// one whose pending flag says the engine holds data; a wait that is left
+// with nothing ready goes on for the rest of its timeout. A blocking
+// receive after a poll then never waits for a datagram that was not
+// there.
+
+static struct usock *engine_sock(int fd, long long *h) {
+	struct usock *u = lookup(fd);
+	if (!u || atomic_load(&u->kmode) || atomic_load(&estate) != E_READY) return NULL;
+	*h = atomic_load(&u->h);
+	return *h > 0 ? u : NULL;
+}
+
+static int waiting(struct usock *u) { return __atomic_load_n(&u->pending, __ATOMIC_ACQUIRE); }
+
+static struct timespec *left_ts(long long dl, int now_only, struct timespec *ts) {
+	if (now_only) {
+		ts->tv_sec = ts->tv_nsec = 0;
+		return ts;
+	}
+	if (dl < 0) return NULL;
+	long long left = dl - now_ns();
+	if (left < 0) left = 0;
+	ts->tv_sec = left / 1000000000LL;
+	ts->tv_nsec = left % 1000000000LL;
+	return ts;
+}
+
+static int upoll(struct pollfd *fds, nfds_t n, long long dl, const sigset_t *mask) {
+	int owned_any = 0;
+	for (nfds_t i = 0; i < n && !owned_any; i++) {
+		long long h;
+		owned_any = (fds[i].events & (POLLIN | POLLRDNORM)) && engine_sock(fds[i].fd, &h);
+	}
+	struct timespec ts;
+	if (!owned_any) return REAL(ppoll)(fds, n, left_ts(dl, 0, &ts), mask);
+	for (;;) {
+		int any = 0;
+		for (nfds_t i = 0; i < n && !any; i++) {
+			long long h;
+			struct usock *u = (fds[i].events & (POLLIN | POLLRDNORM)) ? engine_sock(fds[i].fd, &h) : NULL;
+			any = u && waiting(u);
+		}
+		int r = REAL(ppoll)(fds, n, left_ts(dl, any, &ts), mask);
+		if (r < 0) return r;
+		int kernel = r;
+		for (nfds_t i = 0; i < n; i++) {
+			short want = fds[i].events & (POLLIN | POLLRDNORM);
+			long long h;
+			struct usock *u = want ? engine_sock(fds[i].fd, &h) : NULL;
+			if (!u) continue;
+			short was = fds[i].revents;
+			if (waiting(u) || ((was & want) && ((was & (POLLERR | POLLHUP | POLLNVAL)) || e_ready(h)))) {
+				fds[i].revents |= want;
+			} else {
+				fds[i].revents &= (short)~(POLLIN | POLLRDNORM);
+			}
+			if (!was && fds[i].revents) r++;
+			if (was && !fds[i].revents) r--;
+		}
+		if (r > 0 || kernel == 0) return r;
+		if (dl >= 0 && now_ns() >= dl) return 0;
+	}
+}
+
+EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout) {
+	return upoll(fds, n, timeout < 0 ? -1 : now_ns() + (long long)timeout * 1000000LL, NULL);
+}
+
+EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, const sigset_t *mask) {
+	return upoll(fds, n, ts ? now_ns() + ts->tv_sec * 1000000000LL + ts->tv_nsec : -1, mask);
+}
+
+static int uselect(int nfds, fd_set *rs, fd_set *ws, fd_set *es, long long dl, const sigset_t *mask, struct timeval *tv) {
+	int top = nfds < FD_SETSIZE ? nfds : FD_SETSIZE;
+	int owned_any = 0;
+	for (int fd = 0; rs && fd < top && !owned_any; fd++) {
+		long long h;
+		owned_any = FD_ISSET(fd, rs) && engine_sock(fd, &h);
+	}
+	struct timespec ts;
+	if (!owned_any) {
+		int r = REAL(pselect)(nfds, rs, ws, es, left_ts(dl, 0, &ts), mask);
+		if (tv) *tv = (struct timeval){0, 0};
+		if (tv && r > 0 && dl >= 0) {
+			left_ts(dl, 0, &ts);
+			*tv = (struct timeval){ts.tv_sec, ts.tv_nsec / 1000};
+		}
+		return r;
+	}
+	fd_set r0 = *rs, w0, e0;
+	if (ws) w0 = *ws;
+	if (es) e0 = *es;
+	for (;;) {
+		int any = 0;
+		for (int fd = 0; fd < top && !any; fd++) {
+			long long h;
+			struct usock *u = FD_ISSET(fd, &r0) ? engine_sock(fd, &h) : NULL;
+			any = u && waiting(u);
+		}
+		*rs = r0;
+		if (ws) *ws = w0;
+		if (es) *es = e0;
+		int r = REAL(pselect)(nfds, rs, ws, es, left_ts(dl, any, &ts), mask);
+		if (r < 0) return r;
+		int kernel = r;
+		for (int fd = 0; fd < top; fd++) {
+			long long h;
+			struct usock *u = FD_ISSET(fd, &r0) ? engine_sock(fd, &h) : NULL;
+			if (!u) continue;
+			int was = FD_ISSET(fd, rs);
+			int now = waiting(u) || (was && e_ready(h));
+			if (now && !was) {
+				FD_SET(fd, rs);
+				r++;
+			} else if (!now && was) {
+				FD_CLR(fd, rs);
+				r--;
+			}
+		}
+		if (r > 0 || kernel == 0 || (dl >= 0 && now_ns() >= dl)) {
+			if (tv) {
+				left_ts(dl, 0, &ts);
+				*tv = dl < 0 ? *tv : (struct timeval){ts.tv_sec, ts.tv_nsec / 1000};
+			}
+			return r;
+		}
+	}
+}
+
+EXPORT int select(int nfds, fd_set *rs, fd_set *ws, fd_set *es, struct timeval *tv) {
+	long long dl = tv ? now_ns() + tv->tv_sec * 1000000000LL + tv->tv_usec * 1000LL : -1;
+	return uselect(nfds, rs, ws, es, dl, NULL, tv);
+}
+
+EXPORT int pselect(int nfds, fd_set *rs, fd_set *ws, fd_set *es, const struct timespec *ts, const sigset_t *mask) {
+	return uselect(nfds, rs, ws, es, ts ? now_ns() + ts->tv_sec * 1000000000LL + ts->tv_nsec : -1, mask, NULL);
+}
+
+// epoll: the events carry the program's data, not descriptors, so
+// epoll_ctl records, for each owned descriptor, the epoll set it was last
+// added to, with its events and data; an event is matched back to its
+// descriptor by that (the data's low 32 bits first: most programs store
+// the descriptor there). A descriptor in two epoll sets at once is
+// matched in the last only; in the other it is reported as the kernel
+// reports it.
+
+EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev) {
+	int r = REAL(epoll_ctl)(epfd, op, fd, ev);
+	if (r != 0 || (unsigned)fd >= MAXFD || (unsigned)epfd >= MAXFD || !lookup(fd)) return r;
+	if (op == EPOLL_CTL_DEL) {
+		if (atomic_load(&reg_ep[fd]) == epfd + 1) atomic_store(&reg_ep[fd], 0);
+	} else if (ev) {
+		reg_data[fd] = ev->data.u64;
+		reg_ev[fd] = ev->events;
+		atomic_store(&reg_ep[fd], epfd + 1);
+		atomic_store(&ep_owned[epfd], 1);
+	}
+	return r;
+}
+
+static int event_fd(int epfd, uint64_t data) {
+	int c = (int)(uint32_t)data;
+	if (c >= 0 && c < MAXFD && atomic_load(&reg_ep[c]) == epfd + 1 && reg_data[c] == data) return c;
+	int m = atomic_load(&maxfd);
+	for (int fd = 0; fd <= m && fd < MAXFD; fd++)
+		if (atomic_load(&reg_ep[fd]) == epfd + 1 && reg_data[fd] == data) return fd;
+	return -1;
+}
+
+static int uepoll(int epfd, struct epoll_event *evs, int max, int timeout, const sigset_t *mask) {
+	if ((unsigned)epfd >= MAXFD || !atomic_load(&ep_owned[epfd]) || max <= 0)
+		return REAL(epoll_pwait)(epfd, evs, max, timeout, mask);
+	long long dl = timeout < 0 ? -1 : now_ns() + (long long)timeout * 1000000LL;
+	for (;;) {
+		// What the engine holds first: the kernel no longer shows it.
+		int k = 0, m = atomic_load(&maxfd);
+		for (int fd = 0; fd <= m && fd < MAXFD && k < max; fd++) {
+			long long h;
+			struct usock *u;
+			if (atomic_load(&reg_ep[fd]) != epfd + 1 || !(reg_ev[fd] & EPOLLIN) || !(u = engine_sock(fd, &h)) || !waiting(u)) continue;
+			evs[k].events = EPOLLIN;
+			evs[k].data.u64 = reg_data[fd];
+			k++;
+		}
+		if (k > 0) return k; // what the kernel has ready stays queued for the next call
+		int left = -1;
+		if (dl >= 0) {
+			long long ns = dl - now_ns();
+			left = ns <= 0 ? 0 : (int)((ns + 999999) / 1000000);
+		}
+		int r = REAL(epoll_pwait)(epfd, evs, max, left, mask);
+		if (r <= 0) return r;
+		int kept = 0;
+		for (int i = 0; i < r; i++) {
+			int fd = (evs[i].events & EPOLLIN) && !(evs[i].events & (EPOLLERR | EPOLLHUP)) ? event_fd(epfd, evs[i].data.u64) : -1;
+			long long h;
+			if (fd >= 0 && engine_sock(fd, &h) && !e_ready(h)) {
+				evs[i].events &= ~(uint32_t)(EPOLLIN | EPOLLRDNORM);
+				if (!evs[i].events) continue;
+			}
+			evs[kept++] = evs[i];
+		}
+		if (kept > 0) return kept;
+		if (dl >= 0 && now_ns() >= dl) return 0;
+	}
+}
+
+EXPORT int epoll_wait(int epfd, struct epoll_event *evs, int max, int timeout) { return uepoll(epfd, evs, max, timeout, NULL); }
+
+EXPORT int epoll_pwait(int epfd, struct epoll_event *evs, int max, int timeout, const sigset_t *mask) {
+	return uepoll(epfd, evs, max, timeout, mask);
 }
 
 // ---- the interposed data calls -----------------------------------------

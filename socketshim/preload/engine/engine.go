@@ -23,8 +23,10 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"reflect"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,8 +45,16 @@ const (
 	// (QPAttr.SRQLimit): a socket reads one datagram per receive call
 	// (Progress(1)), and holds one more for MSG_PEEK or FIONREAD.
 	heldPerSocket = 4
-	sendDepth     = 4 // send WRs queued per socket while its kernel buffer is full
-	maxAHs        = 256
+	sendDepth     = 4 // send WRs queued per socket while its kernel buffer is full (UD)
+	// rdSendDepth: an RD QP keeps each Send until its peer acknowledges
+	// it, so a socket talking to many peers needs more.
+	rdSendDepth = 64
+	// defaultRDPeers is UDIWARP_PRELOAD_RD_PEERS's default: the peers one
+	// RD socket keeps state for (a server with a socket per client on the
+	// other side has that many). Every peer may share one address (a
+	// client host's sockets), so it is the per-address cap too.
+	defaultRDPeers = 16384
+	maxAHs         = 256
 	// recvSize is the pool's receive size: a whole UD Send of the
 	// largest UDP datagram, IPv6's.
 	recvSize       = 65527
@@ -74,6 +84,8 @@ var engine struct {
 	// scq is every QP's send CQ: sends are unsignaled, so it holds only
 	// failed ones, and whichever socket sends next empties it (reap).
 	scq   *qp.CQ
+	typ   qp.QPType // UD, or RD with UDIWARP_PRELOAD_QP=rd
+	peers int       // RD's MaxPeers
 	reapM sync.Mutex
 	swcs  [64]qp.WorkCompletion
 }
@@ -87,6 +99,19 @@ func start() error {
 		// Two size classes (seed 004's pool, qp.SRQClass): a quarter of the
 		// pool in small receives, so that small datagrams (SIP, DNS, most
 		// of what a datagram program sends) do not take 64 KiB each.
+		switch q := os.Getenv("UDIWARP_PRELOAD_QP"); q {
+		case "", "ud":
+			engine.typ = qp.UD
+		case "rd":
+			engine.typ = qp.RD
+			engine.peers = defaultRDPeers
+			if v, err := strconv.Atoi(os.Getenv("UDIWARP_PRELOAD_RD_PEERS")); err == nil && v > 0 {
+				engine.peers = v
+			}
+		default:
+			engine.err = fmt.Errorf("UDIWARP_PRELOAD_QP=%q: want ud or rd", q)
+			return
+		}
 		engine.small = max(size/4/smallSize, minPoolEntries)
 		engine.n = max((size-engine.small*smallSize)/recvSize, minPoolEntries)
 		// A QP per socket: as many as a process can have descriptors.
@@ -140,7 +165,11 @@ type sock struct {
 
 	rmu  sync.Mutex
 	rwc  [1]qp.WorkCompletion
-	held *qp.WorkCompletion // a datagram MSG_PEEK or FIONREAD looked at
+	held *qp.WorkCompletion // a datagram MSG_PEEK, FIONREAD or a poll looked at
+	// pending is the C side's flag (its memory): 1 while datagrams for
+	// the program wait in the engine (held, or completed in the CQ), which
+	// the kernel's readiness of the descriptor no longer shows.
+	pending *int32
 
 	wmu sync.Mutex
 	ahs shim.AHCache
@@ -220,7 +249,7 @@ func udw_init() C.int {
 // readiness), and never closes it. It returns a handle (> 0) or -errno.
 //
 //export udw_adopt
-func udw_adopt(fd C.int) C.longlong {
+func udw_adopt(fd C.int, pending *C.int) C.longlong {
 	if err := start(); err != nil {
 		return errno(err)
 	}
@@ -228,7 +257,7 @@ func udw_adopt(fd C.int) C.longlong {
 	if err != nil {
 		return errno(err)
 	}
-	s := &sock{s: qs, v6: qs.LocalAddr().Addr().Is6(), slot: qs.MaxMessage()}
+	s := &sock{s: qs, v6: qs.LocalAddr().Addr().Is6(), slot: qs.MaxMessage(), pending: (*int32)(unsafe.Pointer(pending))}
 	if err := s.setup(); err != nil {
 		s.close()
 		return errno(err)
@@ -258,10 +287,16 @@ func (s *sock) setup() error {
 	if s.rcq, err = engine.dev.CreateCQ(heldPerSocket + 2); err != nil {
 		return err
 	}
-	// Every send is inline: the QP copies a datagram only if it has to
-	// wait for the kernel's buffer, into a slot made then.
-	if s.q, err = engine.pd.CreateQP(qp.QPAttr{Type: qp.UD, SendCQ: engine.scq, RecvCQ: s.rcq, SRQ: engine.srq, SRQLimit: heldPerSocket,
-		Caps: qp.QPCaps{MaxSendWR: sendDepth, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: s.slot}}); err != nil {
+	// Every send is inline: a UD QP copies a datagram only if it has to
+	// wait for the kernel's buffer, into a slot made then; an RD QP keeps
+	// a copy until the peer acknowledges it.
+	attr := qp.QPAttr{Type: engine.typ, SendCQ: engine.scq, RecvCQ: s.rcq, SRQ: engine.srq, SRQLimit: heldPerSocket,
+		Caps: qp.QPCaps{MaxSendWR: sendDepth, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: s.slot}}
+	if engine.typ == qp.RD {
+		attr.Caps.MaxSendWR = rdSendDepth
+		attr.RD = qp.RDConfig{MaxPeers: engine.peers, MaxPeersPerAddr: engine.peers}
+	}
+	if s.q, err = engine.pd.CreateQP(attr); err != nil {
 		return err
 	}
 	if err := s.q.Activate(s.s); err != nil {
@@ -384,6 +419,15 @@ func udw_send(h C.longlong, iov unsafe.Pointer, iovcnt C.int, to unsafe.Pointer,
 		}
 	}
 	reap()
+	if engine.typ == qp.RD {
+		// RD's acknowledgements come on the socket, which the engine reads
+		// only when the program calls: a sender that never receives must
+		// see them as it sends (data read meanwhile waits in its CQ).
+		s.rmu.Lock()
+		s.s.Progress(16)
+		s.note()
+		s.rmu.Unlock()
+	}
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	ah, err := s.ahs.Get(ap)
@@ -391,6 +435,11 @@ func udw_send(h C.longlong, iov unsafe.Pointer, iovcnt C.int, to unsafe.Pointer,
 		return errno(err)
 	}
 	if err := s.q.PostSend(&qp.SendWR{ID: ^uint64(0), Inline: b, AH: ah}); err != nil {
+		if engine.typ == qp.RD && errors.Is(err, qp.ErrQueueFull) {
+			// Full of Sends the peers have not acknowledged: wait for
+			// the socket to be readable (their acks), not writable.
+			return -C.longlong(unix.ENOBUFS)
+		}
 		return errno(err)
 	}
 	sent.Add(1)
@@ -441,6 +490,41 @@ func (s *sock) next() *qp.WorkCompletion {
 	return nil
 }
 
+// note publishes whether datagrams wait in the engine (sock.pending).
+// Under rmu, or with the CQ's only other writer (send's Progress) done.
+func (s *sock) note() {
+	v := int32(0)
+	if s.held != nil || s.rcq.Pending() > 0 {
+		v = 1
+	}
+	if s.pending != nil {
+		atomic.StoreInt32(s.pending, v)
+	}
+}
+
+// udw_ready reports whether a datagram for the program waits (1) or not
+// (0), reading the socket's queue until it finds one or the queue is
+// empty: how the C side's poll, select and epoll tell a descriptor the
+// kernel calls readable for frames that are not the program's (an RD
+// acknowledgement, an error report) from one with data. A datagram it
+// finds is kept for the next receive.
+//
+//export udw_ready
+func udw_ready(h C.longlong) C.int {
+	s := lookup(h)
+	if s == nil {
+		return 1 // the receive will say what is wrong
+	}
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	wc := s.next()
+	s.note()
+	if wc != nil {
+		return 1
+	}
+	return 0
+}
+
 // udw_recv reads the next datagram into the iovecs and returns its
 // length (its full length with MSG_TRUNC in flags), or -EAGAIN when
 // none is queued (the C side waits for the descriptor to be readable).
@@ -456,6 +540,7 @@ func udw_recv(h C.longlong, iov unsafe.Pointer, iovcnt C.int, from unsafe.Pointe
 	}
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
+	defer s.note()
 	wc := s.next()
 	if wc == nil && spin > 0 {
 		for end := time.Now().Add(time.Duration(spin)); wc == nil && time.Now().Before(end); {
@@ -505,6 +590,7 @@ func udw_next_len(h C.longlong) C.longlong {
 	}
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
+	defer s.note()
 	if wc := s.next(); wc != nil {
 		return C.longlong(wc.Len)
 	}
@@ -671,6 +757,8 @@ func udw_exit() {
 // Stats is what the stats file holds: datagrams through udiwarp.
 type Stats struct {
 	PID int `json:"pid"`
+	// QP is the QP type every socket runs over: "ud" or "rd".
+	QP string `json:"qp"`
 	// Sockets is the number of program sockets run over udiwarp; Live,
 	// those open now.
 	Sockets uint64 `json:"sockets"`
@@ -692,18 +780,38 @@ type Stats struct {
 	PoolFree  int    `json:"pool_free"`
 	NoRecv    uint64 `json:"dropped_no_receive"`
 	Overdraft uint64 `json:"dropped_overdraft"`
+	// Device is every counter of the device (qp.Stats) that is not zero.
+	Device map[string]uint64 `json:"device,omitempty"`
+}
+
+// counters lists the device's non-zero counters by their qp.Stats names.
+func counters(st *qp.Stats) map[string]uint64 {
+	m := map[string]uint64{}
+	v := reflect.ValueOf(st).Elem()
+	for i := range v.NumField() {
+		if !v.Type().Field(i).IsExported() {
+			continue
+		}
+		if c, ok := v.Field(i).Addr().Interface().(*atomic.Uint64); ok {
+			if n := c.Load(); n != 0 {
+				m[v.Type().Field(i).Name] = n
+			}
+		}
+	}
+	return m
 }
 
 func writeStats() {
 	statsMu.Lock()
 	defer statsMu.Unlock()
-	st := Stats{PID: os.Getpid(), Sockets: adopted.Load(), Live: live.Load(), Sent: sent.Load(), Received: received.Load(),
+	st := Stats{PID: os.Getpid(), QP: strings.ToLower(engine.typ.String()), Sockets: adopted.Load(), Live: live.Load(), Sent: sent.Load(), Received: received.Load(),
 		SentBytes: sentBytes.Load(), ReceivedBytes: receivedBytes.Load(), Pool: engine.small + engine.n}
 	if engine.dev != nil {
 		ds := engine.dev.Stats()
 		st.DeviceTx, st.DeviceRx = ds.TxDatagrams.Load(), ds.RxDelivered.Load()
 		st.NoRecv, st.Overdraft = ds.RxNoRecv.Load(), ds.RxSRQOverdraft.Load()
 		st.PoolFree = engine.srq.Len()
+		st.Device = counters(ds)
 	}
 	b, _ := json.Marshal(st)
 	tmp := statsPath + ".tmp"
