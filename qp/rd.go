@@ -49,9 +49,15 @@ import (
 type RDConfig struct {
 	reliability.Config
 	// MaxPeers caps the peers with state (default 1024); a new peer over
-	// the cap replaces the longest-idle reclaimable peer (nothing of ours
-	// outstanding to it; nothing held, or held frames stalled for
-	// IdleTimeout), or is refused (its sender retries).
+	// the cap replaces the reclaimable peer touched longest ago (nothing
+	// of ours outstanding to it; nothing held, or held frames stalled for
+	// IdleTimeout), or is refused (its sender retries), at the same cost
+	// at any cap. The default keeps what other hosts can make the QP hold
+	// to about 8 MB (a peer holding frames ahead of a gap costs 7.7 KB,
+	// an idle one 1.6 KB) besides the frames (MaxQPHeldBytes). A server
+	// of many clients raises it to the clients it serves at once: 100,000
+	// peers cost about 160 MB idle, 270 MB active (docs/verbs.md, "How
+	// many peers").
 	MaxPeers int
 	// IdleTimeout reclaims a peer with nothing outstanding after this long
 	// without traffic, and one that holds frames ahead of a gap after this
