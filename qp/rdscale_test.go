@@ -294,7 +294,7 @@ func (p *rdRawPeer) send(b []byte) {
 }
 
 func (p *rdRawPeer) read(want reliability.Type) *reliability.Header {
-	p.s.SetReadDeadline(time.Now().Add(time.Second))
+	p.s.SetReadDeadline(time.Now().Add(5 * time.Second))
 	for {
 		n, _, err := p.s.ReadFromUDPAddrPort(p.buf)
 		if err != nil {
@@ -391,8 +391,9 @@ func TestRDReclaimOrder(t *testing.T) {
 	if !rdHas(q, c[2])[0] {
 		t.Fatal("a peer with work outstanding was reclaimed")
 	}
-	// The per-address limit: a third QP from socks[7]'s address reclaims
-	// that address's least recent peer, QP 11 (QP 10 went at the cap).
+	// The per-address limit (2): a third QP from socks[7]'s address
+	// reclaims that address's least recent peer, not the table's: QP 12
+	// took QP 10's place, and QP 13 takes QP 11's.
 	a := &rdRawPeer{s: socks[7], qpn: 11}
 	b := &rdRawPeer{s: socks[7], qpn: 12}
 	check("socks[7]'s two", []*rdRawPeer{a, b}, true, true)

@@ -158,6 +158,8 @@ func scaleServe(kind string, n int, cmds io.Reader, out io.Writer) error {
 		select {
 		case cmd, ok := <-lines:
 			if !ok || cmd == "quit" {
+				for range lines { // the parent closes stdin after "quit": the reader ends
+				}
 				return nil
 			}
 			if cmd == "mem" {
