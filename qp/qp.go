@@ -208,7 +208,9 @@ func (pd *PD) CreateQP(attr QPAttr) (*QP, error) {
 	}
 	attr.Caps = c
 	q := &QP{dev: d, pd: pd, typ: attr.Type, sendCQ: attr.SendCQ, recvCQ: attr.RecvCQ, srq: attr.SRQ, caps: c, attr: attr}
-	q.sq = newRing[sendWQE](c.MaxSendWR)
+	if attr.Type == UD { // RD and RC keep their WRs their own way (rdQP.out, rcMsg)
+		q.sq = newRing[sendWQE](c.MaxSendWR)
+	}
 	q.inlineSz = c.MaxInline // each slot's buffer is made when first queued (inlineBuf)
 	if attr.SRQ == nil {
 		q.rq = newRing[recvWQE](c.MaxRecvWR)

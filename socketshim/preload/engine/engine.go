@@ -47,8 +47,10 @@ const (
 	heldPerSocket = 4
 	sendDepth     = 4 // send WRs queued per socket while its kernel buffer is full (UD)
 	// rdSendDepth: an RD QP keeps each Send until its peer acknowledges
-	// it, so a socket talking to many peers needs more.
-	rdSendDepth = 64
+	// it, in order of posting across its peers, so a socket that answers
+	// many peers (a SIP server's) needs many; they cost memory only while
+	// outstanding.
+	rdSendDepth = 4096
 	// defaultRDPeers is UDIWARP_PRELOAD_RD_PEERS's default: the peers one
 	// RD socket keeps state for (a server with a socket per client on the
 	// other side has that many). Every peer may share one address (a
