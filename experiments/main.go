@@ -138,8 +138,9 @@ func do(o options, stdout, stderr io.Writer) error {
 	}
 	defer os.RemoveAll(work)
 	bin := o.udperf
-	// The SIPp experiment runs sipp, not udperf: -only sipp needs no build.
-	if bin == "" && slices.ContainsFunc(figs, func(f *figure) bool { return f.Test != "sipp" }) {
+	// The SIPp and memory experiments run sipp and qp's harness, not
+	// udperf: -only sipp,fig-memory needs no build.
+	if bin == "" && slices.ContainsFunc(figs, func(f *figure) bool { return f.Test != "sipp" && f.Test != "memory" }) {
 		bin = filepath.Join(work, "udperf")
 		if out, err := goCmd(root, "build", "-o", bin, "./cmd/udperf").CombinedOutput(); err != nil {
 			return fmt.Errorf("building udperf: %v\n%s", err, out)

@@ -177,6 +177,19 @@ func plotFigure(dir string, f *figure, rows []row) ([]plotted, error) {
 			return nil, fmt.Errorf("panel %s has no data", name)
 		}
 		p.Y.Min = 0 // goodput and latency from zero: the eye reads ratios
+		if f.Test == "memory" {
+			// Bytes per peer span two decades (UD's to RC's): a log scale,
+			// the legend in the middle, between RC's line and the others.
+			p.Y.Scale = plot.LogScale{}
+			p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+			p.Y.Min = math.Inf(1)
+			for _, r := range rows {
+				if v := r.num("value"); r.str("figure") == f.ID && v > 0 {
+					p.Y.Min = min(p.Y.Min, v/2)
+				}
+			}
+			p.Legend.Top, p.Legend.YOffs = true, -vg.Inch
+		}
 		if !f.LossX && f.Test != "stream" {
 			p.X.Scale = plot.LogScale{}
 			p.X.Tick.Marker = plot.LogTicks{Prec: -1}

@@ -58,7 +58,6 @@ func writeReport(dir string, figs []*figure, rows []row, made []plotted, m meta)
 		}
 		fmt.Fprintf(&b, "**Why they may differ:** %s\n\n", f.Differs)
 	}
-	b.WriteString("## Not here yet\n\nMemory per peer as peers grow (UD/RD against RC, verbs level) comes with issue 18.\n")
 	return os.WriteFile(filepath.Join(dir, "report.md"), b.Bytes(), 0o644)
 }
 
@@ -129,6 +128,8 @@ func table(b *bytes.Buffer, f *figure, rows []row) {
 		unit = "Gb/s"
 	case "stream":
 		unit = "ms"
+	case "memory":
+		unit = "B/peer"
 	}
 	fmt.Fprintf(b, "| %s |", f.XLabel)
 	for _, s := range f.Series {

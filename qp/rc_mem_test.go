@@ -175,7 +175,7 @@ func BenchmarkRCConnectionMemory(b *testing.B) {
 	if _, err := memstat.ReadSlab(); err != nil {
 		b.Skipf("the slab is not readable: %v", err)
 	}
-	for _, n := range []int{1000, 10000} {
+	for _, n := range scaleCounts(b, "UDIWARP_SCALE_CONNS", 1000, 10000) {
 		b.Run(fmt.Sprintf("conns=%d", n), func(b *testing.B) {
 			for b.Loop() {
 				srv := startScaleServer(b, "rc", n)

@@ -700,9 +700,12 @@ func peerMemory(b *testing.B, kind string, n int) {
 // slab-B/peer; heap-B/peer is the Go heap's part of the RSS). Run it
 // alone, once: go test -run '^$' -bench BenchmarkPeerMemory -benchtime 1x
 // ./qp/ (as root: the slab is root's to read).
+//
+// UDIWARP_SCALE_PEERS (a comma-separated list) replaces the counts: the
+// experiments' quick run measures small ones.
 func BenchmarkPeerMemory(b *testing.B) {
 	for _, kind := range []string{"rd", "ud"} {
-		for _, n := range []int{1000, 10000, 100000} {
+		for _, n := range scaleCounts(b, "UDIWARP_SCALE_PEERS", 1000, 10000, 100000) {
 			b.Run(fmt.Sprintf("%s/peers=%d", kind, n), func(b *testing.B) {
 				for b.Loop() {
 					peerMemory(b, kind, n)
@@ -740,4 +743,21 @@ func TestPeerScaleHarness(t *testing.T) {
 			}
 		})
 	}
+}
+
+// scaleCounts is the list of counts in environment variable env, or def.
+func scaleCounts(b *testing.B, env string, def ...int) []int {
+	v := os.Getenv(env)
+	if v == "" {
+		return def
+	}
+	var ns []int
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			b.Fatalf("%s=%q: want counts like 1000,10000", env, v)
+		}
+		ns = append(ns, n)
+	}
+	return ns
 }
