@@ -299,6 +299,8 @@ func (e *env) sippStart(dir, name string, t sippTransport, libs string, args []s
 			"UDIWARP_ENGINE="+filepath.Join(libs, "libudiwarp_engine.so"), "UDIWARP_PRELOAD_STATS="+p.stats)
 		if t.T == "un" {
 			p.cmd.Env = append(p.cmd.Env, "UDIWARP_PRELOAD_QP="+t.QP)
+		} else {
+			p.cmd.Env = append(p.cmd.Env, "UDIWARP_PRELOAD_TCP="+t.QP) // rc: TCP sockets over RC
 		}
 	}
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -384,22 +386,6 @@ func sippPort() (int, error) {
 	return 0, errors.New("no free port")
 }
 
-// tcpListening reports whether something listens on TCP port (IPv4),
-// from /proc/net/tcp (state 0A), without connecting to it.
-func tcpListening(port int) bool {
-	b, err := os.ReadFile("/proc/net/tcp")
-	if err != nil {
-		return false
-	}
-	suffix := fmt.Sprintf(":%04X", port)
-	for _, l := range strings.Split(string(b), "\n")[1:] {
-		if fs := strings.Fields(l); len(fs) > 3 && strings.HasSuffix(fs[1], suffix) && fs[3] == "0A" {
-			return true
-		}
-	}
-	return false
-}
-
 // sippProbe says why the preload cannot carry t ("" when it can): ten
 // calls between a preloaded UAS and UAC must complete; for RD the
 // engines must say (their stats' "qp") that they ran RD QPs, for RC the
@@ -422,14 +408,8 @@ func (e *env) sippProbe(t sippTransport, o options) (string, error) {
 		return "the preload did not carry ten calls: " + s, nil
 	}
 	if t.QP == "rc" {
-		var sent float64
-		for k, v := range got {
-			if f, ok := v.(float64); ok && strings.HasPrefix(k, "engine_uac0_") && strings.Contains(k, "sent") && !strings.Contains(k, "bytes") {
-				sent += f
-			}
-		}
-		if sent < 30 {
-			return "the preload carries UDP sockets only: SIPp's TCP connections (-t tn) went through the kernel (no RC mode yet)", nil
+		if n, _ := got["engine_uac0_streams"].(float64); n < 10 {
+			return fmt.Sprintf("the UAC's engine ran %v of the ten calls' TCP connections over RC (UDIWARP_PRELOAD_TCP=rc)", n), nil
 		}
 		return "", nil
 	}
@@ -493,7 +473,7 @@ func (e *env) sippRun(t sippTransport, n int, set sippSettings, round int, o opt
 	}
 	defer uas.kill()
 	up := time.Now().Add(10 * time.Second)
-	for !(t.T == "un" && netnstest.UDPBound(0, port)) && !(t.T == "tn" && tcpListening(port)) {
+	for !(t.T == "un" && netnstest.UDPBound(0, port)) && !(t.T == "tn" && netnstest.TCPListening(0, port)) {
 		if uas.exited() || time.Now().After(up) {
 			return nil, fmt.Errorf("the UAS did not listen on port %d: %v\n%s", port, uas.err, uas.tail())
 		}
@@ -664,6 +644,9 @@ func (e *env) sippRun(t sippTransport, n int, set sippSettings, round int, o opt
 			}
 			if s, _ := st["sent"].(float64); s == 0 && t.T == "un" {
 				fail(p.name + ": its engine sent nothing: the traffic went around udiwarp")
+			}
+			if s, _ := st["streams"].(float64); s == 0 && t.T == "tn" {
+				fail(p.name + ": its engine ran no TCP connection over RC: the traffic went around udiwarp")
 			}
 			if q, _ := st["qp"].(string); q != "" {
 				qp = q

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -63,6 +64,12 @@ func udstreamFigure(e *env, f *figure, o options) ([]row, error) {
 				}
 				port++
 				got, err := e.stream(bin, in, t, port, speed, pct, r)
+				if err != nil && pct > 0 {
+					// Under loss a transfer may not finish: a point of the
+					// figure that failed, which the report counts.
+					fmt.Fprintf(e.log, "experiments: %s: %s at %v %%, round %d failed: %v\n", f.ID, t, pct, r+1, err)
+					got, err = row{"failed": err.Error(), "initial_buffering_ms": 0.0}, nil
+				}
 				if err != nil {
 					return rows, fmt.Errorf("%s at %v %%, round %d: %w", t, pct, r+1, err)
 				}
@@ -94,7 +101,14 @@ func (e *env) stream(bin, in, t string, port int, speed string, pct float64, rou
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	snd := append(sndPrefix, bin, "send", "-t", t, "-listen", addr, "-i", in, "-speed", speed, "-q", "-wait", "20s")
-	rcv := append(rcvPrefix, bin, "recv", "-t", t, "-from", addr, "-o", filepath.Join(e.work, "out.ts"), "-json", "-q", "-wait", "20s", "-idle", "1s")
+	// The receiver ends a datagram stream whose end message was lost
+	// after a second of silence; TCP is silent longer only while its
+	// retransmission timer backs off under loss, and its end is the FIN.
+	idle := "1s"
+	if t == "rc" {
+		idle = "15s"
+	}
+	rcv := append(rcvPrefix, bin, "recv", "-t", t, "-from", addr, "-o", filepath.Join(e.work, "out.ts"), "-json", "-q", "-wait", "20s", "-idle", idle)
 	if e.method == "inproc" && pct > 0 {
 		loss := strconv.FormatFloat(pct/100, 'g', -1, 64)
 		seed := strconv.Itoa(round + 1)
@@ -106,10 +120,13 @@ func (e *env) stream(bin, in, t string, port int, speed string, pct float64, rou
 		return nil, err
 	}
 	defer sc.Wait()
-	out, err := exec.CommandContext(ctx, rcv[0], rcv[1:]...).Output()
+	var stderr bytes.Buffer
+	rc := exec.CommandContext(ctx, rcv[0], rcv[1:]...)
+	rc.Stderr = &stderr
+	out, err := rc.Output()
 	if err != nil {
 		sc.Process.Kill()
-		return nil, fmt.Errorf("%s: %v", strings.Join(rcv, " "), err)
+		return nil, fmt.Errorf("%s: %v: %s", strings.Join(rcv, " "), err, strings.TrimSpace(stderr.String()))
 	}
 	var r row
 	if err := json.Unmarshal(out, &r); err != nil {

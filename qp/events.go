@@ -252,7 +252,10 @@ type Stats struct {
 	RCTerminatesReceived atomic.Uint64
 	RCReadsOverIRD       atomic.Uint64
 	RCConnectionsLost    atomic.Uint64
-	RCBadRequests        atomic.Uint64 // MPA Requests that were not
+	// RCRecvWaits counts Sends that found no receive on a WaitForRecv
+	// connection and waited for one (reading stopped meanwhile).
+	RCRecvWaits   atomic.Uint64
+	RCBadRequests atomic.Uint64 // MPA Requests that were not
 
 	// Bytes on the wire (UDP payloads and TCP stream octets), both ways.
 	RxBytes, TxBytes atomic.Uint64

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"sync"
@@ -43,6 +44,14 @@ type RCConfig struct {
 	// acknowledged its last byte (the socket's unacknowledged bytes,
 	// SIOCOUTQ, seed 002), instead of when TCP took it.
 	CompleteOnAck bool
+	// WaitForRecv has a Send that finds no receive posted wait for one
+	// instead of ending the stream with a Terminate (RFC 5041 §7.2, no
+	// buffer): the QP stops reading its socket, so TCP's window holds the
+	// peer back, until a PostRecv and the next Progress. Only on a
+	// connection on the caller's descriptor (ConnectFD, AcceptFD): a
+	// byte stream carried as Sends (the sockets preload) cannot know how
+	// many receives its peer will need.
+	WaitForRecv bool
 }
 
 func (c *RCConfig) fill() error {
@@ -98,6 +107,9 @@ func (q *QP) Connect(ctx context.Context, addr string, cfg RCConfig) ([]byte, er
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
+	if cfg.WaitForRecv {
+		return nil, fmt.Errorf("%w: WaitForRecv is for a connection on the caller's descriptor (ConnectFD)", ErrInvalidAttr)
+	}
 	if st := q.State(); st != StateInit {
 		return nil, fmt.Errorf("%w: Connect on a QP in %v (want INIT)", ErrQPState, st)
 	}
@@ -109,42 +121,54 @@ func (q *QP) Connect(ctx context.Context, addr string, cfg RCConfig) ([]byte, er
 		return nil, fmt.Errorf("qp: connecting to %s: %w", addr, err)
 	}
 	tc := c.(*net.TCPConn)
-	fail := func(err error) ([]byte, error) { tc.Close(); return nil, err }
-	req, err := cfg.frame(false, false)
-	if err != nil {
-		return fail(err)
-	}
 	if dl, ok := ctx.Deadline(); ok {
 		tc.SetDeadline(dl)
 	}
-	if _, err := tc.Write(req); err != nil {
-		return fail(fmt.Errorf("qp: sending the MPA Request: %w", err))
-	}
-	rep, early, err := readMPAFrame(tc)
+	neg, pd, early, err := initiate(tc, &cfg)
 	if err != nil {
-		return fail(err)
-	}
-	if !rep.Reply() {
-		return fail(fmt.Errorf("%w: the peer answered with an MPA Request", udiwarp.ErrMPAFrame))
-	}
-	if rep.Reject() {
-		return fail(&RejectError{PrivateData: append([]byte(nil), rep.PrivateData()...)})
-	}
-	if rep.Revision() != cfg.Revision {
-		return fail(fmt.Errorf("%w: the peer replied with MPA revision %d to our %d", udiwarp.ErrVersion, rep.Revision(), cfg.Revision))
+		tc.Close()
+		return nil, err
 	}
 	tc.SetDeadline(time.Time{})
-	neg := rcNegotiated{markersOut: rep.Markers(), markersIn: cfg.Markers, crc: rep.CRC() || !cfg.NoCRC, ird: cfg.IRD, ord: cfg.ORD}
+	if err := q.attachRC(tc, -1, neg, cfg, early, true); err != nil {
+		tc.Close()
+		return nil, err
+	}
+	return pd, nil
+}
+
+// initiate runs the initiator's side of the MPA exchange on rw: the
+// Request out, the Reply in. It returns what was settled, the peer's
+// private data and any stream bytes read after the Reply.
+func initiate(rw io.ReadWriter, cfg *RCConfig) (rcNegotiated, []byte, []byte, error) {
+	var neg rcNegotiated
+	req, err := cfg.frame(false, false)
+	if err != nil {
+		return neg, nil, nil, err
+	}
+	if _, err := rw.Write(req); err != nil {
+		return neg, nil, nil, fmt.Errorf("qp: sending the MPA Request: %w", err)
+	}
+	rep, early, err := readMPAFrame(rw)
+	if err != nil {
+		return neg, nil, nil, err
+	}
+	if !rep.Reply() {
+		return neg, nil, nil, fmt.Errorf("%w: the peer answered with an MPA Request", udiwarp.ErrMPAFrame)
+	}
+	if rep.Reject() {
+		return neg, nil, nil, &RejectError{PrivateData: append([]byte(nil), rep.PrivateData()...)}
+	}
+	if rep.Revision() != cfg.Revision {
+		return neg, nil, nil, fmt.Errorf("%w: the peer replied with MPA revision %d to our %d", udiwarp.ErrVersion, rep.Revision(), cfg.Revision)
+	}
+	neg = rcNegotiated{markersOut: rep.Markers(), markersIn: cfg.Markers, crc: rep.CRC() || !cfg.NoCRC, ird: cfg.IRD, ord: cfg.ORD}
 	if w, ok := rep.IRDORD(); ok {
 		// Our ORD must not exceed what the responder serves.
 		neg.ord = min(neg.ord, int(w.IRD))
 		neg.rtrSend = true
 	}
-	pd := append([]byte(nil), rep.PrivateData()...)
-	if err := q.attachRC(tc, neg, cfg, early, true); err != nil {
-		return fail(err)
-	}
-	return pd, nil
+	return neg, append([]byte(nil), rep.PrivateData()...), early, nil
 }
 
 // rcNegotiated is what an MPA exchange settled.
@@ -157,7 +181,7 @@ type rcNegotiated struct {
 
 // readMPAFrame reads one MPA Request or Reply, returning it and any
 // stream bytes that came after it.
-func readMPAFrame(c net.Conn) (udiwarp.MPAFrame, []byte, error) {
+func readMPAFrame(c io.Reader) (udiwarp.MPAFrame, []byte, error) {
 	buf := make([]byte, 0, udiwarp.MPAFrameHeaderSize+udiwarp.MaxMPAPrivateData+64)
 	tmp := make([]byte, 1024)
 	for {
@@ -336,30 +360,44 @@ func (r *RCRequest) Accept(q *QP, cfg RCConfig) error {
 		r.conn.Close()
 		return fmt.Errorf("%w: Accept onto a %v QP in %v (want an RC QP in INIT)", ErrInvalidAttr, q.typ, q.State())
 	}
-	cfg.Revision = r.req.Revision() // answer in the initiator's revision
-	if err := cfg.fill(); err != nil {
+	if cfg.WaitForRecv {
+		r.conn.Close()
+		return fmt.Errorf("%w: WaitForRecv is for a connection on the caller's descriptor (AcceptFD)", ErrInvalidAttr)
+	}
+	neg, err := respond(r.conn, r.req, &cfg)
+	if err != nil {
 		r.conn.Close()
 		return err
 	}
-	neg := rcNegotiated{markersOut: r.req.Markers(), markersIn: cfg.Markers, crc: r.req.CRC() || !cfg.NoCRC, ird: cfg.IRD, ord: cfg.ORD}
-	if w, ok := r.req.IRDORD(); ok {
+	if err := q.attachRC(r.conn, -1, neg, cfg, r.early, false); err != nil {
+		r.conn.Close()
+		return err
+	}
+	return nil
+}
+
+// respond answers req, an MPA Request, with a Reply on w carrying cfg's
+// private data, in the initiator's revision, and returns what was
+// settled: markers, CRC, IRD and ORD with the request's.
+func respond(w io.Writer, req udiwarp.MPAFrame, cfg *RCConfig) (rcNegotiated, error) {
+	var neg rcNegotiated
+	cfg.Revision = req.Revision() // answer in the initiator's revision
+	if err := cfg.fill(); err != nil {
+		return neg, err
+	}
+	neg = rcNegotiated{markersOut: req.Markers(), markersIn: cfg.Markers, crc: req.CRC() || !cfg.NoCRC, ird: cfg.IRD, ord: cfg.ORD}
+	if w, ok := req.IRDORD(); ok {
 		neg.ord = min(neg.ord, int(w.IRD))
 		neg.rtrWait = w.PeerToPeer
 	}
 	rep, err := cfg.frame(true, false)
 	if err != nil {
-		r.conn.Close()
-		return err
+		return neg, err
 	}
-	if _, err := r.conn.Write(rep); err != nil {
-		r.conn.Close()
-		return fmt.Errorf("qp: sending the MPA Reply: %w", err)
+	if _, err := w.Write(rep); err != nil {
+		return neg, fmt.Errorf("qp: sending the MPA Reply: %w", err)
 	}
-	if err := q.attachRC(r.conn, neg, cfg, r.early, false); err != nil {
-		r.conn.Close()
-		return err
-	}
-	return nil
+	return neg, nil
 }
 
 // Reject answers with an MPA Reply with R set, carrying privateData, and
@@ -381,22 +419,25 @@ func (r *RCRequest) Reject(privateData []byte) error {
 }
 
 // attachRC binds an established MPA connection to q and moves q to RTS.
-func (q *QP) attachRC(tc *net.TCPConn, neg rcNegotiated, cfg RCConfig, early []byte, initiator bool) error {
+// tc is nil for a connection on the caller's descriptor fd (ConnectFD,
+// AcceptFD): a manual one.
+func (q *QP) attachRC(tc *net.TCPConn, fd int, neg rcNegotiated, cfg RCConfig, early []byte, initiator bool) error {
 	d := q.dev
-	raw, err := tc.SyscallConn()
-	if err != nil {
-		return err
+	if tc != nil {
+		raw, err := tc.SyscallConn()
+		if err != nil {
+			return err
+		}
+		if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
+			return err
+		}
+		tc.SetNoDelay(true)
 	}
-	var fd int
-	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
-		return err
-	}
-	tc.SetNoDelay(true)
 	mss := 1460
 	if v, err := unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_MAXSEG); err == nil && v > 0 {
 		mss = v
 	}
-	c := &rcConn{q: q, tc: tc, fd: fd, neg: neg, ackMode: cfg.CompleteOnAck,
+	c := &rcConn{q: q, tc: tc, fd: fd, manual: tc == nil, waitRecv: cfg.WaitForRecv, neg: neg, ackMode: cfg.CompleteOnAck,
 		sendMSN: 1, readMSN: 1, termMSN: 1, atomicMSN: 1, rxSendMSN: 1, rxReadMSN: 1, rxTermMSN: 1, rxAtomicMSN: 1}
 	// The largest ULPDU: what fits one TCP segment with MPA's 8 bytes of
 	// framing, as RFC 5044 §4.1 advises (MULPDU from the EMSS); markers
@@ -408,7 +449,11 @@ func (q *QP) attachRC(tc *net.TCPConn, neg rcNegotiated, cfg RCConfig, early []b
 	c.mulpdu = max(c.mulpdu, 256)
 	c.framer = udiwarp.MPAFramer{Markers: neg.markersOut, CRC: neg.crc}
 	c.deframer = udiwarp.MPADeframer{Markers: neg.markersIn, CRC: neg.crc}
-	c.rx = make([]byte, 0, 16<<10) // grows, doubling, while reads fill it
+	rxCap := 16 << 10
+	if c.manual {
+		rxCap = 4 << 10 // one per socket of a program that may have thousands
+	}
+	c.rx = make([]byte, 0, rxCap) // grows, doubling, while reads fill it
 	c.rx = append(c.rx, early...)
 	c.rtrPending = neg.rtrWait
 	q.sqMu.Lock()

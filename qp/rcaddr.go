@@ -1,9 +1,6 @@
 package qp
 
-import (
-	"net"
-	"net/netip"
-)
+import "net/netip"
 
 // RCAddrs returns the local and remote TCP addresses of an RC QP's
 // connection; ok is false before Connect or Accept attached one.
@@ -12,11 +9,6 @@ func (q *QP) RCAddrs() (local, remote netip.AddrPort, ok bool) {
 	if c == nil {
 		return netip.AddrPort{}, netip.AddrPort{}, false
 	}
-	if a, isTCP := c.tc.LocalAddr().(*net.TCPAddr); isTCP {
-		local = a.AddrPort()
-	}
-	if a, isTCP := c.tc.RemoteAddr().(*net.TCPAddr); isTCP {
-		remote = a.AddrPort()
-	}
+	local, remote = c.addrs()
 	return local, remote, true
 }

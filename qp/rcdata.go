@@ -75,12 +75,18 @@ type rcRecv struct {
 }
 
 type rcConn struct {
-	q       *QP
-	tc      *net.TCPConn
-	fd      int
-	neg     rcNegotiated
-	ackMode bool
-	mulpdu  int
+	q  *QP
+	tc *net.TCPConn // nil: the caller's descriptor (manual)
+	fd int
+	// manual: on the caller's descriptor (ConnectFD, AcceptFD). Nothing
+	// reads it but Progress; the poller waits on it only while it holds
+	// output back, and the caller closes it.
+	manual   bool
+	waitRecv bool // RCConfig.WaitForRecv
+	inEpoll  bool // manual, in the poller's epoll set: under the poller's mu
+	neg      rcNegotiated
+	ackMode  bool
+	mulpdu   int
 
 	mu         sync.Mutex // the send side, the queues, the Reads
 	framer     udiwarp.MPAFramer
@@ -95,6 +101,7 @@ type rcConn struct {
 	hbs        [maxBatch][udiwarp.MPAHeaderSize + udiwarp.DDPUntaggedHeaderSize + udiwarp.ReadRequestSize + 64]byte
 	trs        [maxBatch][3 + udiwarp.CRCSize]byte
 	iov        [maxBatch * (maxSGE + 2)]unix.Iovec
+	wmsg       unix.Msghdr
 	pieces     [maxSGE + 1][]byte
 	pinned     []*MR
 	written    uint64 // stream octets handed to TCP
@@ -117,7 +124,13 @@ type rcConn struct {
 	rxTermMSN   uint32
 	rxAtomicMSN uint32
 	cur         rcRecv
-	fdUse       // system calls on fd in flight, and closing
+	// stalled: a Send found no receive (WaitForRecv); its ULPDU waits in
+	// stallBuf, handled again by the next Progress, and nothing more is
+	// read meanwhile.
+	stalled  bool
+	stallBuf []byte
+	eof      atomic.Bool // manual: the peer's FIN came; everything before it was handled
+	fdUse                // system calls on fd in flight, and closing
 }
 
 // postRC queues a send WR on an RC QP and sends what TCP takes now.
@@ -594,7 +607,13 @@ func (c *rcConn) writev(niov int) (int, bool) {
 	if !c.acquire() {
 		return 0, false
 	}
-	r, _, errno := unix.RawSyscall(unix.SYS_WRITEV, uintptr(c.fd), uintptr(unsafe.Pointer(&c.iov[0])), uintptr(niov))
+	// sendmsg with MSG_DONTWAIT, not writev: a manual connection's
+	// descriptor is the caller's, in whatever blocking mode it set, and
+	// MSG_NOSIGNAL: a peer gone is an error here, never the caller's
+	// SIGPIPE.
+	c.wmsg.Iov = &c.iov[0]
+	c.wmsg.SetIovlen(niov)
+	r, _, errno := unix.RawSyscall(unix.SYS_SENDMSG, uintptr(c.fd), uintptr(unsafe.Pointer(&c.wmsg)), unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
 	c.release()
 	n := int(r)
 	switch {
@@ -627,7 +646,17 @@ func (c *rcConn) onReadable() {
 		return
 	}
 	defer c.rxUnlock()
-	for !c.closing.Load() {
+	if c.stalled {
+		c.stalled = false
+		if !c.handle(c.stallBuf) || c.stalled {
+			return // failed, or still no receive
+		}
+		c.q.dev.stats.RCFPDUsReceived.Add(1)
+		if !c.process() || c.stalled {
+			return
+		}
+	}
+	for !c.closing.Load() && !c.eof.Load() {
 		if len(c.rx) == cap(c.rx) {
 			grown := make([]byte, len(c.rx), 2*cap(c.rx))
 			copy(grown, c.rx)
@@ -637,10 +666,16 @@ func (c *rcConn) onReadable() {
 			return
 		}
 		buf := c.rx[len(c.rx):cap(c.rx)]
-		r, _, errno := unix.RawSyscall(unix.SYS_READ, uintptr(c.fd), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)))
+		r, _, errno := unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(c.fd), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), unix.MSG_DONTWAIT, 0, 0)
 		c.release()
 		n := int(r)
 		if errno == unix.EAGAIN {
+			return
+		}
+		if errno == 0 && n == 0 && c.manual {
+			// The peer's FIN: its sending side is done. Ours goes on (TCP's
+			// half-close) until the caller closes or shuts it down.
+			c.eof.Store(true)
 			return
 		}
 		if errno != 0 || n == 0 {
@@ -650,7 +685,7 @@ func (c *rcConn) onReadable() {
 		room := cap(c.rx) - len(c.rx)
 		c.q.dev.stats.RxBytes.Add(uint64(n))
 		c.rx = c.rx[:len(c.rx)+n]
-		if !c.process() {
+		if !c.process() || c.stalled {
 			return
 		}
 		if n < room {
@@ -678,11 +713,15 @@ func (c *rcConn) process() bool {
 			}
 			break
 		}
-		c.q.dev.stats.RCFPDUsReceived.Add(1)
 		if !c.handle(ulpdu) {
 			return false
 		}
 		start += n
+		if c.stalled { // kept for the next Progress; nothing after it yet
+			c.stallBuf = append(c.stallBuf[:0], ulpdu...)
+			break
+		}
+		c.q.dev.stats.RCFPDUsReceived.Add(1)
 	}
 	c.rx = c.rx[:copy(c.rx, c.rx[start:])]
 	return true
@@ -767,10 +806,41 @@ func (c *rcConn) handle(b []byte) bool {
 }
 
 func (c *rcConn) peer() (a netip.AddrPort) {
-	if ra, ok := c.tc.RemoteAddr().(*net.TCPAddr); ok {
-		return ra.AddrPort()
+	_, a = c.addrs()
+	return a
+}
+
+// addrs returns the connection's local and remote addresses.
+func (c *rcConn) addrs() (local, remote netip.AddrPort) {
+	if c.tc != nil {
+		if a, ok := c.tc.LocalAddr().(*net.TCPAddr); ok {
+			local = a.AddrPort()
+		}
+		if a, ok := c.tc.RemoteAddr().(*net.TCPAddr); ok {
+			remote = a.AddrPort()
+		}
+		return
+	}
+	if c.acquire() {
+		if sa, err := unix.Getsockname(c.fd); err == nil {
+			local = addrPortOf(sa)
+		}
+		if sa, err := unix.Getpeername(c.fd); err == nil {
+			remote = addrPortOf(sa)
+		}
+		c.release()
 	}
 	return
+}
+
+func addrPortOf(sa unix.Sockaddr) netip.AddrPort {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port))
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr).Unmap(), uint16(a.Port))
+	}
+	return netip.AddrPort{}
 }
 
 // place places a tagged segment (Device.placeTagged) and returns the
@@ -801,6 +871,11 @@ func (c *rcConn) receiveSend(seg udiwarp.Segment, size int) bool {
 			n = len(seg.Payload)
 		}
 		if res := q.takeRecv(&r.w, n, netip.AddrPort{}); res != recvTaken {
+			if res == recvNone && c.waitRecv {
+				c.stalled = true // before any state changed: handled again whole
+				st.RCRecvWaits.Add(1)
+				return true
+			}
 			if res == recvNone {
 				st.RxNoRecv.Add(1)
 			}
@@ -1145,7 +1220,9 @@ func (c *rcConn) shutdown() {
 	c.closing.Store(true)
 	c.q.dev.rc.unregister(c)
 	c.retire()
-	c.tc.Close()
+	if c.tc != nil {
+		c.tc.Close()
+	} // a manual connection's descriptor is the caller's to close
 }
 
 // scatterAt copies payload into w's SGL at byte offset off.

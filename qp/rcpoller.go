@@ -67,6 +67,9 @@ func (p *rcPoller) register(c *rcConn) error {
 		go p.loop(ep, ev)
 	}
 	p.conns[c.fd] = c
+	if c.manual {
+		return nil // waited on only while it holds output back (interest)
+	}
 	p.relistLocked()
 	return unix.EpollCtl(p.epoll, unix.EPOLL_CTL_ADD, c.fd, &unix.EpollEvent{Events: p.events(false), Fd: int32(c.fd)})
 }
@@ -79,6 +82,13 @@ func (p *rcPoller) unregister(c *rcConn) {
 		return
 	}
 	delete(p.conns, c.fd)
+	if c.manual {
+		if c.inEpoll && p.epoll >= 0 {
+			unix.EpollCtl(p.epoll, unix.EPOLL_CTL_DEL, c.fd, nil)
+		}
+		c.inEpoll = false
+		return
+	}
 	p.relistLocked()
 	if p.epoll >= 0 {
 		unix.EpollCtl(p.epoll, unix.EPOLL_CTL_DEL, c.fd, nil)
@@ -90,6 +100,21 @@ func (p *rcPoller) unregister(c *rcConn) {
 func (p *rcPoller) interest(c *rcConn, out bool) {
 	ev := p.events(out)
 	p.mu.Lock()
+	if c.manual {
+		// The caller reads a manual connection (Progress): the poller waits
+		// only for room to send what it holds back, and only meanwhile.
+		if p.epoll >= 0 && p.conns[c.fd] == c && out != c.inEpoll {
+			op := unix.EPOLL_CTL_DEL
+			if out {
+				op = unix.EPOLL_CTL_ADD
+			}
+			if unix.EpollCtl(p.epoll, op, c.fd, &unix.EpollEvent{Events: unix.EPOLLOUT, Fd: int32(c.fd)}) == nil {
+				c.inEpoll = out
+			}
+		}
+		p.mu.Unlock()
+		return
+	}
 	if p.epoll >= 0 && p.conns[c.fd] == c {
 		unix.EpollCtl(p.epoll, unix.EPOLL_CTL_MOD, c.fd, &unix.EpollEvent{Events: ev, Fd: int32(c.fd)})
 	}
@@ -101,7 +126,9 @@ func (p *rcPoller) interest(c *rcConn, out bool) {
 func (p *rcPoller) relistLocked() {
 	list := make([]*rcConn, 0, len(p.conns))
 	for _, x := range p.conns {
-		list = append(list, x)
+		if !x.manual { // read by their callers only
+			list = append(list, x)
+		}
 	}
 	p.list.Store(&list)
 }
@@ -136,6 +163,13 @@ func (p *rcPoller) loop(epoll, wake int) {
 			c := p.conns[int(ev.Fd)]
 			p.mu.Unlock()
 			if c == nil {
+				continue
+			}
+			if c.manual {
+				c.onWritable()
+				if ev.Events&(unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+					p.interest(c, false) // no room will come: its caller learns it on its next call
+				}
 				continue
 			}
 			if ev.Events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
@@ -207,4 +241,22 @@ func (p *rcPoller) close() {
 		p.epoll, p.wake = -1, -1
 	}
 	p.mu.Unlock()
+}
+
+// move follows c, a manual connection, to fd, another descriptor of its
+// socket. The caller holds c's locks, so no system call uses the old one.
+func (p *rcPoller) move(c *rcConn, fd int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conns[c.fd] == c {
+		delete(p.conns, c.fd)
+		p.conns[fd] = c
+	}
+	if c.inEpoll && p.epoll >= 0 {
+		unix.EpollCtl(p.epoll, unix.EPOLL_CTL_DEL, c.fd, nil)
+		if unix.EpollCtl(p.epoll, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLOUT, Fd: int32(fd)}) != nil {
+			c.inEpoll = false
+		}
+	}
+	c.fd = fd
 }

@@ -106,3 +106,26 @@ func UDPBound(pid, port int) bool {
 	}
 	return false
 }
+
+// TCPListening reports whether a TCP socket (IPv4 or IPv6) listens on
+// port in the network namespace of process pid (0: this process), by
+// /proc/PID/net/tcp and tcp6 (state 0A is LISTEN).
+func TCPListening(pid, port int) bool {
+	dir := "/proc/self/net"
+	if pid != 0 {
+		dir = fmt.Sprintf("/proc/%d/net", pid)
+	}
+	suffix := fmt.Sprintf(":%04X", port)
+	for _, f := range []string{"tcp", "tcp6"} {
+		b, err := os.ReadFile(dir + "/" + f)
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n")[1:] {
+			if fs := strings.Fields(l); len(fs) > 3 && strings.HasSuffix(fs[1], suffix) && fs[3] == "0A" {
+				return true
+			}
+		}
+	}
+	return false
+}

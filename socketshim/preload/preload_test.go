@@ -37,6 +37,14 @@ type stats struct {
 	Pool          int    `json:"pool_receives"`
 	PoolFree      int    `json:"pool_free"`
 	NoRecv        uint64 `json:"dropped_no_receive"`
+	// TCP over RC (UDIWARP_PRELOAD_TCP=rc).
+	Streams        uint64 `json:"streams"`
+	StreamsLive    uint64 `json:"streams_live"`
+	StreamsPlain   uint64 `json:"streams_plain"`
+	StreamsRefused uint64 `json:"streams_refused"`
+	StreamsDropped uint64 `json:"streams_dropped"`
+	StreamSent     uint64 `json:"stream_sent_bytes"`
+	StreamReceived uint64 `json:"stream_received_bytes"`
 }
 
 var (
@@ -67,6 +75,7 @@ func built(t *testing.T) string {
 			{"gcc", "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-o", filepath.Join(dir, "libudiwarp_preload.so"), "c/preload.c", "-ldl", "-lpthread"},
 			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(dir, "survive"), "testdata/survive.c", "-lpthread"},
 			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(dir, "manysock"), "testdata/manysock.c"},
+			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(dir, "tcpcheck"), "testdata/tcpcheck.c", "-lpthread"},
 			{"go", "build", "-buildmode=c-shared", "-o", filepath.Join(dir, "libudiwarp_engine.so"), "./engine"},
 		}
 		for _, s := range steps {
@@ -101,7 +110,7 @@ func need(t *testing.T, progs ...string) {
 	t.Helper()
 	for _, p := range progs {
 		if lookPath(p) == "" {
-			t.Skipf("%s is not installed (Debian: apt-get install sockperf dnsmasq-base bind9-dnsutils iperf socat)", p)
+			t.Skipf("%s is not installed (Debian: apt-get install sockperf dnsmasq-base bind9-dnsutils iperf iperf3 socat)", p)
 		}
 	}
 }
@@ -131,9 +140,15 @@ type proc struct {
 
 func start(t *testing.T, ctx context.Context, dir string, preload bool, name string, args ...string) *proc {
 	t.Helper()
+	return startEnv(t, ctx, dir, preload, nil, name, args...)
+}
+
+// startEnv is start with env added to the program's environment.
+func startEnv(t *testing.T, ctx context.Context, dir string, preload bool, env []string, name string, args ...string) *proc {
+	t.Helper()
 	p := &proc{done: make(chan struct{})}
 	p.cmd = exec.CommandContext(ctx, name, args...)
-	p.cmd.Env = os.Environ()
+	p.cmd.Env = append(os.Environ(), env...)
 	if preload {
 		p.stats = filepath.Join(t.TempDir(), "stats.json")
 		p.cmd.Env = append(p.cmd.Env, "LD_PRELOAD="+filepath.Join(dir, "libudiwarp_preload.so"),

@@ -32,11 +32,19 @@ func sippCalls(t *testing.T, transport string, calls int) (uac, uas stats) {
 	defer cancel()
 	port := strconv.Itoa(freePort(t))
 	maxSock := strconv.Itoa(calls + 64)
-	srv := start(t, ctx, dir, true, "sipp", "-sn", "uas", "-t", transport, "-i", "127.0.0.1", "-p", port, "-nostdin", "-max_socket", maxSock)
-	waitUDP(t, atoi(t, port), srv)
+	var env []string
+	if transport == "tn" {
+		env = rcEnv // SIPp's TCP over RC
+	}
+	srv := startEnv(t, ctx, dir, true, env, "sipp", "-sn", "uas", "-t", transport, "-i", "127.0.0.1", "-p", port, "-nostdin", "-max_socket", maxSock)
+	if transport == "tn" {
+		waitTCP(t, atoi(t, port), srv)
+	} else {
+		waitUDP(t, atoi(t, port), srv)
+	}
 	stf := filepath.Join(t.TempDir(), "uac.csv")
 	n := strconv.Itoa(calls)
-	cli := start(t, ctx, dir, true, "sipp", "-sn", "uac", "-t", transport, "-i", "127.0.0.1", "127.0.0.1:"+port,
+	cli := startEnv(t, ctx, dir, true, env, "sipp", "-sn", "uac", "-t", transport, "-i", "127.0.0.1", "127.0.0.1:"+port,
 		"-r", n, "-l", n, "-m", n, "-d", "500", "-nostdin", "-max_socket", maxSock,
 		"-trace_stat", "-stf", stf, "-fd", "1", "-timeout", "60s", "-timeout_error")
 	out := cli.wait(t) // SIPp exits 1 when any call failed, and wait fails the test
@@ -50,6 +58,21 @@ func sippCalls(t *testing.T, transport string, calls int) (uac, uas stats) {
 	srv.stop(syscall.SIGINT)
 	uac, uas = cli.readStats(t), srv.readStats(t)
 	t.Logf("UAC engine %+v; UAS engine %+v", uac, uas)
+	if transport == "tn" {
+		// A TCP connection per call, each an RC QP at both ends, and every
+		// SIP message in them.
+		if uac.Streams < uint64(calls) || uas.Streams < uint64(calls) {
+			t.Errorf("the engines ran %d (UAC) and %d (UAS) streams for %d calls: not a connection per call over RC", uac.Streams, uas.Streams, calls)
+		}
+		if uac.StreamsPlain+uas.StreamsPlain+uac.StreamsRefused+uas.StreamsRefused != 0 {
+			t.Errorf("plain or refused streams: UAC %+v UAS %+v", uac, uas)
+		}
+		if uac.StreamSent == 0 || uac.StreamSent != uas.StreamReceived || uas.StreamSent != uac.StreamReceived {
+			t.Errorf("the engines' bytes do not match: UAC sent %d, UAS received %d; UAS sent %d, UAC received %d",
+				uac.StreamSent, uas.StreamReceived, uas.StreamSent, uac.StreamReceived)
+		}
+		return uac, uas
+	}
 	msgs := uint64(3 * calls)
 	if uac.Sockets < uint64(calls) {
 		t.Errorf("the UAC's engine ran %d sockets for %d calls: not a socket per call", uac.Sockets, calls)
@@ -67,13 +90,16 @@ func sippCalls(t *testing.T, transport string, calls int) (uac, uas stats) {
 // SIPp, unmodified, over the preload on UD: seed 003's SipStone basic
 // call test, a UDP socket per call (-t un), 50 calls (experiments/
 // sipp.go measures its memory and response times at 1,000 and more).
-//
-// SIPp over RC (-t tn) belongs beside it, as sippCalls(t, "tn", 50),
-// once the preload carries TCP sockets: today they stay the kernel's,
-// and the experiment's preload-rc probe reports it not available.
 func TestSIPpUD(t *testing.T) {
 	needSIPp(t)
 	sippCalls(t, "un", 50)
+}
+
+// SIPp over RC: the same calls, a TCP connection per call (-t tn), each
+// an RC QP in both SIPp processes (UDIWARP_PRELOAD_TCP=rc).
+func TestSIPpRC(t *testing.T) {
+	needSIPp(t)
+	sippCalls(t, "tn", 50)
 }
 
 func atoi(t *testing.T, s string) int {

@@ -1,6 +1,7 @@
 // libudiwarp_preload.so: runs an unmodified program's UDP sockets over
-// udiwarp (RDMAP/DDP over UDP, one UD queue pair per socket), loaded with
-// LD_PRELOAD. This thin C half owns every interposed symbol, the table of
+// udiwarp (RDMAP/DDP over UDP, one UD queue pair per socket), and with
+// UDIWARP_PRELOAD_TCP=rc its TCP sockets over RC (RDMAP/DDP over MPA over
+// that TCP connection), loaded with LD_PRELOAD. This thin C half owns every interposed symbol, the table of
 // owned descriptors, blocking waits, errno and the fork policy; the data
 // path is the Go engine (libudiwarp_engine.so, -buildmode=c-shared), which
 // it dlopen()s on the first AF_INET/AF_INET6 SOCK_DGRAM socket. The
@@ -28,6 +29,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -43,6 +45,13 @@
 static int (*r_socket)(int, int, int);
 static int (*r_bind)(int, const struct sockaddr *, socklen_t);
 static int (*r_connect)(int, const struct sockaddr *, socklen_t);
+static int (*r_accept)(int, struct sockaddr *, socklen_t *);
+static int (*r_accept4)(int, struct sockaddr *, socklen_t *, int);
+static ssize_t (*r_sendfile)(int, int, off_t *, size_t);
+static ssize_t (*r_sendfile64)(int, int, off64_t *, size_t);
+static ssize_t (*r_splice)(int, loff_t *, int, loff_t *, size_t, unsigned int);
+static ssize_t (*r_tee)(int, int, size_t, unsigned int);
+static ssize_t (*r_vmsplice)(int, const struct iovec *, size_t, unsigned int);
 static int (*r_close)(int);
 static int (*r_close_range)(unsigned, unsigned, int);
 static int (*r_dup)(int);
@@ -85,7 +94,7 @@ static sighandler_t (*r_ssignal)(int, sighandler_t);
 
 static void resolve(void) {
 #define R(name) if (!r_##name) r_##name = dlsym(RTLD_NEXT, #name)
-	R(socket); R(bind); R(connect); R(close); R(close_range); R(dup); R(dup2); R(dup3);
+	R(socket); R(bind); R(connect); R(accept); R(accept4); R(sendfile); R(sendfile64); R(splice); R(tee); R(vmsplice); R(close); R(close_range); R(dup); R(dup2); R(dup3);
 	R(fcntl); R(fcntl64); R(ioctl); R(setsockopt); R(getsockopt); R(getsockname);
 	R(getpeername); R(shutdown); R(sendto); R(send); R(sendmsg); R(sendmmsg); R(write);
 	R(writev); R(recvfrom); R(recv); R(recvmsg); R(recvmmsg); R(read); R(readv); R(syscall);
@@ -116,6 +125,11 @@ static int (*e_close)(long long);
 static int (*e_setfd)(long long, int);
 static void (*e_exit)(void);
 static long long (*e_group)(long long, int, int, const void *, int);
+static long long (*e_stream_open)(int, int, int *);
+static long long (*e_stream_send)(long long, void *, int, long long);
+static int (*e_shutdown)(long long, int);
+// UDIWARP_PRELOAD_TCP=rc: TCP sockets too, over RC.
+static int tcp_rc;
 
 
 // ---- descriptors -----------------------------------------------------------
@@ -139,6 +153,14 @@ struct usock {
 	atomic_int closing;  // the last program descriptor closed
 	long long rcvtimeo, sndtimeo; // ns, 0 none
 	atomic_int connected;
+	// stream: a TCP socket (UDIWARP_PRELOAD_TCP=rc). Adopted (h > 0) once
+	// connected or accepted and MPA's exchange done; before, and for a
+	// listener, it is the kernel's. dead: its exchange failed, and the
+	// stream cannot be the kernel's either (the peer spoke, or was
+	// spoken to, in MPA); forked: a child's copy of an adopted one,
+	// which only the parent's engine can carry.
+	int stream;
+	atomic_int dead, forked;
 	// pending is set by the engine (atomically, in this memory): 1 while
 	// datagrams for the program wait in it, which the kernel's readiness
 	// of the descriptor does not show (see "readiness").
@@ -164,6 +186,10 @@ static atomic_int reg_ep[MAXFD];      // epoll descriptor + 1, or 0
 static uint64_t reg_data[MAXFD];
 static uint32_t reg_ev[MAXFD];
 static _Atomic unsigned char ep_owned[MAXFD]; // the epoll set has owned descriptors
+// An adopted stream's descriptors carry FD_CLOEXEC in the kernel, so that
+// an exec'd program never gets a stream in the middle of MPA framing;
+// cloexec_view is FD_CLOEXEC as the program set it (F_GETFD shows it).
+static _Atomic unsigned char cloexec_view[MAXFD];
 
 static void seen(int fd) {
 	int m = atomic_load(&maxfd);
@@ -252,6 +278,10 @@ static void load(void) {
 	e_group = dlsym(h, "udw_group");
 	e_setfd = dlsym(h, "udw_setfd");
 	e_ready = dlsym(h, "udw_ready");
+	e_stream_open = dlsym(h, "udw_stream_open");
+	e_stream_send = dlsym(h, "udw_stream_send");
+	e_shutdown = dlsym(h, "udw_shutdown");
+	if (!e_stream_open || !e_stream_send || !e_shutdown) tcp_rc = 0;
 	if (!e_init || !e_adopt || !e_send || !e_recv || !e_next_len || !e_close || !e_exit || !e_group || !e_setfd || !e_ready || e_init() != 0) {
 		warn("the engine is incomplete; using the kernel");
 		free(before);
@@ -291,11 +321,15 @@ static int engine_ready(void) {
 // A forked child never calls into Go (the runtime's other threads do not
 // exist there). Every owned descriptor is the kernel socket already: the
 // child goes on with plain UDP on it.
+// A stream the parent's engine carries cannot be the kernel's in the
+// child (its bytes are MPA's framing): the child's reads and writes of
+// it fail with EOPNOTSUPP; closing it is the child's to do.
 static void atfork_child(void) {
 	atomic_store(&estate, E_CHILD);
 	int m = atomic_load(&maxfd);
 	for (int fd = 0; fd <= m && fd < MAXFD; fd++) {
 		struct usock *u = atomic_load(&owned[fd]);
+		if (u && u->stream && atomic_load(&u->h) > 0) atomic_store(&u->forked, 1);
 		if (u) atomic_store(&u->kmode, 1);
 		if (atomic_load(&protect[fd]) == 2) atomic_store(&protect[fd], 0);
 	}
@@ -303,6 +337,8 @@ static void atfork_child(void) {
 
 __attribute__((constructor)) static void init(void) {
 	resolve();
+	const char *t = getenv("UDIWARP_PRELOAD_TCP");
+	tcp_rc = t && !strcmp(t, "rc");
 	pthread_atfork(NULL, NULL, atfork_child);
 }
 
@@ -365,6 +401,10 @@ EXPORT sighandler_t sigset(int sig, sighandler_t h) { return variant(REAL(sigset
 
 // ---- socket lifetime ---------------------------------------------------
 
+static int sconnect(struct usock *u, int fd, const struct sockaddr *addr, socklen_t len);
+static ssize_t srecv(struct usock *u, int fd, struct msghdr *m, int flags);
+static ssize_t ssend(struct usock *u, int fd, const struct msghdr *m, int flags);
+
 // detach ends the engine's use of the socket: after it returns no
 // engine call uses the descriptor, and calls with the old handle fail.
 static void detach(struct usock *u) {
@@ -412,8 +452,9 @@ static struct usock *enter(int fd) {
 static void leave(struct usock *u) { (void)u; }
 
 static int wants(int domain, int type, int proto) {
-	return (domain == AF_INET || domain == AF_INET6) && (type & 0xf) == SOCK_DGRAM &&
-	       (proto == 0 || proto == IPPROTO_UDP);
+	if (domain != AF_INET && domain != AF_INET6) return 0;
+	if ((type & 0xf) == SOCK_STREAM) return tcp_rc && (proto == 0 || proto == IPPROTO_TCP);
+	return (type & 0xf) == SOCK_DGRAM && (proto == 0 || proto == IPPROTO_UDP);
 }
 
 EXPORT int socket(int domain, int type, int proto) {
@@ -422,6 +463,8 @@ EXPORT int socket(int domain, int type, int proto) {
 	struct usock *u = calloc(1, sizeof *u);
 	if (!u) return fd;
 	u->family = domain;
+	u->stream = (type & 0xf) == SOCK_STREAM;
+	atomic_store(&cloexec_view[fd], (type & SOCK_CLOEXEC) != 0);
 	atomic_store(&u->engfd, -1);
 	atomic_store(&u->nonblock, (type & SOCK_NONBLOCK) != 0);
 	atomic_store(&u->fds, 1);
@@ -538,6 +581,9 @@ EXPORT void closefrom(int lowfd) {
 // alias registers newfd, a duplicate of an owned descriptor.
 static void alias(struct usock *u, int newfd) {
 	if (newfd < 0 || newfd >= MAXFD) return;
+	int fl = REAL(fcntl)(newfd, F_GETFD);
+	atomic_store(&cloexec_view[newfd], fl >= 0 && (fl & FD_CLOEXEC));
+	if (u->stream && atomic_load(&u->h) > 0 && fl >= 0) REAL(fcntl)(newfd, F_SETFD, fl | FD_CLOEXEC);
 	atomic_fetch_add(&u->fds, 1);
 	seen(newfd);
 	atomic_store(&owned[newfd], u);
@@ -577,6 +623,18 @@ static int dofcntl(int (*real)(int, int, ...), int fd, int cmd, void *arg) {
 	struct usock *u = lookup(fd);
 	if (!u) return real(fd, cmd, arg);
 	switch (cmd) {
+	case F_GETFD: {
+		int r = real(fd, F_GETFD);
+		if (r >= 0 && u->stream && atomic_load(&u->h) > 0)
+			r = (r & ~FD_CLOEXEC) | (atomic_load(&cloexec_view[fd]) ? FD_CLOEXEC : 0);
+		return r;
+	}
+	case F_SETFD: {
+		int fl = (int)(intptr_t)arg;
+		int r = real(fd, F_SETFD, (u->stream && atomic_load(&u->h) > 0) ? fl | FD_CLOEXEC : fl);
+		if (r == 0) atomic_store(&cloexec_view[fd], (fl & FD_CLOEXEC) != 0);
+		return r;
+	}
 	case F_SETFL: { // the kernel's flag is the program's; the engine's calls never block
 		int fl = (int)(intptr_t)arg;
 		int r = real(fd, F_SETFL, fl);
@@ -644,7 +702,7 @@ EXPORT int bind(int fd, const struct sockaddr *addr, socklen_t len) {
 		r = -1;
 	} else {
 		r = REAL(bind)(fd, addr, len);
-		if (r == 0 && !atomic_load(&u->kmode)) adopt(u, fd);
+		if (r == 0 && !u->stream && !atomic_load(&u->kmode)) adopt(u, fd);
 	}
 	leave(u);
 	return r;
@@ -653,6 +711,7 @@ EXPORT int bind(int fd, const struct sockaddr *addr, socklen_t len) {
 EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len) {
 	struct usock *u = enter(fd);
 	if (!u) return REAL(connect)(fd, addr, len);
+	if (u->stream) return sconnect(u, fd, addr, len);
 	int r = REAL(connect)(fd, addr, len);
 	if (r == 0) {
 		pthread_mutex_lock(&u->mu);
@@ -695,7 +754,7 @@ EXPORT int setsockopt(int fd, int lvl, int name, const void *v, socklen_t l) {
 	struct usock *u = enter(fd);
 	if (!u) return REAL(setsockopt)(fd, lvl, name, v, l);
 	int join;
-	if (v && group_opt(lvl, name, &join)) {
+	if (v && !u->stream && group_opt(lvl, name, &join)) {
 		// A group membership is the engine's to make: its QP must be a
 		// member for the group's datagrams to reach it, and it makes the
 		// kernel's membership on the same socket itself. Before the engine
@@ -800,6 +859,7 @@ static ssize_t ksend(int fd, const struct msghdr *m, int flags) { return REAL(se
 // urecv reads one datagram through the engine, waiting for the kernel
 // socket to be readable while the program's mode and timeout let it.
 static ssize_t urecv(struct usock *u, int fd, struct msghdr *m, int flags) {
+	if (u->stream) return srecv(u, fd, m, flags);
 	// A receive before the socket has an address binds it, as a send
 	// would, so that the engine reads it: nothing can reach it before.
 	if (atomic_load(&u->h) == 0 && adopt(u, fd) != 0) return -1;
@@ -849,6 +909,7 @@ static ssize_t urecv(struct usock *u, int fd, struct msghdr *m, int flags) {
 }
 
 static ssize_t usend(struct usock *u, int fd, const struct msghdr *m, int flags) {
+	if (u->stream) return ssend(u, fd, m, flags);
 	if (atomic_load(&u->kmode)) return ksend(fd, m, flags);
 	struct sockaddr_storage to;
 	socklen_t tolen = m->msg_namelen;
@@ -895,6 +956,331 @@ static ssize_t usend(struct usock *u, int fd, const struct msghdr *m, int flags)
 			return -1;
 		}
 	}
+}
+
+
+// ---- streams (UDIWARP_PRELOAD_TCP=rc) -----------------------------------
+
+// A TCP socket is the kernel's until it is connected: connect (and
+// accept, for the accepted one) then runs MPA's exchange on it, in the
+// engine, and from then on its bytes are RC's. The exchange is part of
+// the call, bounded by UDIWARP_PRELOAD_TCP_WAIT: a non-blocking connect
+// returns 0 once it is done rather than EINPROGRESS. A connection the
+// engine cannot take is never left half the kernel's: connect fails
+// (ECONNREFUSED: the listener is no preloaded program), accept closes
+// it and reports ECONNABORTED; only an accepted peer whose first bytes
+// are no MPA Request (a plain TCP client) stays the kernel's, unread.
+
+static void adopt_stream(struct usock *u, int fd, long long h) {
+	atomic_store(&u->engfd, fd);
+	atomic_store(&u->h, h);
+	int fl = REAL(fcntl)(fd, F_GETFD);
+	if (fl >= 0) REAL(fcntl)(fd, F_SETFD, fl | FD_CLOEXEC);
+}
+
+static int sconnect(struct usock *u, int fd, const struct sockaddr *addr, socklen_t len) {
+	if (atomic_load(&u->kmode) || atomic_load(&u->h) > 0 || !e_stream_open || atomic_load(&estate) != E_READY)
+		return REAL(connect)(fd, addr, len);
+	int r = REAL(connect)(fd, addr, len);
+	if (r != 0 && errno != EINPROGRESS) return r;
+	if (r != 0) {
+		// Non-blocking: the handshake completes here (TCP's, then MPA's).
+		long long dl = now_ns() + 5000000000LL;
+		int w;
+		while ((w = pollwait(fd, POLLOUT, dl)) < 0) {}
+		int err = 0;
+		socklen_t el = sizeof err;
+		if (w == 0) err = ETIMEDOUT;
+		else if (REAL(getsockopt)(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
+		if (err) {
+			errno = err;
+			return -1;
+		}
+	}
+	long long h = e_stream_open(fd, 1, &u->pending);
+	if (h > 0) {
+		adopt_stream(u, fd, h);
+		return 0;
+	}
+	atomic_store(&u->dead, 1); // MPA's Request went out: no plain TCP on it now
+	REAL(shutdown)(fd, SHUT_RDWR);
+	errno = h == -ETIMEDOUT ? ETIMEDOUT : ECONNREFUSED;
+	return -1;
+}
+
+// mpa_request reports whether the first bytes waiting on fd (within
+// wait_ns) begin an MPA Request: a forked child's check, with no engine.
+static int mpa_request(int fd, long long wait_ns) {
+	static const char key[] = "MPA ID Req Frame";
+	char b[16];
+	long long dl = now_ns() + wait_ns;
+	for (;;) {
+		ssize_t n = REAL(recvfrom)(fd, b, sizeof b, MSG_PEEK | MSG_DONTWAIT, NULL, NULL);
+		if (n > 0) return memcmp(b, key, (size_t)n) == 0;
+		if (n == 0 || (errno != EAGAIN && errno != EINTR)) return 0;
+		if (pollwait(fd, POLLIN, dl) == 0) return 0;
+	}
+}
+
+static int uaccept(int fd, struct sockaddr *a, socklen_t *l, int flags, int four) {
+	struct usock *u = lookup(fd);
+	for (;;) {
+		int c = four ? REAL(accept4)(fd, a, l, flags) : REAL(accept)(fd, a, l);
+		if (c < 0 || c >= MAXFD || !u || !u->stream) return c;
+		if (atomic_load(&estate) == E_CHILD) {
+			// No engine here: a preloaded peer cannot be served, and must
+			// not be answered by the kernel either.
+			if (!mpa_request(c, 1000000000LL)) return c;
+			warn("a forked child accepted an RC stream it cannot carry (only the parent's engine can); closing it");
+			REAL(close)(c);
+		} else if (atomic_load(&estate) != E_READY || !e_stream_open || atomic_load(&u->kmode)) {
+			return c;
+		} else {
+			struct usock *n = calloc(1, sizeof *n);
+			if (!n) return c;
+			n->family = u->family;
+			n->stream = 1;
+			atomic_store(&n->engfd, -1);
+			atomic_store(&n->nonblock, (flags & SOCK_NONBLOCK) != 0);
+			atomic_store(&n->fds, 1);
+			pthread_mutex_init(&n->mu, NULL);
+			atomic_store(&cloexec_view[c], (flags & SOCK_CLOEXEC) != 0);
+			long long h = e_stream_open(c, 0, &n->pending);
+			if (h == -ENOTCONN) { // a plain TCP client: the kernel's, unread
+				atomic_store(&n->kmode, 1);
+				seen(c);
+				atomic_store(&owned[c], n);
+				return c;
+			}
+			if (h > 0) {
+				seen(c);
+				atomic_store(&owned[c], n);
+				adopt_stream(n, c, h);
+				return c;
+			}
+			pthread_mutex_destroy(&n->mu);
+			free(n);
+			REAL(close)(c);
+		}
+		if (atomic_load(&u->nonblock)) {
+			errno = ECONNABORTED; // accept(2)'s word for a connection gone before it was taken
+			return -1;
+		}
+		// A blocking accept waits for the next connection.
+	}
+}
+
+EXPORT int accept(int fd, struct sockaddr *a, socklen_t *l) { return uaccept(fd, a, l, 0, 0); }
+EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags) { return uaccept(fd, a, l, flags, 1); }
+
+// gone reports why an owned stream cannot carry data, setting errno: 1
+// when it cannot, 0 when it can (or is the kernel's).
+static int gone(struct usock *u, int sending, int flags) {
+	if (atomic_load(&u->forked)) {
+		static atomic_int told;
+		if (!atomic_exchange(&told, 1)) warn("a forked child used an RC stream only the parent's engine carries: EOPNOTSUPP");
+		errno = EOPNOTSUPP;
+		return 1;
+	}
+	if (atomic_load(&u->dead)) {
+		errno = sending ? EPIPE : ENOTCONN;
+		if (sending && !(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
+		return 1;
+	}
+	return 0;
+}
+
+// iov_from views m's iovecs from byte off on, in v (at most max entries):
+// the count.
+static int iov_from(const struct msghdr *m, size_t off, struct iovec *v, int max) {
+	int k = 0;
+	for (size_t i = 0; i < m->msg_iovlen && k < max; i++) {
+		size_t len = m->msg_iov[i].iov_len;
+		if (off >= len) {
+			off -= len;
+			continue;
+		}
+		v[k].iov_base = (char *)m->msg_iov[i].iov_base + off;
+		v[k].iov_len = len - off;
+		off = 0;
+		k++;
+	}
+	return k;
+}
+
+static size_t iov_total(const struct msghdr *m) {
+	size_t t = 0;
+	for (size_t i = 0; i < m->msg_iovlen; i++) t += m->msg_iov[i].iov_len;
+	return t;
+}
+
+static ssize_t srecv(struct usock *u, int fd, struct msghdr *m, int flags) {
+	if (gone(u, 0, flags)) return -1;
+	long long h = atomic_load(&u->h);
+	if (h <= 0 || atomic_load(&u->kmode)) return krecv(fd, m, flags);
+	if (flags & ~(MSG_PEEK | MSG_TRUNC | MSG_DONTWAIT | MSG_WAITALL | MSG_CMSG_CLOEXEC | MSG_NOSIGNAL)) {
+		errno = EOPNOTSUPP; // MSG_OOB, MSG_ERRQUEUE: RC carries no urgent data
+		return -1;
+	}
+	int nb = atomic_load(&u->nonblock) || (flags & MSG_DONTWAIT);
+	int all = (flags & MSG_WAITALL) && !nb && !(flags & MSG_PEEK);
+	size_t want = iov_total(m);
+	long long dl = deadline_of(u->rcvtimeo);
+	long long spin = nb ? 0 : spin_ns;
+	struct iovec v[64];
+	size_t got = 0;
+	if (m->msg_name) m->msg_namelen = 0;
+	m->msg_controllen = 0;
+	m->msg_flags = 0;
+	for (int i = 0;; i++) {
+		if ((h = atomic_load(&u->h)) <= 0) {
+			errno = EBADF;
+			return -1;
+		}
+		int n = iov_from(m, got, v, 64);
+		int mf = 0;
+		long long r = e_recv(h, v, n, NULL, NULL, flags & (MSG_PEEK | MSG_TRUNC), &mf, spin);
+		if (r > 0) {
+			got += (size_t)r;
+			if (!all || got >= want) return (ssize_t)got;
+			continue;
+		}
+		if (r == 0) return (ssize_t)got; // the end of the stream
+		if (r != -EAGAIN || nb) {
+			if (got > 0) return (ssize_t)got;
+			errno = (int)-r;
+			return -1;
+		}
+		int w = pollwait(fd, POLLIN, dl);
+		if (w <= 0) {
+			if (got > 0) return (ssize_t)got;
+			errno = w == 0 ? EAGAIN : EINTR;
+			return -1;
+		}
+		spin = i < 2 ? spin_ns / 4 : 0;
+	}
+}
+
+static ssize_t ssend(struct usock *u, int fd, const struct msghdr *m, int flags) {
+	if (gone(u, 1, flags)) return -1;
+	long long h = atomic_load(&u->h);
+	if (h <= 0 || atomic_load(&u->kmode)) return ksend(fd, m, flags);
+	if (flags & MSG_OOB) {
+		errno = EOPNOTSUPP;
+		return -1;
+	}
+	int nb = atomic_load(&u->nonblock) || (flags & MSG_DONTWAIT);
+	size_t total = iov_total(m);
+	long long dl = deadline_of(u->sndtimeo);
+	size_t sent = 0;
+	while (sent < total || total == 0) {
+		if ((h = atomic_load(&u->h)) <= 0) {
+			errno = EBADF;
+			return -1;
+		}
+		struct iovec v[64];
+		int n = iov_from(m, sent, v, 64);
+		long long r = e_stream_send(h, v, n, 0);
+		if (r >= 0) {
+			sent += (size_t)r;
+			if (nb || total == 0) break;
+			continue;
+		}
+		if (r == -EAGAIN && !nb) {
+			int w = pollwait(fd, POLLOUT, dl);
+			if (w > 0) continue;
+			if (sent > 0) break;
+			errno = w == 0 ? EAGAIN : EINTR;
+			return -1;
+		}
+		if (sent > 0) break;
+		if (r == -EPIPE && !(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
+		errno = (int)-r;
+		return -1;
+	}
+	return (ssize_t)sent;
+}
+
+EXPORT int shutdown(int fd, int how) {
+	struct usock *u = lookup(fd);
+	if (u && u->stream && !atomic_load(&u->kmode) && atomic_load(&u->h) > 0 && (how == SHUT_RD || how == SHUT_WR || how == SHUT_RDWR))
+		e_shutdown(atomic_load(&u->h), how); // what the engine holds goes before the FIN
+	return REAL(shutdown)(fd, how);
+}
+
+// stream_out reports whether fd is a stream the engine carries, which
+// the kernel must not write into behind it.
+static struct usock *stream_out(int fd) {
+	struct usock *u = lookup(fd);
+	return u && u->stream && (atomic_load(&u->h) > 0 || atomic_load(&u->forked) || atomic_load(&u->dead)) ? u : NULL;
+}
+
+// sendfile to a stream the engine carries: read and sent through it.
+static ssize_t ssendfile(struct usock *u, int out, int in, off64_t *off, size_t count) {
+	char buf[65536];
+	size_t done = 0;
+	while (done < count) {
+		size_t want = count - done < sizeof buf ? count - done : sizeof buf;
+		ssize_t k = off ? pread64(in, buf, want, *off) : REAL(read)(in, buf, want);
+		if (k <= 0) {
+			if (k < 0 && done == 0) return -1;
+			break;
+		}
+		struct iovec iov = {buf, (size_t)k};
+		struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+		ssize_t w = ssend(u, out, &m, 0);
+		if (w < 0 && done == 0) return -1;
+		if (w > 0) {
+			done += (size_t)w;
+			if (off) *off += w;
+		}
+		if (w < k) { // the stream took less: give the file back what it did not
+			if (!off && w >= 0) lseek(in, w - k, SEEK_CUR);
+			break;
+		}
+	}
+	return (ssize_t)done;
+}
+
+EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t count) {
+	struct usock *u = stream_out(out);
+	if (!u) return REAL(sendfile)(out, in, off, count);
+	off64_t o = off ? *off : 0;
+	ssize_t r = ssendfile(u, out, in, off ? &o : NULL, count);
+	if (off) *off = (off_t)o;
+	return r;
+}
+
+EXPORT ssize_t sendfile64(int out, int in, off64_t *off, size_t count) {
+	struct usock *u = stream_out(out);
+	if (!u) return REAL(sendfile64)(out, in, off, count);
+	return ssendfile(u, out, in, off, count);
+}
+
+// splice, tee and vmsplice would move raw bytes in or out of a stream
+// behind the engine: refused.
+EXPORT ssize_t splice(int in, loff_t *oin, int out, loff_t *oout, size_t len, unsigned int flags) {
+	if (stream_out(in) || stream_out(out)) {
+		errno = EINVAL;
+		return -1;
+	}
+	return REAL(splice)(in, oin, out, oout, len, flags);
+}
+
+EXPORT ssize_t tee(int in, int out, size_t len, unsigned int flags) {
+	if (stream_out(in) || stream_out(out)) {
+		errno = EINVAL;
+		return -1;
+	}
+	return REAL(tee)(in, out, len, flags);
+}
+
+EXPORT ssize_t vmsplice(int fd, const struct iovec *iov, size_t n, unsigned int flags) {
+	if (stream_out(fd)) {
+		errno = EINVAL;
+		return -1;
+	}
+	return REAL(vmsplice)(fd, iov, n, flags);
 }
 
 // ---- readiness -----------------------------------------------------------

@@ -159,6 +159,10 @@ func repost(id uint64) error {
 // the program's descriptor, and its UD QP, whose peers address it as
 // socketshim.ShimQPN (Socket.Alias).
 type sock struct {
+	// stream is set for a TCP socket (stream.go); the fields below are
+	// a datagram socket's.
+	stream *stream
+
 	s    *qp.Socket
 	q    *qp.QP
 	rcq  *qp.CQ
@@ -264,6 +268,14 @@ func udw_adopt(fd C.int, pending *C.int) C.longlong {
 		s.close()
 		return errno(err)
 	}
+	h := install(s)
+	adopted.Add(1)
+	live.Add(1)
+	return h
+}
+
+// install puts s in the handle table and returns its handle.
+func install(s *sock) C.longlong {
 	tabMu.Lock()
 	var i int
 	if k := len(free); k > 0 {
@@ -278,8 +290,6 @@ func udw_adopt(fd C.int, pending *C.int) C.longlong {
 	h := handleOf(i, gens[i])
 	tab[i].Store(s)
 	tabMu.Unlock()
-	adopted.Add(1)
-	live.Add(1)
 	return h
 }
 
@@ -386,7 +396,7 @@ var gather = sync.Pool{New: func() any { return new([1 << 16]byte) }}
 //export udw_send
 func udw_send(h C.longlong, iov unsafe.Pointer, iovcnt C.int, to unsafe.Pointer, tolen C.int) C.longlong {
 	s := lookup(h)
-	if s == nil {
+	if s == nil || s.stream != nil {
 		return -C.longlong(unix.EBADF)
 	}
 	ap, ok := parseSockaddr(to, tolen)
@@ -496,7 +506,11 @@ func (s *sock) next() *qp.WorkCompletion {
 // Under rmu, or with the CQ's only other writer (send's Progress) done.
 func (s *sock) note() {
 	v := int32(0)
-	if s.held != nil || s.rcq.Pending() > 0 {
+	if st := s.stream; st != nil {
+		if st.have || st.rcq.Pending() > 0 || st.broken || st.rdShut || st.q.PeerClosed() {
+			v = 1
+		}
+	} else if s.held != nil || s.rcq.Pending() > 0 {
 		v = 1
 	}
 	if s.pending != nil {
@@ -516,6 +530,16 @@ func udw_ready(h C.longlong) C.int {
 	s := lookup(h)
 	if s == nil {
 		return 1 // the receive will say what is wrong
+	}
+	if st := s.stream; st != nil {
+		st.rmu.Lock()
+		defer st.rmu.Unlock()
+		r := st.ready()
+		s.note()
+		if r {
+			return 1
+		}
+		return 0
 	}
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
@@ -539,6 +563,20 @@ func udw_recv(h C.longlong, iov unsafe.Pointer, iovcnt C.int, from unsafe.Pointe
 	s := lookup(h)
 	if s == nil {
 		return -C.longlong(unix.EBADF)
+	}
+	if st := s.stream; st != nil {
+		st.rmu.Lock()
+		defer st.rmu.Unlock()
+		defer s.note()
+		if fromlen != nil {
+			*fromlen = 0 // a connected stream names no source
+		}
+		vs := iovecs(iov, iovcnt)
+		r := st.recv(vs, int(flags))
+		for end := time.Now().Add(time.Duration(spin)); r == -C.longlong(unix.EAGAIN) && spin > 0 && time.Now().Before(end); {
+			r = st.recv(vs, int(flags))
+		}
+		return r
 	}
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
@@ -590,6 +628,12 @@ func udw_next_len(h C.longlong) C.longlong {
 	if s == nil {
 		return -C.longlong(unix.EBADF)
 	}
+	if st := s.stream; st != nil {
+		st.rmu.Lock()
+		defer st.rmu.Unlock()
+		defer s.note()
+		return C.longlong(st.available())
+	}
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
 	defer s.note()
@@ -612,7 +656,7 @@ func udw_next_len(h C.longlong) C.longlong {
 //export udw_group
 func udw_group(h C.longlong, join C.int, v6 C.int, opt unsafe.Pointer, optlen C.int) C.longlong {
 	s := lookup(h)
-	if s == nil {
+	if s == nil || s.stream != nil {
 		return -C.longlong(unix.EBADF)
 	}
 	b := unsafe.Slice((*byte)(opt), max(int(optlen), 0))
@@ -699,6 +743,21 @@ func udw_close(h C.longlong) C.int {
 	}
 	free = append(free, int32(i))
 	tabMu.Unlock()
+	if st := s.stream; st != nil {
+		st.wmu.Lock()
+		if !st.drain(time.Now().Add(streamWait)) {
+			streamDropped.Add(1)
+		}
+		st.rmu.Lock()
+		st.release()
+		st.rmu.Unlock()
+		st.wmu.Unlock()
+		streamsLive.Add(^uint64(0))
+		if statsPath != "" {
+			writeStats()
+		}
+		return 0
+	}
 	s.close()
 	live.Add(^uint64(0))
 	if statsPath != "" {
@@ -741,6 +800,13 @@ func udw_setfd(h C.longlong, fd C.int) C.int {
 	if s == nil {
 		return -C.int(unix.EBADF)
 	}
+	if st := s.stream; st != nil {
+		if err := st.q.SetFD(int(fd)); err != nil {
+			return C.int(errno(err))
+		}
+		st.fd = int(fd)
+		return 0
+	}
 	if err := s.s.SetFD(int(fd)); err != nil {
 		return C.int(errno(err))
 	}
@@ -782,6 +848,18 @@ type Stats struct {
 	PoolFree  int    `json:"pool_free"`
 	NoRecv    uint64 `json:"dropped_no_receive"`
 	Overdraft uint64 `json:"dropped_overdraft"`
+	// Streams counts the TCP sockets run over RC (UDIWARP_PRELOAD_TCP=rc),
+	// StreamsLive those open now; StreamsPlain, accepted connections
+	// from plain TCP peers, left to the kernel; StreamsRefused, MPA
+	// exchanges that failed; StreamsDropped, closes or shutdowns that
+	// gave up on output TCP would not take in time.
+	Streams        uint64 `json:"streams"`
+	StreamsLive    uint64 `json:"streams_live"`
+	StreamsPlain   uint64 `json:"streams_plain"`
+	StreamsRefused uint64 `json:"streams_refused"`
+	StreamsDropped uint64 `json:"streams_dropped"`
+	StreamSent     uint64 `json:"stream_sent_bytes"`
+	StreamReceived uint64 `json:"stream_received_bytes"`
 	// Device is every counter of the device (qp.Stats) that is not zero.
 	Device map[string]uint64 `json:"device,omitempty"`
 }
@@ -807,7 +885,9 @@ func writeStats() {
 	statsMu.Lock()
 	defer statsMu.Unlock()
 	st := Stats{PID: os.Getpid(), QP: strings.ToLower(engine.typ.String()), Sockets: adopted.Load(), Live: live.Load(), Sent: sent.Load(), Received: received.Load(),
-		SentBytes: sentBytes.Load(), ReceivedBytes: receivedBytes.Load(), Pool: engine.small + engine.n}
+		SentBytes: sentBytes.Load(), ReceivedBytes: receivedBytes.Load(), Pool: engine.small + engine.n,
+		Streams: streams.Load(), StreamsLive: streamsLive.Load(), StreamsPlain: streamsPlain.Load(), StreamsRefused: streamsRefused.Load(),
+		StreamsDropped: streamDropped.Load(), StreamSent: streamSent.Load(), StreamReceived: streamReceived.Load()}
 	if engine.dev != nil {
 		ds := engine.dev.Stats()
 		st.DeviceTx, st.DeviceRx = ds.TxDatagrams.Load(), ds.RxDelivered.Load()

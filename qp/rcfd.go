@@ -1,0 +1,252 @@
+package qp
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// RC on the caller's descriptor: the sockets preload runs a program's
+// own TCP socket as an RC QP, so that the socket stays the program's
+// (one descriptor, its options, its readiness) and nothing reads it
+// behind the program's back. ConnectFD and AcceptFD run MPA's exchange
+// on the descriptor and attach it; the caller then drives the receive
+// side with Progress (when the descriptor is readable, or after a
+// PostRecv that a waiting Send needs) and closes the descriptor itself.
+// What TCP cannot take at once is sent by the device's poller, which
+// waits on the descriptor only while it holds such output.
+
+// ErrNotMPA is AcceptFD's error when the peer's first bytes are not an
+// MPA Request: nothing was read from the descriptor (the caller may go
+// on with it as a plain TCP stream), and q is unchanged.
+var ErrNotMPA = errors.New("qp: the peer's first bytes are not an MPA Request")
+
+// mpaRequestKey begins every MPA Request (RFC 5044 §7.1).
+const mpaRequestKey = "MPA ID Req Frame"
+
+// ConnectFD runs the initiator's side of MPA's exchange on fd, a
+// connected TCP socket the caller keeps, and attaches it to q, an RC QP
+// in INIT, which moves to RTS. It waits (in poll, whatever fd's blocking
+// mode) at most cfg.Timeout. It returns the peer's private data.
+func (q *QP) ConnectFD(fd int, cfg RCConfig) ([]byte, error) {
+	if err := q.checkFD(&cfg); err != nil {
+		return nil, err
+	}
+	s := fdStream{fd: fd, deadline: time.Now().Add(cfg.Timeout)}
+	neg, pd, early, err := initiate(s, &cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := q.attachRC(nil, fd, neg, cfg, early, true); err != nil {
+		return nil, err
+	}
+	return pd, nil
+}
+
+// AcceptFD runs the responder's side of MPA's exchange on fd, a TCP
+// socket the caller accepted and keeps: it waits at most cfg.Timeout for
+// the peer's MPA Request, answers it with a Reply carrying cfg's private
+// data, and attaches fd to q, an RC QP in INIT, which moves to RTS. It
+// returns the initiator's private data. When the peer's first bytes are
+// not an MPA Request, it returns ErrNotMPA having read nothing.
+func (q *QP) AcceptFD(fd int, cfg RCConfig) ([]byte, error) {
+	if err := q.checkFD(&cfg); err != nil {
+		return nil, err
+	}
+	s := fdStream{fd: fd, deadline: time.Now().Add(cfg.Timeout)}
+	if err := s.peekKey(); err != nil {
+		return nil, err
+	}
+	req, early, err := readMPAFrame(s)
+	if err != nil {
+		return nil, err
+	}
+	if req.Reply() {
+		return nil, fmt.Errorf("%w: an MPA Reply where a Request was due", ErrNotMPA)
+	}
+	neg, err := respond(s, req, &cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := q.attachRC(nil, fd, neg, cfg, early, false); err != nil {
+		return nil, err
+	}
+	return append([]byte(nil), req.PrivateData()...), nil
+}
+
+func (q *QP) checkFD(cfg *RCConfig) error {
+	if q.typ != RC {
+		return fmt.Errorf("%w: an RC connection on a %v QP", ErrInvalidAttr, q.typ)
+	}
+	if err := cfg.fill(); err != nil {
+		return err
+	}
+	if cfg.CompleteOnAck {
+		return fmt.Errorf("%w: CompleteOnAck needs the device's poller to read the connection; a descriptor's is read by Progress", ErrInvalidAttr)
+	}
+	if st := q.State(); st != StateInit {
+		return fmt.Errorf("%w: an RC connection on a QP in %v (want INIT)", ErrQPState, st)
+	}
+	return nil
+}
+
+// Progress handles what an RC QP's descriptor holds (ConnectFD,
+// AcceptFD): it reads the socket without waiting, places and completes
+// every whole message, and retries a Send that waited for a receive
+// (WaitForRecv); then it sends what the socket could not take before.
+// On a QP the device reads itself it only does the sending.
+func (q *QP) Progress() {
+	c := q.rc.Load()
+	if c == nil {
+		return
+	}
+	if c.manual {
+		c.onReadable()
+	}
+	c.mu.Lock()
+	c.pumpLocked()
+	c.completeLocked()
+	dead := c.dead && len(c.rest) == 0
+	c.mu.Unlock()
+	if dead {
+		c.shutdown()
+	}
+}
+
+// PeerClosed reports whether the peer of an RC QP on the caller's
+// descriptor has closed its sending side (TCP's FIN came): nothing more
+// will arrive, and everything before it has been handled. Sending goes
+// on until the caller shuts the descriptor down.
+func (q *QP) PeerClosed() bool {
+	c := q.rc.Load()
+	return c != nil && c.eof.Load()
+}
+
+// SendQueued reports whether an RC QP holds output back: FPDUs TCP has
+// not taken yet (the socket's buffer is full), which the device's poller
+// sends as room comes.
+func (q *QP) SendQueued() bool {
+	c := q.rc.Load()
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.dead && (len(c.rest) > 0 || len(c.queue) > 0)
+}
+
+// fdStream reads and writes a TCP socket the caller owns, in whatever
+// blocking mode it is, waiting in poll until deadline: MPA's exchange.
+type fdStream struct {
+	fd       int
+	deadline time.Time
+}
+
+func (s fdStream) wait(events int16) error {
+	for {
+		left := time.Until(s.deadline)
+		if left <= 0 {
+			return os.ErrDeadlineExceeded
+		}
+		p := []unix.PollFd{{Fd: int32(s.fd), Events: events}}
+		_, err := unix.Poll(p, int(left/time.Millisecond)+1)
+		if err == unix.EINTR {
+			continue
+		}
+		return err
+	}
+}
+
+func (s fdStream) Read(b []byte) (int, error) {
+	for {
+		n, _, err := unix.Recvfrom(s.fd, b, unix.MSG_DONTWAIT)
+		switch {
+		case err == unix.EAGAIN:
+			if err := s.wait(unix.POLLIN); err != nil {
+				return 0, err
+			}
+			continue
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return 0, err
+		case n == 0 && len(b) > 0:
+			return 0, io.EOF
+		}
+		return n, nil
+	}
+}
+
+func (s fdStream) Write(b []byte) (int, error) {
+	done := 0
+	for done < len(b) {
+		n, err := unix.SendmsgN(s.fd, b[done:], nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+		switch {
+		case err == unix.EAGAIN:
+			if err := s.wait(unix.POLLOUT); err != nil {
+				return done, err
+			}
+			continue
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return done, err
+		}
+		done += n
+	}
+	return done, nil
+}
+
+// peekKey waits for the first 16 bytes of the stream and checks that
+// they begin an MPA Request, reading nothing (MSG_PEEK).
+func (s fdStream) peekKey() error {
+	var key [len(mpaRequestKey)]byte
+	for {
+		n, _, err := unix.Recvfrom(s.fd, key[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		switch {
+		case err == unix.EAGAIN:
+			if err := s.wait(unix.POLLIN); err != nil {
+				return err
+			}
+			continue
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return err
+		case n == 0:
+			return io.EOF
+		}
+		if string(key[:n]) != mpaRequestKey[:n] {
+			return ErrNotMPA
+		}
+		if n == len(key) {
+			return nil
+		}
+		// Part of the key: poll would report the socket readable at once,
+		// so wait a little for the rest.
+		if time.Now().After(s.deadline) {
+			return os.ErrDeadlineExceeded
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+}
+
+// SetFD moves an RC QP on the caller's descriptor to fd, another
+// descriptor of the same socket (the caller duplicated it and is about
+// to close the one the QP used).
+func (q *QP) SetFD(fd int) error {
+	c := q.rc.Load()
+	if c == nil || !c.manual {
+		return fmt.Errorf("%w: SetFD on a QP that is not an RC connection on the caller's descriptor", ErrInvalidAttr)
+	}
+	c.rxMu.Lock() // the receive side takes mu under rxMu: this order
+	c.mu.Lock()
+	c.q.dev.rc.move(c, fd)
+	c.mu.Unlock()
+	c.rxMu.Unlock()
+	return nil
+}
