@@ -432,6 +432,10 @@ func (q *QP) attachRC(tc *net.TCPConn, fd int, neg rcNegotiated, cfg RCConfig, e
 			return err
 		}
 		tc.SetNoDelay(true)
+	} else {
+		// An FPDU is a message: Nagle would hold a small one back until
+		// the last is acknowledged (a delayed ACK later), as for qp's own.
+		unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 	}
 	mss := 1460
 	if v, err := unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_MAXSEG); err == nil && v > 0 {

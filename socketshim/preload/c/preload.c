@@ -124,6 +124,11 @@ static long long (*e_next_len)(long long);
 static int (*e_close)(long long);
 static int (*e_setfd)(long long, int);
 static void (*e_exit)(void);
+static void (*e_counter)(int *);
+// holding counts the owned sockets whose pending flag is set (the engine
+// keeps it, as it sets and clears the flags): a wait that finds it 0
+// does not look at every descriptor for data the engine holds.
+static int holding;
 static long long (*e_group)(long long, int, int, const void *, int);
 static long long (*e_stream_open)(int, int, int *);
 static long long (*e_stream_send)(long long, void *, int, long long);
@@ -281,6 +286,8 @@ static void load(void) {
 	e_stream_open = dlsym(h, "udw_stream_open");
 	e_stream_send = dlsym(h, "udw_stream_send");
 	e_shutdown = dlsym(h, "udw_shutdown");
+	e_counter = dlsym(h, "udw_pending_counter");
+	if (e_counter) e_counter(&holding);
 	if (!e_stream_open || !e_stream_send || !e_shutdown) tcp_rc = 0;
 	if (!e_init || !e_adopt || !e_send || !e_recv || !e_next_len || !e_close || !e_exit || !e_group || !e_setfd || !e_ready || e_init() != 0) {
 		warn("the engine is incomplete; using the kernel");
@@ -1441,6 +1448,17 @@ EXPORT int pselect(int nfds, fd_set *rs, fd_set *ws, fd_set *es, const struct ti
 // matched in the last only; in the other it is reported as the kernel
 // reports it.
 
+// hint maps an event's data to the descriptor it was last seen with
+// (a direct-mapped cache, checked against the registration): programs
+// that store an index or a pointer there (SIPp) would otherwise cost a
+// walk of every descriptor per event.
+static atomic_int hint[MAXFD];
+
+static unsigned hint_slot(int epfd, uint64_t data) {
+	uint64_t x = (data ^ ((uint64_t)epfd << 32)) * 0x9E3779B97F4A7C15ULL;
+	return (unsigned)(x >> 48) % MAXFD;
+}
+
 EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev) {
 	int r = REAL(epoll_ctl)(epfd, op, fd, ev);
 	if (r != 0 || (unsigned)fd >= MAXFD || (unsigned)epfd >= MAXFD || !lookup(fd)) return r;
@@ -1451,6 +1469,7 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev) {
 		reg_ev[fd] = ev->events;
 		atomic_store(&reg_ep[fd], epfd + 1);
 		atomic_store(&ep_owned[epfd], 1);
+		atomic_store(&hint[hint_slot(epfd, ev->data.u64)], fd + 1);
 	}
 	return r;
 }
@@ -1458,9 +1477,15 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev) {
 static int event_fd(int epfd, uint64_t data) {
 	int c = (int)(uint32_t)data;
 	if (c >= 0 && c < MAXFD && atomic_load(&reg_ep[c]) == epfd + 1 && reg_data[c] == data) return c;
+	unsigned slot = hint_slot(epfd, data);
+	c = atomic_load(&hint[slot]) - 1;
+	if (c >= 0 && atomic_load(&reg_ep[c]) == epfd + 1 && reg_data[c] == data) return c;
 	int m = atomic_load(&maxfd);
 	for (int fd = 0; fd <= m && fd < MAXFD; fd++)
-		if (atomic_load(&reg_ep[fd]) == epfd + 1 && reg_data[fd] == data) return fd;
+		if (atomic_load(&reg_ep[fd]) == epfd + 1 && reg_data[fd] == data) {
+			atomic_store(&hint[slot], fd + 1);
+			return fd;
+		}
 	return -1;
 }
 
@@ -1470,7 +1495,7 @@ static int uepoll(int epfd, struct epoll_event *evs, int max, int timeout, const
 	long long dl = timeout < 0 ? -1 : now_ns() + (long long)timeout * 1000000LL;
 	for (;;) {
 		// What the engine holds first: the kernel no longer shows it.
-		int k = 0, m = atomic_load(&maxfd);
+		int k = 0, m = __atomic_load_n(&holding, __ATOMIC_ACQUIRE) || !e_counter ? atomic_load(&maxfd) : -1;
 		for (int fd = 0; fd <= m && fd < MAXFD && k < max; fd++) {
 			long long h;
 			struct usock *u;

@@ -513,8 +513,22 @@ func (s *sock) note() {
 	} else if s.held != nil || s.rcq.Pending() > 0 {
 		v = 1
 	}
-	if s.pending != nil {
-		atomic.StoreInt32(s.pending, v)
+	s.setPending(v)
+}
+
+// holding is the C side's count of sockets whose pending flag is set
+// (udw_pending_counter), kept as the flags change, so that a wait with
+// none set skips looking at each.
+var holding *int32
+
+// setPending publishes v in the socket's pending flag and keeps the
+// count of those set.
+func (s *sock) setPending(v int32) {
+	if s.pending == nil {
+		return
+	}
+	if old := atomic.SwapInt32(s.pending, v); old != v && holding != nil {
+		atomic.AddInt32(holding, v-old)
 	}
 }
 
@@ -729,12 +743,21 @@ func interfaceOf(a netip.Addr) *net.Interface {
 	return nil
 }
 
+// udw_pending_counter gives the engine the C side's count of sockets
+// whose pending flag is set, which it keeps from then on.
+//
+//export udw_pending_counter
+func udw_pending_counter(p *C.int) {
+	holding = (*int32)(unsafe.Pointer(p))
+}
+
 //export udw_close
 func udw_close(h C.longlong) C.int {
 	s := lookup(h)
 	if s == nil {
 		return -C.int(unix.EBADF)
 	}
+	defer s.setPending(0) // a closed socket holds nothing for the program
 	i := int(int64(h)&0xffffffff) - 1
 	tabMu.Lock()
 	if !tab[i].CompareAndSwap(s, nil) {
