@@ -142,6 +142,46 @@ func TestTCPPlainPeers(t *testing.T) {
 	})
 }
 
+// A client that connects and says nothing (a plain TCP client waiting for
+// the server to speak, or an attacker's half-open flood) does not hold a
+// preloaded server's accept: the stream is decided by its first bytes,
+// when the server first reads or writes it. With the exchange's wait at
+// 20 s, a preloaded client accepted after a silent one is served at once,
+// and the silent one, speaking later, is echoed over the kernel.
+func TestTCPSilentClient(t *testing.T) {
+	dir := built(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	env := append([]string{"UDIWARP_PRELOAD_TCP_WAIT=20000"}, rcEnv...)
+	port := freePort(t)
+	srv := startEnv(t, ctx, dir, true, env, filepath.Join(dir, "tcpcheck"), "serve2", strconv.Itoa(port))
+	waitTCP(t, port, srv)
+	silent, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	cctx, ccancel := context.WithTimeout(ctx, 10*time.Second) // far below the 20 s a waiting accept would take
+	defer ccancel()
+	cli := startEnv(t, cctx, dir, true, env, filepath.Join(dir, "tcpcheck"), "client", strconv.Itoa(port))
+	if out := cli.wait(t); !strings.Contains(out, "ok client") {
+		t.Fatalf("client: %q", out)
+	}
+	if _, err := silent.Write([]byte("plain, at last")); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 14)
+	silent.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(silent, got); err != nil || string(got) != "plain, at last" {
+		t.Fatalf("the silent client's echo: %q, %v", got, err)
+	}
+	silent.Close()
+	srv.wait(t)
+	if st := srv.readStats(t); st.Streams != 1 || st.StreamsPlain != 1 {
+		t.Errorf("server engine %+v: want one stream over RC and one plain", st)
+	}
+}
+
 // iperf3 over TCP, unmodified, both ends preloaded: its control
 // connection and its data streams (two at once, then reversed) are RC
 // QPs, and the bytes iperf3 counts are the bytes the engines carried.

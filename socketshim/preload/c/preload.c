@@ -133,8 +133,14 @@ static long long (*e_group)(long long, int, int, const void *, int);
 static long long (*e_stream_open)(int, int, int *);
 static long long (*e_stream_send)(long long, void *, int, long long);
 static int (*e_shutdown)(long long, int);
+static void (*e_stream_plain)(void);
 // UDIWARP_PRELOAD_TCP=rc: TCP sockets too, over RC.
 static int tcp_rc;
+// first_wait_ns: how long a write to an accepted stream whose peer has
+// not spoken waits for its first bytes (a preloaded peer's MPA Request
+// follows its connect at once; a plain one may wait for us to speak):
+// UDIWARP_PRELOAD_TCP_WAIT, at most 1 s.
+static long long first_wait_ns = 1000000000LL;
 
 
 // ---- descriptors -----------------------------------------------------------
@@ -166,6 +172,11 @@ struct usock {
 	// which only the parent's engine can carry.
 	int stream;
 	atomic_int dead, forked;
+	// undecided: an accepted stream whose peer has not spoken yet. Its
+	// first bytes say what it is (an MPA Request: RC; anything else: the
+	// kernel's), and they are looked at when the program first reads,
+	// writes or shuts it down, so that accept never waits on a peer.
+	atomic_int undecided;
 	// pending is set by the engine (atomically, in this memory): 1 while
 	// datagrams for the program wait in it, which the kernel's readiness
 	// of the descriptor does not show (see "readiness").
@@ -286,6 +297,7 @@ static void load(void) {
 	e_stream_open = dlsym(h, "udw_stream_open");
 	e_stream_send = dlsym(h, "udw_stream_send");
 	e_shutdown = dlsym(h, "udw_shutdown");
+	e_stream_plain = dlsym(h, "udw_stream_plain");
 	e_counter = dlsym(h, "udw_pending_counter");
 	if (e_counter) e_counter(&holding);
 	if (!e_stream_open || !e_stream_send || !e_shutdown) tcp_rc = 0;
@@ -346,6 +358,8 @@ __attribute__((constructor)) static void init(void) {
 	resolve();
 	const char *t = getenv("UDIWARP_PRELOAD_TCP");
 	tcp_rc = t && !strcmp(t, "rc");
+	const char *w = getenv("UDIWARP_PRELOAD_TCP_WAIT");
+	if (w && atoll(w) > 0 && atoll(w) < 1000) first_wait_ns = atoll(w) * 1000000LL;
 	pthread_atfork(NULL, NULL, atfork_child);
 }
 
@@ -1015,66 +1029,83 @@ static int sconnect(struct usock *u, int fd, const struct sockaddr *addr, sockle
 	return -1;
 }
 
-// mpa_request reports whether the first bytes waiting on fd (within
-// wait_ns) begin an MPA Request: a forked child's check, with no engine.
-static int mpa_request(int fd, long long wait_ns) {
+// first_bytes says what waits first on an accepted stream: 1 an MPA
+// Request's key, 0 anything else (or the end, or an error: the kernel's
+// to report), -1 nothing yet, -2 part of the key.
+static int first_bytes(int fd) {
 	static const char key[] = "MPA ID Req Frame";
 	char b[16];
-	long long dl = now_ns() + wait_ns;
-	for (;;) {
-		ssize_t n = REAL(recvfrom)(fd, b, sizeof b, MSG_PEEK | MSG_DONTWAIT, NULL, NULL);
-		if (n > 0) return memcmp(b, key, (size_t)n) == 0;
-		if (n == 0 || (errno != EAGAIN && errno != EINTR)) return 0;
-		if (pollwait(fd, POLLIN, dl) == 0) return 0;
+	ssize_t n = REAL(recvfrom)(fd, b, sizeof b, MSG_PEEK | MSG_DONTWAIT, NULL, NULL);
+	if (n < 0) return errno == EAGAIN || errno == EINTR ? -1 : 0;
+	if (n == 0 || memcmp(b, key, (size_t)n) != 0) return 0;
+	return n == 16 ? 1 : -2;
+}
+
+// decide settles an undecided accepted stream by its first bytes, waiting
+// for them at most wait_ns: RC when they are an MPA Request (the engine
+// runs the responder's side), the kernel's when they are anything else or
+// do not come in time (a plain client that waits for us to speak). It
+// returns -1 when, not waiting, nothing has come yet; 0 once settled.
+// In a forked child, with no engine, an MPA Request makes the stream one
+// the child cannot carry.
+static int decide(struct usock *u, int fd, long long wait_ns) {
+	if (!atomic_load(&u->undecided)) return 0;
+	pthread_mutex_lock(&u->mu);
+	int r = 0;
+	if (atomic_load(&u->undecided)) {
+		long long dl = now_ns() + wait_ns;
+		int k;
+		while ((k = first_bytes(fd)) < 0 && (k == -2 || wait_ns > 0) && now_ns() < dl + (k == -2 ? 50000000LL : 0)) {
+			if (k == -2) usleep(100); // poll would say readable at once
+			else if (pollwait(fd, POLLIN, dl) == 0) break;
+		}
+		if (k < 0 && wait_ns == 0) {
+			r = -1;
+		} else if (k == 1 && atomic_load(&estate) == E_CHILD) {
+			atomic_store(&u->forked, 1);
+		} else if (k == 1) {
+			long long h = atomic_load(&estate) == E_READY ? e_stream_open(fd, 0, &u->pending) : -EIO;
+			if (h > 0) {
+				adopt_stream(u, fd, h);
+			} else if (h == -ENOTCONN) {
+				atomic_store(&u->kmode, 1);
+			} else {
+				atomic_store(&u->dead, 1); // it spoke MPA: never plain bytes now
+				REAL(shutdown)(fd, SHUT_RDWR);
+			}
+		} else {
+			atomic_store(&u->kmode, 1);
+			if (atomic_load(&estate) == E_READY && e_stream_plain) e_stream_plain();
+		}
+		if (r == 0) atomic_store(&u->undecided, 0);
 	}
+	pthread_mutex_unlock(&u->mu);
+	return r;
 }
 
 static int uaccept(int fd, struct sockaddr *a, socklen_t *l, int flags, int four) {
 	struct usock *u = lookup(fd);
-	for (;;) {
-		int c = four ? REAL(accept4)(fd, a, l, flags) : REAL(accept)(fd, a, l);
-		if (c < 0 || c >= MAXFD || !u || !u->stream) return c;
-		if (atomic_load(&estate) == E_CHILD) {
-			// No engine here: a preloaded peer cannot be served, and must
-			// not be answered by the kernel either.
-			if (!mpa_request(c, 1000000000LL)) return c;
-			warn("a forked child accepted an RC stream it cannot carry (only the parent's engine can); closing it");
-			REAL(close)(c);
-		} else if (atomic_load(&estate) != E_READY || !e_stream_open || atomic_load(&u->kmode)) {
-			return c;
-		} else {
-			struct usock *n = calloc(1, sizeof *n);
-			if (!n) return c;
-			n->family = u->family;
-			n->stream = 1;
-			atomic_store(&n->engfd, -1);
-			atomic_store(&n->nonblock, (flags & SOCK_NONBLOCK) != 0);
-			atomic_store(&n->fds, 1);
-			pthread_mutex_init(&n->mu, NULL);
-			atomic_store(&cloexec_view[c], (flags & SOCK_CLOEXEC) != 0);
-			long long h = e_stream_open(c, 0, &n->pending);
-			if (h == -ENOTCONN) { // a plain TCP client: the kernel's, unread
-				atomic_store(&n->kmode, 1);
-				seen(c);
-				atomic_store(&owned[c], n);
-				return c;
-			}
-			if (h > 0) {
-				seen(c);
-				atomic_store(&owned[c], n);
-				adopt_stream(n, c, h);
-				return c;
-			}
-			pthread_mutex_destroy(&n->mu);
-			free(n);
-			REAL(close)(c);
-		}
-		if (atomic_load(&u->nonblock)) {
-			errno = ECONNABORTED; // accept(2)'s word for a connection gone before it was taken
-			return -1;
-		}
-		// A blocking accept waits for the next connection.
-	}
+	int c = four ? REAL(accept4)(fd, a, l, flags) : REAL(accept)(fd, a, l);
+	if (c < 0 || c >= MAXFD || !u || !u->stream || atomic_load(&u->kmode)) return c;
+	int st = atomic_load(&estate);
+	// A forked child has no engine, but an MPA Request it accepts must
+	// not be answered by the kernel either: its streams are decided too.
+	if ((st != E_READY || !e_stream_open) && st != E_CHILD) return c;
+	struct usock *n = calloc(1, sizeof *n);
+	if (!n) return c;
+	n->family = u->family;
+	n->stream = 1;
+	atomic_store(&n->engfd, -1);
+	atomic_store(&n->nonblock, (flags & SOCK_NONBLOCK) != 0);
+	atomic_store(&n->fds, 1);
+	atomic_store(&n->kmode, st == E_CHILD);
+	pthread_mutex_init(&n->mu, NULL);
+	atomic_store(&cloexec_view[c], (flags & SOCK_CLOEXEC) != 0);
+	atomic_store(&n->undecided, 1);
+	seen(c);
+	atomic_store(&owned[c], n);
+	if (st == E_READY) decide(n, c, 0); // the peer's MPA Request is often there already
+	return c;
 }
 
 EXPORT int accept(int fd, struct sockaddr *a, socklen_t *l) { return uaccept(fd, a, l, 0, 0); }
@@ -1122,6 +1153,19 @@ static size_t iov_total(const struct msghdr *m) {
 }
 
 static ssize_t srecv(struct usock *u, int fd, struct msghdr *m, int flags) {
+	if (atomic_load(&u->undecided)) {
+		// Nothing from the peer yet: what a kernel receive would do
+		// (EAGAIN, or wait), deciding as soon as its first bytes come.
+		int nb = atomic_load(&u->nonblock) || (flags & MSG_DONTWAIT);
+		long long dl = deadline_of(u->rcvtimeo);
+		while (decide(u, fd, 0) < 0) {
+			int w = nb ? 0 : pollwait(fd, POLLIN, dl);
+			if (w <= 0) {
+				errno = w < 0 ? EINTR : EAGAIN;
+				return -1;
+			}
+		}
+	}
 	if (gone(u, 0, flags)) return -1;
 	long long h = atomic_load(&u->h);
 	if (h <= 0 || atomic_load(&u->kmode)) return krecv(fd, m, flags);
@@ -1169,6 +1213,7 @@ static ssize_t srecv(struct usock *u, int fd, struct msghdr *m, int flags) {
 }
 
 static ssize_t ssend(struct usock *u, int fd, const struct msghdr *m, int flags) {
+	decide(u, fd, first_wait_ns); // a write before the peer spoke: wait a little for it
 	if (gone(u, 1, flags)) return -1;
 	long long h = atomic_load(&u->h);
 	if (h <= 0 || atomic_load(&u->kmode)) return ksend(fd, m, flags);
@@ -1210,6 +1255,10 @@ static ssize_t ssend(struct usock *u, int fd, const struct msghdr *m, int flags)
 
 EXPORT int shutdown(int fd, int how) {
 	struct usock *u = lookup(fd);
+	if (u && u->stream && decide(u, fd, 0) < 0) { // shut before the peer spoke: the kernel's
+		atomic_store(&u->kmode, 1);
+		atomic_store(&u->undecided, 0);
+	}
 	if (u && u->stream && !atomic_load(&u->kmode) && atomic_load(&u->h) > 0 && (how == SHUT_RD || how == SHUT_WR || how == SHUT_RDWR))
 		e_shutdown(atomic_load(&u->h), how); // what the engine holds goes before the FIN
 	return REAL(shutdown)(fd, how);

@@ -407,6 +407,12 @@ func udw_stream_open(fd C.int, initiator C.int, pending *C.int) C.longlong {
 	return h
 }
 
+// udw_stream_plain counts an accepted connection the C side left to the
+// kernel: its peer's first bytes were no MPA Request (a plain TCP client).
+//
+//export udw_stream_plain
+func udw_stream_plain() { streamsPlain.Add(1) }
+
 // udw_stream_send writes the iovecs' bytes from skip on: the count the
 // engine took (at least one, unless the iovecs are empty), -EAGAIN when
 // it could take none (the C side waits for the descriptor to be

@@ -501,6 +501,47 @@ static void mode_echo(int port) {
 	close(lfd);
 }
 
+// ---- serve2 <port>: two connections, each echoed to its end in a thread
+// of its own; accept must not wait on a client that has not spoken.
+
+static void *echo_conn(void *p) {
+	int c = (int)(intptr_t)p;
+	char b[4096];
+	for (;;) {
+		ssize_t r = read(c, b, sizeof b);
+		if (r < 0) FAIL("read");
+		if (r == 0) break;
+		writeall(c, b, (size_t)r);
+	}
+	close(c);
+	return NULL;
+}
+
+static void mode_serve2(int port) {
+	int lfd = listener(&port);
+	printf("listening\n");
+	fflush(stdout);
+	pthread_t t[2];
+	for (int i = 0; i < 2; i++) {
+		int c = accept(lfd, NULL, NULL);
+		if (c < 0) FAIL("accept");
+		pthread_create(&t[i], NULL, echo_conn, (void *)(intptr_t)c);
+	}
+	for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+	close(lfd);
+}
+
+// ---- client <port>: one echoed message.
+
+static void mode_client(int port) {
+	int c = dial(port);
+	writeall(c, "ping", 4);
+	char b[4];
+	readall(c, b, 4);
+	if (memcmp(b, "ping", 4)) FAIL("echo");
+	close(c);
+}
+
 int main(int argc, char **argv) {
 	self = argv[0];
 	if (argc < 2) FAIL("usage: tcpcheck MODE");
@@ -519,6 +560,8 @@ int main(int argc, char **argv) {
 	else if (!strcmp(m, "closeall")) mode_closeall();
 	else if (!strcmp(m, "refused") && argc == 3) mode_refused(atoi(argv[2]));
 	else if (!strcmp(m, "echo") && argc == 3) mode_echo(atoi(argv[2]));
+	else if (!strcmp(m, "serve2") && argc == 3) mode_serve2(atoi(argv[2]));
+	else if (!strcmp(m, "client") && argc == 3) mode_client(atoi(argv[2]));
 	else FAIL("unknown mode %s", m);
 	printf("ok %s\n", m);
 	return 0;
