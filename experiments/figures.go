@@ -187,10 +187,12 @@ func figures(quick bool) []*figure {
 				"millisecond, and SIPp's own response-time statistic (INVITE to 200 OK) counts whole milliseconds: the response " +
 				"time here is each call's BYE to its 200 OK, at µs, from SIPp's own message trace, which over TCP does not log the " +
 				"INVITE. The clients open at 1,000 calls a second and hang up at that rate, so this is not the seed's light load. " +
-				"There is no RC mode in the preload yet (it carries UDP sockets only), so SIPp over kernel TCP (-t tn) stands in " +
-				"for RC-iWARP. The preload runs each socket over a UD or RD QP on the program's own kernel socket, so its memory " +
-				"is the kernel's socket plus the engine's (about 10 KiB a socket): the seed's datagram-iWARP replaced the socket " +
-				"stack, ours sits on top of it.",
+				"The seed's own comparison, datagram-iWARP against RC-iWARP through the same socket interface, is preload-ud " +
+				"(and -rd) against preload-rc, SIPp's TCP over RC QPs (UDIWARP_PRELOAD_TCP=rc); kernel TCP is the plain baseline. " +
+				"The preload runs each socket over a QP on the program's own kernel socket, so its memory is the kernel's socket " +
+				"plus the engine's (about 10 KiB a UDP socket, about 30 KiB an RC connection with its receives): the seed's " +
+				"datagram-iWARP replaced the socket stack, ours sits on top of it. Over RC, connect waits for the MPA exchange " +
+				"(an INVITE is logged, and timed, from then), where the kernel's TCP connect returns at once.",
 			External: sippFigure, Plot: sippPlot, Table: sippTable, Needs: "needs sipp (Debian package sip-tester)",
 		},
 		{

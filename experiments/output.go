@@ -140,6 +140,19 @@ func plotFigure(dir string, f *figure, rows []row) ([]plotted, error) {
 		// to the right, goodput falls with loss.
 		p.Legend.Top, p.Legend.Left = false, f.LossX
 		p.Add(plotter.NewGrid())
+		// Memory per peer is drawn on a log scale, where nothing at or
+		// below zero has a place: a UD peer's bytes are within noise of
+		// zero at 1,000 peers, and a round may measure less than none (the
+		// process gave pages back). Such a median is left out of the plot
+		// (the table has it); an error bar stops at half the smallest
+		// positive value.
+		logY := f.Test == "memory"
+		floor := math.Inf(1)
+		for _, r := range rows {
+			if v := r.num("value"); r.str("figure") == f.ID && v > 0 {
+				floor = min(floor, v/2)
+			}
+		}
 		drawn := 0
 		for k, s := range f.Series {
 			var xys plotter.XYs
@@ -148,8 +161,15 @@ func plotFigure(dir string, f *figure, rows []row) ([]plotted, error) {
 				if pt.x < pn[0] || pt.x >= pn[1] {
 					continue
 				}
+				low := pt.median - pt.min
+				if logY {
+					if pt.median <= floor {
+						continue
+					}
+					low = min(low, pt.median-floor)
+				}
 				xys = append(xys, plotter.XY{X: pt.x, Y: pt.median})
-				errs = append(errs, struct{ Low, High float64 }{pt.median - pt.min, pt.max - pt.median})
+				errs = append(errs, struct{ Low, High float64 }{low, pt.max - pt.median})
 			}
 			if len(xys) == 0 {
 				continue
@@ -182,12 +202,7 @@ func plotFigure(dir string, f *figure, rows []row) ([]plotted, error) {
 			// the legend in the middle, between RC's line and the others.
 			p.Y.Scale = plot.LogScale{}
 			p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
-			p.Y.Min = math.Inf(1)
-			for _, r := range rows {
-				if v := r.num("value"); r.str("figure") == f.ID && v > 0 {
-					p.Y.Min = min(p.Y.Min, v/2)
-				}
-			}
+			p.Y.Min = floor
 			p.Legend.Top, p.Legend.YOffs = true, -vg.Inch
 		}
 		if !f.LossX && f.Test != "stream" {
