@@ -127,7 +127,7 @@ type rcConn struct {
 	// stalled: a Send found no receive (WaitForRecv); its ULPDU waits in
 	// stallBuf, handled again by the next Progress, and nothing more is
 	// read meanwhile.
-	stalled  bool
+	stalled  atomic.Bool
 	stallBuf []byte
 	eof      atomic.Bool // manual: the peer's FIN came; everything before it was handled
 	fdUse                // system calls on fd in flight, and closing
@@ -646,13 +646,13 @@ func (c *rcConn) onReadable() {
 		return
 	}
 	defer c.rxUnlock()
-	if c.stalled {
-		c.stalled = false
-		if !c.handle(c.stallBuf) || c.stalled {
+	if c.stalled.Load() {
+		c.stalled.Store(false)
+		if !c.handle(c.stallBuf) || c.stalled.Load() {
 			return // failed, or still no receive
 		}
 		c.q.dev.stats.RCFPDUsReceived.Add(1)
-		if !c.process() || c.stalled {
+		if !c.process() || c.stalled.Load() {
 			return
 		}
 	}
@@ -685,7 +685,7 @@ func (c *rcConn) onReadable() {
 		room := cap(c.rx) - len(c.rx)
 		c.q.dev.stats.RxBytes.Add(uint64(n))
 		c.rx = c.rx[:len(c.rx)+n]
-		if !c.process() || c.stalled {
+		if !c.process() || c.stalled.Load() {
 			return
 		}
 		if n < room {
@@ -717,7 +717,7 @@ func (c *rcConn) process() bool {
 			return false
 		}
 		start += n
-		if c.stalled { // kept for the next Progress; nothing after it yet
+		if c.stalled.Load() { // kept for the next Progress; nothing after it yet
 			c.stallBuf = append(c.stallBuf[:0], ulpdu...)
 			break
 		}
@@ -872,7 +872,7 @@ func (c *rcConn) receiveSend(seg udiwarp.Segment, size int) bool {
 		}
 		if res := q.takeRecv(&r.w, n, netip.AddrPort{}); res != recvTaken {
 			if res == recvNone && c.waitRecv {
-				c.stalled = true // before any state changed: handled again whole
+				c.stalled.Store(true) // before any state changed: handled again whole
 				st.RCRecvWaits.Add(1)
 				return true
 			}

@@ -126,6 +126,16 @@ func (q *QP) PeerClosed() bool {
 	return c != nil && c.eof.Load()
 }
 
+// RecvWaiting reports whether a Send waits for a receive on an RC QP
+// with WaitForRecv: the next Progress after a PostRecv completes it.
+// A caller that reposts a receive as it consumes one calls Progress then
+// if this says so — nothing else will, since the Send's bytes have left
+// the socket.
+func (q *QP) RecvWaiting() bool {
+	c := q.rc.Load()
+	return c != nil && c.stalled.Load()
+}
+
 // SendQueued reports whether an RC QP holds output back: FPDUs TCP has
 // not taken yet (the socket's buffer is full), which the device's poller
 // sends as room comes.

@@ -56,7 +56,7 @@ func TestTCPBehaviours(t *testing.T) {
 		bytes uint64 // the least each way the engine must have carried
 	}{
 		{"stream", 2 * 8 << 20}, {"nonblock", 2 * 4 << 20}, {"edge", 2 * 4 << 20}, {"poll", 50 * 10}, {"select", 50 * 10},
-		{"peek", 11}, {"shutdown", 15}, {"eintr", 4}, {"fork", 5}, {"exec", 5}, {"closeall", 5},
+		{"peek", 11}, {"trickle", 3}, {"shutdown", 15}, {"eintr", 4}, {"fork", 5}, {"exec", 5}, {"closeall", 5},
 	} {
 		t.Run(c.mode, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)

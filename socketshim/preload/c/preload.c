@@ -1043,12 +1043,13 @@ static int first_bytes(int fd) {
 
 // decide settles an undecided accepted stream by its first bytes, waiting
 // for them at most wait_ns: RC when they are an MPA Request (the engine
-// runs the responder's side), the kernel's when they are anything else or
-// do not come in time (a plain client that waits for us to speak). It
-// returns -1 when, not waiting, nothing has come yet; 0 once settled.
+// runs the responder's side), the kernel's when they are anything else,
+// or, with give_up, when they do not come in time (a plain client that
+// waits for us to speak). It returns -1 when nothing has come yet and
+// the stream stays undecided; 0 once settled.
 // In a forked child, with no engine, an MPA Request makes the stream one
 // the child cannot carry.
-static int decide(struct usock *u, int fd, long long wait_ns) {
+static int decide(struct usock *u, int fd, long long wait_ns, int give_up) {
 	if (!atomic_load(&u->undecided)) return 0;
 	pthread_mutex_lock(&u->mu);
 	int r = 0;
@@ -1059,7 +1060,7 @@ static int decide(struct usock *u, int fd, long long wait_ns) {
 			if (k == -2) usleep(100); // poll would say readable at once
 			else if (pollwait(fd, POLLIN, dl) == 0) break;
 		}
-		if (k < 0 && wait_ns == 0) {
+		if (k < 0 && !give_up) {
 			r = -1;
 		} else if (k == 1 && atomic_load(&estate) == E_CHILD) {
 			atomic_store(&u->forked, 1);
@@ -1104,7 +1105,12 @@ static int uaccept(int fd, struct sockaddr *a, socklen_t *l, int flags, int four
 	atomic_store(&n->undecided, 1);
 	seen(c);
 	atomic_store(&owned[c], n);
-	if (st == E_READY) decide(n, c, 0); // the peer's MPA Request is often there already
+	// A preloaded peer's MPA Request follows its connect at once, and its
+	// connect waits for our answer: a blocking accept (a program willing
+	// to wait there, which may only then hand the stream on) gives it a
+	// moment; a non-blocking one (an event loop, which polls the stream)
+	// none. A peer silent past it is decided later all the same.
+	if (st == E_READY) decide(n, c, atomic_load(&u->nonblock) || (flags & SOCK_NONBLOCK) ? 0 : 10000000LL, 0);
 	return c;
 }
 
@@ -1158,7 +1164,7 @@ static ssize_t srecv(struct usock *u, int fd, struct msghdr *m, int flags) {
 		// (EAGAIN, or wait), deciding as soon as its first bytes come.
 		int nb = atomic_load(&u->nonblock) || (flags & MSG_DONTWAIT);
 		long long dl = deadline_of(u->rcvtimeo);
-		while (decide(u, fd, 0) < 0) {
+		while (decide(u, fd, 0, 0) < 0) {
 			int w = nb ? 0 : pollwait(fd, POLLIN, dl);
 			if (w <= 0) {
 				errno = w < 0 ? EINTR : EAGAIN;
@@ -1213,7 +1219,7 @@ static ssize_t srecv(struct usock *u, int fd, struct msghdr *m, int flags) {
 }
 
 static ssize_t ssend(struct usock *u, int fd, const struct msghdr *m, int flags) {
-	decide(u, fd, first_wait_ns); // a write before the peer spoke: wait a little for it
+	decide(u, fd, first_wait_ns, 1); // a write before the peer spoke: wait a little for it
 	if (gone(u, 1, flags)) return -1;
 	long long h = atomic_load(&u->h);
 	if (h <= 0 || atomic_load(&u->kmode)) return ksend(fd, m, flags);
@@ -1255,7 +1261,7 @@ static ssize_t ssend(struct usock *u, int fd, const struct msghdr *m, int flags)
 
 EXPORT int shutdown(int fd, int how) {
 	struct usock *u = lookup(fd);
-	if (u && u->stream && decide(u, fd, 0) < 0) { // shut before the peer spoke: the kernel's
+	if (u && u->stream && decide(u, fd, 0, 0) < 0) { // shut before the peer spoke: the kernel's
 		atomic_store(&u->kmode, 1);
 		atomic_store(&u->undecided, 0);
 	}

@@ -237,6 +237,7 @@ func (s *stream) recv(vs []unix.Iovec, flags int) C.longlong {
 		return 0
 	}
 	k := 0
+	reposted := false
 	vi, vo := 0, 0 // the iovec being filled, and the bytes in it
 	peekOff := -1
 	for k < want {
@@ -276,7 +277,13 @@ func (s *stream) recv(vs []unix.Iovec, flags int) C.longlong {
 			if err := s.repost(s.cur.ID); err != nil {
 				s.broken = true
 			}
+			reposted = true
 		}
+	}
+	if reposted && s.q.RecvWaiting() {
+		// A Send waited for the receive just given back: its bytes left
+		// the socket already, so no readiness would say it is there.
+		s.q.Progress()
 	}
 	if k > 0 {
 		if flags&msgPeek == 0 {

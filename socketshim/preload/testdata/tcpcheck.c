@@ -292,6 +292,31 @@ static void mode_poll(int use_select) {
 	close(s);
 }
 
+// ---- trickle: three one-byte messages that arrive together, read one
+// at a time with select before each, as a control channel is (iperf3's):
+// the third waited for a receive the first two held, and select must
+// still see it once they are read.
+
+static void mode_trickle(void) {
+	int c, s;
+	pair(&c, &s, NULL, NULL);
+	writeall(c, "a", 1);
+	writeall(c, "b", 1);
+	writeall(c, "c", 1);
+	usleep(50000);
+	for (int i = 0; i < 3; i++) {
+		fd_set rs;
+		FD_ZERO(&rs);
+		FD_SET(s, &rs);
+		struct timeval tv = {2, 0};
+		if (select(s + 1, &rs, NULL, NULL, &tv) != 1) FAIL("select before byte %d", i);
+		char b;
+		if (read(s, &b, 1) != 1 || b != "abc"[i]) FAIL("byte %d", i);
+	}
+	close(c);
+	close(s);
+}
+
 // ---- peek: MSG_PEEK, FIONREAD, MSG_WAITALL across two Sends.
 
 struct later { int fd; const char *m; int us; };
@@ -552,6 +577,7 @@ int main(int argc, char **argv) {
 	else if (!strcmp(m, "poll")) mode_poll(0);
 	else if (!strcmp(m, "select")) mode_poll(1);
 	else if (!strcmp(m, "peek")) mode_peek();
+	else if (!strcmp(m, "trickle")) mode_trickle();
 	else if (!strcmp(m, "shutdown")) mode_shutdown();
 	else if (!strcmp(m, "eintr")) mode_eintr();
 	else if (!strcmp(m, "fork")) mode_fork();
