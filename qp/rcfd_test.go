@@ -98,12 +98,7 @@ func TestRCOnDescriptor(t *testing.T) {
 	waits := b.dev.Stats().RCRecvWaits.Load()
 	var wcs [4]WorkCompletion
 	var got []WorkCompletion
-	poll := func() bool {
-		for _, wc := range wcs[:b.cq.Poll(wcs[:])] {
-			got = append(got, wc)
-		}
-		return false
-	}
+	poll := func() { got = append(got, wcs[:b.cq.Poll(wcs[:])]...) }
 	progressUntil(t, b.q, "the first Send and a wait for a receive", func() bool {
 		poll()
 		return len(got) == 1 && b.dev.Stats().RCRecvWaits.Load() > waits
