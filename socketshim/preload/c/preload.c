@@ -1371,6 +1371,10 @@ static struct usock *engine_sock(int fd, long long *h) {
 
 static int waiting(struct usock *u) { return __atomic_load_n(&u->pending, __ATOMIC_ACQUIRE); }
 
+// none_held: no owned socket's pending flag is set (the engine keeps the
+// count), so a wait need not look at each for data the engine holds.
+static int none_held(void) { return e_counter && __atomic_load_n(&holding, __ATOMIC_ACQUIRE) == 0; }
+
 static struct timespec *left_ts(long long dl, int now_only, struct timespec *ts) {
 	if (now_only) {
 		ts->tv_sec = ts->tv_nsec = 0;
@@ -1394,7 +1398,7 @@ static int upoll(struct pollfd *fds, nfds_t n, long long dl, const sigset_t *mas
 	if (!owned_any) return REAL(ppoll)(fds, n, left_ts(dl, 0, &ts), mask);
 	for (;;) {
 		int any = 0;
-		for (nfds_t i = 0; i < n && !any; i++) {
+		for (nfds_t i = 0; i < n && !any && none_held() == 0; i++) {
 			long long h;
 			struct usock *u = (fds[i].events & (POLLIN | POLLRDNORM)) ? engine_sock(fds[i].fd, &h) : NULL;
 			any = u && waiting(u);
@@ -1451,7 +1455,7 @@ static int uselect(int nfds, fd_set *rs, fd_set *ws, fd_set *es, long long dl, c
 	if (es) e0 = *es;
 	for (;;) {
 		int any = 0;
-		for (int fd = 0; fd < top && !any; fd++) {
+		for (int fd = 0; fd < top && !any && none_held() == 0; fd++) {
 			long long h;
 			struct usock *u = FD_ISSET(fd, &r0) ? engine_sock(fd, &h) : NULL;
 			any = u && waiting(u);
@@ -1550,7 +1554,7 @@ static int uepoll(int epfd, struct epoll_event *evs, int max, int timeout, const
 	long long dl = timeout < 0 ? -1 : now_ns() + (long long)timeout * 1000000LL;
 	for (;;) {
 		// What the engine holds first: the kernel no longer shows it.
-		int k = 0, m = __atomic_load_n(&holding, __ATOMIC_ACQUIRE) || !e_counter ? atomic_load(&maxfd) : -1;
+		int k = 0, m = none_held() ? -1 : atomic_load(&maxfd);
 		for (int fd = 0; fd <= m && fd < MAXFD && k < max; fd++) {
 			long long h;
 			struct usock *u;
