@@ -118,6 +118,29 @@ type plotted struct {
 	fig, name, title string
 }
 
+// addSeries draws series k of a plot: a line through xys in the k-th
+// colour and marks, errs as error bars, and its legend entry.
+func addSeries(p *plot.Plot, k int, label string, xys plotter.XYs, errs plotter.YErrors) error {
+	line, marks, err := plotter.NewLinePoints(xys)
+	if err != nil {
+		return err
+	}
+	c := plotutil.Color(k)
+	line.Color, marks.Color = c, c
+	marks.Shape = plotutil.Shape(k)
+	bars, err := plotter.NewYErrorBars(struct {
+		plotter.XYs
+		plotter.YErrors
+	}{xys, errs})
+	if err != nil {
+		return err
+	}
+	bars.Color = withAlpha(c)
+	p.Add(line, marks, bars)
+	p.Legend.Add(label, line, marks)
+	return nil
+}
+
 // plotFigure draws f (each panel) as PNG and SVG: a line per series
 // through the medians, min–max error bars.
 func plotFigure(dir string, f *figure, rows []row) ([]plotted, error) {
@@ -174,23 +197,9 @@ func plotFigure(dir string, f *figure, rows []row) ([]plotted, error) {
 			if len(xys) == 0 {
 				continue
 			}
-			line, marks, err := plotter.NewLinePoints(xys)
-			if err != nil {
+			if err := addSeries(p, k, s.Label, xys, errs); err != nil {
 				return nil, err
 			}
-			c := plotutil.Color(k)
-			line.Color, marks.Color = c, c
-			marks.Shape = plotutil.Shape(k)
-			bars, err := plotter.NewYErrorBars(struct {
-				plotter.XYs
-				plotter.YErrors
-			}{xys, errs})
-			if err != nil {
-				return nil, err
-			}
-			bars.Color = withAlpha(c)
-			p.Add(line, marks, bars)
-			p.Legend.Add(s.Label, line, marks)
 			drawn++
 		}
 		if drawn == 0 {

@@ -21,7 +21,6 @@ import (
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 
 	"github.com/udiwarp/udiwarp/internal/memstat"
@@ -937,23 +936,9 @@ func sippResponsePlot(dir string, f *figure, rows []row) (plotted, error) {
 		if len(xys) == 0 {
 			continue
 		}
-		line, marks, err := plotter.NewLinePoints(xys)
-		if err != nil {
+		if err := addSeries(p, k, s.Label, xys, errs); err != nil {
 			return plotted{}, err
 		}
-		c := plotutil.Color(k)
-		line.Color, marks.Color = c, c
-		marks.Shape = plotutil.Shape(k)
-		bars, err := plotter.NewYErrorBars(struct {
-			plotter.XYs
-			plotter.YErrors
-		}{xys, errs})
-		if err != nil {
-			return plotted{}, err
-		}
-		bars.Color = withAlpha(c)
-		p.Add(line, marks, bars)
-		p.Legend.Add(s.Label, line, marks)
 	}
 	if hi == 0 {
 		return plotted{}, errors.New("no response times to draw")

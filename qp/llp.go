@@ -103,13 +103,7 @@ func newUDPLLP(conn *net.UDPConn, v6 bool, batch, rcvbuf, sndbuf int) (*udpLLP, 
 		return nil, err
 	}
 	_ = u.setBuffer(unix.SO_SNDBUFFORCE, unix.SO_SNDBUF, sndbuf) // the default serves
-	u.hs = make([]mmsghdr, batch)
-	u.names = make([]unix.RawSockaddrAny, batch)
-	u.ctrl = make([][rxCtrlSize]byte, batch)
-	for i := range u.hs {
-		u.hs[i].hdr.Name = (*byte)(unsafe.Pointer(&u.names[i]))
-		u.hs[i].hdr.Control = &u.ctrl[i][0]
-	}
+	u.makeBatch(batch)
 	raw.Control(func(fd uintptr) {
 		u.fd.Store(fd)
 		var info bool
@@ -132,6 +126,12 @@ func newFDLLP(fd int, v6 bool, batch int) *udpLLP {
 	u.fd.Store(uintptr(fd))
 	_, info := enableRxControl(fd, v6, false)
 	u.pktinfo.Store(info)
+	u.makeBatch(batch)
+	return u
+}
+
+// makeBatch makes the headers, names and control buffers of batch reads.
+func (u *udpLLP) makeBatch(batch int) {
 	u.hs = make([]mmsghdr, batch)
 	u.names = make([]unix.RawSockaddrAny, batch)
 	u.ctrl = make([][rxCtrlSize]byte, batch)
@@ -139,7 +139,6 @@ func newFDLLP(fd int, v6 bool, batch int) *udpLLP {
 		u.hs[i].hdr.Name = (*byte)(unsafe.Pointer(&u.names[i]))
 		u.hs[i].hdr.Control = &u.ctrl[i][0]
 	}
-	return u
 }
 
 // control runs f with the descriptor, as RawConn.Control does.

@@ -107,14 +107,7 @@ func (q *QP) Progress() {
 	if c.manual {
 		c.onReadable()
 	}
-	c.mu.Lock()
-	c.pumpLocked()
-	c.completeLocked()
-	dead := c.dead && len(c.rest) == 0
-	c.mu.Unlock()
-	if dead {
-		c.shutdown()
-	}
+	c.onWritable() // what the socket held back, as the poller sends it
 }
 
 // PeerClosed reports whether the peer of an RC QP on the caller's

@@ -87,19 +87,28 @@ func In(t testing.TB, ns string, f func()) {
 // in the network namespace of process pid (0: this process), by
 // /proc/PID/net/udp and udp6, whose local_address column is ADDR:PORT in
 // hex.
-func UDPBound(pid, port int) bool {
+func UDPBound(pid, port int) bool { return inTable(pid, port, "udp", "") }
+
+// TCPListening reports whether a TCP socket (IPv4 or IPv6) listens on
+// port in the network namespace of process pid (0: this process), by
+// /proc/PID/net/tcp and tcp6 (state 0A is LISTEN).
+func TCPListening(pid, port int) bool { return inTable(pid, port, "tcp", "0A") }
+
+// inTable reports whether /proc/PID/net/proto or proto6 has a socket at
+// local port, in state (hex) if state is not empty.
+func inTable(pid, port int, proto, state string) bool {
 	dir := "/proc/self/net"
 	if pid != 0 {
 		dir = fmt.Sprintf("/proc/%d/net", pid)
 	}
 	suffix := fmt.Sprintf(":%04X", port)
-	for _, f := range []string{"udp", "udp6"} {
+	for _, f := range []string{proto, proto + "6"} {
 		b, err := os.ReadFile(dir + "/" + f)
 		if err != nil {
 			continue
 		}
 		for _, l := range strings.Split(string(b), "\n")[1:] {
-			if fs := strings.Fields(l); len(fs) > 1 && strings.HasSuffix(fs[1], suffix) {
+			if fs := strings.Fields(l); len(fs) > 3 && strings.HasSuffix(fs[1], suffix) && (state == "" || fs[3] == state) {
 				return true
 			}
 		}
@@ -107,25 +116,3 @@ func UDPBound(pid, port int) bool {
 	return false
 }
 
-// TCPListening reports whether a TCP socket (IPv4 or IPv6) listens on
-// port in the network namespace of process pid (0: this process), by
-// /proc/PID/net/tcp and tcp6 (state 0A is LISTEN).
-func TCPListening(pid, port int) bool {
-	dir := "/proc/self/net"
-	if pid != 0 {
-		dir = fmt.Sprintf("/proc/%d/net", pid)
-	}
-	suffix := fmt.Sprintf(":%04X", port)
-	for _, f := range []string{"tcp", "tcp6"} {
-		b, err := os.ReadFile(dir + "/" + f)
-		if err != nil {
-			continue
-		}
-		for _, l := range strings.Split(string(b), "\n")[1:] {
-			if fs := strings.Fields(l); len(fs) > 3 && strings.HasSuffix(fs[1], suffix) && fs[3] == "0A" {
-				return true
-			}
-		}
-	}
-	return false
-}

@@ -230,9 +230,15 @@ func freePort(t *testing.T) int {
 // on a loaded machine).
 func waitUDP(t *testing.T, port int, p *proc) {
 	t.Helper()
+	waitBound(t, p, fmt.Sprintf("bound UDP port %d", port), func() bool { return netnstest.UDPBound(0, port) })
+}
+
+// waitBound waits (10 s at most) until bound says the server p is up.
+func waitBound(t *testing.T, p *proc, what string, bound func() bool) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		if netnstest.UDPBound(0, port) {
+		if bound() {
 			return
 		}
 		select {
@@ -241,7 +247,7 @@ func waitUDP(t *testing.T, port int, p *proc) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	t.Fatalf("%s never bound UDP port %d\n%s", p.cmd.Path, port, p.out.String())
+	t.Fatalf("%s never %s\n%s", p.cmd.Path, what, p.out.String())
 }
 
 func num(t *testing.T, re, s string) float64 {

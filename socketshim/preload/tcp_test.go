@@ -25,18 +25,7 @@ var rcEnv = []string{"UDIWARP_PRELOAD_TCP=rc"}
 // waitTCP waits until something listens on the TCP port.
 func waitTCP(t *testing.T, port int, p *proc) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if netnstest.TCPListening(0, port) {
-			return
-		}
-		select {
-		case <-p.done:
-			t.Fatalf("%s exited: %v\n%s", p.cmd.Path, p.err, p.out.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	t.Fatalf("%s never listened on TCP port %d\n%s", p.cmd.Path, port, p.out.String())
+	waitBound(t, p, fmt.Sprintf("listened on TCP port %d", port), func() bool { return netnstest.TCPListening(0, port) })
 }
 
 // The behaviours a program relies on, both ends of each connection in

@@ -1397,8 +1397,8 @@ static int upoll(struct pollfd *fds, nfds_t n, long long dl, const sigset_t *mas
 	struct timespec ts;
 	if (!owned_any) return REAL(ppoll)(fds, n, left_ts(dl, 0, &ts), mask);
 	for (;;) {
-		int any = 0;
-		for (nfds_t i = 0; i < n && !any && none_held() == 0; i++) {
+		int any = 0, scan = !none_held();
+		for (nfds_t i = 0; scan && i < n && !any; i++) {
 			long long h;
 			struct usock *u = (fds[i].events & (POLLIN | POLLRDNORM)) ? engine_sock(fds[i].fd, &h) : NULL;
 			any = u && waiting(u);
@@ -1454,8 +1454,8 @@ static int uselect(int nfds, fd_set *rs, fd_set *ws, fd_set *es, long long dl, c
 	if (ws) w0 = *ws;
 	if (es) e0 = *es;
 	for (;;) {
-		int any = 0;
-		for (int fd = 0; fd < top && !any && none_held() == 0; fd++) {
+		int any = 0, scan = !none_held();
+		for (int fd = 0; scan && fd < top && !any; fd++) {
 			long long h;
 			struct usock *u = FD_ISSET(fd, &r0) ? engine_sock(fd, &h) : NULL;
 			any = u && waiting(u);

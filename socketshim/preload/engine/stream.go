@@ -311,7 +311,6 @@ func (s *stream) available() int {
 // connection that ended.
 func (s *stream) send(vs []unix.Iovec, skip int) C.longlong {
 	reap()
-	s.q.Progress() // what TCP took since, and the peer's data (kept for reads)
 	total := iovLen(vs) - skip
 	if total <= 0 {
 		return 0
@@ -320,7 +319,14 @@ func (s *stream) send(vs []unix.Iovec, skip int) C.longlong {
 	for done < total {
 		n := min(total-done, s.msg)
 		b := s.bytes(vs, skip+done, n)
-		err := s.q.PostSend(&qp.SendWR{ID: ^uint64(0), Opcode: qp.OpSend, Inline: b})
+		wr := qp.SendWR{ID: ^uint64(0), Opcode: qp.OpSend, Inline: b}
+		err := s.q.PostSend(&wr)
+		if errors.Is(err, qp.ErrQueueFull) {
+			// TCP may have room the poller has not used yet: send what is
+			// held back now rather than have the program wait for it.
+			s.q.Progress()
+			err = s.q.PostSend(&wr)
+		}
 		if err != nil {
 			if done > 0 {
 				break
@@ -436,7 +442,7 @@ func udw_stream_send(h C.longlong, iov unsafe.Pointer, iovcnt C.int, skip C.long
 	r := st.send(iovecs(iov, iovcnt), int(skip))
 	st.wmu.Unlock()
 	st.rmu.Lock()
-	s.note() // the send read the socket: data may wait now
+	s.note() // a full queue's Progress may have read the socket: data may wait now
 	st.rmu.Unlock()
 	return r
 }
