@@ -115,4 +115,3 @@ func inTable(pid, port int, proto, state string) bool {
 	}
 	return false
 }
-
