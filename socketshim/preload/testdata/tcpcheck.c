@@ -185,9 +185,9 @@ static void mode_nonblock(int edge) {
 	unsigned char *b = malloc(100000);
 	time_t start = time(NULL);
 	while (!(e[0].eof && e[1].eof)) {
-		if (time(NULL) - start > 30) FAIL("stuck: sent %zu/%zu, got %zu/%zu", e[0].sent, e[1].sent, e[0].got, e[1].got);
+		if (time(NULL) - start > 60) FAIL("stuck: sent %zu/%zu, got %zu/%zu", e[0].sent, e[1].sent, e[0].got, e[1].got);
 		struct epoll_event evs[4];
-		int n = epoll_wait(ep, evs, 4, 2000);
+		int n = epoll_wait(ep, evs, 4, 20000);
 		if (n < 0) FAIL("epoll_wait");
 		if (n == 0) FAIL("epoll_wait timed out: sent %zu/%zu, got %zu/%zu", e[0].sent, e[1].sent, e[0].got, e[1].got);
 		for (int k = 0; k < n; k++) {
@@ -270,12 +270,12 @@ static void mode_poll(int use_select) {
 			fd_set rs;
 			FD_ZERO(&rs);
 			FD_SET(s, &rs);
-			struct timeval tv = {3, 0};
+			struct timeval tv = {20, 0};
 			ready = select(s + 1, &rs, NULL, NULL, &tv);
 			if (ready > 0 && !FD_ISSET(s, &rs)) FAIL("select counted a descriptor it did not set");
 		} else {
 			struct pollfd p = {.fd = s, .events = POLLIN};
-			ready = poll(&p, 1, 3000);
+			ready = poll(&p, 1, 20000);
 			if (ready > 0 && !(p.revents & POLLIN)) FAIL("poll revents %x", p.revents);
 		}
 		if (ready <= 0) FAIL("%s returned %d with %zu of %zu bytes received", use_select ? "select" : "poll", ready, have, wl);
@@ -308,7 +308,7 @@ static void mode_trickle(void) {
 		fd_set rs;
 		FD_ZERO(&rs);
 		FD_SET(s, &rs);
-		struct timeval tv = {2, 0};
+		struct timeval tv = {20, 0};
 		if (select(s + 1, &rs, NULL, NULL, &tv) != 1) FAIL("select before byte %d", i);
 		char b;
 		if (read(s, &b, 1) != 1 || b != "abc"[i]) FAIL("byte %d", i);
@@ -333,7 +333,7 @@ static void mode_peek(void) {
 	writeall(c, "hello ", 6);
 	char b[64] = {0};
 	struct pollfd p = {.fd = s, .events = POLLIN};
-	if (poll(&p, 1, 3000) != 1) FAIL("poll");
+	if (poll(&p, 1, 20000) != 1) FAIL("poll");
 	if (recv(s, b, 5, MSG_PEEK) != 5 || memcmp(b, "hello", 5)) FAIL("MSG_PEEK: %s", b);
 	int avail = 0;
 	if (ioctl(s, FIONREAD, &avail) != 0 || avail != 6) FAIL("FIONREAD %d, want 6", avail);
@@ -367,7 +367,7 @@ static void mode_shutdown(void) {
 	if (read(c, b, sizeof b) != 0) FAIL("EOF after the peer's close");
 	// Writing to a stream the peer closed: EPIPE, without the signal.
 	ssize_t w = 0;
-	for (int i = 0; i < 100 && w >= 0; i++) {
+	for (int i = 0; i < 20000 && w >= 0; i++) { // until the peer's reset has come back: 20 s at most
 		w = send(c, "x", 1, MSG_NOSIGNAL);
 		usleep(1000);
 	}
@@ -380,6 +380,15 @@ static void mode_shutdown(void) {
 
 static volatile sig_atomic_t fired;
 static void onalarm(int sig) { (void)sig; fired++; }
+
+// send_after_alarm sends "late" once the timer has interrupted the
+// receive (and, with SA_RESTART, the receive went on): by order, not time.
+static void *send_after_alarm(void *p) {
+	while (!fired) usleep(1000);
+	usleep(10000);
+	writeall(*(int *)p, "late", 4);
+	return NULL;
+}
 
 static void mode_eintr(void) {
 	int c, s;
@@ -395,9 +404,8 @@ static void mode_eintr(void) {
 	sigaction(SIGALRM, &sa, NULL);
 	fired = 0;
 	setitimer(ITIMER_REAL, &it, NULL);
-	struct later l = {c, "late", 300000};
 	pthread_t t;
-	pthread_create(&t, NULL, send_later, &l);
+	pthread_create(&t, NULL, send_after_alarm, &c);
 	ssize_t r = recv(s, b, sizeof b, 0);
 	pthread_join(t, NULL);
 	if (r != 4 || memcmp(b, "late", 4) || !fired) FAIL("SA_RESTART receive: %zd, fired %d", r, (int)fired);
