@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/udiwarp/udiwarp/internal/netnstest"
+	"github.com/udiwarp/udiwarp/udiwarp"
 )
 
 // TCP over RC: UDIWARP_PRELOAD_TCP=rc runs a program's TCP sockets as
@@ -167,6 +168,47 @@ func TestTCPSilentClient(t *testing.T) {
 	srv.wait(t)
 	if st := srv.readStats(t); st.Streams != 1 || st.StreamsPlain != 1 {
 		t.Errorf("server engine %+v: want one stream over RC and one plain", st)
+	}
+}
+
+// A peer that speaks MPA but is no preloaded program (an MPA Request
+// whose private data is not udiwarp's) gets its connection shut down —
+// the server's read of it fails with ENOTCONN, never plain bytes — and
+// the next client is served.
+func TestTCPBogusMPA(t *testing.T) {
+	dir := built(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	port := freePort(t)
+	srv := startEnv(t, ctx, dir, true, rcEnv, filepath.Join(dir, "tcpcheck"), "serve2", strconv.Itoa(port))
+	waitTCP(t, port, srv)
+	bogus, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bogus.Close()
+	req, err := udiwarp.AppendMPAFrame(nil, &udiwarp.MPAFrameFields{Revision: udiwarp.MPARevision2, Enhanced: true, CRC: true,
+		IRDORD: udiwarp.IRDORD{PeerToPeer: true, WriteRTR: true, IRD: 16, ORD: 16}, PrivateData: []byte("not udiwarp")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bogus.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	bogus.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.ReadAll(bogus); err != nil { // its Reply, then the end
+		t.Fatalf("the bogus peer's connection did not end: %v", err)
+	}
+	cli := startEnv(t, ctx, dir, true, rcEnv, filepath.Join(dir, "tcpcheck"), "client", strconv.Itoa(port))
+	if out := cli.wait(t); !strings.Contains(out, "ok client") {
+		t.Fatalf("client: %q", out)
+	}
+	out := srv.wait(t)
+	if !strings.Contains(out, fmt.Sprintf("conn error %d", syscall.ENOTCONN)) {
+		t.Errorf("the server's read of the bogus stream: %q, want ENOTCONN", out)
+	}
+	if st := srv.readStats(t); st.Streams != 1 || st.StreamsRefused != 1 {
+		t.Errorf("server engine %+v: want one stream over RC and one refused", st)
 	}
 }
 

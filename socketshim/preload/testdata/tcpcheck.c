@@ -535,14 +535,19 @@ static void mode_echo(int port) {
 }
 
 // ---- serve2 <port>: two connections, each echoed to its end in a thread
-// of its own; accept must not wait on a client that has not spoken.
+// of its own; accept must not wait on a client that has not spoken. A
+// connection that fails is said on stdout ("conn error ERRNO") and ends.
 
 static void *echo_conn(void *p) {
 	int c = (int)(intptr_t)p;
 	char b[4096];
 	for (;;) {
 		ssize_t r = read(c, b, sizeof b);
-		if (r < 0) FAIL("read");
+		if (r < 0) {
+			printf("conn error %d\n", errno);
+			fflush(stdout);
+			break;
+		}
 		if (r == 0) break;
 		writeall(c, b, (size_t)r);
 	}
