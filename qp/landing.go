@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"unsafe"
 
+	"github.com/udiwarp/udiwarp/reliability"
 	"github.com/udiwarp/udiwarp/udiwarp"
 	"golang.org/x/sys/unix"
 )
@@ -27,6 +28,10 @@ const maxLanding = 16
 // landBackoff is how many reads go without landing after a wrong guess.
 const landBackoff = 64
 
+// landHeaderMax is the largest header a landing slot reads apart from the
+// payload: an RD header and the untagged DDP header after it.
+const landHeaderMax = reliability.MaxHeaderSize + udiwarp.DDPUntaggedHeaderSize
+
 // landBigMin is the message size from which landing a single-datagram
 // read in place pays for preparing it.
 const landBigMin = 2048
@@ -42,8 +47,9 @@ type landing struct {
 	q    *QP
 	seq  uint64 // the receive it landed in
 	id   uint64
-	hdr  [udiwarp.WriteRecordHeaderSize]byte
-	hlen int // the header's size: untagged (Send) or Write-Record
+	hdr  [landHeaderMax]byte
+	hlen int // the header's size: untagged (Send), Write-Record, or RD's and untagged
+	n    int // the datagram's bytes, once read
 	iov  [maxSGE + 2]unix.Iovec
 	segs [maxSGE][]byte
 	mrs  [maxSGE]*MR
@@ -51,9 +57,13 @@ type landing struct {
 	room int
 	wrTO uint64 // Write-Record landing: the region offset segs[0] starts at
 	tail []byte // the spare buffer after the SGEs
-	// After the system call: done (completed where it landed), or the
-	// datagram copied out to flat for the ordinary path.
+	// After the system call: done (completed where it landed), kept (an
+	// RD Send whose payload stays in its receive until the RD engine has
+	// taken it in order: see rdLanded), or the datagram copied out to
+	// flat for the ordinary path.
 	done bool
+	keep bool
+	idx  int // the slot's index in its batch
 	flat []byte
 	own  []byte // flat's storage, kept across batches
 }
@@ -67,12 +77,22 @@ func (r *rxSide) prepareLanding(vlen int) int {
 	if q == nil || q.srq != nil || q.sock.Load() != r.s {
 		return 0
 	}
+	hlen := udiwarp.DDPUntaggedHeaderSize
+	if q.typ == RD {
+		// An RD Send lands behind the RD header of the last one placed
+		// (its size depends on what the frame piggybacks).
+		h := int(r.rdHdr.Load())
+		if h == 0 {
+			return 0
+		}
+		hlen += h
+	}
 	q.rqMu.Lock()
 	k := 0
 	for ; k < min(vlen, maxLanding) && k < q.rq.len(); k++ {
 		w := q.rq.at(k)
 		l := &r.land[k]
-		if !l.bind(q, w, r.bufs[k]) {
+		if !l.bind(q, w, hlen, r.bufs[k]) {
 			break
 		}
 		// Receives may share memory; two datagrams of one batch must not
@@ -95,21 +115,36 @@ func (r *rxSide) prepareLanding(vlen int) int {
 // if it is a valid Send for that QP, fits, and its receive is next in
 // order; any other is copied out for the ordinary path. Only then are the
 // receives and memory let go, so a flush or a deregistration can never
-// meet a datagram half handled.
+// meet a datagram half handled. An RD Send cannot complete here (the RD
+// engine decides, in sequence order, under its own lock): one that
+// passed its checks is kept, its payload where it landed and its MRs
+// pinned, until dispatch has run it through the engine (rdLanded).
 func (r *rxSide) endLanding(k int) {
 	q := r.land[0].q
 	n := max(r.n, 0)
 	for i := 0; i < k; i++ {
 		l := &r.land[i]
 		m := &r.msgs[i]
+		l.n = m.n
 		if i < n {
 			merged := m.gro > 0 && m.n > m.gro // several datagrams: never complete in place
-			if merged || !r.completeLandingLocked(l, m.n, m.trunc, m.src) {
+			switch {
+			case merged:
+				l.flat = l.flatten(m.n)
+			case q.typ == RD:
+				l.keep = r.keepRDLanding(l, m.n, m.trunc)
+				if !l.keep {
+					l.flat = l.flatten(m.n)
+				}
+			case !r.completeLandingLocked(l, m.n, m.trunc, m.src):
 				l.flat = l.flatten(m.n)
 			}
 		}
-		l.unlockMRs()
-		l.reset(m, r.own[i:i+1])
+		if l.keep {
+			r.kept++
+			continue // dispatch lets it go
+		}
+		l.release(m, r.own[i:i+1])
 		if i >= n {
 			l.q = nil // nothing arrived in this slot
 		}
@@ -117,10 +152,18 @@ func (r *rxSide) endLanding(k int) {
 	q.rqMu.Unlock()
 }
 
-// bind sets the slot's iovecs to w's SGEs, holding their MRs shared.
-func (l *landing) bind(q *QP, w *recvWQE, spare []byte) bool {
+// release unpins the slot's MRs and points it back at its own buffer.
+func (l *landing) release(m *rxMsg, own []unix.Iovec) {
+	l.unlockMRs()
+	l.reset(m, own)
+	l.keep = false
+}
+
+// bind sets the slot's iovecs to w's SGEs, holding their MRs shared, after
+// a header slot of hlen bytes.
+func (l *landing) bind(q *QP, w *recvWQE, hlen int, spare []byte) bool {
 	l.q, l.seq, l.id, l.nseg, l.room = q, w.seq, w.id, 0, 0
-	l.hlen = udiwarp.DDPUntaggedHeaderSize
+	l.hlen = hlen
 	l.iov[0].Base = &l.hdr[0]
 	l.iov[0].SetLen(l.hlen)
 	for i := 0; i < w.nsge; i++ {
@@ -249,6 +292,99 @@ func (r *rxSide) completeLandingLocked(l *landing, n int, truncated bool, src ne
 	q.completeRecv(&wc)
 	l.done = true
 	return true
+}
+
+// keepRDLanding reports whether the datagram that landed in slot l (an RD
+// QP's) is a Data frame with the RD header size guessed, carrying an
+// untagged Send for the slot's QP that fits the receive, with a good CRC:
+// its payload may stay where it landed for the RD engine to take in
+// order (rdQP.deliverLanded). Anything else takes the ordinary path; a
+// datagram that is not for this QP at all turns landing off for a while.
+// The full checks of the frame stay the engine's: this only finds the
+// frames whose payload is where the engine will want it.
+func (r *rxSide) keepRDLanding(l *landing, n int, truncated bool) bool {
+	payload := n - l.hlen - udiwarp.CRCSize
+	if truncated || payload < 0 || payload > l.room {
+		return false
+	}
+	hdr := l.hdr[:l.hlen]
+	h := &r.rdh
+	if t, err := udiwarp.Classify(hdr); err != nil || t != udiwarp.FrameRD || h.Parse(hdr) != nil || h.DstQPN != l.q.wireQPN() {
+		r.landOff = landBackoff // the guess was wrong: copy for a while
+		return false
+	}
+	if h.Type != reliability.Data || h.Size+udiwarp.DDPUntaggedHeaderSize != l.hlen {
+		return false // an ack, or a header of another size
+	}
+	if seg, err := udiwarp.ParseSegment(hdr[h.Size:], udiwarp.ProfileDatagram); err != nil || !rdIsSend(seg) {
+		return false
+	}
+	return r.s.dev.cfg.NoCRC || l.crcOK(payload)
+}
+
+// rdLanded hands the RD engine the frame of slot l, kept by endLanding:
+// its headers in l.hdr, its payload in the receive it landed in. The
+// engine finds it in landRD while it runs (rdQP.onData).
+func (r *rxSide) rdLanded(l *landing, src netip.AddrPort) {
+	st := &r.s.dev.stats
+	st.RxDatagrams.Add(1)
+	st.RxBytes.Add(uint64(l.n))
+	st.RxRDFrames.Add(1)
+	r.left = l.n
+	r.landRD = l
+	r.s.dev.deliverRDFrame(r.s, l.hdr[:l.hlen], src)
+	r.landRD = nil
+	if l.keep {
+		l.release(&r.msgs[l.idx], r.own[l.idx:l.idx+1])
+		r.kept--
+	}
+}
+
+// payload is the length of a kept RD Send's payload.
+func (l *landing) payload() int { return l.n - l.hlen - udiwarp.CRCSize }
+
+// unkeep copies kept slot l's datagram out of the receive it landed in,
+// to l.flat, and lets the receive and its memory go.
+func (r *rxSide) unkeep(l *landing) {
+	l.flat = l.flatten(l.n)
+	l.release(&r.msgs[l.idx], r.own[l.idx:l.idx+1])
+	r.kept--
+}
+
+// copyOut unkeeps l for the RD engine's ordinary path and returns its
+// frame without the CRC (checked already).
+func (r *rxSide) copyOut(l *landing) []byte {
+	r.unkeep(l)
+	return l.flat[:len(l.flat)-udiwarp.CRCSize]
+}
+
+// evict is called by the RD engine before it fills receive seq of q with
+// a message by the ordinary path: a datagram of this batch that landed in
+// that receive and waits for its turn is copied out first, or the message
+// would overwrite it.
+func (r *rxSide) evict(q *QP, seq uint64) {
+	if r.kept == 0 {
+		return
+	}
+	for i := range r.land {
+		if l := &r.land[i]; l.keep && l.q == q && l.seq == seq {
+			r.unkeep(l)
+			return
+		}
+	}
+}
+
+// noteSend notes on the socket that a Send (of payload bytes, behind an
+// RD header of rdHdr bytes; 0 for UD) was placed in a receive of q's: the
+// next reads land in q's receives.
+func (r *rxSide) noteSend(q *QP, payload, rdHdr int) {
+	if r.landQP.Load() != q {
+		r.landQP.Store(q)
+	}
+	r.noteSize(payload)
+	if rdHdr > 0 && r.rdHdr.Load() != int32(rdHdr) {
+		r.rdHdr.Store(int32(rdHdr))
+	}
 }
 
 // crcOK checks the trailer of a landed datagram with this payload length.

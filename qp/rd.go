@@ -642,6 +642,12 @@ func (d *Device) deliverRD(s *Socket, b []byte, src netip.AddrPort) {
 			return
 		}
 	}
+	d.deliverRDFrame(s, frame, src)
+}
+
+// deliverRDFrame hands a checked RD frame (without its CRC) to its QP.
+func (d *Device) deliverRDFrame(s *Socket, frame []byte, src netip.AddrPort) {
+	st := &d.stats
 	h := &s.rx.rdh
 	if err := h.Parse(frame); err != nil {
 		st.RxBadHeader.Add(1)
@@ -739,7 +745,7 @@ func (r *rdQP) receive(s *Socket, h *reliability.Header, frame []byte, src netip
 			}
 		}
 		if h.Type == reliability.Data {
-			r.onData(p, h, frame[h.Size:], src, now)
+			r.onData(s, p, h, frame[h.Size:], src, now)
 		}
 	}
 	if p.established && len(p.queue) > 0 && r.pump(s, p, now) {
@@ -876,13 +882,22 @@ func rdStatus(c reliability.Code) Status {
 
 // rdOnData runs a Data frame's sequence number through p's receiver and
 // delivers what is in order.
-func (r *rdQP) onData(p *rdPeer, h *reliability.Header, seg []byte, src netip.AddrPort, now time.Time) {
+//
+// The frame may have landed in a posted receive (s.rx.landRD, see
+// landing.go): seg is then its DDP header alone, and its payload is in
+// that receive. In order, it completes there if that receive is the next
+// (deliverLanded); a frame to buffer is copied out first.
+func (r *rdQP) onData(s *Socket, p *rdPeer, h *reliability.Header, seg []byte, src netip.AddrPort, now time.Time) {
 	q := r.q
 	st := &q.dev.stats
 	if h.WantsAck {
 		p.rcv.Urge()
 	}
+	land := s.rx.landRD
 	deliver := func(seq uint32, b []byte) bool {
+		if land != nil && seq == h.Seq {
+			return r.deliverLanded(s, p, seq, b, land, src)
+		}
 		ok := r.deliver(p, seq, b, src)
 		if ok && seq != h.Seq { // one the receiver held (a refused one it lets go of itself)
 			r.unhold(p, b)
@@ -892,6 +907,9 @@ func (r *rdQP) onData(p *rdPeer, h *reliability.Header, seg []byte, src netip.Ad
 	next := p.rcv.Next()
 	switch v := p.rcv.Classify(h.Seq); v {
 	case reliability.Buffered:
+		if land != nil {
+			seg, land = s.rx.copyOut(land)[h.Size:], nil
+		}
 		if p.held+len(seg) > r.cfg.MaxHeldBytes || r.held+len(seg) > r.cfg.MaxQPHeldBytes {
 			// Over the peer's or the QP's budget: dropped unacknowledged,
 			// as if lost; the sender sends it again.
@@ -915,7 +933,13 @@ func (r *rdQP) onData(p *rdPeer, h *reliability.Header, seg []byte, src netip.Ad
 		p.rcv.Receive(h.Seq, nil, now, deliver)
 		st.RDBeyondWindow.Add(1)
 	default:
-		p.rcv.Receive(h.Seq, seg, now, deliver)
+		if p.rcv.Receive(h.Seq, seg, now, deliver) == reliability.Delivered && q.srq == nil {
+			if n := len(seg) - udiwarp.DDPUntaggedHeaderSize; land != nil {
+				s.rx.noteSend(q, land.payload(), h.Size)
+			} else if sg, err := udiwarp.ParseSegment(seg, udiwarp.ProfileDatagram); err == nil && rdIsSend(sg) {
+				s.rx.noteSend(q, n, h.Size)
+			}
+		}
 	}
 	if p.rcv.Next() != next {
 		p.moved = now // the gap moved: what it holds is not stalled
@@ -999,6 +1023,9 @@ func (r *rdQP) deliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool
 		st.RDNotReady.Add(1) // at an SRQ limit too: the sender sends it again
 		return false
 	}
+	if s := q.sock.Load(); s != nil {
+		s.rx.evict(q, w.seq) // a later datagram of this batch landed there
+	}
 	if !isSend(seg.Opcode()) {
 		q.deliverImmediate(&w, seg, src)
 		return true
@@ -1012,6 +1039,32 @@ func (r *rdQP) deliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool
 	}
 	return true
 }
+
+// deliverLanded carries out the in-order frame seq from p whose payload
+// landed in a posted receive (slot land): hdr is its DDP header. If that
+// receive is the next one, the Send completes where it is, with no copy;
+// otherwise (an earlier message took another receive, or the QP was
+// flushed) the frame is copied out and takes the ordinary path.
+func (r *rdQP) deliverLanded(s *Socket, p *rdPeer, seq uint32, hdr []byte, land *landing, src netip.AddrPort) bool {
+	q := r.q
+	seg, err := udiwarp.ParseSegment(hdr, udiwarp.ProfileDatagram)
+	if h := seg.Untagged(); err == nil && rdIsSend(seg) && h.DstQPN() == q.wireQPN() && h.SrcQPN() == p.key.qpn {
+		q.rqMu.Lock()
+		if q.srq == nil && q.rq.len() > 0 && q.rq.front().seq == land.seq {
+			q.rq.pop()
+			q.rqMu.Unlock()
+			q.dev.stats.RxLanded.Add(1)
+			wc := q.sendWC(land.id, seg.Opcode(), h, src, land.payload()) // landed whole: Success
+			q.completeRecv(&wc)
+			return true
+		}
+		q.rqMu.Unlock()
+	}
+	return r.deliver(p, seq, s.rx.copyOut(land)[land.hlen-len(hdr):], src)
+}
+
+// rdIsSend reports whether seg is an untagged Send (not Immediate Data).
+func rdIsSend(seg udiwarp.Segment) bool { return !seg.Control.Tagged() && isSend(seg.Opcode()) }
 
 // rdPlace places an RDMA Write or Read Response segment (Device.placeTagged).
 func (r *rdQP) place(seg udiwarp.Segment) (reliability.Code, bool) {

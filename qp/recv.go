@@ -169,10 +169,7 @@ func (q *QP) receiveSend(seg udiwarp.Segment, src netip.AddrPort) {
 	case Success:
 		if q.srq == nil {
 			if s := q.sock.Load(); s != nil {
-				if s.rx.landQP.Load() != q {
-					s.rx.landQP.Store(q)
-				}
-				s.rx.noteSize(len(seg.Payload))
+				s.rx.noteSend(q, len(seg.Payload), 0)
 			}
 		}
 	case LocalLengthError:

@@ -16,7 +16,7 @@ import (
 // receive of the QP the last Sends were for (landing.go) or the next
 // segments' place in a Write-Record region (wrlanding.go). The guesses
 // live here, not in the lower layer, which only reads into what it is
-// given. Everything but landQP and landBig is under Socket.rxMu.
+// given. Everything but landQP, landBig and rdHdr is under Socket.rxMu.
 type rxSide struct {
 	s    *Socket
 	msgs []rxMsg
@@ -32,6 +32,14 @@ type rxSide struct {
 	// landBig says recent messages were large enough that landing in
 	// place beats preparing it, even for a single-datagram read.
 	landBig atomic.Bool
+	// rdHdr is the RD header size of the last RD Send placed: an RD QP's
+	// receives land behind a header slot of that size plus DDP's.
+	rdHdr atomic.Int32
+	// landRD is the slot whose RD frame the engine is running, its payload
+	// in the receive it landed in (landing.go, rdLanded); kept counts the
+	// batch's slots whose payload waits in a receive that way.
+	landRD *landing
+	kept   int
 	// landOff skips landing for this many reads after a wrong guess (the
 	// socket's traffic goes to several QPs).
 	landOff int
@@ -57,6 +65,7 @@ func (r *rxSide) init(s *Socket, batch int) {
 	r.bufs = make([][]byte, batch)
 	r.land = make([]landing, batch)
 	for i := range batch {
+		r.land[i].idx = i
 		r.msgs[i].iov = r.own[i : i+1]
 		if !s.manual {
 			r.setBuf(i, make([]byte, 1<<16))
@@ -129,8 +138,23 @@ func (r *rxSide) read(vlen int) bool {
 		r.endWRLanding(landed)
 	case landed > 0:
 		r.endLanding(landed)
+		if !ok {
+			r.letGoKept(landed) // no dispatch follows
+		}
 	}
 	return ok
+}
+
+// letGoKept lets go of the RD slots endLanding kept when no dispatch will
+// run them (the socket closed).
+func (r *rxSide) letGoKept(k int) {
+	for i := range k {
+		if l := &r.land[i]; l.keep {
+			l.release(&r.msgs[i], r.own[i:i+1])
+			r.kept--
+			l.q = nil
+		}
+	}
 }
 
 // dispatch hands every datagram of the last read to the engines; false
@@ -144,8 +168,12 @@ func (r *rxSide) dispatch() bool {
 		m := &r.msgs[i]
 		if l := &r.land[i]; l.q != nil {
 			// Landed in a posted receive: endLanding either completed it
-			// there or copied it out for the ordinary path.
-			if !l.done {
+			// there, kept it for the RD engine, or copied it out for the
+			// ordinary path.
+			switch {
+			case l.keep: // (evicted meanwhile: copied out, l.flat)
+				r.rdLanded(l, m.src)
+			case !l.done:
 				r.deliverSplit(l.flat, m.trunc || m.n > len(l.flat), m.gro, m.src)
 			}
 			l.q, l.done, l.flat = nil, false, nil

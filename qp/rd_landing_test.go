@@ -1,0 +1,150 @@
+package qp
+
+import (
+	"bytes"
+	"testing"
+	"time"
+)
+
+// TestRDDirectPlacement checks RD Sends that land straight in posted
+// receives (landing.go, rdQP.deliverLanded): every message complete, in
+// order and once, whether the link is clean (most land in place), loses,
+// reorders, duplicates and corrupts frames (out-of-order frames are
+// copied out and buffered, corrupted ones fail their CRC on the ordinary
+// path, retransmissions fill the gaps), or carries Sends for another QP
+// of the same socket in between (the guess is wrong: landing backs off).
+// Receives have two SGEs, so a landed payload spans both.
+func TestRDDirectPlacement(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		impair *Impairment
+		other  bool
+	}{
+		{name: "clean"},
+		{name: "another QP between", other: true},
+		{name: "lossy link, seed 7", impair: &Impairment{Seed: 7, Loss: 0.05, Reorder: 0.05, Duplicate: 0.05, Corrupt: 0.02}},
+		{name: "lossy link, seed 8", impair: &Impairment{Seed: 8, Loss: 0.05, Reorder: 0.05, Duplicate: 0.05, Corrupt: 0.02}},
+		{name: "lossy link, seed 9", impair: &Impairment{Seed: 9, Loss: 0.1, Reorder: 0.1, Duplicate: 0.05}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newRDPair(t, DeviceConfig{Impair: tc.impair}, DeviceConfig{Poll: PollBusy}, RDConfig{})
+			var qo *QP
+			var cqo *CQ
+			if tc.other {
+				qo, cqo = rdQPOn(t, p.b, RDConfig{})
+				for i := range 64 {
+					qo.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(900000+i*100, 100)}})
+				}
+			}
+			const n = 120
+			const size = 3000
+			for i := range n {
+				// 1000 bytes, then 2000 elsewhere.
+				p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*1000, 1000), p.b.mr.SGE(300000+i*2000, 2000)}})
+			}
+			for i := range n {
+				fill(p.a.buf[i*size:(i+1)*size], i)
+				if err := p.qa.PostSend(&SendWR{ID: uint64(i), SGL: []SGE{p.a.mr.SGE(i*size, size)}, AH: p.ahAB}); err != nil {
+					t.Fatal(err)
+				}
+				if qo != nil && i%20 == 5 {
+					ah := p.a.ah(p.b, qo)
+					if err := p.qa.PostSend(&SendWR{Inline: []byte{byte(i)}, AH: ah}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			got := make([]WorkCompletion, 0, n)
+			wcs := make([]WorkCompletion, 16)
+			for deadline := time.Now().Add(time.Minute); len(got) < n; {
+				got = append(got, wcs[:p.cqb.Poll(wcs[:min(len(wcs), n-len(got))])]...)
+				if time.Now().After(deadline) {
+					t.Fatalf("%d of %d messages in a minute", len(got), n)
+				}
+			}
+			for i, wc := range got {
+				rx := append(append([]byte{}, p.b.buf[i*1000:i*1000+1000]...), p.b.buf[300000+i*2000:300000+i*2000+2000]...)
+				if wc.ID != uint64(i) || wc.Status != Success || wc.Len != size || wc.SourceQPN != p.qa.QPN() || !bytes.Equal(rx, p.a.buf[i*size:(i+1)*size]) {
+					t.Fatalf("message %d: %+v (content equal: %v)", i, wc, bytes.Equal(rx, p.a.buf[i*size:(i+1)*size]))
+				}
+			}
+			if qo != nil {
+				for deadline := time.Now().Add(time.Minute); ; {
+					cqo.Poll(wcs[:0]) // drive the busy device
+					if k := p.cqb.Poll(wcs[:1]); k > 0 {
+						t.Fatalf("a completion more than was posted: %+v", wcs[0])
+					}
+					if p.b.dev.Stats().RxDelivered.Load() >= n+n/20 {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("the other QP's Sends: %d delivered in all", p.b.dev.Stats().RxDelivered.Load())
+					}
+				}
+				for k := cqo.Poll(wcs); k > 0; k = cqo.Poll(wcs) {
+					for _, wc := range wcs[:k] {
+						if wc.Status != Success || p.b.buf[900000+wc.ID*100] != byte(5+20*wc.ID) {
+							t.Fatalf("other QP: %+v", wc)
+						}
+					}
+				}
+			}
+			st := p.b.dev.Stats()
+			landed := st.RxLanded.Load()
+			t.Logf("landed %d of %d; bad CRC %d, retransmissions %d", landed, n, st.RxBadCRC.Load(), p.a.dev.Stats().RDRetransmits.Load())
+			if tc.impair == nil && landed < n/2 {
+				t.Fatalf("only %d of %d placed directly", landed, n)
+			}
+		})
+	}
+}
+
+// TestRDDirectPlacementFlushed takes the target's QP to ERROR while RD
+// Sends are queued on its socket: frames that landed in receives the
+// flush completed must not complete again, and no receive completes
+// Success after its flush.
+func TestRDDirectPlacementFlushed(t *testing.T) {
+	p := newRDPair(t, DeviceConfig{}, DeviceConfig{Poll: PollBusy}, RDConfig{})
+	const size = 4000
+	const n = 64
+	for i := range n {
+		p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*size, size)}})
+	}
+	send := func(i int) {
+		if err := p.qa.PostSend(&SendWR{ID: uint64(i), SGL: []SGE{p.a.mr.SGE(0, size)}, AH: p.ahAB}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 8 {
+		send(i)
+	}
+	first := spinWC(t, p.cqb, 8) // the guess is made
+	for _, wc := range first {
+		if wc.Status != Success {
+			t.Fatalf("%+v", wc)
+		}
+	}
+	for i := 8; i < 40; i++ {
+		send(i)
+	}
+	eventually(t, "the sends to leave", func() bool { return p.a.dev.Stats().TxDatagrams.Load() >= 40 })
+	if err := p.qb.Modify(ModifyAttr{State: StateError}); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[uint64]bool{}
+	wcs := make([]WorkCompletion, 64)
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); {
+		for _, wc := range wcs[:p.cqb.Poll(wcs)] {
+			if seen[wc.ID] {
+				t.Fatalf("receive %d completed twice: %+v", wc.ID, wc)
+			}
+			seen[wc.ID] = true
+			if wc.Status != WRFlushError {
+				t.Fatalf("after the flush: %+v", wc)
+			}
+		}
+	}
+	if len(seen) != n-8 {
+		t.Fatalf("%d of %d receives flushed", len(seen), n-8)
+	}
+}
