@@ -586,11 +586,13 @@ func (r *rdQP) gather(t *txCtx, w *rdWR, off, n uint32) Status {
 	}
 	c := sglSlice{sge: w.sge[:w.nsge], off: off, left: n}
 	for part, ok := c.next(); ok; part, ok = c.next() {
-		pin := t.pin
+		var b []byte
+		var st Status
 		if w.internal {
-			pin = t.pinRemote // a Read Response: the peer's access, checked as it is sent
+			b, st = t.pinRemote(&part) // a Read Response: the peer's access, checked as it is sent
+		} else {
+			b, st = t.pin(&part) // (a method value here would allocate per segment)
 		}
-		b, st := pin(&part)
 		if st != Success {
 			return st
 		}

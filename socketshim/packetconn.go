@@ -74,6 +74,8 @@ type PacketConn struct {
 	rmu   sync.Mutex // one reader at a time
 	rwc   [1]qp.WorkCompletion
 	wmu   sync.Mutex
+	wr    qp.SendWR // the WR being posted, reused: one made per call escapes
+	sge   [1]qp.SGE
 	free  shim.Slots // free send slots
 	swcs  []qp.WorkCompletion
 	dst   []netip.AddrPort // Reliable: each send slot's destination
@@ -218,8 +220,12 @@ func ListenPacket(network, address string, opts *Options) (*PacketConn, error) {
 	if c.rbuf, err = c.pd.RegisterMemory(make([]byte, o.RecvDepth*c.slot), qp.AccessLocalWrite); err != nil {
 		return fail(err)
 	}
-	if c.sbuf, err = c.pd.RegisterMemory(make([]byte, o.SendSlots*c.slot), qp.AccessLocalWrite); err != nil {
-		return fail(err)
+	if o.Reliable {
+		// RD keeps every datagram until acknowledged: a slot each. A UD
+		// datagram leaves from the caller's buffer (WriteTo).
+		if c.sbuf, err = c.pd.RegisterMemory(make([]byte, o.SendSlots*c.slot), qp.AccessLocalWrite); err != nil {
+			return fail(err)
+		}
 	}
 	if c.rcq, err = dev.CreateCQ(2 * o.RecvDepth); err != nil {
 		return fail(err)
@@ -227,13 +233,13 @@ func ListenPacket(network, address string, opts *Options) (*PacketConn, error) {
 	if c.scq, err = dev.CreateCQ(2 * o.SendSlots); err != nil {
 		return fail(err)
 	}
-	typ := qp.UD
+	typ, inline := qp.UD, c.slot
 	if o.Reliable {
-		typ = qp.RD
+		typ, inline = qp.RD, rdInline
 		c.reliable = true
 	}
 	if c.q, err = c.pd.CreateQP(qp.QPAttr{Type: typ, SendCQ: c.scq, RecvCQ: c.rcq, RD: o.RD,
-		Caps: qp.QPCaps{MaxSendWR: o.SendSlots, MaxRecvWR: o.RecvDepth, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: 512}}); err != nil {
+		Caps: qp.QPCaps{MaxSendWR: o.SendSlots, MaxRecvWR: o.RecvDepth, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: inline}}); err != nil {
 		return fail(err)
 	}
 	if c.q.QPN() != ShimQPN {
@@ -365,17 +371,24 @@ func (c *PacketConn) WriteToUDPAddrPort(b []byte, ap netip.AddrPort) (int, error
 		if err := c.sendErr(ap); err != nil {
 			return 0, err
 		}
-	} else if len(b) <= 512 {
-		// Copied at post: no slot, no completion (UD sends only fail
-		// locally, as a datagram a socket drops).
-		if err := c.post(&qp.SendWR{ID: inlineID, Inline: b, AH: ah}); err != nil {
+	} else {
+		// Inline, whatever its size: a UD send that goes out at once (the
+		// QP has nothing queued and the socket takes it) is gathered from
+		// b by the kernel's copy alone; one that must wait is copied into
+		// the send queue at post. No slot, no completion (UD sends only
+		// fail locally, as a datagram a socket drops).
+		c.wr = qp.SendWR{ID: inlineID, Inline: b, AH: ah}
+		err := c.post(&c.wr)
+		c.wr.Inline = nil
+		if err != nil {
 			return 0, c.opErr("write", err)
 		}
 		return len(b), nil
 	}
-	// A slot: for the copy of b, and on RD for every send, so that its
-	// completion names the destination (the send queue holds SendSlots
-	// WRs: the slots cost no concurrency).
+	// RD: a slot for every send, so that its completion names the
+	// destination (the send queue holds SendSlots WRs: the slots cost no
+	// concurrency), and for the copy of b that RD keeps until it is
+	// acknowledged.
 	i, ok := c.free.Take()
 	for ; !ok; i, ok = c.free.Take() {
 		if err := c.reap(); err != nil {
@@ -385,16 +398,19 @@ func (c *PacketConn) WriteToUDPAddrPort(b []byte, ap netip.AddrPort) (int, error
 			return 0, err
 		}
 	}
-	wr := qp.SendWR{ID: uint64(i), Flags: qp.FlagSignaled, AH: ah}
-	if len(b) <= 512 {
-		wr.Inline = b // copied at post
+	c.wr = qp.SendWR{ID: uint64(i), Flags: qp.FlagSignaled, AH: ah}
+	if len(b) <= rdInline {
+		c.wr.Inline = b // copied at post
 	} else {
 		off := i * c.slot
 		copy(c.sbuf.Bytes()[off:], b)
-		wr.SGL = []qp.SGE{c.sbuf.SGE(off, len(b))}
+		c.sge[0] = c.sbuf.SGE(off, len(b))
+		c.wr.SGL = c.sge[:]
 	}
 	c.dst[i] = ap
-	if err := c.post(&wr); err != nil {
+	err = c.post(&c.wr)
+	c.wr.Inline = nil
+	if err != nil {
 		c.free.Put(i)
 		return 0, c.opErr("write", err)
 	}
@@ -482,6 +498,10 @@ func (c *PacketConn) post(wr *qp.SendWR) error {
 }
 
 var errMessageTooLong = errors.New("message too long")
+
+// rdInline is the largest datagram a Reliable PacketConn sends inline
+// (copied into the send queue at post) rather than from its slot.
+const rdInline = 512
 
 // inlineID marks the completions of inline sends, which hold no slot.
 const inlineID = ^uint64(0)

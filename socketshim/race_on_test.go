@@ -1,0 +1,5 @@
+//go:build race
+
+package socketshim
+
+const raceEnabled = true

@@ -1,0 +1,122 @@
+package socketshim
+
+import (
+	"bytes"
+	"net"
+	"testing"
+	"time"
+)
+
+// TestWriteToLeavesBuffer checks that a UD PacketConn, which sends every
+// datagram inline from the caller's buffer (gathered by the kernel when
+// it goes out at once, copied into the send queue when it must wait),
+// never reads the buffer after WriteTo returns: the writer overwrites it
+// at once, and every datagram read is whole and one of those written.
+// The writer outruns the reader's socket, so some sends queue.
+func TestWriteToLeavesBuffer(t *testing.T) {
+	for _, reliable := range []bool{false, true} {
+		name := "UD"
+		if reliable {
+			name = "Reliable"
+		}
+		t.Run(name, func(t *testing.T) {
+			o := &Options{Reliable: reliable}
+			a, err := ListenPacket("udp4", "127.0.0.1:0", o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			c, err := ListenPacket("udp4", "127.0.0.1:0", o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			const n, size = 400, 64000
+			done := make(chan int)
+			go func() {
+				buf := make([]byte, 65536)
+				got := 0
+				defer func() { done <- got }()
+				c.SetReadDeadline(time.Now().Add(20 * time.Second))
+				for got < n {
+					k, _, err := c.ReadFrom(buf)
+					if err != nil {
+						return
+					}
+					if k != size || buf[0] == 0xEE || !bytes.Equal(buf[1:k], bytes.Repeat(buf[:1], k-1)) {
+						t.Errorf("datagram %d: %d bytes, not one written whole (first bytes % x)", got, k, buf[:8])
+						return
+					}
+					got++
+				}
+			}()
+			msg := make([]byte, size)
+			dst := c.LocalAddr()
+			for i := range n {
+				for j := range msg {
+					msg[j] = byte(i%200 + 1)
+				}
+				if _, err := a.WriteTo(msg, dst); err != nil {
+					t.Fatal(err)
+				}
+				for j := range msg {
+					msg[j] = 0xEE // the caller's buffer is the caller's again
+				}
+			}
+			if reliable {
+				if got := <-done; got != n {
+					t.Fatalf("read %d of %d", got, n)
+				}
+				return
+			}
+			time.Sleep(200 * time.Millisecond)
+			c.Close()
+			got := <-done
+			t.Logf("read %d of %d (UD may drop at the receiver's socket)", got, n)
+			if got == 0 {
+				t.Fatal("nothing arrived")
+			}
+		})
+	}
+}
+
+// TestStreamAllocs checks that a 64000-byte WriteTo and ReadFrom cost no
+// allocation on a UD PacketConn, and on a Reliable one no more than RD's
+// own: the work request it keeps until the peer acknowledges it (and the
+// growth of its queues).
+func TestStreamAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates on its own")
+	}
+	for _, reliable := range []bool{false, true} {
+		o := &Options{Reliable: reliable}
+		a, err := ListenPacket("udp4", "127.0.0.1:0", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		c, err := ListenPacket("udp4", "127.0.0.1:0", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		msg, buf := make([]byte, 64000), make([]byte, 65536)
+		dst := c.LocalAddr().(*net.UDPAddr).AddrPort()
+		round := func() {
+			if _, err := a.WriteToUDPAddrPort(msg, dst); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := c.ReadFromUDPAddrPort(buf); err != nil {
+				t.Fatal(err)
+			}
+		}
+		round()
+		limit := 0.0
+		if reliable {
+			limit = 2
+		}
+		if allocs := testing.AllocsPerRun(200, round); allocs > limit {
+			t.Errorf("reliable %v: %v allocations per WriteTo and ReadFrom of 64000 bytes", reliable, allocs)
+		}
+	}
+}
