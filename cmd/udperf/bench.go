@@ -11,6 +11,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -48,6 +49,7 @@ type benchFlags struct {
 	qps         int
 	mtu         int
 	loss        float64
+	rate        float64
 	seed        uint64
 	partial     bool
 	deadline    time.Duration
@@ -72,7 +74,7 @@ func (f *benchFlags) register(c *command, name string) {
 	f.cmd = c
 	fs := c.fs
 	if name == "compare" {
-		fs.StringVar(&f.modes, "modes", "", "comma-separated modes; the first is the baseline of the ratios")
+		fs.StringVar(&f.modes, "modes", "", "comma-separated modes, each MODE or MODE@SIZE (its own -s); the first is the baseline of the ratios")
 		fs.IntVar(&f.rounds, "rounds", 3, "rounds; each runs every mode once, in alternating order; figures are medians")
 	} else {
 		fs.StringVar(&f.mode, "mode", string(perf.ModeUDSend), "what carries the messages: "+modeList())
@@ -89,6 +91,7 @@ func (f *benchFlags) register(c *command, name string) {
 	fs.IntVar(&f.qps, "qps", 1, "concurrent QPs (UD and raw-udp modes)")
 	fs.IntVar(&f.mtu, "mtu", 0, "largest segment payload of Write-Record and RD segments (0: one datagram)")
 	fs.Float64Var(&f.loss, "loss", 0, "datagram loss probability applied by the impairment layer (ud-wr at the sender; RD both ways)")
+	fs.Float64Var(&f.rate, "rate", 0, "bw: pace the sender at this many `Gb/s` of payload, split over its flows, whatever the message size (0: unpaced)")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the impairment layer")
 	fs.BoolVar(&f.partial, "partial", false, "Write-Record: deliver partial messages at the deadline")
 	f.deadline = 5 * time.Millisecond
@@ -235,7 +238,7 @@ func (f *benchFlags) configs(m perf.Mode) ([]perf.Config, error) {
 	var out []perf.Config
 	for _, s := range sizes {
 		c := perf.Config{Mode: m, Test: test, Poll: poll, Size: s, Iters: f.iters, Warmup: warmup(f.warmup),
-			Duration: f.dur, QPs: f.qps, Bidir: f.bidir, Segment: f.mtu, Loss: f.loss, Seed: f.seed, Partial: f.partial, Deadline: f.deadline}
+			Duration: f.dur, QPs: f.qps, Bidir: f.bidir, Segment: f.mtu, Loss: f.loss, Seed: f.seed, Partial: f.partial, Deadline: f.deadline, Rate: f.rate}
 		if err := checkConfig(c); err != nil {
 			return nil, err
 		}
@@ -279,6 +282,7 @@ type row struct {
 	QPs      int     `json:"qps"`
 	MTU      int     `json:"mtu"`
 	Loss     float64 `json:"loss"`
+	Rate     float64 `json:"rate_gbps,omitempty"`
 	Seed     uint64  `json:"seed"`
 	Partial  bool    `json:"partial"`
 	Deadline float64 `json:"deadline_s"`
@@ -292,7 +296,7 @@ func reliableMode(m string) bool {
 func rowOf(test string, r perf.Result) row {
 	c := r.Config
 	w := row{Mode: string(r.Mode), Test: test, Poll: c.Poll.String(), Bytes: r.Size,
-		QPs: max(c.QPs, 1), MTU: c.Segment, Loss: c.Loss, Seed: c.Seed, Partial: c.Partial, Deadline: c.Deadline.Seconds(), Bidir: c.Bidir}
+		QPs: max(c.QPs, 1), MTU: c.Segment, Loss: c.Loss, Rate: c.Rate, Seed: c.Seed, Partial: c.Partial, Deadline: c.Deadline.Seconds(), Bidir: c.Bidir}
 	if r.Test == perf.TestLat {
 		warm := max(c.Warmup, 0)
 		w.N, w.Warmup = c.Iters, &warm
@@ -503,6 +507,23 @@ func finish(cmd string, stderr io.Writer, out sink, interrupted bool, runErr err
 	return 0
 }
 
+// parseModeSize parses a -modes entry of compare: MODE, or MODE@SIZE for
+// a mode measured at its own message size (size -1 when not given), so
+// that modes whose natural sizes differ (ud-send@64000,ud-wr@524288) are
+// compared in one run.
+func parseModeSize(s string) (perf.Mode, int, error) {
+	name, sz, ok := strings.Cut(s, "@")
+	m, err := parseMode(name)
+	if err != nil || !ok {
+		return m, -1, err
+	}
+	size, err := strconv.Atoi(sz)
+	if err != nil || size < 0 {
+		return m, -1, fmt.Errorf("%q: the size after @ is a number of bytes, 0 or more", s)
+	}
+	return m, size, nil
+}
+
 // compare is `udperf compare`.
 func compare(args []string, stdout, stderr io.Writer) int {
 	c := newCommand("compare", "udperf compare -modes M1,M2,... [flags]",
@@ -520,17 +541,25 @@ func compare(args []string, stdout, stderr io.Writer) int {
 		return fail(errors.New("-rounds: want a positive number of rounds"))
 	}
 	var modes []perf.Mode
+	var sizes []int // a mode's own size (MODE@SIZE), or -1
 	for _, s := range strings.Split(f.modes, ",") {
-		m, err := parseMode(strings.TrimSpace(s))
+		m, size, err := parseModeSize(strings.TrimSpace(s))
 		if err != nil {
 			return fail(fmt.Errorf("-modes: %w", err))
 		}
-		modes = append(modes, m)
+		if size >= 0 && f.all {
+			return fail(fmt.Errorf("-modes %s: a mode's own size and -a together: -a runs every size", s))
+		}
+		modes, sizes = append(modes, m), append(sizes, size)
 	}
 	// Every mode must run every setting given: one that cannot is named.
 	byMode := make([][]perf.Config, len(modes))
 	for i, m := range modes {
 		cfgs, err := f.configs(m)
+		if err == nil && sizes[i] >= 0 {
+			cfgs[0].Size = sizes[i]
+			err = checkConfig(cfgs[0])
+		}
 		if err != nil {
 			return fail(fmt.Errorf("mode %s: %w", m, err))
 		}

@@ -855,7 +855,7 @@ func drive(cfg perf.Config, test string, rep runReply, data *net.UDPConn, host n
 		if err != nil {
 			return res, err
 		}
-		end := &perf.UDPEnd{Conn: data, Poll: cfg.Poll, Stop: &stop, Unconnected: cfg.Mode == perf.ModeRawUDPUnconnected, Peer: to.AddrPort()}
+		end := &perf.UDPEnd{Conn: data, Poll: cfg.Poll, Stop: &stop, Unconnected: cfg.Mode == perf.ModeRawUDPUnconnected, Peer: to.AddrPort(), Rate: cfg.FlowRate()}
 		if !end.Unconnected { // raw-udp: connected, read and write
 			if err := connectUDP(data, to.AddrPort()); err != nil {
 				return res, err

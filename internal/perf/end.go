@@ -560,6 +560,7 @@ func (e *End) DriveBandwidth(cfg Config, o Offer) (Result, error) {
 	busy := cfg.Poll == qp.PollBusy
 	wcs := make([]qp.WorkCompletion, 64)
 	wr, _ := e.wr(cfg, ah, o)
+	pace := newPacer(cfg.FlowRate())
 	end := time.Now().Add(cfg.Duration)
 	if e.mode.InitiatorMeasured() {
 		var first, last time.Time
@@ -574,6 +575,7 @@ func (e *End) DriveBandwidth(cfg Config, o Offer) (Result, error) {
 			for time.Now().Before(end) && out < onesidedDepth && e.q.PostSend(&wr) == nil {
 				out++
 				res.Sent++
+				pace.pace(cfg.Size)
 			}
 			if out == 0 {
 				continue
@@ -636,6 +638,7 @@ func (e *End) DriveBandwidth(cfg Config, o Offer) (Result, error) {
 		res.Sent++
 		credits--
 		i++
+		pace.pace(cfg.Size)
 		if cfg.Interval > 0 { // paced: the loss is the link's, not the receiver's
 			next = next.Add(cfg.Interval)
 			time.Sleep(time.Until(next))

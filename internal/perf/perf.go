@@ -131,6 +131,11 @@ type Config struct {
 	Bidir bool
 	// Interval paces a Write-Record bandwidth run: one message per interval.
 	Interval time.Duration
+	// Rate paces a datagram bandwidth run at the sender: Rate Gb/s of
+	// message payload offered in all (split evenly across its flows, QPs
+	// and Bidir), whatever the mode and message size, so that modes of
+	// different sizes offer the same load (0: as fast as the sender can).
+	Rate float64
 	// OnDevice, when set, is called with every device the run opens (for
 	// metrics).
 	OnDevice func(*qp.Device)
@@ -233,7 +238,7 @@ func (m Mode) raw() bool { return m == ModeRawUDP || m == ModeRawUDPUnconnected 
 // cannot carry, by the udperf flag that sets it (-s, -loss, -qps, -mtu,
 // ...), since udperf is where settings come from. Run calls it first and refuses; udperf calls it before
 // anything runs. The zero values and plain defaults pass for every mode
-// (Loss 0, QPs 0 or 1, Partial false, Segment 0, Interval 0, Bidir
+// (Loss 0, QPs 0 or 1, Partial false, Segment 0, Interval 0, Rate 0, Bidir
 // false, NoCRC false, any Seed; Deadline, read only with Partial, any
 // value that is not negative; Iters, Warmup and Duration, which Run
 // fills in when not positive). The rules:
@@ -252,6 +257,8 @@ func (m Mode) raw() bool { return m == ModeRawUDP || m == ModeRawUDPUnconnected 
 //     that segment a message over datagrams, ud-wr, rd-write, rd-read,
 //     rd-wr.
 //   - Bidir: bandwidth only. NoCRC: not on the plain-socket modes.
+//   - Rate: the datagram modes' bandwidth runs (not RC, raw-tcp or the
+//     atomics), and not with Interval.
 func (c Config) Check() error {
 	m := c.Mode
 	switch {
@@ -291,6 +298,12 @@ func (c Config) Check() error {
 		return fmt.Errorf("interval %v: not negative", c.Interval)
 	case c.Interval > 0 && (m != ModeUDWriteRecord || c.Test != TestBW):
 		return fmt.Errorf("interval: only ud-wr bw is paced, not %s %s", m, c.Test)
+	case c.Rate < 0 || math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0):
+		return fmt.Errorf("-rate %v: want Gb/s, 0 (unpaced) or more", c.Rate)
+	case c.Rate > 0 && (c.Test != TestBW || m.rc() || m == ModeRawTCP || m.Atomic()):
+		return fmt.Errorf("-rate: paces datagram bandwidth runs (-test bw, raw-udp, ud-*, rd-*), not %s %s", m, c.Test)
+	case c.Rate > 0 && c.Interval > 0:
+		return errors.New("-rate and an interval together: one pacing")
 	case c.Bidir && c.Test != TestBW:
 		return errors.New("-bidir: bandwidth only (-test bw or rate)")
 	case c.NoCRC && m.raw():

@@ -110,7 +110,7 @@ func rawBandwidth(cfg Config) (Result, error) {
 		}
 		conns = append(conns, tx, rx)
 		sink := &UDPEnd{Conn: rx, Poll: cfg.Poll, Unconnected: unconn, Stop: &stop, Shared: cfg.QPs > 1}
-		src := &UDPEnd{Conn: tx, Poll: cfg.Poll, Unconnected: unconn, Peer: rx.LocalAddr().(*net.UDPAddr).AddrPort(), Stop: &stop, Shared: cfg.QPs > 1}
+		src := &UDPEnd{Conn: tx, Poll: cfg.Poll, Unconnected: unconn, Peer: rx.LocalAddr().(*net.UDPAddr).AddrPort(), Stop: &stop, Shared: cfg.QPs > 1, Rate: cfg.FlowRate()}
 		sinks.Go(func() {
 			if rawSinkStart != nil {
 				rawSinkStart()

@@ -390,6 +390,8 @@ type UDPEnd struct {
 	// not lock its OS thread (with more locked spinners than cores the
 	// scheduler hands threads back and forth).
 	Shared bool
+	// Rate paces Blast at that many Gb/s of payload (0: unpaced).
+	Rate float64
 }
 
 func (e *UDPEnd) flag() *atomic.Bool {
@@ -550,6 +552,10 @@ func (e *UDPEnd) Blast(size int, sending *atomic.Bool) (uint64, error) {
 	if e.Unconnected {
 		to = rawAddrFor(socketFamily(e.Conn), e.Peer)
 	}
+	pace := newPacer(e.Rate)
+	if pace != nil {
+		bufs = bufs[:1] // paced: a datagram per call, as the stack's senders post
+	}
 	var n int
 	wr := newMmsg(bufs, to).op(unix.SYS_SENDMMSG, &n)
 	var sent uint64
@@ -559,6 +565,7 @@ func (e *UDPEnd) Blast(size int, sending *atomic.Bool) (uint64, error) {
 				return err
 			}
 			sent += uint64(n)
+			pace.pace(n * size)
 		}
 		return nil
 	})
