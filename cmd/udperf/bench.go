@@ -333,6 +333,27 @@ func figure(test string, r row) float64 {
 	return r.BWAvg
 }
 
+// roundRatio is the median, over the rounds both have, of a mode's figure
+// over the baseline's in the same round (0 where the baseline's is 0):
+// the two ran back to back, so a machine that drifts between rounds
+// (shared hosts do, by a factor of two) moves both and not their ratio.
+func roundRatio(test string, rs, base []row) float64 {
+	var v []float64
+	for r := range min(len(rs), len(base)) {
+		if b := figure(test, base[r]); b > 0 {
+			v = append(v, figure(test, rs[r])/b)
+		}
+	}
+	if len(v) == 0 {
+		return 0
+	}
+	slices.Sort(v)
+	if len(v)%2 == 0 {
+		return (v[len(v)/2-1] + v[len(v)/2]) / 2
+	}
+	return v[len(v)/2]
+}
+
 // median merges the rows of several rounds of one (mode, size), with the
 // rounds' spread: (max - min) / median of the figure, in percent.
 func median(test string, rs []row) row {
@@ -592,13 +613,9 @@ func compare(args []string, stdout, stderr io.Writer) int {
 				return nil
 			}
 		}
-		base := figure(f.test, median(f.test, samples[0]))
 		for i := range modes {
 			w := median(f.test, samples[i])
-			ratio := 0.0
-			if base > 0 {
-				ratio = figure(f.test, w) / base
-			}
+			ratio := roundRatio(f.test, samples[i], samples[0])
 			w.Ratio = &ratio
 			if *w.Spread > spreadWarning {
 				out.bar.clear()

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"testing"
+
+	"github.com/udiwarp/udiwarp/internal/perf"
 )
 
 // TestCompareOwnSizesPaced runs compare with each mode at its own size
@@ -40,5 +42,40 @@ func TestCompareOwnSizesPaced(t *testing.T) {
 		if r.BW > 1.5 {
 			t.Errorf("%s carried %.2f Gb/s paced at 1", r.Mode, r.BW)
 		}
+	}
+}
+
+// TestCompareRatioPerRound: compare's ratio is the median of the rounds'
+// ratios, each to the baseline's figure in the same round, not the ratio
+// of two medians, which a machine whose speed drifts between rounds makes
+// meaningless: here the baseline's third round ran slow and the mode's
+// fast (the ratio of medians would say 2.5x; every round but that one
+// says 0.9x).
+func TestCompareRatioPerRound(t *testing.T) {
+	old := measure
+	defer func() { measure = old }()
+	figures := map[perf.Mode][]float64{perf.ModeRawUDP: {10, 40, 12}, perf.ModeUDSend: {9, 36, 30}}
+	calls := map[perf.Mode]int{}
+	measure = func(c perf.Config) (perf.Result, error) {
+		g := figures[c.Mode][calls[c.Mode]]
+		calls[c.Mode]++
+		return perf.Result{Config: c, Gbps: g, Received: 100, Sent: 100}, nil
+	}
+	var out, errb bytes.Buffer
+	if code := run([]string{"compare", "-modes", "raw-udp,ud-send", "-test", "bw", "-s", "64000", "-rounds", "3", "-json"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var doc struct {
+		Results []struct {
+			Mode  string  `json:"mode"`
+			BW    float64 `json:"bw_avg_gbps"`
+			Ratio float64 `json:"ratio"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Results) != 2 || doc.Results[1].Ratio < 0.899 || doc.Results[1].Ratio > 0.901 || doc.Results[1].BW != 30 {
+		t.Fatalf("%+v: want ud-send's median 30 Gb/s at 0.9x (the median of its rounds' ratios)", doc.Results)
 	}
 }
