@@ -79,7 +79,7 @@ func (f *benchFlags) register(c *command, name string) {
 	} else {
 		fs.StringVar(&f.mode, "mode", string(perf.ModeUDSend), "what carries the messages: "+modeList())
 	}
-	fs.StringVar(&f.test, "test", "lat", "lat (ping-pong, half round trip), bw (one-way goodput) or rate (message rate of -s messages)")
+	fs.StringVar(&f.test, "test", "lat", "lat (ping-pong, half round trip), bw (one-way goodput), rate (message rate of -s messages) or throughput (the fastest lossless offered rate, RFC 2544: bw runs paced by -rate's search)")
 	fs.IntVar(&f.size, "s", 64, "message size in bytes")
 	fs.BoolVar(&f.all, "a", false, "every size: powers of two from 2 bytes to the mode's largest")
 	fs.BoolVar(&f.bidir, "bidir", false, "bw, rate: two flows at once, one each way; figures are their sum")
@@ -169,10 +169,10 @@ func (f *benchFlags) configs(m perf.Mode) ([]perf.Config, error) {
 	test := perf.TestLat
 	switch f.test {
 	case "lat":
-	case "bw", "rate":
+	case "bw", "rate", "throughput":
 		test = perf.TestBW
 	default:
-		return nil, fmt.Errorf("-test %q: want lat, bw or rate", f.test)
+		return nil, fmt.Errorf("-test %q: want lat, bw, rate or throughput", f.test)
 	}
 	// Flags that would do nothing beside the others given.
 	if c := f.cmd; c != nil {
@@ -242,9 +242,28 @@ func (f *benchFlags) configs(m perf.Mode) ([]perf.Config, error) {
 		if err := checkConfig(c); err != nil {
 			return nil, err
 		}
+		if f.test == "throughput" {
+			if err := throughputCheck(c); err != nil {
+				return nil, fmt.Errorf("-test throughput: %w", err)
+			}
+		}
 		out = append(out, c)
 	}
 	return out, nil
+}
+
+// throughputCheck refuses a throughput search of a mode -rate cannot pace.
+func throughputCheck(c perf.Config) error {
+	c.Rate = max(c.Rate, 1)
+	return c.Check()
+}
+
+// searching makes run a throughput search when test is "throughput".
+func searching(test string, run func(perf.Config) (perf.Result, error)) func(perf.Config) (perf.Result, error) {
+	if test != "throughput" {
+		return run
+	}
+	return func(c perf.Config) (perf.Result, error) { return perf.Throughput(c, run) }
 }
 
 // checkConfig refuses a run its mode cannot make as asked, before
@@ -484,7 +503,7 @@ func local(args []string, stdout, stderr io.Writer) int {
 	ctx, release := interruptible("local", stderr)
 	defer release()
 	out := &printer{out: newSink(stdout, f.format(), f.test, false, newDocument("local", &f)), bar: newBar(stderr, len(cfgs))}
-	interrupted, runErr := sweep(ctx, out, f.test, cfgs, measure)
+	interrupted, runErr := sweep(ctx, out, f.test, cfgs, searching(f.test, measure))
 	return finish("local", stderr, out.out, interrupted, runErr)
 }
 
@@ -642,7 +661,7 @@ sizes:
 				if r%2 == 1 {
 					i = len(modes) - 1 - k
 				}
-				res, err := measure(byMode[i][s])
+				res, err := searching(f.test, measure)(byMode[i][s])
 				if err != nil {
 					runErr = fmt.Errorf("%s %s %d B: %w", modes[i], f.test, byMode[i][s].Size, err)
 					break sizes

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/udiwarp/udiwarp/internal/perf"
@@ -77,5 +78,41 @@ func TestCompareRatioPerRound(t *testing.T) {
 	}
 	if len(doc.Results) != 2 || doc.Results[1].Ratio < 0.899 || doc.Results[1].Ratio > 0.901 || doc.Results[1].BW != 30 {
 		t.Fatalf("%+v: want ud-send's median 30 Gb/s at 0.9x (the median of its rounds' ratios)", doc.Results)
+	}
+}
+
+// TestThroughputRuns searches ud-send's and ud-wr's throughput over
+// loopback under a 2 Gb/s ceiling: each row is the fastest trial that
+// lost nothing, so its rate is at most the ceiling, and a row with a
+// figure lost nothing. (What rate passes depends on the machine; that
+// the search finds a rate a trial passed at is TestThroughputSearch's.)
+func TestThroughputRuns(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"compare", "-modes", "ud-send@64000,ud-wr@262144", "-test", "throughput", "-rate", "2", "-D", "0.2", "-rounds", "1", "-poll", "event", "-json"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var doc struct {
+		Results []struct {
+			Mode string  `json:"mode"`
+			Rate float64 `json:"rate_gbps"`
+			BW   float64 `json:"bw_avg_gbps"`
+			Lost uint64  `json:"lost"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Results) != 2 {
+		t.Fatalf("%s", out.String())
+	}
+	for _, r := range doc.Results {
+		t.Logf("%s: %.2f Gb/s lossless (offered %.2f)", r.Mode, r.BW, r.Rate)
+		if r.Rate > 2 || (r.BW > 0 && r.Lost != 0) {
+			t.Errorf("%+v: want a lossless rate under the 2 Gb/s ceiling", r)
+		}
+	}
+	var errb2 bytes.Buffer
+	if code := run([]string{"local", "-mode", "rc-send", "-test", "throughput"}, &out, &errb2); code != 2 || !strings.Contains(errb2.String(), "-test throughput: -rate: paces datagram bandwidth runs") {
+		t.Errorf("rc-send's search: exit %d, %q", code, errb2.String())
 	}
 }

@@ -633,7 +633,11 @@ func client(args []string, stdout, stderr io.Writer) int {
 	}
 	defer sess.close()
 	out := &printer{out: newSink(stdout, f.format(), f.test, false, newDocument("client", &f)), bar: newBar(stderr, len(runs))}
-	interrupted, runErr := sweep(ctx, out, f.test, runs, func(cfg perf.Config) (perf.Result, error) { return sess.run(cfg, f.test) })
+	test := f.test
+	if test == "throughput" {
+		test = "bw" // each trial of the search is a bw run at the server
+	}
+	interrupted, runErr := sweep(ctx, out, f.test, runs, searching(f.test, func(cfg perf.Config) (perf.Result, error) { return sess.run(cfg, test) }))
 	sess.close() // the session's end: the server frees itself for the next client
 	return finish("client", stderr, out.out, interrupted, runErr)
 }

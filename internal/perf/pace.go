@@ -50,3 +50,62 @@ func (c Config) FlowRate() float64 {
 	}
 	return c.Rate / float64(flows)
 }
+
+// ThroughputSteps is how many paced trials Throughput's search makes
+// after its unpaced probe: the answer is within ceiling/2^steps of the
+// rate sought.
+const ThroughputSteps = 6
+
+// Throughput finds cfg's throughput in the sense of RFC 2544 §26.1: the
+// fastest offered rate (Config.Rate, Gb/s of payload) at which a
+// bandwidth run loses nothing. run makes one bandwidth run (perf.Run, or
+// a remote session's). The search first runs unpaced; unless cfg.Rate
+// sets the ceiling, it is a fifth above that run's goodput (a sender
+// cannot offer more losslessly than its receiver takes unpaced, give or
+// take a noisy host). It then bisects [0, ceiling] ThroughputSteps
+// times, each trial a full run of cfg.Duration. A trial passes when
+// nothing was lost (Result.Lost: messages, or Write-Records not whole)
+// and the goodput reached 97 % of the rate offered (a reliable mode that
+// cannot keep up loses nothing but falls behind). The result is the
+// fastest passing trial's, its Rate the rate offered; Gbps 0 when none
+// passed.
+func Throughput(cfg Config, run func(Config) (Result, error)) (Result, error) {
+	if err := cfg.throughputCheck(); err != nil {
+		return Result{Config: cfg}, err
+	}
+	ceiling := cfg.Rate
+	probe := cfg
+	probe.Rate = 0
+	r, err := run(probe)
+	if err != nil {
+		return r, err
+	}
+	if ceiling <= 0 {
+		ceiling = 1.2 * r.Gbps
+	}
+	best := Result{Config: cfg}
+	best.Rate = 0
+	lo, hi := 0.0, ceiling
+	for range ThroughputSteps {
+		c := cfg
+		c.Rate = (lo + hi) / 2
+		r, err := run(c)
+		if err != nil {
+			return r, err
+		}
+		if r.Lost == 0 && r.Gbps >= 0.97*c.Rate {
+			lo, best = c.Rate, r
+		} else {
+			hi = c.Rate
+		}
+	}
+	return best, nil
+}
+
+// throughputCheck refuses a throughput search of a mode -rate cannot
+// pace.
+func (c Config) throughputCheck() error {
+	p := c
+	p.Rate = 1
+	return p.Check()
+}
