@@ -194,6 +194,7 @@ type rdPeer struct {
 	wrMSN       map[uint32]uint32 // Write-Record MSNs to it, per STag
 	held        int               // bytes its receiver buffers ahead of a gap
 	moved       time.Time         // when its receiver last delivered (or the peer was made)
+	ackHeld     bool              // an ack due now waits for the end of the socket's batch (rdQP.acks)
 	rdSlots                       // its places in the QP's peer table (rdpeers.go)
 }
 
@@ -218,6 +219,11 @@ type rdQP struct {
 	next    time.Time
 	inMover bool
 	held    int // bytes all peers' receivers buffer ahead of gaps
+	// acks are the peers whose acks, due now, wait for the end of the
+	// batch the socket is delivering (ackAfterBatch); acking is true
+	// while the QP is on the socket's list of QPs to flush them.
+	acks   []*rdPeer
+	acking bool
 }
 
 func newRDQP(q *QP, cfg RDConfig) *rdQP {
@@ -754,9 +760,51 @@ func (r *rdQP) receive(s *Socket, h *reliability.Header, frame []byte, src netip
 		r.toMover(s)
 	}
 	if due := p.rcv.AckDue(now); !due.IsZero() && !due.After(now) {
-		r.sendAck(s, p, now)
+		r.ackAfterBatch(s, p, now)
 	}
 	r.complete()
+	r.arm(now)
+}
+
+// ackAfterBatch sends p the ack due now — at the end of the batch the
+// socket is delivering, if it is delivering one: one ack then covers
+// every frame of the batch, where a sender that asks for an ack on each
+// of its frames (the last it has, AckNow) would otherwise draw one
+// standalone ack, two system calls, per frame. The batch ends within the
+// same read, so the ack is no later for it. Caller holds r.mu.
+func (r *rdQP) ackAfterBatch(s *Socket, p *rdPeer, now time.Time) {
+	if !s.rx.batching {
+		r.sendAck(s, p, now)
+		return
+	}
+	if !p.ackHeld {
+		p.ackHeld = true
+		r.acks = append(r.acks, p)
+	}
+	if !r.acking {
+		r.acking = true
+		s.rx.rdAcks = append(s.rx.rdAcks, r)
+	}
+}
+
+// flushAcks sends the acks ackAfterBatch held, to the peers still known
+// and still owed one (a Data frame sent back meanwhile may have carried
+// it).
+func (r *rdQP) flushAcks(s *Socket) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	for i, p := range r.acks {
+		p.ackHeld = false
+		r.acks[i] = nil
+		if r.peers[p.key] == p && p.established {
+			if due := p.rcv.AckDue(now); !due.IsZero() && !due.After(now) {
+				r.sendAck(s, p, now)
+			}
+		}
+	}
+	r.acks = r.acks[:0]
+	r.acking = false
 	r.arm(now)
 }
 

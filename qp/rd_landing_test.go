@@ -148,3 +148,42 @@ func TestRDDirectPlacementFlushed(t *testing.T) {
 		t.Fatalf("%d of %d receives flushed", len(seen), n-8)
 	}
 }
+
+// TestRDAcksPerBatch: a sender that posts one signaled Send at a time asks
+// for an ack on each frame (the last it has); a receiver that reads them
+// in batches answers a batch with one ack (rdQP.ackAfterBatch), not one
+// per frame: two system calls saved per message. Every Send still
+// completes, so nothing waited on an ack that never came.
+func TestRDAcksPerBatch(t *testing.T) {
+	p := newRDPair(t, DeviceConfig{}, DeviceConfig{Poll: PollBusy}, RDConfig{})
+	const n = 64
+	for i := range n + 1 {
+		p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*1000, 1000)}})
+	}
+	// The session first: the busy receiver answers the Hello when polled.
+	if err := p.qa.PostSend(&SendWR{ID: 100, Flags: FlagSignaled, SGL: []SGE{p.a.mr.SGE(0, 1000)}, AH: p.ahAB}); err != nil {
+		t.Fatal(err)
+	}
+	spinWC(t, p.cqb, 1)
+	collect(t, p.cqa, 1, 10*time.Second)
+	base := p.a.dev.Stats().TxDatagrams.Load()
+	acks0 := p.b.dev.Stats().RDAcksSent.Load()
+	for i := range n {
+		if err := p.qa.PostSend(&SendWR{ID: uint64(i), Flags: FlagSignaled, SGL: []SGE{p.a.mr.SGE(0, 1000)}, AH: p.ahAB}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "the frames to leave", func() bool { return p.a.dev.Stats().TxDatagrams.Load() >= base+n })
+	spinWC(t, p.cqb, n) // the receiver reads what is queued, in batches once they come back to back
+	sent := collect(t, p.cqa, n, 10*time.Second)
+	for i, wc := range sent {
+		if wc.Status != Success || wc.ID != uint64(i) {
+			t.Fatalf("send %d: %+v", i, wc)
+		}
+	}
+	acks := p.b.dev.Stats().RDAcksSent.Load() - acks0
+	t.Logf("%d standalone acks for %d frames", acks, n)
+	if acks > n/4 {
+		t.Fatalf("%d standalone acks for %d frames read in batches", acks, n)
+	}
+}

@@ -40,6 +40,10 @@ type rxSide struct {
 	// batch's slots whose payload waits in a receive that way.
 	landRD *landing
 	kept   int
+	// batching is true while dispatch delivers a read's datagrams; rdAcks
+	// are the RD QPs that hold acks until it ends (rdQP.ackAfterBatch).
+	batching bool
+	rdAcks   []*rdQP
 	// landOff skips landing for this many reads after a wrong guess (the
 	// socket's traffic goes to several QPs).
 	landOff int
@@ -163,6 +167,8 @@ func (r *rxSide) dispatch() bool {
 	if r.n <= 0 {
 		return false
 	}
+	r.batching = true
+	defer r.endBatch()
 	for i := 0; i < r.n; i++ {
 		r.cur = i
 		m := &r.msgs[i]
@@ -182,6 +188,16 @@ func (r *rxSide) dispatch() bool {
 		r.deliverSplit(r.bufs[i][:min(m.n, len(r.bufs[i]))], m.trunc, m.gro, m.src)
 	}
 	return true
+}
+
+// endBatch sends the acks RD QPs held for the end of the batch.
+func (r *rxSide) endBatch() {
+	r.batching = false
+	for i, q := range r.rdAcks {
+		q.flushAcks(r.s)
+		r.rdAcks[i] = nil
+	}
+	r.rdAcks = r.rdAcks[:0]
 }
 
 // deliverSplit delivers a read, cutting it into its datagrams when GRO
