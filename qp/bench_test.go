@@ -147,6 +147,55 @@ func BenchmarkRoundTripCPU(b *testing.B) {
 	}
 }
 
+// rawStreamCPU is BenchmarkStreamCPU's baseline: the same stream over
+// two plain UDP sockets in one goroutine, sendto(2) for each datagram and
+// recvfrom(2) for each, as raw system calls (the stack's own sockets are
+// unconnected too, and take 8 MiB receive buffers, as these do).
+func rawStreamCPU(b *testing.B, size, batch int) {
+	open := func() (int, unix.RawSockaddrInet4) {
+		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { c.Close() })
+		var fd int
+		rc, _ := c.SyscallConn()
+		rc.Control(func(f uintptr) { fd = int(f) })
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20); err != nil {
+			unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 8<<20)
+		}
+		a := c.LocalAddr().(*net.UDPAddr)
+		sa := unix.RawSockaddrInet4{Family: unix.AF_INET, Port: uint16(a.Port>>8) | uint16(a.Port&0xff)<<8}
+		copy(sa.Addr[:], a.IP.To4())
+		return fd, sa
+	}
+	x, _ := open()
+	y, ya := open()
+	msg, buf := make([]byte, size), make([]byte, 65536)
+	var from unix.RawSockaddrAny
+	b.SetBytes(int64(size))
+	b.ReportAllocs()
+	sent, got := 0, 0
+	for b.Loop() {
+		if _, _, e := syscall.RawSyscall6(syscall.SYS_SENDTO, uintptr(x), uintptr(unsafe.Pointer(&msg[0])), uintptr(size),
+			0, uintptr(unsafe.Pointer(&ya)), unix.SizeofSockaddrInet4); e != 0 {
+			b.Fatal(e)
+		}
+		if sent++; sent-got < batch {
+			continue
+		}
+		for got < sent {
+			fl := uintptr(unix.SizeofSockaddrAny)
+			n, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, uintptr(y), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)),
+				unix.MSG_DONTWAIT, uintptr(unsafe.Pointer(&from)), uintptr(unsafe.Pointer(&fl)))
+			if e != 0 || int(n) != size {
+				b.Fatalf("received %d: %v (%d of %d)", n, e, got, sent)
+			}
+			got++
+		}
+	}
+}
+
 func rawRoundTrip(b *testing.B, size int, connected bool) {
 	// net.UDPConn sockets, as udperf's baselines and the device's own
 	// sockets are: registered with the netpoller, whose wake-up callback
@@ -225,6 +274,7 @@ func rawRoundTrip(b *testing.B, size int, connected bool) {
 // by side, so that their ratio is of one sitting.
 func BenchmarkStreamCPU(b *testing.B) {
 	const size, batch = 64000, 16
+	b.Run("mode=raw-udp-unconn", func(b *testing.B) { rawStreamCPU(b, size, batch) })
 	for _, typ := range []QPType{UD, RD} {
 		b.Run("mode="+map[QPType]string{UD: "ud-send", RD: "rd-send"}[typ], func(b *testing.B) {
 			cfg := DeviceConfig{Poll: PollBusy}
@@ -275,7 +325,7 @@ func BenchmarkStreamCPU(b *testing.B) {
 			}
 			if testing.Verbose() {
 				xs, ys := x.dev.Stats(), y.dev.Stats()
-				b.Logf("%d msgs: x tx %d rx %d direct %d queued %d retrans %d; y tx %d rx %d landed %d", sent, xs.TxDatagrams.Load(), xs.RxDatagrams.Load(), xs.TxDirect.Load(), xs.TxQueued.Load(), xs.RDRetransmits.Load(), ys.TxDatagrams.Load(), ys.RxDatagrams.Load(), ys.RxLanded.Load())
+				b.Logf("%d msgs: x tx %d rx %d retrans %d timers %d; y tx %d rx %d landed %d timers %d", sent, xs.TxDatagrams.Load(), xs.RxDatagrams.Load(), xs.RDRetransmits.Load(), xs.Timers.Load(), ys.TxDatagrams.Load(), ys.RxDatagrams.Load(), ys.RxLanded.Load(), ys.Timers.Load())
 			}
 		})
 	}

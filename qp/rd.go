@@ -304,10 +304,13 @@ func (r *rdQP) postOn(wr *SendWR, s *Socket) error {
 	default:
 		return fmt.Errorf("%w: opcode %v is not available on RD QPs", ErrInvalidWR, wr.Opcode)
 	}
-	w := &rdWR{id: wr.ID, op: wr.Opcode, flags: wr.Flags, length: uint32(length), rstag: wr.RemoteSTag, rto: wr.RemoteTO,
-		imm: wr.Imm, compareAdd: wr.CompareAdd, swap: wr.Swap}
+	w := rdWRs.Get().(*rdWR)
+	*w = rdWR{id: wr.ID, op: wr.Opcode, flags: wr.Flags, length: uint32(length), rstag: wr.RemoteSTag, rto: wr.RemoteTO,
+		imm: wr.Imm, compareAdd: wr.CompareAdd, swap: wr.Swap, inline: w.inline[:0]}
 	if wr.Inline != nil {
-		w.inline = append([]byte(nil), wr.Inline...)
+		w.inline = append(w.inline, wr.Inline...)
+	} else {
+		w.inline = nil
 	}
 	// Take a reference on every MR now: the buffer is the retransmit
 	// source until the peer acknowledged it.
@@ -456,7 +459,7 @@ func (r *rdQP) pump(s *Socket, p *rdPeer, now time.Time) (full bool) {
 		}
 		w := p.queue[0]
 		if w.done { // failed meanwhile
-			p.queue = p.queue[1:]
+			p.popQueue()
 			continue
 		}
 		if w.op.awaitsResponse() && len(p.reads) >= r.cfg.ORD {
@@ -502,8 +505,7 @@ func (r *rdQP) pump(s *Socket, p *rdPeer, now time.Time) (full bool) {
 			p.serving--
 		}
 		if w.sent == w.nseg {
-			p.queue[0] = nil
-			p.queue = p.queue[1:]
+			p.popQueue()
 		}
 	}
 	return false
@@ -1282,10 +1284,44 @@ func (r *rdQP) complete() {
 			q.pushSend(w.id, w.status, w.op.wcOpcode(), n)
 		}
 		r.out[k] = nil
+		w.recycle()
 	}
-	if k > 0 {
+	switch {
+	case k == len(r.out):
+		r.out = r.out[:0] // keeps its array: the next post appends without allocating
+	case k > 0:
 		r.out = r.out[k:]
 	}
+}
+
+// rdWRs keeps completed WRs for the next posts: a stream of RD Sends
+// then allocates nothing per message.
+var rdWRs = sync.Pool{New: func() any { return new(rdWR) }}
+
+// recycle returns w to rdWRs if nothing can refer to it any more: it
+// completed successfully with every segment numbered and acknowledged
+// (so it is off its peer's queue, and its sender let go of its packets),
+// and it is no Read or atomic (kept on the peer's Reads until the
+// response) nor a response the QP sent on its own. Anything else is left
+// to the garbage collector, which needs no such proof.
+func (w *rdWR) recycle() {
+	if w.status != Success || w.internal || w.again || w.op.awaitsResponse() || w.sent != w.nseg || w.acked < w.nseg {
+		return
+	}
+	inline := w.inline
+	*w = rdWR{inline: inline[:0]}
+	rdWRs.Put(w)
+}
+
+// popQueue takes the first WR off p's queue; an emptied queue keeps its
+// array, so that a peer sent one message at a time allocates nothing.
+func (p *rdPeer) popQueue() {
+	p.queue[0] = nil
+	if len(p.queue) == 1 {
+		p.queue = p.queue[:0]
+		return
+	}
+	p.queue = p.queue[1:]
 }
 
 // rdFailPeer fails every WR to p with the status err maps to and drops
