@@ -153,21 +153,11 @@ func BenchmarkRoundTripCPU(b *testing.B) {
 // unconnected too, and take 8 MiB receive buffers, as these do).
 func rawStreamCPU(b *testing.B, size, batch int) {
 	open := func() (int, unix.RawSockaddrInet4) {
-		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { c.Close() })
-		var fd int
-		rc, _ := c.SyscallConn()
-		rc.Control(func(f uintptr) { fd = int(f) })
+		fd, a := openRawUDP(b)
 		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20); err != nil {
 			unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 8<<20)
 		}
-		a := c.LocalAddr().(*net.UDPAddr)
-		sa := unix.RawSockaddrInet4{Family: unix.AF_INET, Port: uint16(a.Port>>8) | uint16(a.Port&0xff)<<8}
-		copy(sa.Addr[:], a.IP.To4())
-		return fd, sa
+		return fd, unix.RawSockaddrInet4{Family: unix.AF_INET, Port: uint16(a.Port>>8) | uint16(a.Port&0xff)<<8, Addr: a.Addr}
 	}
 	x, _ := open()
 	y, ya := open()
@@ -196,24 +186,26 @@ func rawStreamCPU(b *testing.B, size, batch int) {
 	}
 }
 
-func rawRoundTrip(b *testing.B, size int, connected bool) {
-	// net.UDPConn sockets, as udperf's baselines and the device's own
-	// sockets are: registered with the netpoller, whose wake-up callback
-	// every arriving datagram runs.
-	open := func() (int, *unix.SockaddrInet4) {
-		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { c.Close() })
-		var fd int
-		rc, _ := c.SyscallConn()
-		rc.Control(func(f uintptr) { fd = int(f) })
-		sa, _ := unix.Getsockname(fd)
-		return fd, sa.(*unix.SockaddrInet4)
+// openRawUDP opens a loopback UDP socket for the raw baselines and
+// returns its descriptor and address: a net.UDPConn, as udperf's
+// baselines and the device's own sockets are, registered with the
+// netpoller, whose wake-up callback every arriving datagram runs.
+func openRawUDP(b *testing.B) (int, *unix.SockaddrInet4) {
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		b.Fatal(err)
 	}
-	x, xa := open()
-	y, ya := open()
+	b.Cleanup(func() { c.Close() })
+	var fd int
+	rc, _ := c.SyscallConn()
+	rc.Control(func(f uintptr) { fd = int(f) })
+	sa, _ := unix.Getsockname(fd)
+	return fd, sa.(*unix.SockaddrInet4)
+}
+
+func rawRoundTrip(b *testing.B, size int, connected bool) {
+	x, xa := openRawUDP(b)
+	y, ya := openRawUDP(b)
 	if connected {
 		unix.Connect(x, ya)
 		unix.Connect(y, xa)

@@ -7,6 +7,20 @@ import (
 	"time"
 )
 
+// packetPair opens two loopback PacketConns, closed when t ends.
+func packetPair(t *testing.T, reliable bool) (a, c *PacketConn) {
+	t.Helper()
+	for _, p := range []**PacketConn{&a, &c} {
+		pc, err := ListenPacket("udp4", "127.0.0.1:0", &Options{Reliable: reliable})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pc.Close() })
+		*p = pc
+	}
+	return a, c
+}
+
 // TestWriteToLeavesBuffer checks that a UD PacketConn, which sends every
 // datagram inline from the caller's buffer (gathered by the kernel when
 // it goes out at once, copied into the send queue when it must wait),
@@ -20,17 +34,7 @@ func TestWriteToLeavesBuffer(t *testing.T) {
 			name = "Reliable"
 		}
 		t.Run(name, func(t *testing.T) {
-			o := &Options{Reliable: reliable}
-			a, err := ListenPacket("udp4", "127.0.0.1:0", o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer a.Close()
-			c, err := ListenPacket("udp4", "127.0.0.1:0", o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
+			a, c := packetPair(t, reliable)
 			const n, size = 400, 64000
 			done := make(chan int)
 			go func() {
@@ -88,17 +92,7 @@ func TestStreamAllocs(t *testing.T) {
 		t.Skip("the race detector allocates on its own")
 	}
 	for _, reliable := range []bool{false, true} {
-		o := &Options{Reliable: reliable}
-		a, err := ListenPacket("udp4", "127.0.0.1:0", o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer a.Close()
-		c, err := ListenPacket("udp4", "127.0.0.1:0", o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		a, c := packetPair(t, reliable)
 		msg, buf := make([]byte, 64000), make([]byte, 65536)
 		dst := c.LocalAddr().(*net.UDPAddr).AddrPort()
 		round := func() {
