@@ -2,8 +2,14 @@ package qp
 
 import (
 	"bytes"
+	"net"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/udiwarp/udiwarp/reliability"
+	"github.com/udiwarp/udiwarp/udiwarp"
+	"golang.org/x/sys/unix"
 )
 
 // TestRDDirectPlacement checks RD Sends that land straight in posted
@@ -185,5 +191,79 @@ func TestRDAcksPerBatch(t *testing.T) {
 	t.Logf("%d standalone acks for %d frames", acks, n)
 	if acks > n/4 {
 		t.Fatalf("%d standalone acks for %d frames read in batches", acks, n)
+	}
+}
+
+// TestRDDirectPlacementSpoofed interleaves, in a busy RD target's socket,
+// a peer's RD Sends with forged Data frames from the peer's own address
+// and port (SO_REUSEADDR), built to be landed in place: the live epoch,
+// the next sequence numbers, guessed tokens, an untagged Send of the
+// same size for the same QP, a valid CRC. Each lands in a posted receive
+// as a genuine frame would; none may complete one: the RD engine rejects
+// them, and every real message arrives whole and in order, each once.
+func TestRDDirectPlacementSpoofed(t *testing.T) {
+	a := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0", ReuseAddr())
+	b := newNode(t, DeviceConfig{Poll: PollBusy}, "udp4", "127.0.0.1:0")
+	qa, cqa := rdQPOn(t, a, RDConfig{})
+	qb, cqb := rdQPOn(t, b, RDConfig{})
+	ah := a.ah(b, qb)
+	const n, size = 60, 3000
+	for i := range n + 1 {
+		qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*size, size)}})
+	}
+	// The session, and the socket's guess: large Sends for qb.
+	qa.PostSend(&SendWR{ID: 100, Flags: FlagSignaled, SGL: []SGE{a.mr.SGE(0, size)}, AH: ah})
+	spinWC(t, cqb, 1)
+	collect(t, cqa, 1, 5*time.Second)
+
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		c.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1) })
+		return serr
+	}}
+	pc, err := lc.ListenPacket(t.Context(), "udp4", a.sock.LocalAddr().String())
+	if err != nil {
+		t.Skipf("cannot share the peer's port: %v", err)
+	}
+	evil := pc.(*net.UDPConn)
+	qa.rd.mu.Lock()
+	pa := qa.rd.peers[rdKey{b.sock.LocalAddr(), qb.QPN()}]
+	epoch, seq := pa.epoch, pa.snd.Next()
+	qa.rd.mu.Unlock()
+	forged := udiwarp.AppendUntagged(nil, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
+		RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpSend), ULP: qa.QPN(), QN: udiwarp.DatagramQN(qb.QPN(), udiwarp.QueueSend), MSN: 2})
+	forged = append(forged, bytes.Repeat([]byte{0xEE}, size)...)
+	base := a.dev.Stats().TxDatagrams.Load()
+	for i := range n {
+		fill(a.buf[(i+1)*size:(i+2)*size], i)
+		if err := qa.PostSend(&SendWR{ID: uint64(i), Flags: FlagSignaled, SGL: []SGE{a.mr.SGE((i+1)*size, size)}, AH: ah}); err != nil {
+			t.Fatal(err)
+		}
+		for k := range 2 {
+			f := reliability.Fields{Type: reliability.Data, DstQPN: qb.QPN(), SrcQPN: qa.QPN(), Epoch: epoch, Token: uint64(i*2+k) << 17, Seq: seq + uint32(i+k)}
+			if _, err := evil.WriteToUDPAddrPort(rdFrame(f, forged), b.sock.LocalAddr()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	eventually(t, "the real frames to leave", func() bool { return a.dev.Stats().TxDatagrams.Load() >= base+n })
+	evil.Close() // the acks go to a again
+	got := spinWC(t, cqb, n)
+	for i, wc := range got {
+		if wc.ID != uint64(i+1) || wc.Status != Success || wc.Len != size || wc.SourceQPN != qa.QPN() ||
+			!bytes.Equal(b.buf[(i+1)*size:(i+2)*size], a.buf[(i+1)*size:(i+2)*size]) {
+			t.Fatalf("message %d: %+v", i, wc)
+		}
+	}
+	for _, wc := range collect(t, cqa, n, 10*time.Second) {
+		if wc.Status != Success {
+			t.Fatalf("%+v", wc)
+		}
+	}
+	quietPoll(t, cqb) // nothing forged completed
+	st := b.dev.Stats()
+	t.Logf("landed %d, rejected %d", st.RxLanded.Load(), st.RDRejected.Load())
+	if st.RDRejected.Load() < 2*n {
+		t.Fatalf("rejected %d of %d forged frames", st.RDRejected.Load(), 2*n)
 	}
 }
