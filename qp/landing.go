@@ -352,16 +352,36 @@ func (r *rxSide) unkeep(l *landing) {
 }
 
 // copyOut unkeeps l for the RD engine's ordinary path and returns its
-// frame without the CRC (checked already).
-func (r *rxSide) copyOut(l *landing) []byte {
-	r.unkeep(l)
-	return l.flat[:len(l.flat)-udiwarp.CRCSize]
+// frame without the CRC (checked already), if the receive it landed in is
+// still posted: receives leave their queue only from its front, so it is
+// unless the front is past it (or the queue is empty). One that left — a
+// flush, a RESET that gave the memory back to its owner, who may have
+// written it since — holds nothing to trust: the frame is let go and
+// copyOut reports false (the engine drops it as not received; the peer
+// sends it again). The receive queue is held across the copy, so no
+// flush can hand the memory back in the middle of it.
+func (r *rxSide) copyOut(l *landing) ([]byte, bool) {
+	q := l.q
+	q.rqMu.Lock()
+	posted := q.rq.len() > 0 && q.rq.front().seq <= l.seq
+	if posted {
+		r.unkeep(l)
+	}
+	q.rqMu.Unlock()
+	if !posted {
+		l.release(&r.msgs[l.idx], r.own[l.idx:l.idx+1])
+		r.kept--
+		r.s.dev.stats.RxQPState.Add(1)
+		return nil, false
+	}
+	return l.flat[:len(l.flat)-udiwarp.CRCSize], true
 }
 
 // evict is called by the RD engine before it fills receive seq of q with
 // a message by the ordinary path: a datagram of this batch that landed in
 // that receive and waits for its turn is copied out first, or the message
-// would overwrite it.
+// would overwrite it. The engine has just taken that receive, so its
+// memory is still the stack's.
 func (r *rxSide) evict(q *QP, seq uint64) {
 	if r.kept == 0 {
 		return

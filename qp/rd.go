@@ -946,11 +946,21 @@ func (r *rdQP) onData(s *Socket, p *rdPeer, h *reliability.Header, seg []byte, s
 		p.rcv.Urge()
 	}
 	land := s.rx.landRD
+	if land != nil && land.q != q {
+		// It landed in another QP's receive (a number an alias of the
+		// socket guessed for, now the device's own QP's): copied out, it
+		// is this QP's ordinary frame.
+		var ok bool
+		if seg, ok = s.rx.copyOut(land); !ok {
+			return
+		}
+		seg, land = seg[h.Size:], nil
+	}
 	deliver := func(seq uint32, b []byte) bool {
 		if land != nil && seq == h.Seq {
 			return r.deliverLanded(s, p, seq, b, land, src)
 		}
-		ok := r.deliver(p, seq, b, src)
+		ok := r.deliver(s, p, seq, b, src)
 		if ok && seq != h.Seq { // one the receiver held (a refused one it lets go of itself)
 			r.unhold(p, b)
 		}
@@ -960,7 +970,11 @@ func (r *rdQP) onData(s *Socket, p *rdPeer, h *reliability.Header, seg []byte, s
 	switch v := p.rcv.Classify(h.Seq); v {
 	case reliability.Buffered:
 		if land != nil {
-			seg, land = s.rx.copyOut(land)[h.Size:], nil
+			f, ok := s.rx.copyOut(land)
+			if !ok {
+				return // as if lost: unacknowledged, the peer sends it again
+			}
+			seg, land = f[h.Size:], nil
 		}
 		if p.held+len(seg) > r.cfg.MaxHeldBytes || r.held+len(seg) > r.cfg.MaxQPHeldBytes {
 			// Over the peer's or the QP's budget: dropped unacknowledged,
@@ -1002,7 +1016,7 @@ func (r *rdQP) onData(s *Socket, p *rdPeer, h *reliability.Header, seg []byte, s
 // when a Send finds no receive posted (receiver not ready: the peer sends
 // it again later); a segment that fails its checks is consumed and its
 // error reported in the acks.
-func (r *rdQP) deliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool {
+func (r *rdQP) deliver(s *Socket, p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool {
 	q := r.q
 	st := &q.dev.stats
 	seg, err := udiwarp.ParseSegment(b, udiwarp.ProfileDatagram)
@@ -1075,9 +1089,7 @@ func (r *rdQP) deliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool
 		st.RDNotReady.Add(1) // at an SRQ limit too: the sender sends it again
 		return false
 	}
-	if s := q.sock.Load(); s != nil {
-		s.rx.evict(q, w.seq) // a later datagram of this batch landed there
-	}
+	s.rx.evict(q, w.seq) // a later datagram of this batch landed there
 	if !isSend(seg.Opcode()) {
 		q.deliverImmediate(&w, seg, src)
 		return true
@@ -1100,7 +1112,7 @@ func (r *rdQP) deliver(p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool
 func (r *rdQP) deliverLanded(s *Socket, p *rdPeer, seq uint32, hdr []byte, land *landing, src netip.AddrPort) bool {
 	q := r.q
 	seg, err := udiwarp.ParseSegment(hdr, udiwarp.ProfileDatagram)
-	if h := seg.Untagged(); err == nil && rdIsSend(seg) && h.DstQPN() == q.wireQPN() && h.SrcQPN() == p.key.qpn {
+	if h := seg.Untagged(); err == nil && land.q == q && rdIsSend(seg) && h.DstQPN() == q.wireQPN() && h.SrcQPN() == p.key.qpn {
 		q.rqMu.Lock()
 		if q.srq == nil && q.rq.len() > 0 && q.rq.front().seq == land.seq {
 			q.rq.pop()
@@ -1112,7 +1124,13 @@ func (r *rdQP) deliverLanded(s *Socket, p *rdPeer, seq uint32, hdr []byte, land 
 		}
 		q.rqMu.Unlock()
 	}
-	return r.deliver(p, seq, s.rx.copyOut(land)[land.hlen-len(hdr):], src)
+	f, ok := s.rx.copyOut(land)
+	if !ok {
+		st := &q.dev.stats
+		st.RDNotReady.Add(1)
+		return false // not received: the peer sends it again
+	}
+	return r.deliver(s, p, seq, f[land.hlen-len(hdr):], src)
 }
 
 // rdIsSend reports whether seg is an untagged Send (not Immediate Data).

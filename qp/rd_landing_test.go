@@ -267,3 +267,145 @@ func TestRDDirectPlacementSpoofed(t *testing.T) {
 		t.Fatalf("rejected %d of %d forged frames", st.RDRejected.Load(), 2*n)
 	}
 }
+
+// TestRDDirectPlacementAliasMoved: the socket lands RD Sends in the
+// receives of q, which takes number X through Socket.Alias; then the
+// device's own QP numbered X becomes active on the socket and takes the
+// frames addressed to X (lookupQP prefers it), from a new session. A frame kept in q's
+// receive must not complete q2's: it is copied out and placed in q2's
+// receive, and q's receives stay posted. (Found by review: q2 completed
+// its own receive with q's WR ID and none of the bytes.)
+func TestRDDirectPlacementAliasMoved(t *testing.T) {
+	a := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	b := newNode(t, DeviceConfig{Poll: PollBusy}, "udp4", "127.0.0.1:0")
+	s2, err := b.dev.Bind("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	qa, cqa := rdQPOn(t, a, RDConfig{})
+	q, cq := rdQPOn(t, b, RDConfig{})
+	cq2, _ := b.dev.CreateCQ(8192)
+	q2, err := b.pd.CreateQP(QPAttr{Type: RD, SendCQ: cq2, RecvCQ: cq2, Caps: QPCaps{MaxSendWR: 4096, MaxRecvWR: 4096}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range []ModifyAttr{{State: StateInit, Socket: s2}, {State: StateRTR}, {State: StateRTS}} {
+		if err := q2.Modify(st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q2.PostRecv(&RecvWR{ID: 999, SGL: []SGE{b.mr.SGE(900000, 10)}}) // its receive numbers start below q's
+	x := q2.QPN()
+	if err := b.sock.Alias(x, q); err != nil {
+		t.Fatal(err)
+	}
+	const size, n = 3000, 20
+	for i := range 64 {
+		q.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*size, size)}})
+	}
+	ah, err := a.pd.CreateAH(b.sock.LocalAddr(), x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qa.PostSend(&SendWR{ID: 100, Flags: FlagSignaled, SGL: []SGE{a.mr.SGE(0, size)}, AH: ah})
+	if wc := spinWC(t, cq, 1)[0]; wc.Status != Success || wc.ID != 0 {
+		t.Fatalf("through the alias: %+v", wc)
+	}
+	collect(t, cqa, 1, 5*time.Second)
+	if b.sock.rx.landQP.Load() != q {
+		t.Fatal("the socket does not guess q")
+	}
+	// q2 moves onto the aliased socket and takes number x's frames.
+	for _, st := range []ModifyAttr{{State: StateReset}, {State: StateInit, Socket: b.sock}, {State: StateRTR}, {State: StateRTS}} {
+		if err := q2.Modify(st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 64 {
+		q2.PostRecv(&RecvWR{ID: uint64(1000 + i), SGL: []SGE{b.mr.SGE(400000+i*size, size)}})
+	}
+	// A new QP of a's opens a session with x, now q2: its first frames
+	// carry INIT, as the one the socket's guess was made from did, so
+	// they land in q's receives.
+	qa2, cqa2 := rdQPOn(t, a, RDConfig{})
+	ah2, err := a.pd.CreateAH(b.sock.LocalAddr(), x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		fill(a.buf[(i+1)*size:(i+2)*size], i+2)
+		if err := qa2.PostSend(&SendWR{ID: uint64(i), Flags: FlagSignaled, SGL: []SGE{a.mr.SGE((i+1)*size, size)}, AH: ah2}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := make([]WorkCompletion, 0, n)
+	wcs := make([]WorkCompletion, n)
+	for deadline := time.Now().Add(5 * time.Second); len(got) < n && time.Now().Before(deadline); {
+		got = append(got, wcs[:cq2.Poll(wcs[:n-len(got)])]...)
+	}
+	if len(got) < n {
+		as, bs := a.dev.Stats(), b.dev.Stats()
+		t.Fatalf("%d of %d: a retransmitted %d; b rejected %d, not ready %d", len(got), n, as.RDRetransmits.Load(), bs.RDRejected.Load(), bs.RDNotReady.Load())
+	}
+	for i, wc := range got {
+		if wc.ID != uint64(1000+i) || wc.Status != Success || !bytes.Equal(b.buf[400000+i*size:400000+(i+1)*size], a.buf[(i+1)*size:(i+2)*size]) {
+			t.Fatalf("q2's message %d: %+v", i, wc)
+		}
+	}
+	collect(t, cqa2, n, 5*time.Second)
+	quietPoll(t, cq) // q's receives stay posted
+	if l := b.dev.Stats().RxLanded.Load(); l < 2 {
+		t.Fatalf("%d landed: the test did not land q2's frames anywhere", l)
+	}
+}
+
+// TestRDDirectPlacementResetMidBatch: an RD frame is kept in receive R
+// (read, not yet dispatched) while the application resets the QP, which
+// gives R's memory back to it, writes over it, posts a new receive and
+// brings the QP back. The kept bytes are the application's now: they
+// must not be delivered. The frame is dropped as not received, and the
+// peer's retransmission fills the new receive with what it sent. (Found
+// by review: the new receive completed Success with the 0xAB bytes.)
+func TestRDDirectPlacementResetMidBatch(t *testing.T) {
+	p := newRDPair(t, DeviceConfig{}, DeviceConfig{Poll: PollBusy}, RDConfig{})
+	const size = 3000
+	for i := range 8 {
+		p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*size, size)}})
+	}
+	for k := range 2 { // the second makes the header the steady one (no INIT)
+		p.qa.PostSend(&SendWR{ID: uint64(100 + k), Flags: FlagSignaled, SGL: []SGE{p.a.mr.SGE(0, size)}, AH: p.ahAB})
+		spinWC(t, p.cqb, 1)
+		collect(t, p.cqa, 1, 5*time.Second)
+	}
+	fill(p.a.buf[size:2*size], 7)
+	base := p.a.dev.Stats().TxDatagrams.Load()
+	p.qa.PostSend(&SendWR{ID: 102, Flags: FlagSignaled, SGL: []SGE{p.a.mr.SGE(size, size)}, AH: p.ahAB})
+	eventually(t, "the frame to leave", func() bool { return p.a.dev.Stats().TxDatagrams.Load() > base })
+	s := p.b.sock
+	s.rxMu.Lock()
+	for s.rx.read(len(s.rx.msgs)) && s.rx.n == 0 {
+	}
+	if s.rx.kept != 1 {
+		s.rxMu.Unlock()
+		t.Fatalf("%d frames kept, want the one", s.rx.kept)
+	}
+	for _, st := range []ModifyAttr{{State: StateReset}, {State: StateInit}, {State: StateRTR}, {State: StateRTS}} {
+		if err := p.qb.Modify(st); err != nil {
+			s.rxMu.Unlock()
+			t.Fatal(err)
+		}
+	}
+	for i := range 8 * size {
+		p.b.buf[i] = 0xAB
+	}
+	p.qb.PostRecv(&RecvWR{ID: 500, SGL: []SGE{p.b.mr.SGE(100000, size)}})
+	s.rx.dispatch()
+	s.rxMu.Unlock()
+	wc := spinWC(t, p.cqb, 1)[0] // the retransmission
+	if wc.ID != 500 || wc.Status != Success || !bytes.Equal(p.b.buf[100000:100000+size], p.a.buf[size:2*size]) {
+		t.Fatalf("%+v: not the sender's bytes (0xAB: %v)", wc, p.b.buf[100000] == 0xAB)
+	}
+	if c := collect(t, p.cqa, 1, 5*time.Second)[0]; c.Status != Success || c.ID != 102 {
+		t.Fatalf("send: %+v", c)
+	}
+}

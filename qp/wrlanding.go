@@ -190,10 +190,10 @@ func (r *rxSide) placeLandedLocked(l *landing, n int, truncated bool, src netip.
 	if truncated || payload != l.room || g.q != q || src != g.src.Addr {
 		return false
 	}
-	if t, err := udiwarp.Classify(l.hdr[:]); err != nil || t != udiwarp.FrameUD {
+	if t, err := udiwarp.Classify(l.hdr[:l.hlen]); err != nil || t != udiwarp.FrameUD {
 		return false
 	}
-	seg, err := udiwarp.ParseSegment(l.hdr[:], udiwarp.ProfileDatagram)
+	seg, err := udiwarp.ParseSegment(l.hdr[:l.hlen], udiwarp.ProfileDatagram)
 	if err != nil || !seg.Control.Tagged() || !seg.Control.WriteRecord() {
 		return false
 	}
