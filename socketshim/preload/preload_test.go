@@ -203,6 +203,40 @@ func (p *proc) readStats(t *testing.T) stats {
 	return s
 }
 
+// statsWhen reads p's engine stats until ok holds of them, for at most
+// 20 s, and returns the last read (the caller's assertions then say what
+// is missing). The engine rewrites the file every 200 ms, at every close
+// and at exit, so a count the program has reached shows there soon:
+// waiting for the count, not for a time, keeps a slow machine from
+// failing a test whose program did its work.
+func (p *proc) statsWhen(t *testing.T, ok func(stats) bool) stats {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if b, err := os.ReadFile(p.stats); err == nil {
+			var s stats
+			if json.Unmarshal(b, &s) == nil && (ok(s) || time.Now().After(deadline)) {
+				return s
+			}
+		} else if time.Now().After(deadline) {
+			return p.readStats(t) // fails, saying why
+		}
+	}
+}
+
+// sockperfUDP runs sockperf's UDP ping-pong for 2 s between a preloaded
+// server and client, and returns the client's output with both processes
+// (the client done, the server still serving).
+func sockperfUDP(t *testing.T, dir string) (out string, cli, srv *proc) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	port := freePort(t)
+	srv = start(t, ctx, dir, true, "sockperf", "server", "-i", "127.0.0.1", "-p", strconv.Itoa(port))
+	waitUDP(t, port, srv)
+	cli = start(t, ctx, dir, true, "sockperf", "ping-pong", "-i", "127.0.0.1", "-p", strconv.Itoa(port), "-t", "2")
+	return cli.wait(t), cli, srv
+}
+
 // freePort returns a loopback port free for both UDP and TCP now.
 func freePort(t *testing.T) int {
 	t.Helper()
@@ -268,23 +302,16 @@ func num(t *testing.T, re, s string) float64 {
 // receives, the server's receives and sends), with none dropped.
 func TestSockperf(t *testing.T) {
 	need(t, "sockperf")
-	dir := built(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	port := freePort(t)
-	srv := start(t, ctx, dir, true, "sockperf", "server", "-i", "127.0.0.1", "-p", strconv.Itoa(port))
-	waitUDP(t, port, srv)
-	cli := start(t, ctx, dir, true, "sockperf", "ping-pong", "-i", "127.0.0.1", "-p", strconv.Itoa(port), "-t", "2")
-	out := cli.wait(t)
+	out, cli, srv := sockperfUDP(t, built(t))
 	lat := num(t, `Latency is ([0-9.]+) usec`, out)
 	sentMsgs := num(t, `SentMessages=([0-9]+)`, out)
 	recvMsgs := num(t, `ReceivedMessages=([0-9]+)`, out)
 	if num(t, `# dropped messages = ([0-9]+)`, out) != 0 {
 		t.Errorf("sockperf dropped messages:\n%s", out)
 	}
-	time.Sleep(300 * time.Millisecond) // the server's stats file is rewritten every 200 ms
+	ss := srv.statsWhen(t, func(ss stats) bool { return float64(ss.Received) >= recvMsgs && float64(ss.Sent) >= recvMsgs })
 	srv.stop(syscall.SIGINT)
-	cs, ss := cli.readStats(t), srv.readStats(t)
+	cs := cli.readStats(t)
 	t.Logf("sockperf over the preload: %.3f µs; SentMessages=%.0f ReceivedMessages=%.0f; client %+v; server %+v", lat, sentMsgs, recvMsgs, cs, ss)
 	if recvMsgs < 1000 {
 		t.Fatalf("only %.0f round trips", recvMsgs)
@@ -370,9 +397,9 @@ func TestIperfUDP(t *testing.T) {
 	}
 	lost, _ := strconv.Atoi(m[1])
 	total, _ := strconv.Atoi(m[2])
-	time.Sleep(300 * time.Millisecond)
+	ss := srv.statsWhen(t, func(ss stats) bool { return ss.Received >= uint64(total-lost) })
 	srv.stop(syscall.SIGINT)
-	cs, ss := cli.readStats(t), srv.readStats(t)
+	cs := cli.readStats(t)
 	t.Logf("iperf: client sent %.0f datagrams; server report %d lost of %d; client engine %+v; server engine %+v", sentDgrams, lost, total, cs, ss)
 	// UD is unreliable: on a loaded machine the kernel may drop a few
 	// datagrams (a receive queue that overflowed while its reader waited

@@ -25,20 +25,14 @@ func TestRDMode(t *testing.T) {
 	}
 	t.Run("sockperf", func(t *testing.T) {
 		need(t, "sockperf")
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		port := freePort(t)
-		srv := start(t, ctx, dir, true, "sockperf", "server", "-i", "127.0.0.1", "-p", strconv.Itoa(port))
-		waitUDP(t, port, srv)
-		cli := start(t, ctx, dir, true, "sockperf", "ping-pong", "-i", "127.0.0.1", "-p", strconv.Itoa(port), "-t", "2")
-		out := cli.wait(t)
+		out, cli, srv := sockperfUDP(t, dir)
 		recvMsgs := num(t, `ReceivedMessages=([0-9]+)`, out)
 		if num(t, `# dropped messages = ([0-9]+)`, out) != 0 || recvMsgs < 1000 {
 			t.Fatalf("sockperf over RD: %.0f round trips, dropped some:\n%s", recvMsgs, out)
 		}
-		time.Sleep(300 * time.Millisecond)
+		ss := srv.statsWhen(t, func(ss stats) bool { return float64(ss.Received) >= recvMsgs })
 		srv.stop(syscall.SIGINT)
-		cs, ss := cli.readStats(t), srv.readStats(t)
+		cs := cli.readStats(t)
 		t.Logf("sockperf over RD: %.3f µs; client %+v; server %+v", num(t, `Latency is ([0-9.]+) usec`, out), cs, ss)
 		rd(t, "the client", cs)
 		rd(t, "the server", ss)
@@ -59,13 +53,13 @@ func TestRDMode(t *testing.T) {
 		if m == nil {
 			t.Fatalf("no server report:\n%s", out)
 		}
-		time.Sleep(300 * time.Millisecond)
+		total, _ := strconv.Atoi(m[2])
+		ss := srv.statsWhen(t, func(ss stats) bool { return ss.Received >= uint64(total) })
 		srv.stop(syscall.SIGINT)
-		cs, ss := cli.readStats(t), srv.readStats(t)
+		cs := cli.readStats(t)
 		t.Logf("iperf over RD: server report %s/%s lost; client %+v; server %+v", m[1], m[2], cs, ss)
 		rd(t, "the client", cs)
 		rd(t, "the server", ss)
-		total, _ := strconv.Atoi(m[2])
 		if m[1] != "0" || total < 1000 || ss.Received < uint64(total) {
 			t.Errorf("RD lost %s of %s datagrams (server engine received %d)", m[1], m[2], ss.Received)
 		}

@@ -69,10 +69,10 @@ func manysock(t *testing.T, dir string, preload bool, n int) (rss int64, fds int
 		t.Fatal(err)
 	}
 	if preload {
-		// The stats file is written on every close and every 200 ms.
-		time.Sleep(300 * time.Millisecond)
 		p := &proc{stats: statsFile, cmd: cmd}
-		st = p.readStats(t)
+		st = p.statsWhen(t, func(st stats) bool {
+			return st.Received == uint64(2*(n-1)) && st.Sent == uint64(2*(n-1)) && st.PoolFree == st.Pool
+		})
 	}
 	go io.Copy(io.Discard, out)
 	return rss, len(ents), st

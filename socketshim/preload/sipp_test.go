@@ -54,9 +54,15 @@ func sippCalls(t *testing.T, transport string, calls int) (uac, uas stats) {
 	if st["SuccessfulCall(C)"] != n || st["FailedCall(C)"] != "0" {
 		t.Fatalf("SIPp completed %s of %d calls, %s failed\n%s", st["SuccessfulCall(C)"], calls, st["FailedCall(C)"], out)
 	}
-	time.Sleep(300 * time.Millisecond) // the UAS's stats file is rewritten every 200 ms
+	uac = cli.readStats(t) // it exited: its last write is done
+	msgs := uint64(3 * calls)
+	uas = srv.statsWhen(t, func(uas stats) bool {
+		if transport == "tn" {
+			return uas.Streams >= uint64(calls) && uas.StreamReceived == uac.StreamSent && uas.StreamSent == uac.StreamReceived
+		}
+		return uas.Received >= msgs && uas.Sent >= msgs && uas.DeviceRx >= uas.Received
+	})
 	srv.stop(syscall.SIGINT)
-	uac, uas = cli.readStats(t), srv.readStats(t)
 	t.Logf("UAC engine %+v; UAS engine %+v", uac, uas)
 	if transport == "tn" {
 		// A TCP connection per call, each an RC QP at both ends, and every
@@ -73,7 +79,6 @@ func sippCalls(t *testing.T, transport string, calls int) (uac, uas stats) {
 		}
 		return uac, uas
 	}
-	msgs := uint64(3 * calls)
 	if uac.Sockets < uint64(calls) {
 		t.Errorf("the UAC's engine ran %d sockets for %d calls: not a socket per call", uac.Sockets, calls)
 	}
