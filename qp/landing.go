@@ -283,10 +283,8 @@ func (r *rxSide) completeLandingLocked(l *landing, n int, truncated bool, src ne
 		return false // an earlier datagram took another path: copy, in order
 	}
 	q.rq.pop()
-	st := &r.s.dev.stats
-	st.RxDatagrams.Add(1)
-	st.RxBytes.Add(uint64(n))
-	st.RxLanded.Add(1)
+	r.arrived(n)
+	r.s.dev.stats.RxLanded.Add(1)
 	r.noteSize(payload)
 	wc := q.sendWC(l.id, op, h, src, payload) // landed whole: Success
 	q.completeRecv(&wc)
@@ -326,18 +324,21 @@ func (r *rxSide) keepRDLanding(l *landing, n int, truncated bool) bool {
 // its headers in l.hdr, its payload in the receive it landed in. The
 // engine finds it in landRD while it runs (rdQP.onData).
 func (r *rxSide) rdLanded(l *landing, src netip.AddrPort) {
-	st := &r.s.dev.stats
-	st.RxDatagrams.Add(1)
-	st.RxBytes.Add(uint64(l.n))
-	st.RxRDFrames.Add(1)
-	r.left = l.n
+	r.arrived(l.n)
+	r.s.dev.stats.RxRDFrames.Add(1)
 	r.landRD = l
 	r.s.dev.deliverRDFrame(r.s, l.hdr[:l.hlen], src)
 	r.landRD = nil
 	if l.keep {
-		l.release(&r.msgs[l.idx], r.own[l.idx:l.idx+1])
-		r.kept--
+		r.letGo(l)
 	}
+}
+
+// letGo unpins kept slot l's receive and points the slot back at its
+// own buffer.
+func (r *rxSide) letGo(l *landing) {
+	l.release(&r.msgs[l.idx], r.own[l.idx:l.idx+1])
+	r.kept--
 }
 
 // payload is the length of a kept RD Send's payload.
@@ -347,8 +348,7 @@ func (l *landing) payload() int { return l.n - l.hlen - udiwarp.CRCSize }
 // to l.flat, and lets the receive and its memory go.
 func (r *rxSide) unkeep(l *landing) {
 	l.flat = l.flatten(l.n)
-	l.release(&r.msgs[l.idx], r.own[l.idx:l.idx+1])
-	r.kept--
+	r.letGo(l)
 }
 
 // copyOut unkeeps l for the RD engine's ordinary path and returns its
@@ -369,8 +369,7 @@ func (r *rxSide) copyOut(l *landing) ([]byte, bool) {
 	}
 	q.rqMu.Unlock()
 	if !posted {
-		l.release(&r.msgs[l.idx], r.own[l.idx:l.idx+1])
-		r.kept--
+		r.letGo(l)
 		r.s.dev.stats.RxQPState.Add(1)
 		return nil, false
 	}

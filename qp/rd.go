@@ -1000,10 +1000,10 @@ func (r *rdQP) onData(s *Socket, p *rdPeer, h *reliability.Header, seg []byte, s
 		st.RDBeyondWindow.Add(1)
 	default:
 		if p.rcv.Receive(h.Seq, seg, now, deliver) == reliability.Delivered && q.srq == nil {
-			if n := len(seg) - udiwarp.DDPUntaggedHeaderSize; land != nil {
+			if land != nil {
 				s.rx.noteSend(q, land.payload(), h.Size)
-			} else if sg, err := udiwarp.ParseSegment(seg, udiwarp.ProfileDatagram); err == nil && rdIsSend(sg) {
-				s.rx.noteSend(q, n, h.Size)
+			} else if op, ok := rdUntaggedOp(seg); ok && isSend(op) {
+				s.rx.noteSend(q, len(seg)-udiwarp.DDPUntaggedHeaderSize, h.Size)
 			}
 		}
 	}
@@ -1126,8 +1126,7 @@ func (r *rdQP) deliverLanded(s *Socket, p *rdPeer, seq uint32, hdr []byte, land 
 	}
 	f, ok := s.rx.copyOut(land)
 	if !ok {
-		st := &q.dev.stats
-		st.RDNotReady.Add(1)
+		q.dev.stats.RDNotReady.Add(1)
 		return false // not received: the peer sends it again
 	}
 	return r.deliver(s, p, seq, f[land.hlen-len(hdr):], src)

@@ -89,9 +89,7 @@ func (q *QP) flushRecv(id uint64) {
 // says the kernel cut it.
 func (d *Device) deliver(s *Socket, b []byte, truncated bool, src netip.AddrPort) {
 	st := &d.stats
-	st.RxDatagrams.Add(1)
-	st.RxBytes.Add(uint64(len(b)))
-	s.rx.left = len(b)
+	s.rx.arrived(len(b))
 	if truncated {
 		st.RxTooLong.Add(1)
 		return

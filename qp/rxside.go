@@ -141,24 +141,21 @@ func (r *rxSide) read(vlen int) bool {
 	case landed > 0 && r.landWR:
 		r.endWRLanding(landed)
 	case landed > 0:
+		// (A read that finds the socket closed reads nothing, so every
+		// slot endLanding kept has a dispatch coming.)
 		r.endLanding(landed)
-		if !ok {
-			r.letGoKept(landed) // no dispatch follows
-		}
 	}
 	return ok
 }
 
-// letGoKept lets go of the RD slots endLanding kept when no dispatch will
-// run them (the socket closed).
-func (r *rxSide) letGoKept(k int) {
-	for i := range k {
-		if l := &r.land[i]; l.keep {
-			l.release(&r.msgs[i], r.own[i:i+1])
-			r.kept--
-			l.q = nil
-		}
-	}
+// arrived counts a datagram of n bytes the socket read, and lets it draw
+// replies of as many bytes (mayAnswer): the one home of both, for the
+// ordinary path and the landing ones.
+func (r *rxSide) arrived(n int) {
+	st := &r.s.dev.stats
+	st.RxDatagrams.Add(1)
+	st.RxBytes.Add(uint64(n))
+	r.left = n
 }
 
 // dispatch hands every datagram of the last read to the engines; false

@@ -14,11 +14,17 @@ import "github.com/udiwarp/udiwarp/udiwarp"
 // rdNeedsRecv reports whether a DDP segment RD holds takes a receive once
 // delivered: a Send or an Immediate Data message.
 func rdNeedsRecv(b []byte) bool {
+	op, ok := rdUntaggedOp(b)
+	return ok && (isSend(op) || op == udiwarp.OpImmediateData || op == udiwarp.OpImmediateDataSE)
+}
+
+// rdUntaggedOp reads the opcode of a DDP segment RD delivered (its
+// checks done), and whether it is untagged, without parsing it again.
+func rdUntaggedOp(b []byte) (udiwarp.Opcode, bool) {
 	if len(b) < 2 || udiwarp.DDPControl(b[0]).Tagged() {
-		return false
+		return 0, false
 	}
-	op := udiwarp.RDMAPControl(b[1]).Opcode()
-	return isSend(op) || op == udiwarp.OpImmediateData || op == udiwarp.OpImmediateDataSE
+	return udiwarp.RDMAPControl(b[1]).Opcode(), true
 }
 
 // admitOutOfOrder is the one home of the out-of-order threshold and the
