@@ -125,9 +125,16 @@ func (q *QP) placeAtomicResult(sge SGE, v uint64) Status {
 
 // deliverImmediate completes receive w with the Immediate Data message
 // seg from src: the value goes in the completion, nothing in the buffer.
-func (q *QP) deliverImmediate(w *recvWQE, seg udiwarp.Segment, src netip.AddrPort) {
+// With a status other than Success (the Send or Write it completes was
+// refused), the completion carries that status and no value.
+func (q *QP) deliverImmediate(w *recvWQE, seg udiwarp.Segment, src netip.AddrPort, st Status) {
 	wc := q.sendWC(w.id, seg.Opcode(), seg.Untagged(), src, 0)
-	wc.WithImm, wc.Imm = true, seg.ImmediateData().Value()
-	q.dev.stats.RxImmediate.Add(1)
+	wc.WithImm = true
+	if st == Success {
+		wc.Imm = seg.ImmediateData().Value()
+		q.dev.stats.RxImmediate.Add(1)
+	} else {
+		wc.Status = st
+	}
 	q.completeRecv(&wc)
 }

@@ -1084,7 +1084,7 @@ func (c *rcConn) receiveImmediate(seg udiwarp.Segment, size int) bool {
 		return false
 	}
 	c.rxSendMSN++
-	q.deliverImmediate(&w, seg, c.peer())
+	q.deliverImmediate(&w, seg, c.peer(), Success)
 	return true
 }
 

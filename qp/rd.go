@@ -42,8 +42,9 @@ import (
 // completes with RemoteAbortedError — unless the Challenge shows that
 // nothing in flight can have been delivered, and then it goes again in
 // the new session — and nothing of the old session is delivered after.
-// The (peer, epoch) of every ended session is remembered for a while
-// (rdGraveyard) so that a late frame of it cannot open it again.
+// The (peer, epoch) of every ended session is remembered for as long as
+// any token of it verifies (rdGraveyard: the QP's token secret turns
+// before it forgets one) so that a late frame of it cannot open it again.
 
 // RDConfig tunes a QP's reliable-datagram service.
 type RDConfig struct {
@@ -173,6 +174,7 @@ type rdPeer struct {
 	prevEpoch   uint32 // ours before rdRenew drew epoch, until established again
 	established bool
 	myToken     uint64 // the peer's frames carry it
+	keyedToken  uint64 // or this one, a Challenge's, once seen (0: none yet)
 	theirToken  uint64 // ours to it carry it
 	theirEpoch  uint32
 	sendInit    bool // the peer may not have state yet: carry our token
@@ -192,16 +194,26 @@ type rdPeer struct {
 	readMSN     uint32            // Read and Atomic Request MSNs to it (one queue)
 	atomicMSN   uint32            // Atomic Response MSNs to it
 	wrMSN       map[uint32]uint32 // Write-Record MSNs to it, per STag
+	// msgErr is the first refusal of the peer's last message delivered
+	// (0: carried out), inMsg whether its last segment is yet to come: an
+	// Immediate Data message after a refused Send or Write completes in
+	// error (rdDeliver).
+	msgErr      reliability.Code
+	inMsg       bool
 	held        int               // bytes its receiver buffers ahead of a gap
 	moved       time.Time         // when its receiver last delivered (or the peer was made)
 	ackHeld     bool              // an ack due now waits for the end of the socket's batch (rdQP.acks)
 	rdSlots                       // its places in the QP's peer table (rdpeers.go)
 }
 
-// rdGraveyard is how many ended sessions a QP remembers: a Data frame of
-// one of them with a valid keyed token (late, or sent again by a peer
-// that has not yet learnt the session ended) must not open it again.
-const rdGraveyard = 256
+// rdGraveyard is how many ended sessions a QP remembers in a generation
+// of its graveyard: a Data frame of one of them with a valid keyed token
+// (late, or sent again by a peer that has not yet learnt the session
+// ended) must not open it again. When a generation fills, the QP's token
+// secret turns (reliability.Graveyard): a grave is forgotten only once no
+// token of its session verifies. At most two generations, about 100
+// bytes a grave.
+const rdGraveyard = 1024
 
 // rdQP is the RD state of a QP, under mu.
 type rdQP struct {
@@ -253,7 +265,8 @@ func newRDQP(q *QP, cfg RDConfig) *rdQP {
 	if cfg.MaxQPHeldBytes <= 0 {
 		cfg.MaxQPHeldBytes = defaultMaxQPHeldBytes
 	}
-	r := &rdQP{q: q, cfg: cfg, tokens: reliability.NewTokens(), graves: reliability.NewGraveyard[rdKey](rdGraveyard)}
+	r := &rdQP{q: q, cfg: cfg, tokens: reliability.NewTokens()}
+	r.graves = reliability.NewGraveyard[rdKey](rdGraveyard, r.tokens)
 	r.rdTable.init()
 	r.tx.init(q)
 	return r
@@ -686,6 +699,7 @@ func (r *rdQP) receive(s *Socket, h *reliability.Header, frame []byte, src netip
 		switch {
 		case p != nil && !p.established && h.Token == p.myToken:
 			p.theirEpoch, p.theirToken, p.established, p.sendInit = h.Epoch, h.Issued, true, true
+			p.keyedToken = 0
 		case p != nil && p.established && h.Token == p.theirToken:
 			// The peer answered a frame of this session with a
 			// Challenge: it has no state for it (it restarted, or
@@ -711,7 +725,12 @@ func (r *rdQP) receive(s *Socket, h *reliability.Header, frame []byte, src netip
 		known := p != nil && p.established && h.Epoch == p.theirEpoch
 		var epoch uint32
 		switch {
-		case known && (h.Token == p.myToken || r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.wireQPN(), p.epoch)):
+		case known && (h.Token == p.myToken || h.Token == p.keyedToken && h.Token != 0):
+		case known && r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.wireQPN(), p.epoch):
+			// The keyed token of a Challenge of ours (both sides opened
+			// at once): kept, so that it needs no hash again and still
+			// counts after the secret turns (rdGraveyard).
+			p.keyedToken = h.Token
 		case h.Type == reliability.Data && h.HasInit && r.keyed(p, h, src, &epoch):
 			// First contact, validated: the source received our Challenge.
 			switch {
@@ -733,6 +752,7 @@ func (r *rdQP) receive(s *Socket, h *reliability.Header, frame []byte, src netip
 			}
 			p.epoch, p.prevEpoch = epoch, 0
 			p.myToken, p.theirToken, p.theirEpoch, p.established, p.sendInit = h.Token, h.Issued, h.Epoch, true, false
+			p.keyedToken = 0
 		case h.Type == reliability.Data:
 			// No state, a stale epoch or a wrong token: answer with a
 			// Challenge no larger than the frame; change nothing.
@@ -836,7 +856,7 @@ func (r *rdQP) keyed(p *rdPeer, h *reliability.Header, src netip.AddrPort, epoch
 		return true
 	}
 	if p == nil || !p.established {
-		if d := r.tokens.Epoch(src, h.SrcQPN, h.Epoch, q.wireQPN()); r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.wireQPN(), d) {
+		if d, ok := r.tokens.Derive(h.Token, src, h.SrcQPN, h.Epoch, q.wireQPN()); ok {
 			*epoch = d
 			return true
 		}
@@ -1022,9 +1042,40 @@ func (r *rdQP) deliver(s *Socket, p *rdPeer, seq uint32, b []byte, src netip.Add
 	seg, err := udiwarp.ParseSegment(b, udiwarp.ProfileDatagram)
 	if err != nil {
 		st.countRx(err)
+		p.beginMessage()
 		p.noteErr(seq, reliability.CodeInvalidRequest)
+		p.endMessage(true)
 		return true
 	}
+	// p.msgErr is the outcome of the peer's message before this one
+	// while this one begins, of this one after: an Immediate Data
+	// message reads the one before (rdDeliverSegment).
+	before, open := p.msgErr, p.inMsg
+	if !open {
+		p.beginMessage()
+	}
+	if !r.deliverSegment(s, p, seq, seg, src, before) {
+		p.msgErr, p.inMsg = before, open // not taken: as if it had not come
+		return false
+	}
+	p.endMessage(seg.Control.Last())
+	return true
+}
+
+// beginMessage notes that the peer's next message begins: nothing of it
+// refused yet.
+func (p *rdPeer) beginMessage() { p.msgErr, p.inMsg = 0, true }
+
+// endMessage notes that a segment of the peer's current message was
+// carried out or refused; last, that it was the message's last.
+func (p *rdPeer) endMessage(last bool) { p.inMsg = !last }
+
+// rdDeliverSegment carries out the parsed in-order segment seg (see
+// deliver); before is the outcome of the peer's message before it, which
+// decides an Immediate Data message's.
+func (r *rdQP) deliverSegment(s *Socket, p *rdPeer, seq uint32, seg udiwarp.Segment, src netip.AddrPort, before reliability.Code) bool {
+	q := r.q
+	st := &q.dev.stats
 	if seg.Control.Tagged() {
 		switch {
 		case seg.Control.WriteRecord():
@@ -1091,7 +1142,16 @@ func (r *rdQP) deliver(s *Socket, p *rdPeer, seq uint32, b []byte, src netip.Add
 	}
 	s.rx.evict(q, w.seq) // a later datagram of this batch landed there
 	if !isSend(seg.Opcode()) {
-		q.deliverImmediate(&w, seg, src)
+		// Immediate Data: the second part of a Send or Write with
+		// Immediate, or alone. If the message before it (the first part)
+		// was refused, its data is not there: the receive completes with
+		// that refusal's status, never Success (docs/verbs.md).
+		st := Success
+		if before != 0 {
+			st = rdStatus(before)
+			p.noteErr(seq, before)
+		}
+		q.deliverImmediate(&w, seg, src, st)
 		return true
 	}
 	switch q.deliverSend(&w, seg, src) {
@@ -1120,6 +1180,8 @@ func (r *rdQP) deliverLanded(s *Socket, p *rdPeer, seq uint32, hdr []byte, land 
 			q.dev.stats.RxLanded.Add(1)
 			wc := q.sendWC(land.id, seg.Opcode(), h, src, land.payload()) // landed whole: Success
 			q.completeRecv(&wc)
+			p.beginMessage() // a Send of one segment, carried out
+			p.endMessage(true)
 			return true
 		}
 		q.rqMu.Unlock()
@@ -1275,6 +1337,9 @@ func (r *rdQP) atomicResponse(p *rdPeer, seg udiwarp.Segment) {
 }
 
 func (p *rdPeer) noteErr(seq uint32, code reliability.Code) {
+	if p.msgErr == 0 {
+		p.msgErr = code // the message's first refusal (deliver)
+	}
 	if p.nerr < len(p.errs) {
 		p.nerr++
 	} else {
@@ -1473,7 +1538,7 @@ func (r *rdQP) renew(s *Socket, p *rdPeer, seq16 uint16, now time.Time) {
 	p.queue = queue
 	p.prevEpoch, p.epoch = p.epoch, reliability.NewEpoch()
 	p.newToken()
-	p.theirToken, p.theirEpoch, p.sendInit = 0, 0, false
+	p.theirToken, p.theirEpoch, p.sendInit, p.keyedToken = 0, 0, false, 0
 	p.helloAt, p.helloTries = time.Time{}, 0
 	if len(p.queue) == 0 {
 		r.forget(p) // nothing to send: contact waits for the next WR

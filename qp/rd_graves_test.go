@@ -1,0 +1,176 @@
+package qp
+
+import (
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/udiwarp/udiwarp/reliability"
+	"github.com/udiwarp/udiwarp/udiwarp"
+)
+
+// rdReopen has the validated source c (QP qpn) open a session with q on
+// node n in its epoch: Hello, the Challenge back, then a Data frame with
+// INIT and the issued token (a segment that is not DDP, consumed with an
+// error). When c already has a session, q ends it (buries it) and takes
+// the new one.
+func rdReopen(t *testing.T, c *net.UDPConn, n *node, q *QP, qpn, epoch uint32, buf []byte) {
+	t.Helper()
+	sendTo(t, c, rdFrame(reliability.Fields{Type: reliability.Hello, DstQPN: q.QPN(), SrcQPN: qpn, Epoch: epoch, Init: true, Issued: uint64(epoch)}, nil), n)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for {
+		k, _, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			t.Fatalf("waiting for a Challenge: %v", err)
+		}
+		var h reliability.Header
+		if h.Parse(buf[:k-udiwarp.CRCSize]) != nil || h.Type != reliability.Challenge || h.Token != uint64(epoch) {
+			continue // an ack or a Challenge for an earlier session
+		}
+		sendTo(t, c, rdFrame(reliability.Fields{Type: reliability.Data, DstQPN: q.QPN(), SrcQPN: qpn, Epoch: epoch, Token: h.Issued,
+			Init: true, Issued: uint64(epoch)}, []byte("junk, not DDP")), n)
+		return
+	}
+}
+
+// TestRDChurnDoesNotReopenEndedSession (issue 30, item 1): a session's
+// first frame (INIT, its keyed token, a Send or an Atomic FetchAdd) is
+// delivered, the receiver drops the session (idle reclaim) with the ack
+// lost, and then another validated peer reopens its own session again
+// and again — more sessions than the receiver's graveyard holds in two
+// generations. The first frame, sent again (a retransmission, or a copy
+// the network delayed), must still open nothing: no second delivery, no
+// second FetchAdd, and a Challenge back. It fails against a graveyard
+// that forgets the oldest graves when other peers fill it (the Send is
+// delivered twice, the word goes 1 -> 2).
+func TestRDChurnDoesNotReopenEndedSession(t *testing.T) {
+	for _, isAtomic := range []bool{false, true} {
+		name := "Send"
+		if isAtomic {
+			name = "Atomic FetchAdd"
+		}
+		t.Run(name, func(t *testing.T) {
+			b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+			// b gives up on an Atomic Response never acknowledged after a
+			// few tries, and so ends the session.
+			qb, cqb := rdQPOn(t, b, RDConfig{Config: reliability.Config{InitialRTT: time.Millisecond, MaxRTO: 5 * time.Millisecond, MaxRetries: 3},
+				IdleTimeout: time.Hour})
+			amr, err := b.pd.RegisterMemory(make([]byte, 8), AccessLocalWrite|AccessRemoteAtomic)
+			if err != nil {
+				t.Fatal(err)
+			}
+			word := func() uint64 { return atomic.LoadUint64((*uint64)(unsafe.Pointer(&amr.Bytes()[0]))) }
+			for i := range 2 {
+				qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*10, 10)}})
+			}
+			c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			const qpn = 9
+			buf := make([]byte, 2048)
+			read := func() reliability.Header {
+				t.Helper()
+				c.SetReadDeadline(time.Now().Add(10 * time.Second))
+				k, _, err := c.ReadFromUDPAddrPort(buf)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var h reliability.Header
+				if err := h.Parse(buf[:k-udiwarp.CRCSize]); err != nil {
+					t.Fatal(err)
+				}
+				return h
+			}
+			sendTo(t, c, rdFrame(reliability.Fields{Type: reliability.Hello, DstQPN: qb.QPN(), SrcQPN: qpn, Epoch: 77, Init: true, Issued: 1}, nil), b)
+			ch := read()
+			if ch.Type != reliability.Challenge {
+				t.Fatalf("answer to Hello: %v", ch.Type)
+			}
+			var seg []byte
+			if isAtomic {
+				seg = udiwarp.AppendUntagged(nil, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
+					RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpAtomicRequest), ULP: qpn, QN: udiwarp.DatagramQN(qb.QPN(), udiwarp.QueueReadRequest), MSN: 1})
+				a := atomicRequest(OpAtomicFetchAdd, 1, amr.STag(), amr.Addr(), 1, 0)
+				seg = udiwarp.AppendAtomicRequest(seg, &a)
+			} else {
+				seg = udiwarp.AppendUntagged(nil, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
+					RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpSend), ULP: qpn, QN: udiwarp.DatagramQN(qb.QPN(), udiwarp.QueueSend), MSN: 1})
+				seg = append(seg, "once"...)
+			}
+			data := rdFrame(reliability.Fields{Type: reliability.Data, DstQPN: qb.QPN(), SrcQPN: qpn, Epoch: 77, Token: ch.Issued,
+				Init: true, Issued: 1, AckNow: true}, seg)
+			sendTo(t, c, data, b)
+			if isAtomic {
+				eventually(t, "the FetchAdd carried out", func() bool { return word() == 1 })
+			} else if wc := collect(t, cqb, 1, 5*time.Second)[0]; wc.Status != Success || string(b.buf[:4]) != "once" {
+				t.Fatalf("%+v", wc)
+			}
+			// The ack (and the Atomic Response) are lost: the source
+			// never answers them. b ends the session: it reclaims the idle
+			// peer, or gives up on the Atomic Response.
+			if !isAtomic {
+				setIdleTimeout(qb, time.Millisecond)
+			}
+			eventually(t, "b ending the session", func() bool { return peersOf(qb) == 0 })
+			setIdleTimeout(qb, time.Hour)
+
+			// Another validated peer reopens its session, again and
+			// again: three generations of graves, each its own.
+			churner, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 2)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer churner.Close()
+			const churn = 3*rdGraveyard + 10
+			cbuf := make([]byte, 2048)
+			for e := uint32(1); e <= churn; e++ {
+				rdReopen(t, churner, b, qb, 5, 1000+e, cbuf)
+			}
+			eventually(t, "b taking every reopened session", func() bool {
+				return b.dev.Stats().RDPeerRestarts.Load() >= churn-1
+			})
+			qb.rd.mu.Lock()
+			graves := qb.rd.graves.Len()
+			qb.rd.mu.Unlock()
+			if graves > 2*rdGraveyard {
+				t.Fatalf("%d graves: more than two generations of %d", graves, rdGraveyard)
+			}
+
+			// The first frame again. What b sent before (acks, Atomic
+			// Responses) is still queued at c: read up to the Challenge.
+			sendTo(t, c, data, b)
+			challenged := false
+			for end := time.Now().Add(5 * time.Second); !challenged && time.Now().Before(end); {
+				c.SetReadDeadline(end)
+				k, _, err := c.ReadFromUDPAddrPort(buf)
+				if err != nil {
+					break
+				}
+				var h reliability.Header
+				challenged = h.Parse(buf[:k-udiwarp.CRCSize]) == nil && h.Type == reliability.Challenge && h.Token == ch.Issued
+			}
+			if v := word(); isAtomic && v != 1 {
+				t.Fatalf("the FetchAdd ran again: word %d", v)
+			}
+			if !isAtomic {
+				var wc [1]WorkCompletion
+				if cqb.Poll(wc[:]) > 0 {
+					t.Fatalf("the Send was delivered again: %+v, %q", wc[0], b.buf[10:14])
+				}
+			}
+			if n := peersOf(qb); n != 1 {
+				t.Fatalf("%d peers: the frame of the ended session opened one", n)
+			}
+			if !challenged {
+				t.Fatal("the frame of the ended session drew no Challenge")
+			}
+			if !isAtomic {
+				quietPoll(t, cqb) // not delivered twice
+			}
+		})
+	}
+}
