@@ -198,12 +198,12 @@ type rdPeer struct {
 	// (0: carried out), inMsg whether its last segment is yet to come: an
 	// Immediate Data message after a refused Send or Write completes in
 	// error (rdDeliver).
-	msgErr      reliability.Code
-	inMsg       bool
-	held        int               // bytes its receiver buffers ahead of a gap
-	moved       time.Time         // when its receiver last delivered (or the peer was made)
-	ackHeld     bool              // an ack due now waits for the end of the socket's batch (rdQP.acks)
-	rdSlots                       // its places in the QP's peer table (rdpeers.go)
+	msgErr  reliability.Code
+	inMsg   bool
+	held    int       // bytes its receiver buffers ahead of a gap
+	moved   time.Time // when its receiver last delivered (or the peer was made)
+	ackHeld bool      // an ack due now waits for the end of the socket's batch (rdQP.acks)
+	rdSlots           // its places in the QP's peer table (rdpeers.go)
 }
 
 // rdGraveyard is how many ended sessions a QP remembers in a generation
