@@ -1675,6 +1675,7 @@ func (r *rdQP) flush() {
 	defer r.mu.Unlock()
 	for _, p := range r.peers {
 		r.abort(p, WRFlushError, true)
+		r.bury(p) // its sessions end: none opens again if the QP comes back (RESET, RTS)
 	}
 	for _, w := range r.out {
 		if !w.done {

@@ -174,3 +174,78 @@ func TestRDChurnDoesNotReopenEndedSession(t *testing.T) {
 		})
 	}
 }
+
+// TestRDErrorEndsSessionsForGood: a QP moved to ERROR drops its peers;
+// brought back (RESET, INIT, RTR, RTS), a session it had — its first
+// frame sent again by a peer still waiting for the ack — opens nothing
+// and is not delivered a second time. It fails when the flush drops the
+// peers without burying their sessions.
+func TestRDErrorEndsSessionsForGood(t *testing.T) {
+	b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	qb, cqb := rdQPOn(t, b, RDConfig{})
+	qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{b.mr.SGE(0, 10)}})
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const qpn = 9
+	buf := make([]byte, 2048)
+	readType := func(want reliability.Type) bool {
+		t.Helper()
+		for end := time.Now().Add(5 * time.Second); time.Now().Before(end); {
+			c.SetReadDeadline(end)
+			k, _, err := c.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return false
+			}
+			var h reliability.Header
+			if h.Parse(buf[:k-udiwarp.CRCSize]) == nil && h.Type == want {
+				return true
+			}
+		}
+		return false
+	}
+	sendTo(t, c, rdFrame(reliability.Fields{Type: reliability.Hello, DstQPN: qb.QPN(), SrcQPN: qpn, Epoch: 77, Init: true, Issued: 1}, nil), b)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	k, _, err := c.ReadFromUDPAddrPort(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ch reliability.Header
+	if err := ch.Parse(buf[:k-udiwarp.CRCSize]); err != nil || ch.Type != reliability.Challenge {
+		t.Fatalf("answer to Hello: %v %v", ch.Type, err)
+	}
+	send := udiwarp.AppendUntagged(nil, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
+		RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpSend), ULP: qpn, QN: udiwarp.DatagramQN(qb.QPN(), udiwarp.QueueSend), MSN: 1})
+	data := rdFrame(reliability.Fields{Type: reliability.Data, DstQPN: qb.QPN(), SrcQPN: qpn, Epoch: 77, Token: ch.Issued,
+		Init: true, Issued: 1, AckNow: true}, append(send, "once"...))
+	sendTo(t, c, data, b)
+	if wc := collect(t, cqb, 1, 5*time.Second)[0]; wc.Status != Success || string(b.buf[:4]) != "once" {
+		t.Fatalf("%+v", wc)
+	}
+	if !readType(reliability.Ack) {
+		t.Fatal("no ack")
+	}
+	for _, st := range []QPState{StateError, StateReset, StateInit, StateRTR, StateRTS} {
+		if err := qb.Modify(ModifyAttr{State: st}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if peersOf(qb) != 0 {
+		t.Fatal("the flush kept a peer")
+	}
+	qb.PostRecv(&RecvWR{ID: 2, SGL: []SGE{b.mr.SGE(10, 10)}})
+	sendTo(t, c, data, b)
+	challenged := readType(reliability.Challenge)
+	var wc [1]WorkCompletion
+	if cqb.Poll(wc[:]) > 0 {
+		t.Fatalf("the Send of the session before ERROR was delivered again: %+v", wc[0])
+	}
+	if n := peersOf(qb); n != 0 {
+		t.Fatalf("%d peers: the session before ERROR opened again", n)
+	}
+	if !challenged {
+		t.Fatal("no Challenge")
+	}
+}
