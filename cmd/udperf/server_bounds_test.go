@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -97,6 +96,7 @@ func TestServerRefusesUnboundedRequests(t *testing.T) {
 	// The session went on: a run within bounds is served, and given up
 	// once its client has said nothing for its runLimit (100 round trips:
 	// 100 ms, plus runSlack), closing the session.
+	start := time.Now() // before the server sets its deadline
 	if err := enc.Encode(runRequest{Mode: "raw-udp", Test: "lat", Size: 10, Poll: "event", Trips: 100, From: from}); err != nil {
 		t.Fatal(err)
 	}
@@ -104,13 +104,24 @@ func TestServerRefusesUnboundedRequests(t *testing.T) {
 	if err := dec.Decode(&rep); err != nil || rep.Error != "" || rep.Addr == "" {
 		t.Fatalf("a run within bounds after the refusals: %+v %v", rep, err)
 	}
-	start := time.Now()
 	waitEOF(t, c, "a silent run")
-	if took := time.Since(start); took < runLimit("lat", 0, 100)-50*time.Millisecond {
+	if took := time.Since(start); took < runLimit("lat", 0, 100) {
 		t.Fatalf("the silent run ended after %v, before its runLimit %v", took, runLimit("lat", 0, 100))
 	}
-	if code, stderr := clientRun(t, addr, "raw-udp"); code != 0 {
-		t.Fatalf("a client after the silent run: exit %d: %s", code, stderr)
+	// The server is free: another client's run is served, not told busy
+	// (by hand: a udperf client would wait only runSlack for its figures).
+	_, enc, dec = greet(t, addr)
+	if err := enc.Encode(runRequest{Mode: "raw-udp", Test: "lat", Size: 10, Poll: "event", Trips: 10, From: from}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dec.Decode(&rep); err != nil || rep.Error != "" || rep.Addr == "" {
+		t.Fatalf("another client after the silent run: %+v %v", rep, err)
+	}
+	if err := enc.Encode(doneMsg{Done: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dec.Decode(&rep); err != nil || rep.Error != "" {
+		t.Fatalf("another client's figures after the silent run: %+v %v", rep, err)
 	}
 }
 
@@ -193,10 +204,10 @@ func TestServerSurvivesEMFILE(t *testing.T) {
 	// Three connections take the descriptors left; the fourth's Accept
 	// fails with EMFILE.
 	var idle []net.Conn
-	for range 6 {
+	for i := range 6 {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("idle connection %d: %v (server stderr %q)", i, err, srvErr.String())
 		}
 		idle = append(idle, c)
 	}
@@ -222,9 +233,6 @@ func TestServerSurvivesEMFILE(t *testing.T) {
 	}
 	if !strings.Contains(srvErr.String(), "too many open files; accepting again in 5ms") {
 		t.Fatalf("the server's stderr %q: no back-off", srvErr.String())
-	}
-	if srv.ProcessState != nil || errors.Is(srv.Process.Signal(unix.Signal(0)), os.ErrProcessDone) {
-		t.Fatalf("the server exited: %s", srvErr.String())
 	}
 }
 
