@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -34,7 +33,8 @@ import (
 // plain-socket ones, whose ends are internal/perf's UDPEnd and TCPEnd, as
 // in udperf local: both processes poll as the client's -poll says).
 //
-// The protocol, one JSON value per message:
+// The protocol, one JSON value per message, each at most maxMessage
+// bytes:
 //
 //	client: {"hello":"udperf/2"}            server: {"udperf":"udperf/2"}
 //	client: runRequest                      server: runReply (its endpoint, or error)
@@ -130,19 +130,35 @@ type doneMsg struct {
 
 // requestConfig is the run a request asks for, as a perf.Config: what
 // both ends check (perf.Config.Check) and apply.
+// (Its round trips are Iters, with no warm-up: the request's Trips.)
 func requestConfig(req runRequest) perf.Config {
 	test := perf.TestBW
 	if req.Test == "lat" {
 		test = perf.TestLat
 	}
 	return perf.Config{Mode: req.Mode, Test: test, Poll: pollOf(req.Poll), Size: req.Size, Duration: req.Duration, QPs: 1,
+		Iters: req.Trips, Warmup: -1,
 		Segment: req.Segment, Loss: req.Loss, Seed: req.Seed, Partial: req.Partial, Deadline: req.Deadline}
 }
+
+// trips is the round trips of a lat run, warm-up included.
+func trips(c perf.Config) int { return max(c.Warmup, 0) + c.Iters }
+
+// The most a server/client run may ask for (remoteCheck): what bounds how
+// long a run holds the server (runLimit), and how long it settles after
+// its end (perf.Tally.Settle: twice the deadline).
+const (
+	maxRunDuration = time.Hour        // -D of a bw or rate run
+	maxTrips       = 1_000_000        // -n plus -w of a lat run
+	maxDeadline    = 10 * time.Second // -deadline (Write-Record's default)
+	maxSegment     = 65535            // -mtu: no segment exceeds a datagram
+)
 
 // remoteCheck refuses what server/client cannot run as asked, at the
 // client before it connects and at the server for each request:
 // perf.Config.Check (the one home of what a mode ignores or cannot carry),
-// then what only udperf local runs.
+// then what only udperf local runs, then the bounds of a remote run (the
+// server's one home for every size, count and duration a request names).
 func remoteCheck(c perf.Config) error {
 	if err := c.Check(); err != nil { // every mode runs over server/client too
 		return err
@@ -154,6 +170,14 @@ func remoteCheck(c perf.Config) error {
 		return errors.New("-bidir runs only in `udperf local` and `compare`")
 	case c.Size > remoteMaxSize(c.Mode):
 		return fmt.Errorf("-s %d: %s carries 1 to %d bytes over server/client", c.Size, c.Mode, remoteMaxSize(c.Mode))
+	case c.Duration < 0 || c.Duration > maxRunDuration:
+		return fmt.Errorf("-D %v: a server/client run lasts at most %v", c.Duration, maxRunDuration)
+	case c.Iters < 0 || trips(c) < 0 || trips(c) > maxTrips:
+		return fmt.Errorf("%d round trips (-n plus -w): a server/client lat run makes 0 to %d", trips(c), maxTrips)
+	case c.Deadline > maxDeadline:
+		return fmt.Errorf("-deadline %v: at most %v over server/client", c.Deadline, maxDeadline)
+	case c.Segment > maxSegment:
+		return fmt.Errorf("-mtu %d: at most %d (a datagram's length)", c.Segment, maxSegment)
 	}
 	return nil
 }
@@ -196,22 +220,87 @@ type serverOptions struct {
 }
 
 // requestTimeout bounds how long a control connection may take to send
-// its next message (a request, or the end of the session); runSlack how
-// long past its expected length (runLimit) a run may wait for the
-// client's "done" (as long as the client itself waits).
+// its next message (its first, the greeting or a request; or the end of
+// the session) and to take in each answer; runSlack how long past its
+// expected length (runLimit) a run may wait for the client's "done" (as
+// long as the client itself waits); maxConns how many control
+// connections the server keeps open at once.
 var (
 	requestTimeout = 10 * time.Second
 	runSlack       = 5 * time.Minute
+	maxConns       = 32
 )
 
 // runLimit is how long a run may last before either end gives up on the
 // other: its duration (bw, rate) or its round trips at a generous 1 ms
 // each (lat; a loopback round trip takes microseconds), plus runSlack.
+// remoteCheck bounds both, so no request holds the server longer than
+// maxRunDuration (or maxTrips ms, less) plus runSlack without a word.
 func runLimit(test string, dur time.Duration, trips int) time.Duration {
 	if test == "lat" {
 		return time.Duration(max(trips, 0))*time.Millisecond + runSlack
 	}
 	return max(dur, 0) + runSlack
+}
+
+// maxMessage bounds one control message, either way: the largest a
+// udperf client or server sends (a reply offering ud-wr's 16 regions, or
+// a request naming an IPv6 data address with a zone: 1.4 KiB at most) is
+// under half of it (TestControlMessagesFit).
+const maxMessage = 4096
+
+// errTooLong ends a control connection whose message runs past maxMessage.
+var errTooLong = fmt.Errorf("control message over %d bytes", maxMessage)
+
+// msgReader reads one control message at a time: a JSON decoder over a
+// reader that lets each message read at most maxMessage bytes from the
+// connection, so the decoder buffers no more than that (and what it read
+// ahead of the message before, within the last one's allowance).
+type msgReader struct {
+	dec  *json.Decoder
+	left int // bytes the message being read may still take from r
+	r    io.Reader
+}
+
+func newMsgReader(r io.Reader) *msgReader {
+	m := &msgReader{r: r}
+	m.dec = json.NewDecoder(m)
+	return m
+}
+
+// Read is the decoder's: r, up to the message's allowance.
+func (m *msgReader) Read(p []byte) (int, error) {
+	if m.left <= 0 {
+		return 0, errTooLong
+	}
+	if len(p) > m.left {
+		p = p[:m.left]
+	}
+	n, err := m.r.Read(p)
+	m.left -= n
+	return n, err
+}
+
+// read decodes the next message into v.
+func (m *msgReader) read(v any) error {
+	m.left = maxMessage
+	return m.dec.Decode(v)
+}
+
+// acceptRetry says an Accept error is the server's condition or the
+// pending connection's, not the listener's end: out of descriptors,
+// buffers or memory, or a network error accept(2) passes on from the new
+// connection (its manual says to retry those). The server backs off and
+// accepts again, as net/http's Server.Serve does.
+func acceptRetry(err error) bool {
+	for _, e := range []error{unix.EMFILE, unix.ENFILE, unix.ENOBUFS, unix.ENOMEM, unix.EINTR, unix.EAGAIN,
+		unix.ECONNABORTED, unix.ECONNRESET, unix.ETIMEDOUT, unix.EPROTO, unix.EPERM, unix.ENETDOWN, unix.ENOPROTOOPT,
+		unix.EHOSTDOWN, unix.ENONET, unix.EHOSTUNREACH, unix.EOPNOTSUPP, unix.ENETUNREACH} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // busyError is the answer to a request that arrives during another
@@ -223,27 +312,33 @@ const busyError = "busy: another client's run is in progress; try again when it 
 // connection has its own goroutine and must send each message within
 // requestTimeout, so an idle or slow connection holds up nobody; a session
 // holds the server from its first run to its end, and a request from
-// another client meanwhile is answered at once with busyError. When ctx
-// ends (SIGINT, SIGTERM) or ln closes, serveOn closes ln and every control
-// connection, stops the run in progress without waiting for its drain,
-// and returns once the connections' goroutines (and so their devices)
-// are gone: 0 after ctx or once, 1 after another end of ln.
+// another client meanwhile is answered at once with busyError. At most
+// maxConns connections are open: the next one closes the oldest that does
+// not hold the server. An Accept that fails for want of descriptors (or
+// another temporary condition, acceptRetry) is tried again after 5 ms,
+// doubling to 1 s. When ctx ends (SIGINT, SIGTERM) or ln closes, serveOn
+// closes ln and every control connection, stops the run in progress
+// without waiting for its drain, and returns once the connections'
+// goroutines (and so their devices) are gone: 0 after ctx or once, 1
+// after another end of ln or an Accept error that is not temporary.
 func serveOn(ctx context.Context, ln net.Listener, o serverOptions) int {
 	var (
 		wg      sync.WaitGroup
 		mu      sync.Mutex // conns, stdout, stderr
-		conns   = map[net.Conn]struct{}{}
+		conns   = map[net.Conn]*session{}
+		seq     uint64     // sessions accepted, in order
 		running sync.Mutex // held by the session whose runs are in progress
 		served  atomic.Bool
 		closing atomic.Bool // the server stops: runs end without draining
 		once    sync.Once
+		stopped = make(chan struct{}) // closed by shut
 	)
 	logf := func(w io.Writer, format string, args ...any) {
 		mu.Lock()
 		fmt.Fprintf(w, format, args...)
 		mu.Unlock()
 	}
-	shut := func() { once.Do(func() { closing.Store(true); ln.Close() }) }
+	shut := func() { once.Do(func() { closing.Store(true); close(stopped); ln.Close() }) }
 	defer context.AfterFunc(ctx, shut)()
 	defer func() {
 		shut()
@@ -254,33 +349,64 @@ func serveOn(ctx context.Context, ln net.Listener, o serverOptions) int {
 		mu.Unlock()
 		wg.Wait()
 	}()
+	var backoff time.Duration
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			if served.Load() || ctx.Err() != nil {
 				return 0
 			}
-			logf(o.stderr, "udperf server: %v\n", err)
-			return 1
+			if !acceptRetry(err) {
+				logf(o.stderr, "udperf server: %v\n", err)
+				return 1
+			}
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			logf(o.stderr, "udperf server: %v; accepting again in %v\n", err, backoff)
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-stopped:
+				t.Stop()
+			}
+			continue
 		}
+		backoff = 0
+		s := &session{c: c, running: &running, closing: &closing, metrics: o.metrics,
+			line: func(l string) { logf(o.stdout, "udperf server: %s %s\n", c.RemoteAddr(), l) }}
 		mu.Lock()
 		if closing.Load() { // shut between Accept and here
 			mu.Unlock()
 			c.Close()
 			continue
 		}
-		conns[c] = struct{}{}
+		if len(conns) >= maxConns {
+			var oldest *session
+			for _, o := range conns {
+				if !o.holding.Load() && (oldest == nil || o.seq < oldest.seq) {
+					oldest = o
+				}
+			}
+			if oldest != nil {
+				oldest.shed.Store(true)
+				oldest.c.Close()
+				delete(conns, oldest.c)
+			}
+		}
+		seq++
+		s.seq = seq
+		conns[c] = s
 		mu.Unlock()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s := &session{c: c, running: &running, closing: &closing, metrics: o.metrics,
-				line: func(l string) { logf(o.stdout, "udperf server: %s %s\n", c.RemoteAddr(), l) }}
 			ran, err := s.serve()
 			mu.Lock()
 			delete(conns, c)
 			mu.Unlock()
-			if err != nil && !closing.Load() {
+			switch {
+			case s.shed.Load():
+				logf(o.stderr, "udperf server: %v: closed, the oldest of %d control connections, for a new one\n", c.RemoteAddr(), maxConns)
+			case err != nil && !closing.Load():
 				logf(o.stderr, "udperf server: %v: %v\n", c.RemoteAddr(), err)
 			}
 			if ran && o.once {
@@ -294,48 +420,63 @@ func serveOn(ctx context.Context, ln net.Listener, o serverOptions) int {
 // session is the server's side of one control connection.
 type session struct {
 	c       net.Conn
+	seq     uint64 // its place in the order of accepting
 	running *sync.Mutex
-	holding bool // this session holds running
+	holding atomic.Bool // this session holds running
+	shed    atomic.Bool // closed for a newer connection (maxConns)
 	closing *atomic.Bool
 	metrics *metrics.Collector
 	line    func(string) // prints a line about a run served
+	msgs    *msgReader
+	enc     *json.Encoder
+}
+
+// send sends a message to the client, which must take it within
+// requestTimeout (a client that reads nothing holds no goroutine and, in
+// its session, not the server).
+func (s *session) send(v any) error {
+	s.c.SetWriteDeadline(time.Now().Add(requestTimeout))
+	return s.enc.Encode(v)
 }
 
 // serve serves the session's messages until the client ends it (closes
-// the connection), goes quiet for requestTimeout, or the server stops. It
-// reports whether it ran anything.
+// the connection), goes quiet for requestTimeout, sends a message over
+// maxMessage, or the server stops. It reports whether it ran anything.
 func (s *session) serve() (ran bool, err error) {
 	defer s.c.Close()
 	defer func() {
-		if s.holding {
+		if s.holding.Load() {
 			s.running.Unlock()
 		}
 	}()
-	dec := json.NewDecoder(bufio.NewReader(s.c))
-	enc := json.NewEncoder(s.c)
+	s.msgs = newMsgReader(s.c)
+	s.enc = json.NewEncoder(s.c)
 	for {
 		var req runRequest
 		s.c.SetReadDeadline(time.Now().Add(requestTimeout))
-		if err := dec.Decode(&req); err != nil {
+		if err := s.msgs.read(&req); err != nil {
 			if errors.Is(err, io.EOF) {
 				return ran, nil // the session's end
+			}
+			if errors.Is(err, errTooLong) {
+				s.send(runReply{Error: err.Error() + ": closing the connection"})
 			}
 			return ran, fmt.Errorf("request: %w", err)
 		}
 		if req.Bye {
-			if s.holding {
+			if s.holding.Load() {
+				s.holding.Store(false)
 				s.running.Unlock()
-				s.holding = false
 			}
-			enc.Encode(runReply{Udperf: protocol})
+			s.send(runReply{Udperf: protocol})
 			return ran, nil
 		}
 		if req.Hello != "" {
 			if req.Hello != protocol {
-				enc.Encode(runReply{Udperf: protocol, Error: fmt.Sprintf("this server speaks %s, not %s", protocol, req.Hello)})
+				s.send(runReply{Udperf: protocol, Error: fmt.Sprintf("this server speaks %s, not %s", protocol, req.Hello)})
 				return ran, nil
 			}
-			if err := enc.Encode(runReply{Udperf: protocol}); err != nil {
+			if err := s.send(runReply{Udperf: protocol}); err != nil {
 				return ran, err
 			}
 			continue
@@ -345,49 +486,53 @@ func (s *session) serve() (ran bool, err error) {
 			if err == nil {
 				err = fmt.Errorf("test %q: want lat, bw or rate", req.Test)
 			}
-			enc.Encode(runReply{Error: fmt.Sprintf("cannot serve %s %s %d B: %v", req.Mode, req.Test, req.Size, err)})
+			if err := s.send(runReply{Error: fmt.Sprintf("cannot serve %s %s %d B: %v", req.Mode, req.Test, req.Size, err)}); err != nil {
+				return ran, err
+			}
 			continue
 		}
-		if !s.holding {
+		if !s.holding.Load() {
+			s.holding.Store(true) // before taking running: never shed while it holds it
 			if !s.running.TryLock() {
-				enc.Encode(runReply{Error: busyError})
+				s.holding.Store(false)
+				if err := s.send(runReply{Error: busyError}); err != nil {
+					return ran, err
+				}
 				continue
 			}
-			s.holding = true
 		}
 		ran = true
-		if err := s.run(req, cfg, dec, enc); err != nil {
+		if err := s.run(req, cfg); err != nil {
 			return ran, err
 		}
 	}
 }
 
 // run serves one run of the session.
-func (s *session) run(req runRequest, cfg perf.Config, dec *json.Decoder, enc *json.Encoder) error {
+func (s *session) run(req runRequest, cfg perf.Config) error {
 	if s.metrics != nil {
 		cfg.OnDevice = s.metrics.Adder("server")
 	}
 	host, _, _ := net.SplitHostPort(s.c.LocalAddr().String())
 	from, err := dataPeer(req.From, s.c.RemoteAddr())
 	if err != nil {
-		enc.Encode(runReply{Error: fmt.Sprintf("cannot serve %s %s %d B: %v", req.Mode, req.Test, req.Size, err)})
-		return nil // the session goes on: the next request may be right
+		return s.send(runReply{Error: fmt.Sprintf("cannot serve %s %s %d B: %v", req.Mode, req.Test, req.Size, err)}) // the session goes on: the next request may be right
 	}
 	ep, err := newEndpoint(req, cfg, host, from, s.closing.Load)
 	if err != nil {
-		enc.Encode(runReply{Error: err.Error()})
+		s.send(runReply{Error: err.Error()})
 		return err
 	}
 	release := sync.OnceFunc(ep.close)
 	defer release()
-	if err := enc.Encode(runReply{Addr: ep.addr, QPN: ep.qpn, STag: ep.stag, TO: ep.to, Credits: ep.credits, Slots: ep.slots}); err != nil {
+	if err := s.send(runReply{Addr: ep.addr, QPN: ep.qpn, STag: ep.stag, TO: ep.to, Credits: ep.credits, Slots: ep.slots}); err != nil {
 		return err
 	}
 	// The run lasts until the client says done (or goes away, or takes
 	// longer than it would wait itself, or the server stops).
 	s.c.SetReadDeadline(time.Now().Add(runLimit(req.Test, req.Duration, req.Trips)))
 	var done doneMsg
-	if err := dec.Decode(&done); err != nil || !done.Done {
+	if err := s.msgs.read(&done); err != nil || !done.Done {
 		if s.closing.Load() {
 			return errors.New("stopped") // not reported: the server is going
 		}
@@ -398,7 +543,7 @@ func (s *session) run(req runRequest, cfg perf.Config, dec *json.Decoder, enc *j
 	r := ep.stop(done.Sent)
 	release()
 	s.line(runLine(req, done, r))
-	return enc.Encode(r)
+	return s.send(r)
 }
 
 // dataPeer is the client's data end a request names (from), which must
@@ -650,7 +795,7 @@ var greetTimeout = 3 * time.Second
 type clientSession struct {
 	addr   string
 	c      net.Conn
-	dec    *json.Decoder
+	msgs   *msgReader
 	enc    *json.Encoder
 	closed bool
 }
@@ -663,7 +808,7 @@ func dialSession(addr string) (*clientSession, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &clientSession{addr: addr, c: c, dec: json.NewDecoder(bufio.NewReader(c)), enc: json.NewEncoder(c)}
+	s := &clientSession{addr: addr, c: c, msgs: newMsgReader(c), enc: json.NewEncoder(c)}
 	notServer := func(why string) (*clientSession, error) {
 		c.Close()
 		return nil, fmt.Errorf("not a udperf server at %s (%s)", addr, why)
@@ -673,7 +818,7 @@ func dialSession(addr string) (*clientSession, error) {
 		return notServer(err.Error())
 	}
 	var rep runReply
-	if err := s.dec.Decode(&rep); err != nil {
+	if err := s.msgs.read(&rep); err != nil {
 		var ne net.Error
 		switch {
 		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET):
@@ -705,16 +850,15 @@ func (s *clientSession) close() {
 	s.c.SetDeadline(time.Now().Add(greetTimeout))
 	if s.enc.Encode(runRequest{Bye: true}) == nil {
 		var rep runReply
-		s.dec.Decode(&rep)
+		s.msgs.read(&rep)
 	}
 	s.c.Close()
 }
 
 // run runs cfg (test: lat, bw or rate) in the session.
 func (s *clientSession) run(cfg perf.Config, test string) (perf.Result, error) {
-	trips := max(cfg.Warmup, 0) + cfg.Iters
-	s.c.SetDeadline(time.Now().Add(runLimit(test, cfg.Duration, trips)))
-	req := runRequest{Mode: cfg.Mode, Test: test, Size: cfg.Size, Poll: cfg.Poll.String(), Duration: cfg.Duration, Trips: trips,
+	s.c.SetDeadline(time.Now().Add(runLimit(test, cfg.Duration, trips(cfg))))
+	req := runRequest{Mode: cfg.Mode, Test: test, Size: cfg.Size, Poll: cfg.Poll.String(), Duration: cfg.Duration, Trips: trips(cfg),
 		Segment: cfg.Segment, Loss: cfg.Loss, Seed: cfg.Seed, Partial: cfg.Partial, Deadline: cfg.Deadline}
 	// The data end binds first, on the control connection's host, and the
 	// request names it: the server takes data from it alone.
@@ -748,7 +892,7 @@ func (s *clientSession) run(cfg perf.Config, test string) (perf.Result, error) {
 		return perf.Result{}, err
 	}
 	var rep runReply
-	if err := s.dec.Decode(&rep); err != nil {
+	if err := s.msgs.read(&rep); err != nil {
 		return perf.Result{}, fmt.Errorf("the server's answer: %w", err)
 	}
 	if rep.Error != "" {
@@ -777,7 +921,7 @@ func (s *clientSession) run(cfg perf.Config, test string) (perf.Result, error) {
 		return perf.Result{}, err
 	}
 	var fin runReply
-	if err := s.dec.Decode(&fin); err != nil {
+	if err := s.msgs.read(&fin); err != nil {
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 			return perf.Result{}, errors.New("the server ended the session before sending its figures (was it stopped?)")
 		}
