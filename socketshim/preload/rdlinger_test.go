@@ -54,16 +54,27 @@ func fileWhen(file, want string) string {
 // and the Data frame goes, after the shutdown. The program's SHUT_WR must
 // not stop the engine's own sends on the socket (the Data frame,
 // retransmissions, acknowledgements), which failed with EPIPE
-// (TxErrors).
+// (TxErrors). "exit": a program (testdata/survive.c, sendexit) sends
+// one datagram and exits at once, its socket open: the exit waits.
 func TestRDLinger(t *testing.T) {
 	need(t, "socat")
 	dir := built(t)
+	socat := func(args string) func(int) []string {
+		return func(port int) []string {
+			return []string{"sh", "-c", "seq 1 5 | exec socat " + fmt.Sprintf(args, port)}
+		}
+	}
 	for _, c := range []struct {
-		name, args string
-		hold       bool // the receiver stopped until the sender's Hello went again
+		name string
+		cmd  func(port int) []string
+		want string
+		hold bool // the receiver stopped until the sender's Hello went again
 	}{
-		{"sendto", "-u - UDP-SENDTO:127.0.0.1:%d", false},
-		{"connected", "-t 1 - UDP:127.0.0.1:%d", true},
+		{"sendto", socat("-u - UDP-SENDTO:127.0.0.1:%d"), "1\n2\n3\n4\n5\n", false},
+		{"connected", socat("-t 1 - UDP:127.0.0.1:%d"), "1\n2\n3\n4\n5\n", true},
+		{"exit", func(port int) []string {
+			return []string{filepath.Join(dir, "survive"), "sendexit", strconv.Itoa(port)}
+		}, "exit\n", false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -73,7 +84,8 @@ func TestRDLinger(t *testing.T) {
 			if c.hold {
 				stopProc(t, rcv)
 			}
-			snd := startEnv(t, ctx, dir, true, rdEnv(), "sh", "-c", "seq 1 5 | exec socat "+fmt.Sprintf(c.args, port))
+			cmd := c.cmd(port)
+			snd := startEnv(t, ctx, dir, true, rdEnv(), cmd[0], cmd[1:]...)
 			if c.hold {
 				hello := func(ss stats) bool { return ss.Device["RDControlSent"]+ss.Device["TxErrors"] >= 2 }
 				if ss := snd.statsWhen(t, hello); !hello(ss) {
@@ -82,7 +94,7 @@ func TestRDLinger(t *testing.T) {
 				contProc(t, rcv)
 			}
 			snd.wait(t)
-			const want = "1\n2\n3\n4\n5\n"
+			want := c.want
 			got := fileWhen(rcv.file, want)
 			ss := snd.readStats(t)
 			rs := rcv.statsWhen(t, func(rs stats) bool { return rs.Received >= 1 })
@@ -91,7 +103,7 @@ func TestRDLinger(t *testing.T) {
 				t.Fatalf("the sender's engine sent %d datagrams over %q, want 1 over rd", ss.Sent, ss.QP)
 			}
 			if got != want {
-				t.Errorf("the receiver got %q, want %q: the datagram socat sent before it shut down and exited was lost", got, want)
+				t.Errorf("the receiver got %q, want %q: the datagram sent before the sender shut down and exited was lost", got, want)
 			}
 			if ss.RDDropped != 0 || ss.Device["TxErrors"] != 0 {
 				t.Errorf("the sender's engine gave up on RD Sends %d times and failed %d sends", ss.RDDropped, ss.Device["TxErrors"])
@@ -182,26 +194,33 @@ func procState(pid int) string {
 // socket: under RD the shut socket's acknowledgements of what it still
 // receives, and its Sends' Data frames after the handshake, go out, and
 // the shutdown waits for its Sends to be acknowledged
-// (testdata/survive.c, mode shutwr). UD is the same program's control.
+// (testdata/survive.c, mode shutwr). A datagram sent just before close
+// reaches its peer: under RD the close waits for its acknowledgement
+// (closewait). UD runs the same programs as their control.
 func TestDatagramShutdown(t *testing.T) {
 	dir := built(t)
-	for _, q := range []string{"rd", "ud"} {
-		t.Run(q, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			defer cancel()
-			p := startEnv(t, ctx, dir, true, []string{"UDIWARP_PRELOAD_QP=" + q}, filepath.Join(dir, "survive"), "shutwr")
-			out := p.wait(t)
-			st := p.readStats(t)
-			t.Logf("%s engine: %+v", strings.TrimSpace(out), st)
-			if !strings.HasPrefix(out, "ok shutwr") {
-				t.Fatalf("output %q", out)
-			}
-			if st.QP != q || st.Sent != 6 || st.Received != 6 {
-				t.Errorf("the %q engine sent %d and received %d datagrams, want 6 each over %s", st.QP, st.Sent, st.Received, q)
-			}
-			if st.Device["TxErrors"] != 0 || st.RDDropped != 0 {
-				t.Errorf("%d of the engine's sends failed and it gave up on RD Sends %d times: the program's SHUT_WR stopped the engine's sends", st.Device["TxErrors"], st.RDDropped)
-			}
-		})
+	for _, m := range []struct {
+		mode string
+		n    uint64 // datagrams sent, and received, in the process
+	}{{"shutwr", 6}, {"closewait", 1}} {
+		for _, q := range []string{"rd", "ud"} {
+			t.Run(m.mode+"/"+q, func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				defer cancel()
+				p := startEnv(t, ctx, dir, true, []string{"UDIWARP_PRELOAD_QP=" + q}, filepath.Join(dir, "survive"), m.mode)
+				out := p.wait(t)
+				st := p.readStats(t)
+				t.Logf("%s engine: %+v", strings.TrimSpace(out), st)
+				if !strings.HasPrefix(out, "ok "+m.mode) {
+					t.Fatalf("output %q", out)
+				}
+				if st.QP != q || st.Sent != m.n || st.Received != m.n {
+					t.Errorf("the %q engine sent %d and received %d datagrams, want %d each over %s", st.QP, st.Sent, st.Received, m.n, q)
+				}
+				if st.Device["TxErrors"] != 0 || st.RDDropped != 0 {
+					t.Errorf("%d of the engine's sends failed and it gave up on RD Sends %d times", st.Device["TxErrors"], st.RDDropped)
+				}
+			})
+		}
 	}
 }

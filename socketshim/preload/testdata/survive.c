@@ -431,9 +431,47 @@ static void mode_shutwr(void) {
 	printf("ok shutwr\n");
 }
 
+// closewait: a datagram sent just before close reaches its peer. Under
+// RD the close waits until it is acknowledged: d sends to b, whose
+// handshake it has to wait for, and closes at once; a thread receives
+// on b meanwhile.
+static void *closewait_b(void *arg) {
+	struct shutpeer *p = arg;
+	char buf[64];
+	ssize_t r = recv(p->b, buf, sizeof buf, 0);
+	if (r != 2 || memcmp(buf, "d0", 2) != 0) FAIL("b received %zd bytes, want d0", r);
+	return NULL;
+}
+
+static void mode_closewait(void) {
+	struct sockaddr_in ba, da;
+	int b = udp(&ba), d = udp(&da);
+	struct timeval tv = {20, 0};
+	if (setsockopt(b, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0) FAIL("SO_RCVTIMEO");
+	struct shutpeer p = {b};
+	pthread_t th;
+	if (pthread_create(&th, NULL, closewait_b, &p) != 0) FAIL("pthread_create");
+	if (sendto(d, "d0", 2, 0, (struct sockaddr *)&ba, sizeof ba) != 2) FAIL("sendto d");
+	if (close(d) != 0) FAIL("close d");
+	pthread_join(th, NULL);
+	close(b);
+	printf("ok closewait\n");
+}
+
+// sendexit PORT: one datagram to 127.0.0.1:PORT, and exit at once, with
+// the socket open: under RD the exit waits until it is acknowledged.
+static void mode_sendexit(int port) {
+	int fd = socket(AF_INET, SOCK_DGRAM, 0);
+	if (fd < 0) FAIL("socket");
+	struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	if (sendto(fd, "exit\n", 5, 0, (struct sockaddr *)&to, sizeof to) != 5) FAIL("sendto");
+	printf("ok sendexit\n");
+	exit(0);
+}
+
 int main(int argc, char **argv) {
 	setvbuf(stdout, NULL, _IONBF, 0);
-	if (argc < 2) FAIL("usage: survive fork|closeall|eintr|errno|poll|sigstack [N]|threads N|shutwr");
+	if (argc < 2) FAIL("usage: survive fork|closeall|eintr|errno|poll|sigstack [N]|threads N|shutwr|closewait|sendexit PORT");
 	if (!strcmp(argv[1], "fork")) mode_fork();
 	else if (!strcmp(argv[1], "closeall")) mode_closeall();
 	else if (!strcmp(argv[1], "eintr")) mode_eintr();
@@ -442,6 +480,8 @@ int main(int argc, char **argv) {
 	else if (!strcmp(argv[1], "sigstack")) mode_sigstack(argc > 2 ? atoi(argv[2]) : 200);
 	else if (!strcmp(argv[1], "threads")) mode_threads(argc > 2 ? atoi(argv[2]) : 48);
 	else if (!strcmp(argv[1], "shutwr")) mode_shutwr();
+	else if (!strcmp(argv[1], "closewait")) mode_closewait();
+	else if (!strcmp(argv[1], "sendexit") && argc > 2) mode_sendexit(atoi(argv[2]));
 	else FAIL("unknown mode %s", argv[1]);
 	return 0;
 }
