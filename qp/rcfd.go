@@ -129,10 +129,18 @@ func (q *QP) RecvWaiting() bool {
 	return c != nil && c.stalled.Load()
 }
 
-// SendQueued reports whether an RC QP holds output back: FPDUs TCP has
-// not taken yet (the socket's buffer is full), which the device's poller
-// sends as room comes.
+// SendQueued reports whether the QP holds Sends it has not finished
+// with. An RC QP: FPDUs TCP has not taken yet (the socket's buffer is
+// full), which the device's poller sends as room comes. An RD QP: WRs
+// not yet complete — not every segment acknowledged by the peer, nor
+// failed — whose frames the device's timer sends again, or that wait
+// for the peer's handshake or window; a caller that closes the QP once
+// this is false drops nothing it sent (the LD_PRELOAD engine's close and
+// exit wait for it).
 func (q *QP) SendQueued() bool {
+	if q.rd != nil {
+		return q.rd.unfinished()
+	}
 	c := q.rc.Load()
 	if c == nil {
 		return false

@@ -1376,6 +1376,13 @@ func (r *rdQP) complete() {
 	}
 }
 
+// unfinished reports whether a WR posted is not complete yet (QP.SendQueued).
+func (r *rdQP) unfinished() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.out) > 0
+}
+
 // rdWRs keeps completed WRs for the next posts: a stream of RD Sends
 // then allocates nothing per message.
 var rdWRs = sync.Pool{New: func() any { return new(rdWR) }}

@@ -45,6 +45,10 @@ type stats struct {
 	StreamsDropped uint64 `json:"streams_dropped"`
 	StreamSent     uint64 `json:"stream_sent_bytes"`
 	StreamReceived uint64 `json:"stream_received_bytes"`
+	// RD: closes, shutdowns and exits that gave up on unacknowledged Sends.
+	RDDropped uint64 `json:"rd_dropped"`
+	// Device is the device's non-zero counters by their qp.Stats names.
+	Device map[string]uint64 `json:"device"`
 }
 
 var (

@@ -162,6 +162,7 @@ struct usock {
 	atomic_int nonblock; // the program's O_NONBLOCK
 	atomic_int kmode;    // kernel path: a forked child, or the engine refused it
 	atomic_int closing;  // the last program descriptor closed
+	atomic_int wrshut;   // a datagram socket: the program shut its sending down (dshutdown)
 	long long rcvtimeo, sndtimeo; // ns, 0 none
 	atomic_int connected;
 	// stream: a TCP socket (UDIWARP_PRELOAD_TCP=rc). Adopted (h > 0) once
@@ -931,6 +932,10 @@ static ssize_t urecv(struct usock *u, int fd, struct msghdr *m, int flags) {
 
 static ssize_t usend(struct usock *u, int fd, const struct msghdr *m, int flags) {
 	if (u->stream) return ssend(u, fd, m, flags);
+	if (atomic_load(&u->wrshut)) { // as the kernel's UDP: EPIPE, no SIGPIPE
+		errno = EPIPE;
+		return -1;
+	}
 	if (atomic_load(&u->kmode)) return ksend(fd, m, flags);
 	struct sockaddr_storage to;
 	socklen_t tolen = m->msg_namelen;
@@ -1259,8 +1264,32 @@ static ssize_t ssend(struct usock *u, int fd, const struct msghdr *m, int flags)
 	return (ssize_t)sent;
 }
 
+// dshutdown shuts a datagram socket down. Its kernel socket carries the
+// engine's frames as well as the program's datagrams — RD's handshake,
+// acknowledgements and retransmissions — and the kernel's SHUT_WR would
+// stop them all (an RD Send still unacknowledged, or waiting for its
+// peer's handshake, would never reach the peer, and the engine's later
+// sends fail with EPIPE). So the program's SHUT_WR is the library's:
+// the program's sends fail with EPIPE from now on, as the kernel's
+// would, and then the engine waits for what RD holds of the socket's
+// Sends to be acknowledged (UDIWARP_PRELOAD_RD_LINGER); the kernel keeps
+// its send side open for the engine. SHUT_RD is the kernel's. The
+// result is the kernel's (ENOTCONN for an unconnected socket, which the
+// kernel shuts all the same).
+static int dshutdown(struct usock *u, int fd, int how) {
+	if (atomic_load(&u->kmode) || (how != SHUT_WR && how != SHUT_RDWR)) return REAL(shutdown)(fd, how);
+	atomic_store(&u->wrshut, 1);
+	long long h = atomic_load(&u->h);
+	if (h > 0 && e_shutdown && atomic_load(&estate) == E_READY) e_shutdown(h, how);
+	if (how == SHUT_RDWR) return REAL(shutdown)(fd, SHUT_RD);
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof ss;
+	return REAL(getpeername)(fd, (struct sockaddr *)&ss, &sl) == 0 ? 0 : -1;
+}
+
 EXPORT int shutdown(int fd, int how) {
 	struct usock *u = lookup(fd);
+	if (u && !u->stream) return dshutdown(u, fd, how);
 	if (u && u->stream && decide(u, fd, 0, 0) < 0) { // shut before the peer spoke: the kernel's
 		atomic_store(&u->kmode, 1);
 		atomic_store(&u->undecided, 0);

@@ -56,7 +56,12 @@ const (
 	// other side has that many). Every peer may share one address (a
 	// client host's sockets), so it is the per-address cap too.
 	defaultRDPeers = 16384
-	maxAHs         = 256
+	// defaultRDLinger is UDIWARP_PRELOAD_RD_LINGER's default: how long
+	// close, shutdown and exit wait for an RD socket's Sends to be
+	// acknowledged (RD's retries give up on an unreachable peer within
+	// a few seconds at the default timeouts).
+	defaultRDLinger = 5 * time.Second
+	maxAHs          = 256
 	// recvSize is the pool's receive size: a whole UD Send of the
 	// largest UDP datagram, IPv6's.
 	recvSize       = 65527
@@ -88,8 +93,11 @@ var engine struct {
 	scq   *qp.CQ
 	typ   qp.QPType // UD, or RD with UDIWARP_PRELOAD_QP=rd
 	peers int       // RD's MaxPeers
-	reapM sync.Mutex
-	swcs  [64]qp.WorkCompletion
+	// linger bounds RD's drain at close, shutdown and exit
+	// (UDIWARP_PRELOAD_RD_LINGER, ms; 0: none).
+	linger time.Duration
+	reapM  sync.Mutex
+	swcs   [64]qp.WorkCompletion
 }
 
 func start() error {
@@ -109,6 +117,10 @@ func start() error {
 			engine.peers = defaultRDPeers
 			if v, err := strconv.Atoi(os.Getenv("UDIWARP_PRELOAD_RD_PEERS")); err == nil && v > 0 {
 				engine.peers = v
+			}
+			engine.linger = defaultRDLinger
+			if v, err := strconv.Atoi(os.Getenv("UDIWARP_PRELOAD_RD_LINGER")); err == nil && v >= 0 {
+				engine.linger = time.Duration(v) * time.Millisecond
 			}
 		default:
 			engine.err = fmt.Errorf("UDIWARP_PRELOAD_QP=%q: want ud or rd", q)
@@ -168,6 +180,7 @@ type sock struct {
 	rcq  *qp.CQ
 	slot int // the largest datagram
 	v6   bool
+	fd   atomic.Int32 // the program's descriptor the engine uses (udw_setfd)
 
 	rmu  sync.Mutex
 	rwc  [1]qp.WorkCompletion
@@ -193,7 +206,10 @@ var (
 
 	// Counters: datagrams and bytes through udiwarp, for the stats file.
 	adopted, live, sent, received, sentBytes, receivedBytes atomic.Uint64
-	statsPath                                               string
+	// rdDropped counts the closes, shutdowns and exits that gave up on
+	// RD Sends not acknowledged within UDIWARP_PRELOAD_RD_LINGER.
+	rdDropped atomic.Uint64
+	statsPath string
 )
 
 func handleOf(i int, gen uint32) C.longlong { return C.longlong(int64(gen)<<32 | int64(i+1)) }
@@ -264,6 +280,7 @@ func udw_adopt(fd C.int, pending *C.int) C.longlong {
 		return errno(err)
 	}
 	s := &sock{s: qs, v6: qs.LocalAddr().Addr().Is6(), slot: qs.MaxMessage(), pending: (*int32)(unsafe.Pointer(pending))}
+	s.fd.Store(int32(fd))
 	if err := s.setup(); err != nil {
 		s.close()
 		return errno(err)
@@ -781,12 +798,69 @@ func udw_close(h C.longlong) C.int {
 		}
 		return 0
 	}
+	if !s.linger(time.Now().Add(engine.linger)) {
+		rdDropped.Add(1)
+	}
 	s.close()
 	live.Add(^uint64(0))
 	if statsPath != "" {
 		writeStats()
 	}
 	return 0
+}
+
+// linger waits until the socket's RD QP is done with every Send the
+// program made — each acknowledged by its peer, or failed — or until
+// deadline, and reports whether it is. Meanwhile it reads the socket,
+// for the acknowledgements and for the handshake a Send to a new peer
+// waits for; the device's timer sends again what is lost. A datagram for
+// the program read meanwhile waits in the socket's CQ, as when a send
+// reads (udw_send); one over the socket's share of the pool is dropped
+// unacknowledged, and its sender sends it again. A UD socket holds
+// nothing of the kind.
+func (s *sock) linger(deadline time.Time) bool {
+	if engine.typ != qp.RD {
+		return true
+	}
+	for {
+		if !s.q.SendQueued() {
+			return true
+		}
+		left := time.Until(deadline)
+		if left <= 0 || s.q.State() == qp.StateError {
+			return false
+		}
+		s.rmu.Lock()
+		n := s.s.Progress(64)
+		s.note()
+		s.rmu.Unlock()
+		if n == 0 && s.q.SendQueued() {
+			p := []unix.PollFd{{Fd: s.fd.Load(), Events: unix.POLLIN}}
+			unix.Poll(p, int(min(left, 10*time.Millisecond)/time.Millisecond)+1)
+		}
+	}
+}
+
+// lingerAll is linger for every RD socket still open, within one
+// UDIWARP_PRELOAD_RD_LINGER: what the process's exit waits for.
+func lingerAll() {
+	if engine.typ != qp.RD {
+		return
+	}
+	var socks []*sock
+	tabMu.Lock()
+	for i := range tab {
+		if s := tab[i].Load(); s != nil && s.stream == nil {
+			socks = append(socks, s)
+		}
+	}
+	tabMu.Unlock()
+	deadline := time.Now().Add(engine.linger)
+	for _, s := range socks {
+		if !s.linger(deadline) {
+			rdDropped.Add(1)
+		}
+	}
 }
 
 // close destroys the QP (its held receives go back to the pool) and
@@ -833,13 +907,17 @@ func udw_setfd(h C.longlong, fd C.int) C.int {
 	if err := s.s.SetFD(int(fd)); err != nil {
 		return C.int(errno(err))
 	}
+	s.fd.Store(int32(fd))
 	return 0
 }
 
-// udw_exit writes the stats file one last time (the C side calls it at exit).
+// udw_exit is the process's exit (the C side's destructor calls it): it
+// waits for what RD still holds of the open sockets' Sends (lingerAll),
+// and writes the stats file one last time.
 //
 //export udw_exit
 func udw_exit() {
+	lingerAll()
 	if statsPath != "" {
 		writeStats()
 	}
@@ -883,6 +961,10 @@ type Stats struct {
 	StreamsDropped uint64 `json:"streams_dropped"`
 	StreamSent     uint64 `json:"stream_sent_bytes"`
 	StreamReceived uint64 `json:"stream_received_bytes"`
+	// RDDropped counts the closes, shutdowns and exits that gave up on
+	// RD Sends their peers had not acknowledged within
+	// UDIWARP_PRELOAD_RD_LINGER (each socket that gave up, once each time).
+	RDDropped uint64 `json:"rd_dropped"`
 	// Device is every counter of the device (qp.Stats) that is not zero.
 	Device map[string]uint64 `json:"device,omitempty"`
 }
@@ -910,7 +992,8 @@ func writeStats() {
 	st := Stats{PID: os.Getpid(), QP: strings.ToLower(engine.typ.String()), Sockets: adopted.Load(), Live: live.Load(), Sent: sent.Load(), Received: received.Load(),
 		SentBytes: sentBytes.Load(), ReceivedBytes: receivedBytes.Load(), Pool: engine.small + engine.n,
 		Streams: streams.Load(), StreamsLive: streamsLive.Load(), StreamsPlain: streamsPlain.Load(), StreamsRefused: streamsRefused.Load(),
-		StreamsDropped: streamDropped.Load(), StreamSent: streamSent.Load(), StreamReceived: streamReceived.Load()}
+		StreamsDropped: streamDropped.Load(), StreamSent: streamSent.Load(), StreamReceived: streamReceived.Load(),
+		RDDropped: rdDropped.Load()}
 	if engine.dev != nil {
 		ds := engine.dev.Stats()
 		st.DeviceTx, st.DeviceRx = ds.TxDatagrams.Load(), ds.RxDelivered.Load()

@@ -447,16 +447,25 @@ func udw_stream_send(h C.longlong, iov unsafe.Pointer, iovcnt C.int, skip C.long
 	return r
 }
 
-// udw_shutdown carries shutdown(2) over: SHUT_RD (0) ends the reads;
-// SHUT_WR (1) and SHUT_RDWR (2) first wait for what the engine holds
-// to reach TCP (at most UDIWARP_PRELOAD_TCP_WAIT), for the C side's
-// kernel shutdown that follows to send the FIN after it.
+// udw_shutdown carries shutdown(2) over. On a stream SHUT_RD (0) ends
+// the reads; SHUT_WR (1) and SHUT_RDWR (2) first wait for what the
+// engine holds to reach TCP (at most UDIWARP_PRELOAD_TCP_WAIT), for the
+// C side's kernel shutdown that follows to send the FIN after it. On an
+// RD datagram socket SHUT_WR and SHUT_RDWR wait for its Sends to be
+// acknowledged (linger, at most UDIWARP_PRELOAD_RD_LINGER); the C side
+// has stopped the program's sends already.
 //
 //export udw_shutdown
 func udw_shutdown(h C.longlong, how C.int) C.int {
 	s := lookup(h)
-	if s == nil || s.stream == nil {
+	if s == nil {
 		return -C.int(unix.EBADF)
+	}
+	if s.stream == nil {
+		if how != unix.SHUT_RD && !s.linger(time.Now().Add(engine.linger)) {
+			rdDropped.Add(1)
+		}
+		return 0
 	}
 	st := s.stream
 	if how != unix.SHUT_WR {

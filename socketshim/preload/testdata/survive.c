@@ -374,9 +374,104 @@ static void mode_sigstack(int n) {
 	printf("ok sigstack: %d signals, %d while in the engine\n", (int)delivered, (int)ingo);
 }
 
+// shutwr: shutdown(SHUT_WR) of a datagram socket stops the program's
+// sends (EPIPE, as the kernel's UDP) but not the socket's: a, connected
+// to b, sends three datagrams and shuts its sending down; b (a thread)
+// receives them, answers three, and shuts down; a receives the answers.
+// Under RD each shutdown waits for its socket's Sends to be acknowledged,
+// and a's acknowledgements of b's answers leave by a's kernel socket
+// after its SHUT_WR (preload_test.go reads the engine's counters: every
+// datagram through, nothing failed). An unconnected socket's SHUT_WR
+// fails with ENOTCONN, and shuts its sending down all the same.
+struct shutpeer { int b; };
+
+static void *shutwr_b(void *arg) {
+	struct shutpeer *p = arg;
+	char buf[64];
+	struct sockaddr_in from;
+	for (int i = 0; i < 3; i++) {
+		socklen_t fl = sizeof from;
+		ssize_t r = recvfrom(p->b, buf, sizeof buf, 0, (struct sockaddr *)&from, &fl);
+		if (r != 2 || buf[0] != 'a' || buf[1] != '0' + i) FAIL("b received %zd bytes, want a%d", r, i);
+	}
+	for (int i = 0; i < 3; i++) {
+		char m[2] = {'b', (char)('0' + i)};
+		if (sendto(p->b, m, 2, 0, (struct sockaddr *)&from, sizeof from) != 2) FAIL("sendto b");
+	}
+	if (shutdown(p->b, SHUT_WR) != -1 || errno != ENOTCONN) FAIL("shutdown of unconnected b: want ENOTCONN");
+	return NULL;
+}
+
+static void mode_shutwr(void) {
+	struct sockaddr_in aa, ba;
+	int a = udp(&aa), b = udp(&ba);
+	struct timeval tv = {20, 0}; // a datagram that never comes fails the mode, not the test's deadline
+	if (setsockopt(a, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 || setsockopt(b, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0) FAIL("SO_RCVTIMEO");
+	if (connect(a, (struct sockaddr *)&ba, sizeof ba) != 0) FAIL("connect");
+	struct shutpeer p = {b};
+	pthread_t th;
+	if (pthread_create(&th, NULL, shutwr_b, &p) != 0) FAIL("pthread_create");
+	for (int i = 0; i < 3; i++) {
+		char m[2] = {'a', (char)('0' + i)};
+		if (send(a, m, 2, 0) != 2) FAIL("send a");
+	}
+	if (shutdown(a, SHUT_WR) != 0) FAIL("shutdown(a, SHUT_WR)");
+	if (send(a, "x", 1, 0) != -1 || errno != EPIPE) FAIL("send after SHUT_WR: want EPIPE");
+	if (sendto(a, "x", 1, 0, (struct sockaddr *)&ba, sizeof ba) != -1 || errno != EPIPE) FAIL("sendto after SHUT_WR: want EPIPE");
+	char buf[64];
+	for (int i = 0; i < 3; i++) {
+		ssize_t r = recv(a, buf, sizeof buf, 0);
+		if (r != 2 || buf[0] != 'b' || buf[1] != '0' + i) FAIL("a received %zd bytes, want b%d", r, i);
+	}
+	pthread_join(th, NULL);
+	if (sendto(b, "x", 1, 0, (struct sockaddr *)&aa, sizeof aa) != -1 || errno != EPIPE) FAIL("sendto b after SHUT_WR: want EPIPE");
+	if (shutdown(a, SHUT_RDWR) != 0) FAIL("shutdown(a, SHUT_RDWR)");
+	close(a);
+	close(b);
+	printf("ok shutwr\n");
+}
+
+// closewait: a datagram sent just before close reaches its peer. Under
+// RD the close waits until it is acknowledged: d sends to b, whose
+// handshake it has to wait for, and closes at once; a thread receives
+// on b meanwhile.
+static void *closewait_b(void *arg) {
+	struct shutpeer *p = arg;
+	char buf[64];
+	ssize_t r = recv(p->b, buf, sizeof buf, 0);
+	if (r != 2 || memcmp(buf, "d0", 2) != 0) FAIL("b received %zd bytes, want d0", r);
+	return NULL;
+}
+
+static void mode_closewait(void) {
+	struct sockaddr_in ba, da;
+	int b = udp(&ba), d = udp(&da);
+	struct timeval tv = {20, 0};
+	if (setsockopt(b, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0) FAIL("SO_RCVTIMEO");
+	struct shutpeer p = {b};
+	pthread_t th;
+	if (pthread_create(&th, NULL, closewait_b, &p) != 0) FAIL("pthread_create");
+	if (sendto(d, "d0", 2, 0, (struct sockaddr *)&ba, sizeof ba) != 2) FAIL("sendto d");
+	if (close(d) != 0) FAIL("close d");
+	pthread_join(th, NULL);
+	close(b);
+	printf("ok closewait\n");
+}
+
+// sendexit PORT: one datagram to 127.0.0.1:PORT, and exit at once, with
+// the socket open: under RD the exit waits until it is acknowledged.
+static void mode_sendexit(int port) {
+	int fd = socket(AF_INET, SOCK_DGRAM, 0);
+	if (fd < 0) FAIL("socket");
+	struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	if (sendto(fd, "exit\n", 5, 0, (struct sockaddr *)&to, sizeof to) != 5) FAIL("sendto");
+	printf("ok sendexit\n");
+	exit(0);
+}
+
 int main(int argc, char **argv) {
 	setvbuf(stdout, NULL, _IONBF, 0);
-	if (argc < 2) FAIL("usage: survive fork|closeall|eintr|errno|poll|sigstack [N]|threads N");
+	if (argc < 2) FAIL("usage: survive fork|closeall|eintr|errno|poll|sigstack [N]|threads N|shutwr|closewait|sendexit PORT");
 	if (!strcmp(argv[1], "fork")) mode_fork();
 	else if (!strcmp(argv[1], "closeall")) mode_closeall();
 	else if (!strcmp(argv[1], "eintr")) mode_eintr();
@@ -384,6 +479,9 @@ int main(int argc, char **argv) {
 	else if (!strcmp(argv[1], "poll")) mode_poll();
 	else if (!strcmp(argv[1], "sigstack")) mode_sigstack(argc > 2 ? atoi(argv[2]) : 200);
 	else if (!strcmp(argv[1], "threads")) mode_threads(argc > 2 ? atoi(argv[2]) : 48);
+	else if (!strcmp(argv[1], "shutwr")) mode_shutwr();
+	else if (!strcmp(argv[1], "closewait")) mode_closewait();
+	else if (!strcmp(argv[1], "sendexit") && argc > 2) mode_sendexit(atoi(argv[2]));
 	else FAIL("unknown mode %s", argv[1]);
 	return 0;
 }
