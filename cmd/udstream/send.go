@@ -30,6 +30,9 @@ type sendStats struct {
 	Dropped   uint64  `json:"dropped_no_credit"`
 	Impaired  uint64  `json:"impaired"`
 	Foreign   uint64  `json:"foreign_requests"`
+	// Challenges: requests from a source that had not proved its address
+	// (no valid cookie), each answered by one challenge no larger than it.
+	Challenges uint64 `json:"challenges"`
 }
 
 func send(args []string, stdin io.Reader, stdout, stderr io.Writer, stop <-chan struct{}) error {
@@ -137,8 +140,7 @@ func send(args []string, stdin io.Reader, stdout, stderr io.Writer, stop <-chan 
 			return fmt.Errorf("-listen %s: %w", la, err)
 		}
 		closeLink = func() { d.Close() }
-		peer, foreign, err := awaitRequest(d, c.wait, stop)
-		st.Foreign = foreign
+		peer, tag, err := awaitRequest(d, c.wait, stop, st)
 		if err != nil {
 			d.Close()
 			return err
@@ -156,7 +158,7 @@ func send(args []string, stdin io.Reader, stdout, stderr io.Writer, stop <-chan 
 		var dropping time.Time
 		var lastDropped uint64
 		sendChunk = func(b []byte, seq uint32) error {
-			putHeader(buf, dataKind, flags, seq)
+			putHeader(buf, dataKind, flags, seq, tag)
 			n := copy(buf[hdrSize:], b)
 			if err := d.write(buf[:hdrSize+n], peer); err != nil {
 				if errors.Is(err, socketshim.ErrNoPeer) {
@@ -176,8 +178,8 @@ func send(args []string, stdin io.Reader, stdout, stderr io.Writer, stop <-chan 
 			return nil
 		}
 		finish = func(chunks uint32, bytes uint64) {
-			var end [hdrSize + 8]byte
-			putHeader(end[:], endKind, 0, chunks)
+			var end [endSize]byte
+			putHeader(end[:], endKind, 0, chunks, tag)
 			binary.BigEndian.PutUint64(end[hdrSize:], bytes)
 			for range endRepeats { // it may be lost: the receiver's -idle ends it anyway
 				d.write(end[:], peer)
@@ -240,16 +242,23 @@ const rcDrainWait = 10 * time.Second
 // of a slot before it takes the receiver for gone.
 const goneAfter = 2 * time.Second
 
-// awaitRequest waits up to wait for a receiver's request and returns its
-// address; datagrams that are not a request are counted and dropped.
-func awaitRequest(d dgram, wait time.Duration, stop <-chan struct{}) (netip.AddrPort, uint64, error) {
+// awaitRequest waits up to wait for a request from a receiver that
+// proved its address, and returns the address and the stream's tag. A
+// request that does not echo this sender's cookie for its source draws
+// one challenge, no larger than the request, and nothing else: nothing
+// goes to an address before it has shown it receives there, so a forged
+// request can neither aim the stream at a victim nor draw more bytes to
+// it than it carried. Datagrams that are not a request are counted
+// (st.Foreign) and dropped.
+func awaitRequest(d dgram, wait time.Duration, stop <-chan struct{}, st *sendStats) (netip.AddrPort, uint64, error) {
 	end := time.Now().Add(wait)
 	buf := make([]byte, 65536)
-	var foreign uint64
+	var chal [chalSize]byte
+	ck := newCookies()
 	for time.Now().Before(end) {
 		select {
 		case <-stop:
-			return netip.AddrPort{}, foreign, errors.New("interrupted")
+			return netip.AddrPort{}, 0, errors.New("interrupted")
 		default:
 		}
 		d.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
@@ -258,15 +267,23 @@ func awaitRequest(d dgram, wait time.Duration, stop <-chan struct{}) (netip.Addr
 			if ne, ok := err.(net.Error); ok && ne.Timeout() {
 				continue
 			}
-			return netip.AddrPort{}, foreign, err
+			return netip.AddrPort{}, 0, err
 		}
-		if kind, _, _, ok := header(buf[:n]); ok && kind == reqKind && !partial {
+		kind, _, _, tag, ok := header(buf[:n])
+		if !ok || kind != reqKind || partial || n < reqSize || tag == 0 {
+			st.Foreign++
+			continue
+		}
+		if ck.valid(binary.BigEndian.Uint64(buf[hdrSize:]), from, tag) {
 			d.SetReadDeadline(time.Time{})
-			return from, foreign, nil
+			return from, tag, nil
 		}
-		foreign++
+		putHeader(chal[:], chalKind, 0, 0, tag)
+		binary.BigEndian.PutUint64(chal[hdrSize:], ck.issue(from, tag))
+		d.write(chal[:], from) // lost or refused: the receiver asks again
+		st.Challenges++
 	}
-	return netip.AddrPort{}, foreign, fmt.Errorf("no receiver asked for the stream within %v", wait)
+	return netip.AddrPort{}, 0, fmt.Errorf("no receiver asked for the stream within %v", wait)
 }
 
 // acceptRC waits up to wait for the receiver's RC connection.
