@@ -148,7 +148,7 @@ type receiver struct {
 	farRun int    // consecutive chunks dropped as too far ahead, ending at far-1
 	endN   uint32 // the chunks the sender's end said it sent (when ended)
 	endAt  time.Time
-	first  bool   // the first chunk has been seen (TS decided)
+	first  bool // the first chunk has been seen (TS decided)
 	pcr0   uint64
 	hasPCR bool
 	pos    time.Duration // stream time available

@@ -100,11 +100,11 @@ func TestSpoofedSenderCannotEndStream(t *testing.T) {
 	var end8 [8]byte
 	binary.BigEndian.PutUint64(end8[:], 1316)
 	forged := [][]byte{
-		forge(dataKind, 1<<20, randomTag(), payload),     // far ahead: every later real chunk would be "old"
+		forge(dataKind, 1<<20, randomTag(), payload),      // far ahead: every later real chunk would be "old"
 		forge(dataKind, 0xfffffff0, randomTag(), payload), // as far as a uint32 goes
 		forge(endKind, 1, randomTag(), end8[:]),           // "the stream ended after 1 chunk"
 		forge(endKind, 0, randomTag(), end8[:]),
-		forge(dataKind, 3, randomTag(), payload), // a chunk the receiver may well expect
+		forge(dataKind, 3, randomTag(), payload),  // a chunk the receiver may well expect
 		forge(4, 0, randomTag(), make([]byte, 8)), // a challenge, as if the sender asked again
 	}
 	for _, tr := range []string{tUDP, tSendUD} {
