@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -223,7 +224,7 @@ func TestSpoofedRequestAimsNothing(t *testing.T) {
 				return datagrams > 0
 			})
 			out := filepath.Join(t.TempDir(), "out.ts")
-			rcv = runCmd([]string{"recv", "-t", tr, "-from", sender.String(), "-o", out, "-json", "-q", "-wait", "5s"}, nil)
+			rcv = runCmd([]string{"recv", "-t", tr, "-from", sender.String(), "-o", out, "-json", "-q", "-wait", "20s"}, nil)
 			wg.Wait()
 			// Everything the sender sent went before it returned; the
 			// marker, sent after, closes the count.
@@ -239,5 +240,141 @@ func TestSpoofedRequestAimsNothing(t *testing.T) {
 				t.Fatalf("send %d %q %+v; recv %d %q", snd.code, snd.stderr, ss, rcv.code, rcv.stderr)
 			}
 		})
+	}
+}
+
+// playedSender is the test playing a udstream sender over udp, as an
+// on-path host or a confused sender could: it answers the receiver's
+// request with a challenge, takes its proof, and then knows the
+// stream's tag.
+type playedSender struct {
+	t        *testing.T
+	c        *net.UDPConn
+	receiver netip.AddrPort
+	tag      uint64
+	wg       sync.WaitGroup
+	rcv      ended
+	out      string
+}
+
+// playSender starts a receiver (-t udp, -ts off, and args) asking the
+// test for a stream, and goes through the handshake with it.
+func playSender(t *testing.T, args ...string) *playedSender {
+	t.Helper()
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	p := &playedSender{t: t, c: c, out: filepath.Join(t.TempDir(), "out")}
+	sender := c.LocalAddr().(*net.UDPAddr).AddrPort()
+	p.wg.Go(func() {
+		p.rcv = runCmd(append([]string{"recv", "-t", tUDP, "-from", sender.String(), "-o", p.out, "-json", "-q", "-wait", "20s", "-ts", "off"}, args...), nil)
+	})
+	t.Cleanup(p.wg.Wait)
+	// A request, echoing no cookie; the challenge; the request again,
+	// echoing it.
+	b := make([]byte, 65536)
+	read := func() ([]byte, netip.AddrPort) {
+		t.Helper()
+		c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		n, from, err := c.ReadFromUDPAddrPort(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b[:n], from
+	}
+	m, receiver := read()
+	kind, _, _, tag, ok := header(m)
+	if !ok || kind != reqKind || len(m) != reqSize || binary.BigEndian.Uint64(m[hdrSize:]) != 0 {
+		t.Fatalf("the first request: % x", m)
+	}
+	p.receiver, p.tag = receiver, tag
+	const cookie = 0x1122334455667788
+	var ck [8]byte
+	binary.BigEndian.PutUint64(ck[:], cookie)
+	p.send(forge(chalKind, 0, tag, ck[:]))
+	for {
+		m, from := read()
+		if k, _, _, tg, ok := header(m); from == receiver && ok && k == reqKind && tg == tag && len(m) == reqSize &&
+			binary.BigEndian.Uint64(m[hdrSize:]) == cookie {
+			return p
+		}
+	}
+}
+
+func (p *playedSender) send(m []byte) {
+	p.t.Helper()
+	if _, err := p.c.WriteToUDPAddrPort(m, p.receiver); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// chunk sends chunk seq (400 bytes that say seq) and returns its bytes.
+func (p *playedSender) chunk(seq uint32) []byte {
+	b := bytes.Repeat([]byte{byte(seq), byte(seq >> 8), byte(seq >> 16), byte(seq >> 24)}, 100)
+	p.send(forge(dataKind, seq, p.tag, b))
+	return b
+}
+
+func (p *playedSender) end(chunks uint32) {
+	var e [8]byte
+	p.send(forge(endKind, chunks, p.tag, e[:]))
+}
+
+// result waits for the receiver and returns its exit, figures and
+// output.
+func (p *playedSender) result() (ended, recvStats, []byte) {
+	p.wg.Wait()
+	var rs recvStats
+	json.Unmarshal([]byte(p.rcv.stdout), &rs)
+	got, _ := os.ReadFile(p.out)
+	return p.rcv, rs, got
+}
+
+// TestChunkWindowAndEnd: the rules that hold even for datagrams that
+// carry the stream's tag (an on-path host's, or a confused sender's):
+// the receiver's request echoes the cookie of the challenge; a chunk
+// more than chunkWindow ahead is dropped, unless it is the resyncRun-th
+// of a run of consecutive ones (the stream moved on past a long gap); an
+// end that says fewer chunks than arrived is dropped; a duplicate is
+// dropped; an end that says more than arrived counts the rest lost once
+// they do not come.
+func TestChunkWindowAndEnd(t *testing.T) {
+	p := playSender(t)
+	var want []byte
+	for i := range uint32(5) {
+		want = append(want, p.chunk(i)...)
+	}
+	p.chunk(5 + chunkWindow + 1) // far ahead: dropped
+	p.end(3)                     // fewer than arrived: dropped
+	p.chunk(2)                   // a duplicate: dropped
+	for i := uint32(5); i < 10; i++ {
+		want = append(want, p.chunk(i)...)
+	}
+	far := uint32(10 + chunkWindow + 100)
+	p.chunk(far)     // dropped
+	p.chunk(far + 1) // dropped
+	want = append(want, p.chunk(far+2)...)
+	p.end(far + 5) // two more chunks than come: lost at the end
+	r, rs, got := p.result()
+	if r.code != 0 || !bytes.Equal(got, want) || !rs.Ended || rs.Chunks != 11 || rs.ChunksLost != uint64(far+5-11) || rs.Rejected != 4 {
+		t.Fatalf("recv %d %q; %d bytes written, want %d; %+v", r.code, r.stderr, len(got), len(want), rs)
+	}
+}
+
+// TestStreamEndsShort: a stream whose sender goes silent with no end of
+// its own — only an end that contradicts what arrived — ends after
+// -idle, says it ended short, exits 1, and keeps what arrived.
+func TestStreamEndsShort(t *testing.T) {
+	p := playSender(t, "-idle", "500ms")
+	var want []byte
+	for i := range uint32(5) {
+		want = append(want, p.chunk(i)...)
+	}
+	p.end(2)
+	r, rs, got := p.result()
+	if r.code != 1 || !strings.Contains(r.stderr, "ended short") || strings.Count(r.stderr, "\n") != 1 || !bytes.Equal(got, want) || rs.Ended || rs.Rejected != 1 {
+		t.Fatalf("recv %d %q; %d bytes written, want %d; %+v", r.code, r.stderr, len(got), len(want), rs)
 	}
 }
