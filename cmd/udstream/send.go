@@ -58,6 +58,11 @@ func send(args []string, stdin io.Reader, stdout, stderr io.Writer, stop <-chan 
 	if err != nil {
 		return err
 	}
+	if c.transport == tUDP || c.transport == tSendUD {
+		if why := notUnicast(la.Addr()); why != "" {
+			return badUse(fmt.Errorf("-listen %v: %s; name one of this host's unicast addresses", la, why))
+		}
+	}
 	switch {
 	case *in == "":
 		return badUse(errors.New("-i: name the input (a file, - for stdin, or udp://IP:PORT)"))
@@ -270,7 +275,7 @@ func awaitRequest(d dgram, wait time.Duration, stop <-chan struct{}, st *sendSta
 			return netip.AddrPort{}, 0, err
 		}
 		kind, _, _, tag, ok := header(buf[:n])
-		if !ok || kind != reqKind || partial || n < reqSize || tag == 0 {
+		if !ok || kind != reqKind || partial || n < reqSize || tag == 0 || !mayBeSource(from) {
 			st.Foreign++
 			continue
 		}
@@ -284,6 +289,54 @@ func awaitRequest(d dgram, wait time.Duration, stop <-chan struct{}, st *sendSta
 		st.Challenges++
 	}
 	return netip.AddrPort{}, 0, fmt.Errorf("no receiver asked for the stream within %v", wait)
+}
+
+// mayBeSource says whether a datagram from ap may be answered: not from
+// an address no datagram can come from (multicast, broadcast,
+// unspecified, port 0), as docs/wire.md §6.2 has it.
+func mayBeSource(ap netip.AddrPort) bool {
+	a := ap.Addr()
+	return a.IsValid() && !a.IsUnspecified() && !a.IsMulticast() && ap.Port() != 0 &&
+		a != netip.AddrFrom4([4]byte{255, 255, 255, 255})
+}
+
+// notUnicast says why a udp or send-ud sender may not listen on a: a
+// socket there takes datagrams sent to many hosts at once (a wildcard
+// address takes those sent to a broadcast or multicast address), so that
+// one forged request would draw a challenge from every sender that took
+// it (docs/wire.md §6.2: a datagram sent to a group draws no reply). The
+// Write-Record transports answer only peers their socket has proved, and
+// rc is TCP. "" if a is a unicast address.
+func notUnicast(a netip.Addr) string {
+	switch {
+	case a.IsUnspecified():
+		return "a wildcard address also takes requests sent to a broadcast or multicast address"
+	case a.IsMulticast():
+		return "a multicast address"
+	case a == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return "the broadcast address"
+	case !a.Is4():
+		return ""
+	}
+	addrs, _ := net.InterfaceAddrs()
+	for _, ia := range addrs {
+		n, ok := ia.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		ones, bits := n.Mask.Size()
+		ip, ok := netip.AddrFromSlice(n.IP.To4())
+		if !ok || bits != 32 || ones >= 31 {
+			continue
+		}
+		b := ip.As4()
+		host := ^uint32(0) >> ones
+		v := binary.BigEndian.Uint32(b[:]) | host
+		if netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}) == a {
+			return "the broadcast address of " + n.String()
+		}
+	}
+	return ""
 }
 
 // acceptRC waits up to wait for the receiver's RC connection.
