@@ -40,7 +40,7 @@ func send(args []string, stdin io.Reader, stdout, stderr io.Writer, stop <-chan 
 	fs.SetOutput(stderr)
 	var c common
 	c.register(fs)
-	listen := fs.String("listen", "127.0.0.1:5004", "IP:PORT receivers ask at (UDP; rc: TCP)")
+	listen := fs.String("listen", "127.0.0.1:5004", "IP:PORT receivers ask at (UDP; rc: TCP); udp and send-ud: one of the host's unicast addresses")
 	in := fs.String("i", "", "input: a file, - for stdin, or udp://IP:PORT to take a UDP/RTP feed (ffmpeg ... -f mpegts udp://IP:PORT)")
 	chunk := fs.Int("chunk", 0, "bytes of stream per datagram (default: 112 TS packets, 21056 B, for Write-Record and rc; 7, 1316 B, for send-ud and udp)")
 	segment := fs.Int("segment", 1316, "Write-Record segment payload: one datagram on the wire (1316 B is 7 TS packets, as RTP carries them)")
