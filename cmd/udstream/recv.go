@@ -45,7 +45,12 @@ type recvStats struct {
 	Stalls             uint64  `json:"stalls"`
 	RebufferingMs      float64 `json:"rebuffering_ms"`
 	Foreign            uint64  `json:"foreign_datagrams"`
-	Ended              bool    `json:"ended"` // the sender's end arrived (else -idle ended it)
+	// Rejected: datagrams from the sender's address that are not its
+	// stream's: without the stream's tag (forged: the source address of a
+	// datagram proves nothing), a chunk more than chunkWindow ahead, an
+	// end that contradicts what arrived. None changes the stream.
+	Rejected uint64 `json:"rejected_datagrams"`
+	Ended    bool   `json:"ended"` // the sender's end arrived (else -idle ended it)
 }
 
 func recv(args []string, stdout, stderr io.Writer, stop <-chan struct{}) error {
@@ -126,8 +131,8 @@ func recv(args []string, stdout, stderr io.Writer, stop <-chan struct{}) error {
 		fmt.Fprintf(stderr, "udstream: %d of %d bytes valid (%.1f %%) in %.2f s; initial buffering %.0f ms; %d holes; TS packets forwarded %d, dropped %d; stalls %d\n",
 			st.BytesValid, max(st.BytesSent, st.BytesReceived), st.ValidPct, st.Seconds, st.InitialBufferingMs, st.Holes, st.TSForwarded, st.TSDropped, st.Stalls)
 	}
-	if err == nil && !st.Ended && st.Chunks > 0 && c.transport != tRC {
-		err = fmt.Errorf("the sender went silent for %v before its end message (it vanished, or the message was lost); what arrived was written", *idle)
+	if err == nil && !st.Ended && c.transport != tRC {
+		err = fmt.Errorf("the stream ended short: the sender went silent for %v before its end message (it vanished, or the message was lost) after %d chunks; what arrived was written", *idle, r.next)
 	}
 	return err
 }
@@ -139,22 +144,38 @@ type receiver struct {
 	tsMode string
 	pl     player
 	next   uint32 // the chunk expected next
-	first  bool   // the first chunk has been seen (TS decided)
+	far    uint32 // the chunk after the last one dropped as too far ahead
+	farRun int    // consecutive chunks dropped as too far ahead, ending at far-1
+	endN   uint32 // the chunks the sender's end said it sent (when ended)
+	endAt  time.Time
+	first  bool // the first chunk has been seen (TS decided)
 	pcr0   uint64
 	hasPCR bool
 	pos    time.Duration // stream time available
 	bytes  uint64        // valid bytes forwarded (the -rate clock)
 }
 
-// datagrams receives over a datagram transport.
+// datagrams receives over a datagram transport: it asks for the stream
+// (proving its address with the cookie the sender's challenge brings),
+// then takes the chunks that carry the stream's tag until the sender's
+// end (or -idle of silence).
 func (r *receiver) datagrams(ba, sender netip.AddrPort, o linkOpts, wait, idle time.Duration, stop <-chan struct{}, live bool, stderr io.Writer) error {
 	d, err := listenDgram(r.st.Transport, network(ba), ba.String(), o)
 	if err != nil {
 		return fmt.Errorf("-bind %s: %w", ba, err)
 	}
 	defer d.Close()
-	var req [hdrSize]byte
-	putHeader(req[:], reqKind, 0, 0)
+	tag := newTag()
+	var req [reqSize]byte
+	var cookie uint64 // the sender's for this address, from its challenge
+	ask := func() error {
+		putHeader(req[:], reqKind, 0, 0, tag)
+		binary.BigEndian.PutUint64(req[hdrSize:], cookie)
+		return d.write(req[:], sender)
+	}
+	// After the sender's end, chunks still on their way (a Write-Record
+	// record at its deadline, a reordered datagram) get linger to arrive.
+	linger := 100*time.Millisecond + 2*o.deadline
 	buf := make([]byte, o.slot)
 	askUntil := time.Now().Add(wait)
 	lastAsk := time.Time{}
@@ -169,7 +190,14 @@ func (r *receiver) datagrams(ba, sender netip.AddrPort, o linkOpts, wait, idle t
 		default:
 		}
 		now := time.Now()
-		if !got {
+		switch {
+		case r.st.Ended:
+			if r.next == r.endN || now.Sub(r.endAt) > linger {
+				r.st.ChunksLost += uint64(uint32(r.endN - r.next)) // the tail, lost
+				r.next = r.endN
+				return nil
+			}
+		case !got:
 			if now.After(askUntil) {
 				if askErr != nil {
 					return fmt.Errorf("no stream from %v within %v (is the sender there, with the same -t?): %w", sender, wait, askErr)
@@ -180,11 +208,11 @@ func (r *receiver) datagrams(ba, sender netip.AddrPort, o linkOpts, wait, idle t
 				// The sender may not be there yet (a Write-Record socket's
 				// handshake then fails): ask again until -wait.
 				lastAsk = now
-				if err := d.write(req[:], sender); err != nil {
+				if err := ask(); err != nil {
 					askErr = err
 				}
 			}
-		} else if now.Sub(lastData) > idle {
+		case now.Sub(lastData) > idle:
 			return nil
 		}
 		r.pl.tick(now)
@@ -205,39 +233,108 @@ func (r *receiver) datagrams(ba, sender netip.AddrPort, o linkOpts, wait, idle t
 			continue
 		}
 		now = time.Now()
-		kind, flags, seq, ok := uint8(dataKind), byte(0), r.next, false
-		known := !partial || headerValid(valid)
-		if known {
-			kind, flags, seq, ok = header(buf[:n])
-			if !ok {
-				r.st.Foreign++
-				continue
+		if partial && !headerValid(valid) {
+			// A Write-Record whose header was lost: the next chunk, on
+			// the Write-Record socket's word that it is the sender's.
+			if r.admit(r.next) {
+				got, lastData = true, now
+				if err := r.chunk(now, r.next, buf[hdrSize:n], shift(valid, n), partial); err != nil {
+					return err
+				}
 			}
+			continue
+		}
+		kind, flags, seq, t, ok := header(buf[:n])
+		switch {
+		case !ok:
+			r.st.Foreign++
+			continue
+		case t != tag:
+			r.st.Rejected++ // forged (the tag never left the two ends), or another stream's
+			continue
 		}
 		switch kind {
+		case chalKind:
+			if got || n < chalSize {
+				continue
+			}
+			if c := binary.BigEndian.Uint64(buf[hdrSize:]); c != cookie {
+				// The sender's answer to a request of ours: ask again at
+				// once, proving the address with its cookie.
+				cookie, lastAsk = c, now
+				if err := ask(); err != nil {
+					askErr = err
+				}
+			}
 		case endKind:
-			if n >= hdrSize+8 {
-				r.st.BytesSent = binary.BigEndian.Uint64(buf[hdrSize:])
+			if n < endSize || !r.end(now, seq, binary.BigEndian.Uint64(buf[hdrSize:])) {
+				r.st.Rejected++
 			}
-			if seq > r.next {
-				r.st.ChunksLost += uint64(seq - r.next)
-				r.next = seq
-			}
-			r.st.Ended = true
-			return nil
 		case dataKind:
-			if !got {
-				got = true
+			if !r.admit(seq) {
+				continue
 			}
-			lastData = now
-			if known && !r.first { // the sender says whether it is MPEG-TS
+			got, lastData = true, now
+			if !r.first { // the sender says whether it is MPEG-TS
 				r.decide(flags&tsFlag != 0)
 			}
 			if err := r.chunk(now, seq, buf[hdrSize:n], shift(valid, n), partial); err != nil {
 				return err
 			}
+		default:
+			r.st.Foreign++
 		}
 	}
+}
+
+// admit says whether chunk seq, of the stream's, is taken: not one
+// already passed (a duplicate, or a straggler), not more than
+// chunkWindow ahead of the next (unless the resyncRun-th of a run of
+// consecutive chunks that far ahead: the stream moved on past a long
+// gap), and not past the sender's end.
+func (r *receiver) admit(seq uint32) bool {
+	d := seqDiff(r.next, seq)
+	switch {
+	case d < 0:
+		return false
+	case r.st.Ended && seqDiff(r.endN, seq) >= 0:
+		// A chunk the end said was never sent: the end was not the
+		// sender's last word after all (it cannot be forged off-path, so
+		// this is a sender that restarted its numbering, or an on-path
+		// forger); it no longer holds.
+		r.st.Ended, r.st.BytesSent = false, 0
+		r.st.Rejected++
+	}
+	if d <= chunkWindow {
+		r.farRun = 0
+		return true
+	}
+	if r.farRun > 0 && seq == r.far {
+		r.farRun++
+	} else {
+		r.farRun = 1
+	}
+	r.far = seq + 1
+	if r.farRun < resyncRun {
+		r.st.Rejected++
+		return false
+	}
+	r.farRun = 0
+	return true
+}
+
+// end takes the sender's end: chunks chunks, bytes bytes. An end that
+// says fewer chunks than have arrived is not the sender's (false); one
+// that says more leaves linger for the rest before they count as lost.
+func (r *receiver) end(now time.Time, chunks uint32, bytes uint64) bool {
+	if seqDiff(r.next, chunks) < 0 {
+		return false
+	}
+	if !r.st.Ended || r.endN != chunks {
+		r.endAt = now
+	}
+	r.st.Ended, r.endN, r.st.BytesSent = true, chunks, bytes
+	return true
 }
 
 func isTemporary(err error) bool {

@@ -30,6 +30,9 @@ type sendStats struct {
 	Dropped   uint64  `json:"dropped_no_credit"`
 	Impaired  uint64  `json:"impaired"`
 	Foreign   uint64  `json:"foreign_requests"`
+	// Challenges: requests from a source that had not proved its address
+	// (no valid cookie), each answered by one challenge no larger than it.
+	Challenges uint64 `json:"challenges"`
 }
 
 func send(args []string, stdin io.Reader, stdout, stderr io.Writer, stop <-chan struct{}) error {
@@ -37,7 +40,7 @@ func send(args []string, stdin io.Reader, stdout, stderr io.Writer, stop <-chan 
 	fs.SetOutput(stderr)
 	var c common
 	c.register(fs)
-	listen := fs.String("listen", "127.0.0.1:5004", "IP:PORT receivers ask at (UDP; rc: TCP)")
+	listen := fs.String("listen", "127.0.0.1:5004", "IP:PORT receivers ask at (UDP; rc: TCP); udp and send-ud: one of the host's unicast addresses")
 	in := fs.String("i", "", "input: a file, - for stdin, or udp://IP:PORT to take a UDP/RTP feed (ffmpeg ... -f mpegts udp://IP:PORT)")
 	chunk := fs.Int("chunk", 0, "bytes of stream per datagram (default: 112 TS packets, 21056 B, for Write-Record and rc; 7, 1316 B, for send-ud and udp)")
 	segment := fs.Int("segment", 1316, "Write-Record segment payload: one datagram on the wire (1316 B is 7 TS packets, as RTP carries them)")
@@ -54,6 +57,11 @@ func send(args []string, stdin io.Reader, stdout, stderr io.Writer, stop <-chan 
 	la, err := addrFlag("listen", *listen)
 	if err != nil {
 		return err
+	}
+	if c.transport == tUDP || c.transport == tSendUD {
+		if why := notUnicast(la.Addr()); why != "" {
+			return badUse(fmt.Errorf("-listen %v: %s; name one of this host's unicast addresses", la, why))
+		}
 	}
 	switch {
 	case *in == "":
@@ -137,8 +145,7 @@ func send(args []string, stdin io.Reader, stdout, stderr io.Writer, stop <-chan 
 			return fmt.Errorf("-listen %s: %w", la, err)
 		}
 		closeLink = func() { d.Close() }
-		peer, foreign, err := awaitRequest(d, c.wait, stop)
-		st.Foreign = foreign
+		peer, tag, err := awaitRequest(d, c.wait, stop, st)
 		if err != nil {
 			d.Close()
 			return err
@@ -156,7 +163,7 @@ func send(args []string, stdin io.Reader, stdout, stderr io.Writer, stop <-chan 
 		var dropping time.Time
 		var lastDropped uint64
 		sendChunk = func(b []byte, seq uint32) error {
-			putHeader(buf, dataKind, flags, seq)
+			putHeader(buf, dataKind, flags, seq, tag)
 			n := copy(buf[hdrSize:], b)
 			if err := d.write(buf[:hdrSize+n], peer); err != nil {
 				if errors.Is(err, socketshim.ErrNoPeer) {
@@ -176,8 +183,8 @@ func send(args []string, stdin io.Reader, stdout, stderr io.Writer, stop <-chan 
 			return nil
 		}
 		finish = func(chunks uint32, bytes uint64) {
-			var end [hdrSize + 8]byte
-			putHeader(end[:], endKind, 0, chunks)
+			var end [endSize]byte
+			putHeader(end[:], endKind, 0, chunks, tag)
 			binary.BigEndian.PutUint64(end[hdrSize:], bytes)
 			for range endRepeats { // it may be lost: the receiver's -idle ends it anyway
 				d.write(end[:], peer)
@@ -240,16 +247,23 @@ const rcDrainWait = 10 * time.Second
 // of a slot before it takes the receiver for gone.
 const goneAfter = 2 * time.Second
 
-// awaitRequest waits up to wait for a receiver's request and returns its
-// address; datagrams that are not a request are counted and dropped.
-func awaitRequest(d dgram, wait time.Duration, stop <-chan struct{}) (netip.AddrPort, uint64, error) {
+// awaitRequest waits up to wait for a request from a receiver that
+// proved its address, and returns the address and the stream's tag. A
+// request that does not echo this sender's cookie for its source draws
+// one challenge, no larger than the request, and nothing else: nothing
+// goes to an address before it has shown it receives there, so a forged
+// request can neither aim the stream at a victim nor draw more bytes to
+// it than it carried. Datagrams that are not a request are counted
+// (st.Foreign) and dropped.
+func awaitRequest(d dgram, wait time.Duration, stop <-chan struct{}, st *sendStats) (netip.AddrPort, uint64, error) {
 	end := time.Now().Add(wait)
 	buf := make([]byte, 65536)
-	var foreign uint64
+	var chal [chalSize]byte
+	ck := newCookies()
 	for time.Now().Before(end) {
 		select {
 		case <-stop:
-			return netip.AddrPort{}, foreign, errors.New("interrupted")
+			return netip.AddrPort{}, 0, errors.New("interrupted")
 		default:
 		}
 		d.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
@@ -258,15 +272,71 @@ func awaitRequest(d dgram, wait time.Duration, stop <-chan struct{}) (netip.Addr
 			if ne, ok := err.(net.Error); ok && ne.Timeout() {
 				continue
 			}
-			return netip.AddrPort{}, foreign, err
+			return netip.AddrPort{}, 0, err
 		}
-		if kind, _, _, ok := header(buf[:n]); ok && kind == reqKind && !partial {
+		kind, _, _, tag, ok := header(buf[:n])
+		if !ok || kind != reqKind || partial || n < reqSize || tag == 0 || !mayBeSource(from) {
+			st.Foreign++
+			continue
+		}
+		if ck.valid(binary.BigEndian.Uint64(buf[hdrSize:]), from, tag) {
 			d.SetReadDeadline(time.Time{})
-			return from, foreign, nil
+			return from, tag, nil
 		}
-		foreign++
+		putHeader(chal[:], chalKind, 0, 0, tag)
+		binary.BigEndian.PutUint64(chal[hdrSize:], ck.issue(from, tag))
+		d.write(chal[:], from) // lost or refused: the receiver asks again
+		st.Challenges++
 	}
-	return netip.AddrPort{}, foreign, fmt.Errorf("no receiver asked for the stream within %v", wait)
+	return netip.AddrPort{}, 0, fmt.Errorf("no receiver asked for the stream within %v", wait)
+}
+
+// mayBeSource says whether a datagram from ap may be answered: not from
+// an address no datagram can come from (multicast, broadcast,
+// unspecified, port 0), as docs/wire.md §6.2 has it.
+func mayBeSource(ap netip.AddrPort) bool {
+	a := ap.Addr()
+	return a.IsValid() && !a.IsUnspecified() && !a.IsMulticast() && ap.Port() != 0 &&
+		a != netip.AddrFrom4([4]byte{255, 255, 255, 255})
+}
+
+// notUnicast says why a udp or send-ud sender may not listen on a: a
+// socket there takes datagrams sent to many hosts at once (a wildcard
+// address takes those sent to a broadcast or multicast address), so that
+// one forged request would draw a challenge from every sender that took
+// it (docs/wire.md §6.2: a datagram sent to a group draws no reply). The
+// Write-Record transports answer only peers their socket has proved, and
+// rc is TCP. "" if a is a unicast address.
+func notUnicast(a netip.Addr) string {
+	switch {
+	case a.IsUnspecified():
+		return "a wildcard address also takes requests sent to a broadcast or multicast address"
+	case a.IsMulticast():
+		return "a multicast address"
+	case a == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return "the broadcast address"
+	case !a.Is4():
+		return ""
+	}
+	addrs, _ := net.InterfaceAddrs()
+	for _, ia := range addrs {
+		n, ok := ia.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		ones, bits := n.Mask.Size()
+		ip, ok := netip.AddrFromSlice(n.IP.To4())
+		if !ok || bits != 32 || ones >= 31 {
+			continue
+		}
+		b := ip.As4()
+		host := ^uint32(0) >> ones
+		v := binary.BigEndian.Uint32(b[:]) | host
+		if netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}) == a {
+			return "the broadcast address of " + n.String()
+		}
+	}
+	return ""
 }
 
 // acceptRC waits up to wait for the receiver's RC connection.
