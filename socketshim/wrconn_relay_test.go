@@ -3,6 +3,7 @@ package socketshim
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"net"
 	"net/netip"
 	"sync"
@@ -27,13 +28,17 @@ type wrRelay struct {
 	t     *testing.T
 	x, y  *net.UDPConn
 	a, b  netip.AddrPort
-	toB   func(p *relayed) bool
-	toA   func(p *relayed) bool
+	toB   wrRule
+	toA   wrRule
 	done  chan struct{}
 	wg    sync.WaitGroup
 	held  atomic.Bool // a rule is waiting
 	fails atomic.Value
 }
+
+// wrRule decides a datagram's fate on the relay: false drops it. It may
+// hold it (and all after it in its direction) with r.waitUntil.
+type wrRule func(r *wrRelay, p *relayed) bool
 
 // relayed is one datagram on the relay, as parsed.
 type relayed struct {
@@ -46,7 +51,7 @@ type relayed struct {
 	n      uint64 // a CREDIT's or PROBE's record number
 }
 
-func newWRRelay(t *testing.T, a, b *WRConn, toB, toA func(p *relayed) bool) *wrRelay {
+func newWRRelay(t *testing.T, a, b *WRConn, toB, toA wrRule) *wrRelay {
 	t.Helper()
 	r := &wrRelay{t: t, a: addrPort(a.LocalAddr()), b: addrPort(b.LocalAddr()), toB: toB, toA: toA, done: make(chan struct{})}
 	for _, c := range []**net.UDPConn{&r.x, &r.y} {
@@ -71,7 +76,7 @@ func newWRRelay(t *testing.T, a, b *WRConn, toB, toA func(p *relayed) bool) *wrR
 	return r
 }
 
-func (r *wrRelay) run(in, out *net.UDPConn, from, to netip.AddrPort, rule func(p *relayed) bool) {
+func (r *wrRelay) run(in, out *net.UDPConn, from, to netip.AddrPort, rule wrRule) {
 	defer r.wg.Done()
 	buf := make([]byte, 1<<16)
 	for {
@@ -83,7 +88,7 @@ func (r *wrRelay) run(in, out *net.UDPConn, from, to netip.AddrPort, rule func(p
 			continue
 		}
 		p := parseRelayed(buf[:n])
-		if rule != nil && !rule(p) {
+		if rule != nil && !rule(r, p) {
 			continue
 		}
 		out.WriteToUDPAddrPort(p.b, to)
@@ -168,15 +173,16 @@ func recordOf(buf []byte, lo, hi int) int {
 	return -1
 }
 
-// wrSlotState is what the reader's ring for the writer at ap says.
-func wrSlotState(c *WRConn, ap netip.AddrPort) (consumed uint64, last time.Time, ok bool) {
+// wrConsumed is the number of records the reader c consumed of the
+// writer at ap (read, or passed over).
+func wrConsumed(c *WRConn, ap netip.AddrPort) uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	p := c.peers[ap]
 	if p == nil || p.rx == nil {
-		return 0, time.Time{}, false
+		return 0
 	}
-	return p.rx.consumed, p.rx.last, true
+	return p.rx.consumed
 }
 
 // TestWRConnLateSegment: a segment of an old record that arrives after
@@ -198,7 +204,7 @@ func TestWRConnLateSegment(t *testing.T) {
 			a, b := wrPair(t, &WROptions{Segment: 1000, Slots: 2, CreditWait: 10 * time.Second},
 				&WROptions{Segment: 1000, Slots: 2, Partial: partial, Deadline: 20 * time.Millisecond})
 			var late atomic.Pointer[[]byte]
-			r := newWRRelay(t, a, b, func(p *relayed) bool {
+			r := newWRRelay(t, a, b, func(_ *wrRelay, p *relayed) bool {
 				if p.wr && p.record == 0 && p.mo == 1000 && late.Load() == nil {
 					c := bytes.Clone(p.b)
 					late.Store(&c) // the network will deliver it again, late
@@ -243,5 +249,134 @@ func TestWRConnLateSegment(t *testing.T) {
 				t.Fatal("the late segment was not dropped as stale")
 			}
 		})
+	}
+}
+
+// wrSequence has the test read records from b and checks them against
+// want: each record's number, and for a partial one its valid ranges.
+func wrSequence(t *testing.T, b *WRConn, size int, want []int, partial map[int][]string) {
+	t.Helper()
+	buf := make([]byte, 4096)
+	for k, i := range want {
+		rec := wrRead(t, b, buf)
+		valid := make([]string, len(rec.Valid))
+		for j, v := range rec.Valid {
+			valid[j] = v.String()
+		}
+		got := recordOf(buf, 0, min(rec.N, size))
+		if rec.Partial {
+			got = recordOf(buf, 0, int(rec.Valid[0].End))
+		}
+		wantValid, wantPartial := partial[i]
+		if rec.N != size || got != i || rec.Partial != wantPartial || fmt.Sprint(valid) != fmt.Sprint(wantValid) {
+			t.Fatalf("read %d: want record %d (partial %v %v), got record %d: %d bytes, partial %v, valid %v; records read before it %v; reader %v",
+				k, i, wantPartial, wantValid, got, rec.N, rec.Partial, valid, want[:k], statsOf(b))
+		}
+		if !wantPartial && !bytes.Equal(buf[:size], record(i, size)) {
+			t.Fatalf("record %d whole but not the writer's bytes", i)
+		}
+	}
+}
+
+// TestWRConnProbeKeepsRecordInProgress: a writer out of credits probes
+// while its last record is still in progress at the reader's QP (its last
+// segment lost; with partial delivery the QP would deliver it at its
+// deadline). The reader re-keyed its ring when the deadline had passed
+// since the last record *arrived*, which says nothing of when this one
+// began: the record, delivered for the old ring, was dropped, and the
+// writer, numbering the new ring from 0, had its next record read in the
+// lost one's place ("whole record 191: not the writer's bytes" in
+// TestWRConnPartial under load). Now the reader has its QP end the
+// record in progress at once (QP.EndWriteRecord): it is read, partial,
+// and nothing is re-keyed.
+func TestWRConnProbeKeepsRecordInProgress(t *testing.T) {
+	const size, deadline = 2500, 300 * time.Millisecond
+	a, b := wrPair(t, &WROptions{Segment: 1000, Slots: 4, CreditWait: 10 * time.Second},
+		&WROptions{Segment: 1000, Slots: 4, Partial: true, Deadline: deadline})
+	var probes atomic.Int32
+	r := newWRRelay(t, a, b, func(r *wrRelay, p *relayed) bool {
+		switch {
+		case p.wr && p.record == 4 && p.mo == 0:
+			// Record 4 begins once the reader's last record is older
+			// than the deadline (a writer descheduled that long).
+			var read3 time.Time
+			r.waitUntil("record 3 to be read a deadline ago", func() bool {
+				if read3.IsZero() && wrConsumed(b, addrPort(r.writerAddr())) >= 4 {
+					read3 = time.Now()
+				}
+				return !read3.IsZero() && time.Since(read3) > deadline
+			})
+		case p.wr && p.record == 4:
+			return !p.last // its last segment is lost
+		case p.wr && p.record >= 5 && p.record <= 7:
+			return false // lost whole: the writer runs out of credits
+		case p.kind == wrProbe && p.n == 8:
+			probes.Add(1)
+		}
+		return true
+	}, nil)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 9 {
+			wrWrite(t, a, i, size, r.readerAddr())
+		}
+	}()
+	wrSequence(t, b, size, []int{0, 1, 2, 3, 4, 8}, map[int][]string{4: {"[0, 1992)"}})
+	<-done
+	if probes.Load() == 0 || b.Stats().Rekeys.Load() != 0 {
+		t.Fatalf("probes for record 8 %d, re-keys %d", probes.Load(), b.Stats().Rekeys.Load())
+	}
+}
+
+// TestWRConnProbeCrossesCredit: records the writer sends after a credit
+// that crossed its probe are not lost. The writer probed (records 6 and 7
+// lost) before the reader's credit for the records the reader had read
+// reached it; the reader, nothing left to read, re-keyed its ring at the
+// probe; the writer, given the credit, wrote two more records into the
+// old ring, which the reader's QP refused, and then took the new ring.
+// Now the reader re-keys only when its last credit has reached the
+// writer (the probe's number shows it), and otherwise sends the credit
+// again.
+func TestWRConnProbeCrossesCredit(t *testing.T) {
+	const size = 2500
+	a, b := wrPair(t, &WROptions{Segment: 1000, Slots: 4, CreditWait: 10 * time.Second},
+		&WROptions{Segment: 1000, Slots: 4})
+	var probed, sent9 atomic.Bool
+	r := newWRRelay(t, a, b, func(r *wrRelay, p *relayed) bool {
+		switch {
+		case p.wr && (p.record == 6 || p.record == 7):
+			return false
+		case p.kind == wrProbe && p.n == 8 && !probed.Load():
+			// The probe reaches the reader after it read record 5 and
+			// credited it.
+			r.waitUntil("the reader to read record 5", func() bool {
+				return wrConsumed(b, addrPort(r.writerAddr())) >= 6
+			})
+			probed.Store(true)
+		case p.wr && p.record == 9 && p.last:
+			sent9.Store(true)
+		}
+		return true
+	}, func(r *wrRelay, p *relayed) bool {
+		switch {
+		case p.kind == wrCredit && p.n >= 5:
+			r.waitUntil("the writer's probe for record 8 to pass", probed.Load)
+		case p.kind == wrHello && probed.Load():
+			r.waitUntil("records 8 and 9 to pass", sent9.Load)
+		}
+		return true
+	})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 12 {
+			wrWrite(t, a, i, size, r.readerAddr())
+		}
+	}()
+	wrSequence(t, b, size, []int{0, 1, 2, 3, 4, 5, 8, 9, 10, 11}, nil)
+	<-done
+	if !probed.Load() || b.Stats().Rekeys.Load() != 0 {
+		t.Fatalf("probe passed %v, re-keys %d", probed.Load(), b.Stats().Rekeys.Load())
 	}
 }
