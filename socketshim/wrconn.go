@@ -92,10 +92,21 @@ import (
 // it never rewrites a slot whose record is unread. The receiver sends C
 // back in a CREDIT message each time it moved by a quarter of the ring. A
 // writer out of slots sends a PROBE (its next record number) every few
-// milliseconds: the receiver answers with C if records wait to be read;
-// if none does, the writer's records since C were lost, and the receiver
-// re-keys the ring (registers it again: a new STag, so no straggler of an
-// old record can land in it) and sends a HELLO with it. A writer that
+// milliseconds: the receiver answers with C if records wait to be read.
+// If none does, the writer sent every record it has out before the
+// PROBE, so the last of them, if still in progress at the QP (its last
+// segments lost), is ended at once (QP.EndWriteRecord: delivered partial,
+// or dropped); once the receiver has taken every completion the QP made,
+// a record that came is answered with C as above. If none came either,
+// and the PROBE's number shows that the writer has the last C sent (were
+// a CREDIT still on its way, the writer would write more records to this
+// ring: the receiver sends C again), the writer's records since C were
+// lost, and the receiver re-keys the ring (registers it again: a new
+// STag, so no straggler of an old record can land in it) and sends a
+// HELLO with it. (Within one ring, the QP drops any segment of a message
+// older than the writer's newest, however late it comes, within the
+// bounds docs/wire.md §4.3 states: a slot holds only the bytes of the
+// record it was written for.) A writer that
 // gets no slot within CreditWait drops the datagram, as a full UDP
 // receive buffer would (CreditWait < 0: at once); its write deadline
 // still fails the WriteTo first.
