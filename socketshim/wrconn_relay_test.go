@@ -202,7 +202,7 @@ func TestWRConnLateSegment(t *testing.T) {
 		name := map[bool]string{false: "whole", true: "partial"}[partial]
 		t.Run(name, func(t *testing.T) {
 			a, b := wrPair(t, &WROptions{Segment: 1000, Slots: 2, CreditWait: 10 * time.Second},
-				&WROptions{Segment: 1000, Slots: 2, Partial: partial, Deadline: 20 * time.Millisecond})
+				&WROptions{Segment: 1000, Slots: 2, Partial: partial, Deadline: time.Second})
 			var late atomic.Pointer[[]byte]
 			r := newWRRelay(t, a, b, func(_ *wrRelay, p *relayed) bool {
 				if p.wr && p.record == 0 && p.mo == 1000 && late.Load() == nil {
@@ -226,8 +226,9 @@ func TestWRConnLateSegment(t *testing.T) {
 			}
 			// Record 2 is whole at the reader, in record 0's slot (unread
 			// unless partial). Once the reader's QP holds no message in
-			// progress (record 2's deadline, 20 ms, passed twice), the late
-			// copy of record 0's middle segment arrives.
+			// progress (record 2's deadline, 1 s — long, so that no record
+			// of the test misses it under load — passed), the late copy of
+			// record 0's middle segment arrives.
 			waitFor(t, "the reader's QP to hold no message in progress", func() bool {
 				_, n := b.Device().WriteRecordStats()
 				return n == 0
@@ -290,7 +291,7 @@ func wrSequence(t *testing.T, b *WRConn, size int, want []int, partial map[int][
 // record in progress at once (QP.EndWriteRecord): it is read, partial,
 // and nothing is re-keyed.
 func TestWRConnProbeKeepsRecordInProgress(t *testing.T) {
-	const size, deadline = 2500, 300 * time.Millisecond
+	const size, deadline = 2500, time.Second // long, so that no record of the test misses it under load
 	a, b := wrPair(t, &WROptions{Segment: 1000, Slots: 4, CreditWait: 10 * time.Second},
 		&WROptions{Segment: 1000, Slots: 4, Partial: true, Deadline: deadline})
 	var probes atomic.Int32
