@@ -358,6 +358,7 @@ func (d *Device) WriteRecordStats() (st writerecord.Stats, inProgress int) {
 			st.Mismatch += s.Mismatch
 			st.Displaced += s.Displaced
 			st.Fragmented += s.Fragmented
+			st.Forgotten += s.Forgotten
 			inProgress += q.wr.InProgress()
 		}
 		q.wrMu.Unlock()

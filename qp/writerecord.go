@@ -277,6 +277,35 @@ func (q *QP) wrExpire(now time.Time) time.Time {
 	})
 }
 
+// EndWriteRecord ends now, as its deadline would, the Write-Record
+// message in progress at q from the source (src, srcQPN) to the region
+// stag, if there is one, and reports whether that recorded it: with
+// deliver-partial and bytes of it placed, its completion (or validity map
+// entry) is made now, with the ranges that arrived; with discard nothing
+// is. Its late segments are dropped. It is for a target that knows the
+// source has sent all of the message it will — a writer that stopped to
+// wait for the target (for credits, say) — so that the message is not
+// held until its deadline, or given up for lost while the QP still holds
+// it.
+func (q *QP) EndWriteRecord(src netip.AddrPort, srcQPN, stag uint32) bool {
+	q.wrMu.Lock()
+	defer q.wrMu.Unlock()
+	if q.wr == nil {
+		return false
+	}
+	src = netip.AddrPortFrom(src.Addr().Unmap(), src.Port())
+	rec, ok := q.wr.End(writerecord.Source{Addr: src, QPN: srcQPN}, stag, time.Now())
+	if !ok {
+		return false
+	}
+	m := q.dev.mrs.lookup(stag)
+	if m == nil {
+		return false // the region was deregistered: nothing of it is valid
+	}
+	q.recordWriteRecord(m, &rec)
+	return true
+}
+
 // AggregateWriteRecords folds the Write-Record completions for stag among
 // wcs into m, in region offsets relative to base (the region's Addr()):
 // seed 003's third recording design, CQ entries seen as a validity map.

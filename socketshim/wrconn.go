@@ -92,10 +92,21 @@ import (
 // it never rewrites a slot whose record is unread. The receiver sends C
 // back in a CREDIT message each time it moved by a quarter of the ring. A
 // writer out of slots sends a PROBE (its next record number) every few
-// milliseconds: the receiver answers with C if records wait to be read;
-// if none does, the writer's records since C were lost, and the receiver
-// re-keys the ring (registers it again: a new STag, so no straggler of an
-// old record can land in it) and sends a HELLO with it. A writer that
+// milliseconds: the receiver answers with C if records wait to be read.
+// If none does, the writer sent every record it has out before the
+// PROBE, so the last of them, if still in progress at the QP (its last
+// segments lost), is ended at once (QP.EndWriteRecord: delivered partial,
+// or dropped); once the receiver has taken every completion the QP made,
+// a record that came is answered with C as above. If none came either,
+// and the PROBE's number shows that the writer has the last C sent (were
+// a CREDIT still on its way, the writer would write more records to this
+// ring: the receiver sends C again), the writer's records since C were
+// lost, and the receiver re-keys the ring (registers it again: a new
+// STag, so no straggler of an old record can land in it) and sends a
+// HELLO with it. (Within one ring, the QP drops any segment of a message
+// older than the writer's newest, however late it comes, within the
+// bounds docs/wire.md §4.3 states: a slot holds only the bytes of the
+// record it was written for.) A writer that
 // gets no slot within CreditWait drops the datagram, as a full UDP
 // receive buffer would (CreditWait < 0: at once); its write deadline
 // still fails the WriteTo first.
@@ -218,8 +229,9 @@ type WRConn struct {
 	stage  int // bytes per send slot
 	hdr    *qp.MR
 
-	pmu sync.Mutex // polls the receive CQ
-	wcs []qp.WorkCompletion
+	pmu    sync.Mutex // polls the receive CQ
+	wcs    []qp.WorkCompletion
+	probed []*wrRing // rings with a PROBE for probeLocked, once poll took the CQ's completions (under pmu)
 
 	mu     sync.Mutex
 	peers  map[netip.AddrPort]*wrPeer
@@ -266,10 +278,10 @@ type wrRing struct {
 	peer     *wrPeer
 	buf      []byte
 	mr       *qp.MR
-	consumed uint64    // C: records below are read or passed over
-	last     time.Time // when the last record of it was recorded
-	seen     uint64    // records below were queued or passed over
-	reported uint64    // the C the peer was last told
+	consumed uint64 // C: records below are read or passed over
+	seen     uint64 // records below were queued or passed over
+	probe    uint64 // the newest PROBE with records out and none to read, for probeLocked (0: none)
+	reported uint64 // the C the peer was last told
 	queued   int
 	arrivals int // the owner's records completed since C last advanced
 }
@@ -610,6 +622,15 @@ func (c *WRConn) poll() {
 		}
 		c.mu.Unlock()
 	}
+	if len(c.probed) > 0 {
+		c.mu.Lock()
+		for _, r := range c.probed {
+			c.probeLocked(r)
+		}
+		c.mu.Unlock()
+		clear(c.probed)
+		c.probed = c.probed[:0]
+	}
 	c.pmu.Unlock()
 	if changed {
 		c.bell.Ring()
@@ -684,17 +705,7 @@ func (c *WRConn) recordLocked(wc *qp.WorkCompletion, now time.Time) {
 	}
 	r.seen = e.seq + 1
 	r.queued++
-	r.last = now
 	c.rq = append(c.rq, e)
-}
-
-// deadline is how long the QP lets a record take (WROptions.Deadline, or
-// the Write-Record engine's default).
-func (c *WRConn) deadline() time.Duration {
-	if c.o.Deadline > 0 {
-		return c.o.Deadline
-	}
-	return writerecord.DefaultTimeout
 }
 
 // payloadRanges turns a partial record's valid ranges (tagged offsets,
@@ -836,20 +847,49 @@ func (c *WRConn) controlLocked(src netip.AddrPort, m []byte, now time.Time) {
 		case r == nil:
 		case r.mr.STag() != stag:
 			c.helloLocked(p, false) // it writes to an old ring
-		case r.queued == 0 && n > r.consumed && c.o.Partial && now.Sub(r.last) <= c.deadline():
-			// A record may still be in progress at the QP, its last
-			// segments lost: it is delivered partial at its deadline.
-			// Re-keying now would lose it; the writer probes again.
 		case r.queued == 0 && n > r.consumed:
-			// Nothing waits to be read, yet the writer has records out:
-			// they were lost. A new STag makes sure none of them lands
-			// late in a slot the writer will use again.
-			c.stats.Rekeys.Add(1)
-			if c.newRingLocked(p, r.buf) == nil {
-				c.helloLocked(p, false)
+			// Nothing waits to be read, yet the writer has records out.
+			// It sent all of them before this PROBE; the last may still be
+			// in progress at the QP, its last segments lost: ended now, it
+			// is recorded at once (deliver-partial; discard drops it)
+			// rather than at its deadline. Whether the others were lost
+			// is decided once poll has taken every completion the QP made
+			// so far, that one included (probeLocked).
+			c.pc.q.EndWriteRecord(p.ap, ShimQPN, stag)
+			if r.probe == 0 {
+				c.probed = append(c.probed, r)
 			}
+			r.probe = max(r.probe, n)
 		default:
 			c.creditLocked(r)
+		}
+	}
+}
+
+// probeLocked answers the PROBEs of r's writer that found nothing to
+// read while it had records out, now that poll has taken every completion
+// the QP made up to them (the record EndWriteRecord ended for them, and
+// one its deadline ended meanwhile, included).
+func (c *WRConn) probeLocked(r *wrRing) {
+	n := r.probe
+	r.probe = 0
+	switch {
+	case r.peer.rx != r: // dropped meanwhile
+	case r.queued > 0 || n <= r.consumed:
+		c.creditLocked(r) // records came after all
+	case r.reported+uint64(c.o.Slots) > n:
+		// The writer probed before our last CREDIT reached it (it would
+		// not be out of slots): once it does, it writes more records to
+		// this ring, which a re-key would lose. Tell it C again.
+		c.creditLocked(r)
+	default:
+		// Nothing waits to be read or is in progress, yet the writer has
+		// records out, and knows every credit: they were lost. A new STag
+		// makes sure none of them lands late in a slot the writer will
+		// use again.
+		c.stats.Rekeys.Add(1)
+		if c.newRingLocked(r.peer, r.buf) == nil {
+			c.helloLocked(r.peer, false)
 		}
 	}
 }

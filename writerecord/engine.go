@@ -58,6 +58,13 @@ type Config struct {
 	// bounds the engine's memory (MaxMessages × MaxRanges runs of 16
 	// bytes) and each segment's work (O(log MaxRanges)).
 	MaxRanges int
+	// MaxRemembered caps the keys (source, STag) whose newest MSN the
+	// engine remembers once nothing of them is in progress (default
+	// 4096), so that a segment of a message the key has moved past is
+	// dropped however late it comes. Beyond it the key that went quiet
+	// longest ago is forgotten and counted (Stats.Forgotten); a straggler
+	// of it may then start a message again, as before the key was known.
+	MaxRemembered int
 }
 
 // DefaultTimeout is a message's deadline when Config.Timeout is zero:
@@ -80,6 +87,9 @@ func (c *Config) fill() {
 	c.MSNWindow = min(c.MSNWindow, 1<<31-1)
 	if c.MaxRanges <= 0 {
 		c.MaxRanges = 1024
+	}
+	if c.MaxRemembered <= 0 {
+		c.MaxRemembered = 4096
 	}
 }
 
@@ -136,6 +146,7 @@ type Stats struct {
 	Mismatch   uint64 // segments dropped: the MSN of the message in progress, another extent
 	Displaced  uint64 // messages (or remembered ones) ended by two messages they blocked (§4.3)
 	Fragmented uint64 // messages ended at MaxRanges (recorded partial or discarded by policy)
+	Forgotten  uint64 // keys whose newest MSN was forgotten at MaxRemembered
 }
 
 type key struct {
@@ -144,7 +155,10 @@ type key struct {
 }
 
 // message is one message in progress: created by its first segment to
-// arrive, gone when it completes, expires, is superseded or evicted.
+// arrive, and ended when it completes, expires or is evicted, then kept as
+// a tombstone until its deadline; or the newest MSN of a key with nothing
+// in progress (past), kept until a newer message of the key starts or
+// MaxRemembered forgets it. Supersession and displacement remove it.
 type message struct {
 	key      key
 	msn      uint32
@@ -159,13 +173,18 @@ type message struct {
 	// so that a late duplicate of one of its segments is dropped instead
 	// of starting the message again (and invalidating what it made valid).
 	done bool
+	// past marks a done message whose deadline passed (or a whole
+	// one-segment message): only its MSN is kept, in Engine.past, so that
+	// a late segment of it, or of an older message, is still dropped.
+	past bool
 	// strikes counts the messages this one blocked that sent their last
 	// segment since it last made progress (at most 2: then it ends), and
 	// strikeMSN is the last of them, so that a duplicate counts once.
 	strikes   uint8
 	strikeMSN uint32
 	// Intrusive links, so that a message costs one allocation: all
-	// messages by first arrival (Engine.order), and its source's.
+	// messages by first arrival (Engine.order; Engine.past for a past
+	// one, by when it went there), and its source's (not a past one).
 	prev, next   *message
 	sprev, snext *message
 }
@@ -229,7 +248,8 @@ type Engine struct {
 	cfg       Config
 	msgs      map[key]*message
 	perSource map[Source]*chain // each source's messages by first arrival
-	order     chain             // all messages by first arrival
+	order     chain             // all messages by first arrival (not the past ones)
+	past      chain             // the past messages, the one remembered longest first
 	stats     Stats
 	fl        *btree.FreeListG[validitymap.Range] // nodes of split messages' runs
 	// ended is the record of a message the last Admit ended at MaxRanges
@@ -253,8 +273,13 @@ func (e *Engine) Config() Config { return e.cfg }
 func (e *Engine) Stats() Stats { return e.stats }
 
 // InProgress returns the number of messages in progress (including
-// completed ones still remembered to drop their late duplicates).
-func (e *Engine) InProgress() int { return len(e.msgs) }
+// completed ones kept until their deadline to drop their late duplicates;
+// not the keys of which only the newest MSN is remembered).
+func (e *Engine) InProgress() int { return e.order.n }
+
+// Remembered returns the number of keys of which only the newest MSN is
+// remembered (at most Config.MaxRemembered).
+func (e *Engine) Remembered() int { return e.past.n }
 
 // Verdict is Admit's answer.
 type Verdict uint8
@@ -274,18 +299,20 @@ const (
 )
 
 // Admit decides a segment's fate before its bytes are placed (the rules
-// are docs/wire.md §4.3). One message holds each (source, STag): a
-// segment of a newer message, up to MSNWindow ahead, discards it; a
-// segment of an older one, or further ahead, is dropped; and when two
-// messages it so blocked have sent their last segment while it made no
-// progress, the holder ends and the segment is admitted as if the key
-// were free.
+// are docs/wire.md §4.3). One message holds each (source, STag) — in
+// progress, or ended and remembered by its MSN — : a segment of a newer
+// message, up to MSNWindow ahead, discards it; a segment of an older one,
+// or further ahead, is dropped; and when two messages it so blocked have
+// sent their last segment while it made no progress, the holder ends and
+// the segment is admitted as if the key were free.
 func (e *Engine) Admit(s *Segment, now time.Time) Verdict {
 	if e.hasEnded { // the caller did not take it
 		e.ended, e.hasEnded = Record{}, false
 	}
 	k := key{s.Source, s.STag}
-	if m := e.msgs[k]; m != nil {
+	whole := s.Offset == 0 && s.N == s.Length
+	m := e.msgs[k]
+	if m != nil {
 		d := int32(s.MSN - m.msn) // serial-number arithmetic
 		switch {
 		case d == 0 && m.done:
@@ -316,6 +343,14 @@ func (e *Engine) Admit(s *Segment, now time.Time) Verdict {
 					e.ended, e.hasEnded = m.partial(), true
 				}
 			} // else a newer message: the tombstone has served
+			if whole && m.past {
+				// A one-segment message after a remembered one: only the
+				// remembered number moves.
+				m.msn, m.strikes = s.MSN, 0
+				e.past.unlink(m, false)
+				e.past.push(m, false)
+				return PlaceNew
+			}
 			e.remove(m)
 		default:
 			switch {
@@ -331,18 +366,20 @@ func (e *Engine) Admit(s *Segment, now time.Time) Verdict {
 			}
 		}
 	}
-	if s.Offset == 0 && s.N == s.Length {
-		return PlaceNew // whole in one segment: no state needed (UD may duplicate it; each copy is recorded)
+	if whole {
+		// Recorded at once: only its number is kept, so that a late copy
+		// of it (UD may duplicate it), or of an older message, is dropped.
+		// m, if not nil, was removed above: its memory serves again.
+		e.remember(k, s.MSN, m)
+		return PlaceNew
 	}
 	// At a cap, the oldest message goes: the source's own when it is the
 	// one over its share, else the oldest of all. Both are O(1).
 	if l := e.perSource[s.Source]; l != nil && l.n >= e.cfg.MaxPerSource {
-		e.stats.Evicted++
-		e.remove(l.head)
+		e.evict(l.head)
 	}
-	for len(e.msgs) >= e.cfg.MaxMessages {
-		e.stats.Evicted++
-		e.remove(e.order.head)
+	for e.order.n >= e.cfg.MaxMessages {
+		e.evict(e.order.head)
 	}
 	timeout, policy := e.cfg.Timeout, e.cfg.Policy
 	if l := s.Limits; l != nil {
@@ -351,7 +388,7 @@ func (e *Engine) Admit(s *Segment, now time.Time) Verdict {
 			timeout = l.Timeout
 		}
 	}
-	m := &message{key: k, msn: s.MSN, to: s.MessageTO, length: s.Length, deadline: now.Add(timeout), timeout: timeout, policy: policy}
+	m = &message{key: k, msn: s.MSN, to: s.MessageTO, length: s.Length, deadline: now.Add(timeout), timeout: timeout, policy: policy}
 	e.order.push(m, false)
 	l := e.perSource[s.Source]
 	if l == nil {
@@ -425,34 +462,91 @@ func (m *message) partial() Record {
 // (docs/wire.md §11.2). Sources that are not authenticated must not be
 // able to cause it.
 func (e *Engine) EndSource(src Source, emit func(Record)) {
-	l := e.perSource[src]
-	if l == nil {
-		return
-	}
-	for m := l.head; m != nil; {
-		next := m.snext
-		if !m.done {
-			if m.policy == DeliverPartial && m.placed > 0 {
-				e.stats.Partial++
-				emit(m.partial())
-			} else {
-				e.stats.Expired++
+	if l := e.perSource[src]; l != nil {
+		for m := l.head; m != nil; {
+			next := m.snext
+			if !m.done {
+				if rec, ok := e.end(m, time.Time{}); ok {
+					emit(rec)
+				}
 			}
+			e.remove(m)
+			m = next
 		}
-		e.remove(m)
+	}
+	// The keys of which only the MSN is remembered: at most
+	// MaxRemembered to look at, and a new session is rare.
+	for m := e.past.head; m != nil; {
+		next := m.next
+		if m.key.src == src {
+			e.remove(m)
+		}
 		m = next
 	}
 }
 
+// remove forgets m, and with it its key's MSN: the caller has a newer
+// message for the key, or means the key to be free.
 func (e *Engine) remove(m *message) {
 	m.got.reset()
-	e.order.unlink(m, false)
 	delete(e.msgs, m.key)
+	if m.past {
+		e.past.unlink(m, false)
+		return
+	}
+	e.unlinkLive(m)
+}
+
+// unlinkLive takes m, not a past message, off the lists of messages with
+// a deadline.
+func (e *Engine) unlinkLive(m *message) {
+	e.order.unlink(m, false)
 	l := e.perSource[m.key.src]
 	l.unlink(m, true)
 	if l.n == 0 {
 		delete(e.perSource, m.key.src)
 	}
+}
+
+// retire keeps only m's MSN, with no deadline: its late segments, and
+// older messages' of its key, are dropped until a newer message of the
+// key starts (or MaxRemembered forgets it).
+func (e *Engine) retire(m *message) {
+	e.unlinkLive(m)
+	m.got.reset()
+	m.done, m.past, m.strikes = true, true, 0
+	e.past.push(m, false)
+	e.trimPast()
+}
+
+// remember keeps msn as the newest MSN of k, which has no message;
+// reuse, if not nil, is a message just removed, whose memory serves.
+func (e *Engine) remember(k key, msn uint32, reuse *message) {
+	m := reuse
+	if m == nil {
+		m = new(message)
+	} else {
+		*m = message{}
+	}
+	m.key, m.msn, m.done, m.past = k, msn, true, true
+	e.msgs[k] = m
+	e.past.push(m, false)
+	e.trimPast()
+}
+
+// trimPast forgets the keys remembered longest ago beyond MaxRemembered.
+func (e *Engine) trimPast() {
+	for e.past.n > e.cfg.MaxRemembered {
+		e.stats.Forgotten++
+		e.remove(e.past.head)
+	}
+}
+
+// evict ends m at a cap, unrecorded (a message in progress counts as
+// evicted), and keeps its MSN so that its later segments are dropped.
+func (e *Engine) evict(m *message) {
+	e.stats.Evicted++
+	e.retire(m)
 }
 
 // Placed notes that s's bytes are in memory. When that completes the
@@ -512,6 +606,39 @@ func (e *Engine) Next(src Source, stag, msn uint32) (off uint32, ok bool) {
 	return uint32(r.End), true
 }
 
+// end ends m, in progress, by its policy, as at its deadline: the record
+// of the runs that arrived with deliver-partial (ok true if any did), none
+// with discard. It keeps m as a tombstone for one more timeout: a
+// straggler or a duplicate of this MSN must be dropped, not start the
+// message again (which would invalidate what its record made valid).
+func (e *Engine) end(m *message, now time.Time) (rec Record, ok bool) {
+	if m.policy == DeliverPartial && m.placed > 0 {
+		e.stats.Partial++
+		rec, ok = m.partial(), true
+	} else {
+		e.stats.Expired++
+	}
+	m.done = true
+	m.got.reset()
+	m.deadline = now.Add(m.timeout)
+	return rec, ok
+}
+
+// End ends the message in progress from src to stag now, as its deadline
+// would: with deliver-partial it returns the record of the runs that
+// arrived (ok true if any did); with discard, nothing. Its later segments
+// are dropped. Its owner calls it when it knows that the source has sent
+// every segment of the message it will (a source that waits for the
+// target before it sends more), so that waiting out the deadline would
+// only delay the record. With no message in progress it does nothing.
+func (e *Engine) End(src Source, stag uint32, now time.Time) (Record, bool) {
+	m := e.msgs[key{src, stag}]
+	if m == nil || m.done {
+		return Record{}, false
+	}
+	return e.end(m, now)
+}
+
 // Expire handles every message whose deadline has passed: with
 // deliver-partial it emits a record of the ranges that arrived; with
 // discard it drops the message unrecorded. It returns the earliest
@@ -524,22 +651,18 @@ func (e *Engine) Expire(now time.Time, emit func(Record)) time.Time {
 			continue
 		}
 		if m.done {
-			e.remove(m)
+			// A tombstone's time is up: only its MSN is kept, so that a
+			// segment of it or of an older message — a duplicate, or a
+			// source that stalled mid-message longer than two deadlines —
+			// is still dropped rather than placed over whatever its
+			// region holds now.
+			e.retire(m)
 			m = next
-			continue // a tombstone's time is up
+			continue
 		}
-		if m.policy == DeliverPartial && m.placed > 0 {
-			e.stats.Partial++
-			emit(m.partial())
-		} else {
-			e.stats.Expired++
+		if rec, ok := e.end(m, now); ok {
+			emit(rec)
 		}
-		// Keep it as a tombstone for one more timeout: a straggler or a
-		// duplicate of this MSN must be dropped, not start the message
-		// again (which would invalidate what its record made valid).
-		m.done = true
-		m.got.reset()
-		m.deadline = now.Add(m.timeout)
 		m = next
 	}
 	var first time.Time

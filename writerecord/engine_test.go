@@ -166,7 +166,10 @@ func TestMSNWrap(t *testing.T) {
 // arrive among them still completes.
 func TestFlood(t *testing.T) {
 	e := New(Config{MaxMessages: 1024, MaxPerSource: 8})
-	legit := segs(Source{Addr: netip.MustParseAddrPort("192.0.2.1:1"), QPN: 9}, 0x999, 1, 0, 2000, 1000)
+	// The legitimate source numbers its messages as a source must: a
+	// message with a number already seen is a duplicate.
+	legitSrc := Source{Addr: netip.MustParseAddrPort("192.0.2.1:1"), QPN: 9}
+	legit := segs(legitSrc, 0x999, 1, 0, 2000, 1000)
 	completed := 0
 	r := rand.New(rand.NewPCG(1, 1))
 	for i := range 1_000_000 {
@@ -176,6 +179,7 @@ func TestFlood(t *testing.T) {
 			t.Fatalf("table at %d over its cap", e.InProgress())
 		}
 		if i%5000 == 100 {
+			legit = segs(legitSrc, 0x999, uint32(i/5000+1), 0, 2000, 1000)
 			deliver(e, legit[0], t0)
 		}
 		if i%5000 == 600 {

@@ -3,6 +3,8 @@ package writerecord
 import (
 	"testing"
 	"time"
+
+	"github.com/udiwarp/udiwarp/validitymap"
 )
 
 // TestFarAheadMSN: a segment more than MSNWindow ahead of the message that
@@ -174,5 +176,125 @@ func TestSourceRestart(t *testing.T) {
 	}
 	if n != 2 {
 		t.Fatalf("%d of 4 messages after the restart recorded, want the last 2 (stats %+v)", n, e.Stats())
+	}
+}
+
+// TestRememberedPastDeadlines: a key's newest MSN outlives the message's
+// tombstone. A source that stalls mid-message for longer than two
+// deadlines, or a segment the network delivers again that late, used to
+// find the key free and start the message again — its bytes placed over
+// whatever the region held by then (a newer message to the same place,
+// recorded whole). Now any segment of that message, or of an older one,
+// is dropped however late; a newer message starts as always.
+func TestRememberedPastDeadlines(t *testing.T) {
+	for _, policy := range []Policy{DeliverPartial, Discard} {
+		e := New(Config{Timeout: time.Millisecond, Policy: policy})
+		m4 := segs(src(1), 9, 4, 0, 300, 100)
+		deliver(e, m4[0], t0)
+		deliver(e, m4[1], t0) // m4[2] comes late
+		e.Expire(t0.Add(time.Millisecond), func(Record) {})
+		e.Expire(t0.Add(time.Hour), func(Record) { t.Fatal("a tombstone was recorded") })
+		if e.InProgress() != 0 || e.Remembered() != 1 {
+			t.Fatalf("%v: in progress %d, remembered %d", policy, e.InProgress(), e.Remembered())
+		}
+		for _, s := range []Segment{m4[2], m4[0], segs(src(1), 9, 3, 0, 300, 100)[1]} {
+			if v, r := deliver(e, s, t0.Add(time.Hour)); v != Drop || r != nil {
+				t.Fatalf("%v: a segment of MSN %d at %d, an hour on: %v %+v", policy, s.MSN, s.Offset, v, r)
+			}
+		}
+		if st := e.Stats(); st.Duplicate != 3 { // an older MSN than a remembered one's counts as one too
+			t.Fatalf("%v: stats %+v", policy, st)
+		}
+		var rec *Record
+		for _, s := range segs(src(1), 9, 5, 0, 300, 100) {
+			if _, r := deliver(e, s, t0.Add(time.Hour)); r != nil {
+				rec = r
+			}
+		}
+		if rec == nil || rec.MSN != 5 || !rec.Complete || e.Remembered() != 0 {
+			t.Fatalf("%v: message 5: %+v, remembered %d", policy, rec, e.Remembered())
+		}
+	}
+}
+
+// TestOneSegmentRemembered: a one-segment message keeps no state but its
+// number: a copy of it that comes again, or an older one, is dropped, not
+// recorded (and placed) a second time; a source whose numbering starts
+// again is recorded after two messages, as for longer messages.
+func TestOneSegmentRemembered(t *testing.T) {
+	e := New(Config{})
+	one := func(msn uint32) Segment { return segs(src(1), 9, msn, uint64(msn%4)*100, 100, 100)[0] }
+	for msn := uint32(10); msn < 20; msn++ {
+		if v, r := deliver(e, one(msn), t0); v != PlaceNew || r == nil || r.MSN != msn {
+			t.Fatalf("message %d: %v %+v", msn, v, r)
+		}
+	}
+	if e.InProgress() != 0 || e.Remembered() != 1 {
+		t.Fatalf("in progress %d, remembered %d", e.InProgress(), e.Remembered())
+	}
+	for _, msn := range []uint32{19, 15} {
+		if v, r := deliver(e, one(msn), t0); v != Drop || r != nil {
+			t.Fatalf("message %d again: %v %+v", msn, v, r)
+		}
+	}
+	if st := e.Stats(); st.Duplicate != 2 || st.Completed != 10 {
+		t.Fatalf("stats %+v", st)
+	}
+	// Restarted at 1: 1 is the second strike (15 was the first) and is
+	// admitted; 2 follows.
+	for _, msn := range []uint32{1, 2} {
+		if v, r := deliver(e, one(msn), t0); v != PlaceNew || r == nil {
+			t.Fatalf("restarted message %d: %v %+v (stats %+v)", msn, v, r, e.Stats())
+		}
+	}
+}
+
+// TestEnd: End ends the message in progress of a key now, as its
+// deadline would, and its later segments are dropped.
+func TestEnd(t *testing.T) {
+	for _, policy := range []Policy{DeliverPartial, Discard} {
+		e := New(Config{Policy: policy})
+		if _, ok := e.End(src(1), 9, t0); ok {
+			t.Fatal("ended a message that does not exist")
+		}
+		m := segs(src(1), 9, 3, 1000, 300, 100)
+		deliver(e, m[0], t0)
+		deliver(e, m[1], t0)
+		rec, ok := e.End(src(1), 9, t0)
+		if want := policy == DeliverPartial; ok != want {
+			t.Fatalf("%v: ended with a record %v", policy, ok)
+		}
+		if ok && (rec.Complete || rec.MSN != 3 || len(rec.Valid) != 1 || rec.Valid[0] != (validitymap.Range{Start: 1000, End: 1200})) {
+			t.Fatalf("%v: record %+v", policy, rec)
+		}
+		if v, r := deliver(e, m[2], t0); v != Drop || r != nil {
+			t.Fatalf("%v: its last segment after End: %v %+v", policy, v, r)
+		}
+		if _, ok := e.End(src(1), 9, t0); ok {
+			t.Fatalf("%v: ended twice", policy)
+		}
+	}
+}
+
+// TestMaxRemembered: the keys remembered are capped; the one remembered
+// longest ago goes first, counted. EndSource forgets a source's.
+func TestMaxRemembered(t *testing.T) {
+	e := New(Config{MaxRemembered: 8})
+	for i := range 20 {
+		deliver(e, Segment{Source: src(i), STag: 9, MSN: 7, Length: 10, N: 10}, t0)
+	}
+	if e.Remembered() != 8 || e.Stats().Forgotten != 12 {
+		t.Fatalf("remembered %d, forgotten %d", e.Remembered(), e.Stats().Forgotten)
+	}
+	old := Segment{Source: src(19), STag: 9, MSN: 6, Length: 10, N: 10}
+	if v := e.Admit(&old, t0); v != Drop {
+		t.Fatalf("an older message of a key remembered: %v", v)
+	}
+	if v := e.Admit(&Segment{Source: src(0), STag: 9, MSN: 6, Length: 10, N: 10}, t0); v != PlaceNew {
+		t.Fatalf("a key forgotten: %v", v)
+	}
+	e.EndSource(src(19), func(Record) {})
+	if v := e.Admit(&old, t0); v != PlaceNew {
+		t.Fatalf("after EndSource: %v", v)
 	}
 }
