@@ -793,7 +793,8 @@ func (r *rdQP) receive(s *Socket, h *reliability.Header, frame []byte, src netip
 // every frame of the batch, where a sender that asks for an ack on each
 // of its frames (the last it has, AckNow) would otherwise draw one
 // standalone ack, two system calls, per frame. The batch ends within the
-// same read, so the ack is no later for it. Caller holds r.mu.
+// same read, so the ack is no later for it; the device timer leaves a
+// held ack alone meanwhile (rdQP.timer, rdPeerDue). Caller holds r.mu.
 func (r *rdQP) ackAfterBatch(s *Socket, p *rdPeer, now time.Time) {
 	if !s.rx.batching {
 		r.sendAck(s, p, now)
@@ -802,6 +803,7 @@ func (r *rdQP) ackAfterBatch(s *Socket, p *rdPeer, now time.Time) {
 	if !p.ackHeld {
 		p.ackHeld = true
 		r.acks = append(r.acks, p)
+		r.touch(p) // off the timer's heap for its ack
 	}
 	if !r.acking {
 		r.acking = true
@@ -819,6 +821,7 @@ func (r *rdQP) flushAcks(s *Socket) {
 	for i, p := range r.acks {
 		p.ackHeld = false
 		r.acks[i] = nil
+		r.touch(p) // its due time counts its acks again (rdPeerDue)
 		if r.peers[p.key] == p && p.established {
 			if due := p.rcv.AckDue(now); !due.IsZero() && !due.After(now) {
 				r.sendAck(s, p, now)
@@ -1589,7 +1592,11 @@ func (r *rdQP) timer(now time.Time) time.Time {
 				continue
 			}
 		}
-		if due := p.rcv.AckDue(now); !due.IsZero() && !now.Before(due) {
+		// An ack held for the end of the batch the socket is delivering
+		// is that batch's (ackAfterBatch): sent now, mid-batch, it would
+		// answer only the frames handled so far, and the next one would
+		// draw another.
+		if due := p.rcv.AckDue(now); !p.ackHeld && !due.IsZero() && !now.Before(due) {
 			r.sendAck(s, p, now)
 		}
 		if len(p.queue) > 0 {

@@ -60,6 +60,9 @@ type rxSide struct {
 	left int
 	// streak counts inline polls in a row that found a datagram.
 	streak int
+	// reads counts the reads that returned datagrams: the batches the
+	// engines were handed (tests weigh RD's acks per batch with it).
+	reads uint64
 }
 
 func (r *rxSide) init(s *Socket, batch int) {
@@ -137,6 +140,9 @@ func (r *rxSide) read(vlen int) bool {
 	}
 	n, ok := r.s.ll.read(r.msgs[:vlen])
 	r.n = n
+	if n > 0 {
+		r.reads++
+	}
 	switch {
 	case landed > 0 && r.landWR:
 		r.endWRLanding(landed)
@@ -167,24 +173,30 @@ func (r *rxSide) dispatch() bool {
 	r.batching = true
 	defer r.endBatch()
 	for i := 0; i < r.n; i++ {
-		r.cur = i
-		m := &r.msgs[i]
-		if l := &r.land[i]; l.q != nil {
-			// Landed in a posted receive: endLanding either completed it
-			// there, kept it for the RD engine, or copied it out for the
-			// ordinary path.
-			switch {
-			case l.keep: // (evicted meanwhile: copied out, l.flat)
-				r.rdLanded(l, m.src)
-			case !l.done:
-				r.deliverSplit(l.flat, m.trunc || m.n > len(l.flat), m.gro, m.src)
-			}
-			l.q, l.done, l.flat = nil, false, nil
-			continue
-		}
-		r.deliverSplit(r.bufs[i][:min(m.n, len(r.bufs[i]))], m.trunc, m.gro, m.src)
+		r.deliverSlot(i)
 	}
 	return true
+}
+
+// deliverSlot hands the datagrams of the last read's slot i to the
+// engines.
+func (r *rxSide) deliverSlot(i int) {
+	r.cur = i
+	m := &r.msgs[i]
+	if l := &r.land[i]; l.q != nil {
+		// Landed in a posted receive: endLanding either completed it
+		// there, kept it for the RD engine, or copied it out for the
+		// ordinary path.
+		switch {
+		case l.keep: // (evicted meanwhile: copied out, l.flat)
+			r.rdLanded(l, m.src)
+		case !l.done:
+			r.deliverSplit(l.flat, m.trunc || m.n > len(l.flat), m.gro, m.src)
+		}
+		l.q, l.done, l.flat = nil, false, nil
+		return
+	}
+	r.deliverSplit(r.bufs[i][:min(m.n, len(r.bufs[i]))], m.trunc, m.gro, m.src)
 }
 
 // endBatch sends the acks RD QPs held for the end of the batch.
