@@ -138,7 +138,7 @@ func eventLoopHeld(t *testing.T, dir, waiter string, sent []byte, greet bool, n 
 			c.SetReadDeadline(time.Now().Add(30 * time.Second))
 			rep := make([]byte, udiwarp.MPAFrameHeaderSize)
 			if _, err := io.ReadFull(c, rep); err != nil || string(rep[:16]) != "MPA ID Rep Frame" || rep[16]&0x20 != 0 {
-				t.Fatalf("attacker %d, its Request finished: %q, %v; want an MPA Reply", i, rep, err)
+				t.Fatalf("attacker %d, its Request finished: %q, %v; want an MPA Reply\nserver engine %+v", i, rep, err, srv.readStats(t))
 			}
 		}
 		srv.statsWhen(t, func(s stats) bool { return s.Streams == uint64(n+1) })

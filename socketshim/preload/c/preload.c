@@ -1535,6 +1535,19 @@ EXPORT ssize_t vmsplice(int fd, const struct iovec *iov, size_t n, unsigned int 
 // receive after a poll then never waits for a datagram that was not
 // there.
 
+// no_urg is the signal mask for a wait of the program's (poll, select,
+// epoll): its own (mask, or the thread's) with the Go runtime's
+// preemption signal held off, as pollwait does: SIGURG, sent to a thread
+// that ran the engine and caught back in C, is not the program's, and
+// must not end its wait with EINTR.
+static const sigset_t *no_urg(const sigset_t *mask, sigset_t *buf) {
+	if (atomic_load(&estate) != E_READY) return mask;
+	if (mask) *buf = *mask;
+	else pthread_sigmask(SIG_BLOCK, NULL, buf);
+	sigaddset(buf, SIGURG);
+	return buf;
+}
+
 static struct usock *engine_sock(int fd, long long *h) {
 	struct usock *u = lookup(fd);
 	if (!u || atomic_load(&u->kmode) || atomic_load(&estate) != E_READY) return NULL;
@@ -1573,6 +1586,8 @@ static long long earlier(long long a, long long b) { return a < 0 ? b : b < 0 ||
 #define POLLWR (POLLOUT | POLLWRNORM | POLLWRBAND)
 
 static int upoll(struct pollfd *fds, nfds_t n, long long dl, const sigset_t *mask) {
+	sigset_t urg;
+	mask = no_urg(mask, &urg);
 	int owned_any = 0, und_any = 0, und = atomic_load(&undecided_n) > 0;
 	for (nfds_t i = 0; i < n && !(owned_any && (und_any || !und)); i++) {
 		long long h;
@@ -1663,6 +1678,8 @@ EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, const 
 }
 
 static int uselect(int nfds, fd_set *rs, fd_set *ws, fd_set *es, long long dl, const sigset_t *mask, struct timeval *tv) {
+	sigset_t urg;
+	mask = no_urg(mask, &urg);
 	int top = nfds < FD_SETSIZE ? nfds : FD_SETSIZE;
 	int owned_any = 0, und_any = 0, und = atomic_load(&undecided_n) > 0;
 	for (int fd = 0; fd < top && !(owned_any && (und_any || !und)); fd++) {
@@ -1837,6 +1854,8 @@ static void ep_hold(struct usock *u, int epfd, int fd) {
 }
 
 static int uepoll(int epfd, struct epoll_event *evs, int max, int timeout, const sigset_t *mask) {
+	sigset_t urg;
+	mask = no_urg(mask, &urg);
 	if ((unsigned)epfd >= MAXFD || !atomic_load(&ep_owned[epfd]) || max <= 0)
 		return REAL(epoll_pwait)(epfd, evs, max, timeout, mask);
 	long long dl = timeout < 0 ? -1 : now_ns() + (long long)timeout * 1000000LL;

@@ -56,11 +56,16 @@ struct acc { int lfd, fd; };
 static void *accepter(void *p) {
 	struct acc *a = p;
 	a->fd = accept(a->lfd, NULL, NULL);
+	struct pollfd pf = {.fd = a->fd, .events = POLLOUT};
+	if (a->fd >= 0 && poll(&pf, 1, 30000) != 1) FAIL("the accepted stream never writable");
 	return NULL;
 }
 
 // pair connects two sockets through a listener: MPA's exchange needs the
-// accept while connect waits, so the accept runs in a thread.
+// accept while connect waits, so the accept runs in a thread, which then
+// waits until the accepted stream can be written to: under the preload,
+// until its peer's MPA Request has come and been answered (a blocking
+// accept waits 10 ms for it, less than a loaded machine may take).
 static void pair(int *c, int *s, int *lfd_out, int *port_out) {
 	int port = 0, lfd = listener(&port);
 	struct acc a = {lfd, -1};
@@ -595,11 +600,14 @@ static struct evconn *evc[65536];
 static int ev_accepted;
 static long ev_waits;
 
-static void ev_count(const char *countfile) {
-	FILE *f = fopen(countfile, "w");
+static void ev_count(const char *countfile) { // whole, by rename: a reader never sees it half written
+	char tmp[4096];
+	snprintf(tmp, sizeof tmp, "%s.tmp", countfile);
+	FILE *f = fopen(tmp, "w");
 	if (f) {
 		fprintf(f, "%d %ld\n", ev_accepted, ev_waits);
 		fclose(f);
+		rename(tmp, countfile);
 	}
 }
 
@@ -666,7 +674,10 @@ static void mode_evloop(int port, const char *how, int greet, const char *countf
 			pf[n++] = (struct pollfd){.fd = lfd, .events = POLLIN};
 			for (int fd = 0; fd < 65536; fd++)
 				if (evc[fd]) pf[n++] = (struct pollfd){.fd = fd, .events = POLLIN | (evc[fd]->n ? POLLOUT : 0)};
-			if (poll(pf, (nfds_t)n, -1) < 0) FAIL("poll");
+			if (poll(pf, (nfds_t)n, -1) < 0) {
+				if (errno == EINTR) continue;
+				FAIL("poll");
+			}
 			lready = pf[0].revents != 0;
 			for (int i = 1; i < n; i++) {
 				r[pf[i].fd] = (pf[i].revents & ~POLLOUT) != 0;
@@ -684,7 +695,10 @@ static void mode_evloop(int port, const char *how, int greet, const char *countf
 					if (evc[fd]->n) FD_SET(fd, &ws);
 					if (fd > top) top = fd;
 				}
-			if (select(top + 1, &rs, &ws, NULL, NULL) < 0) FAIL("select");
+			if (select(top + 1, &rs, &ws, NULL, NULL) < 0) {
+				if (errno == EINTR) continue;
+				FAIL("select");
+			}
 			lready = FD_ISSET(lfd, &rs);
 			for (int fd = 0; fd <= top; fd++)
 				if (evc[fd]) {
@@ -693,6 +707,7 @@ static void mode_evloop(int port, const char *how, int greet, const char *countf
 				}
 		} else {
 			n = epoll_wait(ep, evs, 64, -1);
+			if (n < 0 && errno == EINTR) continue;
 			if (n < 0) FAIL("epoll_wait");
 			for (int i = 0; i < n; i++) {
 				int fd = evs[i].data.fd;
@@ -715,6 +730,7 @@ static void mode_evloop(int port, const char *how, int greet, const char *countf
 			int c = accept4(lfd, NULL, NULL, SOCK_NONBLOCK);
 			if (c < 0) {
 				if (errno == EAGAIN) break;
+				if (errno == EINTR || errno == ECONNABORTED) continue;
 				FAIL("accept");
 			}
 			if (c >= 65536 || (usesel && c >= FD_SETSIZE)) FAIL("descriptor %d", c);
