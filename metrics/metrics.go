@@ -207,7 +207,7 @@ var (
 	timers      = counter("timer_runs_total", "Runs of the device timer (Write-Record deadlines, RD and RC timers).", "")
 	rcFPDUs     = counter("rc_fpdus_total", "RC MPA FPDUs, by direction.", "direction")
 	rcTerms     = counter("rc_terminates_total", "RC Terminate messages, by direction.", "direction")
-	rcEvents    = counter("rc_errors_total", "RC failures, by kind: reads_over_ird, connections_lost, bad_mpa_requests.", "kind")
+	rcEvents    = counter("rc_errors_total", "RC failures, by kind: reads_over_ird, connections_lost, bad_mpa_requests, handshakes_shed.", "kind")
 	rcWaits     = counter("rc_recv_waits_total", "Sends on WaitForRecv RC connections (the sockets preload's streams) that found no receive and waited for one, reading stopped meanwhile.", "")
 	txPaths     = counter("send_events_total", "Events of the datagram send path: direct (sent in the poster's goroutine), queued (handed to the datamover), gso (a sendmsg carrying several datagrams), parked (the socket was full), errors (sendmsg failed); the events overlap, so do not sum them.", "event")
 	impaired    = counter("impaired_datagrams_total", "Datagrams the software impairment layer dropped, corrupted, duplicated, reordered or delayed, by direction (qp.DeviceConfig Impair and ImpairRx; udperf -loss).", "direction")
@@ -348,6 +348,7 @@ var table = func() []series {
 		s(&rcEvents, "reads_over_ird", func(s *qp.Stats) uint64 { return s.RCReadsOverIRD.Load() }),
 		s(&rcEvents, "connections_lost", func(s *qp.Stats) uint64 { return s.RCConnectionsLost.Load() }),
 		s(&rcEvents, "bad_mpa_requests", func(s *qp.Stats) uint64 { return s.RCBadRequests.Load() }),
+		s(&rcEvents, "handshakes_shed", func(s *qp.Stats) uint64 { return s.RCHandshakesShed.Load() }),
 		s(&rcWaits, "", func(s *qp.Stats) uint64 { return s.RCRecvWaits.Load() }),
 
 		s(&txPaths, "direct", func(s *qp.Stats) uint64 { return s.TxDirect.Load() }),

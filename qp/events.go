@@ -256,6 +256,10 @@ type Stats struct {
 	// connection and waited for one (reading stopped meanwhile).
 	RCRecvWaits   atomic.Uint64
 	RCBadRequests atomic.Uint64 // MPA Requests that were not
+	// RCHandshakesShed counts MPA exchanges in progress an RCListener
+	// ended to admit a newer connection (its source's, or all sources',
+	// bound of half-open exchanges was reached).
+	RCHandshakesShed atomic.Uint64
 
 	// Bytes on the wire (UDP payloads and TCP stream octets), both ways.
 	RxBytes, TxBytes atomic.Uint64

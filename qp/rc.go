@@ -1,6 +1,7 @@
 package qp
 
 import (
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -215,17 +216,54 @@ type RCListener struct {
 	mu     sync.Mutex
 	open   map[*RCRequest]struct{}
 	closed bool
-	// slots bounds the MPA exchanges in progress: a flood of TCP
-	// connections that never send a Request costs at most this many
-	// goroutines, each for at most the 5 s handshake deadline.
-	slots chan struct{}
+	limits handshakeLimits
+
+	// The MPA exchanges in progress (handshakes), oldest first, and how
+	// many each source address holds; under hsMu.
+	hsMu   sync.Mutex
+	hs     list.List
+	hsBy   map[netip.Addr]int
+	hsDone bool // Close ended them all: admit no more
 }
 
-// maxHandshakes bounds an RCListener's MPA exchanges in progress.
-const maxHandshakes = 64
+// handshakeLimits bound an RCListener's MPA exchanges in progress: a TCP
+// connection accepted whose MPA Request has not been read (or, read,
+// waits for room in the queue Next reads). Past either count a new
+// connection sheds the oldest exchange — of its own source address when
+// that address holds perAddr, else of all — as a TCP server under a SYN
+// flood drops its oldest half-open connections rather than refuse new
+// ones: silent connections cost at most total goroutines, one source
+// never holds more than perAddr of them, and a real initiator, whose
+// Request follows its connect at once, is shed only if total newer
+// connections arrive before that Request does.
+type handshakeLimits struct {
+	total, perAddr int
+	timeout        time.Duration // each exchange's deadline
+}
+
+// The listener's bounds (docs/verbs.md, "RC queue pairs").
+const (
+	maxHandshakes        = 256
+	maxHandshakesPerAddr = 16
+	handshakeTimeout     = 5 * time.Second
+)
+
+var defaultHandshakeLimits = handshakeLimits{total: maxHandshakes, perAddr: maxHandshakesPerAddr, timeout: handshakeTimeout}
+
+// handshake is one MPA exchange in progress.
+type handshake struct {
+	c    *net.TCPConn
+	src  netip.Addr
+	elem *list.Element // in RCListener.hs; nil once it left
+	shed chan struct{} // closed when a newer connection shed it
+}
 
 // ListenRC listens for RC connections on a TCP address.
 func (d *Device) ListenRC(addr string) (*RCListener, error) {
+	return d.listenRC(addr, defaultHandshakeLimits)
+}
+
+func (d *Device) listenRC(addr string, lim handshakeLimits) (*RCListener, error) {
 	if d.closed.Load() {
 		return nil, ErrClosed
 	}
@@ -234,7 +272,7 @@ func (d *Device) ListenRC(addr string) (*RCListener, error) {
 		return nil, fmt.Errorf("qp: listening for RC on %s: %w", addr, err)
 	}
 	l := &RCListener{dev: d, ln: ln.(*net.TCPListener), reqs: make(chan *RCRequest, 64), done: make(chan struct{}),
-		open: map[*RCRequest]struct{}{}, slots: make(chan struct{}, maxHandshakes)}
+		open: map[*RCRequest]struct{}{}, limits: lim, hsBy: map[netip.Addr]int{}}
 	l.wg.Add(1)
 	go l.acceptLoop()
 	d.rc.addListener(l)
@@ -246,32 +284,105 @@ func (l *RCListener) Addr() netip.AddrPort { return l.ln.Addr().(*net.TCPAddr).A
 
 func (l *RCListener) acceptLoop() {
 	defer l.wg.Done()
+	var backoff time.Duration
 	for {
 		c, err := l.ln.AcceptTCP()
 		if err != nil {
-			return
-		}
-		select {
-		case l.slots <- struct{}{}:
-		default:
-			l.dev.stats.RCBadRequests.Add(1) // too many half-open: refuse this one
-			c.Close()
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// EMFILE, ENFILE, ENOBUFS, a connection aborted before it was
+			// taken: wait a little and go on, as net/http's Serve does.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			select {
+			case <-l.done:
+				return
+			case <-time.After(backoff):
+			}
 			continue
 		}
+		backoff = 0
+		h := l.admit(c)
+		if h == nil {
+			return // closed meanwhile
+		}
 		l.wg.Add(1)
-		go func() { // bounded by the MPA timeout; ends with the request queued or refused
-			defer func() { <-l.slots }()
-			l.handshake(c)
-		}()
+		go l.handshake(h) // ends with the request queued or refused, by the deadline or when shed
 	}
 }
 
-// handshake reads an MPA Request (within 5 s) and queues it.
-func (l *RCListener) handshake(c *net.TCPConn) {
+// admit enters c among the exchanges in progress, shedding the oldest
+// of its source's, or of all, when that is full. It returns nil when the
+// listener has closed (c is closed).
+func (l *RCListener) admit(c *net.TCPConn) *handshake {
+	h := &handshake{c: c, shed: make(chan struct{})}
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		h.src = a.AddrPort().Addr().Unmap()
+	}
+	l.hsMu.Lock()
+	defer l.hsMu.Unlock()
+	if l.hsDone {
+		c.Close()
+		return nil
+	}
+	if l.hsBy[h.src] >= l.limits.perAddr {
+		for e := l.hs.Front(); e != nil; e = e.Next() {
+			if o := e.Value.(*handshake); o.src == h.src {
+				l.shedLocked(o)
+				break
+			}
+		}
+	}
+	if l.hs.Len() >= l.limits.total {
+		l.shedLocked(l.hs.Front().Value.(*handshake))
+	}
+	h.elem = l.hs.PushBack(h)
+	l.hsBy[h.src]++
+	return h
+}
+
+// leaveLocked takes h off the exchanges in progress; false if it was
+// not on them (shed, or the listener closed).
+func (l *RCListener) leaveLocked(h *handshake) bool {
+	if h.elem == nil {
+		return false
+	}
+	l.hs.Remove(h.elem)
+	h.elem = nil
+	if l.hsBy[h.src]--; l.hsBy[h.src] <= 0 {
+		delete(l.hsBy, h.src)
+	}
+	return true
+}
+
+// shedLocked ends h's exchange: its connection closes, so its read
+// fails, and its wait for the queue ends.
+func (l *RCListener) shedLocked(h *handshake) {
+	if l.leaveLocked(h) {
+		close(h.shed)
+		h.c.Close()
+		l.dev.stats.RCHandshakesShed.Add(1)
+	}
+}
+
+// leave takes h off the exchanges in progress: false when it was shed.
+func (l *RCListener) leave(h *handshake) bool {
+	l.hsMu.Lock()
+	defer l.hsMu.Unlock()
+	return l.leaveLocked(h)
+}
+
+// handshake reads an MPA Request (within the limits' timeout) and
+// queues it.
+func (l *RCListener) handshake(h *handshake) {
 	defer l.wg.Done()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
+	c := h.c
+	c.SetDeadline(time.Now().Add(l.limits.timeout))
 	m, early, err := readMPAFrame(c)
 	if err != nil || m.Reply() {
+		if !l.leave(h) {
+			return // shed: closed already
+		}
 		// A bogus MPA Request: RFC 5044 §7.1 has the responder close; a
 		// Reply with R set tells a confused initiator why.
 		if err != nil && !errors.Is(err, unix.ECONNRESET) {
@@ -287,6 +398,7 @@ func (l *RCListener) handshake(c *net.TCPConn) {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
+		l.leave(h)
 		c.Close()
 		return
 	}
@@ -294,7 +406,15 @@ func (l *RCListener) handshake(c *net.TCPConn) {
 	l.mu.Unlock()
 	select {
 	case l.reqs <- r:
+		if !l.leave(h) {
+			// Shed as it was queued: its connection is closed, and Accept
+			// fails on it.
+			return
+		}
+	case <-h.shed:
+		r.drop()
 	case <-l.done:
+		l.leave(h)
 		r.drop()
 	}
 }
@@ -323,6 +443,15 @@ func (l *RCListener) Close() error {
 		}
 		clear(l.open)
 		l.mu.Unlock()
+		l.hsMu.Lock() // the exchanges in progress end now, not at their deadlines
+		l.hsDone = true
+		for l.hs.Len() > 0 {
+			h := l.hs.Front().Value.(*handshake)
+			l.leaveLocked(h)
+			close(h.shed)
+			h.c.Close()
+		}
+		l.hsMu.Unlock()
 	})
 	l.wg.Wait()
 	return nil

@@ -2,7 +2,11 @@ package qp
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
+	"net/netip"
+	"os"
 	"runtime"
 	"testing"
 	"time"
@@ -104,9 +108,14 @@ type rcServer struct {
 }
 
 func newRCServer(t *testing.T, cfg RCConfig) *rcServer {
+	return newRCServerWith(t, cfg, func(d *Device) (*RCListener, error) { return d.ListenRC("127.0.0.1:0") })
+}
+
+// newRCServerWith is newRCServer with the listener listen makes.
+func newRCServerWith(t *testing.T, cfg RCConfig, listen func(*Device) (*RCListener, error)) *rcServer {
 	s := &rcServer{rcSide: newRCSide(t, DeviceConfig{}), qps: make(chan *QP, 16)}
 	var err error
-	if s.l, err = s.dev.ListenRC("127.0.0.1:0"); err != nil {
+	if s.l, err = listen(s.dev); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.l.Close() })
@@ -279,36 +288,143 @@ func TestRCInboundTerminate(t *testing.T) {
 	t.Fatal("no remote-error event with the Terminate's code")
 }
 
-// TestRCHandshakeFlood opens more TCP connections than the listener
-// takes MPA exchanges for, sends nothing on them, and checks that a real
-// initiator still gets through once the silent ones are refused or time
-// out, and that they cost a bounded number of goroutines.
-func TestRCHandshakeFlood(t *testing.T) {
-	srv := newRCServer(t, RCConfig{})
-	var conns []net.Conn
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
-	before := runtime.NumGoroutine()
-	for range 3 * maxHandshakes {
-		c, err := net.Dial("tcp", srv.l.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns = append(conns, c)
-	}
-	eventually(t, "the surplus refused", func() bool { return srv.dev.Stats().RCBadRequests.Load() >= 2*maxHandshakes })
-	if g := runtime.NumGoroutine() - before; g > maxHandshakes+8 {
-		t.Fatalf("%d goroutines for %d silent connections", g, len(conns))
-	}
-	for _, c := range conns { // the silent ones give up
-		c.Close()
-	}
-	good := newRCSide(t, DeviceConfig{})
-	if _, err := good.q.Connect(context.Background(), srv.l.Addr().String(), RCConfig{}); err != nil {
+// floodListener listens on 127.0.0.1 with the default bounds but an
+// exchange deadline of 10 minutes: what ends a silent connection's
+// exchange in these tests is shedding, never its deadline.
+func floodListener(d *Device) (*RCListener, error) {
+	return d.listenRC("127.0.0.1:0", handshakeLimits{total: maxHandshakes, perAddr: maxHandshakesPerAddr, timeout: 10 * time.Minute})
+}
+
+// dialFrom opens a TCP connection to addr from the local address src
+// (any 127.x.y.z is this host's), closed when the test ends.
+func dialFrom(t *testing.T, src, addr string) *net.TCPConn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 30 * time.Second}
+	c, err := d.Dial("tcp4", addr)
+	if err != nil {
 		t.Fatal(err)
 	}
-	srv.next(t)
+	t.Cleanup(func() { c.Close() })
+	return c.(*net.TCPConn)
+}
+
+// held reports the exchanges l has in progress: in all, and from src.
+func held(l *RCListener, src string) (all, from int) {
+	l.hsMu.Lock()
+	defer l.hsMu.Unlock()
+	return l.hs.Len(), l.hsBy[netip.MustParseAddr(src)]
+}
+
+// TestRCHandshakeFlood: silent TCP connections from many sources, more
+// than the listener takes exchanges for (issue 30, item 4: 64 of them
+// used to refuse every later initiator for 5 s), shed the oldest
+// exchanges, never the newest: a real initiator from another source
+// then connects and moves a Send, the listener holds at most its bound
+// of exchanges and each source at most its own, the oldest silent
+// connections are closed, and they cost a bounded number of goroutines.
+func TestRCHandshakeFlood(t *testing.T) {
+	srv := newRCServerWith(t, RCConfig{}, floodListener)
+	addr := srv.l.Addr().String()
+	before := runtime.NumGoroutine()
+	var conns []*net.TCPConn
+	sources := maxHandshakes/maxHandshakesPerAddr + 2
+	for i := range sources {
+		for range maxHandshakesPerAddr {
+			conns = append(conns, dialFrom(t, fmt.Sprintf("127.0.1.%d", 1+i), addr))
+		}
+	}
+	// The real initiator comes after all of them (the kernel queues
+	// connections for accept in order).
+	good := newRCSide(t, DeviceConfig{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := good.q.Connect(ctx, addr, RCConfig{}); err != nil {
+		t.Fatalf("a real initiator after %d silent connections: %v", len(conns), err)
+	}
+	gq := srv.next(t)
+	if err := good.q.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("through")}); err != nil {
+		t.Fatal(err)
+	}
+	wcs := make([]WorkCompletion, 16)
+	for end := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+		n := srv.cq.Poll(wcs)
+		if n > 0 && wcs[0].QPN == gq.QPN() {
+			if wcs[0].Status != Success || string(srv.buf[:wcs[0].Len]) != "through" {
+				t.Fatalf("the real initiator's Send: %+v %q", wcs[0], srv.buf[:wcs[0].Len])
+			}
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the real initiator's Send did not arrive")
+		}
+	}
+	// Every silent connection was accepted and either holds an exchange
+	// or was shed; the real initiator's exchange shed one more and ended.
+	shed := len(conns) + 1 - maxHandshakes
+	eventually(t, "the oldest shed", func() bool { return srv.dev.Stats().RCHandshakesShed.Load() == uint64(shed) })
+	all, _ := held(srv.l, "127.0.1.1")
+	if all != maxHandshakes-1 {
+		t.Fatalf("%d exchanges in progress, want %d", all, maxHandshakes-1)
+	}
+	for i := range sources {
+		if _, from := held(srv.l, fmt.Sprintf("127.0.1.%d", 1+i)); from > maxHandshakesPerAddr {
+			t.Fatalf("source %d holds %d exchanges", i, from)
+		}
+	}
+	for i, c := range conns[:shed] { // the oldest: closed by the listener
+		c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		if n, err := c.Read(make([]byte, 64)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("silent connection %d (of the %d oldest) not closed: %d bytes, %v", i, shed, n, err)
+		}
+	}
+	// Shed exchanges leave no goroutine behind.
+	eventually(t, "goroutines bounded", func() bool { return runtime.NumGoroutine()-before <= maxHandshakes+16 })
+}
+
+// TestRCHandshakesPerSource: one source's silent connections never hold
+// more than maxHandshakesPerAddr exchanges: each one past it sheds that
+// source's oldest (issue 30, item 4), while another source's are kept.
+func TestRCHandshakesPerSource(t *testing.T) {
+	srv := newRCServerWith(t, RCConfig{}, floodListener)
+	addr := srv.l.Addr().String()
+	other := dialFrom(t, "127.0.2.2", addr)
+	eventually(t, "the other source's exchange", func() bool { _, n := held(srv.l, "127.0.2.2"); return n == 1 })
+	var conns []*net.TCPConn
+	for range 3 * maxHandshakesPerAddr {
+		conns = append(conns, dialFrom(t, "127.0.2.1", addr))
+	}
+	shed := len(conns) - maxHandshakesPerAddr
+	eventually(t, "the source's oldest shed", func() bool {
+		all, from := held(srv.l, "127.0.2.1")
+		return srv.dev.Stats().RCHandshakesShed.Load() == uint64(shed) && from == maxHandshakesPerAddr && all == from+1
+	})
+	// The exchanges kept are the source's newest.
+	srv.l.hsMu.Lock()
+	kept := map[netip.AddrPort]bool{}
+	for e := srv.l.hs.Front(); e != nil; e = e.Next() {
+		kept[e.Value.(*handshake).c.RemoteAddr().(*net.TCPAddr).AddrPort()] = true
+	}
+	srv.l.hsMu.Unlock()
+	for i, c := range conns {
+		if want := i >= shed; kept[c.LocalAddr().(*net.TCPAddr).AddrPort()] != want {
+			t.Fatalf("connection %d of %d: kept %v, want %v", i, len(conns), !want, want)
+		}
+	}
+	if !kept[other.LocalAddr().(*net.TCPAddr).AddrPort()] {
+		t.Fatal("another source's exchange was shed")
+	}
+	for i, c := range conns[:shed] {
+		c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		if n, err := c.Read(make([]byte, 64)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("shed connection %d not closed: %d bytes, %v", i, n, err)
+		}
+	}
+	// Close ends the exchanges in progress at once, not at their deadline.
+	done := make(chan struct{})
+	go func() { srv.l.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close waited for the exchanges in progress")
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/udiwarp/udiwarp/udiwarp"
 	"golang.org/x/sys/unix"
 )
 
@@ -49,16 +50,19 @@ func (q *QP) ConnectFD(fd int, cfg RCConfig) ([]byte, error) {
 
 // AcceptFD runs the responder's side of MPA's exchange on fd, a TCP
 // socket the caller accepted and keeps: it waits at most cfg.Timeout for
-// the peer's MPA Request, answers it with a Reply carrying cfg's private
-// data, and attaches fd to q, an RC QP in INIT, which moves to RTS. It
-// returns the initiator's private data. When the peer's first bytes are
-// not an MPA Request, it returns ErrNotMPA having read nothing.
+// the peer's whole MPA Request, answers it with a Reply carrying cfg's
+// private data, and attaches fd to q, an RC QP in INIT, which moves to
+// RTS. It returns the initiator's private data. When the peer's first
+// bytes are not an MPA Request, it returns ErrNotMPA having read nothing.
+// On a non-blocking descriptor (O_NONBLOCK) it never waits for the
+// peer: a Request not all there yet is ErrMPAIncomplete, with nothing
+// read and q unchanged (MPARequestNeed says what is missing).
 func (q *QP) AcceptFD(fd int, cfg RCConfig) ([]byte, error) {
 	if err := q.checkFD(&cfg); err != nil {
 		return nil, err
 	}
 	s := fdStream{fd: fd, deadline: time.Now().Add(cfg.Timeout)}
-	if err := s.peekKey(); err != nil {
+	if err := s.awaitRequest(); err != nil {
 		return nil, err
 	}
 	req, early, err := readMPAFrame(s)
@@ -76,6 +80,41 @@ func (q *QP) AcceptFD(fd int, cfg RCConfig) ([]byte, error) {
 		return nil, err
 	}
 	return append([]byte(nil), req.PrivateData()...), nil
+}
+
+// ErrMPAIncomplete is AcceptFD's error on a non-blocking descriptor
+// whose peer has not sent its whole MPA Request yet (it is EAGAIN).
+var ErrMPAIncomplete = fmt.Errorf("qp: the MPA Request has not all arrived: %w", unix.EAGAIN)
+
+// MPARequestNeed looks at what waits on fd, a TCP socket the caller
+// accepted, reading nothing and never waiting (MSG_PEEK): 0 when a whole
+// MPA Request is there (AcceptFD takes it at once), else how many bytes
+// the Request needs in all, from the stream's start — at least 20, the
+// header's; with SO_RCVLOWAT at that, the socket polls readable when
+// they are there or the peer has ended. ErrNotMPA: the bytes there are
+// not an MPA Request; io.EOF: the peer ended before sending any; an
+// error of package udiwarp: a Request that is bogus (a Reply's key, a
+// revision or private data length no Request has).
+func MPARequestNeed(fd int) (int, error) {
+	var b [udiwarp.MPAFrameHeaderSize + udiwarp.MaxMPAPrivateData]byte
+	for {
+		n, _, err := unix.Recvfrom(fd, b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			n = 0
+		case err != nil:
+			return 0, err
+		case n == 0:
+			return 0, io.EOF
+		}
+		if k := min(n, len(mpaRequestKey)); string(b[:k]) != mpaRequestKey[:k] {
+			return 0, ErrNotMPA
+		}
+		_, _, need, err := udiwarp.ParseMPAFrame(b[:n])
+		return need, err
+	}
 }
 
 func (q *QP) checkFD(cfg *RCConfig) error {
@@ -212,37 +251,64 @@ func (s fdStream) Write(b []byte) (int, error) {
 	return done, nil
 }
 
-// peekKey waits for the first 16 bytes of the stream and checks that
-// they begin an MPA Request, reading nothing (MSG_PEEK).
-func (s fdStream) peekKey() error {
-	var key [len(mpaRequestKey)]byte
+// awaitRequest waits until a whole MPA Request is on the socket,
+// reading nothing: with SO_RCVLOWAT at what it needs, poll wakes when
+// all of it is there (or the peer ended), not at every byte. On a
+// non-blocking descriptor it does not wait (ErrMPAIncomplete).
+func (s fdStream) awaitRequest() error {
+	fl, err := unix.FcntlInt(uintptr(s.fd), unix.F_GETFL, 0)
+	if err != nil {
+		return err
+	}
+	lowat := -1 // the socket's own, while ours is set
+	defer func() {
+		if lowat >= 0 {
+			unix.SetsockoptInt(s.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, lowat)
+		}
+	}()
 	for {
-		n, _, err := unix.Recvfrom(s.fd, key[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		switch {
-		case err == unix.EAGAIN:
-			if err := s.wait(unix.POLLIN); err != nil {
+		need, err := MPARequestNeed(s.fd)
+		if err != nil || need == 0 {
+			return err
+		}
+		if fl&unix.O_NONBLOCK != 0 {
+			return ErrMPAIncomplete
+		}
+		if lowat < 0 {
+			if lowat, err = unix.GetsockoptInt(s.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT); err != nil {
 				return err
 			}
-			continue
-		case err == unix.EINTR:
-			continue
-		case err != nil:
+		}
+		if err := unix.SetsockoptInt(s.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, need); err != nil {
 			return err
-		case n == 0:
-			return io.EOF
 		}
-		if string(key[:n]) != mpaRequestKey[:n] {
-			return ErrNotMPA
+		ended, err := s.waitIn()
+		if err != nil {
+			return err
 		}
-		if n == len(key) {
-			return nil
+		if ended {
+			if need, err := MPARequestNeed(s.fd); err != nil || need == 0 {
+				return err
+			}
+			return fmt.Errorf("qp: reading the MPA Request: %w", io.ErrUnexpectedEOF)
 		}
-		// Part of the key: poll would report the socket readable at once,
-		// so wait a little for the rest.
-		if time.Now().After(s.deadline) {
-			return os.ErrDeadlineExceeded
+	}
+}
+
+// waitIn waits until the socket is readable (as its SO_RCVLOWAT says) or
+// the peer has ended its side (ended).
+func (s fdStream) waitIn() (ended bool, err error) {
+	for {
+		left := time.Until(s.deadline)
+		if left <= 0 {
+			return false, os.ErrDeadlineExceeded
 		}
-		time.Sleep(200 * time.Microsecond)
+		p := []unix.PollFd{{Fd: int32(s.fd), Events: unix.POLLIN | unix.POLLRDHUP}}
+		_, err := unix.Poll(p, int(left/time.Millisecond)+1)
+		if err == unix.EINTR {
+			continue
+		}
+		return p[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR) != 0, err
 	}
 }
 

@@ -3,9 +3,12 @@ package qp
 import (
 	"bytes"
 	"errors"
+	"io"
+	"os"
 	"testing"
 	"time"
 
+	"github.com/udiwarp/udiwarp/udiwarp"
 	"golang.org/x/sys/unix"
 )
 
@@ -209,5 +212,120 @@ func TestRCOnDescriptorNotMPA(t *testing.T) {
 	}
 	if _, err := b.q.Connect(t.Context(), "127.0.0.1:1", RCConfig{WaitForRecv: true}); !errors.Is(err, ErrInvalidAttr) {
 		t.Fatalf("Connect with WaitForRecv: %v", err)
+	}
+}
+
+// acceptFDWithin runs AcceptFD and fails the test if it has not returned
+// within 30 s: a descriptor that must not wait is given an exchange
+// timeout of 10 minutes, so an AcceptFD that waits is caught by this,
+// not by a clock race.
+func acceptFDWithin(t *testing.T, q *QP, fd int, cfg RCConfig) ([]byte, error) {
+	t.Helper()
+	type res struct {
+		pd  []byte
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() { pd, err := q.AcceptFD(fd, cfg); ch <- res{pd, err} }()
+	select {
+	case r := <-ch:
+		return r.pd, r.err
+	case <-time.After(30 * time.Second):
+		t.Fatal("AcceptFD waited on its peer (30 s of a 10 minute exchange timeout)")
+	}
+	return nil, nil
+}
+
+// On a non-blocking descriptor AcceptFD never waits for its peer (issue
+// 30, item 3: a peer that sent the 16-byte key and stopped held it for
+// the exchange's timeout): part of the key, the key, the header without
+// its private data are each ErrMPAIncomplete (EAGAIN) at once, with
+// nothing read, MPARequestNeed saying what the Request needs in all; the
+// rest arriving, AcceptFD answers it. On a blocking one it waits, and a
+// peer that ends its side mid-Request fails it at once, not at the
+// timeout.
+func TestAcceptFDNonBlocking(t *testing.T) {
+	const forever = 10 * time.Minute
+	pd := []byte("private data of the request")
+	req, err := udiwarp.AppendMPAFrame(nil, &udiwarp.MPAFrameFields{Revision: udiwarp.MPARevision2, Enhanced: true, CRC: true,
+		IRDORD: udiwarp.IRDORD{PeerToPeer: true, WriteRTR: true, IRD: 4, ORD: 4}, PrivateData: pd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := len(req)
+	b := newRCSide(t, DeviceConfig{})
+	ca, cb := tcpFDs(t)
+	if err := unix.SetNonblock(cb, true); err != nil {
+		t.Fatal(err)
+	}
+	sent := 0
+	for _, upto := range []int{1, 9, 16, 18, 20, total - 1} {
+		if _, err := unix.Write(ca, req[sent:upto]); err != nil {
+			t.Fatal(err)
+		}
+		sent = upto
+		// What the peer sent is all there before AcceptFD looks.
+		eventually(t, "the bytes queued", func() bool {
+			n, _, _ := unix.Recvfrom(cb, make([]byte, 1024), unix.MSG_PEEK|unix.MSG_DONTWAIT)
+			return n == sent
+		})
+		if _, err := acceptFDWithin(t, b.q, cb, RCConfig{Timeout: forever}); !errors.Is(err, ErrMPAIncomplete) || !errors.Is(err, unix.EAGAIN) {
+			t.Fatalf("%d of %d bytes: AcceptFD %v, want ErrMPAIncomplete", sent, total, err)
+		}
+		want := udiwarp.MPAFrameHeaderSize
+		if sent >= udiwarp.MPAFrameHeaderSize {
+			want = total
+		}
+		if need, err := MPARequestNeed(cb); need != want || err != nil {
+			t.Fatalf("%d of %d bytes: MPARequestNeed %d, %v; want %d", sent, total, need, err, want)
+		}
+		if b.q.State() != StateInit {
+			t.Fatalf("the QP is in %v", b.q.State())
+		}
+	}
+	if _, err := unix.Write(ca, req[sent:]); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the whole Request", func() bool { n, _ := MPARequestNeed(cb); return n == 0 })
+	got, err := acceptFDWithin(t, b.q, cb, RCConfig{Timeout: forever})
+	if err != nil || !bytes.Equal(got, pd) {
+		t.Fatalf("AcceptFD of the whole Request: %q, %v", got, err)
+	}
+	unix.SetNonblock(ca, false)
+	unix.SetsockoptTimeval(ca, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 30})
+	rep := make([]byte, 1024)
+	n, err := unix.Read(ca, rep)
+	if err != nil || n < udiwarp.MPAFrameHeaderSize || string(rep[:16]) != "MPA ID Rep Frame" {
+		t.Fatalf("the Reply: %q, %v", rep[:max(n, 0)], err)
+	}
+
+	// Blocking: a peer that sends the key and ends fails AcceptFD at once.
+	c := newRCSide(t, DeviceConfig{})
+	ca, cb = tcpFDs(t)
+	unix.Write(ca, req[:16])
+	unix.Shutdown(ca, unix.SHUT_WR)
+	if _, err := acceptFDWithin(t, c.q, cb, RCConfig{Timeout: forever}); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("a Request cut short by the peer's end: %v", err)
+	}
+	// Blocking, the peer silent after part of its Request: the timeout.
+	ca, cb = tcpFDs(t)
+	unix.Write(ca, req[:20])
+	if _, err := acceptFDWithin(t, c.q, cb, RCConfig{Timeout: 50 * time.Millisecond}); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a Request that stopped: %v", err)
+	}
+	if lo, err := unix.GetsockoptInt(cb, unix.SOL_SOCKET, unix.SO_RCVLOWAT); lo != 1 || err != nil {
+		t.Fatalf("SO_RCVLOWAT left at %d, %v", lo, err)
+	}
+	// A key followed by a header no Request has fails at once, blocking.
+	ca, cb = tcpFDs(t)
+	bogus := append([]byte(nil), req[:20]...)
+	bogus[18], bogus[19] = 0xff, 0xff // PD_Length 65535
+	unix.Write(ca, bogus)
+	eventually(t, "the bogus header queued", func() bool {
+		n, _, _ := unix.Recvfrom(cb, make([]byte, 64), unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		return n == 20
+	})
+	if _, err := acceptFDWithin(t, c.q, cb, RCConfig{Timeout: forever}); err == nil || errors.Is(err, ErrMPAIncomplete) {
+		t.Fatalf("a bogus header: %v", err)
 	}
 }

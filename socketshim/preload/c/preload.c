@@ -130,17 +130,25 @@ static void (*e_counter)(int *);
 // does not look at every descriptor for data the engine holds.
 static int holding;
 static long long (*e_group)(long long, int, int, const void *, int);
-static long long (*e_stream_open)(int, int, int *);
+static long long (*e_stream_open)(int, int, int *, int *);
 static long long (*e_stream_send)(long long, void *, int, long long);
 static int (*e_shutdown)(long long, int);
 static void (*e_stream_plain)(void);
+static void (*e_stream_refused)(void);
 // UDIWARP_PRELOAD_TCP=rc: TCP sockets too, over RC.
 static int tcp_rc;
-// first_wait_ns: how long a write to an accepted stream whose peer has
-// not spoken waits for its first bytes (a preloaded peer's MPA Request
-// follows its connect at once; a plain one may wait for us to speak):
-// UDIWARP_PRELOAD_TCP_WAIT, at most 1 s.
+// first_wait_ns: how long, from its accept, a write to an accepted stream
+// whose peer has not spoken waits for its first bytes (a preloaded
+// peer's MPA Request follows its connect at once; a plain one may wait
+// for us to speak): UDIWARP_PRELOAD_TCP_WAIT, at most 1 s.
 static long long first_wait_ns = 1000000000LL;
+// hs_wait_ns: how long, from its accept, a peer that began an MPA
+// Request has to finish it: UDIWARP_PRELOAD_TCP_WAIT (default 5 s).
+static long long hs_wait_ns = 5000000000LL;
+// undecided_n counts the accepted streams still undecided (a wait looks
+// for them only while there are some); watch_n those an epoll wait must
+// look after itself (see "streams").
+static atomic_int undecided_n, watch_n;
 
 
 // ---- descriptors -----------------------------------------------------------
@@ -173,11 +181,22 @@ struct usock {
 	// which only the parent's engine can carry.
 	int stream;
 	atomic_int dead, forked;
-	// undecided: an accepted stream whose peer has not spoken yet. Its
-	// first bytes say what it is (an MPA Request: RC; anything else: the
-	// kernel's), and they are looked at when the program first reads,
-	// writes or shuts it down, so that accept never waits on a peer.
+	// undecided: an accepted stream whose peer has not spoken yet, or
+	// has sent part of an MPA Request. Its first bytes say what it is (a
+	// whole MPA Request: RC; anything else: the kernel's), and they are
+	// looked at when the program reads, writes, polls or shuts it down,
+	// never waiting unless the program's call would (see "streams").
+	// hs_dl: the end of the wait for a Request the peer has begun, and
+	// first_dl of a write's wait for the peer's first bytes (both from
+	// the accept, fixed). lowat: the SO_RCVLOWAT set while part of a
+	// Request is there (0: none set), lowat0 the socket's own, restored
+	// when it is decided. watch: counted in watch_n. ep_mod: the epoll
+	// set (+ 1) whose registration of ep_fd a wait changed (EPOLLOUT held
+	// back, EPOLLIN asked), restored when it is decided.
 	atomic_int undecided;
+	long long hs_dl, first_dl;
+	atomic_int lowat, watch, ep_mod;
+	int lowat0, ep_fd;
 	// pending is set by the engine (atomically, in this memory): 1 while
 	// datagrams for the program wait in it, which the kernel's readiness
 	// of the descriptor does not show (see "readiness").
@@ -299,6 +318,7 @@ static void load(void) {
 	e_stream_send = dlsym(h, "udw_stream_send");
 	e_shutdown = dlsym(h, "udw_shutdown");
 	e_stream_plain = dlsym(h, "udw_stream_plain");
+	e_stream_refused = dlsym(h, "udw_stream_refused");
 	e_counter = dlsym(h, "udw_pending_counter");
 	if (e_counter) e_counter(&holding);
 	if (!e_stream_open || !e_stream_send || !e_shutdown) tcp_rc = 0;
@@ -361,6 +381,7 @@ __attribute__((constructor)) static void init(void) {
 	tcp_rc = t && !strcmp(t, "rc");
 	const char *w = getenv("UDIWARP_PRELOAD_TCP_WAIT");
 	if (w && atoll(w) > 0 && atoll(w) < 1000) first_wait_ns = atoll(w) * 1000000LL;
+	if (w && atoll(w) > 0) hs_wait_ns = atoll(w) * 1000000LL;
 	pthread_atfork(NULL, NULL, atfork_child);
 }
 
@@ -424,6 +445,8 @@ EXPORT sighandler_t sigset(int sig, sighandler_t h) { return variant(REAL(sigset
 // ---- socket lifetime ---------------------------------------------------
 
 static int sconnect(struct usock *u, int fd, const struct sockaddr *addr, socklen_t len);
+static void rewatch(struct usock *u, int fd);
+static int settle(struct usock *u, int fd, int how, long long *wake);
 static ssize_t srecv(struct usock *u, int fd, struct msghdr *m, int flags);
 static ssize_t ssend(struct usock *u, int fd, const struct msghdr *m, int flags);
 
@@ -448,6 +471,14 @@ static int another(struct usock *u, int fd) {
 static void forget(struct usock *u, int fd) {
 	if (atomic_fetch_sub(&u->fds, 1) == 1) {
 		atomic_store(&u->closing, 1);
+		if (u->stream) { // closed undecided: no wait looks for it now
+			pthread_mutex_lock(&u->mu);
+			atomic_store(&u->lowat, 0);
+			atomic_store(&u->ep_mod, 0);
+			if (atomic_exchange(&u->undecided, 0)) atomic_fetch_sub(&undecided_n, 1);
+			rewatch(u, -1);
+			pthread_mutex_unlock(&u->mu);
+		}
 		detach(u);
 		return;
 	}
@@ -697,7 +728,10 @@ EXPORT int ioctl(int fd, unsigned long req, ...) {
 	struct usock *u = enter(fd);
 	if (!u) return REAL(ioctl)(fd, req, arg);
 	int r;
-	if (req == FIONREAD && !atomic_load(&u->kmode) && atomic_load(&u->h) > 0) {
+	if (req == FIONREAD && u->stream && atomic_load(&u->undecided) && settle(u, fd, 0, NULL) < 0) {
+		*(int *)arg = 0; // part of an MPA Request is nothing to read
+		r = 0;
+	} else if (req == FIONREAD && !atomic_load(&u->kmode) && atomic_load(&u->h) > 0) {
 		long long h = atomic_load(&u->h);
 		long long n = h > 0 ? e_next_len(h) : 0;
 		if (n < 0) {
@@ -819,6 +853,18 @@ EXPORT int setsockopt(int fd, int lvl, int name, const void *v, socklen_t l) {
 		leave(u);
 		errno = e;
 		return r;
+	}
+	if (u->stream && lvl == SOL_SOCKET && name == SO_RCVLOWAT && v && l >= sizeof(int)) {
+		// While part of an MPA Request is there the socket's SO_RCVLOWAT
+		// is the exchange's: the program's is kept for when it is decided.
+		pthread_mutex_lock(&u->mu);
+		int held = atomic_load(&u->lowat) != 0;
+		if (held) u->lowat0 = *(const int *)v;
+		pthread_mutex_unlock(&u->mu);
+		if (held) {
+			leave(u);
+			return 0;
+		}
 	}
 	int r = REAL(setsockopt)(fd, lvl, name, v, l);
 	if (r == 0 && lvl == SOL_SOCKET && name == SO_RCVTIMEO) u->rcvtimeo = tv_ns(v, l);
@@ -1023,7 +1069,8 @@ static int sconnect(struct usock *u, int fd, const struct sockaddr *addr, sockle
 			return -1;
 		}
 	}
-	long long h = e_stream_open(fd, 1, &u->pending);
+	int need = 0;
+	long long h = e_stream_open(fd, 1, &u->pending, &need);
 	if (h > 0) {
 		adopt_stream(u, fd, h);
 		return 0;
@@ -1037,56 +1084,169 @@ static int sconnect(struct usock *u, int fd, const struct sockaddr *addr, sockle
 // first_bytes says what waits first on an accepted stream: 1 an MPA
 // Request's key, 0 anything else (or the end, or an error: the kernel's
 // to report), -1 nothing yet, -2 part of the key.
+static const char mpa_key[] = "MPA ID Req Frame";
+#define MPA_KEY_LEN 16
+
 static int first_bytes(int fd) {
-	static const char key[] = "MPA ID Req Frame";
-	char b[16];
+	char b[MPA_KEY_LEN];
 	ssize_t n = REAL(recvfrom)(fd, b, sizeof b, MSG_PEEK | MSG_DONTWAIT, NULL, NULL);
 	if (n < 0) return errno == EAGAIN || errno == EINTR ? -1 : 0;
-	if (n == 0 || memcmp(b, key, (size_t)n) != 0) return 0;
-	return n == 16 ? 1 : -2;
+	if (n == 0 || memcmp(b, mpa_key, (size_t)n) != 0) return 0;
+	return n == MPA_KEY_LEN ? 1 : -2;
 }
 
-// decide settles an undecided accepted stream by its first bytes, waiting
-// for them at most wait_ns: RC when they are an MPA Request (the engine
-// runs the responder's side), the kernel's when they are anything else,
-// or, with give_up, when they do not come in time (a plain client that
-// waits for us to speak). It returns -1 when nothing has come yet and
-// the stream stays undecided; 0 once settled.
+// peer_ended reports whether the peer has ended its side (or the
+// connection failed): what it sent is all it will send.
+static int peer_ended(int fd) {
+	struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+	return REAL(poll)(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+// An undecided stream's waits. A read finds nothing before the stream
+// is decided, so while part of an MPA Request is there the socket's
+// SO_RCVLOWAT is what the Request needs in all: the kernel then calls it
+// readable (poll, select, epoll, a blocking read's wait) when the rest is
+// there, or the peer ended, and not at every byte. A write waits for
+// the peer's first bytes; the waits of poll, select and epoll hold its
+// POLLOUT back meanwhile, and ask the kernel for POLLIN instead. Each
+// wait ends, whatever the program's timeout, at the time the stream
+// would be decided without more from its peer (due).
+
+// rewatch counts u in watch_n while an epoll wait must look after it:
+// part of a Request is there (its time to give up comes), or the program
+// registered fd for EPOLLOUT.
+static void rewatch(struct usock *u, int fd) {
+	int v = atomic_load(&u->undecided) &&
+	        (atomic_load(&u->lowat) || (fd >= 0 && fd < MAXFD && atomic_load(&reg_ep[fd]) && (reg_ev[fd] & EPOLLOUT)));
+	if (atomic_exchange(&u->watch, v) != v) atomic_fetch_add(&watch_n, v ? 1 : -1);
+}
+
+static void set_lowat(struct usock *u, int fd, int need) {
+	if (atomic_load(&u->lowat) == need) return;
+	if (!atomic_load(&u->lowat)) {
+		socklen_t l = sizeof u->lowat0;
+		if (REAL(getsockopt)(fd, SOL_SOCKET, SO_RCVLOWAT, &u->lowat0, &l) != 0) u->lowat0 = 1;
+	}
+	if (REAL(setsockopt)(fd, SOL_SOCKET, SO_RCVLOWAT, &need, sizeof need) == 0) atomic_store(&u->lowat, need);
+}
+
+// decided ends u's undecided state, under u->mu: the socket's own
+// SO_RCVLOWAT and epoll registration come back (lowering SO_RCVLOWAT,
+// and the registration, wake the program's waits for what is there).
+static void decided(struct usock *u, int fd) {
+	if (atomic_exchange(&u->lowat, 0) && fd >= 0) REAL(setsockopt)(fd, SOL_SOCKET, SO_RCVLOWAT, &u->lowat0, sizeof u->lowat0);
+	int ep = atomic_exchange(&u->ep_mod, 0);
+	if (ep && atomic_load(&reg_ep[u->ep_fd]) == ep) {
+		struct epoll_event ev = {.events = reg_ev[u->ep_fd], .data.u64 = reg_data[u->ep_fd]};
+		REAL(epoll_ctl)(ep - 1, EPOLL_CTL_MOD, u->ep_fd, &ev);
+	}
+	if (atomic_exchange(&u->undecided, 0)) atomic_fetch_sub(&undecided_n, 1);
+	rewatch(u, fd);
+}
+
+// due is when u would be decided without more from its peer (ns, -1
+// never): hs_dl while part of a Request is there, else first_dl for a
+// write, else never (a silent peer of a reading program is left alone).
+static long long due(struct usock *u, int writing) {
+	if (atomic_load(&u->lowat)) return u->hs_dl;
+	return writing ? u->first_dl : -1;
+}
+
+enum { S_READ, S_WRITE, S_NOW };
+
+// settle decides an undecided accepted stream if its peer's bytes, or
+// the time, allow, never waiting: RC when they are a whole MPA Request
+// (the engine answers it at once), the kernel's when they are anything
+// else, or when the peer is silent past first_dl and the program writes
+// (a plain client waiting for us to speak), or has sent part of the key
+// and stopped past hs_dl, or ended; shut down (dead) when a Request
+// begun is not finished by hs_dl, or is bogus. how: S_READ, S_WRITE, or
+// S_NOW (shutdown: decide now, as if every wait were over). It returns
+// 0 once decided; -1 while undecided, with *wake (if not NULL) the time
+// due says.
 // In a forked child, with no engine, an MPA Request makes the stream one
 // the child cannot carry.
-static int decide(struct usock *u, int fd, long long wait_ns, int give_up) {
+static int settle(struct usock *u, int fd, int how, long long *wake) {
+	if (wake) *wake = -1;
 	if (!atomic_load(&u->undecided)) return 0;
 	pthread_mutex_lock(&u->mu);
 	int r = 0;
 	if (atomic_load(&u->undecided)) {
-		long long dl = now_ns() + wait_ns;
-		int k;
-		while ((k = first_bytes(fd)) < 0 && (k == -2 || wait_ns > 0) && now_ns() < dl + (k == -2 ? 50000000LL : 0)) {
-			if (k == -2) usleep(100); // poll would say readable at once
-			else if (pollwait(fd, POLLIN, dl) == 0) break;
+		long long now = how == S_NOW ? LLONG_MAX : now_ns();
+		int st = atomic_load(&estate), need = 0, ended = 0;
+		int k = first_bytes(fd);
+		if (k == 1 || k == -2) { // what is there is all there will be, if the peer ended
+			ended = peer_ended(fd);
+			if (ended) k = first_bytes(fd);
 		}
-		if (k < 0 && !give_up) {
-			r = -1;
-		} else if (k == 1 && atomic_load(&estate) == E_CHILD) {
-			atomic_store(&u->forked, 1);
-		} else if (k == 1) {
-			long long h = atomic_load(&estate) == E_READY ? e_stream_open(fd, 0, &u->pending) : -EIO;
-			if (h > 0) {
-				adopt_stream(u, fd, h);
-			} else if (h == -ENOTCONN) {
-				atomic_store(&u->kmode, 1);
-			} else {
-				atomic_store(&u->dead, 1); // it spoke MPA: never plain bytes now
-				REAL(shutdown)(fd, SHUT_RDWR);
-			}
+		long long h = 0;
+		enum { WAIT, PLAIN, RC, DEAD, FORKED } to = WAIT;
+		if (k == 0) {
+			to = PLAIN;
+		} else if (k == -1) {
+			if (how != S_READ && now >= u->first_dl) to = PLAIN;
+		} else if (k == -2) {
+			if (ended || now >= u->hs_dl) to = PLAIN; // some bytes, no MPA Request: the kernel's
+			else need = MPA_KEY_LEN;
+		} else if (st == E_CHILD) {
+			to = FORKED;
+		} else if (st != E_READY) {
+			to = DEAD;
 		} else {
-			atomic_store(&u->kmode, 1);
-			if (atomic_load(&estate) == E_READY && e_stream_plain) e_stream_plain();
+			int nd = 0;
+			h = e_stream_open(fd, 0, &u->pending, &nd);
+			if (h > 0) {
+				to = RC;
+			} else if (h == -ENOTCONN) {
+				to = PLAIN; // counted by the engine
+			} else if (h == -EAGAIN && !ended && now < u->hs_dl) {
+				need = nd;
+			} else {
+				if (h == -EAGAIN && e_stream_refused) e_stream_refused();
+				to = DEAD;
+			}
 		}
-		if (r == 0) atomic_store(&u->undecided, 0);
+		switch (to) {
+		case WAIT:
+			if (need > 0) set_lowat(u, fd, need);
+			rewatch(u, fd);
+			if (wake) *wake = due(u, how != S_READ);
+			r = -1;
+			break;
+		case PLAIN:
+			atomic_store(&u->kmode, 1);
+			if (st == E_READY && e_stream_plain && !(k == 1 && h == -ENOTCONN)) e_stream_plain();
+			break;
+		case RC:
+			adopt_stream(u, fd, h);
+			break;
+		case DEAD:
+			atomic_store(&u->dead, 1); // it spoke MPA: never plain bytes now
+			REAL(shutdown)(fd, SHUT_RDWR);
+			break;
+		case FORKED:
+			atomic_store(&u->forked, 1);
+			break;
+		}
+		if (r == 0) decided(u, fd);
 	}
 	pthread_mutex_unlock(&u->mu);
 	return r;
+}
+
+// settle_wait settles u as a blocking call of the program's would: it
+// waits for the peer's bytes until dl (ns, -1 none), and until the time
+// the stream is decided without them. 0 decided, -1 dl came first, -2 a
+// signal broke the wait off.
+static int settle_wait(struct usock *u, int fd, int how, long long dl) {
+	for (;;) {
+		long long wake;
+		if (settle(u, fd, how, &wake) == 0) return 0;
+		long long until = wake < 0 ? dl : dl < 0 || wake < dl ? wake : dl;
+		int w = pollwait(fd, POLLIN, until);
+		if (w < 0) return -2;
+		if (w == 0 && dl >= 0 && now_ns() >= dl) return -1;
+	}
 }
 
 static int uaccept(int fd, struct sockaddr *a, socklen_t *l, int flags, int four) {
@@ -1106,16 +1266,24 @@ static int uaccept(int fd, struct sockaddr *a, socklen_t *l, int flags, int four
 	atomic_store(&n->fds, 1);
 	atomic_store(&n->kmode, st == E_CHILD);
 	pthread_mutex_init(&n->mu, NULL);
+	long long now = now_ns();
+	n->first_dl = now + first_wait_ns;
+	n->hs_dl = now + hs_wait_ns;
 	atomic_store(&cloexec_view[c], (flags & SOCK_CLOEXEC) != 0);
 	atomic_store(&n->undecided, 1);
+	atomic_fetch_add(&undecided_n, 1);
 	seen(c);
 	atomic_store(&owned[c], n);
 	// A preloaded peer's MPA Request follows its connect at once, and its
 	// connect waits for our answer: a blocking accept (a program willing
-	// to wait there, which may only then hand the stream on) gives it a
-	// moment; a non-blocking one (an event loop, which polls the stream)
-	// none. A peer silent past it is decided later all the same.
-	if (st == E_READY) decide(n, c, atomic_load(&u->nonblock) || (flags & SOCK_NONBLOCK) ? 0 : 10000000LL, 0);
+	// to wait there, which may only then hand the stream on, or fork)
+	// gives it 10 ms at most; a non-blocking one (an event loop, which
+	// polls the stream) none. A peer silent past it is decided later all
+	// the same.
+	if (st == E_READY) {
+		if (atomic_load(&u->nonblock) || (flags & SOCK_NONBLOCK)) settle(n, c, S_READ, NULL);
+		else settle_wait(n, c, S_READ, now_ns() + 10000000LL);
+	}
 	return c;
 }
 
@@ -1165,16 +1333,14 @@ static size_t iov_total(const struct msghdr *m) {
 
 static ssize_t srecv(struct usock *u, int fd, struct msghdr *m, int flags) {
 	if (atomic_load(&u->undecided)) {
-		// Nothing from the peer yet: what a kernel receive would do
-		// (EAGAIN, or wait), deciding as soon as its first bytes come.
+		// Nothing from the peer yet, or part of a Request: what a kernel
+		// receive finding nothing would do (EAGAIN, or wait), deciding as
+		// soon as its bytes, or the stream's time, come.
 		int nb = atomic_load(&u->nonblock) || (flags & MSG_DONTWAIT);
-		long long dl = deadline_of(u->rcvtimeo);
-		while (decide(u, fd, 0, 0) < 0) {
-			int w = nb ? 0 : pollwait(fd, POLLIN, dl);
-			if (w <= 0) {
-				errno = w < 0 ? EINTR : EAGAIN;
-				return -1;
-			}
+		int w = nb ? settle(u, fd, S_READ, NULL) : settle_wait(u, fd, S_READ, deadline_of(u->rcvtimeo));
+		if (w < 0) {
+			errno = w == -2 ? EINTR : EAGAIN;
+			return -1;
 		}
 	}
 	if (gone(u, 0, flags)) return -1;
@@ -1224,7 +1390,17 @@ static ssize_t srecv(struct usock *u, int fd, struct msghdr *m, int flags) {
 }
 
 static ssize_t ssend(struct usock *u, int fd, const struct msghdr *m, int flags) {
-	decide(u, fd, first_wait_ns, 1); // a write before the peer spoke: wait a little for it
+	if (atomic_load(&u->undecided)) {
+		// A write before the peer spoke, or finished its Request: it waits
+		// for the peer's bytes as a full socket's would (EAGAIN, or wait),
+		// until the stream's time (first_dl, hs_dl) decides it.
+		int nb = atomic_load(&u->nonblock) || (flags & MSG_DONTWAIT);
+		int w = nb ? settle(u, fd, S_WRITE, NULL) : settle_wait(u, fd, S_WRITE, deadline_of(u->sndtimeo));
+		if (w < 0) {
+			errno = w == -2 ? EINTR : EAGAIN;
+			return -1;
+		}
+	}
 	if (gone(u, 1, flags)) return -1;
 	long long h = atomic_load(&u->h);
 	if (h <= 0 || atomic_load(&u->kmode)) return ksend(fd, m, flags);
@@ -1290,10 +1466,7 @@ static int dshutdown(struct usock *u, int fd, int how) {
 EXPORT int shutdown(int fd, int how) {
 	struct usock *u = lookup(fd);
 	if (u && !u->stream) return dshutdown(u, fd, how);
-	if (u && u->stream && decide(u, fd, 0, 0) < 0) { // shut before the peer spoke: the kernel's
-		atomic_store(&u->kmode, 1);
-		atomic_store(&u->undecided, 0);
-	}
+	if (u && u->stream) settle(u, fd, S_NOW, NULL); // shut before the peer spoke: the kernel's
 	if (u && u->stream && !atomic_load(&u->kmode) && atomic_load(&u->h) > 0 && (how == SHUT_RD || how == SHUT_WR || how == SHUT_RDWR))
 		e_shutdown(atomic_load(&u->h), how); // what the engine holds goes before the FIN
 	return REAL(shutdown)(fd, how);
@@ -1391,6 +1564,19 @@ EXPORT ssize_t vmsplice(int fd, const struct iovec *iov, size_t n, unsigned int 
 // receive after a poll then never waits for a datagram that was not
 // there.
 
+// no_urg is the signal mask for a wait of the program's (poll, select,
+// epoll): its own (mask, or the thread's) with the Go runtime's
+// preemption signal held off, as pollwait does: SIGURG, sent to a thread
+// that ran the engine and caught back in C, is not the program's, and
+// must not end its wait with EINTR.
+static const sigset_t *no_urg(const sigset_t *mask, sigset_t *buf) {
+	if (atomic_load(&estate) != E_READY) return mask;
+	if (mask) *buf = *mask;
+	else pthread_sigmask(SIG_BLOCK, NULL, buf);
+	sigaddset(buf, SIGURG);
+	return buf;
+}
+
 static struct usock *engine_sock(int fd, long long *h) {
 	struct usock *u = lookup(fd);
 	if (!u || atomic_load(&u->kmode) || atomic_load(&estate) != E_READY) return NULL;
@@ -1417,40 +1603,98 @@ static struct timespec *left_ts(long long dl, int now_only, struct timespec *ts)
 	return ts;
 }
 
+// undecided_sock is fd's usock when it is an accepted stream still
+// undecided (see "streams": its waits are the preload's to shape).
+static struct usock *undecided_sock(int fd) {
+	struct usock *u = lookup(fd);
+	return u && u->stream && atomic_load(&u->undecided) ? u : NULL;
+}
+
+static long long earlier(long long a, long long b) { return a < 0 ? b : b < 0 || a < b ? a : b; }
+
+#define POLLWR (POLLOUT | POLLWRNORM | POLLWRBAND)
+
 static int upoll(struct pollfd *fds, nfds_t n, long long dl, const sigset_t *mask) {
-	int owned_any = 0;
-	for (nfds_t i = 0; i < n && !owned_any; i++) {
+	sigset_t urg;
+	mask = no_urg(mask, &urg);
+	int owned_any = 0, und_any = 0, und = atomic_load(&undecided_n) > 0;
+	for (nfds_t i = 0; i < n && !(owned_any && (und_any || !und)); i++) {
 		long long h;
-		owned_any = (fds[i].events & (POLLIN | POLLRDNORM)) && engine_sock(fds[i].fd, &h);
+		if (!owned_any) owned_any = (fds[i].events & (POLLIN | POLLRDNORM)) && engine_sock(fds[i].fd, &h);
+		if (und && !und_any) und_any = undecided_sock(fds[i].fd) != NULL;
 	}
 	struct timespec ts;
-	if (!owned_any) return REAL(ppoll)(fds, n, left_ts(dl, 0, &ts), mask);
+	if (!owned_any && !und_any) return REAL(ppoll)(fds, n, left_ts(dl, 0, &ts), mask);
+	// held: the undecided streams whose POLLOUT this wait holds back, with
+	// the program's events, put back before it returns.
+	struct held { nfds_t i; short ev; } few[16], *held = few;
+	size_t cap = 16;
 	for (;;) {
-		int any = 0, scan = !none_held();
+		long long until = dl;
+		size_t nh = 0;
+		for (nfds_t i = 0; und_any && i < n; i++) {
+			struct usock *u = undecided_sock(fds[i].fd);
+			if (!u) continue;
+			int wr = (fds[i].events & POLLWR) != 0;
+			long long d = due(u, wr);
+			if (d >= 0 && now_ns() >= d && settle(u, fds[i].fd, wr ? S_WRITE : S_READ, &d) == 0) continue;
+			until = earlier(until, d);
+			if (!wr) continue;
+			if (nh == cap) {
+				struct held *more = malloc(2 * cap * sizeof *more);
+				if (!more) continue; // its POLLOUT shows: a write says EAGAIN
+				memcpy(more, held, nh * sizeof *more);
+				if (held != few) free(held);
+				held = more;
+				cap *= 2;
+			}
+			held[nh++] = (struct held){i, fds[i].events};
+			fds[i].events = (short)((fds[i].events & ~POLLWR) | POLLIN);
+		}
+		int any = 0, scan = owned_any && !none_held();
 		for (nfds_t i = 0; scan && i < n && !any; i++) {
 			long long h;
 			struct usock *u = (fds[i].events & (POLLIN | POLLRDNORM)) ? engine_sock(fds[i].fd, &h) : NULL;
 			any = u && waiting(u);
 		}
-		int r = REAL(ppoll)(fds, n, left_ts(dl, any, &ts), mask);
-		if (r < 0) return r;
-		int kernel = r;
+		int r = REAL(ppoll)(fds, n, left_ts(until, any, &ts), mask);
+		int e = errno, again = 0;
+		for (size_t j = 0; j < nh; j++) {
+			struct pollfd *p = &fds[held[j].i];
+			p->events = held[j].ev;
+			struct usock *u = r > 0 && p->revents ? undecided_sock(p->fd) : NULL;
+			if (u && settle(u, p->fd, S_WRITE, NULL) == 0) again = 1; // decided: poll it as it is now
+			p->revents = 0;
+		}
+		if (r < 0) {
+			if (held != few) free(held);
+			errno = e;
+			return r;
+		}
+		if (again) continue;
+		for (nfds_t i = 0; und_any && i < n; i++) {
+			struct usock *u;
+			if ((fds[i].revents & (POLLIN | POLLRDNORM)) && (u = undecided_sock(fds[i].fd)) && settle(u, fds[i].fd, S_READ, NULL) < 0)
+				fds[i].revents &= (short)~(POLLIN | POLLRDNORM); // part of a Request: nothing to read yet
+		}
+		r = 0;
 		for (nfds_t i = 0; i < n; i++) {
 			short want = fds[i].events & (POLLIN | POLLRDNORM);
 			long long h;
 			struct usock *u = want ? engine_sock(fds[i].fd, &h) : NULL;
-			if (!u) continue;
-			short was = fds[i].revents;
-			if (waiting(u) || ((was & want) && ((was & (POLLERR | POLLHUP | POLLNVAL)) || e_ready(h)))) {
-				fds[i].revents |= want;
-			} else {
-				fds[i].revents &= (short)~(POLLIN | POLLRDNORM);
+			if (u) {
+				short was = fds[i].revents;
+				if (waiting(u) || ((was & want) && ((was & (POLLERR | POLLHUP | POLLNVAL)) || e_ready(h))))
+					fds[i].revents |= want;
+				else
+					fds[i].revents &= (short)~(POLLIN | POLLRDNORM);
 			}
-			if (!was && fds[i].revents) r++;
-			if (was && !fds[i].revents) r--;
+			if (fds[i].revents) r++;
 		}
-		if (r > 0 || kernel == 0) return r;
-		if (dl >= 0 && now_ns() >= dl) return 0;
+		if (r > 0 || (dl >= 0 && now_ns() >= dl)) {
+			if (held != few) free(held);
+			return r;
+		}
 	}
 }
 
@@ -1463,14 +1707,18 @@ EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, const 
 }
 
 static int uselect(int nfds, fd_set *rs, fd_set *ws, fd_set *es, long long dl, const sigset_t *mask, struct timeval *tv) {
+	sigset_t urg;
+	mask = no_urg(mask, &urg);
 	int top = nfds < FD_SETSIZE ? nfds : FD_SETSIZE;
-	int owned_any = 0;
-	for (int fd = 0; rs && fd < top && !owned_any; fd++) {
+	int owned_any = 0, und_any = 0, und = atomic_load(&undecided_n) > 0;
+	for (int fd = 0; fd < top && !(owned_any && (und_any || !und)); fd++) {
 		long long h;
-		owned_any = FD_ISSET(fd, rs) && engine_sock(fd, &h);
+		int rd = rs && FD_ISSET(fd, rs), wr = ws && FD_ISSET(fd, ws);
+		if (!owned_any) owned_any = rd && engine_sock(fd, &h);
+		if (und && !und_any) und_any = (rd || wr) && undecided_sock(fd);
 	}
 	struct timespec ts;
-	if (!owned_any) {
+	if (!owned_any && !und_any) {
 		int r = REAL(pselect)(nfds, rs, ws, es, left_ts(dl, 0, &ts), mask);
 		if (tv) *tv = (struct timeval){0, 0};
 		if (tv && r > 0 && dl >= 0) {
@@ -1479,37 +1727,70 @@ static int uselect(int nfds, fd_set *rs, fd_set *ws, fd_set *es, long long dl, c
 		}
 		return r;
 	}
-	fd_set r0 = *rs, w0, e0;
+	fd_set r0, w0, e0, kr, kw, ke, held;
+	FD_ZERO(&r0);
+	FD_ZERO(&w0);
+	FD_ZERO(&e0);
+	if (rs) r0 = *rs;
 	if (ws) w0 = *ws;
 	if (es) e0 = *es;
 	for (;;) {
-		int any = 0, scan = !none_held();
+		long long until = dl;
+		int nheld = 0;
+		kr = r0;
+		kw = w0;
+		ke = e0;
+		FD_ZERO(&held);
+		// An undecided stream's POLLOUT is held back (see upoll).
+		for (int fd = 0; und_any && fd < top; fd++) {
+			int wr = FD_ISSET(fd, &w0);
+			struct usock *u = wr || FD_ISSET(fd, &r0) ? undecided_sock(fd) : NULL;
+			if (!u) continue;
+			long long d = due(u, wr);
+			if (d >= 0 && now_ns() >= d && settle(u, fd, wr ? S_WRITE : S_READ, &d) == 0) continue;
+			until = earlier(until, d);
+			if (!wr) continue;
+			FD_SET(fd, &held);
+			FD_CLR(fd, &kw);
+			FD_SET(fd, &kr);
+			nheld++;
+		}
+		int any = 0, scan = owned_any && !none_held();
 		for (int fd = 0; scan && fd < top && !any; fd++) {
 			long long h;
 			struct usock *u = FD_ISSET(fd, &r0) ? engine_sock(fd, &h) : NULL;
 			any = u && waiting(u);
 		}
-		*rs = r0;
-		if (ws) *ws = w0;
-		if (es) *es = e0;
-		int r = REAL(pselect)(nfds, rs, ws, es, left_ts(dl, any, &ts), mask);
+		int r = REAL(pselect)(nfds, rs || nheld ? &kr : NULL, ws ? &kw : NULL, es ? &ke : NULL, left_ts(until, any, &ts), mask);
 		if (r < 0) return r;
-		int kernel = r;
+		int again = 0;
+		for (int fd = 0; und_any && fd < top; fd++) {
+			struct usock *u;
+			if (FD_ISSET(fd, &held)) {
+				if ((FD_ISSET(fd, &kr) || FD_ISSET(fd, &ke)) && (u = undecided_sock(fd)) && settle(u, fd, S_WRITE, NULL) == 0) again = 1;
+				FD_CLR(fd, &kr);
+				FD_CLR(fd, &ke);
+			} else if (FD_ISSET(fd, &kr) && (u = undecided_sock(fd)) && settle(u, fd, S_READ, NULL) < 0) {
+				FD_CLR(fd, &kr); // part of a Request: nothing to read yet
+			}
+		}
+		if (again) continue;
 		for (int fd = 0; fd < top; fd++) {
 			long long h;
 			struct usock *u = FD_ISSET(fd, &r0) ? engine_sock(fd, &h) : NULL;
 			if (!u) continue;
-			int was = FD_ISSET(fd, rs);
-			int now = waiting(u) || (was && e_ready(h));
-			if (now && !was) {
-				FD_SET(fd, rs);
-				r++;
-			} else if (!now && was) {
-				FD_CLR(fd, rs);
-				r--;
-			}
+			if (waiting(u) || (FD_ISSET(fd, &kr) && e_ready(h)))
+				FD_SET(fd, &kr);
+			else
+				FD_CLR(fd, &kr);
 		}
-		if (r > 0 || kernel == 0 || (dl >= 0 && now_ns() >= dl)) {
+		r = 0;
+		for (int fd = 0; fd < top; fd++)
+			r += (rs && FD_ISSET(fd, &kr)) + (ws && FD_ISSET(fd, &kw)) + (es && FD_ISSET(fd, &ke));
+		if (r > 0 || (dl >= 0 && now_ns() >= dl)) {
+			if (rs) *rs = kr;
+			if (ws) *ws = kw;
+			if (es) *es = ke;
 			if (tv) {
 				left_ts(dl, 0, &ts);
 				*tv = dl < 0 ? *tv : (struct timeval){ts.tv_sec, ts.tv_nsec / 1000};
@@ -1559,6 +1840,14 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev) {
 		atomic_store(&ep_owned[epfd], 1);
 		atomic_store(&hint[hint_slot(epfd, ev->data.u64)], fd + 1);
 	}
+	struct usock *u = lookup(fd);
+	if (u && u->stream && atomic_load(&u->undecided)) {
+		// The program's registration replaces one a wait changed.
+		pthread_mutex_lock(&u->mu);
+		if (atomic_load(&u->ep_mod) == epfd + 1 && u->ep_fd == fd) atomic_store(&u->ep_mod, 0);
+		rewatch(u, fd);
+		pthread_mutex_unlock(&u->mu);
+	}
 	return r;
 }
 
@@ -1577,13 +1866,46 @@ static int event_fd(int epfd, uint64_t data) {
 	return -1;
 }
 
+// ep_hold has the epoll set epfd report fd, an undecided stream the
+// program registered for EPOLLOUT, readable instead (its peer's bytes),
+// until it is decided (decided() puts the program's registration back,
+// which reports what is ready then, also edge-triggered).
+static void ep_hold(struct usock *u, int epfd, int fd) {
+	pthread_mutex_lock(&u->mu);
+	if (atomic_load(&u->undecided) && !atomic_load(&u->ep_mod)) {
+		struct epoll_event ev = {.events = (reg_ev[fd] & ~(uint32_t)(EPOLLOUT | EPOLLWRNORM | EPOLLWRBAND)) | EPOLLIN, .data.u64 = reg_data[fd]};
+		if (REAL(epoll_ctl)(epfd, EPOLL_CTL_MOD, fd, &ev) == 0) {
+			u->ep_fd = fd;
+			atomic_store(&u->ep_mod, epfd + 1);
+		}
+	}
+	pthread_mutex_unlock(&u->mu);
+}
+
 static int uepoll(int epfd, struct epoll_event *evs, int max, int timeout, const sigset_t *mask) {
+	sigset_t urg;
+	mask = no_urg(mask, &urg);
 	if ((unsigned)epfd >= MAXFD || !atomic_load(&ep_owned[epfd]) || max <= 0)
 		return REAL(epoll_pwait)(epfd, evs, max, timeout, mask);
 	long long dl = timeout < 0 ? -1 : now_ns() + (long long)timeout * 1000000LL;
 	for (;;) {
+		// The undecided streams this set must look after: a registration
+		// for EPOLLOUT held back, the time each is decided without more
+		// from its peer.
+		long long until = dl;
+		int m = atomic_load(&watch_n) > 0 ? atomic_load(&maxfd) : -1;
+		for (int fd = 0; fd <= m && fd < MAXFD; fd++) {
+			struct usock *u;
+			if (atomic_load(&reg_ep[fd]) != epfd + 1 || !(u = undecided_sock(fd)) || !atomic_load(&u->watch)) continue;
+			int wr = (reg_ev[fd] & EPOLLOUT) != 0;
+			long long d = due(u, wr);
+			if (d >= 0 && now_ns() >= d && settle(u, fd, wr ? S_WRITE : S_READ, &d) == 0) continue;
+			until = earlier(until, d);
+			if (wr && atomic_load(&u->ep_mod) != epfd + 1) ep_hold(u, epfd, fd);
+		}
 		// What the engine holds first: the kernel no longer shows it.
-		int k = 0, m = none_held() ? -1 : atomic_load(&maxfd);
+		int k = 0;
+		m = none_held() ? -1 : atomic_load(&maxfd);
 		for (int fd = 0; fd <= m && fd < MAXFD && k < max; fd++) {
 			long long h;
 			struct usock *u;
@@ -1594,17 +1916,28 @@ static int uepoll(int epfd, struct epoll_event *evs, int max, int timeout, const
 		}
 		if (k > 0) return k; // what the kernel has ready stays queued for the next call
 		int left = -1;
-		if (dl >= 0) {
-			long long ns = dl - now_ns();
+		if (until >= 0) {
+			long long ns = until - now_ns();
 			left = ns <= 0 ? 0 : (int)((ns + 999999) / 1000000);
 		}
 		int r = REAL(epoll_pwait)(epfd, evs, max, left, mask);
-		if (r <= 0) return r;
-		int kept = 0;
+		if (r < 0) return r;
+		int kept = 0, und = atomic_load(&undecided_n) > 0;
 		for (int i = 0; i < r; i++) {
-			int fd = (evs[i].events & EPOLLIN) && !(evs[i].events & (EPOLLERR | EPOLLHUP)) ? event_fd(epfd, evs[i].data.u64) : -1;
+			int fd = und || (evs[i].events & EPOLLIN) ? event_fd(epfd, evs[i].data.u64) : -1;
+			struct usock *u = fd >= 0 && und ? undecided_sock(fd) : NULL;
+			if (u) {
+				int wr = (reg_ev[fd] & EPOLLOUT) != 0, mod = atomic_load(&u->ep_mod) == epfd + 1;
+				if (settle(u, fd, wr ? S_WRITE : S_READ, NULL) == 0) {
+					if (mod) continue; // the registration put back reports it as it is now
+				} else {
+					// Part of a Request, or a write's wait: nothing yet.
+					evs[i].events &= ~(uint32_t)(EPOLLIN | EPOLLRDNORM | EPOLLOUT | EPOLLWRNORM | EPOLLWRBAND);
+					if (!evs[i].events) continue;
+				}
+			}
 			long long h;
-			if (fd >= 0 && engine_sock(fd, &h) && !e_ready(h)) {
+			if (fd >= 0 && (evs[i].events & EPOLLIN) && !(evs[i].events & (EPOLLERR | EPOLLHUP)) && engine_sock(fd, &h) && !e_ready(h)) {
 				evs[i].events &= ~(uint32_t)(EPOLLIN | EPOLLRDNORM);
 				if (!evs[i].events) continue;
 			}

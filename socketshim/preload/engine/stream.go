@@ -98,12 +98,23 @@ type stream struct {
 }
 
 // openStream runs an RC QP on fd, a connected TCP socket: as MPA's
-// initiator (connect) or responder (accept). errNotOurs: the peer is no
+// initiator (connect) or responder (accept). qp.ErrNotMPA: the peer is no
 // preloaded program (a responder whose peer's first bytes are no MPA
-// Request; nothing was read).
+// Request; nothing was read). A responder never waits for its peer's
+// Request: one not all there yet is an *incomplete, with nothing read
+// and nothing made.
 func openStream(fd int, initiator bool) (*stream, error) {
 	if err := start(); err != nil {
 		return nil, err
+	}
+	if !initiator {
+		need, err := qp.MPARequestNeed(fd)
+		if err != nil {
+			return nil, err
+		}
+		if need > 0 {
+			return nil, &incomplete{need}
+		}
 	}
 	streamConfig()
 	s := &stream{fd: fd, size: streamRecv}
@@ -156,6 +167,14 @@ func openStream(fd int, initiator bool) (*stream, error) {
 
 // errNotPreloaded: the peer spoke MPA but is no preloaded program.
 var errNotPreloaded = errors.New("the peer is not a udiwarp stream")
+
+// incomplete: the peer's MPA Request has not all arrived; need is what
+// it needs in all (qp.MPARequestNeed).
+type incomplete struct{ need int }
+
+func (e *incomplete) Error() string {
+	return "the MPA Request has not all arrived (" + strconv.Itoa(e.need) + " bytes in all)"
+}
 
 func (s *stream) repost(id uint64) error {
 	s.rsge[0] = s.mr.SGE(int(id)*s.size, s.size)
@@ -394,12 +413,20 @@ func (s *stream) drain(deadline time.Time) bool {
 // its responder on a socket accept returned. It returns a handle (> 0),
 // -ENOTCONN when the peer is a plain TCP program (accept: its first
 // bytes are no MPA Request, and nothing was read, so the kernel may
-// carry the socket), or another -errno when the exchange failed.
+// carry the socket), -EAGAIN when the responder's peer has not sent its
+// whole MPA Request yet (nothing read, nothing made; *need is how many
+// bytes the Request needs in all, for SO_RCVLOWAT), or another -errno
+// when the exchange failed. The responder never waits for its peer.
 //
 //export udw_stream_open
-func udw_stream_open(fd C.int, initiator C.int, pending *C.int) C.longlong {
+func udw_stream_open(fd C.int, initiator C.int, pending *C.int, need *C.int) C.longlong {
 	s, err := openStream(int(fd), initiator != 0)
 	if err != nil {
+		var inc *incomplete
+		if errors.As(err, &inc) {
+			*need = C.int(inc.need)
+			return -C.longlong(unix.EAGAIN)
+		}
 		if errors.Is(err, qp.ErrNotMPA) {
 			streamsPlain.Add(1)
 			return -C.longlong(unix.ENOTCONN)
@@ -425,6 +452,13 @@ func udw_stream_open(fd C.int, initiator C.int, pending *C.int) C.longlong {
 //
 //export udw_stream_plain
 func udw_stream_plain() { streamsPlain.Add(1) }
+
+// udw_stream_refused counts an accepted connection the C side shut down
+// without the engine: its peer began an MPA Request and did not finish
+// it within UDIWARP_PRELOAD_TCP_WAIT of the accept.
+//
+//export udw_stream_refused
+func udw_stream_refused() { streamsRefused.Add(1) }
 
 // udw_stream_send writes the iovecs' bytes from skip on: the count the
 // engine took (at least one, unless the iovecs are empty), -EAGAIN when

@@ -56,11 +56,16 @@ struct acc { int lfd, fd; };
 static void *accepter(void *p) {
 	struct acc *a = p;
 	a->fd = accept(a->lfd, NULL, NULL);
+	struct pollfd pf = {.fd = a->fd, .events = POLLOUT};
+	if (a->fd >= 0 && poll(&pf, 1, 30000) != 1) FAIL("the accepted stream never writable");
 	return NULL;
 }
 
 // pair connects two sockets through a listener: MPA's exchange needs the
-// accept while connect waits, so the accept runs in a thread.
+// accept while connect waits, so the accept runs in a thread, which then
+// waits until the accepted stream can be written to: under the preload,
+// until its peer's MPA Request has come and been answered (a blocking
+// accept waits 10 ms for it, less than a loaded machine may take).
 static void pair(int *c, int *s, int *lfd_out, int *port_out) {
 	int port = 0, lfd = listener(&port);
 	struct acc a = {lfd, -1};
@@ -580,6 +585,195 @@ static void mode_client(int port) {
 	close(c);
 }
 
+// ---- evloop <port> <poll|select|epoll|epollet> <greet> <countfile>: a
+// single-threaded event-loop echo server, as nginx or redis are: a
+// non-blocking listener and connections, one wait (poll, select,
+// level- or edge-triggered epoll) for all. With greet 1 it speaks first,
+// "hello\n" to every connection it accepts. After each accept, and every
+// 64 waits, it writes to countfile the connections accepted so far and
+// the waits it made (a wait that returns with nothing to do, over and
+// over, is a busy loop). It never exits on its own.
+
+#define EVMAX 1000
+struct evconn { int fd; size_t n; char out[8192]; };
+static struct evconn *evc[65536];
+static int ev_accepted;
+static long ev_waits;
+
+static void ev_count(const char *countfile) { // whole, by rename: a reader never sees it half written
+	char tmp[4096];
+	snprintf(tmp, sizeof tmp, "%s.tmp", countfile);
+	FILE *f = fopen(tmp, "w");
+	if (f) {
+		fprintf(f, "%d %ld\n", ev_accepted, ev_waits);
+		fclose(f);
+		rename(tmp, countfile);
+	}
+}
+
+static void ev_close(int ep, struct evconn *c) {
+	if (ep >= 0) epoll_ctl(ep, EPOLL_CTL_DEL, c->fd, NULL);
+	evc[c->fd] = NULL;
+	close(c->fd);
+	free(c);
+}
+
+// ev_flush writes what c holds: 0, or -1 when the connection failed.
+static int ev_flush(struct evconn *c) {
+	while (c->n > 0) {
+		ssize_t w = write(c->fd, c->out, c->n);
+		if (w < 0) return errno == EAGAIN ? 0 : -1;
+		memmove(c->out, c->out + w, c->n - (size_t)w);
+		c->n -= (size_t)w;
+	}
+	return 0;
+}
+
+// ev_serve reads what c's peer sent (until EAGAIN) and echoes it: 0, or
+// -1 when the connection ended.
+static int ev_serve(struct evconn *c) {
+	for (;;) {
+		if (c->n == sizeof c->out) return ev_flush(c);
+		ssize_t r = read(c->fd, c->out + c->n, sizeof c->out - c->n);
+		if (r == 0) return -1;
+		if (r < 0) return errno == EAGAIN ? ev_flush(c) : -1;
+		c->n += (size_t)r;
+		if (ev_flush(c) < 0) return -1;
+	}
+}
+
+static void ev_want(int ep, struct evconn *c, int edge) {
+	if (ep < 0 || edge) return;
+	struct epoll_event e = {.events = EPOLLIN | (c->n ? EPOLLOUT : 0), .data.fd = c->fd};
+	epoll_ctl(ep, EPOLL_CTL_MOD, c->fd, &e);
+}
+
+static void mode_evloop(int port, const char *how, int greet, const char *countfile) {
+	int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	if (lfd < 0) FAIL("socket");
+	int one = 1;
+	setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK), .sin_port = htons((uint16_t)port)};
+	if (bind(lfd, (struct sockaddr *)&a, sizeof a) != 0) FAIL("bind");
+	if (listen(lfd, 1024) != 0) FAIL("listen");
+	int usepoll = !strcmp(how, "poll"), usesel = !strcmp(how, "select"), edge = !strcmp(how, "epollet");
+	int ep = -1;
+	if (!usepoll && !usesel) {
+		ep = epoll_create1(0);
+		struct epoll_event e = {.events = EPOLLIN, .data.fd = lfd};
+		if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, lfd, &e) != 0) FAIL("epoll");
+	}
+	static struct pollfd pf[EVMAX + 1];
+	static struct epoll_event evs[64];
+	for (;;) {
+		// The wait: which connections may read (r) and write (w).
+		static unsigned char r[65536], w[65536];
+		int lready = 0, top = 0, n = 0;
+		if (++ev_waits % 64 == 0) ev_count(countfile);
+		if (usepoll) {
+			pf[n++] = (struct pollfd){.fd = lfd, .events = POLLIN};
+			for (int fd = 0; fd < 65536; fd++)
+				if (evc[fd]) pf[n++] = (struct pollfd){.fd = fd, .events = POLLIN | (evc[fd]->n ? POLLOUT : 0)};
+			if (poll(pf, (nfds_t)n, -1) < 0) {
+				if (errno == EINTR) continue;
+				FAIL("poll");
+			}
+			lready = pf[0].revents != 0;
+			for (int i = 1; i < n; i++) {
+				r[pf[i].fd] = (pf[i].revents & ~POLLOUT) != 0;
+				w[pf[i].fd] = (pf[i].revents & POLLOUT) != 0;
+			}
+		} else if (usesel) {
+			fd_set rs, ws;
+			FD_ZERO(&rs);
+			FD_ZERO(&ws);
+			FD_SET(lfd, &rs);
+			top = lfd;
+			for (int fd = 0; fd < FD_SETSIZE; fd++)
+				if (evc[fd]) {
+					FD_SET(fd, &rs);
+					if (evc[fd]->n) FD_SET(fd, &ws);
+					if (fd > top) top = fd;
+				}
+			if (select(top + 1, &rs, &ws, NULL, NULL) < 0) {
+				if (errno == EINTR) continue;
+				FAIL("select");
+			}
+			lready = FD_ISSET(lfd, &rs);
+			for (int fd = 0; fd <= top; fd++)
+				if (evc[fd]) {
+					r[fd] = FD_ISSET(fd, &rs) != 0;
+					w[fd] = FD_ISSET(fd, &ws) != 0;
+				}
+		} else {
+			n = epoll_wait(ep, evs, 64, -1);
+			if (n < 0 && errno == EINTR) continue;
+			if (n < 0) FAIL("epoll_wait");
+			for (int i = 0; i < n; i++) {
+				int fd = evs[i].data.fd;
+				if (fd == lfd) lready = 1;
+				else if (evc[fd]) {
+					r[fd] = (evs[i].events & ~(uint32_t)EPOLLOUT) != 0;
+					w[fd] = (evs[i].events & EPOLLOUT) != 0;
+				}
+			}
+		}
+		for (int fd = 0; fd < 65536; fd++) {
+			if (!evc[fd] || (!r[fd] && !w[fd])) continue;
+			struct evconn *c = evc[fd];
+			int rd = r[fd];
+			r[fd] = w[fd] = 0;
+			if ((rd ? ev_serve(c) : ev_flush(c)) < 0) ev_close(ep, c);
+			else ev_want(ep, c, edge);
+		}
+		while (lready) {
+			int c = accept4(lfd, NULL, NULL, SOCK_NONBLOCK);
+			if (c < 0) {
+				if (errno == EAGAIN) break;
+				if (errno == EINTR || errno == ECONNABORTED) continue;
+				FAIL("accept");
+			}
+			if (c >= 65536 || (usesel && c >= FD_SETSIZE)) FAIL("descriptor %d", c);
+			struct evconn *e = calloc(1, sizeof *e);
+			e->fd = c;
+			evc[c] = e;
+			if (ep >= 0) {
+				struct epoll_event ev = {.events = EPOLLIN | (edge ? EPOLLOUT | EPOLLET : 0), .data.fd = c};
+				if (epoll_ctl(ep, EPOLL_CTL_ADD, c, &ev) != 0) FAIL("epoll_ctl");
+			}
+			if (greet) {
+				memcpy(e->out, "hello\n", 6);
+				e->n = 6;
+				if (ev_flush(e) < 0) {
+					ev_close(ep, e);
+					continue;
+				}
+				ev_want(ep, e, edge);
+			}
+			ev_accepted++;
+			ev_count(countfile);
+		}
+	}
+}
+
+// ---- pingpong <port> <n> <greet>: n echoed messages, after the server's
+// greeting with greet 1.
+
+static void mode_pingpong(int port, int n, int greet) {
+	int c = dial(port);
+	char b[6];
+	if (greet) {
+		readall(c, b, 6);
+		if (memcmp(b, "hello\n", 6)) FAIL("greeting");
+	}
+	for (int i = 0; i < n; i++) {
+		writeall(c, "ping", 4);
+		readall(c, b, 4);
+		if (memcmp(b, "ping", 4)) FAIL("echo %d", i);
+	}
+	close(c);
+}
+
 int main(int argc, char **argv) {
 	self = argv[0];
 	if (argc < 2) FAIL("usage: tcpcheck MODE");
@@ -601,6 +795,8 @@ int main(int argc, char **argv) {
 	else if (!strcmp(m, "echo") && argc == 3) mode_echo(atoi(argv[2]));
 	else if (!strcmp(m, "serve2") && argc == 3) mode_serve2(atoi(argv[2]));
 	else if (!strcmp(m, "client") && argc == 3) mode_client(atoi(argv[2]));
+	else if (!strcmp(m, "evloop") && argc == 6) mode_evloop(atoi(argv[2]), argv[3], atoi(argv[4]), argv[5]);
+	else if (!strcmp(m, "pingpong") && argc == 5) mode_pingpong(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
 	else FAIL("unknown mode %s", m);
 	printf("ok %s\n", m);
 	return 0;
