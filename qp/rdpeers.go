@@ -212,12 +212,14 @@ func (r *rdQP) reclaimAt(p *rdPeer) time.Time {
 }
 
 // rdForget drops p's state, remembering its session if it had one (rdBury):
-// what its receiver holds is let go of (and leaves the byte budgets), and
-// it leaves its address's count and every place in the table. Caller
-// holds r.mu.
+// what its receiver holds is let go of (and leaves the byte budgets), a
+// Write-Record message of its in progress at the engine ends by its
+// policy (the rest of it can no longer come), and it leaves its
+// address's count and every place in the table. Caller holds r.mu.
 func (r *rdQP) forget(p *rdPeer) {
 	r.bury(p)
 	p.rcv.Reset()
+	r.endWriteRecords(p.key)
 	if !p.listed {
 		return
 	}

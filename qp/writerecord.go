@@ -201,7 +201,12 @@ func (q *QP) receiveWriteRecord(s *Socket, seg udiwarp.Segment, src netip.AddrPo
 	q.wrMu.Lock()
 	defer q.wrMu.Unlock()
 	if q.wr == nil {
-		q.wr = writerecord.New(q.attr.WriteRecord)
+		cfg := q.attr.WriteRecord
+		// Over RD every segment comes, in order, unless the peer's
+		// session ends (which ends its messages, rdEndWriteRecords): no
+		// deadline may end a message RD is still delivering.
+		cfg.Reliable = q.attr.Type == RD
+		q.wr = writerecord.New(cfg)
 	}
 	v := q.wr.Admit(&ws, now)
 	if rec, ok := q.wr.Ended(); ok { // a message of this STag ended early, deliver-partial

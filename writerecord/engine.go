@@ -65,6 +65,16 @@ type Config struct {
 	// longest ago is forgotten and counted (Stats.Forgotten); a straggler
 	// of it may then start a message again, as before the key was known.
 	MaxRemembered int
+	// Reliable says every segment of a message arrives, in order and
+	// once, unless its source's session ends: the engine of an RD QP
+	// (the QP sets it from its type; docs/wire.md §11.3). A message in
+	// progress then has no deadline — Timeout, and a region's
+	// Limits.Timeout, only bound how long a completed one is remembered —
+	// since a segment that is late is being retransmitted, not lost, and
+	// ending its message would drop a record the transport delivers. The
+	// owner ends a source's messages, by their policy, with EndSource
+	// when its session ends.
+	Reliable bool
 }
 
 // DefaultTimeout is a message's deadline when Config.Timeout is zero:
@@ -581,7 +591,8 @@ func (e *Engine) Placed(s *Segment) (Record, bool) {
 	return rec, true
 }
 
-// Deadline returns when a message that s starts would expire.
+// Deadline returns when a message that s starts would expire (for a
+// Reliable engine: stop being remembered once it completed).
 func (e *Engine) Deadline(s *Segment, now time.Time) time.Time {
 	if l := s.Limits; l != nil && l.Timeout > 0 {
 		return now.Add(l.Timeout)
@@ -641,12 +652,14 @@ func (e *Engine) End(src Source, stag uint32, now time.Time) (Record, bool) {
 
 // Expire handles every message whose deadline has passed: with
 // deliver-partial it emits a record of the ranges that arrived; with
-// discard it drops the message unrecorded. It returns the earliest
+// discard it drops the message unrecorded (a Reliable engine's messages
+// in progress have no deadline: only the completed ones it remembers
+// go, at theirs). It returns the earliest
 // deadline still pending (zero if none), for the caller's timer.
 func (e *Engine) Expire(now time.Time, emit func(Record)) time.Time {
 	for m := e.order.head; m != nil; {
 		next := m.next
-		if now.Before(m.deadline) {
+		if now.Before(m.deadline) || (e.cfg.Reliable && !m.done) {
 			m = next
 			continue
 		}
@@ -667,6 +680,9 @@ func (e *Engine) Expire(now time.Time, emit func(Record)) time.Time {
 	}
 	var first time.Time
 	for m := e.order.head; m != nil; m = m.next {
+		if e.cfg.Reliable && !m.done {
+			continue // no deadline
+		}
 		if d := m.deadline; first.IsZero() || d.Before(first) {
 			first = d
 		}

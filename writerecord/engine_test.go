@@ -322,3 +322,50 @@ func TestSupersededDeliverPartial(t *testing.T) {
 		}
 	}
 }
+
+// TestReliableNoDeadline: a Reliable engine (an RD QP's) lets a message
+// in progress outlive its deadline — the QP's or its region's — and
+// records it whole when its last segment comes; its timer is not asked
+// to run for it; the completed message is remembered until the deadline
+// its start set, as on UD; and EndSource still ends a message in
+// progress by its policy.
+func TestReliableNoDeadline(t *testing.T) {
+	for _, lim := range []*Limits{nil, {Timeout: time.Millisecond, Policy: DeliverPartial}} {
+		e := New(Config{Timeout: time.Millisecond, Reliable: true})
+		ss := segs(src(1), 0x100, 1, 0, 4000, 1000)
+		for i := range ss {
+			ss[i].Limits = lim
+		}
+		deliver(e, ss[0], t0)
+		late := t0.Add(time.Hour)
+		if next := e.Expire(late, func(r Record) { t.Fatalf("limits %+v: recorded at the deadline: %+v", lim, r) }); !next.IsZero() {
+			t.Fatalf("limits %+v: timer asked for %v with only a message in progress", lim, next)
+		}
+		var rec *Record
+		for _, s := range ss[1:] {
+			if v, r := deliver(e, s, late); v != Place {
+				t.Fatalf("limits %+v: segment at %d: %v", lim, s.Offset, v)
+			} else if r != nil {
+				rec = r
+			}
+		}
+		if st := e.Stats(); rec == nil || !rec.Complete || st.Completed != 1 || st.Expired+st.Partial != 0 {
+			t.Fatalf("limits %+v: record %+v, stats %+v", lim, rec, st)
+		}
+		if v, _ := deliver(e, ss[3], late); v != Drop || e.Stats().Duplicate != 1 {
+			t.Fatalf("limits %+v: a duplicate while remembered: %v", lim, v)
+		}
+		e.Expire(late, func(Record) { t.Fatal("a tombstone was recorded") })
+		if e.InProgress() != 0 {
+			t.Fatalf("limits %+v: %d remembered past the deadline", lim, e.InProgress())
+		}
+	}
+	e := New(Config{Timeout: time.Millisecond, Policy: DeliverPartial, Reliable: true})
+	ss := segs(src(2), 0x200, 1, 0, 4000, 1000)
+	deliver(e, ss[0], t0)
+	var got []Record
+	e.EndSource(src(2), func(r Record) { got = append(got, r) })
+	if len(got) != 1 || got[0].Complete || !slices.Equal(got[0].Valid, []validitymap.Range{{Start: 0, End: 1000}}) || e.InProgress() != 0 {
+		t.Fatalf("EndSource: %+v, %d in progress", got, e.InProgress())
+	}
+}
