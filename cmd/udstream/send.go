@@ -406,9 +406,12 @@ func (s *source) close() {
 }
 
 // next fills b with the stream's next bytes: a file's or stdin's up to
-// len(b); a UDP feed's datagrams (each kept whole; an RTP datagram's
-// payload, its header stripped) until b is full or 20 ms have passed
-// since the first of them. It returns io.EOF with the
+// len(b); a UDP feed's datagrams (an RTP datagram's payload, its header
+// stripped) until b is full or 20 ms have passed since the first of
+// them. A datagram that does not fit what b has left begins the next
+// call's (one larger than b fills b and goes on there), so a feed's
+// datagrams are carried whole and in order whatever their size, and
+// next returns 0 bytes only with an error. It returns io.EOF with the
 // last bytes, or when the stream has ended.
 func (s *source) next(b []byte) (int, error) {
 	if s.udp == nil {
@@ -418,10 +421,10 @@ func (s *source) next(b []byte) (int, error) {
 		}
 		return n, err
 	}
-	n := 0
-	if len(s.pending) > 0 {
-		n = copy(b, s.pending)
-		s.pending = nil
+	n := copy(b, s.pending) // what the last datagram left over
+	s.pending = s.pending[n:]
+	if n == len(b) {
+		return n, nil
 	}
 	var flushAt time.Time
 	if n > 0 {
@@ -458,6 +461,15 @@ func (s *source) next(b []byte) (int, error) {
 			d = p
 		}
 		if n+len(d) > len(b) {
+			// It does not fit what this chunk has left: it begins the
+			// next chunk, or, larger than a whole chunk, fills this one
+			// and its rest begins the next (a datagram of any size is
+			// carried whole, and none ends the stream: anyone may send
+			// one to the feed's port).
+			if n == 0 {
+				n = copy(b, d)
+				d = d[n:]
+			}
 			s.pending = append([]byte(nil), d...)
 			return n, nil
 		}
