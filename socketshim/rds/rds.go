@@ -32,8 +32,10 @@
 // the region's base tagged offset (0: udiwarp regions are zero-based, the
 // offset never reveals a buffer's address) and its length beside the
 // cookie, and the server's socket remembers them per peer and cookie
-// (Options.MaxPeerCookies, oldest forgotten first). A cookie is usable by
-// a server that received it in an RDMA request from that client, as the
+// (Options.MaxPeerCookies; past it, the oldest of the hosts that hold the
+// most is forgotten, so one host's requests never flush the cookies of a
+// host that holds fewer). A cookie is usable by a server that received
+// it in an RDMA request from that client, as the
 // man page's exchange does; one a server got any other way, or forgot,
 // fails its operation with StatusRemoteError without touching the wire.
 //

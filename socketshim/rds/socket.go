@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,7 +45,9 @@ type Options struct {
 	// MaxNotifications bounds the queue of notifications (default 1024).
 	MaxNotifications int
 	// MaxPeerCookies bounds the cookies the socket remembers from RDMA
-	// requests it received (default 4096; the oldest are forgotten).
+	// requests it received (default 4096). Past it, the oldest cookie of
+	// the hosts (IP addresses) that hold the most is forgotten, so that
+	// no host's requests flush the cookies of one that holds fewer.
 	MaxPeerCookies int
 	// RD tunes the RD QP's reliability. RNRRetries 0 means no limit here
 	// (not reliability's 7): a peer that is slow to read holds messages
@@ -176,7 +179,8 @@ type Socket struct {
 	lazy     []*qp.MR
 	dying    []*qp.MR // invalidated, deregistered once no Read Response needs them
 	known    map[peerKey]*peerCookie
-	order    []peerKey // known, oldest first
+	order    []peerKey          // known, oldest first
+	held     map[netip.Addr]int // how many of known each host's address holds
 	ops      map[uint64]*op
 	nextOp   uint64
 	queues   map[netip.AddrPort][]*op
@@ -205,7 +209,7 @@ func Listen(network, address string, opts *Options) (*Socket, error) {
 		return nil, err
 	}
 	s := &Socket{dev: dev, opt: o, closed: make(chan struct{}),
-		readable: make(chan struct{}), slotFree: make(chan struct{}), maps: map[Cookie]*mapping{}, known: map[peerKey]*peerCookie{},
+		readable: make(chan struct{}), slotFree: make(chan struct{}), maps: map[Cookie]*mapping{}, known: map[peerKey]*peerCookie{}, held: map[netip.Addr]int{},
 		ops: map[uint64]*op{}, queues: map[netip.AddrPort][]*op{}}
 	fail := func(err error) (*Socket, error) {
 		dev.Close()
@@ -440,12 +444,23 @@ func (s *Socket) learnLocked(peer netip.AddrPort, r request) {
 	}
 	s.known[k] = &peerCookie{req: r}
 	s.order = append(s.order, k)
-	for len(s.known) > s.opt.MaxPeerCookies && len(s.order) > 0 {
-		delete(s.known, s.order[0])
-		s.order = s.order[1:]
+	s.held[peer.Addr()]++
+	if len(s.known) <= s.opt.MaxPeerCookies {
+		return
 	}
-	if cap(s.order) > 4*s.opt.MaxPeerCookies {
-		s.order = append([]peerKey(nil), s.order...)
+	// Full: the oldest cookie of the hosts that hold the most goes, so
+	// that one host's requests, however many, never make the server
+	// forget the cookies of a host that holds fewer.
+	most := 0
+	for _, n := range s.held {
+		most = max(most, n)
+	}
+	i := slices.IndexFunc(s.order, func(k peerKey) bool { return s.held[k.peer.Addr()] == most })
+	gone := s.order[i]
+	delete(s.known, gone)
+	s.order = slices.Delete(s.order, i, i+1)
+	if s.held[gone.peer.Addr()]--; s.held[gone.peer.Addr()] == 0 {
+		delete(s.held, gone.peer.Addr())
 	}
 }
 
