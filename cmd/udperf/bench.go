@@ -18,6 +18,7 @@ import (
 	"github.com/udiwarp/udiwarp/internal/perf"
 	"github.com/udiwarp/udiwarp/metrics"
 	"github.com/udiwarp/udiwarp/qp"
+	"golang.org/x/net/netutil"
 )
 
 // The measuring commands: `udperf local` runs one mode, server and client
@@ -116,6 +117,12 @@ func (f *benchFlags) format() string {
 	return formatText
 }
 
+// metricsIdle is how long the -metrics server keeps a connection idle
+// between requests; metricsConns how many it serves at once.
+var metricsIdle = 30 * time.Second
+
+const metricsConns = 64
+
 // serveMetrics starts the -metrics server, and makes every run of runs
 // report its devices to it under the label device="name"; the returned
 // function stops it.
@@ -135,9 +142,14 @@ func (f *benchFlags) serveMetrics(stderr io.Writer, name string, runs ...[]perf.
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", f.collector.Handler())
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	// Anyone who can reach the port may connect: a connection idle
+	// between requests is closed after metricsIdle, a request must come
+	// whole within 10 s and its answer be taken within 30 s, and at most
+	// metricsConns are served at once (the next wait in the backlog).
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: metricsIdle}
 	done := make(chan struct{})
-	go func() { defer close(done); srv.Serve(ln) }()
+	go func() { defer close(done); srv.Serve(netutil.LimitListener(ln, metricsConns)) }()
 	fmt.Fprintf(stderr, "udperf: metrics at http://%s/metrics\n", ln.Addr())
 	return func() { srv.Close(); <-done }, nil
 }

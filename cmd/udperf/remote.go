@@ -440,8 +440,10 @@ func (s *session) send(v any) error {
 }
 
 // serve serves the session's messages until the client ends it (closes
-// the connection), goes quiet for requestTimeout, sends a message over
-// maxMessage, or the server stops. It reports whether it ran anything.
+// the connection), goes quiet for requestTimeout (or, holding the server,
+// starts no run within requestTimeout of its last run's end, whatever
+// else it sends), sends a message over maxMessage, or the server stops.
+// It reports whether it ran anything.
 func (s *session) serve() (ran bool, err error) {
 	defer s.c.Close()
 	defer func() {
@@ -451,9 +453,17 @@ func (s *session) serve() (ran bool, err error) {
 	}()
 	s.msgs = newMsgReader(s.c)
 	s.enc = json.NewEncoder(s.c)
+	var runEnd time.Time // when the session's last run ended
 	for {
 		var req runRequest
-		s.c.SetReadDeadline(time.Now().Add(requestTimeout))
+		// A session that holds the server must start its next run within
+		// requestTimeout of its last run's end: greetings and refused
+		// requests keep the connection, not the server.
+		deadline := time.Now().Add(requestTimeout)
+		if s.holding.Load() {
+			deadline = runEnd.Add(requestTimeout)
+		}
+		s.c.SetReadDeadline(deadline)
 		if err := s.msgs.read(&req); err != nil {
 			if errors.Is(err, io.EOF) {
 				return ran, nil // the session's end
@@ -505,6 +515,7 @@ func (s *session) serve() (ran bool, err error) {
 		if err := s.run(req, cfg); err != nil {
 			return ran, err
 		}
+		runEnd = time.Now()
 	}
 }
 

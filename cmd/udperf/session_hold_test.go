@@ -3,23 +3,19 @@ package main
 import (
 	"encoding/json"
 	"net"
-	"os"
 	"strings"
 	"testing"
 	"time"
 )
 
-// TestServerSessionHoldsForever (a reproducer, not fixed: run with
-// UDIWARP_ATTACK_REPRO=1): a client that ran one run keeps the server
-// for as long as it sends any message within requestTimeout — a greeting
-// every so often is enough, with no run in progress. Every other client
-// is told "busy" without bound; what should bound it is the time since
-// the session's last run (or the session's whole length), not since its
-// last message.
+// TestServerSessionHoldsForever: a client that ran one run and then
+// sends only greetings, each within requestTimeout, does not keep the
+// server: a session holding it must start its next run within
+// requestTimeout of its last run's end, and the server then ends the
+// session and serves another client. It fails when any message renews the
+// hold (the session was kept for 20 request timeouts and every other
+// client told "busy").
 func TestServerSessionHoldsForever(t *testing.T) {
-	if os.Getenv("UDIWARP_ATTACK_REPRO") == "" {
-		t.Skip("a reproducer of an open defect: UDIWARP_ATTACK_REPRO=1 runs it")
-	}
 	old := requestTimeout
 	t.Cleanup(func() { requestTimeout = old })
 	requestTimeout = 300 * time.Millisecond
@@ -40,16 +36,18 @@ func TestServerSessionHoldsForever(t *testing.T) {
 	if err := dec.Decode(&rep); err != nil {
 		t.Fatal(err)
 	}
-	// No run from here on: a greeting every 100 ms, for 20 request timeouts.
-	for end := time.Now().Add(20 * requestTimeout); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-		if err := enc.Encode(runRequest{Hello: protocol}); err != nil {
-			t.Fatal(err)
-		}
-		if err := dec.Decode(&rep); err != nil {
-			t.Fatal(err)
+	// No run from here on: a greeting every 100 ms, until the server ends
+	// the session (at most 20 request timeouts).
+	ended := false
+	for end := time.Now().Add(20 * requestTimeout); !ended && time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if enc.Encode(runRequest{Hello: protocol}) != nil || dec.Decode(&rep) != nil {
+			ended = true
 		}
 	}
+	if !ended {
+		t.Fatalf("a session greeting every 100 ms kept the server for %v after its run", 20*requestTimeout)
+	}
 	if code, stderr := clientRun(t, addr, "raw-udp"); code != 0 {
-		t.Fatalf("after %v without a run, another client: exit %d, %q (busy: %v)", 20*requestTimeout, code, stderr, strings.Contains(stderr, "busy"))
+		t.Fatalf("after the greeting session ended, another client: exit %d, %q (busy: %v)", code, stderr, strings.Contains(stderr, "busy"))
 	}
 }
