@@ -39,7 +39,8 @@ type Options struct {
 	// stack gives up on the peer (seed 003's reliable datagram socket).
 	// Both ends must be Reliable. A datagram its stack could not deliver
 	// is reported by the next WriteTo to the same destination (see
-	// WriteTo and SendError).
+	// WriteTo and SendError), or else by Close, which waits for RD to
+	// finish with what was written (Linger, UndeliveredError).
 	Reliable bool
 	// RD tunes the RD QP of a Reliable PacketConn: window, timeouts,
 	// retry limits, peer cap (zero values are qp's defaults).
