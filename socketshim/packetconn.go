@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -38,7 +39,8 @@ type Options struct {
 	// stack gives up on the peer (seed 003's reliable datagram socket).
 	// Both ends must be Reliable. A datagram its stack could not deliver
 	// is reported by the next WriteTo to the same destination (see
-	// WriteTo and SendError).
+	// WriteTo and SendError), or else by Close, which waits for RD to
+	// finish with what was written (Linger, UndeliveredError).
 	Reliable bool
 	// RD tunes the RD QP of a Reliable PacketConn: window, timeouts,
 	// retry limits, peer cap (zero values are qp's defaults).
@@ -49,7 +51,20 @@ type Options struct {
 	// ReuseAddr sets SO_REUSEADDR before binding, so that several
 	// PacketConns on one host can bind a multicast group's port.
 	ReuseAddr bool
+	// Linger bounds how long Close of a Reliable PacketConn waits for RD
+	// to finish with the datagrams written: each acknowledged by its peer,
+	// or failed. Zero means the default, DefaultLinger (5 s); a negative
+	// Linger, not at all (Close drops what RD still holds at once).
+	// Either way, Close reports the datagrams it leaves undelivered, and
+	// the failures no WriteTo reported, in an *UndeliveredError. A UD
+	// PacketConn holds nothing of the kind: Linger does not apply.
+	Linger time.Duration
 }
+
+// DefaultLinger is Options.Linger's default: how long Close of a Reliable
+// PacketConn waits for RD to deliver what was written (as the LD_PRELOAD
+// library's UDIWARP_PRELOAD_RD_LINGER).
+const DefaultLinger = 5 * time.Second
 
 // PacketConn is a net.PacketConn over a UD queue pair: WriteTo posts a
 // Send to the destination's address handle (cached), ReadFrom returns the
@@ -80,9 +95,11 @@ type PacketConn struct {
 	swcs  []qp.WorkCompletion
 	dst   []netip.AddrPort // Reliable: each send slot's destination
 	serrs map[netip.AddrPort]*SendError
+	lost  int // Reliable: failures past the bound of serrs, only Close reports
 	ahs   shim.AHCache
 
 	reliable bool
+	linger   time.Duration // Options.Linger, its default filled in
 	shim.Deadlines
 }
 
@@ -192,6 +209,9 @@ func ListenPacket(network, address string, opts *Options) (*PacketConn, error) {
 	if o.MaxAHs <= 0 {
 		o.MaxAHs = 4096
 	}
+	if o.Linger == 0 {
+		o.Linger = DefaultLinger
+	}
 	switch network {
 	case "udp", "udp4", "udp6":
 	default:
@@ -201,7 +221,7 @@ func ListenPacket(network, address string, opts *Options) (*PacketConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &PacketConn{dev: dev, depth: o.RecvDepth, closed: make(chan struct{})}
+	c := &PacketConn{dev: dev, depth: o.RecvDepth, closed: make(chan struct{}), linger: o.Linger}
 	c.Deadlines.Init()
 	fail := func(err error) (*PacketConn, error) {
 		dev.Close()
@@ -278,6 +298,9 @@ func (c *PacketConn) ReadFrom(b []byte) (int, net.Addr, error) {
 
 // ReadFromUDPAddrPort is ReadFrom without the allocation of a net.Addr.
 func (c *PacketConn) ReadFromUDPAddrPort(b []byte) (int, netip.AddrPort, error) {
+	if c.isClosed() {
+		return 0, netip.AddrPort{}, c.opErr("read", errClosed)
+	}
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
 	for {
@@ -342,10 +365,13 @@ func (c *PacketConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 // *SendError with the completion status and how many datagrams to it
 // failed since the last report. The next WriteTo sends again (RD then
 // contacts the peer anew). A failure to a destination never written to
-// again is not reported.
+// again is reported by Close (UndeliveredError).
 func (c *PacketConn) WriteToUDPAddrPort(b []byte, ap netip.AddrPort) (int, error) {
 	if len(b) > c.slot {
 		return 0, c.opErr("write", fmt.Errorf("socketshim: a %d-byte datagram, at most %d: %w", len(b), c.slot, errMessageTooLong))
+	}
+	if c.isClosed() { // not waiting on the lock a lingering Close holds
+		return 0, c.opErr("write", errClosed)
 	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
@@ -422,9 +448,11 @@ func (c *PacketConn) WriteToUDPAddrPort(b []byte, ap netip.AddrPort) (int, error
 // (qp.RetryExceededError: the peer acknowledged nothing within the retry
 // limit; qp.RNRRetryExceededError: it had no receive posted;
 // qp.RemoteAbortedError: it restarted while they were in flight, and they
-// may or may not have arrived). WriteTo returns it, in a *net.OpError,
-// on the next call to Addr; Count datagrams to Addr failed since the
-// last report, Status is the first one's.
+// may or may not have arrived; qp.WRFlushError: the QP failed before they
+// were done). WriteTo returns it, in a *net.OpError, on the next call to
+// Addr; Count datagrams to Addr failed since the last report, Status is
+// the first one's. Close returns those no WriteTo reported, in an
+// *UndeliveredError.
 type SendError struct {
 	Addr   netip.AddrPort
 	Status qp.Status
@@ -439,16 +467,67 @@ func (e *SendError) Error() string {
 	return fmt.Sprintf("socketshim: %s to %v not delivered: %v", s, e.Addr, e.Status)
 }
 
+// UndeliveredError is what Close of a Reliable PacketConn returns, in a
+// *net.OpError (Op "close"), when it leaves datagrams written to it
+// neither known delivered nor reported. Pending datagrams RD still held
+// when Close stopped waiting (Options.Linger): sent and not acknowledged
+// (they may or may not have arrived), or still waiting for the peer's
+// handshake or window (they were not sent); they are dropped. Failed
+// datagrams failed (see SendError) and no WriteTo reported them:
+// SendErrors gives them by destination (at most Options.MaxAHs
+// destinations, as WriteTo keeps them; Failed counts them all). The
+// connection is closed all the same.
+type UndeliveredError struct {
+	Pending    int
+	Failed     int
+	SendErrors []*SendError
+}
+
+func (e *UndeliveredError) Error() string {
+	s := "socketshim: closed with"
+	if e.Pending > 0 {
+		s += fmt.Sprintf(" %d datagram(s) not delivered (RD still held them: unacknowledged, or not sent)", e.Pending)
+		if e.Failed > 0 {
+			s += " and"
+		}
+	}
+	if e.Failed > 0 {
+		s += fmt.Sprintf(" %d failed datagram(s) not reported", e.Failed)
+		for i, se := range e.SendErrors {
+			if i == 4 {
+				s += fmt.Sprintf("; %d more destinations", len(e.SendErrors)-i)
+				break
+			}
+			sep := ": "
+			if i > 0 {
+				sep = "; "
+			}
+			s += fmt.Sprintf("%s%d to %v (%v)", sep, se.Count, se.Addr, se.Status)
+		}
+	}
+	return s
+}
+
+// Unwrap returns the SendErrors, for errors.As.
+func (e *UndeliveredError) Unwrap() []error {
+	errs := make([]error, len(e.SendErrors))
+	for i, se := range e.SendErrors {
+		errs[i] = se
+	}
+	return errs
+}
+
 // sent takes a send completion: it frees the slot and, on RD, keeps a
-// failure for the next WriteTo to its destination (WRFlushError is the
-// QP closing, not a peer's fault).
+// failure for the next WriteTo to its destination, or for Close. (The
+// completions of the QP's flush when the device closes are never polled:
+// Close counts what they would have reported first.)
 func (c *PacketConn) sent(wc *qp.WorkCompletion) {
 	if wc.ID == inlineID {
 		return
 	}
 	i := int(wc.ID)
 	c.free.Put(i)
-	if !c.reliable || wc.Status == qp.Success || wc.Status == qp.WRFlushError {
+	if !c.reliable || wc.Status == qp.Success {
 		return
 	}
 	ap := c.dst[i]
@@ -458,7 +537,9 @@ func (c *PacketConn) sent(wc *qp.WorkCompletion) {
 	}
 	if len(c.serrs) < c.ahs.Max { // bounded as the AH cache is
 		c.serrs[ap] = &SendError{Addr: ap, Status: wc.Status, Count: 1}
+		return
 	}
+	c.lost++
 }
 
 // sendErr returns (and forgets) the failure kept for ap, if any.
@@ -532,15 +613,71 @@ func (c *PacketConn) reap() error {
 }
 
 // Close closes the connection; blocked reads and writes return at once.
+//
+// A Reliable PacketConn's Close first waits, up to Options.Linger, for RD
+// to finish with every datagram written — each acknowledged by its peer,
+// or failed — reading the acknowledgements (and the handshakes datagrams
+// to new peers wait for) meanwhile; datagrams that arrive meanwhile are
+// not read. It returns an *UndeliveredError, in a *net.OpError, when it
+// leaves datagrams undelivered (the linger ran out, or was negative) or
+// datagrams failed that no WriteTo reported; the connection is closed
+// all the same. It returns nil when every datagram written was
+// acknowledged or its failure reported.
 func (c *PacketConn) Close() error {
 	if !shim.CloseOnce(&c.once, c.closed) {
 		return c.opErr("close", errClosed)
 	}
-	c.rmu.Lock() // a reader in progress has returned
-	c.wmu.Lock()
+	c.wmu.Lock() // a writer in progress has returned
 	defer c.wmu.Unlock()
+	var err error
+	if c.reliable {
+		err = c.lingerOut()
+	}
+	c.rmu.Lock() // a reader in progress has returned
 	defer c.rmu.Unlock()
-	return c.dev.Close()
+	c.dev.Close()
+	return err
+}
+
+// lingerWake bounds one wait of Close's linger, so that it notices a QP
+// gone to the error state (whose flushed sends complete all the same).
+const lingerWake = 100 * time.Millisecond
+
+// lingerOut waits, up to c.linger, until RD has completed every Send the
+// PacketConn posted, and reports what it leaves undelivered or
+// unreported. Every Send holds a slot until its completion is taken, so
+// the slots still taken are the datagrams RD still holds. The wait is
+// CQ.Wait's: in event mode the device's receive goroutine reads the
+// acknowledgements, in busy-poll mode the wait itself does. Caller holds
+// wmu.
+func (c *PacketConn) lingerOut() error {
+	deadline := time.Now().Add(c.linger)
+	for {
+		c.drain()
+		if c.free.Free() == len(c.swcs) || c.linger < 0 || c.q.State() == qp.StateError {
+			break
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			break
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), min(left, lingerWake))
+		err := c.scq.Wait(ctx)
+		cancel()
+		if errors.Is(err, qp.ErrClosed) {
+			break
+		}
+	}
+	e := &UndeliveredError{Pending: len(c.swcs) - c.free.Free(), Failed: c.lost}
+	for _, se := range c.serrs {
+		e.Failed += se.Count
+		e.SendErrors = append(e.SendErrors, se)
+	}
+	if e.Pending == 0 && e.Failed == 0 {
+		return nil
+	}
+	slices.SortFunc(e.SendErrors, func(a, b *SendError) int { return a.Addr.Compare(b.Addr) })
+	return &net.OpError{Op: "close", Net: "udp", Source: c.LocalAddr(), Err: e}
 }
 
 func (c *PacketConn) isClosed() bool { return shim.Done(c.closed) }
