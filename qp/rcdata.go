@@ -111,7 +111,13 @@ type rcConn struct {
 	termMSN    uint32
 	atomicMSN  uint32 // Atomic Response MSNs (queue 3)
 	rtrPending bool   // responder in revision 2: nothing goes out before the initiator's RTR
-	dead       bool
+	// dead: nothing more is sent — a Terminate went out (fail follows), the
+	// QP flushed, or a write failed. A failed write leaves the ending to
+	// the receive side: it reads what the socket still holds (what the
+	// peer sent before it reset the connection), then finds the end and
+	// fails the QP (lost). Nothing on the send side closes the connection
+	// or sets closing, which would stop that reader first.
+	dead bool
 	// revokedTerm: a Read Response's source was invalidated under it; a
 	// Terminate is queued and the device's timer fails the QP.
 	revokedTerm atomic.Bool
@@ -620,7 +626,7 @@ func (c *rcConn) writev(niov int) (int, bool) {
 	case errno == unix.EAGAIN:
 		return 0, true
 	case errno != 0:
-		c.dead = true
+		c.dead = true // the reader finds the end and fails the QP (see dead)
 		return 0, false
 	}
 	c.written += uint64(n)
@@ -628,16 +634,17 @@ func (c *rcConn) writev(niov int) (int, bool) {
 	return n, true
 }
 
-// onWritable runs when a socket that was full has room.
+// onWritable runs when a socket that was full has room. It never
+// closes the connection, not even a dead one: a failed socket reports
+// room at once, and closing it here (setting closing) stopped the reader
+// before it read what had arrived or failed the QP, which then stayed in
+// RTS with its receives posted for good. A Terminate's sender fails the
+// QP itself; a failed write's reader does (see dead).
 func (c *rcConn) onWritable() {
 	c.mu.Lock()
 	c.pumpLocked()
 	c.completeLocked()
-	dead := c.dead && len(c.rest) == 0
 	c.mu.Unlock()
-	if dead {
-		c.shutdown()
-	}
 }
 
 // onReadable reads what the socket holds and handles every whole FPDU.
