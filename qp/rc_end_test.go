@@ -1,6 +1,8 @@
 package qp
 
 import (
+	"bytes"
+	"errors"
 	"testing"
 	"time"
 
@@ -90,5 +92,77 @@ func TestRCWriteFailureStillReads(t *testing.T) {
 	waitState(t, b.q, StateError)
 	if b.dev.stats.RCConnectionsLost.Load() != 1 {
 		t.Fatalf("RCConnectionsLost %d, want 1", b.dev.stats.RCConnectionsLost.Load())
+	}
+}
+
+// TestRCCompleteOnAckFlag: a WR with FlagCompleteOnAck completes only
+// once the peer's TCP acknowledged its last byte, while the WRs around it
+// complete when TCP took them; other QP types refuse the flag.
+func TestRCCompleteOnAckFlag(t *testing.T) {
+	a, b := newRCSide(t, DeviceConfig{}), newRCSide(t, DeviceConfig{})
+	rcConnect(t, a, b, RCConfig{}, RCConfig{})
+	ca, cb := a.q.rc.Load(), b.q.rc.Load()
+	const size = 64 << 10
+	for i := range 2 {
+		if err := b.q.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*size, size)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "b to read a's RTR", func() bool {
+		return b.dev.stats.RxBytes.Load() == a.dev.stats.TxBytes.Load()
+	})
+	// b reads nothing meanwhile, and its TCP takes little: what a sends
+	// is taken by a's TCP but not acknowledged.
+	cb.rxMu.Lock()
+	held := true
+	defer func() {
+		if held {
+			cb.rxUnlock()
+		}
+	}()
+	if err := unix.SetsockoptInt(cb.fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4096); err != nil {
+		t.Fatal(err)
+	}
+	fill(a.buf[:size], 7)
+	if err := a.q.PostSend(&SendWR{ID: 1, Flags: FlagSignaled | FlagCompleteOnAck, SGL: []SGE{a.mr.SGE(0, size)}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a's TCP to take the Send", func() bool {
+		ca.mu.Lock()
+		defer ca.mu.Unlock()
+		return len(ca.posted) == 1 && ca.posted[0].handed
+	})
+	if out, err := unix.IoctlGetInt(ca.fd, unix.SIOCOUTQ); err != nil || out == 0 {
+		t.Fatalf("a's socket holds %d unacknowledged bytes (%v): the test did not reach the path", out, err)
+	}
+	ca.mu.Lock()
+	ca.completeLocked()
+	ca.mu.Unlock()
+	var wc [1]WorkCompletion
+	if a.cq.Poll(wc[:]) != 0 {
+		t.Fatalf("completed before the peer acknowledged it: %+v", wc[0])
+	}
+	held = false
+	cb.rxUnlock()
+	if wc := collect(t, a.cq, 1, 20*time.Second)[0]; wc.ID != 1 || wc.Status != Success || wc.Len != size {
+		t.Fatalf("the Send: %+v", wc)
+	}
+	if out, err := unix.IoctlGetInt(ca.fd, unix.SIOCOUTQ); err != nil || out != 0 {
+		t.Fatalf("completed with %d bytes unacknowledged (%v)", out, err)
+	}
+	// An unflagged Send completes as TCP takes it, as before.
+	if err := a.q.PostSend(&SendWR{ID: 2, Flags: FlagSignaled, Inline: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := collect(t, a.cq, 1, 20*time.Second)[0]; wc.ID != 2 || wc.Status != Success {
+		t.Fatalf("the second Send: %+v", wc)
+	}
+	if wcs := collect(t, b.cq, 2, 20*time.Second); wcs[0].Status != Success || wcs[0].Len != size || !bytes.Equal(b.buf[:size], a.buf[:size]) {
+		t.Fatalf("b's receives: %+v", wcs)
+	}
+
+	n, m := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0"), newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	if err := n.qp.PostSend(&SendWR{Flags: FlagCompleteOnAck, Inline: []byte("x"), AH: n.ah(m, m.qp)}); !errors.Is(err, ErrInvalidWR) {
+		t.Fatalf("FlagCompleteOnAck on a UD QP: %v", err)
 	}
 }

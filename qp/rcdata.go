@@ -303,25 +303,37 @@ func (c *rcConn) handedLocked(m *rcMsg) {
 	case m.op == opTerminate:
 		c.dead = true // nothing follows a Terminate
 	case m.internal:
-	case !c.ackMode:
+	case !c.onAck(m):
 		m.done = true
 	}
 }
 
+// onAck reports whether m, an application WR, completes only once the
+// peer's TCP acknowledged it (RCConfig.CompleteOnAck, FlagCompleteOnAck)
+// rather than when TCP took it. Reads and atomics complete on their
+// responses.
+func (c *rcConn) onAck(m *rcMsg) bool {
+	return (c.ackMode || m.flags&FlagCompleteOnAck != 0) && !m.op.awaitsResponse()
+}
+
 // completeLocked completes application WRs in post order: Sends and
 // Writes once TCP took them (or acknowledged them, CompleteOnAck), Reads
-// once their last response is placed.
+// once their last response is placed. While the oldest waits for its
+// acknowledgement, the device's timer looks again (rcAckTimer).
 func (c *rcConn) completeLocked() {
 	q := c.q
 	var acked uint64
-	if c.ackMode {
-		acked = c.ackedLocked()
-	}
+	read := false // acked is read once, when a WR needs it
 	k := 0
 	for ; k < len(c.posted); k++ {
 		m := c.posted[k]
-		if c.ackMode && m.handed && !m.done && !m.op.awaitsResponse() && m.end <= acked {
-			m.done = true
+		if m.handed && !m.done && c.onAck(m) {
+			if !read {
+				acked, read = c.ackedLocked(), true
+			}
+			if m.end <= acked {
+				m.done = true
+			}
 		}
 		if !m.done {
 			break
@@ -338,7 +350,7 @@ func (c *rcConn) completeLocked() {
 		rcMsgPool.Put(m) // nothing else refers to it now: it left the queue and the Reads
 	}
 	c.posted = c.posted[k:]
-	if c.ackMode && len(c.posted) > 0 && c.posted[0].handed && !c.posted[0].done {
+	if len(c.posted) > 0 && c.posted[0].handed && !c.posted[0].done && c.onAck(c.posted[0]) {
 		q.armTimer(time.Now().Add(50 * time.Microsecond))
 	}
 }
@@ -1274,15 +1286,16 @@ func (c *rcConn) sourceRevokedLocked() {
 	c.q.armTimer(time.Now())
 }
 
-// rcAckTimer completes CompleteOnAck WRs whose bytes the peer acknowledged,
-// and fails a QP whose Read Response source was invalidated.
+// rcAckTimer completes the WRs whose bytes the peer acknowledged
+// (CompleteOnAck, FlagCompleteOnAck), and fails a QP whose Read Response
+// source was invalidated.
 func (q *QP) rcAckTimer() {
 	if c := q.rc.Load(); c != nil && c.revokedTerm.Swap(false) {
 		q.dev.raise(AsyncEvent{Type: AsyncQPFatal, QP: q, Code: udiwarp.RDMAPAccessRights})
 		c.fail()
 		return
 	}
-	if c := q.rc.Load(); c != nil && c.ackMode {
+	if c := q.rc.Load(); c != nil {
 		c.mu.Lock()
 		c.completeLocked()
 		c.mu.Unlock()

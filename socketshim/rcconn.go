@@ -540,22 +540,34 @@ func (c *RCConn) CloseWrite() error {
 		return nil
 	}
 	c.finSent = true
-	// Signaled: Close waits for its completion, which says everything
-	// written before it is in TCP's hands.
-	if err := c.sendLocked(rcFIN, nil, qp.FlagSignaled); err != nil {
+	// Signaled, on the peer's acknowledgement: Close waits for its
+	// completion, which says everything written before it reached the
+	// peer (see finFlags).
+	if err := c.sendLocked(rcFIN, nil, finFlags); err != nil {
 		return c.opErr("close", err)
 	}
 	c.finPosted = true
 	return nil
 }
 
-// closeLinger bounds how long Close waits for TCP to take the FIN.
+// finFlags are the FIN's: its completion tells Close that the peer's TCP
+// acknowledged it, and so everything before it. That TCP took it is not
+// enough: the peer's credit-only messages, which no application reads,
+// may sit unread in the socket when Close closes it, and closing a
+// socket with unread input resets the connection (RFC 2525 §2.17),
+// throwing away what TCP still holds — the stream's tail and the FIN.
+// What the peer acknowledged, a reset cannot take back.
+const finFlags = qp.FlagSignaled | qp.FlagCompleteOnAck
+
+// closeLinger bounds how long Close waits for the peer to acknowledge the
+// FIN.
 const closeLinger = 2 * time.Second
 
 // Close closes the connection: blocked reads and writes return at once;
-// what Write sent is handed to TCP, then the FIN (or the one CloseWrite
-// sent: Close waits for it all the same, up to closeLinger), so the peer
-// reads it all and then io.EOF.
+// what Write sent goes to TCP, then the FIN (or the one CloseWrite sent:
+// Close waits for it all the same), and Close waits, up to closeLinger,
+// until the peer's TCP acknowledged the FIN, so the peer reads it all and
+// then io.EOF even if the connection then resets.
 func (c *RCConn) Close() error {
 	if !shim.CloseOnce(&c.once, c.closed) {
 		return c.opErr("close", errClosed)
@@ -567,13 +579,13 @@ func (c *RCConn) Close() error {
 	c.mu.Lock()
 	if c.err == nil && !c.finSent {
 		c.finSent = true
-		c.finPosted = c.sendLocked(rcFIN, nil, qp.FlagSignaled) == nil
+		c.finPosted = c.sendLocked(rcFIN, nil, finFlags) == nil
 	}
 	fin := c.finPosted // by Close or by CloseWrite: wait for it either way
 	c.mu.Unlock()
 	if fin {
-		// Sends complete in order once TCP took them: the FIN's
-		// completion says everything before it is in TCP's hands.
+		// Sends complete in order: the FIN's completion says the peer's
+		// TCP has everything before it (finFlags).
 		ctx, cancel := context.WithTimeout(context.Background(), closeLinger)
 		wcs := make([]qp.WorkCompletion, 16)
 	wait:
