@@ -2,7 +2,12 @@ package socketshim
 
 import (
 	"bytes"
+	"encoding/binary"
+	"errors"
+	"net"
 	"net/netip"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,7 +29,9 @@ type rawRCPeer struct {
 
 const rawPeerSlot = 65536
 
-func dialRawRCPeer(t *testing.T, addr netip.AddrPort, o *RCOptions) *rawRCPeer {
+// dialRawRCPeer connects a raw peer offering o's receive depth and
+// message size and posting posted receives.
+func dialRawRCPeer(t *testing.T, addr netip.AddrPort, o *RCOptions, posted int) *rawRCPeer {
 	t.Helper()
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -43,7 +50,6 @@ func dialRawRCPeer(t *testing.T, addr netip.AddrPort, o *RCOptions) *rawRCPeer {
 	}
 	t.Cleanup(func() { p.dev.Close() }) // before the descriptor closes
 	pd := p.dev.AllocPD()
-	posted := o.RecvDepth + 8
 	if p.mr, err = pd.RegisterMemory(make([]byte, posted*rawPeerSlot), qp.AccessLocalWrite); err != nil {
 		t.Fatal(err)
 	}
@@ -68,11 +74,12 @@ func dialRawRCPeer(t *testing.T, addr netip.AddrPort, o *RCOptions) *rawRCPeer {
 	return p
 }
 
-// credit sends the socket a credit-only message granting nothing.
-func (p *rawRCPeer) credit(t *testing.T) {
+// credit sends the socket a credit-only message granting grant.
+func (p *rawRCPeer) credit(t *testing.T, grant uint32) {
 	t.Helper()
 	var m [rcHeaderSize]byte
 	m[0] = rcCredit
+	binary.BigEndian.PutUint32(m[4:], grant)
 	if err := p.q.PostSend(&qp.SendWR{ID: 1, Inline: m[:]}); err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +142,7 @@ func TestRCConnCloseUnreadInput(t *testing.T) {
 		c, _ := l.AcceptRC()
 		accepted <- c
 	}()
-	p := dialRawRCPeer(t, l.Addr().(interface{ AddrPort() netip.AddrPort }).AddrPort(), o)
+	p := dialRawRCPeer(t, l.Addr().(*net.TCPAddr).AddrPort(), o, o.RecvDepth+8)
 	c := <-accepted
 	if c == nil {
 		t.Fatal("accept failed")
@@ -173,7 +180,7 @@ func TestRCConnCloseUnreadInput(t *testing.T) {
 	}
 	// The peer's credit-only message arrives, unread: nothing reads the
 	// busy-polled socket while its application is idle.
-	p.credit(t)
+	p.credit(t, 0)
 	for {
 		outq, err := unix.IoctlGetInt(p.fd, unix.SIOCOUTQ)
 		if err != nil {
@@ -218,5 +225,90 @@ func TestRCConnCloseUnreadInput(t *testing.T) {
 	if !fin || !bytes.Equal(got, src) {
 		t.Fatalf("the peer read %d of %d bytes (equal: %v), FIN %v: Close reset the connection with the stream's tail unsent",
 			len(got), size, bytes.Equal(got, src[:min(len(got), size)]), fin)
+	}
+}
+
+// TestRCConnGreedyPeer: a peer that offers more receives than the
+// socket's send queue holds, and reads nothing, holds a Write no longer
+// than its deadline and a Close no longer than closeLinger. The socket
+// sent on the peer's credits alone; with more credits than send WRs, a
+// Write that filled the send queue slept and retried without looking at
+// its deadline, for as long as the peer read nothing, and Close's FIN did
+// the same for good: one remote peer froze the program's Close.
+func TestRCConnGreedyPeer(t *testing.T) {
+	l, err := ListenRC("tcp4", "127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan *RCConn, 1)
+	go func() {
+		c, _ := l.AcceptRC()
+		accepted <- c
+	}()
+	// 16384 receives of 64 KiB offered (1 GiB), none posted: the peer
+	// never reads.
+	dialRawRCPeer(t, l.Addr().(*net.TCPAddr).AddrPort(), &RCOptions{RecvDepth: 1 << 14, MessageSize: 65536}, 1)
+	c := <-accepted
+	if c == nil {
+		t.Fatal("accept failed")
+	}
+	src := make([]byte, 64<<20)
+	c.SetWriteDeadline(time.Now().Add(500 * time.Millisecond))
+	type result struct {
+		n   int
+		err error
+	}
+	wrote := make(chan result, 1)
+	go func() {
+		n, err := c.Write(src)
+		wrote <- result{n, err}
+	}()
+	select {
+	case r := <-wrote:
+		if !errors.Is(r.err, os.ErrDeadlineExceeded) || r.n >= len(src) {
+			t.Fatalf("Write: %d bytes, %v (want its deadline)", r.n, r.err)
+		}
+	case <-time.After(30 * time.Second):
+		go c.Close()
+		t.Fatal("Write ignored its deadline: the send queue was full and it retried for as long as the peer read nothing")
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("Close did not return within 30 s (closeLinger is %v): its FIN waited for room in the send queue for good", closeLinger)
+	}
+}
+
+// TestRCConnOvergrant: a peer that grants more credits than the receives
+// it offered ends the connection with a clear error (its grants would
+// otherwise let the socket send into receives that do not exist).
+func TestRCConnOvergrant(t *testing.T) {
+	l, err := ListenRC("tcp4", "127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan *RCConn, 1)
+	go func() {
+		c, _ := l.AcceptRC()
+		accepted <- c
+	}()
+	p := dialRawRCPeer(t, l.Addr().(*net.TCPAddr).AddrPort(), &RCOptions{RecvDepth: 8, MessageSize: 4096}, 1)
+	c := <-accepted
+	if c == nil {
+		t.Fatal("accept failed")
+	}
+	defer c.Close()
+	p.credit(t, 1) // nothing was sent: all 8 credits are the socket's already
+	c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	_, err = c.Read(make([]byte, 10))
+	if err == nil || !strings.Contains(err.Error(), "more than the 8 receives it offered") {
+		t.Fatalf("Read after an overgrant: %v", err)
 	}
 }
