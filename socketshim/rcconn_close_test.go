@@ -162,7 +162,7 @@ func TestRCConnCloseUnreadInput(t *testing.T) {
 		c.poll()
 	}
 
-	const size = 96 << 10
+	const size = 32 << 10 // beyond the peer's window, within TCP's send buffer
 	src := make([]byte, size)
 	for i := range src {
 		src[i] = byte(i * 7)
