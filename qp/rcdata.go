@@ -111,7 +111,13 @@ type rcConn struct {
 	termMSN    uint32
 	atomicMSN  uint32 // Atomic Response MSNs (queue 3)
 	rtrPending bool   // responder in revision 2: nothing goes out before the initiator's RTR
-	dead       bool
+	// dead: nothing more is sent — a Terminate went out (fail follows), the
+	// QP flushed, or a write failed. A failed write leaves the ending to
+	// the receive side: it reads what the socket still holds (what the
+	// peer sent before it reset the connection), then finds the end and
+	// fails the QP (lost). Nothing on the send side closes the connection
+	// or sets closing, which would stop that reader first.
+	dead bool
 	// revokedTerm: a Read Response's source was invalidated under it; a
 	// Terminate is queued and the device's timer fails the QP.
 	revokedTerm atomic.Bool
@@ -297,25 +303,37 @@ func (c *rcConn) handedLocked(m *rcMsg) {
 	case m.op == opTerminate:
 		c.dead = true // nothing follows a Terminate
 	case m.internal:
-	case !c.ackMode:
+	case !c.onAck(m):
 		m.done = true
 	}
 }
 
+// onAck reports whether m, an application WR, completes only once the
+// peer's TCP acknowledged it (RCConfig.CompleteOnAck, FlagCompleteOnAck)
+// rather than when TCP took it. Reads and atomics complete on their
+// responses.
+func (c *rcConn) onAck(m *rcMsg) bool {
+	return (c.ackMode || m.flags&FlagCompleteOnAck != 0) && !m.op.awaitsResponse()
+}
+
 // completeLocked completes application WRs in post order: Sends and
 // Writes once TCP took them (or acknowledged them, CompleteOnAck), Reads
-// once their last response is placed.
+// once their last response is placed. While the oldest waits for its
+// acknowledgement, the device's timer looks again (rcAckTimer).
 func (c *rcConn) completeLocked() {
 	q := c.q
 	var acked uint64
-	if c.ackMode {
-		acked = c.ackedLocked()
-	}
+	read := false // acked is read once, when a WR needs it
 	k := 0
 	for ; k < len(c.posted); k++ {
 		m := c.posted[k]
-		if c.ackMode && m.handed && !m.done && !m.op.awaitsResponse() && m.end <= acked {
-			m.done = true
+		if m.handed && !m.done && c.onAck(m) {
+			if !read {
+				acked, read = c.ackedLocked(), true
+			}
+			if m.end <= acked {
+				m.done = true
+			}
 		}
 		if !m.done {
 			break
@@ -332,7 +350,7 @@ func (c *rcConn) completeLocked() {
 		rcMsgPool.Put(m) // nothing else refers to it now: it left the queue and the Reads
 	}
 	c.posted = c.posted[k:]
-	if c.ackMode && len(c.posted) > 0 && c.posted[0].handed && !c.posted[0].done {
+	if len(c.posted) > 0 && c.posted[0].handed && !c.posted[0].done && c.onAck(c.posted[0]) {
 		q.armTimer(time.Now().Add(50 * time.Microsecond))
 	}
 }
@@ -620,7 +638,7 @@ func (c *rcConn) writev(niov int) (int, bool) {
 	case errno == unix.EAGAIN:
 		return 0, true
 	case errno != 0:
-		c.dead = true
+		c.dead = true // the reader finds the end and fails the QP (see dead)
 		return 0, false
 	}
 	c.written += uint64(n)
@@ -628,16 +646,17 @@ func (c *rcConn) writev(niov int) (int, bool) {
 	return n, true
 }
 
-// onWritable runs when a socket that was full has room.
+// onWritable runs when a socket that was full has room. It never
+// closes the connection, not even a dead one: a failed socket reports
+// room at once, and closing it here (setting closing) stopped the reader
+// before it read what had arrived or failed the QP, which then stayed in
+// RTS with its receives posted for good. A Terminate's sender fails the
+// QP itself; a failed write's reader does (see dead).
 func (c *rcConn) onWritable() {
 	c.mu.Lock()
 	c.pumpLocked()
 	c.completeLocked()
-	dead := c.dead && len(c.rest) == 0
 	c.mu.Unlock()
-	if dead {
-		c.shutdown()
-	}
 }
 
 // onReadable reads what the socket holds and handles every whole FPDU.
@@ -1267,15 +1286,16 @@ func (c *rcConn) sourceRevokedLocked() {
 	c.q.armTimer(time.Now())
 }
 
-// rcAckTimer completes CompleteOnAck WRs whose bytes the peer acknowledged,
-// and fails a QP whose Read Response source was invalidated.
+// rcAckTimer completes the WRs whose bytes the peer acknowledged
+// (CompleteOnAck, FlagCompleteOnAck), and fails a QP whose Read Response
+// source was invalidated.
 func (q *QP) rcAckTimer() {
 	if c := q.rc.Load(); c != nil && c.revokedTerm.Swap(false) {
 		q.dev.raise(AsyncEvent{Type: AsyncQPFatal, QP: q, Code: udiwarp.RDMAPAccessRights})
 		c.fail()
 		return
 	}
-	if c := q.rc.Load(); c != nil && c.ackMode {
+	if c := q.rc.Load(); c != nil {
 		c.mu.Lock()
 		c.completeLocked()
 		c.mu.Unlock()

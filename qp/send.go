@@ -105,6 +105,15 @@ const (
 	// FlagSolicited sends a Send with Solicited Event: the receiver's CQ
 	// notification armed for solicited completions fires.
 	FlagSolicited
+	// FlagCompleteOnAck, on an RC QP, completes the WR only once the
+	// peer's TCP acknowledged its last byte, as RCConfig.CompleteOnAck
+	// does for every WR of a connection, instead of once TCP took it.
+	// What the peer acknowledged survives the connection's closing, even
+	// a reset (closing a socket with unread input resets it, RFC 2525
+	// §2.17, and throws away what TCP still holds): the last message
+	// before a close takes it. A Read or atomic completes on its response
+	// either way. Other QP types refuse it.
+	FlagCompleteOnAck
 )
 
 // SendWR is a send work request (ibv_send_wr). The SGL names registered
@@ -315,6 +324,8 @@ func (q *QP) PostSend(wr *SendWR) error {
 		return fmt.Errorf("%w: inline data and an SGL in one WR", ErrInvalidWR)
 	case len(wr.Inline) > q.inlineSz:
 		return fmt.Errorf("%w: %d bytes of inline data, the QP takes %d", ErrInvalidWR, len(wr.Inline), q.inlineSz)
+	case wr.Flags&FlagCompleteOnAck != 0 && q.typ != RC:
+		return fmt.Errorf("%w: FlagCompleteOnAck on a %v QP (TCP's acknowledgement is RC's)", ErrInvalidWR, q.typ)
 	}
 	return q.eng.post(wr)
 }

@@ -38,6 +38,15 @@ import (
 // for a data message the peer sent — so the peer cannot have more than
 // RecvDepth/T of them unread, and a credit message never waits for a
 // credit (no deadlock between two writers waiting for each other's grants).
+//
+// The send queue. A message waits in the QP's send queue until TCP takes
+// it, and the queue's depth is set before the peer's offer is known; so a
+// side never has more data messages outstanding (sent, not yet granted
+// back) than its queue holds beside the credit-only messages and the FIN
+// (dataRoom), whatever the peer offers — a Write that cannot send waits
+// for a grant, within its deadline, and the queue is never full. A peer
+// that grants more than the receives it offered breaks the protocol and
+// ends the connection.
 
 // rcHeaderSize is the header of every message: kind, 3 bytes reserved,
 // and the grant (receives posted again since the last grant).
@@ -142,6 +151,8 @@ type RCConn struct {
 
 	mu        sync.Mutex
 	credits   int // data messages the peer lets us send
+	peerDepth int // receives the peer offered: credits never exceed it
+	dataRoom  int // data messages outstanding at most (the send queue's share)
 	ungranted int // data receives posted again, not yet granted
 	inq       []rcRef
 	peerFIN   bool
@@ -186,6 +197,9 @@ func newRCConn(o *RCOptions) (*RCConn, error) {
 		return fail(err)
 	}
 	sendWR := 2*posted + 8
+	// Beside the data: credit-only messages (at most depth/thresh + 1 wait
+	// for TCP at a time: each grants thresh of our receives) and the FIN.
+	c.dataRoom = sendWR - c.depth/c.thresh - 4
 	if c.rcq, err = dev.CreateCQ(2 * posted); err != nil {
 		return fail(err)
 	}
@@ -214,7 +228,7 @@ func (c *RCConn) start(peer []byte) error {
 	if err != nil {
 		return err
 	}
-	c.credits, c.peerSlot = depth, size
+	c.credits, c.peerDepth, c.peerSlot = depth, depth, size
 	l, r, ok := c.q.RCAddrs()
 	if !ok {
 		return errors.New("socketshim: the RC QP is not connected")
@@ -325,6 +339,10 @@ func (c *RCConn) handleLocked(wc *qp.WorkCompletion) {
 		return
 	}
 	c.credits += int(binary.BigEndian.Uint32(b[4:]))
+	if c.credits > c.peerDepth {
+		c.failLocked(fmt.Errorf("socketshim: the peer granted %d credits, more than the %d receives it offered", c.credits, c.peerDepth))
+		return
+	}
 	switch b[0] {
 	case rcData:
 		if len(b) > rcHeaderSize {
@@ -373,6 +391,7 @@ func (c *RCConn) sendLocked(kind byte, payload []byte, flags qp.SendFlags) error
 	if kind == rcFIN {
 		id = finID
 	}
+	var full time.Time
 	for {
 		g := c.ungranted
 		b[0] = kind
@@ -389,8 +408,15 @@ func (c *RCConn) sendLocked(kind byte, payload []byte, flags qp.SendFlags) error
 			}
 			return err
 		}
-		// Credits bound the messages in flight below the send queue's
-		// depth; a full queue is TCP not yet taking them: a moment.
+		// Cannot happen: the credits and dataRoom keep the queue from
+		// filling (see the package comment). Should it, TCP takes what
+		// waits in a moment — or gives up with the connection, and then
+		// so does this, within closeLinger.
+		if full.IsZero() {
+			full = time.Now()
+		} else if time.Since(full) > closeLinger {
+			return err
+		}
 		c.mu.Unlock()
 		time.Sleep(20 * time.Microsecond)
 		c.mu.Lock()
@@ -503,7 +529,7 @@ func (c *RCConn) Write(b []byte) (int, error) {
 		case c.finSent:
 			c.mu.Unlock()
 			return done, c.opErr("write", errWriteClosed)
-		case c.credits > 0:
+		case c.credits > 0 && c.peerDepth-c.credits < c.dataRoom:
 			n := min(len(b)-done, c.peerSlot-rcHeaderSize)
 			msg := c.scratch[:rcHeaderSize+n]
 			copy(msg[rcHeaderSize:], b[done:done+n])
@@ -540,22 +566,34 @@ func (c *RCConn) CloseWrite() error {
 		return nil
 	}
 	c.finSent = true
-	// Signaled: Close waits for its completion, which says everything
-	// written before it is in TCP's hands.
-	if err := c.sendLocked(rcFIN, nil, qp.FlagSignaled); err != nil {
+	// Signaled, on the peer's acknowledgement: Close waits for its
+	// completion, which says everything written before it reached the
+	// peer (see finFlags).
+	if err := c.sendLocked(rcFIN, nil, finFlags); err != nil {
 		return c.opErr("close", err)
 	}
 	c.finPosted = true
 	return nil
 }
 
-// closeLinger bounds how long Close waits for TCP to take the FIN.
+// finFlags are the FIN's: its completion tells Close that the peer's TCP
+// acknowledged it, and so everything before it. That TCP took it is not
+// enough: the peer's credit-only messages, which no application reads,
+// may sit unread in the socket when Close closes it, and closing a
+// socket with unread input resets the connection (RFC 2525 §2.17),
+// throwing away what TCP still holds — the stream's tail and the FIN.
+// What the peer acknowledged, a reset cannot take back.
+const finFlags = qp.FlagSignaled | qp.FlagCompleteOnAck
+
+// closeLinger bounds how long Close waits for the peer to acknowledge the
+// FIN.
 const closeLinger = 2 * time.Second
 
 // Close closes the connection: blocked reads and writes return at once;
-// what Write sent is handed to TCP, then the FIN (or the one CloseWrite
-// sent: Close waits for it all the same, up to closeLinger), so the peer
-// reads it all and then io.EOF.
+// what Write sent goes to TCP, then the FIN (or the one CloseWrite sent:
+// Close waits for it all the same), and Close waits, up to closeLinger,
+// until the peer's TCP acknowledged the FIN, so the peer reads it all and
+// then io.EOF even if the connection then resets.
 func (c *RCConn) Close() error {
 	if !shim.CloseOnce(&c.once, c.closed) {
 		return c.opErr("close", errClosed)
@@ -567,13 +605,13 @@ func (c *RCConn) Close() error {
 	c.mu.Lock()
 	if c.err == nil && !c.finSent {
 		c.finSent = true
-		c.finPosted = c.sendLocked(rcFIN, nil, qp.FlagSignaled) == nil
+		c.finPosted = c.sendLocked(rcFIN, nil, finFlags) == nil
 	}
 	fin := c.finPosted // by Close or by CloseWrite: wait for it either way
 	c.mu.Unlock()
 	if fin {
-		// Sends complete in order once TCP took them: the FIN's
-		// completion says everything before it is in TCP's hands.
+		// Sends complete in order: the FIN's completion says the peer's
+		// TCP has everything before it (finFlags).
 		ctx, cancel := context.WithTimeout(context.Background(), closeLinger)
 		wcs := make([]qp.WorkCompletion, 16)
 	wait:
