@@ -332,7 +332,7 @@ func (c *PacketConn) ReadFromUDPAddrPort(b []byte) (int, netip.AddrPort, error) 
 // wait parks until cq may have a completion, the deadline passes (or
 // moves), or the connection closes; it spins a little first (park).
 func (c *PacketConn) wait(cq *qp.CQ, dl *atomic.Int64, kick chan struct{}) error {
-	return shim.Park(cq, nil, dl, kick, c.closed, nil, 0)
+	return shim.Park(c.dev, cq, nil, dl, kick, c.closed, nil, 0)
 }
 
 // WriteTo sends b to addr as one datagram. On a Reliable PacketConn it
