@@ -131,3 +131,62 @@ func TestBusyPacketConnWriteToWaitsForSlot(t *testing.T) {
 		t.Fatal("the WriteTo that waited for a slot did not return")
 	}
 }
+
+// readAfterParked starts read, waits until it waits past its spin, then
+// runs write (in a goroutine: it may wait for the reader's answers), and
+// fails unless read returns want within busyWithin. read's side is a
+// busy-poll device without BusyPollThread: only read's wait reads it.
+func readAfterParked(t *testing.T, dev *qp.Device, read func([]byte) (int, error), write func() error, want []byte) {
+	t.Helper()
+	type result struct {
+		n   int
+		err error
+	}
+	got := make(chan result, 1)
+	buf := make([]byte, 100)
+	before := shim.Parks()
+	go func() {
+		n, err := read(buf)
+		got <- result{n, err}
+	}()
+	waitParked(t, before)
+	rx := dev.Stats().RxDatagrams.Load()
+	wrote := make(chan error, 1)
+	go func() { wrote <- write() }()
+	select {
+	case res := <-got:
+		if res.err != nil || !bytes.Equal(buf[:res.n], want) {
+			t.Fatalf("read: %d bytes %q, %v", res.n, buf[:res.n], res.err)
+		}
+	case <-time.After(busyWithin):
+		t.Fatalf("a busy-poll read with no deadline did not see what was written after it began to wait, in %v (its device read %d datagrams meanwhile)",
+			busyWithin, dev.Stats().RxDatagrams.Load()-rx)
+	}
+	select {
+	case err := <-wrote:
+		if err != nil {
+			t.Fatalf("write: %v", err)
+		}
+	case <-time.After(busyWithin):
+		t.Fatal("the write did not return")
+	}
+}
+
+// TestBusyRCConnReadWakes: a Read with no deadline on a busy-poll RC
+// stream waits past its spin before the peer writes; its wait reads the
+// connection: the bytes are returned.
+func TestBusyRCConnReadWakes(t *testing.T) {
+	a, b := rcPair(t, nil, &RCOptions{Device: qp.DeviceConfig{Poll: qp.PollBusy}})
+	msg := []byte("written once the reader waits")
+	readAfterParked(t, a.Device(), a.Read, func() error { _, err := b.Write(msg); return err }, msg)
+}
+
+// TestBusyWRConnReadFromWakes: a ReadFrom with no deadline on a
+// busy-poll Write-Record socket waits past its spin before the peer
+// writes; its wait answers the peer's handshake and reads the record.
+func TestBusyWRConnReadFromWakes(t *testing.T) {
+	a, b := wrPair(t, &WROptions{Device: qp.DeviceConfig{Poll: qp.PollBusy}}, nil)
+	msg := []byte("written once the reader waits")
+	read := func(buf []byte) (int, error) { n, _, err := a.ReadFrom(buf); return n, err }
+	readAfterParked(t, a.Device(), read, func() error { _, err := b.WriteTo(msg, a.LocalAddr()); return err }, msg)
+}

@@ -260,7 +260,9 @@ func SetDeadline(dl *atomic.Int64, kick chan struct{}, t time.Time) {
 // notification) while one does: control messages are answered, and
 // records taken off the CQ as they come, even while the application
 // calls nothing, so no peer can fill the CQ (the Write-Record socket).
-// The arming is under mu.
+// On a device that Drives nothing fills the CQ while nobody polls it:
+// the watcher takes nothing there, and what comes waits in the socket
+// for the next call. The arming is under mu.
 type Watcher struct {
 	mu         sync.Mutex
 	fg         int
