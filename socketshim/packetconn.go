@@ -46,7 +46,10 @@ type Options struct {
 	// retry limits, peer cap (zero values are qp's defaults).
 	RD qp.RDConfig
 	// Device configures the PacketConn's own device (polling mode, socket
-	// buffers, an impairment layer for tests).
+	// buffers, an impairment layer for tests). With qp.PollBusy and no
+	// BusyPollThread nothing reads the socket but the PacketConn's calls:
+	// a blocked ReadFrom or WriteTo drives the receive path itself, a
+	// core for as long as it waits (shim.Park).
 	Device qp.DeviceConfig
 	// ReuseAddr sets SO_REUSEADDR before binding, so that several
 	// PacketConns on one host can bind a multicast group's port.
@@ -332,7 +335,7 @@ func (c *PacketConn) ReadFromUDPAddrPort(b []byte) (int, netip.AddrPort, error) 
 // wait parks until cq may have a completion, the deadline passes (or
 // moves), or the connection closes; it spins a little first (park).
 func (c *PacketConn) wait(cq *qp.CQ, dl *atomic.Int64, kick chan struct{}) error {
-	return shim.Park(cq, nil, dl, kick, c.closed, nil, 0)
+	return shim.Park(c.dev, cq, nil, dl, kick, c.closed, nil, 0)
 }
 
 // WriteTo sends b to addr as one datagram. On a Reliable PacketConn it

@@ -456,7 +456,7 @@ func (c *RCConn) Read(b []byte) (int, error) {
 		if err != nil {
 			return 0, c.opErr("read", err)
 		}
-		if err := shim.Park(c.rcq, nil, &c.dl.Read, c.dl.ReadKick, c.closed, rang, 0); err != nil {
+		if err := shim.Park(c.dev, c.rcq, nil, &c.dl.Read, c.dl.ReadKick, c.closed, rang, 0); err != nil {
 			return 0, c.opErr("read", err)
 		}
 	}
@@ -543,7 +543,7 @@ func (c *RCConn) Write(b []byte) (int, error) {
 			continue
 		}
 		c.mu.Unlock()
-		if err := shim.Park(c.rcq, nil, &c.dl.Write, c.dl.WriteKick, c.closed, rang, 0); err != nil {
+		if err := shim.Park(c.dev, c.rcq, nil, &c.dl.Write, c.dl.WriteKick, c.closed, rang, 0); err != nil {
 			return done, c.opErr("write", err)
 		}
 	}

@@ -1042,7 +1042,7 @@ func (c *WRConn) read(b []byte, partialOK bool) (Record, error) {
 			return Record{N: e.n, Addr: r.peer.ap, Partial: e.partial, Valid: e.valid}, nil
 		}
 		c.mu.Unlock()
-		if err := shim.Park(pc.rcq, &c.watch, &pc.Read, pc.ReadKick, pc.closed, rang, 0); err != nil {
+		if err := shim.Park(pc.dev, pc.rcq, &c.watch, &pc.Read, pc.ReadKick, pc.closed, rang, 0); err != nil {
 			return Record{}, pc.opErr("read", err)
 		}
 	}
@@ -1162,7 +1162,7 @@ func (c *WRConn) WriteToUDPAddrPort(b []byte, ap netip.AddrPort) (int, error) {
 			tmo = min(probeEvery, c.o.CreditWait-now.Sub(t.creditStart))
 		}
 		c.mu.Unlock()
-		if err := shim.Park(pc.rcq, &c.watch, &pc.Write, pc.WriteKick, pc.closed, rang, max(tmo, time.Millisecond)); err != nil {
+		if err := shim.Park(pc.dev, pc.rcq, &c.watch, &pc.Write, pc.WriteKick, pc.closed, rang, max(tmo, time.Millisecond)); err != nil {
 			return 0, pc.opErr("write", err)
 		}
 	}

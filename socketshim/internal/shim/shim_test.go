@@ -18,7 +18,13 @@ const long = 10 * time.Second
 
 func device(t *testing.T) (*qp.Device, *qp.PD, *qp.CQ) {
 	t.Helper()
-	d, err := qp.Open(qp.DeviceConfig{})
+	return deviceIn(t, qp.PollEvent)
+}
+
+// deviceIn is device in a polling mode (busy: without BusyPollThread).
+func deviceIn(t *testing.T, mode qp.PollMode) (*qp.Device, *qp.PD, *qp.CQ) {
+	t.Helper()
+	d, err := qp.Open(qp.DeviceConfig{Poll: mode})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,60 +51,146 @@ func returns(t *testing.T, f func() error) error {
 	}
 }
 
-func TestParkDeadline(t *testing.T) {
-	_, _, cq := device(t)
-	var d Deadlines
-	d.Init()
-	// A deadline already past: at once.
-	d.Read.Store(time.Now().Add(-time.Second).UnixNano())
-	if err := Park(cq, nil, &d.Read, d.ReadKick, make(chan struct{}), nil, 0); !errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("a past deadline: %v", err)
-	}
-	// A deadline that passes while parked.
-	SetDeadline(&d.Read, d.ReadKick, time.Now().Add(20*time.Millisecond))
-	<-d.ReadKick // the set kicked; nobody was parked
-	err := returns(t, func() error { return Park(cq, nil, &d.Read, d.ReadKick, make(chan struct{}), nil, 0) })
-	if !errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("a deadline passing while parked: %v", err)
-	}
-	if !Expired(&d.Read) {
-		t.Fatal("Expired: false after the deadline")
-	}
-	SetDeadline(&d.Read, d.ReadKick, time.Time{})
-	if Expired(&d.Read) {
-		t.Fatal("Expired: true with no deadline")
+// modes runs f in both polling modes, busy without BusyPollThread (where
+// Park drives the receive path rather than sleep).
+func modes(t *testing.T, f func(t *testing.T, d *qp.Device, cq *qp.CQ)) {
+	for _, mode := range []qp.PollMode{qp.PollEvent, qp.PollBusy} {
+		t.Run(mode.String(), func(t *testing.T) {
+			d, _, cq := deviceIn(t, mode)
+			if Drives(d) != (mode == qp.PollBusy) {
+				t.Fatalf("Drives: %v on a %v device", Drives(d), mode)
+			}
+			f(t, d, cq)
+		})
 	}
 }
 
-func TestParkWakes(t *testing.T) {
-	_, _, cq := device(t)
-	var dl atomic.Int64
-	for _, c := range []struct {
-		name string
-		wake func(kick, closed chan struct{}, b *Bell)
-		want error
-	}{
-		{"closed", func(_, closed chan struct{}, _ *Bell) { close(closed) }, net.ErrClosed},
-		{"kick (the deadline moved)", func(kick, _ chan struct{}, _ *Bell) { Signal(kick) }, nil},
-		{"the bell", func(_, _ chan struct{}, b *Bell) { b.Ring() }, nil},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			kick, closed := make(chan struct{}, 1), make(chan struct{})
-			var b Bell
-			rang := b.C()
-			started := make(chan struct{})
-			go func() { <-started; time.Sleep(5 * time.Millisecond); c.wake(kick, closed, &b) }()
-			err := returns(t, func() error { close(started); return Park(cq, nil, &dl, kick, closed, rang, 0) })
-			if !errors.Is(err, c.want) && err != c.want {
-				t.Fatalf("got %v, want %v", err, c.want)
-			}
-		})
+func TestParkDeadline(t *testing.T) {
+	modes(t, func(t *testing.T, dev *qp.Device, cq *qp.CQ) {
+		var d Deadlines
+		d.Init()
+		// A deadline already past: at once.
+		d.Read.Store(time.Now().Add(-time.Second).UnixNano())
+		if err := Park(dev, cq, nil, &d.Read, d.ReadKick, make(chan struct{}), nil, 0); !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("a past deadline: %v", err)
+		}
+		// A deadline that passes while parked.
+		SetDeadline(&d.Read, d.ReadKick, time.Now().Add(20*time.Millisecond))
+		<-d.ReadKick // the set kicked; nobody was parked
+		err := returns(t, func() error { return Park(dev, cq, nil, &d.Read, d.ReadKick, make(chan struct{}), nil, 0) })
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("a deadline passing while parked: %v", err)
+		}
+		if !Expired(&d.Read) {
+			t.Fatal("Expired: false after the deadline")
+		}
+		SetDeadline(&d.Read, d.ReadKick, time.Time{})
+		if Expired(&d.Read) {
+			t.Fatal("Expired: true with no deadline")
+		}
+	})
+}
+
+// waitParks waits until Parks moves past before: a Park waits past its
+// spin.
+func waitParks(before int64) {
+	for end := time.Now().Add(long); Parks() == before && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
 	}
-	// tmo: a nil return (look again) once it passes.
-	if err := returns(t, func() error {
-		return Park(cq, nil, &dl, make(chan struct{}), make(chan struct{}), nil, 5*time.Millisecond)
-	}); err != nil {
-		t.Fatalf("tmo: %v", err)
+}
+
+// TestParkWakes: a Park past its spin returns at once on close, kick and
+// the bell, and once tmo passes, in both polling modes.
+func TestParkWakes(t *testing.T) {
+	modes(t, func(t *testing.T, dev *qp.Device, cq *qp.CQ) {
+		var dl atomic.Int64
+		for _, c := range []struct {
+			name string
+			wake func(kick, closed chan struct{}, b *Bell)
+			want error
+		}{
+			{"closed", func(_, closed chan struct{}, _ *Bell) { close(closed) }, net.ErrClosed},
+			{"kick (the deadline moved)", func(kick, _ chan struct{}, _ *Bell) { Signal(kick) }, nil},
+			{"the bell", func(_, _ chan struct{}, b *Bell) { b.Ring() }, nil},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				kick, closed := make(chan struct{}, 1), make(chan struct{})
+				var b Bell
+				rang := b.C()
+				before := Parks()
+				go func() { waitParks(before); c.wake(kick, closed, &b) }()
+				err := returns(t, func() error { return Park(dev, cq, nil, &dl, kick, closed, rang, 0) })
+				if !errors.Is(err, c.want) && err != c.want {
+					t.Fatalf("got %v, want %v", err, c.want)
+				}
+				if Parks() == before {
+					t.Fatal("Park returned within its spin: the test does not reach the wait")
+				}
+			})
+		}
+		// tmo: a nil return (look again) once it passes.
+		if err := returns(t, func() error {
+			return Park(dev, cq, nil, &dl, make(chan struct{}), make(chan struct{}), nil, 5*time.Millisecond)
+		}); err != nil {
+			t.Fatalf("tmo: %v", err)
+		}
+	})
+}
+
+// TestParkDrivesBusy: on a busy-poll device without BusyPollThread
+// nothing reads the socket but the callers that poll; a Park with no
+// deadline that waits past its spin must read it itself. A datagram sent
+// only once it waits ends the wait, a completion on the CQ.
+func TestParkDrivesBusy(t *testing.T) {
+	d, pd, rcq := deviceIn(t, qp.PollBusy)
+	scq, err := d.CreateCQ(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	mr, err := pd.RegisterMemory(buf, qp.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := pd.CreateQP(qp.QPAttr{Type: qp.UD, SendCQ: scq, RecvCQ: rcq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := d.Bind("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Activate(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.PostRecv(&qp.RecvWR{SGL: []qp.SGE{mr.SGE(0, 2048)}}); err != nil {
+		t.Fatal(err)
+	}
+	ah, err := pd.CreateAH(s.LocalAddr(), q.QPN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dl atomic.Int64
+	closed := make(chan struct{})
+	before := Parks()
+	parked := make(chan error, 1)
+	go func() { parked <- Park(d, rcq, nil, &dl, make(chan struct{}), closed, nil, 0) }()
+	waitParks(before)
+	if Parks() == before {
+		t.Fatal("Park never waited past its spin")
+	}
+	if err := q.PostSend(&qp.SendWR{SGL: []qp.SGE{mr.SGE(2048, 8)}, AH: ah}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-parked:
+		if err != nil || rcq.Pending() != 1 {
+			t.Fatalf("Park: %v, %d completions on the CQ; want nil and the receive", err, rcq.Pending())
+		}
+	case <-time.After(long):
+		close(closed)
+		<-parked
+		t.Fatalf("a busy-poll Park did not see a datagram sent while it waited (the device read %d)", d.Stats().RxDatagrams.Load())
 	}
 }
 
@@ -227,7 +319,7 @@ func TestWatcher(t *testing.T) {
 			}
 			taken += cq.Poll(make([]qp.WorkCompletion, 4))
 			if taken == 0 {
-				if err := Park(cq, &w, &dl, make(chan struct{}), closed, nil, time.Millisecond); err != nil {
+				if err := Park(d, cq, &w, &dl, make(chan struct{}), closed, nil, time.Millisecond); err != nil {
 					return err
 				}
 			}

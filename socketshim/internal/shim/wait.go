@@ -9,6 +9,7 @@ package shim
 import (
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,13 +80,19 @@ func (b *Bell) Ring() {
 	b.mu.Unlock()
 }
 
-// Park waits until cq may hold a completion, the bell rings (rang), the
-// deadline (UnixNano in dl; 0 none) passes or moves (kick), closed
-// closes, or tmo (if not 0) passes, telling w (if not nil) that a
-// foreground goroutine waits. It spins for SpinFor first: a completion
-// that comes within it costs no goroutine hand-off. It returns
-// os.ErrDeadlineExceeded or net.ErrClosed, else nil: look again.
-func Park(cq *qp.CQ, w *Watcher, dl *atomic.Int64, kick, closed chan struct{}, rang <-chan struct{}, tmo time.Duration) error {
+// Park waits until cq, a CQ of dev, may hold a completion, the bell
+// rings (rang), the deadline (UnixNano in dl; 0 none) passes or moves
+// (kick), closed closes, or tmo (if not 0) passes, telling w (if not
+// nil) that a foreground goroutine waits. It spins for SpinFor first: a
+// completion that comes within it costs no goroutine hand-off. It
+// returns os.ErrDeadlineExceeded or net.ErrClosed, else nil: look again.
+//
+// On a busy-poll device without BusyPollThread nothing reads the sockets
+// but the calls that poll (Drives): there Park never sleeps, but goes on
+// driving the receive path in the caller's goroutine until one of those
+// happens, as CQ.Wait does on such a device — a core while it waits,
+// the documented cost of busy polling (docs/verbs.md).
+func Park(dev *qp.Device, cq *qp.CQ, w *Watcher, dl *atomic.Int64, kick, closed chan struct{}, rang <-chan struct{}, tmo time.Duration) error {
 	d := dl.Load()
 	now := time.Now().UnixNano()
 	if d != 0 && now >= d {
@@ -105,14 +112,20 @@ func Park(cq *qp.CQ, w *Watcher, dl *atomic.Int64, kick, closed chan struct{}, r
 	if cq.Spin(spin) {
 		return nil
 	}
-	if w != nil {
-		w.Enter(cq)
+	parks.Add(1)
+	drive := Drives(dev)
+	switch {
+	case w != nil:
+		w.Enter(cq) // on a busy-poll device too: the watcher stands aside
 		defer w.Exit()
-	} else {
+	case !drive:
 		cq.RequestNotify(false)
 	}
 	if cq.Pending() > 0 {
 		return nil
+	}
+	if drive {
+		return driveUntil(cq, d, kick, closed, rang, tmo)
 	}
 	var timer <-chan time.Time
 	if d != 0 {
@@ -138,6 +151,65 @@ func Park(cq *qp.CQ, w *Watcher, dl *atomic.Int64, kick, closed chan struct{}, r
 	}
 	return nil
 }
+
+// Drives reports whether dev is a busy-poll device without a poller
+// thread: one whose sockets nothing reads but the calls that poll its
+// CQs, so that a wait on one of them must drive the receive path itself
+// (CQ.Spin) rather than sleep on the CQ's channel (C), which nothing
+// would fill.
+func Drives(dev *qp.Device) bool {
+	cfg := dev.Config()
+	return cfg.Poll == qp.PollBusy && !cfg.BusyPollThread
+}
+
+// driveUntil is Park's wait on a device that Drives: it spins on cq's
+// receive path (CQ.Spin, in slices of at most SpinFor) until cq holds a
+// completion (nil), the deadline d (UnixNano; 0 none) passes
+// (os.ErrDeadlineExceeded), tmo (if not 0) passes, kick or rang
+// signals (nil: look again), or closed closes (net.ErrClosed). Between
+// slices it yields, as spinners may outnumber cores.
+func driveUntil(cq *qp.CQ, d int64, kick, closed chan struct{}, rang <-chan struct{}, tmo time.Duration) error {
+	var end int64
+	if tmo > 0 {
+		end = time.Now().UnixNano() + int64(tmo)
+	}
+	for {
+		select {
+		case <-closed:
+			return net.ErrClosed
+		case <-rang:
+			return nil
+		case <-kick:
+			return nil
+		default:
+		}
+		now := time.Now().UnixNano()
+		if d != 0 && now >= d {
+			return os.ErrDeadlineExceeded
+		}
+		if end != 0 && now >= end {
+			return nil
+		}
+		slice := SpinFor
+		if d != 0 {
+			slice = min(slice, time.Duration(d-now))
+		}
+		if end != 0 {
+			slice = min(slice, time.Duration(end-now))
+		}
+		if cq.Spin(slice) {
+			return nil
+		}
+		runtime.Gosched()
+	}
+}
+
+// parks counts the waits that went on past their spin (Parks).
+var parks atomic.Int64
+
+// Parks returns how many waits of Park have gone on past their spin: a
+// test that sees it move knows that the call it started waits.
+func Parks() int64 { return parks.Load() }
 
 // Done reports whether ch is closed.
 func Done(ch <-chan struct{}) bool {
@@ -188,7 +260,9 @@ func SetDeadline(dl *atomic.Int64, kick chan struct{}, t time.Time) {
 // notification) while one does: control messages are answered, and
 // records taken off the CQ as they come, even while the application
 // calls nothing, so no peer can fill the CQ (the Write-Record socket).
-// The arming is under mu.
+// On a device that Drives nothing fills the CQ while nobody polls it:
+// the watcher takes nothing there, and what comes waits in the socket
+// for the next call. The arming is under mu.
 type Watcher struct {
 	mu         sync.Mutex
 	fg         int
