@@ -196,6 +196,7 @@ var (
 	completions = counter("completions_total", "Work completions the devices' CQs took, by status.", "status")
 	wrSegments  = counter("write_record_segments_total", "Write-Record segments at targets, by fate: placed, or dropped by the engine (stale, duplicate, far_ahead, mismatch: docs/wire.md §4.3).", "fate")
 	wrMessages  = counter("write_record_messages_total", "Write-Record messages at the targets' engines, by outcome (superseded and fragmented messages also count as partial or discarded).", "outcome")
+	wrForgot    = counter("write_record_keys_forgotten_total", "Write-Record keys (source, STag) whose newest MSN a target's engine forgot at its MaxRemembered cap: a straggler of theirs may start a message again (docs/wire.md §4.3).", "")
 	wrRecords   = counter("write_record_records_total", "Write-Record messages the target QPs recorded (completion entries or validity maps), by kind.", "kind")
 	rdPeers     = counter("rd_peer_states_total", "RD peer states, by event: created, reclaimed (idle or at the cap), restarted (a new session), failed (retry limit).", "event")
 	rdFramesOut = counter("rd_frames_sent_total", "RD frames sent, by kind: data (retransmissions included), standalone acks, control (no payload), challenges, zero-window probes; the kinds overlap, so do not sum them.", "kind")
@@ -322,6 +323,7 @@ var table = func() []series {
 		w(&wrMessages, "evicted", func(w *writerecord.Stats) uint64 { return w.Evicted }),
 		w(&wrMessages, "displaced", func(w *writerecord.Stats) uint64 { return w.Displaced }),
 		w(&wrMessages, "fragmented", func(w *writerecord.Stats) uint64 { return w.Fragmented }),
+		w(&wrForgot, "", func(w *writerecord.Stats) uint64 { return w.Forgotten }),
 
 		s(&rdPeers, "created", func(s *qp.Stats) uint64 { return s.RDPeers.Load() }),
 		s(&rdPeers, "reclaimed", func(s *qp.Stats) uint64 { return s.RDPeersReclaimed.Load() }),
