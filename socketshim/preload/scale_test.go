@@ -87,7 +87,7 @@ func manysock(t *testing.T, dir string, preload bool, n int, ns string) (rss int
 	fail := func(format string, args ...any) {
 		t.Helper()
 		cancel() // the program may wait for its standard input yet
-		wait() // what the program said, the deferred log shows
+		wait()   // what the program said, the deferred log shows
 		t.Fatalf("manysock %d (preload %v): %s", n, preload, fmt.Sprintf(format, args...))
 	}
 	r := bufio.NewReader(out)
