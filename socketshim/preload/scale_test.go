@@ -5,15 +5,19 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/udiwarp/udiwarp/internal/memstat"
+	"github.com/udiwarp/udiwarp/internal/netnstest"
 )
 
 // The documented bound (docs/preload.md, "Memory"): the engine's fixed
@@ -26,17 +30,25 @@ const (
 
 // manysock runs testdata/manysock.c with n sockets, with or without the
 // preload, and returns its resident set and descriptor count once every
-// socket has sent and received, and the engine's stats.
-func manysock(t *testing.T, dir string, preload bool, n int) (rss int64, fds int, st stats) {
+// socket has sent and received, the engine's stats, and the stray
+// datagrams the program skipped. With ns, it runs in that network
+// namespace, and every UDP port there gets a stray datagram once the
+// program's sockets are bound, before their exchange.
+func manysock(t *testing.T, dir string, preload bool, n int, ns string) (rss int64, fds int, st stats, strays int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(dir, "manysock"), fmt.Sprint(n))
-	cmd.Env = os.Environ()
+	prog := filepath.Join(dir, "manysock")
 	statsFile := filepath.Join(t.TempDir(), "stats.json")
+	var env []string
 	if preload {
-		cmd.Env = append(cmd.Env, "LD_PRELOAD="+filepath.Join(dir, "libudiwarp_preload.so"),
-			"UDIWARP_ENGINE="+filepath.Join(dir, "libudiwarp_engine.so"), "UDIWARP_PRELOAD_STATS="+statsFile)
+		env = []string{"LD_PRELOAD=" + filepath.Join(dir, "libudiwarp_preload.so"),
+			"UDIWARP_ENGINE=" + filepath.Join(dir, "libudiwarp_engine.so"), "UDIWARP_PRELOAD_STATS=" + statsFile}
+	}
+	cmd := exec.CommandContext(ctx, prog, fmt.Sprint(n))
+	cmd.Env = append(os.Environ(), env...)
+	if ns != "" { // ip and env exec the program: one process, the program's pid
+		cmd = exec.CommandContext(ctx, "ip", append(append([]string{"netns", "exec", ns, "env"}, env...), prog, fmt.Sprint(n))...)
 	}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -46,21 +58,61 @@ func manysock(t *testing.T, dir string, preload bool, n int) (rss int64, fds int
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The program's standard error is read only after Wait: exec's copier
+	// writes it until then.
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 2 * time.Second
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	var waited sync.Once
+	wait := func() string {
+		waited.Do(func() {
+			stdin.Close()
+			cmd.Wait()
+		})
+		return stderr.String()
+	}
 	defer func() {
-		stdin.Close()
-		cmd.Wait()
+		if e := wait(); e != "" {
+			if l := strings.SplitAfter(e, "\n"); len(l) > 20 {
+				e = strings.Join(l[:20], "") + fmt.Sprintf("(and %d lines more)\n", len(l)-20)
+			}
+			t.Logf("manysock %d (preload %v) said:\n%s", n, preload, e)
+		}
 	}()
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil || line != fmt.Sprintf("ready %d\n", n) {
-		t.Fatalf("manysock %d (preload %v): %q %v\n%s", n, preload, line, err, stderr.String())
+	fail := func(format string, args ...any) {
+		t.Helper()
+		cancel() // the program may wait for its standard input yet
+		wait()   // what the program said, the deferred log shows
+		t.Fatalf("manysock %d (preload %v): %s", n, preload, fmt.Sprintf(format, args...))
+	}
+	r := bufio.NewReader(out)
+	if line, err := r.ReadString('\n'); err != nil || line != fmt.Sprintf("bound %d\n", n) {
+		fail("%q %v", line, err)
+	}
+	if ns != "" {
+		if sent := sweep(t, ns); sent == 0 {
+			fail("no stray sent")
+		}
+	}
+	if _, err := io.WriteString(stdin, "go\n"); err != nil {
+		fail("%v", err)
+	}
+	line, err := r.ReadString('\n')
+	var got int
+	if _, serr := fmt.Sscanf(line, "ready %d strays %d\n", &got, &strays); err != nil || serr != nil || got != n {
+		fail("%q %v", line, err)
 	}
 	pid := cmd.Process.Pid
+	if ns != "" {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err != nil || string(b) != "manysock\n" {
+			fail("process %d is %q (%v), not manysock", pid, b, err)
+		}
+	}
 	if rss, err = memstat.RSS(pid); err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +127,44 @@ func manysock(t *testing.T, dir string, preload bool, n int) (rss int64, fds int
 		})
 	}
 	go io.Copy(io.Discard, out)
-	return rss, len(ents), st
+	return rss, len(ents), st, strays
+}
+
+// sweep sends one stray datagram (not a udiwarp frame) from a socket of
+// its own in namespace ns to every UDP port bound there on 127.0.0.1 or
+// the wildcard, as other programs on a host's loopback may, and returns
+// how many it sent.
+func sweep(t *testing.T, ns string) (sent int) {
+	t.Helper()
+	netnstest.In(t, ns, func() {
+		c, err := net.ListenPacket("udp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		self := c.LocalAddr().(*net.UDPAddr).Port
+		b, err := os.ReadFile("/proc/thread-self/net/udp")
+		if err != nil {
+			t.Fatal(err)
+		}
+		junk := []byte{0, 0, 0, 0, 0, 0, 0, 0, 's', 't', 'r', 'a', 'y'}
+		for _, l := range strings.Split(string(b), "\n")[1:] {
+			f := strings.Fields(l)
+			if len(f) < 2 {
+				continue
+			}
+			addr, port, ok := strings.Cut(f[1], ":")
+			p, err := strconv.ParseUint(port, 16, 16)
+			if !ok || err != nil || int(p) == self || (addr != "0100007F" && addr != "00000000") {
+				continue
+			}
+			if _, err := c.WriteTo(junk, &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: int(p)}); err != nil {
+				t.Fatal(err)
+			}
+			sent++
+		}
+	})
+	return sent
 }
 
 // Ten thousand preloaded UDP sockets in one process (a server with a
@@ -85,8 +174,8 @@ func manysock(t *testing.T, dir string, preload bool, n int) (rss int64, fds int
 func TestTenThousandSockets(t *testing.T) {
 	dir := built(t)
 	const n = 10000
-	krss, kfds, _ := manysock(t, dir, false, n)
-	prss, pfds, st := manysock(t, dir, true, n)
+	krss, kfds, _, _ := manysock(t, dir, false, n, "")
+	prss, pfds, st, _ := manysock(t, dir, true, n, "")
 	t.Logf("%d sockets: RSS %d KiB on the kernel, %d KiB preloaded (%d B per socket over the kernel); descriptors %d and %d",
 		n, krss>>10, prss>>10, (prss-krss)/n, kfds, pfds)
 	if st.Sockets != n || st.Live != n || st.Received != 2*(n-1) || st.Sent != 2*(n-1) {
@@ -148,5 +237,33 @@ func TestReceiveSizeClasses(t *testing.T) {
 	}
 	if st := p.readStats(t); st.Received != 30 || st.PoolFree != st.Pool || st.NoRecv != 0 {
 		t.Fatalf("the engine delivered %d of 30, pool %d with %d free, %d dropped", st.Received, st.Pool, st.PoolFree, st.NoRecv)
+	}
+}
+
+// Stray datagrams on the loopback (another program's, to a port it used
+// a moment ago, or to any port) reach whatever socket holds that port
+// now: manysock, whose sockets hold a third of the ephemeral ports, skips
+// them on the kernel instead of failing (socket 0 answered a stray, and a
+// socket took one for its answer), and under the preload the engine
+// drops them (they are not udiwarp frames) while every socket's
+// datagrams still go through it. Every socket gets a stray, in a
+// namespace of the test's own, before the exchange.
+func TestManySocketsAmidStrays(t *testing.T) {
+	dir := built(t)
+	ns := netnstest.New(t, "link set lo up")
+	const n = 1000
+	if _, _, _, strays := manysock(t, dir, false, n, ns); strays != n {
+		t.Fatalf("on the kernel, manysock skipped %d strays, want one for each of its %d sockets", strays, n)
+	}
+	_, _, st, strays := manysock(t, dir, true, n, ns)
+	t.Logf("preloaded: %+v", st)
+	if strays != 0 {
+		t.Fatalf("preloaded, manysock was given %d strays: the engine must drop what is not a udiwarp frame", strays)
+	}
+	if st.Sockets != n || st.Received != 2*(n-1) || st.Sent != 2*(n-1) || st.PoolFree != st.Pool {
+		t.Fatalf("the engine carried %+v, want %d sockets and %d datagrams each way", st, n, 2*(n-1))
+	}
+	if st.Device["RxBadVersion"] != n {
+		t.Fatalf("the engine dropped %d strays as no udiwarp frame, want %d (one for each socket)", st.Device["RxBadVersion"], n)
 	}
 }

@@ -1,9 +1,18 @@
 // manysock: opens N bound UDP sockets in one process, as a server with
 // a socket per client does (SIPp's -t un), and exercises each: every
 // socket sends one datagram to socket 0, which answers each, and every
-// socket reads its answer. Then it prints "ready N" and waits for its
-// standard input to close, so that the test measures its memory with
-// every socket open. Also: "burst K" mode sends K datagrams to one
+// socket reads its answer. It prints "bound N" once every socket is
+// bound and waits for a line on its standard input before the exchange
+// (so that a test can send strays to the bound sockets first); after
+// it, it prints "ready N strays S" and waits for its standard input to
+// close, so that the test measures its memory with every socket open.
+//
+// Every socket is on the host's loopback, where any other program may
+// send to its port (a port another program used a moment ago, whose peer
+// still sends to it): such a stray datagram is not part of the exchange.
+// Socket 0 answers only a request from the socket its text names, and a
+// socket takes only socket 0's datagram as its answer; anything else is
+// a stray, reported on standard error, counted (S) and skipped. Also: "burst K" mode sends K datagrams to one
 // socket that reads nothing until all are sent, then counts what it can
 // read (the kernel's SO_RCVBUF decides).
 //
@@ -20,6 +29,27 @@
 #include <unistd.h>
 
 #define FAIL(...) do { fprintf(stderr, "manysock: " __VA_ARGS__); fprintf(stderr, " (errno %d: %s)\n", errno, strerror(errno)); exit(1); } while (0)
+// FAILX: a failure no system call reported (errno says nothing).
+#define FAILX(...) do { fprintf(stderr, "manysock: " __VA_ARGS__); fprintf(stderr, "\n"); exit(1); } while (0)
+
+// The exchange's wait for a datagram already sent on loopback: generous,
+// for a loaded machine (and the engine under the preload).
+#define WAIT_MS 30000
+
+static int same(const struct sockaddr_in *x, const struct sockaddr_in *y) {
+	return x->sin_family == y->sin_family && x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
+}
+
+// stray reports a datagram that is not part of the exchange, and counts it.
+static int strays;
+static void stray(int i, const char *b, ssize_t m, const struct sockaddr_in *from) {
+	char addr[INET_ADDRSTRLEN] = "?";
+	inet_ntop(AF_INET, &from->sin_addr, addr, sizeof addr);
+	fprintf(stderr, "manysock: socket %d skipped a stray datagram of %zd bytes from %s:%d:", i, m, addr, ntohs(from->sin_port));
+	for (ssize_t j = 0; j < m && j < 16; j++) fprintf(stderr, " %02x", (unsigned char)b[j]);
+	fprintf(stderr, "\n");
+	strays++;
+}
 
 static int udp(struct sockaddr_in *a) {
 	int fd = socket(AF_INET, SOCK_DGRAM, 0);
@@ -96,8 +126,11 @@ int main(int argc, char **argv) {
 	int *fd = calloc(n, sizeof *fd);
 	struct sockaddr_in *a = calloc(n, sizeof *a);
 	for (int i = 0; i < n; i++) fd[i] = udp(&a[i]);
-	timeo(fd[0], 5000);
+	timeo(fd[0], WAIT_MS);
 	char buf[256];
+	printf("bound %d\n", n);
+	fflush(stdout);
+	if (read(0, buf, 1) != 1) FAIL("no go on standard input");
 	// In rounds of 100, so that socket 0's queue never overflows (nor, before
 	// the shared pool, the engine's 128 receives per socket).
 	for (int lo = 1; lo < n; lo += 100) {
@@ -106,23 +139,39 @@ int main(int argc, char **argv) {
 			int m = snprintf(buf, sizeof buf, "hello from %d", i);
 			if (sendto(fd[i], buf, m, 0, (struct sockaddr *)&a[0], sizeof a[0]) != m) FAIL("sendto from %d", i);
 		}
-		for (int i = lo; i < hi; i++) {
+		for (int i = lo; i < hi;) {
 			struct sockaddr_in from;
 			socklen_t fl = sizeof from;
 			ssize_t m = recvfrom(fd[0], buf, sizeof buf - 1, 0, (struct sockaddr *)&from, &fl);
-			if (m <= 0) FAIL("socket 0 received %zd of round %d", m, lo);
-			if (sendto(fd[0], buf, m, 0, (struct sockaddr *)&from, fl) != m) FAIL("answer");
-		}
-		for (int i = lo; i < hi; i++) {
-			timeo(fd[i], 5000);
-			ssize_t m = recv(fd[i], buf, sizeof buf - 1, 0);
-			if (m <= 0) FAIL("socket %d received %zd", i, m);
+			if (m < 0) FAIL("socket 0 received %d of round %d's %d requests", i - lo, lo, hi - lo);
 			buf[m] = 0;
 			int who = -1;
-			if (sscanf(buf, "hello from %d", &who) != 1 || who != i) FAIL("socket %d got %s", i, buf);
+			if (m == 0 || sscanf(buf, "hello from %d", &who) != 1 || who < lo || who >= hi || !same(&from, &a[who])) {
+				stray(0, buf, m, &from);
+				continue;
+			}
+			if (sendto(fd[0], buf, m, 0, (struct sockaddr *)&from, fl) != m) FAIL("answer to %d", who);
+			i++;
+		}
+		for (int i = lo; i < hi; i++) {
+			timeo(fd[i], WAIT_MS);
+			for (;;) {
+				struct sockaddr_in from;
+				socklen_t fl = sizeof from;
+				ssize_t m = recvfrom(fd[i], buf, sizeof buf - 1, 0, (struct sockaddr *)&from, &fl);
+				if (m < 0) FAIL("socket %d received no answer", i);
+				if (!same(&from, &a[0])) {
+					stray(i, buf, m, &from);
+					continue;
+				}
+				buf[m] = 0;
+				int who = -1;
+				if (sscanf(buf, "hello from %d", &who) != 1 || who != i) FAILX("socket %d got %zd bytes from socket 0: \"%s\"", i, m, buf);
+				break;
+			}
 		}
 	}
-	printf("ready %d\n", n);
+	printf("ready %d strays %d\n", n, strays);
 	fflush(stdout);
 	while (read(0, buf, sizeof buf) > 0) {}
 	return 0;
