@@ -66,7 +66,7 @@ func TestRDMode(t *testing.T) {
 	})
 	t.Run("sipp", func(t *testing.T) {
 		needSIPp(t)
-		uac, uas := sippCalls(t, "un", 50)
+		uac, uas := sippCalls(t, sippRun{transport: "un", calls: 50, reliable: true})
 		rd(t, "the UAC", uac)
 		rd(t, "the UAS", uas)
 	})

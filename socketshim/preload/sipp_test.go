@@ -19,14 +19,32 @@ func needSIPp(t *testing.T) {
 	}
 }
 
+// sippRun says how sippCalls runs SIPp.
+type sippRun struct {
+	transport string // SIPp's -t: un (a UDP socket per call) or tn (TCP, a connection per call)
+	calls     int
+	// reliable: the datagrams under SIPp are delivered reliably (RD), so
+	// SIPp's own retransmissions are off (-nr), as a SIP element's are
+	// over a reliable transport (RFC 3261 §17.1.1.2: timers A and E run
+	// only over an unreliable one). Left on, a UAC held off the CPU for
+	// SIPp's T1 (500 ms) sends an INVITE again after the UAS has sent its
+	// 180 and 200, and SIPp's UAS (3.6, Debian's sip-tester) does not
+	// take that INVITE for a retransmission (only the first send after a
+	// receive remembers it) and aborts the call: "Aborting call on
+	// unexpected message ... while expecting 'ACK'". The UAC's BYE then
+	// goes unanswered through its retransmission budget.
+	reliable bool
+}
+
 // sippCalls runs SIPp's built-in SipStone basic call scenarios between a
-// preloaded UAS and a preloaded UAC, calls calls on SIPp transport
-// transport (un: a UDP socket per call), and checks every call completed,
-// none failed, and both engines carried every SIP message: per call the
-// UAC sends INVITE, ACK and BYE and receives 180 Ringing and two 200 OKs,
-// each on its own socket. It returns the two engines' stats.
-func sippCalls(t *testing.T, transport string, calls int) (uac, uas stats) {
+// preloaded UAS and a preloaded UAC, calls r.calls on SIPp transport
+// r.transport, and checks every call completed, none failed, and both
+// engines carried every SIP message: per call the UAC sends INVITE, ACK
+// and BYE and receives 180 Ringing and two 200 OKs, each on its own
+// socket. It returns the two engines' stats.
+func sippCalls(t *testing.T, r sippRun) (uac, uas stats) {
 	t.Helper()
+	transport, calls := r.transport, r.calls
 	dir := built(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -36,7 +54,7 @@ func sippCalls(t *testing.T, transport string, calls int) (uac, uas stats) {
 	if transport == "tn" {
 		env = rcEnv // SIPp's TCP over RC
 	}
-	srv := startEnv(t, ctx, dir, true, env, "sipp", "-sn", "uas", "-t", transport, "-i", "127.0.0.1", "-p", port, "-nostdin", "-max_socket", maxSock)
+	srv := startEnv(t, ctx, dir, true, env, "sipp", append(sippArgs(r), "-sn", "uas", "-t", transport, "-i", "127.0.0.1", "-p", port, "-nostdin", "-max_socket", maxSock)...)
 	if transport == "tn" {
 		waitTCP(t, atoi(t, port), srv)
 	} else {
@@ -44,15 +62,18 @@ func sippCalls(t *testing.T, transport string, calls int) (uac, uas stats) {
 	}
 	stf := filepath.Join(t.TempDir(), "uac.csv")
 	n := strconv.Itoa(calls)
-	cli := startEnv(t, ctx, dir, true, env, "sipp", "-sn", "uac", "-t", transport, "-i", "127.0.0.1", "127.0.0.1:"+port,
+	cli := startEnv(t, ctx, dir, true, env, "sipp", append(sippArgs(r), "-sn", "uac", "-t", transport, "-i", "127.0.0.1", "127.0.0.1:"+port,
 		"-r", n, "-l", n, "-m", n, "-d", "500", "-nostdin", "-max_socket", maxSock,
-		"-trace_stat", "-stf", stf, "-fd", "1", "-timeout", "60s", "-timeout_error")
+		"-trace_stat", "-stf", stf, "-fd", "1", "-timeout", "60s", "-timeout_error")...)
 	out := cli.wait(t) // SIPp exits 1 when any call failed, and wait fails the test
 	st := sippStat(t, stf)
 	t.Logf("SIPp UAC statistics: created %s, successful %s, failed %s, retransmissions %s",
 		st["TotalCallCreated"], st["SuccessfulCall(C)"], st["FailedCall(C)"], st["Retransmissions(C)"])
 	if st["SuccessfulCall(C)"] != n || st["FailedCall(C)"] != "0" {
 		t.Fatalf("SIPp completed %s of %d calls, %s failed\n%s", st["SuccessfulCall(C)"], calls, st["FailedCall(C)"], out)
+	}
+	if r.reliable && st["Retransmissions(C)"] != "0" {
+		t.Errorf("SIPp sent %s retransmissions over a reliable transport (-nr)", st["Retransmissions(C)"])
 	}
 	uac = cli.readStats(t) // it exited: its last write is done
 	msgs := uint64(3 * calls)
@@ -97,14 +118,22 @@ func sippCalls(t *testing.T, transport string, calls int) (uac, uas stats) {
 // sipp.go measures its memory and response times at 1,000 and more).
 func TestSIPpUD(t *testing.T) {
 	needSIPp(t)
-	sippCalls(t, "un", 50)
+	sippCalls(t, sippRun{transport: "un", calls: 50})
 }
 
 // SIPp over RC: the same calls, a TCP connection per call (-t tn), each
 // an RC QP in both SIPp processes (UDIWARP_PRELOAD_TCP=rc).
 func TestSIPpRC(t *testing.T) {
 	needSIPp(t)
-	sippCalls(t, "tn", 50)
+	sippCalls(t, sippRun{transport: "tn", calls: 50})
+}
+
+// sippArgs is what r adds to both SIPp command lines.
+func sippArgs(r sippRun) []string {
+	if r.reliable {
+		return []string{"-nr"}
+	}
+	return nil
 }
 
 func atoi(t *testing.T, s string) int {
