@@ -349,6 +349,9 @@ func (e *End) Serve(p Peer, lat bool, t *Tally, stop *atomic.Bool) {
 		}
 		break
 	}
+	if serveStart != nil {
+		serveStart()
+	}
 	if lat && e.lock {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
@@ -434,6 +437,11 @@ func (e *End) Serve(p Peer, lat bool, t *Tally, stop *atomic.Bool) {
 		}
 	}
 }
+
+// serveStart, when set (by tests), runs as a target's Serve loop starts
+// (an RC target's once it accepted): a target that gets the CPU late, as
+// on a loaded machine.
+var serveStart func()
 
 // connect points the initiator at the target: an AH (UD, RD) or an RC
 // connection, from host.
@@ -730,19 +738,19 @@ func (t *Tally) Figures() (received, partial, valid uint64, gbps, mpps float64) 
 }
 
 // Settle waits, after a bandwidth run's sender stopped having sent sent
-// messages of size bytes, for what is still on its way: a reliable mode
-// loses nothing, so until every byte is in (bounded by DrainLimit, and
-// by closing); ud-wr until the deadlines pass and partial records come
-// in; the others 50 ms.
+// messages, for what is still on its way: a lossless mode (RD, RC) loses
+// nothing, so until every message is in, counted in messages, not bytes,
+// so that zero-byte messages are too (bounded by DrainLimit, and by
+// closing); ud-wr until the deadlines pass and partial records come in;
+// the others 50 ms.
 func (t *Tally) Settle(cfg Config, sent uint64, closing func() bool) {
 	wait := 50 * time.Millisecond
 	if cfg.Mode == ModeUDWriteRecord {
 		wait = max(wait, 2*cfg.Deadline)
 	}
 	time.Sleep(wait)
-	if cfg.Mode.reliable() && !cfg.Mode.InitiatorMeasured() {
-		want := sent * uint64(max(cfg.Size, 1))
-		WaitUntil(DrainLimit, func() bool { return (closing != nil && closing()) || t.Bytes() >= want })
+	if cfg.Mode.lossless() && !cfg.Mode.InitiatorMeasured() {
+		WaitUntil(DrainLimit, func() bool { return (closing != nil && closing()) || t.received.Load() >= sent })
 	}
 }
 

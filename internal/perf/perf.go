@@ -81,6 +81,12 @@ func (m Mode) reliable() bool {
 	return m == ModeRDSend || m == ModeRDWrite || m == ModeRDRead || m == ModeRDWriteRecord || m == ModeRDAtomic || m == ModeRDWriteImm
 }
 
+// lossless says the mode's queue pairs deliver everything they accept:
+// RD (acknowledged, retransmitted) and RC (TCP). A bandwidth run of one
+// takes in what is still on its way before it counts (finish,
+// Tally.Settle), so what it reports lost was really lost.
+func (m Mode) lossless() bool { return m.reliable() || m.rc() }
+
 // Atomic says the mode runs RFC 7306 atomics: its size is AtomicSize.
 func (m Mode) Atomic() bool { return m == ModeRDAtomic || m == ModeRCAtomic }
 
