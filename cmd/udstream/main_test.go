@@ -380,8 +380,17 @@ func TestSenderVanishes(t *testing.T) {
 	wg.Go(func() {
 		s = runCmd([]string{"send", "-listen", addr, "-i", tsIn, "-speed", "2", "-q"}, stop)
 	})
-	time.AfterFunc(1200*time.Millisecond, func() { close(stop) })
-	time.Sleep(100 * time.Millisecond)
+	// The sender vanishes once the receiver has written part of the
+	// stream (a state, not a time: a loaded machine may not have begun
+	// streaming in any fixed time), or after a minute.
+	wg.Go(func() {
+		defer close(stop)
+		for end := time.Now().Add(time.Minute); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+			if fi, err := os.Stat(out); err == nil && fi.Size() >= 100*188 {
+				return
+			}
+		}
+	})
 	r := runCmd([]string{"recv", "-from", addr, "-o", out, "-idle", "700ms", "-json", "-q"}, nil)
 	wg.Wait()
 	var rs recvStats
