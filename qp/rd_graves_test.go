@@ -11,30 +11,6 @@ import (
 	"github.com/udiwarp/udiwarp/udiwarp"
 )
 
-// rdReopen has the validated source c (QP qpn) open a session with q on
-// node n in its epoch: Hello, the Challenge back, then a Data frame with
-// INIT and the issued token (a segment that is not DDP, consumed with an
-// error). When c already has a session, q ends it (buries it) and takes
-// the new one.
-func rdReopen(t *testing.T, c *net.UDPConn, n *node, q *QP, qpn, epoch uint32, buf []byte) {
-	t.Helper()
-	sendTo(t, c, rdFrame(reliability.Fields{Type: reliability.Hello, DstQPN: q.QPN(), SrcQPN: qpn, Epoch: epoch, Init: true, Issued: uint64(epoch)}, nil), n)
-	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	for {
-		k, _, err := c.ReadFromUDPAddrPort(buf)
-		if err != nil {
-			t.Fatalf("waiting for a Challenge: %v", err)
-		}
-		var h reliability.Header
-		if h.Parse(buf[:k-udiwarp.CRCSize]) != nil || h.Type != reliability.Challenge || h.Token != uint64(epoch) {
-			continue // an ack or a Challenge for an earlier session
-		}
-		sendTo(t, c, rdFrame(reliability.Fields{Type: reliability.Data, DstQPN: q.QPN(), SrcQPN: qpn, Epoch: epoch, Token: h.Issued,
-			Init: true, Issued: uint64(epoch)}, []byte("junk, not DDP")), n)
-		return
-	}
-}
-
 // TestRDChurnDoesNotReopenEndedSession (issue 30, item 1): a session's
 // first frame (INIT, its keyed token, a Send or an Atomic FetchAdd) is
 // delivered, the receiver drops the session (idle reclaim) with the ack
@@ -71,25 +47,7 @@ func TestRDChurnDoesNotReopenEndedSession(t *testing.T) {
 			}
 			defer c.Close()
 			const qpn = 9
-			buf := make([]byte, 2048)
-			read := func() reliability.Header {
-				t.Helper()
-				c.SetReadDeadline(time.Now().Add(10 * time.Second))
-				k, _, err := c.ReadFromUDPAddrPort(buf)
-				if err != nil {
-					t.Fatal(err)
-				}
-				var h reliability.Header
-				if err := h.Parse(buf[:k-udiwarp.CRCSize]); err != nil {
-					t.Fatal(err)
-				}
-				return h
-			}
-			sendTo(t, c, rdFrame(reliability.Fields{Type: reliability.Hello, DstQPN: qb.QPN(), SrcQPN: qpn, Epoch: 77, Init: true, Issued: 1}, nil), b)
-			ch := read()
-			if ch.Type != reliability.Challenge {
-				t.Fatalf("answer to Hello: %v", ch.Type)
-			}
+			r := rawContact(t, c, b, qb, qpn)
 			var seg []byte
 			if isAtomic {
 				seg = udiwarp.AppendUntagged(nil, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
@@ -97,13 +55,9 @@ func TestRDChurnDoesNotReopenEndedSession(t *testing.T) {
 				a := atomicRequest(OpAtomicFetchAdd, 1, amr.STag(), amr.Addr(), 1, 0)
 				seg = udiwarp.AppendAtomicRequest(seg, &a)
 			} else {
-				seg = udiwarp.AppendUntagged(nil, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
-					RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpSend), ULP: qpn, QN: udiwarp.DatagramQN(qb.QPN(), udiwarp.QueueSend), MSN: 1})
-				seg = append(seg, "once"...)
+				seg = rdSendSeg(qb.QPN(), qpn, 1, []byte("once"))
 			}
-			data := rdFrame(reliability.Fields{Type: reliability.Data, DstQPN: qb.QPN(), SrcQPN: qpn, Epoch: 77, Token: ch.Issued,
-				Init: true, Issued: 1, AckNow: true}, seg)
-			sendTo(t, c, data, b)
+			r.data(0, seg, false, 0, 0)
 			if isAtomic {
 				eventually(t, "the FetchAdd carried out", func() bool { return word() == 1 })
 			} else if wc := collect(t, cqb, 1, 5*time.Second)[0]; wc.Status != Success || string(b.buf[:4]) != "once" {
@@ -126,9 +80,9 @@ func TestRDChurnDoesNotReopenEndedSession(t *testing.T) {
 			}
 			defer churner.Close()
 			const churn = 3*rdGraveyard + 10
-			cbuf := make([]byte, 2048)
 			for e := uint32(1); e <= churn; e++ {
-				rdReopen(t, churner, b, qb, 5, 1000+e, cbuf)
+				// Each contact in a new epoch ends the one before.
+				rawContactIn(t, churner, b, qb, 5, 1000+e, uint64(e)).data(0, []byte("junk, not DDP"), false, 0, 0)
 			}
 			eventually(t, "b taking every reopened session", func() bool {
 				return b.dev.Stats().RDPeerRestarts.Load() >= churn-1
@@ -142,17 +96,8 @@ func TestRDChurnDoesNotReopenEndedSession(t *testing.T) {
 
 			// The first frame again. What b sent before (acks, Atomic
 			// Responses) is still queued at c: read up to the Challenge.
-			sendTo(t, c, data, b)
-			challenged := false
-			for end := time.Now().Add(5 * time.Second); !challenged && time.Now().Before(end); {
-				c.SetReadDeadline(end)
-				k, _, err := c.ReadFromUDPAddrPort(buf)
-				if err != nil {
-					break
-				}
-				var h reliability.Header
-				challenged = h.Parse(buf[:k-udiwarp.CRCSize]) == nil && h.Type == reliability.Challenge && h.Token == ch.Issued
-			}
+			r.data(0, seg, false, 0, 0)
+			challenged := r.await(func(h *reliability.Header) bool { return h.Type == reliability.Challenge && h.Token == r.theirs })
 			if v := word(); isAtomic && v != 1 {
 				t.Fatalf("the FetchAdd ran again: word %d", v)
 			}
@@ -190,37 +135,12 @@ func TestRDErrorEndsSessionsForGood(t *testing.T) {
 	}
 	defer c.Close()
 	const qpn = 9
-	buf := make([]byte, 2048)
+	r := rawContact(t, c, b, qb, qpn)
 	readType := func(want reliability.Type) bool {
-		t.Helper()
-		for end := time.Now().Add(5 * time.Second); time.Now().Before(end); {
-			c.SetReadDeadline(end)
-			k, _, err := c.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return false
-			}
-			var h reliability.Header
-			if h.Parse(buf[:k-udiwarp.CRCSize]) == nil && h.Type == want {
-				return true
-			}
-		}
-		return false
+		return r.await(func(h *reliability.Header) bool { return h.Type == want })
 	}
-	sendTo(t, c, rdFrame(reliability.Fields{Type: reliability.Hello, DstQPN: qb.QPN(), SrcQPN: qpn, Epoch: 77, Init: true, Issued: 1}, nil), b)
-	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	k, _, err := c.ReadFromUDPAddrPort(buf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ch reliability.Header
-	if err := ch.Parse(buf[:k-udiwarp.CRCSize]); err != nil || ch.Type != reliability.Challenge {
-		t.Fatalf("answer to Hello: %v %v", ch.Type, err)
-	}
-	send := udiwarp.AppendUntagged(nil, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
-		RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpSend), ULP: qpn, QN: udiwarp.DatagramQN(qb.QPN(), udiwarp.QueueSend), MSN: 1})
-	data := rdFrame(reliability.Fields{Type: reliability.Data, DstQPN: qb.QPN(), SrcQPN: qpn, Epoch: 77, Token: ch.Issued,
-		Init: true, Issued: 1, AckNow: true}, append(send, "once"...))
-	sendTo(t, c, data, b)
+	seg := rdSendSeg(qb.QPN(), qpn, 1, []byte("once"))
+	r.data(0, seg, false, 0, 0)
 	if wc := collect(t, cqb, 1, 5*time.Second)[0]; wc.Status != Success || string(b.buf[:4]) != "once" {
 		t.Fatalf("%+v", wc)
 	}
@@ -236,7 +156,7 @@ func TestRDErrorEndsSessionsForGood(t *testing.T) {
 		t.Fatal("the flush kept a peer")
 	}
 	qb.PostRecv(&RecvWR{ID: 2, SGL: []SGE{b.mr.SGE(10, 10)}})
-	sendTo(t, c, data, b)
+	r.data(0, seg, false, 0, 0)
 	challenged := readType(reliability.Challenge)
 	var wc [1]WorkCompletion
 	if cqb.Poll(wc[:]) > 0 {

@@ -32,7 +32,13 @@ type rawRD struct {
 // rawContact sends a Hello from c as QP qpn and reads the Challenge.
 func rawContact(t *testing.T, c *net.UDPConn, to *node, dst *QP, qpn uint32) *rawRD {
 	t.Helper()
-	r := &rawRD{t: t, c: c, to: to, dst: dst.QPN(), qpn: qpn, epoch: 0x5eed0000 | qpn, mine: 0xabc0000000000000 | uint64(qpn)}
+	return rawContactIn(t, c, to, dst, qpn, 0x5eed0000|qpn, 0xabc0000000000000|uint64(qpn))
+}
+
+// rawContactIn is rawContact in the given epoch, with the given token.
+func rawContactIn(t *testing.T, c *net.UDPConn, to *node, dst *QP, qpn, epoch uint32, mine uint64) *rawRD {
+	t.Helper()
+	r := &rawRD{t: t, c: c, to: to, dst: dst.QPN(), qpn: qpn, epoch: epoch, mine: mine}
 	sendTo(t, c, rdFrame(reliability.Fields{Type: reliability.Hello, DstQPN: r.dst, SrcQPN: qpn, Epoch: r.epoch, Init: true, Issued: r.mine}, nil), to)
 	for {
 		h, _ := r.read(5 * time.Second)
@@ -63,6 +69,21 @@ func (r *rawRD) read(limit time.Duration) (*reliability.Header, []byte) {
 		}
 		return h, append([]byte(nil), buf[h.Size:n-udiwarp.CRCSize]...)
 	}
+}
+
+// await reads frames until one matches, for at most 10 s; false if none
+// did.
+func (r *rawRD) await(match func(*reliability.Header) bool) bool {
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); {
+		h, _ := r.read(time.Until(end))
+		if h == nil {
+			return false
+		}
+		if match(h) {
+			return true
+		}
+	}
+	return false
 }
 
 // data sends Data frame seq carrying seg, with an ack block (cumulative
