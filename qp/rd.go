@@ -236,6 +236,7 @@ type rdQP struct {
 	// while the QP is on the socket's list of QPs to flush them.
 	acks   []*rdPeer
 	acking bool
+	trains *rdTrainCtx // made on the QP's first segment train (rdtrain.go)
 }
 
 func newRDQP(q *QP, cfg RDConfig) *rdQP {
@@ -495,6 +496,22 @@ func (r *rdQP) pump(s *Socket, p *rdPeer, now time.Time) (full bool) {
 		if w.op.awaitsResponse() {
 			pk.off = 0
 		}
+		if !probing && !pk.imm && p.rcv.AckDue(now).IsZero() && r.trainable(s, w, body) {
+			k, full := r.train(s, p, w, body, now)
+			if full {
+				r.waitMover(p)
+				return true
+			}
+			if k > 0 {
+				if w.internal && w.sent == w.nseg {
+					p.serving-- // as below
+				}
+				if w.sent == w.nseg {
+					p.popQueue()
+				}
+				continue
+			}
+		}
 		seq := p.snd.Push(pk, now)
 		tail := w.sent+1 == w.nseg && len(p.queue) == 1
 		if err := r.data(s, p, seq, &pk, now, probing || (tail && w.flags&FlagSignaled != 0)); err == errSocketFull {
@@ -529,12 +546,48 @@ func (r *rdQP) pump(s *Socket, p *rdPeer, now time.Time) (full bool) {
 func (r *rdQP) data(s *Socket, p *rdPeer, seq uint32, pk *rdPkt, now time.Time, ackNow bool) error {
 	q := r.q
 	w := pk.w
-	f := reliability.Fields{Type: reliability.Data, Window: p.rcv.Window(), DstQPN: p.key.qpn, SrcQPN: q.wireQPN(),
-		Epoch: p.epoch, Token: p.theirToken, Seq: seq, Init: p.sendInit, Issued: p.myToken, AckNow: ackNow}
+	f := r.dataFields(p, seq, ackNow)
 	if !p.rcv.AckDue(now).IsZero() {
 		f.Ack = r.ackBlock(p, now, &f.RNR)
 	}
-	b := reliability.Append(r.hb[:0], &f)
+	b := r.frameHeader(r.hb[:0], p, &f, pk)
+	t := &r.tx
+	t.begin(b)
+	n := pk.n
+	if st := r.gather(t, w, pk.off, pk.n); st != Success {
+		if !w.internal {
+			return nil // cannot happen: the MRs are referenced; the peer's ack completes it
+		}
+		// A Read Response whose source is no longer readable by the peer
+		// (MR.Invalidate since the Read was served): the segment goes out
+		// empty, and the requester, short of bytes at the last one, fails
+		// the Read (docs/wire.md §11).
+		t.begin(b)
+		n = 0
+	}
+	t.finish(s, &p.ah, int(n))
+	err := t.transmit(s)
+	t.release()
+	if err == nil {
+		p.last = now
+		q.dev.stats.RDDataSent.Add(1)
+	}
+	return err
+}
+
+// dataFields are the RD header fields of p's Data frame seq, without
+// an ack.
+func (r *rdQP) dataFields(p *rdPeer, seq uint32, ackNow bool) reliability.Fields {
+	return reliability.Fields{Type: reliability.Data, Window: p.rcv.Window(), DstQPN: p.key.qpn, SrcQPN: r.q.wireQPN(),
+		Epoch: p.epoch, Token: p.theirToken, Seq: seq, Init: p.sendInit, Issued: p.myToken, AckNow: ackNow}
+}
+
+// frameHeader appends to b the headers of the Data frame f for pk: the
+// RD header, then the DDP (and RDMAP) headers of pk's segment.
+func (r *rdQP) frameHeader(b []byte, p *rdPeer, f *reliability.Fields, pk *rdPkt) []byte {
+	q := r.q
+	w := pk.w
+	b = reliability.Append(b, f)
 	last := pk.last
 	untagged := func(opc udiwarp.Opcode, queue udiwarp.Queue, msn uint32) {
 		b = udiwarp.AppendUntagged(b, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
@@ -575,28 +628,7 @@ func (r *rdQP) data(s *Socket, p *rdPeer, seq uint32, pk *rdPkt, now time.Time, 
 		b = udiwarp.AppendReadRequest(b, &udiwarp.ReadRequestFields{SinkSTag: w.sinkSTag, SinkTO: w.sinkTO, Size: w.length,
 			SourceSTag: w.rstag, SourceTO: w.rto})
 	}
-	t := &r.tx
-	t.begin(b)
-	n := pk.n
-	if st := r.gather(t, w, pk.off, pk.n); st != Success {
-		if !w.internal {
-			return nil // cannot happen: the MRs are referenced; the peer's ack completes it
-		}
-		// A Read Response whose source is no longer readable by the peer
-		// (MR.Invalidate since the Read was served): the segment goes out
-		// empty, and the requester, short of bytes at the last one, fails
-		// the Read (docs/wire.md §11).
-		t.begin(b)
-		n = 0
-	}
-	t.finish(s, &p.ah, int(n))
-	err := t.transmit(s)
-	t.release()
-	if err == nil {
-		p.last = now
-		q.dev.stats.RDDataSent.Add(1)
-	}
-	return err
+	return b
 }
 
 // rdGather adds bytes [off, off+n) of w's message to the frame.
