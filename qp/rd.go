@@ -200,6 +200,7 @@ type rdPeer struct {
 	// error (rdDeliver).
 	msgErr  reliability.Code
 	inMsg   bool
+	rxSend  rdRxSend  // the peer's Send of several segments being placed
 	held    int       // bytes its receiver buffers ahead of a gap
 	moved   time.Time // when its receiver last delivered (or the peer was made)
 	ackHeld bool      // an ack due now waits for the end of the socket's batch (rdQP.acks)
@@ -297,8 +298,8 @@ func (r *rdQP) postOn(wr *SendWR, s *Socket) error {
 	length += uint64(len(wr.Inline))
 	switch wr.Opcode {
 	case OpSend, OpSendImm, OpImmediate:
-		if length > uint64(s.rdMaxSend()) {
-			return fmt.Errorf("%w: an RD Send of %d bytes, at most %d (one datagram)", ErrInvalidWR, length, s.rdMaxSend())
+		if length > 1<<32-1 {
+			return fmt.Errorf("%w: an RD Send of %d bytes (at most 4 GiB - 1)", ErrInvalidWR, length)
 		}
 		if err := checkImmWR(wr); err != nil {
 			return err
@@ -345,6 +346,9 @@ func (r *rdQP) postOn(wr *SendWR, s *Socket) error {
 	switch w.op {
 	case OpSend, OpSendImm:
 		w.seg = uint32(s.rdMaxSend())
+		if n := r.cfg.Segment; n > 0 && n < int(w.seg) {
+			w.seg = uint32(n)
+		}
 	case OpWrite, OpWriteImm:
 		w.seg = r.segment(s)
 	case OpWriteRecord:
@@ -594,6 +598,15 @@ func (r *rdQP) frameHeader(b []byte, p *rdPeer, f *reliability.Fields, pk *rdPkt
 			RDMAP: udiwarp.NewRDMAPControl(opc), ULP: q.wireQPN(), QN: udiwarp.DatagramQN(p.key.qpn, queue), MSN: msn})
 	}
 	switch op := w.op; {
+	case !pk.imm && (op == OpSend || op == OpSendImm):
+		// A Send of several segments: each at its MO, L on the last
+		// (udiwarp.ParseRDSegment).
+		opc := udiwarp.OpSend
+		if w.flags&FlagSolicited != 0 && op == OpSend { // Send with Immediate: the SE rides on the Immediate Data
+			opc = udiwarp.OpSendSE
+		}
+		b = udiwarp.AppendUntagged(b, &udiwarp.UntaggedFields{Last: last, DV: udiwarp.DatagramDDPVersion,
+			RDMAP: udiwarp.NewRDMAPControl(opc), ULP: q.wireQPN(), QN: udiwarp.DatagramQN(p.key.qpn, udiwarp.QueueSend), MSN: w.msn, MO: pk.off})
 	case pk.imm:
 		opc := udiwarp.OpImmediateData
 		if w.flags&FlagSolicited != 0 {
@@ -601,12 +614,6 @@ func (r *rdQP) frameHeader(b []byte, p *rdPeer, f *reliability.Fields, pk *rdPkt
 		}
 		untagged(opc, udiwarp.QueueSend, w.immMSN)
 		b = udiwarp.AppendImmediateData(b, w.imm)
-	case op == OpSend, op == OpSendImm:
-		opc := udiwarp.OpSend
-		if w.flags&FlagSolicited != 0 && op == OpSend { // Send with Immediate: the SE rides on the Immediate Data
-			opc = udiwarp.OpSendSE
-		}
-		untagged(opc, udiwarp.QueueSend, w.msn)
 	case op == OpAtomicFetchAdd, op == OpAtomicCmpSwap:
 		untagged(udiwarp.OpAtomicRequest, udiwarp.QueueReadRequest, w.msn)
 		a := atomicRequest(op, w.msn, w.rstag, w.rto, w.compareAdd, w.swap)
@@ -1074,7 +1081,7 @@ func (r *rdQP) onData(s *Socket, p *rdPeer, h *reliability.Header, seg []byte, s
 func (r *rdQP) deliver(s *Socket, p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool {
 	q := r.q
 	st := &q.dev.stats
-	seg, err := udiwarp.ParseSegment(b, udiwarp.ProfileDatagram)
+	seg, err := udiwarp.ParseRDSegment(b)
 	if err != nil {
 		st.countRx(err)
 		p.beginMessage()
@@ -1111,6 +1118,11 @@ func (p *rdPeer) endMessage(last bool) { p.inMsg = !last }
 func (r *rdQP) deliverSegment(s *Socket, p *rdPeer, seq uint32, seg udiwarp.Segment, src netip.AddrPort, before reliability.Code) bool {
 	q := r.q
 	st := &q.dev.stats
+	if p.rxSend.active && !rdIsSend(seg) {
+		// A Send of several segments was cut short by another message:
+		// the peer broke the order it must keep.
+		r.endRxSend(p, RemoteAbortedError)
+	}
 	if seg.Control.Tagged() {
 		switch {
 		case seg.Control.WriteRecord():
@@ -1151,7 +1163,8 @@ func (r *rdQP) deliverSegment(s *Socket, p *rdPeer, seq uint32, seg udiwarp.Segm
 		return true
 	}
 	// ParseSegment checked that each opcode came on its queue.
-	switch op := seg.Opcode(); {
+	op := seg.Opcode()
+	switch {
 	case op == udiwarp.OpReadRequest:
 		r.serveRead(p, seq, seg)
 		return true
@@ -1165,6 +1178,9 @@ func (r *rdQP) deliverSegment(s *Socket, p *rdPeer, seq uint32, seg udiwarp.Segm
 		st.RxBadOpcode.Add(1)
 		p.noteErr(seq, reliability.CodeInvalidRequest)
 		return true
+	}
+	if isSend(op) && (p.rxSend.active || !seg.Control.Last() || h.MO() != 0) {
+		return r.deliverSendPart(s, p, seq, seg, src)
 	}
 	var w recvWQE
 	n := len(seg.Payload)
@@ -1199,6 +1215,97 @@ func (r *rdQP) deliverSegment(s *Socket, p *rdPeer, seq uint32, seg udiwarp.Segm
 	return true
 }
 
+// rdRxSend is a peer's Send of several segments while it is placed: the
+// receive its first segment took, the MSN and the offset the next
+// segment must have, and what became of it so far. A receive costs a
+// peer nothing until then: the state is the receive itself, held once.
+type rdRxSend struct {
+	w      *recvWQE
+	msn    uint32
+	next   uint32
+	st     Status
+	opc    udiwarp.Opcode
+	hdr    [udiwarp.DDPUntaggedHeaderSize]byte // the first segment's, for the completion
+	active bool
+}
+
+// deliverSendPart places one segment of a Send of several segments
+// (udiwarp.ParseRDSegment): the first takes a receive (none posted: not
+// ready, the peer sends it again), each places at its MO, the last
+// completes the receive. The segments come in order (RD delivers them
+// so, and a sender numbers a message's segments back to back); one at
+// another offset or of another message ends the receive with
+// RemoteAbortedError and is refused. A message longer than the receive
+// completes it with LocalLengthError and fails the peer's WR.
+func (r *rdQP) deliverSendPart(s *Socket, p *rdPeer, seq uint32, seg udiwarp.Segment, src netip.AddrPort) bool {
+	q := r.q
+	h := seg.Untagged()
+	x := &p.rxSend
+	if x.active && (h.MSN() != x.msn || h.MO() != x.next) {
+		r.endRxSend(p, RemoteAbortedError)
+		if h.MO() != 0 {
+			p.noteErr(seq, reliability.CodeInvalidRequest)
+			return true
+		}
+	}
+	if !x.active {
+		if h.MO() != 0 {
+			q.dev.stats.RxBadHeader.Add(1)
+			p.noteErr(seq, reliability.CodeInvalidRequest)
+			return true
+		}
+		if x.w == nil {
+			x.w = new(recvWQE)
+		}
+		if q.takeRecv(x.w, len(seg.Payload), src) != recvTaken {
+			q.dev.stats.RDNotReady.Add(1)
+			return false
+		}
+		s.rx.evict(q, x.w.seq)
+		x.active, x.msn, x.next, x.st, x.opc = true, h.MSN(), 0, Success, seg.Opcode()
+		copy(x.hdr[:], h)
+	}
+	n := uint32(len(seg.Payload))
+	if x.next+n < x.next && x.st == Success {
+		x.st = LocalLengthError // past 4 GiB
+		p.noteErr(seq, reliability.CodeInvalidRequest)
+	}
+	if x.st == Success {
+		if x.st = q.scatterAt(x.w, x.next, seg.Payload); x.st != Success {
+			// Reported once, at the segment that failed: it fails the
+			// peer's WR, whichever of its segments the error names.
+			code := reliability.CodeRemoteOperation
+			if x.st == LocalLengthError {
+				code = reliability.CodeInvalidRequest
+			}
+			p.noteErr(seq, code)
+		}
+	}
+	x.next += n
+	if seg.Control.Last() {
+		r.endRxSend(p, x.st)
+	}
+	return true
+}
+
+// endRxSend completes the receive p's Send of several segments took, with
+// st (Success only when its last segment was placed).
+func (r *rdQP) endRxSend(p *rdPeer, st Status) {
+	x := &p.rxSend
+	if !x.active {
+		return
+	}
+	q := r.q
+	h := udiwarp.DDPUntagged(x.hdr[:])
+	wc := q.sendWC(x.w.id, x.opc, h, p.key.addr, int(x.next))
+	wc.Status = st
+	if st != Success {
+		wc.Len = 0
+	}
+	q.completeRecv(&wc)
+	x.active = false
+}
+
 // deliverLanded carries out the in-order frame seq from p whose payload
 // landed in a posted receive (slot land): hdr is its DDP header. If that
 // receive is the next one, the Send completes where it is, with no copy;
@@ -1207,7 +1314,7 @@ func (r *rdQP) deliverSegment(s *Socket, p *rdPeer, seq uint32, seg udiwarp.Segm
 func (r *rdQP) deliverLanded(s *Socket, p *rdPeer, seq uint32, hdr []byte, land *landing, src netip.AddrPort) bool {
 	q := r.q
 	seg, err := udiwarp.ParseSegment(hdr, udiwarp.ProfileDatagram)
-	if h := seg.Untagged(); err == nil && land.q == q && rdIsSend(seg) && h.DstQPN() == q.wireQPN() && h.SrcQPN() == p.key.qpn {
+	if h := seg.Untagged(); err == nil && land.q == q && rdIsSend(seg) && !p.rxSend.active && h.DstQPN() == q.wireQPN() && h.SrcQPN() == p.key.qpn {
 		q.rqMu.Lock()
 		if q.srq == nil && q.rq.len() > 0 && q.rq.front().seq == land.seq {
 			q.rq.pop()
@@ -1720,6 +1827,7 @@ func (r *rdQP) flush() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, p := range r.peers {
+		r.endRxSend(p, WRFlushError)
 		r.abort(p, WRFlushError, true)
 		r.bury(p) // its sessions end: none opens again if the QP comes back (RESET, RTS)
 	}

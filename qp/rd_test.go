@@ -179,8 +179,9 @@ func TestRDErrors(t *testing.T) {
 	if string(writable.Bytes()[:2]) != "ok" || readOnly.Bytes()[0] != 0 || otherPD.Bytes()[0] != 0 {
 		t.Fatal("bytes placed where they must not be, or not where they must")
 	}
-	// Local faults: too long for one datagram; a Read with two sinks.
-	if err := p.qa.PostSend(&SendWR{SGL: []SGE{p.a.mr.SGE(0, 70000)}, AH: p.ahAB}); !errors.Is(err, ErrInvalidWR) {
+	// Local faults: longer than a message can be (2^32 - 1); a Read with
+	// two sinks.
+	if err := p.qa.PostSend(&SendWR{SGL: []SGE{{LKey: p.a.mr.LKey(), Length: 1 << 31}, {LKey: p.a.mr.LKey(), Length: 1 << 31}}, AH: p.ahAB}); !errors.Is(err, ErrInvalidWR) {
 		t.Fatalf("oversized Send: %v", err)
 	}
 	if err := p.qa.PostSend(&SendWR{Opcode: OpRead, SGL: []SGE{p.a.mr.SGE(0, 1), p.a.mr.SGE(1, 1)}, AH: p.ahAB}); !errors.Is(err, ErrInvalidWR) {

@@ -125,6 +125,7 @@ func (p *rdPeer) newToken() {
 // a valid keyed token, opens nothing (rdReceive). The graveyard keeps the
 // last rdGraveyard sessions.
 func (r *rdQP) bury(p *rdPeer) {
+	r.endRxSend(p, RemoteAbortedError) // a Send of several segments ends with its session
 	if !p.established {
 		return
 	}

@@ -14,6 +14,8 @@ type Segment struct {
 	// Payload is what DDP places: the data of a Write, Read Response,
 	// Send or Write-Record segment; empty for the other messages.
 	Payload []byte
+	// multi: a Send may span segments (ParseRDSegment).
+	multi bool
 }
 
 func (s Segment) Opcode() Opcode { return s.RDMAP.Opcode() }
@@ -51,6 +53,18 @@ func (s Segment) ImmediateData() ImmediateData { return ImmediateData(s.rdmapHea
 func ParseSegment(b []byte, p Profile) (Segment, error) {
 	var s Segment
 	err := s.parse(b, p)
+	return s, err
+}
+
+// ParseRDSegment checks the DDP segment of an RD Data frame: the
+// datagram profile, except that a Send may span segments, its MO and L as
+// RFC 5041 §5.1 has them, where a UD datagram holds a whole untagged
+// message. RD carries a peer's segments once and in order, so its
+// receiver places a long Send's segments one after the other into the
+// receive the first one took (docs/wire.md §11.5).
+func ParseRDSegment(b []byte) (Segment, error) {
+	s := Segment{multi: true}
+	err := s.parse(b, ProfileDatagram)
 	return s, err
 }
 
@@ -201,12 +215,15 @@ func (s *Segment) parseUntagged(b []byte) error {
 		if q := h.SrcQPN(); q > MaxQPN {
 			return fieldErr(frame, "source QPN", uint64(q), "<= 2^24-1", ErrQueue, DDPUntaggedInvalidQN)
 		}
-		// One datagram holds a whole untagged message.
-		if mo := h.MO(); mo != 0 {
-			return fieldErr(frame, "MO", uint64(mo), "0 (one segment per untagged message)", ErrOffset, DDPUntaggedInvalidMO)
-		}
-		if !s.Control.Last() {
-			return fieldErr(frame, "L", 0, "1 (one segment per untagged message)", ErrLastFlag, DDPUntaggedInvalidMO)
+		// One datagram holds a whole untagged message; over RD, a Send
+		// may take several (ParseRDSegment).
+		if _, payload := untaggedRDMAPSize(op); !s.multi || !payload {
+			if mo := h.MO(); mo != 0 {
+				return fieldErr(frame, "MO", uint64(mo), "0 (one segment per untagged message)", ErrOffset, DDPUntaggedInvalidMO)
+			}
+			if !s.Control.Last() {
+				return fieldErr(frame, "L", 0, "1 (one segment per untagged message)", ErrLastFlag, DDPUntaggedInvalidMO)
+			}
 		}
 	} else if qn := h.QN(); qn != uint32(want) {
 		return fieldErr(frame, "QN", uint64(qn), itoa(uint64(want))+" for "+op.String(), ErrQueue, DDPUntaggedInvalidQN)

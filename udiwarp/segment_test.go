@@ -311,3 +311,33 @@ func TestBadSegments(t *testing.T) {
 		})
 	}
 }
+
+// TestParseRDSegment: over RD a Send may span segments (MO, L); UD keeps
+// one segment per untagged message, and over RD every untagged message
+// but a Send does too.
+func TestParseRDSegment(t *testing.T) {
+	send := func(op Opcode, mo uint32, last bool, rest []byte) []byte {
+		b := AppendUntagged(nil, &UntaggedFields{Last: last, DV: DatagramDDPVersion, RDMAP: NewRDMAPControl(op),
+			ULP: 6, QN: DatagramQN(5, QueueSend), MSN: 1, MO: mo})
+		return append(b, rest...)
+	}
+	for _, tc := range []struct {
+		b      []byte
+		ud, rd bool // accepted
+	}{
+		{send(OpSend, 0, true, []byte("x")), true, true},
+		{send(OpSend, 0, false, []byte("x")), false, true},
+		{send(OpSendSE, 1400, true, []byte("x")), false, true},
+		{send(OpImmediateData, 8, true, make([]byte, ImmediateDataSize)), false, false},
+		{send(OpImmediateData, 0, false, make([]byte, ImmediateDataSize)), false, false},
+	} {
+		_, errUD := ParseSegment(tc.b, ProfileDatagram)
+		seg, errRD := ParseRDSegment(tc.b)
+		if (errUD == nil) != tc.ud || (errRD == nil) != tc.rd {
+			t.Errorf("%x: UD %v, RD %v; want accepted %v, %v", tc.b, errUD, errRD, tc.ud, tc.rd)
+		}
+		if errRD == nil && seg.Untagged().MO() != DDPUntagged(tc.b).MO() {
+			t.Errorf("%x: MO %d", tc.b, seg.Untagged().MO())
+		}
+	}
+}

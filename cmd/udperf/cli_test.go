@@ -40,7 +40,6 @@ func TestRefusedInOneLine(t *testing.T) {
 		{[]string{"client", "-d", "mlx5_0", "-addr", "127.0.0.1:1"}, "use -addr"},
 		{[]string{"local", "-json", "-csv"}, "-json and -csv"},
 		{[]string{"local", "-mode", "ud-send", "-test", "bw", "-s", "65536"}, "-s 65536: ud-send carries at most 65485 bytes"},
-		{[]string{"local", "-mode", "rd-send", "-s", "65400"}, "-s 65400: rd-send carries at most"},
 		{[]string{"local", "-mode", "raw-udp", "-s", "65508"}, "-s 65508: raw-udp"},
 		// What perf.Config.Check refuses: settings a mode would ignore.
 		{[]string{"local", "-mode", "raw-tcp", "-test", "bw", "-loss", "0.1"}, "-loss: raw-tcp has no impairment layer"},

@@ -45,7 +45,6 @@ func TestCheckRefuses(t *testing.T) {
 	for _, c := range []Config{
 		with(bw(ModeUDSend), func(c *Config) { c.Size = 65536 }), // used to run, lose everything and exit 0
 		with(lat(ModeRawUDP), func(c *Config) { c.Size = 65508 }),
-		with(lat(ModeRDSend), func(c *Config) { c.Size = MaxSize(ModeRDSend) + 1 }),
 		with(lat(ModeRawTCP), func(c *Config) { c.Size = -1 }),
 		lat(ModeRDAtomic), // 64 bytes: an atomic is one 8-byte word
 		with(bw(ModeRCAtomic), func(c *Config) { c.Size = 16 }),
@@ -70,7 +69,6 @@ func TestCheckRefuses(t *testing.T) {
 		with(bw(ModeRDWriteRecord), func(c *Config) { c.Partial = true }),
 		with(bw(ModeUDWriteRecord), func(c *Config) { c.Deadline = -time.Second }),
 		with(bw(ModeUDSend), func(c *Config) { c.Segment = 1000 }),
-		with(bw(ModeRDSend), func(c *Config) { c.Segment = 1000 }),
 		with(bw(ModeRawTCP), func(c *Config) { c.Segment = 1000 }),
 		with(bw(ModeUDSend), func(c *Config) { c.Interval = time.Millisecond }),
 		with(lat(ModeUDWriteRecord), func(c *Config) { c.Interval = time.Millisecond }),
@@ -97,6 +95,7 @@ func TestCheckRefuses(t *testing.T) {
 		with(bw(ModeUDWriteRecord), func(c *Config) { c.Loss, c.Partial, c.Segment, c.Interval = 0.1, true, 1000, time.Millisecond }),
 		with(lat(ModeRDWrite), func(c *Config) { c.Loss, c.Segment = 0.1, 1000 }),
 		with(lat(ModeRDSend), func(c *Config) { c.Loss, c.QPs = 0.1, 4 }),
+		with(bw(ModeRDSend), func(c *Config) { c.Size, c.Segment = 1<<20, 1400 }), // segmented like a Write
 		with(bw(ModeRawTCP), func(c *Config) { c.QPs, c.Bidir = 3, true }),
 		with(lat(ModeRawUDPUnconnected), func(c *Config) { c.QPs = 2 }),
 		with(lat(ModeRawUDP), func(c *Config) { c.Size = 65507 }),

@@ -23,7 +23,6 @@ import (
 	"time"
 
 	"github.com/udiwarp/udiwarp/qp"
-	"github.com/udiwarp/udiwarp/reliability"
 	"github.com/udiwarp/udiwarp/udiwarp"
 )
 
@@ -217,8 +216,6 @@ func MaxSize(m Mode) int {
 		return maxUDPv4
 	case ModeUDSend:
 		return maxUDPv4 - udiwarp.DDPUntaggedHeaderSize - udiwarp.CRCSize
-	case ModeRDSend:
-		return maxUDPv4 - reliability.MaxHeaderSize - udiwarp.DDPUntaggedHeaderSize - udiwarp.CRCSize
 	}
 	return 0
 }
@@ -260,8 +257,8 @@ func (m Mode) raw() bool { return m == ModeRawUDP || m == ModeRawUDPUnconnected 
 //     RC) cannot lose, and a UD ping-pong would stop at its first loss.
 //   - QPs > 1: ud-send, rd-send, raw-udp, raw-udp-unconn and raw-tcp.
 //   - Partial and Interval: ud-wr (Interval: bw). Segment: the modes
-//     that segment a message over datagrams, ud-wr, rd-write, rd-read,
-//     rd-wr.
+//     that segment a message over datagrams, ud-wr, rd-send, rd-write,
+//     rd-read, rd-wr.
 //   - Bidir: bandwidth only. NoCRC: not on the plain-socket modes.
 //   - Rate: the datagram modes' bandwidth runs (not RC, raw-tcp or the
 //     atomics), and not with Interval.
@@ -298,7 +295,7 @@ func (c Config) Check() error {
 		return fmt.Errorf("-deadline %v: not negative", c.Deadline)
 	case c.Segment < 0:
 		return fmt.Errorf("-mtu %d: not negative", c.Segment)
-	case c.Segment > 0 && !m.oneSided() && m != ModeUDWriteRecord:
+	case c.Segment > 0 && !m.oneSided() && m != ModeUDWriteRecord && m != ModeRDSend:
 		return fmt.Errorf("-mtu: %s sends each message whole (segments: ud-wr, rd-write, rd-read, rd-wr)", m)
 	case c.Interval < 0:
 		return fmt.Errorf("interval %v: not negative", c.Interval)
