@@ -19,7 +19,11 @@ import (
 // authenticate the peer's frames, and the WRs queued for it. A WR
 // completes only when the peer acknowledged every byte of it (seed 002):
 // until then the registered buffer is the retransmit source, so its MRs
-// cannot be deregistered. See docs/wire.md §11 and docs/verbs.md.
+// cannot be deregistered. Completion order is per peer (rdPeer.posted):
+// a WR waits for the WRs posted before it to the same peer, never for
+// another peer's, so a peer that stops posting receives, is slow or
+// loses half its packets holds back only its own completions (issue 31
+// §5). See docs/wire.md §11 and docs/verbs.md.
 //
 // Contact (docs/wire.md §11.2): the side that posts first sends Hello with
 // a fresh session epoch and a random token; the peer answers with a

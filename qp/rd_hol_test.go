@@ -1,6 +1,8 @@
 package qp
 
 import (
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -79,6 +81,9 @@ func TestRDNoHeadOfLineAcrossPeers(t *testing.T) {
 	if p.qa.SendQueued() {
 		t.Fatal("SendQueued true with every WR complete")
 	}
+	if err := checkRDAccounting(p.qa); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // outstandingTo is how many WRs q has posted to ah's peer and not yet
@@ -91,4 +96,142 @@ func outstandingTo(q *QP, ah *AH) int {
 		return p.outstanding
 	}
 	return 0
+}
+
+// BenchmarkRDCompletionsStalledPeer: issue 31 §5's target. Two sender
+// QPs, each on its own device, send one 64-byte Send to each of the same
+// 1,000 peers (RD QPs on one device, receives posted) per round, and
+// take the completions; one of the senders also has a Send outstanding
+// to a stalled peer, which never posts a receive (it answers
+// receiver-not-ready for as long as the run lasts). The rounds
+// alternate between the two. A WR's completion latency is from its post
+// to its completion polled; the benchmark reports the p50 and p99 of
+// both senders' and the ratio of the p99s, which per-peer completion
+// order keeps near 1 (with completions in post order over the whole QP,
+// the stalled peer's Send holds back every later one, and the first
+// round fails).
+func BenchmarkRDCompletionsStalledPeer(b *testing.B) {
+	const peers = 1000
+	rnr := RDConfig{Config: reliability.Config{RNRRetries: -1}, MaxPeers: 2 * peers, MaxPeersPerAddr: 2 * peers}
+	y := newNode(b, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	ycq, err := y.dev.CreateCQ(4 * peers)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const slot, depth = 64, 4
+	rx := map[uint32]*QP{}
+	var targets []*QP
+	for range peers {
+		q := y.newQP(QPAttr{Type: RD, SendCQ: ycq, RecvCQ: ycq, RD: rnr, Caps: QPCaps{MaxSendWR: 16, MaxRecvWR: 16}})
+		targets = append(targets, q)
+		rx[q.QPN()] = q
+		for range depth {
+			if err := q.PostRecv(&RecvWR{SGL: []SGE{y.mr.SGE(0, slot)}}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	stalled, _ := rdQPFor(b, y, rnr) // never posts a receive
+
+	type sender struct {
+		name   string
+		n      *node
+		q      *QP
+		cq     *CQ
+		ahs    []*AH
+		postAt []time.Time
+		lat    []time.Duration
+	}
+	var senders [2]*sender
+	for i, name := range []string{"clean", "stalled"} {
+		x := newNode(b, DeviceConfig{}, "udp4", "127.0.0.1:0")
+		cq, err := x.dev.CreateCQ(4 * peers)
+		if err != nil {
+			b.Fatal(err)
+		}
+		q := x.newQP(QPAttr{Type: RD, SendCQ: cq, RecvCQ: cq, RD: rnr, Caps: QPCaps{MaxSendWR: 2 * peers, MaxRecvWR: 16}})
+		s := &sender{name: name, n: x, q: q, cq: cq, postAt: make([]time.Time, peers)}
+		for _, t := range targets {
+			s.ahs = append(s.ahs, x.ah(y, t))
+		}
+		senders[i] = s
+	}
+	wcs := make([]WorkCompletion, 256)
+	// repost gives the targets back the receives a round's Sends took.
+	repost := func(k int) {
+		recv := RecvWR{SGL: []SGE{y.mr.SGE(0, slot)}}
+		for end := time.Now().Add(30 * time.Second); k > 0; {
+			n := ycq.Poll(wcs[:min(len(wcs), k)])
+			if n == 0 && time.Now().After(end) {
+				b.Fatalf("the targets received %d fewer Sends than were sent", k)
+			}
+			for _, wc := range wcs[:n] {
+				if wc.Status != Success || wc.Opcode != WCRecv {
+					b.Fatalf("target: %+v", wc)
+				}
+				if err := rx[wc.QPN].PostRecv(&recv); err != nil {
+					b.Fatal(err)
+				}
+			}
+			k -= n
+		}
+	}
+	round := func(s *sender, measure bool) {
+		wr := SendWR{Flags: FlagSignaled, Inline: make([]byte, slot)}
+		for i, ah := range s.ahs {
+			wr.ID, wr.AH = uint64(i), ah
+			s.postAt[i] = time.Now()
+			if err := s.q.PostSend(&wr); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for k, end := 0, time.Now().Add(30*time.Second); k < peers; {
+			n := s.cq.Poll(wcs)
+			now := time.Now()
+			if n == 0 && now.After(end) {
+				b.Fatalf("%s: %d of %d completions in 30 s", s.name, k, peers)
+			}
+			for _, wc := range wcs[:n] {
+				if wc.Status != Success || wc.ID >= peers {
+					b.Fatalf("%s: %+v", s.name, wc)
+				}
+				if measure {
+					s.lat = append(s.lat, now.Sub(s.postAt[wc.ID]))
+				}
+			}
+			k += n
+		}
+		repost(peers)
+	}
+	// The stalled peer: a Send to it, refused, outstanding from now on.
+	st := senders[1]
+	if err := st.q.PostSend(&SendWR{ID: peers, Flags: FlagSignaled, Inline: []byte("stalled"), AH: st.n.ah(y, stalled)}); err != nil {
+		b.Fatal(err)
+	}
+	eventually(b, "the stalled peer refusing the Send", func() bool { return y.dev.Stats().RDNotReady.Load() > 0 })
+	for _, s := range senders { // first contact with every peer
+		round(s, false)
+	}
+	i := 0
+	for b.Loop() {
+		round(senders[i%2], true)
+		round(senders[(i+1)%2], true)
+		i++
+	}
+	b.StopTimer()
+	if out := outstandingTo(st.q, st.n.ah(y, stalled)); out != 1 {
+		b.Fatalf("%d WRs outstanding to the stalled peer, want 1: it did not stall the run", out)
+	}
+	p99 := [2]float64{}
+	for k, s := range senders {
+		// Retransmissions per round: a loss on the way (a full socket
+		// buffer) costs a timeout, which is what the p99 then shows.
+		b.ReportMetric(float64(s.n.dev.Stats().RDRetransmits.Load())/float64(i+1), fmt.Sprintf("retx/round/%s", s.name))
+		slices.Sort(s.lat)
+		p50, p := s.lat[len(s.lat)/2], s.lat[len(s.lat)*99/100]
+		p99[k] = float64(p.Microseconds())
+		b.ReportMetric(float64(p50.Microseconds()), fmt.Sprintf("p50-us/%s", s.name))
+		b.ReportMetric(p99[k], fmt.Sprintf("p99-us/%s", s.name))
+	}
+	b.ReportMetric(p99[1]/p99[0], "p99-stalled/clean")
 }
