@@ -19,7 +19,11 @@ import (
 // authenticate the peer's frames, and the WRs queued for it. A WR
 // completes only when the peer acknowledged every byte of it (seed 002):
 // until then the registered buffer is the retransmit source, so its MRs
-// cannot be deregistered. See docs/wire.md §11 and docs/verbs.md.
+// cannot be deregistered. Completion order is per peer (rdPeer.posted):
+// a WR waits for the WRs posted before it to the same peer, never for
+// another peer's, so a peer that stops posting receives, is slow or
+// loses half its packets holds back only its own completions (issue 31
+// §5). See docs/wire.md §11 and docs/verbs.md.
 //
 // Contact (docs/wire.md §11.2): the side that posts first sends Hello with
 // a fresh session epoch and a random token; the peer answers with a
@@ -188,7 +192,7 @@ type rdPeer struct {
 	probe       bool                            // a zero-window probe is due: one packet may go past the window
 	errs        [reliability.MaxAckErrors]rdErr // recent errors, reported in acks
 	nerr        int
-	outstanding int               // WRs posted to it and not completed
+	outstanding int               // WRs posted to it and not completed (posted[postedAt:])
 	reads       []*rdWR           // Reads sent to it, awaiting their responses, in order
 	serving     int               // Read and Atomic Responses to it not yet all sent (IRD)
 	readMSN     uint32            // Read and Atomic Request MSNs to it (one queue)
@@ -205,6 +209,13 @@ type rdPeer struct {
 	moved   time.Time // when its receiver last delivered (or the peer was made)
 	ackHeld bool      // an ack due now waits for the end of the socket's batch (rdQP.acks)
 	rdSlots           // its places in the QP's peer table (rdpeers.go)
+
+	// posted are the WRs posted to it and not completed, in post order,
+	// from postedAt: they complete in this order (rdComplete), and only
+	// they wait for one another. ready says it is in rdQP.ready.
+	posted   []*rdWR
+	postedAt int
+	ready    bool
 }
 
 // rdGraveyard is how many ended sessions a QP remembers in a generation
@@ -224,7 +235,10 @@ type rdQP struct {
 	tokens  *reliability.Tokens
 	rdTable                               // the peers (rdpeers.go)
 	graves  *reliability.Graveyard[rdKey] // ended sessions
-	out     []*rdWR                       // every WR not completed, in post order
+	nout    int                           // WRs posted and not completed, to every peer
+	// ready are the peers a WR of which finished (done) since the last
+	// rdComplete: it completes what each of them can, and nothing else.
+	ready   []*rdPeer
 	tx      txCtx
 	hb      [reliability.MaxHeaderSize + udiwarp.DDPUntaggedHeaderSize + udiwarp.AtomicRequestSize]byte
 	ack     reliability.AckBlock
@@ -370,9 +384,9 @@ func (r *rdQP) postOn(wr *SendWR, s *Socket) error {
 		w.releaseMRs()
 		return fmt.Errorf("%w: PostSend on a QP in %v", ErrQPState, st)
 	}
-	if len(r.out) >= q.caps.MaxSendWR {
+	if r.nout >= q.caps.MaxSendWR {
 		w.releaseMRs()
-		return fmt.Errorf("%w: %d send WRs outstanding", ErrQueueFull, len(r.out))
+		return fmt.Errorf("%w: %d send WRs outstanding", ErrQueueFull, r.nout)
 	}
 	p, err := r.peerFor(wr.AH, now)
 	if err != nil {
@@ -399,8 +413,8 @@ func (r *rdQP) postOn(wr *SendWR, s *Socket) error {
 		w.immMSN = p.msn
 	}
 	p.queue = append(p.queue, w)
-	p.outstanding++
-	r.out = append(r.out, w)
+	p.post(w)
+	r.nout++
 	if !p.established {
 		if p.helloAt.IsZero() {
 			r.hello(s, p, now)
@@ -959,8 +973,12 @@ func (r *rdQP) onAck(s *Socket, p *rdPeer, h *reliability.Header, now time.Time)
 			default:
 				w.done = true
 			}
-			if w.done && w.internal {
+			switch {
+			case !w.done:
+			case w.internal:
 				w.releaseMRs()
+			default:
+				r.finished(p)
 			}
 		},
 		func(seq uint32, pk *rdPkt) {
@@ -1424,6 +1442,7 @@ func (r *rdQP) readResponse(p *rdPeer, seg udiwarp.Segment) {
 		w.respDone = true
 		if w.acked == w.nseg {
 			w.done = true
+			r.finished(p)
 		}
 	}
 }
@@ -1472,6 +1491,7 @@ func (r *rdQP) atomicResponse(p *rdPeer, seg udiwarp.Segment) {
 		w.respDone = true
 		if w.acked == w.nseg {
 			w.done = true
+			r.finished(p)
 		}
 		return
 	}
@@ -1490,39 +1510,67 @@ func (p *rdPeer) noteErr(seq uint32, code reliability.Code) {
 	p.errs[p.nerr-1] = rdErr{seq, code}
 }
 
-// rdComplete completes finished WRs in post order (a WR waits for the
-// ones posted before it, as verbs completion order requires).
+// rdComplete completes the finished WRs of the peers that have any, in
+// post order per peer: a WR waits for the ones posted before it to the
+// same peer, never for another peer's (issue 31 §5: a peer that stops
+// posting receives, is slow or loses half its packets holds back only
+// its own WRs). Across peers, completions come as WRs finish.
 func (r *rdQP) complete() {
 	q := r.q
-	k := 0
-	for ; k < len(r.out) && r.out[k].done; k++ {
-		w := r.out[k]
-		w.releaseMRs()
-		w.peer.outstanding--
-		r.touch(w.peer)
-		if w.status != Success || w.flags&FlagSignaled != 0 {
-			n := int(w.length)
-			if w.status != Success {
-				n = 0
+	for i, p := range r.ready {
+		r.ready[i] = nil
+		p.ready = false
+		for p.postedAt < len(p.posted) && p.posted[p.postedAt].done {
+			w := p.posted[p.postedAt]
+			p.posted[p.postedAt] = nil
+			p.postedAt++
+			p.outstanding--
+			r.nout--
+			w.releaseMRs()
+			if w.status != Success || w.flags&FlagSignaled != 0 {
+				n := int(w.length)
+				if w.status != Success {
+					n = 0
+				}
+				q.pushSend(w.id, w.status, w.op.wcOpcode(), n)
 			}
-			q.pushSend(w.id, w.status, w.op.wcOpcode(), n)
+			w.recycle()
 		}
-		r.out[k] = nil
-		w.recycle()
+		if p.postedAt == len(p.posted) {
+			p.posted, p.postedAt = p.posted[:0], 0 // keeps its array: the next post appends without allocating
+		}
+		r.touch(p)
 	}
-	switch {
-	case k == len(r.out):
-		r.out = r.out[:0] // keeps its array: the next post appends without allocating
-	case k > 0:
-		r.out = r.out[k:]
+	r.ready = r.ready[:0]
+}
+
+// finished notes that a WR posted to p is done: the next rdComplete
+// looks at p's.
+func (r *rdQP) finished(p *rdPeer) {
+	if !p.ready {
+		p.ready = true
+		r.ready = append(r.ready, p)
 	}
+}
+
+// post adds w to the WRs posted to p. A full array whose front half or
+// more is completed is compacted instead of grown, so that a peer with
+// WRs always outstanding allocates nothing per post either.
+func (p *rdPeer) post(w *rdWR) {
+	if len(p.posted) == cap(p.posted) && p.postedAt > 0 && p.postedAt >= len(p.posted)/2 {
+		n := copy(p.posted, p.posted[p.postedAt:])
+		clear(p.posted[n:])
+		p.posted, p.postedAt = p.posted[:n], 0
+	}
+	p.posted = append(p.posted, w)
+	p.outstanding++
 }
 
 // unfinished reports whether a WR posted is not complete yet (QP.SendQueued).
 func (r *rdQP) unfinished() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.out) > 0
+	return r.nout > 0
 }
 
 // rdWRs keeps completed WRs for the next posts: a stream of RD Sends
@@ -1607,12 +1655,13 @@ func (r *rdQP) abort(p *rdPeer, st Status, all bool) {
 	clear(p.queue[len(keep):])
 	p.queue = keep
 	// WRs fully sent but not yet acked are in the sender's ring (done
-	// above); anything else of this peer still open is in r.out.
-	for _, w := range r.out {
-		if w.peer == p && !w.done && (all || w.sent > 0) {
+	// above); anything else of this peer still open is in p.posted.
+	for _, w := range p.posted[p.postedAt:] {
+		if !w.done && (all || w.sent > 0) {
 			w.status, w.done = st, true
 		}
 	}
+	r.finished(p)
 }
 
 // rdRestart handles a peer that came back with a new session: the WRs in
@@ -1831,11 +1880,9 @@ func (r *rdQP) flush() {
 		r.abort(p, WRFlushError, true)
 		r.bury(p) // its sessions end: none opens again if the QP comes back (RESET, RTS)
 	}
-	for _, w := range r.out {
-		if !w.done {
-			w.status, w.done = WRFlushError, true
-		}
-	}
+	// A peer no longer in the table has nothing posted left open: it was
+	// forgotten only after every WR to it finished (rdFailPeer, reclaim
+	// of a quiet peer, rdRenew with nothing to send).
 	r.complete()
 	r.rdTable.reset()
 }

@@ -13,13 +13,27 @@ import (
 // budgets. The caller holds r.mu.
 func rdAccounting(r *rdQP) error {
 	count := map[netip.Addr]int{}
-	held := 0
+	held, posted := 0, 0
 	for k, p := range r.peers {
 		count[k.addr.Addr()]++
 		if p.held < 0 || p.held > r.cfg.MaxHeldBytes {
 			return fmt.Errorf("RD peer %v holds %d bytes, budget %d", k, p.held, r.cfg.MaxHeldBytes)
 		}
 		held += p.held
+		if p.outstanding != len(p.posted)-p.postedAt {
+			return fmt.Errorf("RD peer %v: %d WRs outstanding, %d posted and not completed", k, p.outstanding, len(p.posted)-p.postedAt)
+		}
+		for _, w := range p.posted[p.postedAt:] {
+			if w.peer != p {
+				return fmt.Errorf("RD peer %v holds a WR posted to %v", k, w.peer.key)
+			}
+		}
+		posted += p.outstanding
+	}
+	// Every WR not completed is its peer's, and its peer is in the table
+	// (rdFlush relies on it); between operations none waits to complete.
+	if posted != r.nout || len(r.ready) != 0 {
+		return fmt.Errorf("RD QP: %d WRs not completed, its peers hold %d; %d peers not completed", r.nout, posted, len(r.ready))
 	}
 	for a, n := range r.perAddr {
 		if count[a] != n.n {

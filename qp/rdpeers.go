@@ -319,11 +319,13 @@ func (r *rdQP) peerDue(p *rdPeer, now time.Time) time.Time {
 // the window with frames out of order does not stay grown.
 const rdCompactAfter = time.Second
 
-// rdCompact lets go of the rings of a peer quiet for rdCompactAfter.
+// rdCompact lets go of the rings of a peer quiet for rdCompactAfter, and
+// of the array of its posted WRs.
 func (r *rdQP) compact(p *rdPeer, now time.Time) {
 	if p.quiet() && !now.Before(p.last.Add(rdCompactAfter)) {
 		p.snd.Compact()
 		p.rcv.Compact()
+		p.posted = nil // empty when quiet: its array goes with the rings
 	}
 }
 

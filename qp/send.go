@@ -309,7 +309,9 @@ func (t *txCtx) transmit(s *Socket) error {
 // PostSend posts a send work request. It never blocks: when the QP has no
 // queued work and the socket can take the datagram now, it is sent in the
 // caller's goroutine; otherwise it is queued for the device's datamover.
-// A UD send completes when the socket accepted its datagram. Local faults
+// A UD send completes when the socket accepted its datagram; an RD WR when
+// its peer acknowledged all of it, in post order per peer, never waiting
+// for a WR to another peer (docs/verbs.md, RD). Local faults
 // in the WR (a bad lkey, an SGE past its MR, a message longer than a
 // datagram) complete with an error status; faults PostSend can see without
 // touching memory return an error and post nothing.
