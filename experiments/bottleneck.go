@@ -82,6 +82,32 @@ func bneckPlanFor(o options) bneckPlan {
 	return p
 }
 
+// probeTbf says why the bottleneck cannot be built here ("" when it
+// can): it needs root, ip and tc, and a kernel with tbf, tried on a veth
+// in a scratch namespace.
+func probeTbf() string {
+	if os.Geteuid() != 0 {
+		return "needs root (network namespaces, tc)"
+	}
+	for _, t := range []string{"ip", "tc"} {
+		if _, err := exec.LookPath(t); err != nil {
+			return "needs " + t + " (iproute2)"
+		}
+	}
+	ns := "udiwarp-bn-probe-" + strconv.Itoa(os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		return "cannot make a network namespace: " + strings.TrimSpace(string(out))
+	}
+	defer exec.Command("ip", "netns", "del", ns).Run()
+	if out, err := exec.Command("ip", "-n", ns, "link", "add", "p0", "type", "veth", "peer", "name", "p1").CombinedOutput(); err != nil {
+		return "cannot make a veth pair: " + strings.TrimSpace(string(out))
+	}
+	if out, err := exec.Command("tc", "-n", ns, "qdisc", "add", "dev", "p0", "root", "tbf", "rate", "1gbit", "burst", "62500", "limit", "625000").CombinedOutput(); err != nil {
+		return "this kernel or tc has no tbf: " + strings.TrimSpace(string(out))
+	}
+	return ""
+}
+
 // bneckNet is the three namespaces and the tbf.
 type bneckNet struct {
 	snd, rtr, rcv string
@@ -380,15 +406,9 @@ func rdSeries(rep rdReport, d time.Duration, label func(i int) string) []flowSer
 // (one in -quick), and returns a row per flow per second and a summary
 // row per measurement and round.
 func bottleneckFigure(e *env, f *figure, o options) ([]row, error) {
-	if os.Geteuid() != 0 {
-		fmt.Fprintf(e.log, "experiments: %s: skipped: needs root (network namespaces, tc)\n", f.ID)
+	if why := probeTbf(); why != "" {
+		fmt.Fprintf(e.log, "experiments: %s: skipped: %s\n", f.ID, why)
 		return nil, nil
-	}
-	for _, t := range []string{"ip", "tc"} {
-		if _, err := exec.LookPath(t); err != nil {
-			fmt.Fprintf(e.log, "experiments: %s: skipped: needs %s (iproute2)\n", f.ID, t)
-			return nil, nil
-		}
 	}
 	p := bneckPlanFor(o)
 	bin, err := e.rdflow()
@@ -433,6 +453,13 @@ func bottleneckFigure(e *env, f *figure, o options) ([]row, error) {
 			sum["qdisc_drop_pct"] = float64(drops) / float64(seen) * 100
 		}
 		sum["rcv_udp_rcvbuf_errors"] = after.rcvbuf - before.rcvbuf
+		// Other work on the host takes the same two cores: the load when
+		// the run ended says how much.
+		if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+			if f := strings.Fields(string(b)); len(f) > 0 {
+				sum["loadavg_1m"], _ = strconv.ParseFloat(f[0], 64)
+			}
+		}
 		for k, v := range base(test, r) {
 			if _, ok := sum[k]; !ok {
 				sum[k] = v
