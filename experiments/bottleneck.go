@@ -208,14 +208,14 @@ func parseQdisc(b []byte) (qdiscCounts, error) {
 	return qdiscCounts{}, fmt.Errorf("no root qdisc in %.200s", b)
 }
 
-// udpRcvbufErrors is the UDP datagrams namespace ns dropped for a full
-// socket receive buffer (/proc/net/snmp, Udp: RcvbufErrors).
-func udpRcvbufErrors(ns string) (uint64, error) {
+// udpCounter is one of namespace ns's UDP counters (/proc/net/snmp,
+// Udp: field), such as RcvbufErrors.
+func udpCounter(ns, field string) (uint64, error) {
 	out, err := exec.Command("ip", "netns", "exec", ns, "cat", "/proc/net/snmp").Output()
 	if err != nil {
 		return 0, err
 	}
-	return snmpField(out, "Udp", "RcvbufErrors")
+	return snmpField(out, "Udp", field)
 }
 
 func snmpField(b []byte, proto, field string) (uint64, error) {
@@ -240,7 +240,8 @@ func snmpField(b []byte, proto, field string) (uint64, error) {
 // bneckCounters are read before and after each run.
 type bneckCounters struct {
 	q      qdiscCounts
-	rcvbuf uint64
+	rcvbuf uint64 // the receiver's UDP datagrams dropped for a full socket buffer
+	sndbuf uint64 // the sender's UDP datagrams the kernel refused (ENOBUFS, a full send buffer)
 }
 
 func (n *bneckNet) counters() (bneckCounters, error) {
@@ -248,8 +249,12 @@ func (n *bneckNet) counters() (bneckCounters, error) {
 	if err != nil {
 		return bneckCounters{}, err
 	}
-	r, err := udpRcvbufErrors(n.rcv)
-	return bneckCounters{q: q, rcvbuf: r}, err
+	c := bneckCounters{q: q}
+	if c.rcvbuf, err = udpCounter(n.rcv, "RcvbufErrors"); err != nil {
+		return c, err
+	}
+	c.sndbuf, err = udpCounter(n.snd, "SndbufErrors")
+	return c, err
 }
 
 // rdReport is rdflow send's output.
@@ -453,6 +458,7 @@ func bottleneckFigure(e *env, f *figure, o options) ([]row, error) {
 			sum["qdisc_drop_pct"] = float64(drops) / float64(seen) * 100
 		}
 		sum["rcv_udp_rcvbuf_errors"] = after.rcvbuf - before.rcvbuf
+		sum["snd_udp_sndbuf_errors"] = after.sndbuf - before.sndbuf
 		// Other work on the host takes the same two cores: the load when
 		// the run ended says how much.
 		if b, err := os.ReadFile("/proc/loadavg"); err == nil {
@@ -710,7 +716,7 @@ func iperfReceived(b []byte, secs int) ([]float64, error) {
 func summaryText(s row) string {
 	var parts []string
 	for _, k := range []string{"goodput_gbps", "rd_gbps", "tcp_gbps", "ratio_rd_tcp", "flow1_gbps", "flow2_gbps", "jain", "total_gbps",
-		"share_of_bottleneck", "qdisc_drop_pct", "rd_retransmits", "rcv_udp_rcvbuf_errors"} {
+		"share_of_bottleneck", "qdisc_drop_pct", "rd_retransmits", "rcv_udp_rcvbuf_errors", "snd_udp_sndbuf_errors", "loadavg_1m"} {
 		if v, ok := s[k]; ok {
 			parts = append(parts, fmt.Sprintf("%s %s", k, cell(v)))
 		}
@@ -852,7 +858,8 @@ func bottleneckTable(b *bytes.Buffer, f *figure, rows []row) {
 	}
 	b.WriteString("\nGoodput is what completed in each second: for RD, Writes the receiver acknowledged; for TCP, the bytes iperf3's " +
 		"server received. Drops are the tbf's own (`tc -s -j qdisc show`) over every packet it saw in the run; the receiver's UDP " +
-		"receive-buffer drops are `rcv_udp_rcvbuf_errors` in runs.csv. The plots show the first round.\n\n")
+		"receive-buffer drops are `rcv_udp_rcvbuf_errors` in runs.csv, the sender's refused sends `snd_udp_sndbuf_errors`, " +
+		"and `loadavg_1m` the host's load when the run ended. The plots show the first round.\n\n")
 }
 
 // medRange is the median of key over rs and the range.
