@@ -548,6 +548,8 @@ func bottleneckFigure(e *env, f *figure, o options) ([]row, error) {
 			sum["flow1_gbps"], sum["flow2_gbps"] = means[0], means[1]
 			sum["total_gbps"] = means[0] + means[1]
 			sum["share_of_bottleneck"] = (means[0] + means[1]) / rate
+			sum["rd_retransmits"] = rep.Flows[0].Retransmits + rep.Flows[1].Retransmits
+			sum["rd_data_frames"] = rep.Flows[0].DataFrames + rep.Flows[1].DataFrames
 			add("two", r, s, before, after, cmd, sum)
 		}
 		// d. Many RD peers through the one bottleneck. Their Writes are
