@@ -207,6 +207,18 @@ func figures(quick bool) []*figure {
 				"spread and the replies' garbage. RC stops at 10,000 connections: the descriptors a process may hold here stop it.",
 			External: memoryFigure, Needs: "needs root (the kernel's slab)",
 		},
+		{
+			ID: "bottleneck", Title: "RD through a real bottleneck: alone, beside TCP, beside RD, 100 peers (issue 31 §4)", Test: "bottleneck",
+			XLabel: "time (s)", YLabel: "goodput (Gb/s)",
+			Seed: "Not in the seed. Issue 31's targets: RD alone through 1 Gbit/s >= 0.9 Gbit/s with the bottleneck's drops <= 2 % " +
+				"of what RD sent; beside an iperf3 TCP flow for 20 s each gets a third to two thirds (ratio 0.5x to 2x); two RD flows " +
+				"Jain's index >= 0.95 after 5 s; 100 RD peers keep >= 0.8x of the bottleneck.",
+			Differs: "A tbf on a router namespace is a real queue that drops at its limit, but everything shares this host's two " +
+				"cores: the senders, the router's forwarding and the receivers, so a flow may be limited by CPU before the " +
+				"bottleneck. Goodput of RD is Writes completed (acknowledged by the receiver); TCP's is iperf3's receiver's count.",
+			External: bottleneckFigure, Plot: bottleneckPlot, Table: bottleneckTable,
+			Needs: "needs root, iproute2 with tc's tbf (and iperf3 for the TCP run)",
+		},
 	}
 }
 

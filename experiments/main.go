@@ -60,6 +60,8 @@ type options struct {
 	// SIPp experiment: clients, transports, prebuilt preload libraries.
 	sippClients, sippTransports, preload string
 	sippRate                             int
+	// The bottleneck experiment: the tbf's rate.
+	bneckRate int
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -78,6 +80,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.sippTransports, "sipp-transports", "", "sipp: comma-separated transports (default all: "+strings.Join(sippNames(), ",")+")")
 	fs.IntVar(&o.sippRate, "sipp-rate", 0, "sipp: calls per second that open the clients (default 1000; quick 200)")
 	fs.StringVar(&o.preload, "preload", "", "sipp: `DIR` holding a built libudiwarp_preload.so and libudiwarp_engine.so (default: built from this tree)")
+	fs.IntVar(&o.bneckRate, "bottleneck-rate", 1000, "bottleneck: the tbf's rate in Mbit/s")
 	fs.StringVar(&o.replot, "replot", "", "remake the plots and report.md of results `DIR` from its runs.json, measuring nothing")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: go run ./experiments [-quick] [-loss auto|netem|nft|inproc] [-only IDs] [-server HOST -dev IF]\n\n")
@@ -138,9 +141,10 @@ func do(o options, stdout, stderr io.Writer) error {
 	}
 	defer os.RemoveAll(work)
 	bin := o.udperf
-	// The SIPp and memory experiments run sipp and qp's harness, not
-	// udperf: -only sipp,fig-memory needs no build.
-	if bin == "" && slices.ContainsFunc(figs, func(f *figure) bool { return f.Test != "sipp" && f.Test != "memory" }) {
+	// The SIPp, memory and bottleneck experiments run sipp, qp's harness
+	// and rdflow, not udperf: -only sipp,fig-memory,bottleneck needs no
+	// build of it.
+	if bin == "" && slices.ContainsFunc(figs, func(f *figure) bool { return f.Test != "sipp" && f.Test != "memory" && f.Test != "bottleneck" }) {
 		bin = filepath.Join(work, "udperf")
 		if out, err := goCmd(root, "build", "-o", bin, "./cmd/udperf").CombinedOutput(); err != nil {
 			return fmt.Errorf("building udperf: %v\n%s", err, out)

@@ -97,6 +97,9 @@ func flagsOf(o options) []string {
 	if o.server != "" {
 		f = append(f, "-server", o.server, "-dev", o.dev)
 	}
+	if o.bneckRate != 1000 && o.bneckRate > 0 {
+		f = append(f, "-bottleneck-rate", strconv.Itoa(o.bneckRate))
+	}
 	return f
 }
 

@@ -45,6 +45,10 @@ func (r row) num(k string) float64 {
 		return v
 	case int:
 		return float64(v)
+	case uint64:
+		return float64(v)
+	case int64:
+		return float64(v)
 	}
 	return 0
 }
