@@ -495,7 +495,7 @@ func (r *rdQP) pump(s *Socket, p *rdPeer, now time.Time) (full bool) {
 		if w.op.awaitsResponse() {
 			pk.off = 0
 		}
-		seq := p.snd.Push(pk, now)
+		seq := p.snd.Push(pk, int(pk.n)+reliability.HeaderSize+reliability.SeqSize+udiwarp.DDPUntaggedHeaderSize+udiwarp.CRCSize, now)
 		tail := w.sent+1 == w.nseg && len(p.queue) == 1
 		if err := r.data(s, p, seq, &pk, now, probing || (tail && w.flags&FlagSignaled != 0)); err == errSocketFull {
 			p.snd.Unpush(seq)
