@@ -94,6 +94,7 @@ type flowState struct {
 	mss       int
 	inflight  int
 	delivered int64 // bytes delivered (acked) so far
+	lost      int64 // bytes declared lost so far
 	// appLimited is, while the flow is limited by the application and
 	// not by the controller, the delivered count at which that period
 	// ends (draft-cheng §3.4); zero otherwise.
@@ -239,7 +240,34 @@ type bbr struct {
 	inRecovery    bool
 	recoveryStart time.Time
 	conservation  bool
+
+	// The long-term bandwidth (Linux's BBR v1, tcp_bbr.c, "lt_bw"): when
+	// a flow loses a fifth of what it sends over 4 to 16 rounds, twice in
+	// a row at about the same delivery rate, something is dropping what
+	// exceeds that rate (a policer, or a queue shared by more flows than
+	// it has room for); the flow then paces at that rate, gain 1, for 48
+	// rounds, instead of at the peak its max filter remembers.
+	lt ltBandwidth
 }
+
+type ltBandwidth struct {
+	sampling      bool
+	use           bool
+	rounds        int
+	bw            float64
+	lastDelivered int64
+	lastLost      int64
+	lastStamp     time.Time
+}
+
+const (
+	ltMinRounds  = 4
+	ltMaxRounds  = 16
+	ltLossRatio  = 0.2
+	ltUseRounds  = 48
+	ltBwRatio    = 1.0 / 8 // two intervals agree within this fraction
+	ltBwAbsolute = 500     // or within this many bytes a second (4 kbit/s)
+)
 
 func newBBR(f *flowState, rtt *RTT, cfg Config) *bbr {
 	b := &bbr{f: f, rtt: rtt, cfg: cfg, rtProp: -1, rng: uint64(cfg.FirstSeq)*0x9e3779b97f4a7c15 + 1}
@@ -284,10 +312,10 @@ func (b *bbr) advanceCycle(now time.Time) {
 }
 
 func (b *bbr) bdp(gain float64) int {
-	if b.rtProp < 0 || b.btlBw.get() == 0 {
+	if b.rtProp < 0 || b.bw() == 0 {
 		return initialWindow(b.f.mss)
 	}
-	return int(gain * b.btlBw.get() * b.rtProp.Seconds())
+	return int(gain * b.bw() * b.rtProp.Seconds())
 }
 
 // inflightTarget is the window for gain: the BDP times the gain plus
@@ -312,6 +340,7 @@ func (b *bbr) onSend(now time.Time, size int) {
 func (b *bbr) onAck(now time.Time, rs *rateSample) {
 	// The model (§4.1) and the state machine (§4.3).
 	b.updateRound(rs)
+	b.longTerm(now, rs)
 	if rs.rate > 0 && (rs.rate >= b.btlBw.get() || !rs.appLimited) {
 		b.btlBw.update(b.rounds, rs.rate, bbrBtlBwRounds)
 	}
@@ -333,6 +362,75 @@ func (b *bbr) onAck(now time.Time, rs *rateSample) {
 	// The control parameters (§4.2).
 	b.setPacing(b.pacingGain)
 	b.setCwnd(rs)
+}
+
+// bw is the bandwidth the controls use: the long-term rate while a
+// policer or an overfull queue is suspected, the max filter's otherwise.
+func (b *bbr) bw() float64 {
+	if b.lt.use {
+		return b.lt.bw
+	}
+	return b.btlBw.get()
+}
+
+func (b *bbr) ltReset(now time.Time) {
+	b.lt.lastDelivered, b.lt.lastLost, b.lt.lastStamp = b.f.delivered, b.f.lost, now
+	b.lt.rounds = 0
+}
+
+func (b *bbr) ltStop(now time.Time) {
+	b.lt = ltBandwidth{}
+	b.ltReset(now)
+}
+
+func (b *bbr) longTerm(now time.Time, rs *rateSample) {
+	lt := &b.lt
+	if lt.use {
+		if b.mode == bbrProbeBW && b.roundStart {
+			if lt.rounds++; lt.rounds >= ltUseRounds {
+				b.ltStop(now) // time to probe the max filter's bandwidth again
+			}
+		}
+		return
+	}
+	if !lt.sampling {
+		if rs.lost == 0 {
+			return // intervals begin at a loss
+		}
+		b.ltReset(now)
+		lt.sampling = true
+	}
+	if rs.appLimited {
+		b.ltStop(now) // an application-limited flow says nothing of the path
+		return
+	}
+	if b.roundStart {
+		lt.rounds++
+	}
+	switch {
+	case lt.rounds < ltMinRounds:
+		return
+	case lt.rounds > ltMaxRounds:
+		b.ltStop(now)
+		return
+	case rs.lost == 0:
+		return // intervals end at a loss
+	}
+	lost, delivered := b.f.lost-lt.lastLost, b.f.delivered-lt.lastDelivered
+	elapsed := now.Sub(lt.lastStamp)
+	if delivered <= 0 || float64(lost) < ltLossRatio*float64(delivered) || elapsed <= 0 {
+		return
+	}
+	bw := float64(delivered) / elapsed.Seconds()
+	if lt.bw > 0 {
+		if d := math.Abs(bw - lt.bw); d <= ltBwRatio*lt.bw || d <= ltBwAbsolute {
+			lt.bw = (bw + lt.bw) / 2
+			lt.use, lt.rounds = true, 0
+			return
+		}
+	}
+	lt.bw = bw
+	b.ltReset(now)
 }
 
 func (b *bbr) updateRound(rs *rateSample) {
@@ -441,7 +539,10 @@ func (b *bbr) saveCwnd() {
 }
 
 func (b *bbr) setPacing(gain float64) {
-	bw := b.btlBw.get()
+	bw := b.bw()
+	if b.lt.use {
+		gain = 1
+	}
 	if bw == 0 {
 		return
 	}
@@ -490,7 +591,7 @@ func (b *bbr) onTimeout(now time.Time, count int) {
 
 func (b *bbr) cwnd() int             { return b.window }
 func (b *bbr) pacingRate() float64   { return b.pacing }
-func (b *bbr) bandwidth() float64    { return b.btlBw.get() }
+func (b *bbr) bandwidth() float64    { return b.bw() }
 func (b *bbr) minRTT() time.Duration { return max(b.rtProp, 0) }
 
 // ---- NewReno (RFC 9002 §7) ----

@@ -580,6 +580,7 @@ func (s *Sender[P]) detectLost(now time.Time, resend func(uint32, *P)) error {
 		if !Before(s.largest, sl.after+PacketThreshold-1) || !now.Before(sl.sentAt.Add(delay)) {
 			// Lost: the controller hears of it before it goes again.
 			s.lost += int(sl.size)
+			s.flow.lost += int64(sl.size)
 			if s.cc != nil {
 				s.cc.onLoss(now, int(sl.size), sl.sentAt)
 			}
