@@ -349,9 +349,10 @@ func (b *bbr) onAck(now time.Time, rs *rateSample) {
 	b.checkDrain(now)
 	b.updateRTprop(now, rs)
 	b.checkProbeRTT(now)
-	if b.inRecovery && !rs.newestSentAt.IsZero() && rs.newestSentAt.After(b.recoveryStart) {
-		// A packet sent after the loss was acked: recovery is over, and
-		// the window as it was before comes back (§4.2.3.4).
+	if b.inRecovery && !rs.newestSentAt.IsZero() && !rs.newestSentAt.Before(b.recoveryStart) {
+		// A packet sent since the loss (its retransmission, or one after
+		// it) was acked: recovery is over, and the window as it was
+		// before comes back (§4.2.3.4).
 		b.inRecovery, b.conservation = false, false
 		b.window = max(b.window, b.priorCwnd)
 	}
