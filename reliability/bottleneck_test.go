@@ -390,14 +390,19 @@ func TestBottleneckManyFlows(t *testing.T) {
 
 // TestBottleneckBBRBesideNewReno: a BBR flow and a NewReno flow share the
 // link; the ratio of their goodputs is reported (the target, checked
-// against real TCP elsewhere, is 0.5x to 2x).
+// against real TCP elsewhere, is 0.5x to 2x), with the queue of two BDPs
+// and with deeper ones (4 and 8), where a loss-based flow has more room.
 func TestBottleneckBBRBesideNewReno(t *testing.T) {
-	fs := []*bnFlow{{cfg: Config{Congestion: CongestionBBR}}, {cfg: Config{Congestion: CongestionNewReno}, start: 10 * time.Millisecond}}
-	res := runBottleneck(t, gigabit(0, 5), fs, 3*time.Second, time.Second)
-	res.log(t, "bbr beside newreno")
-	t.Logf("BBR %.3f, NewReno %.3f of the link: ratio BBR/NewReno %.2f; utilisation %.3f",
-		res.share(0), res.share(1), res.share(0)/max(res.share(1), 1e-9), res.utilisation())
-	if u := res.utilisation(); u < 0.8 {
-		t.Errorf("utilisation %.3f, want >= 0.8", u)
+	for _, bdps := range []int{2, 4, 8} {
+		fs := []*bnFlow{{cfg: Config{Congestion: CongestionBBR}}, {cfg: Config{Congestion: CongestionNewReno}, start: 10 * time.Millisecond}}
+		l := gigabit(0, 5)
+		l.queue = l.queue / 2 * bdps
+		res := runBottleneck(t, l, fs, 3*time.Second, time.Second)
+		res.log(t, fmt.Sprintf("bbr beside newreno, queue %d BDP", bdps))
+		t.Logf("queue %d BDP: BBR %.3f, NewReno %.3f of the link: ratio BBR/NewReno %.2f; utilisation %.3f",
+			bdps, res.share(0), res.share(1), res.share(0)/max(res.share(1), 1e-9), res.utilisation())
+		if u := res.utilisation(); u < 0.8 {
+			t.Errorf("queue %d BDP: utilisation %.3f, want >= 0.8", bdps, u)
+		}
 	}
 }
