@@ -58,9 +58,15 @@ func (c Congestion) String() string {
 }
 
 // DefaultMSS is the packet size the controllers assume before the first
-// Push (the window floors and the initial window count in packets of the
-// largest size pushed since).
-const DefaultMSS = 1500
+// Push: the window floors and the initial window count in packets of the
+// largest size pushed since, up to MaxMSS (a jumbo frame; a larger
+// datagram is fragmented by IP, and one such must not make the floors
+// a multiple of 64 KiB). A packet larger than the window still goes
+// when nothing else is in flight.
+const (
+	DefaultMSS = 1500
+	MaxMSS     = 9000
+)
 
 // Pacing bounds: a burst (Quantum) lasts at most maxBurstTime at the
 // pacing rate, and at most a quarter of the minimum RTT, since a burst

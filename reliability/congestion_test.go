@@ -36,6 +36,16 @@ func TestSenderCongestionWindow(t *testing.T) {
 			t.Fatalf("min RTT %v, want 200µs", s.MinRTT())
 		}
 	}
+	// One datagram larger than the window goes when nothing is in flight,
+	// and does not make the floors count in packets of its size.
+	big := NewSender[int](Config{})
+	if !big.CanSend(now) {
+		t.Fatal("an idle sender cannot send")
+	}
+	big.Push(0, 65000, now)
+	if big.CanSend(now) || big.flow.mss != MaxMSS || big.CongestionWindow() != initialWindow(DefaultMSS) {
+		t.Fatalf("after a 65,000-byte datagram: can send %v, packet size %d, window %d", big.CanSend(now), big.flow.mss, big.CongestionWindow())
+	}
 	s := NewSender[int](Config{Congestion: CongestionNone, Window: 64})
 	n := 0
 	for s.CanSend(now) {

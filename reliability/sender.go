@@ -287,7 +287,7 @@ func (s *Sender[P]) sent(sl *slot[P], size int, now time.Time) {
 	sl.size = int32(size)
 	sl.delivered, sl.deliveredAt, sl.firstSentAt = s.flow.delivered, s.deliveredAt, s.firstSentAt
 	sl.appLimited = s.flow.appLimited != 0
-	s.flow.mss = max(s.flow.mss, size)
+	s.flow.mss = max(s.flow.mss, min(size, MaxMSS))
 	if s.cc == nil {
 		return
 	}
