@@ -318,7 +318,8 @@ func (r *bnResult) log(t *testing.T, name string) {
 // rarely (<= 2 % of what it sent). The same flow without a controller
 // overflows it constantly: the test shows the controller at work.
 func TestBottleneckBBRAlone(t *testing.T) {
-	res := runBottleneck(t, gigabit(0, 1), bnFlows(1, CongestionBBR, 0), 1500*time.Millisecond, 500*time.Millisecond)
+	t.Parallel()
+	res := runBottleneck(t, gigabit(0, 1), bnFlows(1, CongestionBBR, 0), time.Second, 300*time.Millisecond)
 	res.log(t, "bbr alone")
 	queue, _, sent := res.drops()
 	if u := res.utilisation(); u < 0.9 {
@@ -328,7 +329,7 @@ func TestBottleneckBBRAlone(t *testing.T) {
 		t.Errorf("queue drops %.2f %% of what was sent, want <= 2 %%", 100*frac)
 	}
 	if mode := res.flows[0].s.CongestionMode(); mode != "probe-bw" {
-		t.Errorf("BBR in %s after 1.5 s, want probe-bw", mode)
+		t.Errorf("BBR in %s after 1 s, want probe-bw", mode)
 	}
 	if bw := res.flows[0].s.BottleneckBandwidth(); bw < 0.9*125e6 || bw > 1.2*125e6 {
 		t.Errorf("bottleneck bandwidth estimate %.0f Mbit/s, want about 1000", bw*8/1e6)
@@ -344,7 +345,8 @@ func TestBottleneckBBRAlone(t *testing.T) {
 // TestBottleneckRandomLoss: at 2 % random loss BBR keeps at least half of
 // its lossless goodput; NewReno's is reported beside it.
 func TestBottleneckRandomLoss(t *testing.T) {
-	const d, warm = 1500 * time.Millisecond, 500 * time.Millisecond
+	t.Parallel()
+	const d, warm = time.Second, 300 * time.Millisecond
 	for _, cc := range []Congestion{CongestionBBR, CongestionNewReno} {
 		clean := runBottleneck(t, gigabit(0, 2), bnFlows(1, cc, 0), d, warm)
 		lossy := runBottleneck(t, gigabit(0.02, 2), bnFlows(1, cc, 0), d, warm)
@@ -361,6 +363,7 @@ func TestBottleneckRandomLoss(t *testing.T) {
 // TestBottleneckFairness: two BBR flows, the second starting 50 ms after
 // the first, share the link fairly (Jain's index >= 0.95 over 1-5 s).
 func TestBottleneckFairness(t *testing.T) {
+	t.Parallel()
 	res := runBottleneck(t, gigabit(0, 3), bnFlows(2, CongestionBBR, 50*time.Millisecond), 5*time.Second, time.Second)
 	res.log(t, "two bbr flows")
 	j := res.jain()
@@ -376,6 +379,7 @@ func TestBottleneckFairness(t *testing.T) {
 // TestBottleneckManyFlows: 100 BBR flows through one bottleneck keep at
 // least 0.8 of it.
 func TestBottleneckManyFlows(t *testing.T) {
+	t.Parallel()
 	res := runBottleneck(t, gigabit(0, 4), bnFlows(100, CongestionBBR, 100*time.Microsecond), time.Second, 300*time.Millisecond)
 	res.log(t, "100 bbr flows")
 	lo, hi := 1.0, 0.0
@@ -391,13 +395,16 @@ func TestBottleneckManyFlows(t *testing.T) {
 // TestBottleneckBBRBesideNewReno: a BBR flow and a NewReno flow share the
 // link; the ratio of their goodputs is reported (the target, checked
 // against real TCP elsewhere, is 0.5x to 2x), with the queue of two BDPs
-// and with deeper ones (4 and 8), where a loss-based flow has more room.
+// and with one of 8, where a loss-based flow has more room (BBR v1's
+// share falls as the queue deepens, until ProbeRTT, every 10 s, sees the
+// queue the loss-based flow keeps as part of the minimum RTT).
 func TestBottleneckBBRBesideNewReno(t *testing.T) {
-	for _, bdps := range []int{2, 4, 8} {
+	t.Parallel()
+	for _, bdps := range []int{2, 8} {
 		fs := []*bnFlow{{cfg: Config{Congestion: CongestionBBR}}, {cfg: Config{Congestion: CongestionNewReno}, start: 10 * time.Millisecond}}
 		l := gigabit(0, 5)
 		l.queue = l.queue / 2 * bdps
-		res := runBottleneck(t, l, fs, 3*time.Second, time.Second)
+		res := runBottleneck(t, l, fs, 2*time.Second, 500*time.Millisecond)
 		res.log(t, fmt.Sprintf("bbr beside newreno, queue %d BDP", bdps))
 		t.Logf("queue %d BDP: BBR %.3f, NewReno %.3f of the link: ratio BBR/NewReno %.2f; utilisation %.3f",
 			bdps, res.share(0), res.share(1), res.share(0)/max(res.share(1), 1e-9), res.utilisation())
