@@ -489,6 +489,9 @@ func (r *rdQP) pump(s *Socket, p *rdPeer, now time.Time) (full bool) {
 		default:
 			return false
 		}
+		if !probing && !r.paced(p, now) {
+			return false // the pacing clock holds it: the timer sends it (rdPeerDue)
+		}
 		w := p.queue[0]
 		if w.done { // failed meanwhile
 			p.popQueue()
@@ -530,7 +533,7 @@ func (r *rdQP) pump(s *Socket, p *rdPeer, now time.Time) (full bool) {
 				continue
 			}
 		}
-		seq := p.snd.Push(pk, now)
+		seq := p.snd.Push(pk, int(pk.n)+rdFrameOverhead, now)
 		tail := w.sent+1 == w.nseg && len(p.queue) == 1
 		if err := r.data(s, p, seq, &pk, now, probing || (tail && w.flags&FlagSignaled != 0)); err == errSocketFull {
 			p.snd.Unpush(seq)
@@ -556,7 +559,26 @@ func (r *rdQP) pump(s *Socket, p *rdPeer, now time.Time) (full bool) {
 			p.popQueue()
 		}
 	}
+	if len(p.queue) == 0 {
+		// Nothing more to send: what the peer acks until what is in
+		// flight is acked measures us, not the path.
+		p.snd.SetAppLimited()
+	}
 	return false
+}
+
+// rdPaceSlack is how far ahead of the pacing clock a frame may leave
+// rather than wait for the timer: no timer wakes more precisely than
+// this, and at high rates a wait this short would cost more rate than
+// the burst it saves (it lets about the slack's worth of bytes more go
+// together than the sender's Quantum).
+const rdPaceSlack = 100 * time.Microsecond
+
+// paced reports whether p's congestion control lets a frame leave now
+// (reliability.Sender.SendAt, within rdPaceSlack).
+func (r *rdQP) paced(p *rdPeer, now time.Time) bool {
+	at := p.snd.SendAt(now)
+	return at.IsZero() || at.Sub(now) <= rdPaceSlack
 }
 
 // rdData builds and sends Data frame seq for pk, with an ack for p
@@ -651,6 +673,11 @@ func (r *rdQP) frameHeader(b []byte, p *rdPeer, f *reliability.Fields, pk *rdPkt
 	}
 	return b
 }
+
+// rdFrameOverhead is what a Data frame adds to its payload on the wire,
+// near enough for congestion control's count of bytes in flight: the RD
+// header with a sequence number, an untagged DDP header and the CRC.
+const rdFrameOverhead = reliability.HeaderSize + reliability.SeqSize + udiwarp.DDPUntaggedHeaderSize + udiwarp.CRCSize
 
 // rdGather adds bytes [off, off+n) of w's message to the frame.
 func (r *rdQP) gather(t *txCtx, w *rdWR, off, n uint32) Status {

@@ -473,7 +473,7 @@ func BenchmarkRDPeerMemory(b *testing.B) {
 	p := q.rd.newPeer(rdKey{netip.MustParseAddrPort("10.0.0.1:1"), 1}, time.Now())
 	w := &rdWR{}
 	for range p.snd.Config().Window {
-		p.snd.Push(rdPkt{w: w}, time.Now())
+		p.snd.Push(rdPkt{w: w}, 1500, time.Now())
 	}
 	for seq := uint32(1); seq < uint32(p.snd.Config().Window); seq++ {
 		p.rcv.Receive(seq, nil, time.Now(), func(uint32, []byte) bool { return true })

@@ -298,6 +298,9 @@ func (r *rdQP) peerDue(p *rdPeer, now time.Time) time.Time {
 	if !p.ackHeld { // else the end of the socket's batch sends it (ackAfterBatch)
 		early(p.rcv.AckDue(now))
 	}
+	if len(p.queue) > 0 && p.snd.CanSend(now) {
+		early(p.snd.SendAt(now)) // paced: the next frame's time (rdQP.paced)
+	}
 	if len(p.queue) > 0 && !p.snd.CanSend(now) && p.snd.InFlight() == 0 {
 		// Waiting out a receiver-not-ready, or for the next probe of
 		// a shut window.

@@ -83,11 +83,11 @@ func (r *rdQP) train(s *Socket, p *rdPeer, w *rdWR, body uint32, now time.Time) 
 	first := w.sent
 	off := first * w.seg
 	end := off
-	for k < max && p.snd.CanSend(now) {
+	for k < max && p.snd.CanSend(now) && (k == 0 || r.paced(p, now)) {
 		o := (first + uint32(k)) * w.seg
 		n := min(w.seg, w.length-o)
 		pk := rdPkt{w: w, off: o, n: n, last: first+uint32(k)+1 == body}
-		g.seqs[k] = p.snd.Push(pk, now)
+		g.seqs[k] = p.snd.Push(pk, hlen+int(n)+udiwarp.CRCSize, now)
 		end = o + n
 		k++
 	}

@@ -22,7 +22,7 @@ func TestSenderCompact(t *testing.T) {
 		t.Fatalf("an ack with nothing sent: %v; Compact of no ring: true", err)
 	}
 	for i := range 3 {
-		s.Push(i, now)
+		s.Push(i, 1200, now)
 	}
 	if s.Slots() != initialRing || s.Compact() {
 		t.Fatalf("%d slots with 3 in flight, or Compact let them go", s.Slots())
@@ -36,7 +36,7 @@ func TestSenderCompact(t *testing.T) {
 	if err := ack(1); err != nil { // the same ack again, no ring
 		t.Fatal(err)
 	}
-	if seq := s.Push(7, now); seq != 1 || s.Slots() != initialRing {
+	if seq := s.Push(7, 1200, now); seq != 1 || s.Slots() != initialRing {
 		t.Fatalf("after Compact: seq %d, %d slots", seq, s.Slots())
 	}
 	var got []int

@@ -1,6 +1,16 @@
 // Package reliability is the reliable-datagram (RD) layer below DDP:
 // per-peer sequence numbers, cumulative and selective acknowledgements,
-// retransmission from the registered buffer, flow control, and the
-// per-session epochs and tokens that tell one session between two QPs
-// from the next, over one unconnected UDP socket.
+// retransmission from the registered buffer, flow control, congestion
+// control and pacing, and the per-session epochs and tokens that tell
+// one session between two QPs from the next, over one unconnected UDP
+// socket.
+//
+// Loss detection and timeouts follow RFC 9002 §5-6. Congestion control
+// (congestion.go, Config.Congestion) is BBR version 1 as
+// draft-cardwell-iccrg-bbr-congestion-control-00 specifies it, the
+// default, over the delivery-rate samples of
+// draft-cheng-iccrg-delivery-rate-estimation-02; or NewReno per RFC 9002
+// §7 (paced per §7.7); or none. The package does no I/O: the caller
+// hands it packets, acks and the time, and asks it what to send and when
+// (Sender.CanSend, Sender.SendAt, Sender.Deadline).
 package reliability

@@ -19,7 +19,7 @@ func TestSenderZeroWindowProbe(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s.Push(0, now)
+	s.Push(0, 1200, now)
 	ack(1, 0) // acknowledged, window shut
 	if s.CanSend(now) {
 		t.Fatal("can send into a shut window")
@@ -43,7 +43,7 @@ func TestSenderZeroWindowProbe(t *testing.T) {
 		if !due || err != nil {
 			t.Fatalf("probe %d: %v %v", len(waits), due, err)
 		}
-		seq := s.Push(0, now)
+		seq := s.Push(0, 1200, now)
 		ack(seq+1, 0) // the probe acknowledged, the window still shut
 	}
 	t.Logf("waits %v", waits)
@@ -58,13 +58,13 @@ func TestSenderZeroWindowProbe(t *testing.T) {
 	// A fresh sender whose peer opens the window after one probe: the count
 	// starts over.
 	s = NewSender[int](cfg)
-	s.Push(0, now)
+	s.Push(0, 1200, now)
 	ack(1, 0)
 	now = s.Resume()
 	if due, _ := s.Probe(now); !due {
 		t.Fatal("no probe")
 	}
-	ack(s.Push(0, now)+1, 4)
+	ack(s.Push(0, 1200, now)+1, 4)
 	if !s.CanSend(now) || !s.Resume().IsZero() {
 		t.Fatal("the window opened and the sender still waits")
 	}

@@ -36,7 +36,7 @@ func TestRNRCountsRefusals(t *testing.T) {
 			resend := func(seq uint32, _ *int) { wire = append(wire, seq) }
 			const n = 8
 			for i := range n {
-				wire = append(wire, s.Push(i, now))
+				wire = append(wire, s.Push(i, 1200, now))
 			}
 			var a AckBlock
 			var err error

@@ -39,6 +39,10 @@ type Config struct {
 	// FirstSeq is the first sequence number of a session, the same on
 	// both sides (tests use it to cross the 2^32 wrap). Default 0.
 	FirstSeq uint32
+	// Congestion selects the sender's congestion controller and pacing:
+	// BBR (the zero value), NewReno, or none (only Window limits what is
+	// in flight). See congestion.go.
+	Congestion Congestion
 }
 
 // Defaults.
@@ -116,6 +120,17 @@ type slot[P any] struct {
 	// a retransmission is not declared lost again by the same acks (QUIC
 	// gives retransmissions new numbers instead).
 	after uint32
+	// size is the packet's bytes on the wire; appLimited, delivered,
+	// deliveredAt and firstSentAt are the delivery-rate state when it was
+	// last sent (draft-cheng-iccrg-delivery-rate-estimation §3.2): the
+	// flow's delivered count, when it last moved and when the packet
+	// that moved it was sent (times in nanoseconds since the sender's
+	// first packet).
+	size        int32
+	appLimited  bool
+	delivered   int64
+	deliveredAt int64
+	firstSentAt int64
 }
 
 // Sender is the sending half of one peer's reliability: it numbers
@@ -145,6 +160,19 @@ type Sender[P any] struct {
 	// probes counts them until the window opens.
 	probeAt time.Time
 	probes  int
+	lost    int // bytes detectLost found lost, for the ack's rate sample
+	// Congestion control: the controller (nil for CongestionNone), the
+	// flow's bytes in flight and delivery counters it reads, the
+	// delivery-rate clock (deliveredAt, firstSentAt, since base), and
+	// the pacing clock: paceAt is when the bytes pushed so far have all
+	// left at the pacing rate (unpace restores it for Unpush).
+	cc          controller
+	flow        flowState
+	base        time.Time
+	deliveredAt int64
+	firstSentAt int64
+	paceAt      time.Time
+	unpace      time.Time
 	// Retransmits counts retransmissions; Spurious acks for packets
 	// already acked or never sent.
 	Retransmits, Unsent uint64
@@ -159,7 +187,10 @@ const initialRing = 8
 // we never send to needs none).
 func NewSender[P any](cfg Config) *Sender[P] {
 	cfg = cfg.Fill()
-	return &Sender[P]{cfg: cfg, una: cfg.FirstSeq, next: cfg.FirstSeq, limit: cfg.FirstSeq + uint32(cfg.Window)}
+	s := &Sender[P]{cfg: cfg, una: cfg.FirstSeq, next: cfg.FirstSeq, limit: cfg.FirstSeq + uint32(cfg.Window)}
+	s.flow.mss = DefaultMSS
+	s.cc = newController(cfg.Congestion, &s.flow, &s.rtt, cfg)
+	return s
 }
 
 // grow doubles the ring (or makes the first), keeping every packet at its
@@ -216,22 +247,152 @@ func (s *Sender[P]) Find(low uint16) (seq uint32, once, ok bool) {
 // InFlight returns how many packets are sent and not cumulatively acked.
 func (s *Sender[P]) InFlight() int { return int(s.next - s.una) }
 
-// CanSend reports whether the window admits another packet now.
+// CanSend reports whether the windows admit another packet now: the
+// peer's (packets) and the congestion window (bytes in flight). Pacing
+// is apart: SendAt says when the packet may leave.
 func (s *Sender[P]) CanSend(now time.Time) bool {
-	return s.next-s.una < uint32(s.cfg.Window) && Before(s.next, s.limit) && !now.Before(s.rnrUntil)
+	return s.next-s.una < uint32(s.cfg.Window) && Before(s.next, s.limit) && !now.Before(s.rnrUntil) &&
+		(s.cc == nil || s.flow.inflight < s.cc.cwnd())
 }
 
-// Push numbers a new packet, sent at now, and returns its sequence
-// number. The caller checked CanSend.
-func (s *Sender[P]) Push(p P, now time.Time) uint32 {
+// Push numbers a new packet of size bytes on the wire, sent at now, and
+// returns its sequence number. The caller checked CanSend (and SendAt).
+func (s *Sender[P]) Push(p P, size int, now time.Time) uint32 {
 	seq := s.next
 	if seq-s.una >= uint32(len(s.ring)) {
 		s.grow()
 	}
 	s.next++
-	s.ring[seq&s.mask] = slot[P]{payload: p, sentAt: now, pending: true, after: seq + 1}
+	sl := &s.ring[seq&s.mask]
+	*sl = slot[P]{payload: p, sentAt: now, pending: true, after: seq + 1}
+	s.unpace = s.paceAt
+	s.sent(sl, size, now)
+	s.flow.inflight += int(sl.size)
 	s.lastSent = now
 	return seq
+}
+
+// sent accounts for a transmission of sl (new or again) at now: bytes in
+// flight, the delivery-rate state (draft-cheng §3.2), the pacing clock.
+func (s *Sender[P]) sent(sl *slot[P], size int, now time.Time) {
+	size = max(size, 1)
+	if s.base.IsZero() {
+		s.base = now
+	}
+	t := int64(now.Sub(s.base))
+	if s.flow.inflight == 0 {
+		// Nothing in flight: the delivery rate's intervals start now.
+		s.firstSentAt, s.deliveredAt = t, t
+	}
+	sl.size = int32(size)
+	sl.delivered, sl.deliveredAt, sl.firstSentAt = s.flow.delivered, s.deliveredAt, s.firstSentAt
+	sl.appLimited = s.flow.appLimited != 0
+	s.flow.mss = max(s.flow.mss, min(size, MaxMSS))
+	if s.cc == nil {
+		return
+	}
+	s.cc.onSend(now, size)
+	if rate := s.cc.pacingRate(); rate > 0 {
+		s.paceAt = later(s.paceAt, now).Add(time.Duration(float64(size) / rate * 1e9))
+	}
+}
+
+// SendAt returns when the pacing rate lets the next packet leave: zero
+// when it may go now (and always without a controller, CongestionNone).
+// Pacing lets a burst of Quantum bytes go at once, so a caller may send
+// a train of segments together; it then waits for SendAt before the next.
+func (s *Sender[P]) SendAt(now time.Time) time.Time {
+	if s.cc == nil || s.paceAt.IsZero() {
+		return time.Time{}
+	}
+	rate := s.cc.pacingRate()
+	if rate <= 0 {
+		return time.Time{}
+	}
+	at := s.paceAt.Add(-time.Duration(float64(s.Quantum()) / rate * 1e9))
+	if !at.After(now) {
+		return time.Time{}
+	}
+	return at
+}
+
+// Quantum returns the burst pacing allows, in bytes: about a millisecond
+// at the pacing rate, but no more than a quarter of the minimum RTT's
+// worth (a longer burst would be the queue itself on a short path), at
+// least two packets and at most 64 KiB. With CongestionNone it is 64 KiB.
+func (s *Sender[P]) Quantum() int {
+	if s.cc == nil {
+		return maxQuantum
+	}
+	return quantum(s.cc.pacingRate(), s.cc.minRTT(), s.flow.mss)
+}
+
+// SetAppLimited tells the sender its application has nothing more to
+// send now (the caller's queue to the peer is empty while the windows
+// are open): the delivery-rate samples until what is in flight is acked
+// say so, and BBR does not read them as the path's limit
+// (draft-cheng-iccrg-delivery-rate-estimation §3.4).
+func (s *Sender[P]) SetAppLimited() {
+	if s.cc != nil && s.flow.inflight < s.cc.cwnd() {
+		s.flow.appLimited = max(s.flow.delivered+int64(s.flow.inflight), 1)
+	}
+}
+
+// CongestionWindow returns the congestion window in bytes (0 with
+// CongestionNone).
+func (s *Sender[P]) CongestionWindow() int {
+	if s.cc == nil {
+		return 0
+	}
+	return s.cc.cwnd()
+}
+
+// PacingRate returns the pacing rate in bytes per second (0: not paced).
+func (s *Sender[P]) PacingRate() float64 {
+	if s.cc == nil {
+		return 0
+	}
+	return s.cc.pacingRate()
+}
+
+// BottleneckBandwidth returns the controller's estimate of the path's
+// bandwidth in bytes per second: BBR's windowed maximum delivery rate;
+// for NewReno the latest delivery-rate sample; 0 with CongestionNone.
+func (s *Sender[P]) BottleneckBandwidth() float64 {
+	if s.cc == nil {
+		return 0
+	}
+	return s.cc.bandwidth()
+}
+
+// MinRTT returns the path's round-trip propagation time as the
+// controller sees it (BBR's ten-second windowed minimum; otherwise the
+// smallest RTT sample).
+func (s *Sender[P]) MinRTT() time.Duration {
+	if s.cc == nil {
+		return s.rtt.Min()
+	}
+	return s.cc.minRTT()
+}
+
+// BytesInFlight returns the bytes sent and neither acked nor selectively
+// acked.
+func (s *Sender[P]) BytesInFlight() int { return s.flow.inflight }
+
+// CongestionMode names the controller's state ("startup", "drain",
+// "probe-bw", "probe-rtt" for BBR, "recovery" or "" otherwise), for
+// metrics and tests.
+func (s *Sender[P]) CongestionMode() string {
+	switch c := s.cc.(type) {
+	case *bbr:
+		return c.mode.String()
+	case *newReno:
+		if c.window < c.ssthresh {
+			return "slow-start"
+		}
+		return "congestion-avoidance"
+	}
+	return ""
 }
 
 // Oldest returns the oldest packet still waiting for its ack.
@@ -281,6 +442,10 @@ func (s *Sender[P]) OnAck(a *AckBlock, window uint16, rnr bool, now time.Time,
 	var newest uint32
 	var haveNewest, sample bool
 	var sampleAt time.Time
+	rs := rateSample{priorInflight: s.flow.inflight}
+	var rsSet bool
+	var rsPriorAt, rsSendElapsed int64
+	t := int64(now.Sub(s.base))
 	note := func(seq uint32, cumulative bool) {
 		sl := &s.ring[seq&s.mask]
 		if sl.pending {
@@ -290,6 +455,20 @@ func (s *Sender[P]) OnAck(a *AckBlock, window uint16, rnr bool, now time.Time,
 			}
 			if !haveNewest || Before(newest, seq) {
 				newest, haveNewest, sample, sampleAt = seq, true, !sl.resent, sl.sentAt
+			}
+			// Delivered: the rate sample takes the state of the packet
+			// acked that was sent last (draft-cheng §3.3).
+			size := int(sl.size)
+			s.flow.inflight -= size
+			s.flow.delivered += int64(size)
+			s.deliveredAt = t
+			rs.acked += size
+			if !rsSet || sl.delivered > rs.priorDelivered || (sl.delivered == rs.priorDelivered && sl.sentAt.After(rs.newestSentAt)) {
+				rsSet = true
+				rs.priorDelivered, rsPriorAt, rs.appLimited = sl.delivered, sl.deliveredAt, sl.appLimited
+				rsSendElapsed = int64(sl.sentAt.Sub(s.base)) - sl.firstSentAt
+				s.firstSentAt = int64(sl.sentAt.Sub(s.base))
+				rs.newestSentAt = sl.sentAt
 			}
 		} else if !sl.sacked {
 			return
@@ -313,6 +492,7 @@ func (s *Sender[P]) OnAck(a *AckBlock, window uint16, rnr bool, now time.Time,
 		// Selectively acked before, not delivered now: the receiver
 		// dropped it (it refused it once it was in order). It goes again.
 		sl.sacked, sl.pending = false, true
+		s.flow.inflight += int(sl.size)
 	}
 	for _, r := range a.Ranges {
 		for seq := r.Start; Before(seq, r.Start+r.Len); seq++ {
@@ -320,7 +500,21 @@ func (s *Sender[P]) OnAck(a *AckBlock, window uint16, rnr bool, now time.Time,
 		}
 	}
 	if sample {
+		rs.rtt = max(now.Sub(sampleAt), time.Microsecond)
 		s.rtt.Sample(now.Sub(sampleAt), time.Duration(a.Delay)*time.Microsecond)
+	}
+	if rsSet {
+		// The rate: what was delivered since the newest packet acked was
+		// sent, over the longer of its send and ack intervals; shorter
+		// than the minimum RTT, it would overstate the rate (§3.3).
+		if s.flow.appLimited != 0 && s.flow.delivered > s.flow.appLimited {
+			s.flow.appLimited = 0
+		}
+		rs.delivered = s.flow.delivered - rs.priorDelivered
+		rs.interval = time.Duration(max(rsSendElapsed, s.deliveredAt-rsPriorAt))
+		if rs.interval > 0 && rs.interval >= s.rtt.Min() {
+			rs.rate = float64(rs.delivered) / rs.interval.Seconds()
+		}
 	}
 	if progressed || sample {
 		s.pto = 0
@@ -353,7 +547,13 @@ func (s *Sender[P]) OnAck(a *AckBlock, window uint16, rnr bool, now time.Time,
 		s.rnrWait = true
 		s.rnrCount++
 	}
-	return s.detectLost(now, resend)
+	s.lost = 0
+	err := s.detectLost(now, resend)
+	if s.cc != nil {
+		rs.lost, rs.inflight = s.lost, s.flow.inflight
+		s.cc.onAck(now, &rs)
+	}
+	return err
 }
 
 // lossDelay is the time threshold: 9/8 of the larger of the smoothed and
@@ -378,6 +578,12 @@ func (s *Sender[P]) detectLost(now time.Time, resend func(uint32, *P)) error {
 			continue
 		}
 		if !Before(s.largest, sl.after+PacketThreshold-1) || !now.Before(sl.sentAt.Add(delay)) {
+			// Lost: the controller hears of it before it goes again.
+			s.lost += int(sl.size)
+			s.flow.lost += int64(sl.size)
+			if s.cc != nil {
+				s.cc.onLoss(now, int(sl.size), sl.sentAt)
+			}
 			s.retransmit(seq, now, resend, false)
 			continue
 		}
@@ -403,6 +609,7 @@ func (s *Sender[P]) retransmit(seq uint32, now time.Time, resend func(uint32, *P
 	sl.resent = true
 	sl.sentAt = now
 	sl.after = s.next
+	s.sent(sl, int(sl.size), now)
 	s.lastSent = now
 	s.Retransmits++
 	resend(seq, &sl.payload)
@@ -448,6 +655,7 @@ func (s *Sender[P]) OnTimer(now time.Time, resend func(seq uint32, p *P)) error 
 			sl.resent = true
 			sl.sentAt = now
 			sl.after = s.next
+			s.sent(sl, int(sl.size), now)
 			s.lastSent = now
 			s.Retransmits++
 			resend(s.una, &sl.payload)
@@ -467,6 +675,9 @@ func (s *Sender[P]) OnTimer(now time.Time, resend func(seq uint32, p *P)) error 
 	s.pto++
 	if err := s.retransmit(seq, now, resend, true); err != nil {
 		return err
+	}
+	if s.cc != nil {
+		s.cc.onTimeout(now, s.pto)
 	}
 	// A second probe, as QUIC sends: the next packet waiting for its ack,
 	// so that a lost tail takes one timeout, not one per packet.
@@ -516,6 +727,8 @@ func (s *Sender[P]) Unpush(seq uint32) bool {
 		return false
 	}
 	s.next--
+	s.flow.inflight -= int(s.ring[seq&s.mask].size)
+	s.paceAt = s.unpace
 	s.ring[seq&s.mask] = slot[P]{}
 	return true
 }
@@ -525,4 +738,12 @@ func (s *Sender[P]) Unpush(seq uint32) bool {
 func (s *Sender[P]) Reset() {
 	clear(s.ring)
 	s.una = s.next
+	s.flow.inflight = 0
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

@@ -113,7 +113,7 @@ func simulate(t *testing.T, seed uint64, n int, cfg Config, l link, ready func(n
 	sent := 0
 	for steps := 0; steps < 10_000_000; steps++ {
 		for sent < n && s.CanSend(now) {
-			seq := s.Push(sent, now)
+			seq := s.Push(sent, 1200, now)
 			send(&event{seq: seq, val: sent}, l.loss)
 			sent++
 		}
@@ -312,7 +312,7 @@ func TestSenderRejectsBadAcks(t *testing.T) {
 	s := NewSender[int](Config{})
 	now := time.Unix(1, 0)
 	for i := range 10 {
-		s.Push(i, now)
+		s.Push(i, 1200, now)
 	}
 	nop := func(uint32, *int) {}
 	for _, a := range []AckBlock{
@@ -353,7 +353,7 @@ func TestSenderSackReneged(t *testing.T) {
 	s := NewSender[int](Config{})
 	now := time.Unix(1, 0)
 	for i := range 4 {
-		s.Push(i, now)
+		s.Push(i, 1200, now)
 	}
 	var acked, resent []uint32
 	ack := func(seq uint32, _ *int) { acked = append(acked, seq) }

@@ -43,7 +43,7 @@ func TestSenderFind(t *testing.T) {
 		s := NewSender[int](Config{FirstSeq: first})
 		now := time.Unix(1, 0)
 		for i := range 6 {
-			s.Push(i, now)
+			s.Push(i, 1200, now)
 		}
 		for i := range uint32(6) {
 			seq, once, ok := s.Find(uint16(first + i))

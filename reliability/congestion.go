@@ -1,0 +1,679 @@
+package reliability
+
+import (
+	"math"
+	"time"
+)
+
+// Congestion control and pacing of a Sender.
+//
+// The sender measures, per packet, the delivery rate the network gave
+// the flight it belonged to (draft-cheng-iccrg-delivery-rate-estimation-02,
+// "Delivery Rate Estimation", Cheng, Cardwell, Hassas Yeganeh, Jacobson),
+// and hands every ack, loss and timeout to one of two standard
+// controllers:
+//
+//   - BBR, version 1, as draft-cardwell-iccrg-bbr-congestion-control-00
+//     ("BBR Congestion Control", Cardwell, Cheng, Hassas Yeganeh,
+//     Jacobson) describes it: a model of the path (the bottleneck
+//     bandwidth, the windowed maximum of the delivery rate over about ten
+//     round trips, and the round-trip propagation time, the windowed
+//     minimum RTT over ten seconds) sets the pacing rate (a gain times
+//     the bandwidth) and the window (a gain times the bandwidth-delay
+//     product, at least four packets); Startup, Drain, ProbeBW's gain
+//     cycle and ProbeRTT move the gains. Loss does not enter the model:
+//     a lost packet only holds the window to packet conservation for a
+//     round trip (§4.2.3.4), so random loss, which is not congestion,
+//     costs RD little. It is the default.
+//   - NewReno as RFC 9002 §7 gives it for QUIC (slow start, congestion
+//     avoidance, one halving per recovery period, persistent congestion),
+//     paced at 1.25 times the window per smoothed RTT (§7.7): the floor
+//     every transport on a shared path must meet (RFC 8085 §3.1).
+//
+// Both are byte-based: Push takes each packet's size on the wire.
+
+// Congestion selects a sender's congestion controller (Config.Congestion).
+type Congestion uint8
+
+const (
+	// CongestionBBR: BBR v1 with pacing (the default).
+	CongestionBBR Congestion = iota
+	// CongestionNewReno: NewReno per RFC 9002 §7, paced per §7.7.
+	CongestionNewReno
+	// CongestionNone: no congestion window and no pacing, only the
+	// peer's window (Config.Window), as before congestion control.
+	CongestionNone
+)
+
+func (c Congestion) String() string {
+	switch c {
+	case CongestionBBR:
+		return "bbr"
+	case CongestionNewReno:
+		return "newreno"
+	case CongestionNone:
+		return "none"
+	}
+	return "Congestion(?)"
+}
+
+// DefaultMSS is the packet size the controllers assume before the first
+// Push: the window floors and the initial window count in packets of the
+// largest size pushed since, up to MaxMSS (a jumbo frame; a larger
+// datagram is fragmented by IP, and one such must not make the floors
+// a multiple of 64 KiB). A packet larger than the window still goes
+// when nothing else is in flight.
+const (
+	DefaultMSS = 1500
+	MaxMSS     = 9000
+)
+
+// Pacing bounds: a burst (Quantum) lasts at most maxBurstTime at the
+// pacing rate, and at most a quarter of the minimum RTT, since a burst
+// longer than the path's bandwidth-delay product is itself the queue;
+// it is at least two packets and at most maxQuantum bytes (Linux's TSO
+// autosizing uses the same 1 ms and 64 KiB).
+const (
+	maxBurstTime = time.Millisecond
+	maxQuantum   = 64 << 10
+)
+
+// rateSample is what one ack tells of the delivery rate
+// (draft-cheng-iccrg-delivery-rate-estimation §3.3), and of the ack.
+type rateSample struct {
+	rate           float64 // bytes per second; 0: no valid sample
+	delivered      int64   // bytes delivered over interval
+	interval       time.Duration
+	priorDelivered int64 // the delivered count when the newest acked packet went
+	appLimited     bool
+	rtt            time.Duration // of the newest packet acked, if sent once; else 0
+	acked          int           // bytes newly acknowledged (cumulatively or selectively)
+	lost           int           // bytes this ack showed lost
+	priorInflight  int           // bytes in flight before the ack
+	inflight       int           // after it
+	newestSentAt   time.Time     // when the newest packet acked was sent; zero if none
+}
+
+// flowState is what the sender knows of its flow that the controllers
+// read: the packet size, the bytes in flight and the delivery counters.
+type flowState struct {
+	mss       int
+	inflight  int
+	delivered int64 // bytes delivered (acked) so far
+	lost      int64 // bytes declared lost so far
+	// appLimited is, while the flow is limited by the application and
+	// not by the controller, the delivered count at which that period
+	// ends (draft-cheng §3.4); zero otherwise.
+	appLimited int64
+}
+
+// controller is a congestion controller.
+type controller interface {
+	onSend(now time.Time, size int)
+	onAck(now time.Time, rs *rateSample)
+	// onLoss: bytes of a packet sent at sentAt are declared lost.
+	onLoss(now time.Time, bytes int, sentAt time.Time)
+	// onTimeout: the probe timeout fired, count times in a row.
+	onTimeout(now time.Time, count int)
+	cwnd() int
+	pacingRate() float64 // bytes per second; 0: not paced
+	bandwidth() float64
+	minRTT() time.Duration
+}
+
+func newController(kind Congestion, f *flowState, rtt *RTT, cfg Config) controller {
+	switch kind {
+	case CongestionNewReno:
+		return newNewReno(f, rtt, cfg)
+	case CongestionNone:
+		return nil
+	}
+	return newBBR(f, rtt, cfg)
+}
+
+// initialWindow: RFC 9002 §7.2 (min(10·MSS, max(14720, 2·MSS))), which
+// BBR uses too (draft-cardwell §4.2.3.1 starts from the transport's
+// initial window).
+func initialWindow(mss int) int { return min(10*mss, max(14720, 2*mss)) }
+
+// ---- BBR v1 ----
+
+type bbrMode uint8
+
+const (
+	bbrStartup bbrMode = iota
+	bbrDrain
+	bbrProbeBW
+	bbrProbeRTT
+)
+
+func (m bbrMode) String() string {
+	return [...]string{"startup", "drain", "probe-bw", "probe-rtt"}[m]
+}
+
+// BBR's constants (draft-cardwell-iccrg-bbr-congestion-control-00 §4).
+const (
+	bbrHighGain        = 2.885 // 2/ln 2: doubles the sending rate each round in Startup
+	bbrCwndGain        = 2.0   // ProbeBW's window: twice the BDP, for delayed and stretched acks
+	bbrBtlBwRounds     = 10    // the bandwidth filter's window, in round trips
+	bbrRTpropWindow    = 10 * time.Second
+	bbrProbeRTTTime    = 200 * time.Millisecond
+	bbrMinPipePackets  = 4
+	bbrFullBwThreshold = 1.25 // Startup goes on while the bandwidth grows 25 % a round
+	bbrFullBwRounds    = 3
+	bbrGainCycleLen    = 8
+)
+
+var bbrPacingGains = [bbrGainCycleLen]float64{5.0 / 4, 3.0 / 4, 1, 1, 1, 1, 1, 1}
+
+// maxFilter is a windowed maximum over a window of rounds, kept as the
+// best, second and third best samples of the window's latest parts
+// (Kathleen Nichols' algorithm, which the BBR draft cites for its
+// filters): constant space, and a stale maximum ages out.
+type maxFilter struct {
+	s [3]struct {
+		t int64
+		v float64
+	}
+}
+
+func (f *maxFilter) get() float64 { return f.s[0].v }
+
+func (f *maxFilter) update(t int64, v float64, win int64) {
+	set := func(i int) { f.s[i].t, f.s[i].v = t, v }
+	if v >= f.s[0].v || t-f.s[2].t > win {
+		set(0)
+		set(1)
+		set(2)
+		return
+	}
+	if v >= f.s[1].v {
+		set(1)
+		set(2)
+	} else if v >= f.s[2].v {
+		set(2)
+	}
+	switch {
+	case t-f.s[0].t > win:
+		// The best has aged out: the second takes its place, and so on.
+		f.s[0], f.s[1] = f.s[1], f.s[2]
+		set(2)
+		if t-f.s[0].t > win {
+			f.s[0], f.s[1] = f.s[1], f.s[2]
+		}
+	case f.s[1].t == f.s[0].t && t-f.s[0].t > win/4:
+		// A quarter of the window gone with no second choice: take one.
+		set(1)
+		set(2)
+	case f.s[2].t == f.s[1].t && t-f.s[1].t > win/2:
+		set(2)
+	}
+}
+
+type bbr struct {
+	f   *flowState
+	rtt *RTT
+	cfg Config
+
+	mode       bbrMode
+	btlBw      maxFilter
+	rtProp     time.Duration
+	rtPropAt   time.Time
+	rtPropSeen bool
+	expired    bool // the min-RTT filter's window ran out on this ack
+
+	rounds             int64
+	nextRoundDelivered int64
+	roundStart         bool
+
+	pacingGain, cwndGain float64
+	pacing               float64
+	window               int
+	priorCwnd            int
+
+	filledPipe  bool
+	fullBw      float64
+	fullBwCount int
+
+	cycleIndex int
+	cycleStamp time.Time
+	rng        uint64
+
+	probeRTTDone      time.Time
+	probeRTTRoundDone bool
+	idleRestart       bool
+
+	inRecovery    bool
+	recoveryStart time.Time
+	conservation  bool
+
+	// The long-term bandwidth (Linux's BBR v1, tcp_bbr.c, "lt_bw"): when
+	// a flow loses a fifth of what it sends over 4 to 16 rounds, twice in
+	// a row at about the same delivery rate, something is dropping what
+	// exceeds that rate (a policer, or a queue shared by more flows than
+	// it has room for); the flow then paces at that rate, gain 1, for 48
+	// rounds, instead of at the peak its max filter remembers.
+	lt ltBandwidth
+}
+
+type ltBandwidth struct {
+	sampling      bool
+	use           bool
+	rounds        int
+	bw            float64
+	lastDelivered int64
+	lastLost      int64
+	lastStamp     time.Time
+}
+
+const (
+	ltMinRounds  = 4
+	ltMaxRounds  = 16
+	ltLossRatio  = 0.2
+	ltUseRounds  = 48
+	ltBwRatio    = 1.0 / 8 // two intervals agree within this fraction
+	ltBwAbsolute = 500     // or within this many bytes a second (4 kbit/s)
+)
+
+func newBBR(f *flowState, rtt *RTT, cfg Config) *bbr {
+	b := &bbr{f: f, rtt: rtt, cfg: cfg, rtProp: -1, rng: uint64(cfg.FirstSeq)*0x9e3779b97f4a7c15 + 1}
+	b.window = initialWindow(f.mss)
+	b.enterStartup()
+	b.initPacing()
+	return b
+}
+
+// initPacing: the nominal rate is the initial window per smoothed RTT
+// (the configured initial RTT before a sample), times Startup's gain.
+func (b *bbr) initPacing() {
+	srtt := b.rtt.Smoothed(b.cfg.InitialRTT)
+	b.pacing = bbrHighGain * float64(initialWindow(b.f.mss)) / srtt.Seconds()
+}
+
+func (b *bbr) enterStartup() {
+	b.mode = bbrStartup
+	b.pacingGain, b.cwndGain = bbrHighGain, bbrHighGain
+}
+
+func (b *bbr) random() uint64 {
+	b.rng ^= b.rng << 13
+	b.rng ^= b.rng >> 7
+	b.rng ^= b.rng << 17
+	return b.rng
+}
+
+func (b *bbr) enterProbeBW(now time.Time) {
+	b.mode = bbrProbeBW
+	b.pacingGain, b.cwndGain = 1, bbrCwndGain
+	// A random phase to start from, any but the draining 3/4 one (§4.3.4.4),
+	// so that flows that start together do not probe together.
+	b.cycleIndex = bbrGainCycleLen - 1 - int(b.random()%(bbrGainCycleLen-1))
+	b.advanceCycle(now)
+}
+
+func (b *bbr) advanceCycle(now time.Time) {
+	b.cycleStamp = now
+	b.cycleIndex = (b.cycleIndex + 1) % bbrGainCycleLen
+	b.pacingGain = bbrPacingGains[b.cycleIndex]
+}
+
+func (b *bbr) bdp(gain float64) int {
+	if b.rtProp < 0 || b.bw() == 0 {
+		return initialWindow(b.f.mss)
+	}
+	return int(gain * b.bw() * b.rtProp.Seconds())
+}
+
+// inflightTarget is the window for gain: the BDP times the gain plus
+// three bursts, for the acks and sends that come in quanta (§4.2.3.2).
+func (b *bbr) inflightTarget(gain float64) int {
+	return b.bdp(gain) + 3*quantum(b.pacing, b.rtProp, b.f.mss)
+}
+
+func (b *bbr) minPipe() int { return bbrMinPipePackets * b.f.mss }
+
+func (b *bbr) onSend(now time.Time, size int) {
+	if b.f.inflight == 0 && b.f.appLimited != 0 {
+		// Restarting from idle (§4.3.4.4): in ProbeBW, pace at the
+		// estimated bandwidth, not above it, until the first ack.
+		b.idleRestart = true
+		if b.mode == bbrProbeBW {
+			b.setPacing(1)
+		}
+	}
+}
+
+func (b *bbr) onAck(now time.Time, rs *rateSample) {
+	// The model (§4.1) and the state machine (§4.3).
+	b.updateRound(rs)
+	b.longTerm(now, rs)
+	if rs.rate > 0 && (rs.rate >= b.btlBw.get() || !rs.appLimited) {
+		b.btlBw.update(b.rounds, rs.rate, bbrBtlBwRounds)
+	}
+	b.checkCycle(now, rs)
+	b.checkFullPipe(rs)
+	b.checkDrain(now)
+	b.updateRTprop(now, rs)
+	b.checkProbeRTT(now)
+	if b.inRecovery && !rs.newestSentAt.IsZero() && !rs.newestSentAt.Before(b.recoveryStart) {
+		// A packet sent since the loss (its retransmission, or one after
+		// it) was acked: recovery is over, and the window as it was
+		// before comes back (§4.2.3.4).
+		b.inRecovery, b.conservation = false, false
+		b.window = max(b.window, b.priorCwnd)
+	}
+	if b.conservation && b.roundStart {
+		b.conservation = false
+	}
+	b.idleRestart = false
+	// The control parameters (§4.2).
+	b.setPacing(b.pacingGain)
+	b.setCwnd(rs)
+}
+
+// bw is the bandwidth the controls use: the long-term rate while a
+// policer or an overfull queue is suspected, the max filter's otherwise.
+func (b *bbr) bw() float64 {
+	if b.lt.use {
+		return b.lt.bw
+	}
+	return b.btlBw.get()
+}
+
+func (b *bbr) ltReset(now time.Time) {
+	b.lt.lastDelivered, b.lt.lastLost, b.lt.lastStamp = b.f.delivered, b.f.lost, now
+	b.lt.rounds = 0
+}
+
+func (b *bbr) ltStop(now time.Time) {
+	b.lt = ltBandwidth{}
+	b.ltReset(now)
+}
+
+func (b *bbr) longTerm(now time.Time, rs *rateSample) {
+	lt := &b.lt
+	if lt.use {
+		if b.mode == bbrProbeBW && b.roundStart {
+			if lt.rounds++; lt.rounds >= ltUseRounds {
+				b.ltStop(now) // time to probe the max filter's bandwidth again
+			}
+		}
+		return
+	}
+	if !lt.sampling {
+		if rs.lost == 0 {
+			return // intervals begin at a loss
+		}
+		b.ltReset(now)
+		lt.sampling = true
+	}
+	if rs.appLimited {
+		b.ltStop(now) // an application-limited flow says nothing of the path
+		return
+	}
+	if b.roundStart {
+		lt.rounds++
+	}
+	switch {
+	case lt.rounds < ltMinRounds:
+		return
+	case lt.rounds > ltMaxRounds:
+		b.ltStop(now)
+		return
+	case rs.lost == 0:
+		return // intervals end at a loss
+	}
+	lost, delivered := b.f.lost-lt.lastLost, b.f.delivered-lt.lastDelivered
+	elapsed := now.Sub(lt.lastStamp)
+	if delivered <= 0 || float64(lost) < ltLossRatio*float64(delivered) || elapsed <= 0 {
+		return
+	}
+	bw := float64(delivered) / elapsed.Seconds()
+	if lt.bw > 0 {
+		if d := math.Abs(bw - lt.bw); d <= ltBwRatio*lt.bw || d <= ltBwAbsolute {
+			lt.bw = (bw + lt.bw) / 2
+			lt.use, lt.rounds = true, 0
+			return
+		}
+	}
+	lt.bw = bw
+	b.ltReset(now)
+}
+
+func (b *bbr) updateRound(rs *rateSample) {
+	b.roundStart = false
+	if rs.acked > 0 && rs.priorDelivered >= b.nextRoundDelivered {
+		b.nextRoundDelivered = b.f.delivered
+		b.rounds++
+		b.roundStart = true
+	}
+}
+
+func (b *bbr) checkCycle(now time.Time, rs *rateSample) {
+	if b.mode != bbrProbeBW {
+		return
+	}
+	elapsed := now.Sub(b.cycleStamp) > b.rtProp
+	next := elapsed
+	switch {
+	case b.pacingGain > 1:
+		// Probing: until the probe has put gain·BDP in flight or drew a loss.
+		next = elapsed && (rs.lost > 0 || rs.priorInflight >= b.inflightTarget(b.pacingGain))
+	case b.pacingGain < 1:
+		// Draining: until the queue is gone, or a round trip at most.
+		next = elapsed || rs.priorInflight <= b.inflightTarget(1)
+	}
+	if next {
+		b.advanceCycle(now)
+	}
+}
+
+func (b *bbr) checkFullPipe(rs *rateSample) {
+	if b.filledPipe || !b.roundStart || rs.appLimited {
+		return
+	}
+	if bw := b.btlBw.get(); bw >= b.fullBw*bbrFullBwThreshold {
+		b.fullBw, b.fullBwCount = bw, 0
+		return
+	}
+	b.fullBwCount++
+	if b.fullBwCount >= bbrFullBwRounds {
+		b.filledPipe = true
+	}
+}
+
+func (b *bbr) checkDrain(now time.Time) {
+	if b.mode == bbrStartup && b.filledPipe {
+		b.mode = bbrDrain
+		b.pacingGain, b.cwndGain = 1/bbrHighGain, bbrHighGain
+	}
+	if b.mode == bbrDrain && b.f.inflight <= b.inflightTarget(1) {
+		b.enterProbeBW(now)
+	}
+}
+
+func (b *bbr) updateRTprop(now time.Time, rs *rateSample) {
+	b.expired = b.rtPropSeen && now.After(b.rtPropAt.Add(bbrRTpropWindow))
+	if rs.rtt > 0 && (b.rtProp < 0 || rs.rtt <= b.rtProp || b.expired) {
+		first := b.rtProp < 0
+		b.rtProp, b.rtPropAt, b.rtPropSeen = rs.rtt, now, true
+		if first && b.btlBw.get() == 0 {
+			b.initPacing() // the first RTT: the nominal rate from it
+		}
+	}
+}
+
+func (b *bbr) checkProbeRTT(now time.Time) {
+	if b.mode != bbrProbeRTT && b.expired && !b.idleRestart {
+		b.mode = bbrProbeRTT
+		b.pacingGain, b.cwndGain = 1, 1
+		b.saveCwnd()
+		b.probeRTTDone = time.Time{}
+	}
+	if b.mode != bbrProbeRTT {
+		return
+	}
+	// While it drains to four packets the flow is not testing the path:
+	// its samples are app-limited (§4.3.5).
+	b.f.appLimited = max(b.f.delivered+int64(b.f.inflight), 1)
+	switch {
+	case b.probeRTTDone.IsZero() && b.f.inflight <= b.minPipe():
+		b.probeRTTDone = now.Add(bbrProbeRTTTime)
+		b.probeRTTRoundDone = false
+		b.nextRoundDelivered = b.f.delivered
+	case !b.probeRTTDone.IsZero():
+		if b.roundStart {
+			b.probeRTTRoundDone = true
+		}
+		if b.probeRTTRoundDone && !now.Before(b.probeRTTDone) {
+			b.rtPropAt = now
+			b.window = max(b.window, b.priorCwnd)
+			if b.filledPipe {
+				b.enterProbeBW(now)
+			} else {
+				b.enterStartup()
+			}
+		}
+	}
+}
+
+func (b *bbr) saveCwnd() {
+	if !b.inRecovery && b.mode != bbrProbeRTT {
+		b.priorCwnd = b.window
+	} else {
+		b.priorCwnd = max(b.priorCwnd, b.window)
+	}
+}
+
+func (b *bbr) setPacing(gain float64) {
+	bw := b.bw()
+	if b.lt.use {
+		gain = 1
+	}
+	if bw == 0 {
+		return
+	}
+	if rate := gain * bw; b.filledPipe || rate > b.pacing {
+		b.pacing = rate
+	}
+}
+
+func (b *bbr) setCwnd(rs *rateSample) {
+	target := b.inflightTarget(b.cwndGain)
+	if b.inRecovery && b.conservation {
+		b.window = max(b.window, b.f.inflight+rs.acked)
+	} else if b.filledPipe {
+		b.window = min(b.window+rs.acked, target)
+	} else if b.window < target || b.f.delivered < int64(initialWindow(b.f.mss)) {
+		b.window += rs.acked
+	}
+	b.window = max(b.window, b.minPipe())
+	if b.mode == bbrProbeRTT {
+		b.window = min(b.window, b.minPipe())
+	}
+}
+
+func (b *bbr) onLoss(now time.Time, bytes int, sentAt time.Time) {
+	if !b.inRecovery {
+		// Entering recovery: packet conservation for a round trip, the
+		// window as it was kept to come back to (§4.2.3.4).
+		b.saveCwnd()
+		b.inRecovery, b.conservation = true, true
+		b.recoveryStart = now
+		b.nextRoundDelivered = b.f.delivered // conservation lasts one round from here
+		b.window = b.f.inflight + b.f.mss
+	}
+	b.window = max(b.window-bytes, b.minPipe())
+}
+
+func (b *bbr) onTimeout(now time.Time, count int) {
+	// A timeout: everything in flight may be lost. The window falls to
+	// its floor and grows back with the acks; recovery's end restores it.
+	b.saveCwnd()
+	b.inRecovery, b.conservation = true, true
+	b.recoveryStart = now
+	b.nextRoundDelivered = b.f.delivered
+	b.window = b.minPipe()
+}
+
+func (b *bbr) cwnd() int             { return b.window }
+func (b *bbr) pacingRate() float64   { return b.pacing }
+func (b *bbr) bandwidth() float64    { return b.bw() }
+func (b *bbr) minRTT() time.Duration { return max(b.rtProp, 0) }
+
+// ---- NewReno (RFC 9002 §7) ----
+
+type newReno struct {
+	f             *flowState
+	rtt           *RTT
+	cfg           Config
+	window        int
+	ssthresh      int
+	recoveryStart time.Time
+	ackedInCA     int
+	lastRate      float64
+}
+
+func newNewReno(f *flowState, rtt *RTT, cfg Config) *newReno {
+	return &newReno{f: f, rtt: rtt, cfg: cfg, window: initialWindow(f.mss), ssthresh: math.MaxInt}
+}
+
+func (r *newReno) minWindow() int { return 2 * r.f.mss } // kMinimumWindow
+
+func (r *newReno) onSend(time.Time, int) {}
+
+func (r *newReno) onAck(now time.Time, rs *rateSample) {
+	if rs.rate > 0 {
+		r.lastRate = rs.rate
+	}
+	if rs.acked == 0 || rs.newestSentAt.IsZero() || !rs.newestSentAt.After(r.recoveryStart) {
+		return // no growth in a recovery period (§7.3.2)
+	}
+	if r.window < r.ssthresh {
+		r.window += rs.acked // slow start
+		return
+	}
+	r.ackedInCA += rs.acked // congestion avoidance: one packet per window
+	for r.ackedInCA >= r.window {
+		r.ackedInCA -= r.window
+		r.window += r.f.mss
+	}
+}
+
+func (r *newReno) onLoss(now time.Time, bytes int, sentAt time.Time) {
+	if !sentAt.After(r.recoveryStart) {
+		return // the same recovery period: one reduction per round trip
+	}
+	r.recoveryStart = now
+	r.ssthresh = max(r.window/2, r.minWindow()) // kLossReductionFactor 0.5
+	r.window = r.ssthresh
+	r.ackedInCA = 0
+}
+
+func (r *newReno) onTimeout(now time.Time, count int) {
+	if count >= 2 {
+		// Two probe timeouts in a row: persistent congestion (§7.6).
+		r.recoveryStart = now
+		r.ssthresh = max(r.window/2, r.minWindow())
+		r.window = r.minWindow()
+	}
+}
+
+func (r *newReno) cwnd() int { return r.window }
+
+// pacingRate: N · cwnd / smoothed RTT with N = 1.25 (§7.7).
+func (r *newReno) pacingRate() float64 {
+	return 1.25 * float64(r.window) / r.rtt.Smoothed(r.cfg.InitialRTT).Seconds()
+}
+func (r *newReno) bandwidth() float64    { return r.lastRate }
+func (r *newReno) minRTT() time.Duration { return r.rtt.Min() }
+
+// quantum is the burst pacing allows at rate (see maxBurstTime).
+func quantum(rate float64, minRTT time.Duration, mss int) int {
+	burst := maxBurstTime
+	if minRTT > 0 {
+		burst = min(burst, minRTT/4)
+	}
+	q := int(rate * burst.Seconds())
+	return min(max(q, 2*mss), maxQuantum)
+}

@@ -1,0 +1,144 @@
+package reliability
+
+import (
+	"testing"
+	"time"
+)
+
+// TestSenderCongestionWindow: a BBR or NewReno sender stops at its
+// initial window in bytes (RFC 9002's 14,720 for 1,500-byte packets),
+// counts bytes in flight down as acks come, and takes a packet back
+// with Unpush; without a controller only the peer's window limits it.
+func TestSenderCongestionWindow(t *testing.T) {
+	now := time.Unix(1, 0)
+	for _, cc := range []Congestion{CongestionBBR, CongestionNewReno} {
+		s := NewSender[int](Config{Congestion: cc})
+		n := 0
+		for s.CanSend(now) {
+			s.Push(n, 1500, now)
+			n++
+		}
+		if n != 10 || s.BytesInFlight() != 15000 || s.CongestionWindow() != 14720 {
+			t.Fatalf("%v: %d packets, %d bytes in flight, window %d; want 10, 15000, 14720", cc, n, s.BytesInFlight(), s.CongestionWindow())
+		}
+		seq := s.Push(n, 1500, now)
+		if !s.Unpush(seq) || s.BytesInFlight() != 15000 {
+			t.Fatalf("%v: Unpush left %d bytes in flight", cc, s.BytesInFlight())
+		}
+		later := now.Add(200 * time.Microsecond)
+		if err := s.OnAck(&AckBlock{Cumulative: 4}, 256, false, later, func(uint32, *int) {}, func(uint32, *int) {}); err != nil {
+			t.Fatal(err)
+		}
+		if s.BytesInFlight() != 9000 || !s.CanSend(later) {
+			t.Fatalf("%v: %d bytes in flight after 4 of 10 acked, can send %v", cc, s.BytesInFlight(), s.CanSend(later))
+		}
+		if cc == CongestionBBR && s.MinRTT() != 200*time.Microsecond {
+			t.Fatalf("min RTT %v, want 200µs", s.MinRTT())
+		}
+	}
+	// One datagram larger than the window goes when nothing is in flight,
+	// and does not make the floors count in packets of its size.
+	big := NewSender[int](Config{})
+	if !big.CanSend(now) {
+		t.Fatal("an idle sender cannot send")
+	}
+	big.Push(0, 65000, now)
+	if big.CanSend(now) || big.flow.mss != MaxMSS || big.CongestionWindow() != initialWindow(DefaultMSS) {
+		t.Fatalf("after a 65,000-byte datagram: can send %v, packet size %d, window %d", big.CanSend(now), big.flow.mss, big.CongestionWindow())
+	}
+	s := NewSender[int](Config{Congestion: CongestionNone, Window: 64})
+	n := 0
+	for s.CanSend(now) {
+		s.Push(n, 9000, now)
+		n++
+	}
+	if n != 64 || !s.SendAt(now).IsZero() || s.CongestionWindow() != 0 || s.PacingRate() != 0 {
+		t.Fatalf("no controller: %d packets (want the window, 64), send at %v, window %d, pacing %v", n, s.SendAt(now), s.CongestionWindow(), s.PacingRate())
+	}
+}
+
+// TestSenderPacing: a paced sender lets a burst of Quantum bytes go at
+// once, then one packet per size/rate; an idle sender's credit is one
+// quantum, not more; Unpush gives back the time its packet took.
+func TestSenderPacing(t *testing.T) {
+	now := time.Unix(1, 0)
+	s := NewSender[int](Config{Congestion: CongestionBBR, Window: 1024})
+	rate, q := s.PacingRate(), s.Quantum()
+	// Before any sample: 2/ln2 · 14,720 B / 5 ms, a burst of 1 ms of it.
+	if rate < 8.4e6 || rate > 8.6e6 || q != int(rate/1000) {
+		t.Fatalf("pacing %.0f B/s, quantum %d", rate, q)
+	}
+	burst := 0
+	for s.SendAt(now).IsZero() {
+		s.Push(burst, 1000, now)
+		burst++
+	}
+	if want := q/1000 + 1; burst != want {
+		t.Fatalf("a burst of %d packets of 1000 B, want %d (quantum %d B)", burst, want, q)
+	}
+	at := s.SendAt(now)
+	gap := time.Duration(1000 / rate * 1e9)
+	if d := at.Sub(now); d <= 0 || d > gap {
+		t.Fatalf("next packet after %v, want within %v", d, gap)
+	}
+	seq := s.Push(burst, 1000, at)
+	if next := s.SendAt(at); next.Sub(at) < gap-time.Microsecond || next.Sub(at) > gap+time.Microsecond {
+		t.Fatalf("after one more packet: next in %v, want %v", next.Sub(at), gap)
+	}
+	s.Unpush(seq)
+	if !s.SendAt(at).IsZero() {
+		t.Fatal("Unpush kept the pacing time of the packet taken back")
+	}
+	// Idle for a second: the credit is a quantum again, no more.
+	idle := now.Add(time.Second)
+	n := 0
+	for s.SendAt(idle).IsZero() && n < 1000 {
+		s.Push(n, 1000, idle)
+		n++
+	}
+	if n != burst {
+		t.Fatalf("after idling, a burst of %d packets, want %d", n, burst)
+	}
+}
+
+// TestNewRenoHalvesOnce: losses in one round trip halve NewReno's window
+// once (RFC 9002 §7.3.2); BBR, on the same losses, keeps its window to
+// packet conservation and brings it back when the recovery is over.
+func TestNewRenoHalvesOnce(t *testing.T) {
+	for _, cc := range []Congestion{CongestionNewReno, CongestionBBR} {
+		now := time.Unix(1, 0)
+		s := NewSender[int](Config{Congestion: cc})
+		for i := range 10 {
+			s.Push(i, 1000, now)
+		}
+		before := s.CongestionWindow()
+		now = now.Add(time.Millisecond)
+		var resent []uint32
+		// 0 and 1 are missing, 2..9 arrived: both lost by the packet threshold.
+		err := s.OnAck(&AckBlock{Cumulative: 0, Ranges: []Range{{2, 8}}}, 256, false, now, func(uint32, *int) {}, func(seq uint32, _ *int) { resent = append(resent, seq) })
+		if err != nil || len(resent) != 2 {
+			t.Fatalf("%v: %v, resent %v", cc, err, resent)
+		}
+		after := s.CongestionWindow()
+		switch cc {
+		case CongestionNewReno:
+			if after != before/2 {
+				t.Fatalf("NewReno: window %d after two losses in a round, want %d (once halved)", after, before/2)
+			}
+		case CongestionBBR:
+			// Packet conservation: what is in flight plus what this ack
+			// delivered (8 packets), so one packet goes per packet that left.
+			if after != s.BytesInFlight()+8000 || after >= before {
+				t.Fatalf("BBR: window %d in recovery with %d in flight, was %d", after, s.BytesInFlight(), before)
+			}
+			// The retransmissions acked: recovery ends, the window returns.
+			now = now.Add(time.Millisecond)
+			if err := s.OnAck(&AckBlock{Cumulative: 10}, 256, false, now, func(uint32, *int) {}, nil); err != nil {
+				t.Fatal(err)
+			}
+			if s.CongestionWindow() < before {
+				t.Fatalf("BBR: window %d after recovery, was %d", s.CongestionWindow(), before)
+			}
+		}
+	}
+}
