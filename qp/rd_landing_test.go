@@ -166,7 +166,9 @@ func TestRDDirectPlacementFlushed(t *testing.T) {
 // at once: without batching each draws its own). Every Send still
 // completes, so nothing waited on an ack that never came.
 func TestRDAcksPerBatch(t *testing.T) {
-	p := newRDPair(t, DeviceConfig{}, DeviceConfig{Poll: PollBusy}, RDConfig{})
+	// The round's frames must all leave before the receiver reads them:
+	// no congestion window (its initial one holds about 13 frames).
+	p := newRDPair(t, DeviceConfig{}, DeviceConfig{Poll: PollBusy}, RDConfig{Config: reliability.Config{Congestion: reliability.CongestionNone}})
 	const n = 64
 	// The session first: the busy receiver answers the Hello when polled.
 	p.qb.PostRecv(&RecvWR{ID: 1000, SGL: []SGE{p.b.mr.SGE(0, 1000)}})
@@ -315,7 +317,9 @@ func TestRDAckHeldFromTimer(t *testing.T) {
 func TestRDDirectPlacementSpoofed(t *testing.T) {
 	a := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0", ReuseAddr())
 	b := newNode(t, DeviceConfig{Poll: PollBusy}, "udp4", "127.0.0.1:0")
-	qa, cqa := rdQPOn(t, a, RDConfig{})
+	// Every real frame leaves before the receiver reads (no congestion
+	// window: its initial one holds about 13 frames).
+	qa, cqa := rdQPOn(t, a, RDConfig{Config: reliability.Config{Congestion: reliability.CongestionNone}})
 	qb, cqb := rdQPOn(t, b, RDConfig{})
 	ah := a.ah(b, qb)
 	const n, size = 60, 3000
