@@ -247,6 +247,16 @@ type bbr struct {
 	recoveryStart time.Time
 	conservation  bool
 
+	// Ack aggregation (Linux's BBR since 4.19, tcp_bbr.c
+	// "extra_acked"; draft-ietf-ccwg-bbr §5.5.9): acks that come in
+	// bursts (a receiver that acks once per batch it reads, GRO, a
+	// descheduled peer) deliver more than bw over the time they took;
+	// the excess, its max over 10 rounds, is added to the window, so the
+	// sender has data in flight while the next burst of acks is held.
+	extraAcked     maxFilter
+	aggStart       time.Time
+	aggDelivered   int64
+
 	// The long-term bandwidth (Linux's BBR v1, tcp_bbr.c, "lt_bw"): when
 	// a flow loses a fifth of what it sends over 4 to 16 rounds, twice in
 	// a row at about the same delivery rate, something is dropping what
@@ -327,7 +337,35 @@ func (b *bbr) bdp(gain float64) int {
 // inflightTarget is the window for gain: the BDP times the gain plus
 // three bursts, for the acks and sends that come in quanta (§4.2.3.2).
 func (b *bbr) inflightTarget(gain float64) int {
-	return b.bdp(gain) + 3*quantum(b.pacing, b.rtProp, b.f.mss)
+	t := b.bdp(gain) + 3*quantum(b.pacing, b.rtProp, b.f.mss)
+	if b.filledPipe {
+		t += int(b.extraAcked.get())
+	}
+	return t
+}
+
+// bbrExtraAckedRounds is the ack-aggregation filter's window, and
+// bbrExtraAckedMax caps the aggregation allowance at this long at bw.
+const (
+	bbrExtraAckedRounds = 10
+	bbrExtraAckedMax    = 100 * time.Millisecond
+)
+
+// updateAckAggregation estimates how much more than bw the acks of an
+// aggregation epoch delivered (tcp_bbr.c bbr_update_ack_aggregation).
+func (b *bbr) updateAckAggregation(now time.Time, rs *rateSample) {
+	bw := b.bw()
+	if rs.acked <= 0 || bw == 0 {
+		return
+	}
+	expected := int64(bw * now.Sub(b.aggStart).Seconds())
+	if b.aggStart.IsZero() || b.aggDelivered <= expected {
+		// The acks caught up with the rate: a new epoch starts.
+		b.aggStart, b.aggDelivered, expected = now, 0, 0
+	}
+	b.aggDelivered += int64(rs.acked)
+	extra := min(float64(b.aggDelivered-expected), float64(b.window), bw*bbrExtraAckedMax.Seconds())
+	b.extraAcked.update(b.rounds, extra, bbrExtraAckedRounds)
 }
 
 func (b *bbr) minPipe() int { return bbrMinPipePackets * b.f.mss }
@@ -350,6 +388,7 @@ func (b *bbr) onAck(now time.Time, rs *rateSample) {
 	if rs.rate > 0 && (rs.rate >= b.btlBw.get() || !rs.appLimited) {
 		b.btlBw.update(b.rounds, rs.rate, bbrBtlBwRounds)
 	}
+	b.updateAckAggregation(now, rs)
 	b.checkCycle(now, rs)
 	b.checkFullPipe(rs)
 	b.checkDrain(now)
