@@ -601,7 +601,7 @@ func TestRDSpoofedContactFlood(t *testing.T) {
 			// Paced to what the QP reads, so that the forgeries reach it
 			// rather than a full socket's floor.
 			sent := uint64(i + 1)
-			eventually(t, "the QP reading the flood", func() bool { return st.RxDatagrams.Load()-rx0+8000 >= sent })
+			eventually(t, "the QP reading the flood", func() bool { return st.RxDatagrams.Load()-rx0+2000 >= sent })
 		}
 	}
 	if err := <-done; err != nil {
@@ -644,8 +644,10 @@ func TestRDSpoofedContactFlood(t *testing.T) {
 	}
 	// Every forged frame read was refused: the Hellos drew a Challenge
 	// (or, over the reply budget, none), the Data frames were rejected
-	// (and drew one too).
-	if forged < flood-flood/100 || rejected < forged-flood/2 || challenges+withheld < forged {
+	// (and drew one too). Most of the flood must have been read for that
+	// to mean anything; a loaded machine's full socket may drop some
+	// (the issue 31 campaign saw 90 % read with a second suite beside).
+	if forged < flood/2 || rejected < forged-flood/2 || challenges+withheld < forged {
 		t.Fatalf("%d forged frames read: %d rejected, %d challenges, %d withheld", forged, rejected, challenges, withheld)
 	}
 }
