@@ -58,8 +58,9 @@ type RDConfig struct {
 	// of ours outstanding to it; nothing held, or held frames stalled for
 	// IdleTimeout), or is refused (its sender retries), at the same cost
 	// at any cap. The default keeps what other hosts can make the QP hold
-	// to about 8 MB (a peer holding frames ahead of a gap costs 7.7 KB,
-	// an idle one 1.6 KB) besides the frames (MaxQPHeldBytes). A server
+	// to about 30 MB (a peer holding frames ahead of a gap costs 30 KB at
+	// the default Window of 1024, an idle one 1.6 KB) besides the frames
+	// (MaxQPHeldBytes). A server
 	// of many clients raises it to the clients it serves at once: 100,000
 	// peers cost about 160 MB idle, 270 MB active (docs/verbs.md, "How
 	// many peers").
@@ -83,7 +84,8 @@ type RDConfig struct {
 	// reclaimable peer of the address, else it is refused (RDAddrLimited).
 	MaxPeersPerAddr int
 	// MaxHeldBytes is the most a peer's receiver buffers ahead of a gap
-	// (default: a full window of 64 KiB segments, 16 MiB at Window 256),
+	// (default: a full window of 64 KiB segments, at most half of
+	// MaxQPHeldBytes: 32 MiB at the defaults),
 	// MaxQPHeldBytes the most all of the QP's peers buffer together
 	// (default 64 MiB): it is what bounds the memory many peers, or one
 	// host under many QP numbers, can pin. A frame over either budget is
@@ -271,15 +273,16 @@ func newRDQP(q *QP, cfg RDConfig) *rdQP {
 	if cfg.MaxPeersPerAddr <= 0 {
 		cfg.MaxPeersPerAddr = defaultMaxPeersPerAddr
 	}
-	if cfg.MaxHeldBytes <= 0 {
-		// What a full window of the largest segments holds: the window
-		// already bounds one peer, and a smaller budget drops a legitimate
-		// sender's frames after every loss (RD Write goodput at 1 % loss
-		// fell to half with 4 MiB against a 16 MiB window).
-		cfg.MaxHeldBytes = cfg.Window * maxHeldFrame
-	}
 	if cfg.MaxQPHeldBytes <= 0 {
 		cfg.MaxQPHeldBytes = defaultMaxQPHeldBytes
+	}
+	if cfg.MaxHeldBytes <= 0 {
+		// What a full window of the largest segments holds, up to half
+		// the QP's budget: the window already bounds one peer, and a
+		// smaller budget drops a legitimate sender's frames after every
+		// loss (RD Write goodput at 1 % loss fell to half with 4 MiB
+		// against a 16 MiB window); half leaves the other peers room.
+		cfg.MaxHeldBytes = min(cfg.Window*maxHeldFrame, max(cfg.MaxQPHeldBytes/2, maxHeldFrame))
 	}
 	r := &rdQP{q: q, cfg: cfg, tokens: reliability.NewTokens()}
 	r.graves = reliability.NewGraveyard[rdKey](rdGraveyard, r.tokens)
