@@ -400,7 +400,7 @@ func TestBottleneckManyFlows(t *testing.T) {
 // queue the loss-based flow keeps as part of the minimum RTT).
 func TestBottleneckBBRBesideNewReno(t *testing.T) {
 	t.Parallel()
-	for _, bdps := range []int{2, 8} {
+	for _, bdps := range []int{2, 4, 8} {
 		fs := []*bnFlow{{cfg: Config{Congestion: CongestionBBR}}, {cfg: Config{Congestion: CongestionNewReno}, start: 10 * time.Millisecond}}
 		l := gigabit(0, 5)
 		l.queue = l.queue / 2 * bdps
