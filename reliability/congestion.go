@@ -299,6 +299,7 @@ type bbr struct {
 	prevRoundMinRTT time.Duration
 	upRounds        int
 	hiGrowth        int64
+	hiCutAt         time.Time
 	// CongestiveLosses counts the losses read as congestion, and
 	// TooHigh the times a flight's loss rate passed bbrLossThresh at a
 	// standing queue (tests read them).
@@ -770,7 +771,11 @@ func (b *bbr) congestiveLoss(now time.Time, p lostPacket) {
 		return
 	}
 	b.tooHigh++
-	b.inflightHi = max(p.txInflight, int(bbrBeta*float64(b.inflightTarget(1))), b.minPipe())
+	if !p.sentAt.After(b.hiCutAt) {
+		return // sent before the last cut: the same congestion event
+	}
+	b.hiCutAt = now
+	b.inflightHi = max(int(bbrBeta*float64(p.txInflight)), b.minPipe())
 	b.upRounds, b.hiGrowth = 0, 0
 	switch {
 	case b.mode == bbrStartup:
