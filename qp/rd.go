@@ -83,7 +83,7 @@ type RDConfig struct {
 	// reclaimable peer of the address, else it is refused (RDAddrLimited).
 	MaxPeersPerAddr int
 	// MaxHeldBytes is the most a peer's receiver buffers ahead of a gap
-	// (default: a full window of 64 KiB segments, 16 MiB at Window 256),
+	// (default: a full window of 64 KiB segments, 64 MiB at Window 1024),
 	// MaxQPHeldBytes the most all of the QP's peers buffer together
 	// (default 64 MiB): it is what bounds the memory many peers, or one
 	// host under many QP numbers, can pin. A frame over either budget is

@@ -22,9 +22,13 @@ import (
 //     the bandwidth) and the window (a gain times the bandwidth-delay
 //     product, at least four packets); Startup, Drain, ProbeBW's gain
 //     cycle and ProbeRTT move the gains. Loss does not enter the model:
-//     a lost packet only holds the window to packet conservation for a
-//     round trip (§4.2.3.4), so random loss, which is not congestion,
-//     costs RD little. It is the default.
+//     a lost packet holds the window to packet conservation for a round
+//     trip (§4.2.3.4), so random loss, which is not congestion, costs RD
+//     little. But a loss at a standing queue (the round's least RTT well
+//     above the minimum) is congestion, and is answered with BBR v3's
+//     bounds on what is in flight and on the bandwidth
+//     (draft-ietf-ccwg-bbr §5.5.10; see "The response to congestive
+//     loss" below). It is the default.
 //   - NewReno as RFC 9002 §7 gives it for QUIC (slow start, congestion
 //     avoidance, one halving per recovery period, persistent congestion),
 //     paced at 1.25 times the window per smoothed RTT (§7.7): the floor
