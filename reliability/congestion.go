@@ -712,12 +712,22 @@ func (b *bbr) onTimeout(now time.Time, count int) {
 // bound:
 //
 //   - inflight_hi, an upper bound on what is in flight: the flight whose
-//     loss rate passed loss_thresh (2 %) was too much, so at most that
-//     (or beta, 0.7, of the target) goes in flight from then on, less a
-//     headroom of 15 % outside bandwidth probes (room for other flows to
-//     grow into). A probe (ProbeBW's 5/4 phase here) raises it by 1, 2,
-//     4 ... packets a round while it holds the flow and no loss passes
-//     the threshold.
+//     loss rate passed loss_thresh (2 %) was too much, so less goes in
+//     flight from then on, less again a headroom of 15 % outside
+//     bandwidth probes (room for other flows to grow into). A probe
+//     (ProbeBW's 5/4 phase here) raises it by 1, 2, 4 ... packets a
+//     round while it holds the flow and no loss passes the threshold.
+//     v3 sets it to max(tx_in_flight, beta·target): no lower than the
+//     flight that lost. Here it is beta (0.7) of that flight, once per
+//     round trip (losses of packets sent before the cut are the same
+//     event, as in NewReno's recovery period): a multiplicative
+//     decrease, with the probes' increase, is what makes flows converge
+//     to equal shares (Chiu and Jain, 1989). In the simulation
+//     (bottleneck_test.go) two flows through a two-BDP queue got Jain's
+//     index 0.84 with v3's rule, 0.61 with the cut floored at the
+//     target, 0.99 with this one; the late flow's minimum RTT includes
+//     the queue the first one built, and only a cut below the flight
+//     drains that queue.
 //   - bw_lo and inflight_lo, short-term lower bounds: each round trip
 //     with loss cuts them to beta of what they were, but not below what
 //     that round delivered; a bandwidth probe forgets them.
