@@ -342,26 +342,33 @@ func TestBottleneckBBRAlone(t *testing.T) {
 	}
 }
 
-// TestBottleneckRandomLoss: at 2 % random loss BBR keeps at least half of
-// its lossless goodput; NewReno's is reported beside it.
+// TestBottleneckRandomLoss: at 2 % and at 5 % random loss BBR keeps at
+// least half of its lossless goodput (its loss response reads only loss
+// at a standing queue as congestion: taking every loss as v3 does, it
+// kept 0.54 at 2 % and 0.27 at 5 %); NewReno's is reported beside it.
 func TestBottleneckRandomLoss(t *testing.T) {
 	t.Parallel()
 	const d, warm = time.Second, 300 * time.Millisecond
 	for _, cc := range []Congestion{CongestionBBR, CongestionNewReno} {
 		clean := runBottleneck(t, gigabit(0, 2), bnFlows(1, cc, 0), d, warm)
-		lossy := runBottleneck(t, gigabit(0.02, 2), bnFlows(1, cc, 0), d, warm)
 		clean.log(t, cc.String()+" lossless")
-		lossy.log(t, cc.String()+" 2 % loss")
-		ratio := lossy.utilisation() / clean.utilisation()
-		t.Logf("%s keeps %.3f of its lossless goodput at 2 %% random loss", cc, ratio)
-		if cc == CongestionBBR && ratio < 0.5 {
-			t.Errorf("BBR keeps %.3f of its goodput at 2 %% loss, want >= 0.5", ratio)
+		for _, loss := range []float64{0.02, 0.05} {
+			lossy := runBottleneck(t, gigabit(loss, 2), bnFlows(1, cc, 0), d, warm)
+			lossy.log(t, fmt.Sprintf("%s %.0f %% loss", cc, 100*loss))
+			ratio := lossy.utilisation() / clean.utilisation()
+			t.Logf("%s keeps %.3f of its lossless goodput at %.0f %% random loss", cc, ratio, 100*loss)
+			if cc == CongestionBBR && ratio < 0.5 {
+				t.Errorf("BBR keeps %.3f of its goodput at %.0f %% loss, want >= 0.5", ratio, 100*loss)
+			}
 		}
 	}
 }
 
 // TestBottleneckFairness: two BBR flows, the second starting 50 ms after
 // the first, share the link fairly (Jain's index >= 0.95 over 1-5 s).
+// With a window of 1024 packets only BBR's loss response holds them
+// (BBR v1 alone: shares 0.30 and 0.70, Jain 0.86, 11.6 % of packets
+// dropped at the queue): the test checks that it was at work.
 func TestBottleneckFairness(t *testing.T) {
 	t.Parallel()
 	res := runBottleneck(t, gigabit(0, 3), bnFlows(2, CongestionBBR, 50*time.Millisecond), 5*time.Second, time.Second)
@@ -370,6 +377,15 @@ func TestBottleneckFairness(t *testing.T) {
 	t.Logf("shares %.3f and %.3f, Jain's index %.4f", res.share(0), res.share(1), j)
 	if j < 0.95 {
 		t.Errorf("Jain's index %.4f, want >= 0.95", j)
+	}
+	for i, f := range res.flows {
+		if b := f.s.cc.(*bbr); b.tooHigh == 0 || b.inflightHi == 0 {
+			t.Errorf("flow %d: no loss read as congestion (%d over the threshold, inflight_hi %d): the test does not reach the loss response", i, b.tooHigh, b.inflightHi)
+		}
+	}
+	queue, _, sent := res.drops()
+	if frac := float64(queue) / float64(sent); frac > 0.05 {
+		t.Errorf("queue drops %.2f %% of what was sent, want <= 5 %%", 100*frac)
 	}
 	if u := res.utilisation(); u < 0.9 {
 		t.Errorf("utilisation %.3f, want >= 0.9", u)
@@ -386,7 +402,8 @@ func TestBottleneckManyFlows(t *testing.T) {
 	for i := range res.flows {
 		lo, hi = min(lo, res.share(i)), max(hi, res.share(i))
 	}
-	t.Logf("100 flows: utilisation %.3f, shares from %.4f to %.4f, Jain's index %.4f", res.utilisation(), lo, hi, res.jain())
+	queue, _, sent := res.drops()
+	t.Logf("100 flows: utilisation %.3f, shares from %.4f to %.4f, Jain's index %.4f, queue drops %.1f %%", res.utilisation(), lo, hi, res.jain(), 100*float64(queue)/float64(max(sent, 1)))
 	if u := res.utilisation(); u < 0.8 {
 		t.Errorf("utilisation %.3f, want >= 0.8", u)
 	}
@@ -394,13 +411,16 @@ func TestBottleneckManyFlows(t *testing.T) {
 
 // TestBottleneckBBRBesideNewReno: a BBR flow and a NewReno flow share the
 // link; the ratio of their goodputs is reported (the target, checked
-// against real TCP elsewhere, is 0.5x to 2x), with the queue of two BDPs
-// and with one of 8, where a loss-based flow has more room (BBR v1's
-// share falls as the queue deepens, until ProbeRTT, every 10 s, sees the
-// queue the loss-based flow keeps as part of the minimum RTT).
+// against real TCP elsewhere, is 0.5x to 2x) with queues of 2, 4 and 8
+// BDPs, and held to it at 2 BDPs, where BBR v1 alone took 12 times
+// NewReno's share (its loss response now gives way at the full queue).
+// In the deeper queues a loss-based flow has more room (BBR's share
+// falls as the queue deepens: its window, twice the bandwidth times the
+// minimum RTT, does not cover the queue NewReno keeps, until ProbeRTT,
+// every 10 s, sees that queue as part of the minimum RTT).
 func TestBottleneckBBRBesideNewReno(t *testing.T) {
 	t.Parallel()
-	for _, bdps := range []int{2, 8} {
+	for _, bdps := range []int{2, 4, 8} {
 		fs := []*bnFlow{{cfg: Config{Congestion: CongestionBBR}}, {cfg: Config{Congestion: CongestionNewReno}, start: 10 * time.Millisecond}}
 		l := gigabit(0, 5)
 		l.queue = l.queue / 2 * bdps
@@ -410,6 +430,9 @@ func TestBottleneckBBRBesideNewReno(t *testing.T) {
 			bdps, res.share(0), res.share(1), res.share(0)/max(res.share(1), 1e-9), res.utilisation())
 		if u := res.utilisation(); u < 0.8 {
 			t.Errorf("queue %d BDP: utilisation %.3f, want >= 0.8", bdps, u)
+		}
+		if r := res.share(0) / max(res.share(1), 1e-9); bdps == 2 && (r < 0.5 || r > 2) {
+			t.Errorf("queue 2 BDP: ratio BBR/NewReno %.2f, want 0.5 to 2", r)
 		}
 	}
 }

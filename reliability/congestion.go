@@ -22,9 +22,13 @@ import (
 //     the bandwidth) and the window (a gain times the bandwidth-delay
 //     product, at least four packets); Startup, Drain, ProbeBW's gain
 //     cycle and ProbeRTT move the gains. Loss does not enter the model:
-//     a lost packet only holds the window to packet conservation for a
-//     round trip (§4.2.3.4), so random loss, which is not congestion,
-//     costs RD little. It is the default.
+//     a lost packet holds the window to packet conservation for a round
+//     trip (§4.2.3.4), so random loss, which is not congestion, costs RD
+//     little. But a loss at a standing queue (the round's least RTT well
+//     above the minimum) is congestion, and is answered with BBR v3's
+//     bounds on what is in flight and on the bandwidth
+//     (draft-ietf-ccwg-bbr §5.5.10; see "The response to congestive
+//     loss" below). It is the default.
 //   - NewReno as RFC 9002 §7 gives it for QUIC (slow start, congestion
 //     avoidance, one halving per recovery period, persistent congestion),
 //     paced at 1.25 times the window per smoothed RTT (§7.7): the floor
@@ -94,6 +98,16 @@ type rateSample struct {
 	newestSentAt   time.Time     // when the newest packet acked was sent; zero if none
 }
 
+// lostPacket is what the sender tells a controller of a packet it
+// declares lost: its size, when it was sent, and the flow's bytes in
+// flight and lost count then.
+type lostPacket struct {
+	size       int
+	sentAt     time.Time
+	txInflight int
+	lostBefore int64
+}
+
 // flowState is what the sender knows of its flow that the controllers
 // read: the packet size, the bytes in flight and the delivery counters.
 type flowState struct {
@@ -111,8 +125,9 @@ type flowState struct {
 type controller interface {
 	onSend(now time.Time, size int)
 	onAck(now time.Time, rs *rateSample)
-	// onLoss: bytes of a packet sent at sentAt are declared lost.
-	onLoss(now time.Time, bytes int, sentAt time.Time)
+	// onLoss: a packet is declared lost (the flow's lost count already
+	// includes it).
+	onLoss(now time.Time, p lostPacket)
 	// onTimeout: the probe timeout fired, count times in a row.
 	onTimeout(now time.Time, count int)
 	cwnd() int
@@ -253,9 +268,9 @@ type bbr struct {
 	// descheduled peer) deliver more than bw over the time they took;
 	// the excess, its max over 10 rounds, is added to the window, so the
 	// sender has data in flight while the next burst of acks is held.
-	extraAcked     maxFilter
-	aggStart       time.Time
-	aggDelivered   int64
+	extraAcked   maxFilter
+	aggStart     time.Time
+	aggDelivered int64
 
 	// The long-term bandwidth (Linux's BBR v1, tcp_bbr.c, "lt_bw"): when
 	// a flow loses a fifth of what it sends over 4 to 16 rounds, twice in
@@ -264,6 +279,35 @@ type bbr struct {
 	// it has room for); the flow then paces at that rate, gain 1, for 48
 	// rounds, instead of at the peak its max filter remembers.
 	lt ltBandwidth
+
+	// The response to congestive loss (BBR v3's bounds,
+	// draft-ietf-ccwg-bbr §5.5.10; see congestiveLoss). inflightHi is
+	// the most in flight that did not lose more than bbrLossThresh
+	// (0: no bound yet); bwLo and inflightLo are the short-term
+	// bounds cut by bbrBeta per round that lost at a standing queue
+	// and reset when the flow probes (0: none); bwLatest and
+	// inflightLatest are the largest delivery rate and delivered volume
+	// of the current round, lossInRound whether it lost at a queue;
+	// roundMinRTT and prevRoundMinRTT are the least RTT of this round
+	// and the last one (0: no sample), which tell a queue that stands
+	// from one that comes and goes; upRounds counts the rounds of the
+	// current bandwidth probe (inflightHi grows 1, 2, 4 ... packets a
+	// round in it), hiGrowth accumulates that growth.
+	inflightHi      int
+	bwLo            float64
+	inflightLo      int
+	bwLatest        float64
+	inflightLatest  int64
+	lossInRound     bool
+	roundMinRTT     time.Duration
+	prevRoundMinRTT time.Duration
+	upRounds        int
+	hiGrowth        int64
+	hiCutAt         time.Time
+	// CongestiveLosses counts the losses read as congestion, and
+	// TooHigh the times a flight's loss rate passed bbrLossThresh at a
+	// standing queue (tests read them).
+	congestiveLosses, tooHigh int
 }
 
 type ltBandwidth struct {
@@ -325,7 +369,20 @@ func (b *bbr) advanceCycle(now time.Time) {
 	b.cycleStamp = now
 	b.cycleIndex = (b.cycleIndex + 1) % bbrGainCycleLen
 	b.pacingGain = bbrPacingGains[b.cycleIndex]
+	if b.probingUp() {
+		// A bandwidth probe: the short-term bounds are forgotten, so the
+		// flow can find out whether the room it lost has come back
+		// (draft-ietf-ccwg-bbr, ProbeBW_REFILL resets bw_lo and
+		// inflight_lo), and inflightHi may grow from here.
+		b.resetLowerBounds()
+		b.upRounds, b.hiGrowth = 0, 0
+	}
 }
+
+// probingUp: ProbeBW's phase of gain 5/4, BBR v3's ProbeBW_UP.
+func (b *bbr) probingUp() bool { return b.mode == bbrProbeBW && b.pacingGain > 1 }
+
+func (b *bbr) resetLowerBounds() { b.bwLo, b.inflightLo = 0, 0 }
 
 func (b *bbr) bdp(gain float64) int {
 	if b.rtProp < 0 || b.bw() == 0 {
@@ -384,6 +441,7 @@ func (b *bbr) onSend(now time.Time, size int) {
 func (b *bbr) onAck(now time.Time, rs *rateSample) {
 	// The model (§4.1) and the state machine (§4.3).
 	b.updateRound(rs)
+	b.updateLowerBounds(rs)
 	b.longTerm(now, rs)
 	if rs.rate > 0 && (rs.rate >= b.btlBw.get() || !rs.appLimited) {
 		b.btlBw.update(b.rounds, rs.rate, bbrBtlBwRounds)
@@ -413,10 +471,14 @@ func (b *bbr) onAck(now time.Time, rs *rateSample) {
 // bw is the bandwidth the controls use: the long-term rate while a
 // policer or an overfull queue is suspected, the max filter's otherwise.
 func (b *bbr) bw() float64 {
+	bw := b.btlBw.get()
 	if b.lt.use {
-		return b.lt.bw
+		bw = b.lt.bw
 	}
-	return b.btlBw.get()
+	if b.bwLo > 0 {
+		bw = min(bw, b.bwLo)
+	}
+	return bw
 }
 
 func (b *bbr) ltReset(now time.Time) {
@@ -566,6 +628,7 @@ func (b *bbr) checkProbeRTT(now time.Time) {
 		}
 		if b.probeRTTRoundDone && !now.Before(b.probeRTTDone) {
 			b.rtPropAt = now
+			b.resetLowerBounds()
 			b.window = max(b.window, b.priorCwnd)
 			if b.filledPipe {
 				b.enterProbeBW(now)
@@ -606,13 +669,16 @@ func (b *bbr) setCwnd(rs *rateSample) {
 	} else if b.window < target || b.f.delivered < int64(initialWindow(b.f.mss)) {
 		b.window += rs.acked
 	}
+	b.window = min(b.window, b.boundCwnd())
 	b.window = max(b.window, b.minPipe())
 	if b.mode == bbrProbeRTT {
 		b.window = min(b.window, b.minPipe())
 	}
 }
 
-func (b *bbr) onLoss(now time.Time, bytes int, sentAt time.Time) {
+func (b *bbr) onLoss(now time.Time, p lostPacket) {
+	bytes := p.size
+	b.congestiveLoss(now, p)
 	if !b.inRecovery {
 		// Entering recovery: packet conservation for a round trip, the
 		// window as it was kept to come back to (§4.2.3.4).
@@ -633,6 +699,163 @@ func (b *bbr) onTimeout(now time.Time, count int) {
 	b.recoveryStart = now
 	b.nextRoundDelivered = b.f.delivered
 	b.window = b.minPipe()
+}
+
+// ---- The response to congestive loss ----
+//
+// BBR v1 leaves loss out of its model, which is what RD wants of random
+// loss, but two v1 flows through a queue of two BDPs each keep twice
+// their share of the BDP in flight (cwnd_gain 2) and together overflow
+// it for good: losing a tenth of what they send, at unfair shares, and
+// a hundred flows lose more than half. BBR v3 (draft-ietf-ccwg-bbr
+// §5.5.10, Linux's tcp_bbr.c of BBRv3) answers loss with two kinds of
+// bound:
+//
+//   - inflight_hi, an upper bound on what is in flight: the flight whose
+//     loss rate passed loss_thresh (2 %) was too much, so less goes in
+//     flight from then on, less again a headroom of 15 % outside
+//     bandwidth probes (room for other flows to grow into). A probe
+//     (ProbeBW's 5/4 phase here) raises it by 1, 2, 4 ... packets a
+//     round while it holds the flow and no loss passes the threshold.
+//     v3 sets it to max(tx_in_flight, beta·target): no lower than the
+//     flight that lost. Here it is beta (0.7) of that flight, once per
+//     round trip (losses of packets sent before the cut are the same
+//     event, as in NewReno's recovery period): a multiplicative
+//     decrease, with the probes' increase, is what makes flows converge
+//     to equal shares (Chiu and Jain, 1989). In the simulation
+//     (bottleneck_test.go) two flows through a two-BDP queue got Jain's
+//     index 0.84 with v3's rule, 0.61 with the cut floored at the
+//     target, 0.99 with this one; the late flow's minimum RTT includes
+//     the queue the first one built, and only a cut below the flight
+//     drains that queue.
+//   - bw_lo and inflight_lo, short-term lower bounds: each round trip
+//     with loss cuts them to beta of what they were, but not below what
+//     that round delivered; a bandwidth probe forgets them.
+//
+// v3 reads every loss as congestion (inflight_hi only past 2 %, but the
+// lower bounds at any loss), which costs it throughput under random
+// loss, RD's case. Here a loss counts only if it came while a queue was
+// standing at the bottleneck: when the least RTT of this round and the
+// last was at least bbrQueueRTT times the minimum RTT. A queue that
+// overflows is full when it drops, so every RTT of the round is high;
+// a random loss, or one of the bursts ProbeBW's 5/4 phase makes (a
+// queue of a quarter BDP, which the next phase drains), comes with
+// RTTs at or near the minimum. (Delay as the second witness of loss is
+// the idea of TCP-LP, Kuzmanovic and Knightly 2003, and of BBR v2's
+// early ECN/delay experiments; here it only gates v3's loss response.)
+// A drop-tail queue shallower than a quarter BDP never reads as
+// standing: there BBR falls back to v1's conduct and the long-term
+// bandwidth.
+
+const (
+	bbrLossThresh = 0.02 // draft-ietf-ccwg-bbr BBRLossThresh
+	bbrBeta       = 0.7  // BBRBeta: the multiplicative decrease per lossy round
+	bbrHeadroom   = 0.15 // BBRHeadroom: inflight_hi's margin outside probes
+	bbrQueueRTT   = 1.25 // a round's least RTT this far above min RTT: a standing queue
+)
+
+// queueStanding reports whether the bottleneck's queue has stood for the
+// last round or two: the least RTT sampled since the previous round
+// began is bbrQueueRTT times the minimum RTT or more.
+func (b *bbr) queueStanding() bool {
+	if b.rtProp <= 0 {
+		return false // no minimum yet: nothing to compare with
+	}
+	r := b.roundMinRTT
+	if b.prevRoundMinRTT > 0 && (r == 0 || b.prevRoundMinRTT < r) {
+		r = b.prevRoundMinRTT
+	}
+	if r == 0 {
+		r = b.rtt.Latest()
+	}
+	return float64(r) >= bbrQueueRTT*float64(b.rtProp)
+}
+
+// congestiveLoss reads a lost packet: a loss at a standing queue marks
+// the round for the lower bounds, and one that brings its flight's loss
+// rate over bbrLossThresh sets inflightHi (BBRHandleInflightTooHigh).
+func (b *bbr) congestiveLoss(now time.Time, p lostPacket) {
+	if !b.queueStanding() {
+		return // random: the model, not the loss, sets the rate
+	}
+	b.congestiveLosses++
+	b.lossInRound = true
+	lost := b.f.lost - p.lostBefore
+	if p.txInflight <= 0 || float64(lost) <= bbrLossThresh*float64(p.txInflight) {
+		return
+	}
+	b.tooHigh++
+	if !p.sentAt.After(b.hiCutAt) {
+		return // sent before the last cut: the same congestion event
+	}
+	b.hiCutAt = now
+	b.inflightHi = max(int(bbrBeta*float64(p.txInflight)), b.minPipe())
+	b.upRounds, b.hiGrowth = 0, 0
+	switch {
+	case b.mode == bbrStartup:
+		// Startup overflowed the queue: the pipe is full (BBR v3
+		// leaves Startup on loss above the threshold as well).
+		b.filledPipe = true
+	case b.probingUp():
+		b.advanceCycle(now) // the probe found the limit: drain
+	}
+}
+
+// updateLowerBounds keeps the round's delivery signals and, when a
+// round that lost at a standing queue ends, cuts bwLo and inflightLo
+// (BBRAdaptLowerBoundsFromCongestion); it also grows inflightHi in a
+// probe that the bound holds (BBRProbeInflightHiUpward).
+func (b *bbr) updateLowerBounds(rs *rateSample) {
+	if b.roundStart {
+		if b.lossInRound && b.filledPipe && !b.probingUp() {
+			if b.bwLo == 0 {
+				b.bwLo = b.btlBw.get()
+			}
+			if b.inflightLo == 0 {
+				b.inflightLo = b.window
+			}
+			b.bwLo = max(b.bwLatest, bbrBeta*b.bwLo)
+			b.inflightLo = max(int(b.inflightLatest), int(bbrBeta*float64(b.inflightLo)), b.minPipe())
+		}
+		b.lossInRound = false
+		b.bwLatest, b.inflightLatest = 0, 0
+		b.prevRoundMinRTT, b.roundMinRTT = b.roundMinRTT, 0
+		if b.probingUp() {
+			b.upRounds++
+		}
+	}
+	b.bwLatest = max(b.bwLatest, rs.rate)
+	b.inflightLatest = max(b.inflightLatest, rs.delivered)
+	if rs.rtt > 0 && (b.roundMinRTT == 0 || rs.rtt < b.roundMinRTT) {
+		b.roundMinRTT = rs.rtt
+	}
+	if b.probingUp() && b.inflightHi > 0 && rs.priorInflight+b.f.mss >= b.inflightHi {
+		// Held by inflightHi while probing: it grows by 2^upRounds
+		// packets per window acked.
+		b.hiGrowth += int64(rs.acked) << min(b.upRounds, 20)
+		if w := int64(max(b.window, 1)); b.hiGrowth >= w {
+			n := b.hiGrowth / w
+			b.inflightHi += int(n) * b.f.mss
+			b.hiGrowth -= n * w
+		}
+	}
+}
+
+// boundCwnd is the most the window may be under the loss bounds
+// (BBRBoundCwndForModel): inflightHi, less the headroom outside probes,
+// and inflightLo.
+func (b *bbr) boundCwnd() int {
+	bound := math.MaxInt
+	if b.inflightHi > 0 {
+		bound = b.inflightHi
+		if !b.probingUp() && b.mode != bbrStartup {
+			bound -= max(int(bbrHeadroom*float64(b.inflightHi)), b.f.mss)
+		}
+	}
+	if b.inflightLo > 0 {
+		bound = min(bound, b.inflightLo)
+	}
+	return max(bound, b.minPipe())
 }
 
 func (b *bbr) cwnd() int             { return b.window }
@@ -679,8 +902,8 @@ func (r *newReno) onAck(now time.Time, rs *rateSample) {
 	}
 }
 
-func (r *newReno) onLoss(now time.Time, bytes int, sentAt time.Time) {
-	if !sentAt.After(r.recoveryStart) {
+func (r *newReno) onLoss(now time.Time, p lostPacket) {
+	if !p.sentAt.After(r.recoveryStart) {
 		return // the same recovery period: one reduction per round trip
 	}
 	r.recoveryStart = now

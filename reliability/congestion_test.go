@@ -142,3 +142,64 @@ func TestNewRenoHalvesOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestBBRCongestiveLoss: BBR reads a loss as congestion only at a
+// standing queue. The same lost packet (its flight lost 5 %, over
+// bbrLossThresh) leaves the window alone when the round's RTTs are at
+// the minimum (random loss), and at a standing queue cuts inflightHi
+// to bbrBeta of that flight, once per round trip, bounds the window by
+// it less the headroom, and cuts the lower bounds when the round ends.
+func TestBBRCongestiveLoss(t *testing.T) {
+	now := time.Unix(1, 0)
+	for _, standing := range []bool{false, true} {
+		f := &flowState{mss: 1500, inflight: 60000, delivered: 1 << 20}
+		var rtt RTT
+		b := newBBR(f, &rtt, Config{}.Fill())
+		b.rtProp, b.filledPipe = 200*time.Microsecond, true
+		b.enterProbeBW(now)
+		b.pacingGain = 1 // cruising, not probing
+		b.btlBw.update(0, 125e6, bbrBtlBwRounds)
+		b.window = 100000
+		b.roundMinRTT = 210 * time.Microsecond
+		if standing {
+			b.roundMinRTT = 500 * time.Microsecond
+		}
+		// Packets sent 1 ms ago with 60,000 B in flight; 3,000 B of it lost.
+		lost := lostPacket{size: 1500, sentAt: now.Add(-time.Millisecond), txInflight: 60000, lostBefore: 0}
+		f.lost = 1500
+		b.onLoss(now, lost)
+		f.lost = 3000
+		b.onLoss(now, lost)
+		f.inflight -= 3000
+		b.nextRoundDelivered = f.delivered + 1 // the next ack ends the round
+		b.onAck(now.Add(100*time.Microsecond), &rateSample{acked: 1500, priorDelivered: f.delivered + 1, rate: 100e6, delivered: 30000, rtt: b.roundMinRTT})
+		f.delivered += 1500
+		if !standing {
+			if b.congestiveLosses != 0 || b.inflightHi != 0 || b.bwLo != 0 || b.inflightLo != 0 {
+				t.Fatalf("loss at the minimum RTT read as congestion: %d losses, inflight_hi %d, bw_lo %.0f, inflight_lo %d", b.congestiveLosses, b.inflightHi, b.bwLo, b.inflightLo)
+			}
+			continue
+		}
+		if b.congestiveLosses != 2 || b.tooHigh != 2 {
+			t.Fatalf("at a standing queue: %d congestive losses, %d over the threshold; want 2, 2", b.congestiveLosses, b.tooHigh)
+		}
+		if want := int(bbrBeta * 60000); b.inflightHi != want {
+			t.Fatalf("inflight_hi %d, want %d (cut once, to 0.7 of the flight)", b.inflightHi, want)
+		}
+		if hi := b.inflightHi - int(bbrHeadroom*float64(b.inflightHi)); b.cwnd() > hi {
+			t.Fatalf("window %d above inflight_hi less the headroom, %d", b.cwnd(), hi)
+		}
+		if b.bwLo != bbrBeta*125e6 || b.inflightLo == 0 {
+			t.Fatalf("the lossy round ended: bw_lo %.0f (want %.0f), inflight_lo %d", b.bwLo, bbrBeta*125e6, b.inflightLo)
+		}
+		if b.bw() != b.bwLo {
+			t.Fatalf("bandwidth %.0f, want bw_lo %.0f", b.bw(), b.bwLo)
+		}
+		// A bandwidth probe forgets the lower bounds.
+		b.cycleIndex = bbrGainCycleLen - 1
+		b.advanceCycle(now)
+		if !b.probingUp() || b.bwLo != 0 || b.inflightLo != 0 {
+			t.Fatalf("probing %v: bw_lo %.0f, inflight_lo %d", b.probingUp(), b.bwLo, b.inflightLo)
+		}
+	}
+}

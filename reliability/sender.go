@@ -9,7 +9,7 @@ import (
 type Config struct {
 	// Window is the most packets in flight to the peer and the most a
 	// receiver buffers beyond its cumulative point; a power of two, at
-	// most 32768. Default 256.
+	// most 32768. Default 1024.
 	Window int
 	// InitialRTT stands in for the RTT before the first sample. Default
 	// 5 ms.
@@ -47,7 +47,7 @@ type Config struct {
 
 // Defaults.
 const (
-	DefaultWindow      = 256
+	DefaultWindow      = 1024
 	DefaultInitialRTT  = 5 * time.Millisecond
 	DefaultMaxAckDelay = time.Millisecond
 	DefaultGranularity = time.Millisecond
@@ -131,6 +131,13 @@ type slot[P any] struct {
 	delivered   int64
 	deliveredAt int64
 	firstSentAt int64
+	// txInflight and lostBefore are the flow's bytes in flight (this
+	// packet's included) and bytes declared lost when it was last sent:
+	// if it is lost, what the flow lost since, over what it had in
+	// flight, is the loss rate of its flight (draft-ietf-ccwg-bbr
+	// §5.5.10, tx_in_flight and lost).
+	txInflight int
+	lostBefore int64
 }
 
 // Sender is the sending half of one peer's reliability: it numbers
@@ -268,6 +275,7 @@ func (s *Sender[P]) Push(p P, size int, now time.Time) uint32 {
 	s.unpace = s.paceAt
 	s.sent(sl, size, now)
 	s.flow.inflight += int(sl.size)
+	sl.txInflight = s.flow.inflight
 	s.lastSent = now
 	return seq
 }
@@ -287,6 +295,7 @@ func (s *Sender[P]) sent(sl *slot[P], size int, now time.Time) {
 	sl.size = int32(size)
 	sl.delivered, sl.deliveredAt, sl.firstSentAt = s.flow.delivered, s.deliveredAt, s.firstSentAt
 	sl.appLimited = s.flow.appLimited != 0
+	sl.txInflight, sl.lostBefore = s.flow.inflight, s.flow.lost
 	s.flow.mss = max(s.flow.mss, min(size, MaxMSS))
 	if s.cc == nil {
 		return
@@ -582,7 +591,7 @@ func (s *Sender[P]) detectLost(now time.Time, resend func(uint32, *P)) error {
 			s.lost += int(sl.size)
 			s.flow.lost += int64(sl.size)
 			if s.cc != nil {
-				s.cc.onLoss(now, int(sl.size), sl.sentAt)
+				s.cc.onLoss(now, lostPacket{size: int(sl.size), sentAt: sl.sentAt, txInflight: sl.txInflight, lostBefore: sl.lostBefore})
 			}
 			s.retransmit(seq, now, resend, false)
 			continue
