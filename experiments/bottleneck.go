@@ -428,6 +428,9 @@ func bottleneckFigure(e *env, f *figure, o options) ([]row, error) {
 	fmt.Fprintf(e.log, "experiments: %s: %s\n", f.ID, n.describe())
 	iperf, iperfErr := exec.LookPath("iperf3")
 	cc := strings.TrimSpace(string(must(exec.Command("ip", "netns", "exec", n.snd, "sysctl", "-n", "net.ipv4.tcp_congestion_control").Output())))
+	if o.bneckTCPCC != "" {
+		cc = o.bneckTCPCC // iperf3 -C: the flow's own, whatever the host's default
+	}
 	var rows []row
 	rate := float64(n.rateBits) / 1e9
 	base := func(test string, r int) row {
@@ -634,7 +637,7 @@ func bneckTCP(e *env, bin, iperf string, n *bneckNet, p bneckPlan, r int, cc str
 	defer sink.stop()
 	secs := int(p.tcp / time.Second)
 	tcpCmd := []string{"ip", "netns", "exec", n.snd, iperf, "-c", bnRcvAddr, "-p", strconv.Itoa(bnIperf), "-t", strconv.Itoa(secs),
-		"-i", "1", "-J", "--get-server-output"}
+		"-i", "1", "-J", "--get-server-output", "-C", cc}
 	rdCmd := sink.sendArgs(bin, n, 1, p.size, p.tcp)
 	before, err := n.counters()
 	if err != nil {

@@ -60,8 +60,10 @@ type options struct {
 	// SIPp experiment: clients, transports, prebuilt preload libraries.
 	sippClients, sippTransports, preload string
 	sippRate                             int
-	// The bottleneck experiment: the tbf's rate.
-	bneckRate int
+	// The bottleneck experiment: the tbf's rate, and the congestion
+	// control of the TCP flow beside RD ("": the host's default).
+	bneckRate  int
+	bneckTCPCC string
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -81,6 +83,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.sippRate, "sipp-rate", 0, "sipp: calls per second that open the clients (default 1000; quick 200)")
 	fs.StringVar(&o.preload, "preload", "", "sipp: `DIR` holding a built libudiwarp_preload.so and libudiwarp_engine.so (default: built from this tree)")
 	fs.IntVar(&o.bneckRate, "bottleneck-rate", 1000, "bottleneck: the tbf's rate in Mbit/s")
+	fs.StringVar(&o.bneckTCPCC, "bottleneck-tcp-cc", "", "bottleneck: the TCP flow's congestion control, iperf3 -C (cubic, bbr, reno; default: the host's)")
 	fs.StringVar(&o.replot, "replot", "", "remake the plots and report.md of results `DIR` from its runs.json, measuring nothing")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: go run ./experiments [-quick] [-loss auto|netem|nft|inproc] [-only IDs] [-server HOST -dev IF]\n\n")

@@ -100,6 +100,9 @@ func flagsOf(o options) []string {
 	if o.bneckRate != 1000 && o.bneckRate > 0 {
 		f = append(f, "-bottleneck-rate", strconv.Itoa(o.bneckRate))
 	}
+	if o.bneckTCPCC != "" {
+		f = append(f, "-bottleneck-tcp-cc", o.bneckTCPCC)
+	}
 	return f
 }
 
