@@ -147,6 +147,7 @@ type slot[P any] struct {
 // packet again (for a QP: where its bytes live in registered memory).
 // Not safe for concurrent use.
 type Sender[P any] struct {
+	rs rateSample // OnAck's, kept here so that it does not escape
 	cfg      Config
 	ring     []slot[P]
 	mask     uint32
@@ -451,7 +452,10 @@ func (s *Sender[P]) OnAck(a *AckBlock, window uint16, rnr bool, now time.Time,
 	var newest uint32
 	var haveNewest, sample bool
 	var sampleAt time.Time
-	rs := rateSample{priorInflight: s.flow.inflight}
+	// The sample lives in the sender: handed to the controller (an
+	// interface), a local would escape, an allocation per ack.
+	rs := &s.rs
+	*rs = rateSample{priorInflight: s.flow.inflight}
 	var rsSet bool
 	var rsPriorAt, rsSendElapsed int64
 	t := int64(now.Sub(s.base))
@@ -560,7 +564,7 @@ func (s *Sender[P]) OnAck(a *AckBlock, window uint16, rnr bool, now time.Time,
 	err := s.detectLost(now, resend)
 	if s.cc != nil {
 		rs.lost, rs.inflight = s.lost, s.flow.inflight
-		s.cc.onAck(now, &rs)
+		s.cc.onAck(now, rs)
 	}
 	return err
 }
