@@ -308,6 +308,28 @@ type bbr struct {
 	// TooHigh the times a flight's loss rate passed bbrLossThresh at a
 	// standing queue (tests read them).
 	congestiveLosses, tooHigh int
+
+	// Competition with a loss-based flow (see "Sharing a queue with a
+	// loss-based flow" below): standRounds counts the rounds in a row
+	// whose least RTT showed a standing queue; while compete is set the
+	// window is compWindow, grown by one packet per window acked and
+	// halved once per round trip that loses (compCutAt the last cut,
+	// compAcked the bytes acked toward the next packet of growth);
+	// compRounds counts the rounds since the last drain test, and a
+	// test is under way while testing is set: testMark is the delivered
+	// count when the flight had drained (-1: not yet), testStart the
+	// round the test began. competeEntries and competeExits count the
+	// switches (tests read them).
+	standRounds                  int
+	compete                      bool
+	compWindow, compAcked        int
+	compCutAt                    time.Time
+	compRounds                   int
+	testing                      bool
+	testMark                     int64
+	testStart                    int64
+	testPrior                    int
+	competeEntries, competeExits int
 }
 
 type ltBandwidth struct {
@@ -442,6 +464,7 @@ func (b *bbr) onAck(now time.Time, rs *rateSample) {
 	// The model (§4.1) and the state machine (§4.3).
 	b.updateRound(rs)
 	b.updateLowerBounds(rs)
+	b.updateCompetition(now, rs)
 	b.longTerm(now, rs)
 	if rs.rate > 0 && (rs.rate >= b.btlBw.get() || !rs.appLimited) {
 		b.btlBw.update(b.rounds, rs.rate, bbrBtlBwRounds)
@@ -606,6 +629,7 @@ func (b *bbr) updateRTprop(now time.Time, rs *rateSample) {
 
 func (b *bbr) checkProbeRTT(now time.Time) {
 	if b.mode != bbrProbeRTT && b.expired && !b.idleRestart {
+		b.leaveCompetition()
 		b.mode = bbrProbeRTT
 		b.pacingGain, b.cwndGain = 1, 1
 		b.saveCwnd()
@@ -655,12 +679,29 @@ func (b *bbr) setPacing(gain float64) {
 	if bw == 0 {
 		return
 	}
+	if b.compete {
+		// A competing window is paced as NewReno's (RFC 9002 §7.7):
+		// 1.25 windows per smoothed RTT, never below the bandwidth.
+		srtt := b.rtt.Smoothed(b.cfg.InitialRTT)
+		b.pacing = max(bw, bbrCompetePacing*float64(b.compWindow)/srtt.Seconds())
+		return
+	}
 	if rate := gain * bw; b.filledPipe || rate > b.pacing {
 		b.pacing = rate
 	}
 }
 
 func (b *bbr) setCwnd(rs *rateSample) {
+	defer func() {
+		if b.testing && b.testMark < 0 {
+			// A drain test: the flight falls to one BDP at most.
+			b.window = min(b.window, b.testWindow())
+		}
+	}()
+	if b.compete {
+		b.window = max(b.compWindow, b.minPipe())
+		return
+	}
 	target := b.inflightTarget(b.cwndGain)
 	if b.inRecovery && b.conservation {
 		b.window = max(b.window, b.f.inflight+rs.acked)
@@ -678,6 +719,17 @@ func (b *bbr) setCwnd(rs *rateSample) {
 
 func (b *bbr) onLoss(now time.Time, p lostPacket) {
 	bytes := p.size
+	if b.compete {
+		// Competing: a multiplicative decrease once per round trip, as
+		// NewReno's (RFC 9002 §7.3.2), instead of BBR's recovery.
+		if p.sentAt.After(b.compCutAt) {
+			b.compCutAt = now
+			b.compWindow = max(int(bbrCompeteBeta*float64(b.compWindow)), b.minPipe())
+			b.compAcked = 0
+			b.window = b.compWindow
+		}
+		return
+	}
 	b.congestiveLoss(now, p)
 	if !b.inRecovery {
 		// Entering recovery: packet conservation for a round trip, the
@@ -692,6 +744,7 @@ func (b *bbr) onLoss(now time.Time, p lostPacket) {
 }
 
 func (b *bbr) onTimeout(now time.Time, count int) {
+	b.leaveCompetition()
 	// A timeout: everything in flight may be lost. The window falls to
 	// its floor and grows back with the acks; recovery's end restores it.
 	b.saveCwnd()
@@ -856,6 +909,122 @@ func (b *bbr) boundCwnd() int {
 		bound = min(bound, b.inflightLo)
 	}
 	return max(bound, b.minPipe())
+}
+
+// ---- Sharing a queue with a loss-based flow ----
+//
+// BBR's window, twice the bandwidth times the minimum RTT, cannot hold a
+// share of a queue that a loss-based flow (Reno, CUBIC) keeps standing:
+// the deeper the queue, the longer the RTT, and the smaller the share a
+// flight of 2·bw·minRTT delivers per RTT, the smaller bw, and so on down
+// (in the simulation, against NewReno: 0.40 of its goodput at a queue of
+// 4 BDPs, 0.14 at 8; on a real 1 Gbit/s link with a 25-BDP queue 0.22 of
+// CUBIC's). Copa (Arun and Balakrishnan, "Copa: Practical Delay-Based
+// Congestion Control for the Internet", NSDI 2018, §2.2) answers with a
+// mode switch: a delay-based flow empties the queue now and then, so a
+// queue that never empties over several RTTs is held by someone else, a
+// buffer-filler; Copa then competes as AIMD does, and comes back when
+// the queue empties. Here:
+//
+//   - The witness: each round's least RTT (the one the loss response
+//     reads). ProbeBW drains once in a gain cycle of eight phases, each
+//     at most a round long while a queue stands; bbrCompeteRounds rounds
+//     in a row with the queue standing (its least RTT at least
+//     bbrQueueRTT times the minimum) include a drain that did not
+//     empty it.
+//   - Competing: the window starts from the flight (Little's law: the
+//     share the flow has, at the RTT it sees) and follows NewReno's
+//     congestion avoidance: one packet more per window acked, halved
+//     once per round trip that loses (RFC 9002 §7.3); pacing is 1.25
+//     windows per smoothed RTT (§7.7). BBR's loss bounds stand aside.
+//   - Coming back: AIMD alone keeps its own queue standing, so the
+//     queue's witness cannot say whether the other flow left. Every
+//     bbrCompeteTestRounds rounds the flow drains its flight to one BDP
+//     of its own (bw times the minimum RTT); the first packet sent once
+//     it has drained sees the queue without it. If that packet's RTT is
+//     below bbrQueueRTT times the minimum, the queue was the flow's own:
+//     it goes back to ProbeBW. Else the window comes back as it was,
+//     and the flow goes on competing. A test costs about one RTT of the
+//     flow's sending per bbrCompeteTestRounds.
+//   - ProbeRTT and a timeout end competition too.
+const (
+	bbrCompeteRounds     = 10
+	bbrCompeteTestRounds = 10
+	bbrCompeteBeta       = 0.5  // NewReno's kLossReductionFactor
+	bbrCompetePacing     = 1.25 // RFC 9002 §7.7's N
+)
+
+// updateCompetition counts the rounds a queue stands, runs the drain
+// tests, switches to competing and back on their verdicts, and grows the
+// competing window.
+func (b *bbr) updateCompetition(now time.Time, rs *rateSample) {
+	if b.roundStart {
+		switch r := b.prevRoundMinRTT; {
+		case r == 0: // no sample in the round: no news
+		case b.rtProp > 0 && float64(r) >= bbrQueueRTT*float64(b.rtProp):
+			b.standRounds++
+		default:
+			b.standRounds = 0
+		}
+		if b.compete {
+			b.compRounds++
+		}
+	}
+	switch {
+	case b.testing && b.testMark < 0:
+		if b.f.inflight <= b.testWindow() {
+			b.testMark = b.f.delivered // what goes from here sees the queue without the flow
+		} else if b.rounds-b.testStart > 4 {
+			b.testing, b.compRounds, b.standRounds = false, 0, 0 // it would not drain: give up
+		}
+	case b.testing && rs.rtt > 0 && rs.priorDelivered >= b.testMark:
+		b.testing, b.compRounds = false, 0
+		stands := float64(rs.rtt) >= bbrQueueRTT*float64(b.rtProp)
+		switch {
+		case b.compete && !stands:
+			b.leaveCompetition()
+		case !b.compete && stands:
+			b.enterCompetition(now)
+		case !b.compete:
+			b.standRounds = 0 // the queue was the flow's own
+		}
+	case b.testing:
+	case b.compete && b.compRounds >= bbrCompeteTestRounds,
+		!b.compete && b.roundStart && b.mode == bbrProbeBW && b.filledPipe && b.standRounds >= bbrCompeteRounds:
+		b.testing, b.testMark, b.testStart, b.testPrior = true, -1, b.rounds, b.window
+	}
+	if !b.compete || b.testing || rs.acked <= 0 || rs.newestSentAt.IsZero() || !rs.newestSentAt.After(b.compCutAt) {
+		return // no growth in a test, nor in a recovery period
+	}
+	b.compAcked += rs.acked
+	for b.compAcked >= b.compWindow {
+		b.compAcked -= b.compWindow
+		b.compWindow += b.f.mss
+	}
+}
+
+// testWindow is the flight a drain test lets out until it has drained:
+// one BDP of the flow's own.
+func (b *bbr) testWindow() int { return max(b.bdp(1), b.minPipe()) }
+
+func (b *bbr) enterCompetition(now time.Time) {
+	b.compete = true
+	b.competeEntries++
+	b.compWindow = max(b.testPrior, b.minPipe())
+	b.compAcked, b.compRounds = 0, 0
+	b.compCutAt = now
+	b.resetLowerBounds()
+}
+
+// leaveCompetition goes back to BBR's own window (setCwnd's target).
+func (b *bbr) leaveCompetition() {
+	if !b.compete {
+		return
+	}
+	b.compete, b.testing, b.standRounds = false, false, 0
+	b.competeExits++
+	b.window = min(b.window, max(b.inflightTarget(b.cwndGain), b.minPipe()))
+	b.resetLowerBounds()
 }
 
 func (b *bbr) cwnd() int             { return b.window }
