@@ -329,6 +329,7 @@ type bbr struct {
 	testMark                     int64
 	testStart                    int64
 	testPrior                    int
+	testEvery                    int
 	competeEntries, competeExits int
 }
 
@@ -744,6 +745,9 @@ func (b *bbr) onLoss(now time.Time, p lostPacket) {
 }
 
 func (b *bbr) onTimeout(now time.Time, count int) {
+	if b.compete && count < 2 {
+		return // competing as NewReno does: one probe timeout is no congestion (RFC 9002 §7.6)
+	}
 	b.leaveCompetition()
 	// A timeout: everything in flight may be lost. The window falls to
 	// its floor and grows back with the acks; recovery's end restores it.
@@ -950,8 +954,14 @@ func (b *bbr) boundCwnd() int {
 const (
 	bbrCompeteRounds     = 10
 	bbrCompeteTestRounds = 10
-	bbrCompeteBeta       = 0.5  // NewReno's kLossReductionFactor
-	bbrCompetePacing     = 1.25 // RFC 9002 §7.7's N
+	bbrCompeteTestMax    = 80
+	bbrCompeteBeta       = 0.7 // CUBIC's (RFC 9438 §4.6), and BBR v3's
+	// The increase, in hundredths of a packet per window acked, that
+	// makes a decrease to 0.7 as fair to Reno as Reno is:
+	// 3·(1-β)/(1+β) (RFC 9438 §4.3, CUBIC's Reno-friendly region).
+	bbrCompeteAlpha100 = 53
+
+	bbrCompetePacing = 1.25 // RFC 9002 §7.7's N
 )
 
 // updateCompetition counts the rounds a queue stands, runs the drain
@@ -978,27 +988,39 @@ func (b *bbr) updateCompetition(now time.Time, rs *rateSample) {
 			b.testing, b.compRounds, b.standRounds = false, 0, 0 // it would not drain: give up
 		}
 	case b.testing && rs.rtt > 0 && rs.priorDelivered >= b.testMark:
+		// The packets sent since the flight drained: one that finds the
+		// queue empty ends the test at once; else a flight's worth of
+		// them, all behind a queue, does.
+		empty := float64(rs.rtt) < bbrQueueRTT*float64(b.rtProp)
+		if !empty && b.f.delivered < b.testMark+int64(b.testWindow()) {
+			break
+		}
 		b.testing, b.compRounds = false, 0
-		stands := float64(rs.rtt) >= bbrQueueRTT*float64(b.rtProp)
 		switch {
-		case b.compete && !stands:
+		case b.compete && empty:
 			b.leaveCompetition()
-		case !b.compete && stands:
+		case b.compete:
+			// Still shared: the next test comes later (each costs the
+			// flow about a round trip's sending).
+			b.testEvery = min(2*b.testEvery, bbrCompeteTestMax)
+		case !b.compete && !empty:
 			b.enterCompetition(now)
 		case !b.compete:
 			b.standRounds = 0 // the queue was the flow's own
 		}
 	case b.testing:
-	case b.compete && b.compRounds >= bbrCompeteTestRounds,
+	case b.compete && b.compRounds >= b.testEvery,
 		!b.compete && b.roundStart && b.mode == bbrProbeBW && b.filledPipe && b.standRounds >= bbrCompeteRounds:
 		b.testing, b.testMark, b.testStart, b.testPrior = true, -1, b.rounds, b.window
 	}
 	if !b.compete || b.testing || rs.acked <= 0 || rs.newestSentAt.IsZero() || !rs.newestSentAt.After(b.compCutAt) {
 		return // no growth in a test, nor in a recovery period
 	}
-	b.compAcked += rs.acked
-	for b.compAcked >= b.compWindow {
-		b.compAcked -= b.compWindow
+	// α packets more per window acked: compAcked counts acked bytes
+	// times 100·α.
+	b.compAcked += rs.acked * bbrCompeteAlpha100
+	for w := 100 * b.compWindow; b.compAcked >= w; w = 100 * b.compWindow {
+		b.compAcked -= w
 		b.compWindow += b.f.mss
 	}
 }
@@ -1011,7 +1033,7 @@ func (b *bbr) enterCompetition(now time.Time) {
 	b.compete = true
 	b.competeEntries++
 	b.compWindow = max(b.testPrior, b.minPipe())
-	b.compAcked, b.compRounds = 0, 0
+	b.compAcked, b.compRounds, b.testEvery = 0, 0, bbrCompeteTestRounds
 	b.compCutAt = now
 	b.resetLowerBounds()
 }
@@ -1108,3 +1130,4 @@ func quantum(rate float64, minRTT time.Duration, mss int) int {
 	q := int(rate * burst.Seconds())
 	return min(max(q, 2*mss), maxQuantum)
 }
+
