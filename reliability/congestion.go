@@ -134,6 +134,8 @@ type controller interface {
 	pacingRate() float64 // bytes per second; 0: not paced
 	bandwidth() float64
 	minRTT() time.Duration
+	// burstRTT is the RTT that bounds a pacing burst (see quantum).
+	burstRTT() time.Duration
 }
 
 func newController(kind Congestion, f *flowState, rtt *RTT, cfg Config) controller {
@@ -1054,6 +1056,19 @@ func (b *bbr) pacingRate() float64   { return b.pacing }
 func (b *bbr) bandwidth() float64    { return b.bw() }
 func (b *bbr) minRTT() time.Duration { return max(b.rtProp, 0) }
 
+// burstRTT: a burst longer than a quarter of the minimum RTT would be
+// the queue itself on a short path; but while competing a queue stands
+// anyway, and bursts of a quarter of the smoothed RTT keep the flow at
+// its window when the caller's timer wakes late (on a loaded host, a
+// path of 50 µs gave bursts of two packets, and RD ran at the rate of
+// its wakeups, a fifth of its window).
+func (b *bbr) burstRTT() time.Duration {
+	if b.compete {
+		return b.rtt.Smoothed(b.cfg.InitialRTT)
+	}
+	return max(b.rtProp, 0)
+}
+
 // ---- NewReno (RFC 9002 §7) ----
 
 type newReno struct {
@@ -1118,8 +1133,9 @@ func (r *newReno) cwnd() int { return r.window }
 func (r *newReno) pacingRate() float64 {
 	return 1.25 * float64(r.window) / r.rtt.Smoothed(r.cfg.InitialRTT).Seconds()
 }
-func (r *newReno) bandwidth() float64    { return r.lastRate }
-func (r *newReno) minRTT() time.Duration { return r.rtt.Min() }
+func (r *newReno) bandwidth() float64      { return r.lastRate }
+func (r *newReno) minRTT() time.Duration   { return r.rtt.Min() }
+func (r *newReno) burstRTT() time.Duration { return r.rtt.Min() }
 
 // quantum is the burst pacing allows at rate (see maxBurstTime).
 func quantum(rate float64, minRTT time.Duration, mss int) int {
@@ -1130,4 +1146,3 @@ func quantum(rate float64, minRTT time.Duration, mss int) int {
 	q := int(rate * burst.Seconds())
 	return min(max(q, 2*mss), maxQuantum)
 }
-

@@ -338,7 +338,7 @@ func (s *Sender[P]) Quantum() int {
 	if s.cc == nil {
 		return maxQuantum
 	}
-	return quantum(s.cc.pacingRate(), s.cc.minRTT(), s.flow.mss)
+	return quantum(s.cc.pacingRate(), s.cc.burstRTT(), s.flow.mss)
 }
 
 // SetAppLimited tells the sender its application has nothing more to
