@@ -27,6 +27,7 @@ type bottleneck struct {
 type bnFlow struct {
 	cfg         Config
 	start       time.Duration // when it begins to send
+	stop        time.Duration // when it stops sending new packets (0: never)
 	s           *Sender[int]
 	r           *Receiver[int]
 	pushed      int // packets numbered
@@ -219,7 +220,7 @@ func runBottleneck(t *testing.T, l bottleneck, flows []*bnFlow, d, warm time.Dur
 		if due := f.r.AckDue(n); !due.IsZero() && !n.Before(due) {
 			ack(i)
 		}
-		for f.s.CanSend(n) && f.s.SendAt(n).IsZero() {
+		for (f.stop == 0 || now < int64(f.stop)) && f.s.CanSend(n) && f.s.SendAt(n).IsZero() {
 			seq := f.s.Push(f.pushed, bnPacket, n)
 			transmit(i, seq, f.pushed)
 			f.pushed++
@@ -232,7 +233,7 @@ func runBottleneck(t *testing.T, l bottleneck, flows []*bnFlow, d, warm time.Dur
 		}
 		earliest(f.s.Deadline())
 		earliest(f.r.AckDue(n))
-		if f.s.CanSend(n) {
+		if (f.stop == 0 || now < int64(f.stop)) && f.s.CanSend(n) {
 			earliest(f.s.SendAt(n))
 		}
 		if wake.IsZero() {
@@ -439,5 +440,35 @@ func TestBottleneckBBRBesideNewReno(t *testing.T) {
 		if bdps >= 8 && b.competeEntries == 0 {
 			t.Errorf("queue %d BDP: BBR never competed: the test does not reach the competition mode", bdps)
 		}
+	}
+}
+
+// TestBottleneckBBRLeavesCompetition: beside a NewReno flow through a
+// queue of 8 BDPs BBR competes; when the NewReno flow stops, a drain
+// test finds the queue empty and BBR goes back to ProbeBW: it fills the
+// link alone and no longer keeps a queue standing (a flow that went on
+// competing, alone, would keep its own queue of several BDPs).
+func TestBottleneckBBRLeavesCompetition(t *testing.T) {
+	t.Parallel()
+	fs := []*bnFlow{{cfg: Config{Congestion: CongestionBBR}}, {cfg: Config{Congestion: CongestionNewReno}, start: 10 * time.Millisecond, stop: 1500 * time.Millisecond}}
+	l := gigabit(0, 6)
+	l.queue *= 4
+	res := runBottleneck(t, l, fs, 3*time.Second, 2*time.Second)
+	res.log(t, "bbr after newreno left, queue 8 BDP")
+	s := res.flows[0].s
+	b := s.cc.(*bbr)
+	t.Logf("BBR competed %d times, left %d times; share of the link after NewReno left %.3f; smoothed RTT %v, min RTT %v",
+		b.competeEntries, b.competeExits, res.share(0), s.RTT().Smoothed(0), s.MinRTT())
+	if b.competeEntries == 0 || b.competeExits == 0 {
+		t.Fatalf("BBR competed %d times and left %d times, want both", b.competeEntries, b.competeExits)
+	}
+	if mode := s.CongestionMode(); mode != "probe-bw" {
+		t.Errorf("BBR in %s after NewReno left, want probe-bw", mode)
+	}
+	if sh := res.share(0); sh < 0.9 {
+		t.Errorf("BBR's share of the link after NewReno left %.3f, want >= 0.9", sh)
+	}
+	if srtt := s.RTT().Smoothed(0); srtt > 3*s.MinRTT() {
+		t.Errorf("smoothed RTT %v after NewReno left, min RTT %v: a queue still stands", srtt, s.MinRTT())
 	}
 }
