@@ -425,7 +425,7 @@ func TestBottleneckBBRBesideNewReno(t *testing.T) {
 		fs := []*bnFlow{{cfg: Config{Congestion: CongestionBBR}}, {cfg: Config{Congestion: CongestionNewReno}, start: 10 * time.Millisecond}}
 		l := gigabit(0, 5)
 		l.queue = l.queue / 2 * bdps
-		res := runBottleneck(t, l, fs, 4*time.Second, time.Second)
+		res := runBottleneck(t, l, fs, 3*time.Second, time.Second)
 		res.log(t, fmt.Sprintf("bbr beside newreno, queue %d BDP", bdps))
 		b := res.flows[0].s.cc.(*bbr)
 		r := res.share(0) / max(res.share(1), 1e-9)
