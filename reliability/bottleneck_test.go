@@ -375,7 +375,8 @@ func TestBottleneckFairness(t *testing.T) {
 	res := runBottleneck(t, gigabit(0, 3), bnFlows(2, CongestionBBR, 50*time.Millisecond), 5*time.Second, time.Second)
 	res.log(t, "two bbr flows")
 	j := res.jain()
-	t.Logf("shares %.3f and %.3f, Jain's index %.4f", res.share(0), res.share(1), j)
+	b0, b1 := res.flows[0].s.cc.(*bbr), res.flows[1].s.cc.(*bbr)
+	t.Logf("shares %.3f and %.3f, Jain's index %.4f; the flows competed %d and %d times", res.share(0), res.share(1), j, b0.competeEntries, b1.competeEntries)
 	if j < 0.95 {
 		t.Errorf("Jain's index %.4f, want >= 0.95", j)
 	}
@@ -404,7 +405,13 @@ func TestBottleneckManyFlows(t *testing.T) {
 		lo, hi = min(lo, res.share(i)), max(hi, res.share(i))
 	}
 	queue, _, sent := res.drops()
-	t.Logf("100 flows: utilisation %.3f, shares from %.4f to %.4f, Jain's index %.4f, queue drops %.1f %%", res.utilisation(), lo, hi, res.jain(), 100*float64(queue)/float64(max(sent, 1)))
+	competing := 0
+	for _, f := range res.flows {
+		if f.s.cc.(*bbr).competeEntries > 0 {
+			competing++
+		}
+	}
+	t.Logf("100 flows: utilisation %.3f, shares from %.4f to %.4f, Jain's index %.4f, queue drops %.1f %%; %d flows competed", res.utilisation(), lo, hi, res.jain(), 100*float64(queue)/float64(max(sent, 1)), competing)
 	if u := res.utilisation(); u < 0.8 {
 		t.Errorf("utilisation %.3f, want >= 0.8", u)
 	}
