@@ -106,6 +106,9 @@ type lostPacket struct {
 	sentAt     time.Time
 	txInflight int
 	lostBefore int64
+	// byTime: declared lost by the time threshold alone (no packet
+	// sent PacketThreshold after it was acked).
+	byTime bool
 }
 
 // flowState is what the sender knows of its flow that the controllers
@@ -725,7 +728,7 @@ func (b *bbr) onLoss(now time.Time, p lostPacket) {
 	if b.compete {
 		// Competing: a multiplicative decrease once per round trip, as
 		// NewReno's (RFC 9002 §7.3.2), instead of BBR's recovery.
-		if p.sentAt.After(b.compCutAt) {
+		if p.sentAt.After(b.compCutAt) && !p.byTime {
 			b.compCutAt = now
 			b.compWindow = max(int(bbrCompeteBeta*float64(b.compWindow)), b.minPipe())
 			b.compAcked = 0
@@ -933,26 +936,34 @@ func (b *bbr) boundCwnd() int {
 // the queue empties. Here:
 //
 //   - The witness: each round's least RTT (the one the loss response
-//     reads). ProbeBW drains once in a gain cycle of eight phases, each
-//     at most a round long while a queue stands; bbrCompeteRounds rounds
-//     in a row with the queue standing (its least RTT at least
-//     bbrQueueRTT times the minimum) include a drain that did not
-//     empty it.
-//   - Competing: the window starts from the flight (Little's law: the
-//     share the flow has, at the RTT it sees) and follows NewReno's
-//     congestion avoidance: one packet more per window acked, halved
-//     once per round trip that loses (RFC 9002 §7.3); pacing is 1.25
-//     windows per smoothed RTT (§7.7). BBR's loss bounds stand aside.
+//     reads). bbrCompeteRounds rounds in a row with the queue standing
+//     (the least RTT at least bbrQueueRTT times the minimum) call for a
+//     drain test, since BBR alone keeps a queue of its own too (a
+//     window of two BDPs, ack aggregation): the flow lets its flight
+//     fall to one BDP of its own (bw times the minimum RTT) and reads
+//     the RTT of the packets it sends once it has. One below bbrQueueRTT
+//     times the minimum: the queue was the flow's own. A flight's worth
+//     of them all above it: someone else holds the queue, and the flow
+//     competes.
+//   - Competing: the window starts from the one before the test and
+//     follows CUBIC's Reno-friendly AIMD (RFC 9438 §4.3): 0.53 packet
+//     more per window acked, 0.7 of itself once per round trip that
+//     loses a packet by the packet threshold (an overflowing queue
+//     leaves holes that later packets' acks show; a packet lost by the
+//     time threshold alone is, on a loaded host, mostly a late ack:
+//     alone through the real bottleneck RD retransmitted 160 to 250
+//     packets where the queue dropped 4 to 7); pacing is 1.25 windows
+//     per smoothed RTT (RFC 9002 §7.7), a burst a quarter of the
+//     smoothed RTT (burstRTT). BBR's loss bounds stand aside.
 //   - Coming back: AIMD alone keeps its own queue standing, so the
-//     queue's witness cannot say whether the other flow left. Every
-//     bbrCompeteTestRounds rounds the flow drains its flight to one BDP
-//     of its own (bw times the minimum RTT); the first packet sent once
-//     it has drained sees the queue without it. If that packet's RTT is
-//     below bbrQueueRTT times the minimum, the queue was the flow's own:
-//     it goes back to ProbeBW. Else the window comes back as it was,
-//     and the flow goes on competing. A test costs about one RTT of the
-//     flow's sending per bbrCompeteTestRounds.
-//   - ProbeRTT and a timeout end competition too.
+//     witness cannot say whether the other flow left: a drain test
+//     after bbrCompeteTestRounds rounds, then after twice as many each
+//     time the queue still stands, up to bbrCompeteTestMax, does. The
+//     first packet sent once the flight has drained that finds the RTT
+//     below bbrQueueRTT times the minimum sends the flow back to
+//     ProbeBW. A test costs about one RTT of the flow's sending; the
+//     window comes back as it was as soon as the flight has drained.
+//   - ProbeRTT and two probe timeouts in a row end competition too.
 const (
 	bbrCompeteRounds     = 10
 	bbrCompeteTestRounds = 10

@@ -606,12 +606,12 @@ func (s *Sender[P]) detectLost(now time.Time, resend func(uint32, *P)) error {
 		if !sl.pending || (s.rnrWait && seq == s.una) {
 			continue
 		}
-		if !Before(s.largest, sl.after+PacketThreshold-1) || !now.Before(sl.sentAt.Add(delay)) {
+		if byCount := !Before(s.largest, sl.after+PacketThreshold-1); byCount || !now.Before(sl.sentAt.Add(delay)) {
 			// Lost: the controller hears of it before it goes again.
 			s.lost += int(sl.size)
 			s.flow.lost += int64(sl.size)
 			if s.cc != nil {
-				s.cc.onLoss(now, lostPacket{size: int(sl.size), sentAt: sl.sentAt, txInflight: sl.txInflight, lostBefore: sl.lostBefore})
+				s.cc.onLoss(now, lostPacket{size: int(sl.size), sentAt: sl.sentAt, txInflight: sl.txInflight, lostBefore: sl.lostBefore, byTime: !byCount})
 			}
 			s.retransmit(seq, now, resend, false)
 			continue
