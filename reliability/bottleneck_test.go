@@ -27,6 +27,7 @@ type bottleneck struct {
 type bnFlow struct {
 	cfg         Config
 	start       time.Duration // when it begins to send
+	stop        time.Duration // when it stops sending new packets (0: never)
 	s           *Sender[int]
 	r           *Receiver[int]
 	pushed      int // packets numbered
@@ -219,7 +220,7 @@ func runBottleneck(t *testing.T, l bottleneck, flows []*bnFlow, d, warm time.Dur
 		if due := f.r.AckDue(n); !due.IsZero() && !n.Before(due) {
 			ack(i)
 		}
-		for f.s.CanSend(n) && f.s.SendAt(n).IsZero() {
+		for (f.stop == 0 || now < int64(f.stop)) && f.s.CanSend(n) && f.s.SendAt(n).IsZero() {
 			seq := f.s.Push(f.pushed, bnPacket, n)
 			transmit(i, seq, f.pushed)
 			f.pushed++
@@ -232,7 +233,7 @@ func runBottleneck(t *testing.T, l bottleneck, flows []*bnFlow, d, warm time.Dur
 		}
 		earliest(f.s.Deadline())
 		earliest(f.r.AckDue(n))
-		if f.s.CanSend(n) {
+		if (f.stop == 0 || now < int64(f.stop)) && f.s.CanSend(n) {
 			earliest(f.s.SendAt(n))
 		}
 		if wake.IsZero() {
@@ -374,7 +375,8 @@ func TestBottleneckFairness(t *testing.T) {
 	res := runBottleneck(t, gigabit(0, 3), bnFlows(2, CongestionBBR, 50*time.Millisecond), 5*time.Second, time.Second)
 	res.log(t, "two bbr flows")
 	j := res.jain()
-	t.Logf("shares %.3f and %.3f, Jain's index %.4f", res.share(0), res.share(1), j)
+	b0, b1 := res.flows[0].s.cc.(*bbr), res.flows[1].s.cc.(*bbr)
+	t.Logf("shares %.3f and %.3f, Jain's index %.4f; the flows competed %d and %d times", res.share(0), res.share(1), j, b0.competeEntries, b1.competeEntries)
 	if j < 0.95 {
 		t.Errorf("Jain's index %.4f, want >= 0.95", j)
 	}
@@ -403,36 +405,77 @@ func TestBottleneckManyFlows(t *testing.T) {
 		lo, hi = min(lo, res.share(i)), max(hi, res.share(i))
 	}
 	queue, _, sent := res.drops()
-	t.Logf("100 flows: utilisation %.3f, shares from %.4f to %.4f, Jain's index %.4f, queue drops %.1f %%", res.utilisation(), lo, hi, res.jain(), 100*float64(queue)/float64(max(sent, 1)))
+	competing := 0
+	for _, f := range res.flows {
+		if f.s.cc.(*bbr).competeEntries > 0 {
+			competing++
+		}
+	}
+	t.Logf("100 flows: utilisation %.3f, shares from %.4f to %.4f, Jain's index %.4f, queue drops %.1f %%; %d flows competed", res.utilisation(), lo, hi, res.jain(), 100*float64(queue)/float64(max(sent, 1)), competing)
 	if u := res.utilisation(); u < 0.8 {
 		t.Errorf("utilisation %.3f, want >= 0.8", u)
 	}
 }
 
 // TestBottleneckBBRBesideNewReno: a BBR flow and a NewReno flow share the
-// link; the ratio of their goodputs is reported (the target, checked
-// against real TCP elsewhere, is 0.5x to 2x) with queues of 2, 4 and 8
-// BDPs, and held to it at 2 BDPs, where BBR v1 alone took 12 times
-// NewReno's share (its loss response now gives way at the full queue).
-// In the deeper queues a loss-based flow has more room (BBR's share
-// falls as the queue deepens: its window, twice the bandwidth times the
-// minimum RTT, does not cover the queue NewReno keeps, until ProbeRTT,
-// every 10 s, sees that queue as part of the minimum RTT).
+// link through queues of 2, 4, 8 and 25 BDPs (25: the real bottleneck
+// of the experiments, 5 ms at 1 Gbit/s with an RTT of 0.2 ms); the
+// ratio of their goodputs must be 0.5x to 2x, the target that real TCP
+// is held to elsewhere. BBR v1 alone took 12 times NewReno's share at 2
+// BDPs; with its loss response and without competition (window 2·bw·min
+// RTT whatever the queue) it got 1.48x at 2 BDPs, 0.40x at 4, 0.14x at
+// 8: beside the queue NewReno keeps standing, BBR competes as NewReno
+// does (the test checks that it did, where the queue is deep).
 func TestBottleneckBBRBesideNewReno(t *testing.T) {
 	t.Parallel()
-	for _, bdps := range []int{2, 4, 8} {
+	for _, bdps := range []int{2, 4, 8, 25} {
 		fs := []*bnFlow{{cfg: Config{Congestion: CongestionBBR}}, {cfg: Config{Congestion: CongestionNewReno}, start: 10 * time.Millisecond}}
 		l := gigabit(0, 5)
 		l.queue = l.queue / 2 * bdps
-		res := runBottleneck(t, l, fs, 2*time.Second, 500*time.Millisecond)
+		res := runBottleneck(t, l, fs, 3*time.Second, time.Second)
 		res.log(t, fmt.Sprintf("bbr beside newreno, queue %d BDP", bdps))
-		t.Logf("queue %d BDP: BBR %.3f, NewReno %.3f of the link: ratio BBR/NewReno %.2f; utilisation %.3f",
-			bdps, res.share(0), res.share(1), res.share(0)/max(res.share(1), 1e-9), res.utilisation())
+		b := res.flows[0].s.cc.(*bbr)
+		r := res.share(0) / max(res.share(1), 1e-9)
+		t.Logf("queue %d BDP: BBR %.3f, NewReno %.3f of the link: ratio BBR/NewReno %.2f; utilisation %.3f; BBR competed %d times, left %d times",
+			bdps, res.share(0), res.share(1), r, res.utilisation(), b.competeEntries, b.competeExits)
 		if u := res.utilisation(); u < 0.8 {
 			t.Errorf("queue %d BDP: utilisation %.3f, want >= 0.8", bdps, u)
 		}
-		if r := res.share(0) / max(res.share(1), 1e-9); bdps == 2 && (r < 0.5 || r > 2) {
-			t.Errorf("queue 2 BDP: ratio BBR/NewReno %.2f, want 0.5 to 2", r)
+		if r < 0.5 || r > 2 {
+			t.Errorf("queue %d BDP: ratio BBR/NewReno %.2f, want 0.5 to 2", bdps, r)
 		}
+		if bdps >= 8 && b.competeEntries == 0 {
+			t.Errorf("queue %d BDP: BBR never competed: the test does not reach the competition mode", bdps)
+		}
+	}
+}
+
+// TestBottleneckBBRLeavesCompetition: beside a NewReno flow through a
+// queue of 8 BDPs BBR competes; when the NewReno flow stops, a drain
+// test finds the queue empty and BBR goes back to ProbeBW: it fills the
+// link alone and no longer keeps a queue standing (a flow that went on
+// competing, alone, would keep its own queue of several BDPs).
+func TestBottleneckBBRLeavesCompetition(t *testing.T) {
+	t.Parallel()
+	fs := []*bnFlow{{cfg: Config{Congestion: CongestionBBR}}, {cfg: Config{Congestion: CongestionNewReno}, start: 10 * time.Millisecond, stop: 1500 * time.Millisecond}}
+	l := gigabit(0, 6)
+	l.queue *= 4
+	res := runBottleneck(t, l, fs, 3*time.Second, 2*time.Second)
+	res.log(t, "bbr after newreno left, queue 8 BDP")
+	s := res.flows[0].s
+	b := s.cc.(*bbr)
+	t.Logf("BBR competed %d times, left %d times; share of the link after NewReno left %.3f; smoothed RTT %v, min RTT %v",
+		b.competeEntries, b.competeExits, res.share(0), s.RTT().Smoothed(0), s.MinRTT())
+	if b.competeEntries == 0 || b.competeExits == 0 {
+		t.Fatalf("BBR competed %d times and left %d times, want both", b.competeEntries, b.competeExits)
+	}
+	if mode := s.CongestionMode(); mode != "probe-bw" {
+		t.Errorf("BBR in %s after NewReno left, want probe-bw", mode)
+	}
+	if sh := res.share(0); sh < 0.9 {
+		t.Errorf("BBR's share of the link after NewReno left %.3f, want >= 0.9", sh)
+	}
+	if srtt := s.RTT().Smoothed(0); srtt > 3*s.MinRTT() {
+		t.Errorf("smoothed RTT %v after NewReno left, min RTT %v: a queue still stands", srtt, s.MinRTT())
 	}
 }

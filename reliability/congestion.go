@@ -106,6 +106,9 @@ type lostPacket struct {
 	sentAt     time.Time
 	txInflight int
 	lostBefore int64
+	// byTime: declared lost by the time threshold alone (no packet
+	// sent PacketThreshold after it was acked).
+	byTime bool
 }
 
 // flowState is what the sender knows of its flow that the controllers
@@ -134,6 +137,8 @@ type controller interface {
 	pacingRate() float64 // bytes per second; 0: not paced
 	bandwidth() float64
 	minRTT() time.Duration
+	// burstRTT is the RTT that bounds a pacing burst (see quantum).
+	burstRTT() time.Duration
 }
 
 func newController(kind Congestion, f *flowState, rtt *RTT, cfg Config) controller {
@@ -308,6 +313,29 @@ type bbr struct {
 	// TooHigh the times a flight's loss rate passed bbrLossThresh at a
 	// standing queue (tests read them).
 	congestiveLosses, tooHigh int
+
+	// Competition with a loss-based flow (see "Sharing a queue with a
+	// loss-based flow" below): standRounds counts the rounds in a row
+	// whose least RTT showed a standing queue; while compete is set the
+	// window is compWindow, grown by one packet per window acked and
+	// halved once per round trip that loses (compCutAt the last cut,
+	// compAcked the bytes acked toward the next packet of growth);
+	// compRounds counts the rounds since the last drain test, and a
+	// test is under way while testing is set: testMark is the delivered
+	// count when the flight had drained (-1: not yet), testStart the
+	// round the test began. competeEntries and competeExits count the
+	// switches (tests read them).
+	standRounds                  int
+	compete                      bool
+	compWindow, compAcked        int
+	compCutAt                    time.Time
+	compRounds                   int
+	testing                      bool
+	testMark                     int64
+	testStart                    int64
+	testPrior                    int
+	testEvery                    int
+	competeEntries, competeExits int
 }
 
 type ltBandwidth struct {
@@ -442,6 +470,7 @@ func (b *bbr) onAck(now time.Time, rs *rateSample) {
 	// The model (§4.1) and the state machine (§4.3).
 	b.updateRound(rs)
 	b.updateLowerBounds(rs)
+	b.updateCompetition(now, rs)
 	b.longTerm(now, rs)
 	if rs.rate > 0 && (rs.rate >= b.btlBw.get() || !rs.appLimited) {
 		b.btlBw.update(b.rounds, rs.rate, bbrBtlBwRounds)
@@ -606,6 +635,7 @@ func (b *bbr) updateRTprop(now time.Time, rs *rateSample) {
 
 func (b *bbr) checkProbeRTT(now time.Time) {
 	if b.mode != bbrProbeRTT && b.expired && !b.idleRestart {
+		b.leaveCompetition()
 		b.mode = bbrProbeRTT
 		b.pacingGain, b.cwndGain = 1, 1
 		b.saveCwnd()
@@ -655,12 +685,29 @@ func (b *bbr) setPacing(gain float64) {
 	if bw == 0 {
 		return
 	}
+	if b.compete {
+		// A competing window is paced as NewReno's (RFC 9002 §7.7):
+		// 1.25 windows per smoothed RTT, never below the bandwidth.
+		srtt := b.rtt.Smoothed(b.cfg.InitialRTT)
+		b.pacing = max(bw, bbrCompetePacing*float64(b.compWindow)/srtt.Seconds())
+		return
+	}
 	if rate := gain * bw; b.filledPipe || rate > b.pacing {
 		b.pacing = rate
 	}
 }
 
 func (b *bbr) setCwnd(rs *rateSample) {
+	defer func() {
+		if b.testing && b.testMark < 0 {
+			// A drain test: the flight falls to one BDP at most.
+			b.window = min(b.window, b.testWindow())
+		}
+	}()
+	if b.compete {
+		b.window = max(b.compWindow, b.minPipe())
+		return
+	}
 	target := b.inflightTarget(b.cwndGain)
 	if b.inRecovery && b.conservation {
 		b.window = max(b.window, b.f.inflight+rs.acked)
@@ -678,6 +725,17 @@ func (b *bbr) setCwnd(rs *rateSample) {
 
 func (b *bbr) onLoss(now time.Time, p lostPacket) {
 	bytes := p.size
+	if b.compete {
+		// Competing: a multiplicative decrease once per round trip, as
+		// NewReno's (RFC 9002 §7.3.2), instead of BBR's recovery.
+		if p.sentAt.After(b.compCutAt) && !p.byTime {
+			b.compCutAt = now
+			b.compWindow = max(int(bbrCompeteBeta*float64(b.compWindow)), b.minPipe())
+			b.compAcked = 0
+			b.window = b.compWindow
+		}
+		return
+	}
 	b.congestiveLoss(now, p)
 	if !b.inRecovery {
 		// Entering recovery: packet conservation for a round trip, the
@@ -692,6 +750,10 @@ func (b *bbr) onLoss(now time.Time, p lostPacket) {
 }
 
 func (b *bbr) onTimeout(now time.Time, count int) {
+	if b.compete && count < 2 {
+		return // competing as NewReno does: one probe timeout is no congestion (RFC 9002 §7.6)
+	}
+	b.leaveCompetition()
 	// A timeout: everything in flight may be lost. The window falls to
 	// its floor and grows back with the acks; recovery's end restores it.
 	b.saveCwnd()
@@ -858,10 +920,165 @@ func (b *bbr) boundCwnd() int {
 	return max(bound, b.minPipe())
 }
 
+// ---- Sharing a queue with a loss-based flow ----
+//
+// BBR's window, twice the bandwidth times the minimum RTT, cannot hold a
+// share of a queue that a loss-based flow (Reno, CUBIC) keeps standing:
+// the deeper the queue, the longer the RTT, and the smaller the share a
+// flight of 2·bw·minRTT delivers per RTT, the smaller bw, and so on down
+// (in the simulation, against NewReno: 0.40 of its goodput at a queue of
+// 4 BDPs, 0.14 at 8; on a real 1 Gbit/s link with a 25-BDP queue 0.22 of
+// CUBIC's). Copa (Arun and Balakrishnan, "Copa: Practical Delay-Based
+// Congestion Control for the Internet", NSDI 2018, §2.2) answers with a
+// mode switch: a delay-based flow empties the queue now and then, so a
+// queue that never empties over several RTTs is held by someone else, a
+// buffer-filler; Copa then competes as AIMD does, and comes back when
+// the queue empties. Here:
+//
+//   - The witness: each round's least RTT (the one the loss response
+//     reads). bbrCompeteRounds rounds in a row with the queue standing
+//     (the least RTT at least bbrQueueRTT times the minimum) call for a
+//     drain test, since BBR alone keeps a queue of its own too (a
+//     window of two BDPs, ack aggregation): the flow lets its flight
+//     fall to one BDP of its own (bw times the minimum RTT) and reads
+//     the RTT of the packets it sends once it has. One below bbrQueueRTT
+//     times the minimum: the queue was the flow's own. A flight's worth
+//     of them all above it: someone else holds the queue, and the flow
+//     competes.
+//   - Competing: the window starts from the one before the test and
+//     follows CUBIC's Reno-friendly AIMD (RFC 9438 §4.3): 0.53 packet
+//     more per window acked, 0.7 of itself once per round trip that
+//     loses a packet by the packet threshold (an overflowing queue
+//     leaves holes that later packets' acks show; a packet lost by the
+//     time threshold alone is, on a loaded host, mostly a late ack:
+//     alone through the real bottleneck RD retransmitted 160 to 250
+//     packets where the queue dropped 4 to 7); pacing is 1.25 windows
+//     per smoothed RTT (RFC 9002 §7.7), a burst a quarter of the
+//     smoothed RTT (burstRTT). BBR's loss bounds stand aside.
+//   - Coming back: AIMD alone keeps its own queue standing, so the
+//     witness cannot say whether the other flow left: a drain test
+//     after bbrCompeteTestRounds rounds, then after twice as many each
+//     time the queue still stands, up to bbrCompeteTestMax, does. The
+//     first packet sent once the flight has drained that finds the RTT
+//     below bbrQueueRTT times the minimum sends the flow back to
+//     ProbeBW. A test costs about one RTT of the flow's sending; the
+//     window comes back as it was as soon as the flight has drained.
+//   - ProbeRTT and two probe timeouts in a row end competition too.
+const (
+	bbrCompeteRounds     = 10
+	bbrCompeteTestRounds = 10
+	bbrCompeteTestMax    = 80
+	bbrCompeteBeta       = 0.7 // CUBIC's (RFC 9438 §4.6), and BBR v3's
+	// The increase, in hundredths of a packet per window acked, that
+	// makes a decrease to 0.7 as fair to Reno as Reno is:
+	// 3·(1-β)/(1+β) (RFC 9438 §4.3, CUBIC's Reno-friendly region).
+	bbrCompeteAlpha100 = 53
+
+	bbrCompetePacing = 1.25 // RFC 9002 §7.7's N
+)
+
+// updateCompetition counts the rounds a queue stands, runs the drain
+// tests, switches to competing and back on their verdicts, and grows the
+// competing window.
+func (b *bbr) updateCompetition(now time.Time, rs *rateSample) {
+	if b.roundStart {
+		switch r := b.prevRoundMinRTT; {
+		case r == 0: // no sample in the round: no news
+		case b.rtProp > 0 && float64(r) >= bbrQueueRTT*float64(b.rtProp):
+			b.standRounds++
+		default:
+			b.standRounds = 0
+		}
+		if b.compete {
+			b.compRounds++
+		}
+	}
+	switch {
+	case b.testing && b.testMark < 0:
+		if b.f.inflight <= b.testWindow() {
+			b.testMark = b.f.delivered // what goes from here sees the queue without the flow
+		} else if b.rounds-b.testStart > 4 {
+			b.testing, b.compRounds, b.standRounds = false, 0, 0 // it would not drain: give up
+		}
+	case b.testing && rs.rtt > 0 && rs.priorDelivered >= b.testMark:
+		// The packets sent since the flight drained: one that finds the
+		// queue empty ends the test at once; else a flight's worth of
+		// them, all behind a queue, does.
+		empty := float64(rs.rtt) < bbrQueueRTT*float64(b.rtProp)
+		if !empty && b.f.delivered < b.testMark+int64(b.testWindow()) {
+			break
+		}
+		b.testing, b.compRounds = false, 0
+		switch {
+		case b.compete && empty:
+			b.leaveCompetition()
+		case b.compete:
+			// Still shared: the next test comes later (each costs the
+			// flow about a round trip's sending).
+			b.testEvery = min(2*b.testEvery, bbrCompeteTestMax)
+		case !b.compete && !empty:
+			b.enterCompetition(now)
+		case !b.compete:
+			b.standRounds = 0 // the queue was the flow's own
+		}
+	case b.testing:
+	case b.compete && b.compRounds >= b.testEvery,
+		!b.compete && b.roundStart && b.mode == bbrProbeBW && b.filledPipe && b.standRounds >= bbrCompeteRounds:
+		b.testing, b.testMark, b.testStart, b.testPrior = true, -1, b.rounds, b.window
+	}
+	if !b.compete || b.testing || rs.acked <= 0 || rs.newestSentAt.IsZero() || !rs.newestSentAt.After(b.compCutAt) {
+		return // no growth in a test, nor in a recovery period
+	}
+	// α packets more per window acked: compAcked counts acked bytes
+	// times 100·α.
+	b.compAcked += rs.acked * bbrCompeteAlpha100
+	for w := 100 * b.compWindow; b.compAcked >= w; w = 100 * b.compWindow {
+		b.compAcked -= w
+		b.compWindow += b.f.mss
+	}
+}
+
+// testWindow is the flight a drain test lets out until it has drained:
+// one BDP of the flow's own.
+func (b *bbr) testWindow() int { return max(b.bdp(1), b.minPipe()) }
+
+func (b *bbr) enterCompetition(now time.Time) {
+	b.compete = true
+	b.competeEntries++
+	b.compWindow = max(b.testPrior, b.minPipe())
+	b.compAcked, b.compRounds, b.testEvery = 0, 0, bbrCompeteTestRounds
+	b.compCutAt = now
+	b.resetLowerBounds()
+}
+
+// leaveCompetition goes back to BBR's own window (setCwnd's target).
+func (b *bbr) leaveCompetition() {
+	if !b.compete {
+		return
+	}
+	b.compete, b.testing, b.standRounds = false, false, 0
+	b.competeExits++
+	b.window = min(b.window, max(b.inflightTarget(b.cwndGain), b.minPipe()))
+	b.resetLowerBounds()
+}
+
 func (b *bbr) cwnd() int             { return b.window }
 func (b *bbr) pacingRate() float64   { return b.pacing }
 func (b *bbr) bandwidth() float64    { return b.bw() }
 func (b *bbr) minRTT() time.Duration { return max(b.rtProp, 0) }
+
+// burstRTT: a burst longer than a quarter of the minimum RTT would be
+// the queue itself on a short path; but while competing a queue stands
+// anyway, and bursts of a quarter of the smoothed RTT keep the flow at
+// its window when the caller's timer wakes late (on a loaded host, a
+// path of 50 µs gave bursts of two packets, and RD ran at the rate of
+// its wakeups, a fifth of its window).
+func (b *bbr) burstRTT() time.Duration {
+	if b.compete {
+		return b.rtt.Smoothed(b.cfg.InitialRTT)
+	}
+	return max(b.rtProp, 0)
+}
 
 // ---- NewReno (RFC 9002 §7) ----
 
@@ -927,8 +1144,9 @@ func (r *newReno) cwnd() int { return r.window }
 func (r *newReno) pacingRate() float64 {
 	return 1.25 * float64(r.window) / r.rtt.Smoothed(r.cfg.InitialRTT).Seconds()
 }
-func (r *newReno) bandwidth() float64    { return r.lastRate }
-func (r *newReno) minRTT() time.Duration { return r.rtt.Min() }
+func (r *newReno) bandwidth() float64      { return r.lastRate }
+func (r *newReno) minRTT() time.Duration   { return r.rtt.Min() }
+func (r *newReno) burstRTT() time.Duration { return r.rtt.Min() }
 
 // quantum is the burst pacing allows at rate (see maxBurstTime).
 func quantum(rate float64, minRTT time.Duration, mss int) int {

@@ -203,3 +203,26 @@ func TestBBRCongestiveLoss(t *testing.T) {
 		}
 	}
 }
+
+// TestBBRCompetingLoss: while BBR competes with a loss-based flow, a
+// loss the packet threshold found cuts its window to 0.7, once per round
+// trip (a second loss of a packet sent before the cut does not), and a
+// loss by the time threshold alone does not cut it.
+func TestBBRCompetingLoss(t *testing.T) {
+	now := time.Unix(10, 0)
+	f := &flowState{mss: 1500}
+	b := newBBR(f, &RTT{}, Config{}.Fill())
+	b.compete, b.compWindow, b.compCutAt = true, 100000, now.Add(-time.Second)
+	b.onLoss(now, lostPacket{size: 1500, sentAt: now.Add(-time.Millisecond), byTime: true})
+	if b.compWindow != 100000 {
+		t.Fatalf("a loss by the time threshold cut the competing window to %d", b.compWindow)
+	}
+	b.onLoss(now, lostPacket{size: 1500, sentAt: now.Add(-time.Millisecond)})
+	if b.compWindow != 70000 || b.window != 70000 {
+		t.Fatalf("after a loss by the packet threshold: competing window %d, window %d; want 70000", b.compWindow, b.window)
+	}
+	b.onLoss(now.Add(time.Microsecond), lostPacket{size: 1500, sentAt: now.Add(-time.Microsecond)})
+	if b.compWindow != 70000 {
+		t.Fatalf("a second loss from the same flight cut the window again, to %d", b.compWindow)
+	}
+}

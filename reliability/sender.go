@@ -158,11 +158,16 @@ type Sender[P any] struct {
 	pto      int // timeouts in a row
 	largest  uint32
 	anyAcked bool
-	lastSent time.Time
-	lossTime time.Time
-	rnrUntil time.Time
-	rnrWait  bool // the packet at una waits for rnrUntil
-	rnrCount int
+	// truncatedAt is when the last ack with MaxAckRanges ranges came:
+	// the receiver may hold packets above its last range that it did
+	// not report, so a packet sent before then says nothing of the RTT
+	// when it is acked at last.
+	truncatedAt time.Time
+	lastSent    time.Time
+	lossTime    time.Time
+	rnrUntil    time.Time
+	rnrWait     bool // the packet at una waits for rnrUntil
+	rnrCount    int
 	// Zero window: when the peer's window is shut with nothing in
 	// flight, the next probe (one packet past the window) goes at probeAt;
 	// probes counts them until the window opens.
@@ -334,7 +339,7 @@ func (s *Sender[P]) Quantum() int {
 	if s.cc == nil {
 		return maxQuantum
 	}
-	return quantum(s.cc.pacingRate(), s.cc.minRTT(), s.flow.mss)
+	return quantum(s.cc.pacingRate(), s.cc.burstRTT(), s.flow.mss)
 }
 
 // SetAppLimited tells the sender its application has nothing more to
@@ -390,11 +395,15 @@ func (s *Sender[P]) MinRTT() time.Duration {
 func (s *Sender[P]) BytesInFlight() int { return s.flow.inflight }
 
 // CongestionMode names the controller's state ("startup", "drain",
-// "probe-bw", "probe-rtt" for BBR, "recovery" or "" otherwise), for
-// metrics and tests.
+// "probe-bw", "probe-rtt" for BBR, "compete" while BBR competes with a
+// loss-based flow; "slow-start", "congestion-avoidance" for NewReno;
+// "" otherwise), for metrics and tests.
 func (s *Sender[P]) CongestionMode() string {
 	switch c := s.cc.(type) {
 	case *bbr:
+		if c.compete {
+			return "compete"
+		}
 		return c.mode.String()
 	case *newReno:
 		if c.window < c.ssthresh {
@@ -512,6 +521,17 @@ func (s *Sender[P]) OnAck(a *AckBlock, window uint16, rnr bool, now time.Time,
 			note(seq, false)
 		}
 	}
+	if sample && !sampleAt.After(s.truncatedAt) {
+		// Sent before a truncated ack: it may have arrived long before
+		// this ack reports it (RFC 9002 §5.1 samples only a newly
+		// acknowledged largest packet; a receiver here reports its
+		// lowest ranges, not its largest, so the sender tells which
+		// acks may have left the newest arrivals out).
+		sample = false
+	}
+	if len(a.Ranges) >= MaxAckRanges {
+		s.truncatedAt = now
+	}
 	if sample {
 		rs.rtt = max(now.Sub(sampleAt), time.Microsecond)
 		s.rtt.Sample(now.Sub(sampleAt), time.Duration(a.Delay)*time.Microsecond)
@@ -590,12 +610,12 @@ func (s *Sender[P]) detectLost(now time.Time, resend func(uint32, *P)) error {
 		if !sl.pending || (s.rnrWait && seq == s.una) {
 			continue
 		}
-		if !Before(s.largest, sl.after+PacketThreshold-1) || !now.Before(sl.sentAt.Add(delay)) {
+		if byCount := !Before(s.largest, sl.after+PacketThreshold-1); byCount || !now.Before(sl.sentAt.Add(delay)) {
 			// Lost: the controller hears of it before it goes again.
 			s.lost += int(sl.size)
 			s.flow.lost += int64(sl.size)
 			if s.cc != nil {
-				s.cc.onLoss(now, lostPacket{size: int(sl.size), sentAt: sl.sentAt, txInflight: sl.txInflight, lostBefore: sl.lostBefore})
+				s.cc.onLoss(now, lostPacket{size: int(sl.size), sentAt: sl.sentAt, txInflight: sl.txInflight, lostBefore: sl.lostBefore, byTime: !byCount})
 			}
 			s.retransmit(seq, now, resend, false)
 			continue
