@@ -841,4 +841,3 @@ func TestSimCampaign(t *testing.T) {
 	t.Logf("%d seeds from %d, %d failed, %.0f simulated peer-seconds, %d messages (%d segments delivered late in the session open when their sender gave up; %d aborted by a session end between peers no fault touched)",
 		*simSeeds, *simFirst, failed, ps, msgs, late, aborted)
 }
-
