@@ -140,6 +140,11 @@ type simMsg struct {
 	// already on its way may still be delivered in that session, never
 	// in a later one (docs/verbs.md, Sessions).
 	failSess int
+	// awaits: it completes only once its response came (Responded),
+	// which its receiver sends when it delivered the last segment.
+	awaits    bool
+	ticket    *Message[*simMsg]
+	responded bool
 }
 
 type simNode struct {
@@ -199,6 +204,15 @@ func (q *simQueue) Pop() any {
 	return x
 }
 
+// simResp is a response on its way back to the sender of an awaiting
+// message (not itself an RD message: the simulation hands it over after
+// a delay, which is all the sender's Endpoint sees of it).
+type simResp struct {
+	at  time.Time
+	m   *simMsg
+	inc int
+}
+
 type simPartition struct {
 	a, b     int // node indexes; b < 0: a from everyone
 	from, to time.Time
@@ -216,6 +230,7 @@ type simnet struct {
 	msgs   map[uint64]*simMsg
 	nextID uint64
 	links  map[netip.AddrPort]time.Time // when each inbound bottleneck is free
+	resps  []simResp
 	parts  []simPartition
 	last   map[[3]int][2]uint64 // per (sender, its incarnation, receiver): last (message, segment) delivered
 	errs   []string
@@ -341,6 +356,9 @@ func runSim(seed uint64) *simnet {
 		for _, r := range restarts {
 			early(r.at)
 		}
+		for _, r := range s.resps {
+			early(r.at)
+		}
 		if p.forgers && s.now.Before(end) {
 			early(nextForge)
 		}
@@ -400,6 +418,16 @@ func runSim(seed uint64) *simnet {
 				}
 			}
 		}
+		for j := 0; j < len(s.resps); j++ {
+			if r := s.resps[j]; !r.at.After(s.now) {
+				if r.m.from.inc == r.inc && r.m.ticket != nil {
+					r.m.responded = true
+					r.m.from.ep.Responded(r.m.ticket, nil)
+				}
+				s.resps = append(s.resps[:j], s.resps[j+1:]...)
+				j--
+			}
+		}
 		for j := 0; j < len(restarts); j++ {
 			if r := restarts[j]; !r.at.After(s.now) {
 				s.restart(r.n)
@@ -451,9 +479,12 @@ func (s *simnet) post(n *simNode) {
 	m.poison = s.rng.Float64() < s.p.poison
 	m.delivered = make([]int, m.nseg)
 	s.msgs[m.id] = m
-	if _, err := n.ep.Post(s.now, PeerKey{to.addr, to.qpn}, m, m.nseg, false); err != nil {
+	m.awaits = s.rng.IntN(8) == 0
+	w, err := n.ep.Post(s.now, PeerKey{to.addr, to.qpn}, m, m.nseg, m.awaits)
+	if err != nil {
 		m.completed, m.err, m.doneAt = true, err, s.now
 	}
+	m.ticket = w
 }
 
 // churn: a hostile peer reopens its session (a new endpoint on the same
@@ -654,6 +685,9 @@ func (h *simHost) Deliver(k PeerKey, seq uint32, seg []byte) (bool, Code) {
 	if m.delivered[i] > 1 {
 		s.fail("message %d (%v -> %v) segment %d delivered %d times", id, m.from.addr, n.addr, i, m.delivered[i])
 	}
+	if m.awaits && i == m.nseg-1 {
+		s.resps = append(s.resps, simResp{at: s.now.Add(s.p.delay), m: m, inc: m.fromInc})
+	}
 	if m.atomic {
 		if m.execs++; m.execs > 1 {
 			s.fail("atomic message %d (%v -> %v) executed %d times", id, m.from.addr, n.addr, m.execs)
@@ -677,6 +711,9 @@ func (h *simHost) Complete(k PeerKey, m *simMsg, err error) {
 	}
 	if m.poison {
 		s.fail("message %d was refused by its receiver but completed Success", m.id)
+	}
+	if m.awaits && !m.responded {
+		s.fail("message %d completed Success before its response", m.id)
 	}
 	for i, d := range m.delivered {
 		if d != 1 && !m.poison {
