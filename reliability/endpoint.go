@@ -90,6 +90,10 @@ type EndpointConfig struct {
 	// PaceSlack is how far ahead of the pacing clock a frame may leave
 	// rather than wait for the timer (default 100 µs).
 	PaceSlack time.Duration
+	// ORD caps the messages awaiting a response (Post's awaits: RDMA
+	// Reads and atomics) sent to one peer and not yet answered; later
+	// messages wait in post order (default 16).
+	ORD int
 	// CompactAfter is how long a peer stays quiet before its Sender and
 	// Receiver let go of their rings (default 1 s).
 	CompactAfter time.Duration
@@ -107,6 +111,7 @@ const (
 	DefaultGraveyard            = 1024
 	DefaultPaceSlack            = 100 * time.Microsecond
 	DefaultCompactAfter         = time.Second
+	DefaultORD                  = 16
 	maxHeldFrame                = 64 << 10
 )
 
@@ -133,6 +138,9 @@ func (c EndpointConfig) Fill() EndpointConfig {
 	}
 	if c.PaceSlack <= 0 {
 		c.PaceSlack = DefaultPaceSlack
+	}
+	if c.ORD <= 0 {
+		c.ORD = DefaultORD
 	}
 	if c.CompactAfter <= 0 {
 		c.CompactAfter = DefaultCompactAfter
@@ -255,8 +263,9 @@ type Message[M any] struct {
 	err    error
 	done   bool
 	again  bool // renew: in flight, provably not delivered, goes again
-	awaits bool
-	resp   bool // its response came (Responded)
+	awaits  bool
+	resp    bool // its response came (Responded)
+	reading bool // counted in its peer's reads (ORD)
 }
 
 // pkt is what a peer's sender keeps per frame.
@@ -285,6 +294,7 @@ type peer[M any] struct {
 	last        time.Time // last traffic
 	moved       time.Time // the receiver last delivered (or the peer was made)
 	probe       bool
+	reads       int // messages awaiting a response, sent and not answered (ORD)
 	errs        [MaxAckErrors]AckError
 	nerr        int
 	held        int
@@ -322,6 +332,16 @@ func (e *Endpoint[M]) EachPeer(f func(k PeerKey, held, outstanding int)) {
 	for k, p := range e.peers {
 		f(k, p.held, len(p.posted)-p.postedAt)
 	}
+}
+
+// Session returns the epochs of the session with peer k, ours and
+// the peer's, if it has one established.
+func (e *Endpoint[M]) Session(k PeerKey) (ours, theirs uint32, ok bool) {
+	p := e.peers[k]
+	if p == nil || !p.established {
+		return 0, 0, false
+	}
+	return p.epoch, p.theirEpoch, true
 }
 
 // Graves returns how many ended sessions the endpoint remembers.
@@ -366,8 +386,9 @@ func (e *Endpoint[M]) Post(now time.Time, k PeerKey, m M, nseg uint32, awaits bo
 
 // Responded notes that the response to w (posted with awaits) came,
 // with err nil or the failure it shows; w completes once every segment
-// of it is acknowledged too.
-func (e *Endpoint[M]) Responded(w *Message[M], err error) {
+// of it is acknowledged too, and the next message awaiting a response
+// may go (ORD).
+func (e *Endpoint[M]) Responded(now time.Time, w *Message[M], err error) {
 	if w.done || w.resp {
 		return
 	}
@@ -375,11 +396,25 @@ func (e *Endpoint[M]) Responded(w *Message[M], err error) {
 	if w.err == nil {
 		w.err = err
 	}
+	p := w.peer
+	w.unread()
 	if w.acked == w.nseg {
 		w.done = true
-		e.finished(w.peer)
+		e.finished(p)
 	}
+	if p.listed && p.established && len(p.queue) > 0 {
+		e.pump(p, now)
+	}
+	e.touch(p)
 	e.complete()
+}
+
+// unread takes w off its peer's count of messages awaiting a response.
+func (w *Message[M]) unread() {
+	if w.reading {
+		w.reading = false
+		w.peer.reads--
+	}
 }
 
 // hello (re)sends Hello to a peer we have no tokens from yet.
@@ -426,6 +461,9 @@ func (e *Endpoint[M]) pump(p *peer[M], now time.Time) {
 			p.popQueue()
 			continue
 		}
+		if w.awaits && !w.reading && p.reads >= e.cfg.ORD {
+			return // ORD reached: later messages wait their turn, in order
+		}
 		pk := pkt[M]{m: w, i: w.sent}
 		seq := p.snd.Push(pk, e.host.SegmentSize(w.Handle, w.sent)+frameOverhead, now)
 		tail := w.sent+1 == w.nseg && len(p.queue) == 1
@@ -437,6 +475,10 @@ func (e *Endpoint[M]) pump(p *peer[M], now time.Time) {
 		if probing {
 			p.probe = false
 			e.Stats.WindowProbes++
+		}
+		if w.awaits && !w.reading {
+			w.reading = true
+			p.reads++
 		}
 		w.sent++
 		if w.sent == w.nseg {
@@ -713,6 +755,7 @@ func (e *Endpoint[M]) onAck(p *peer[M], h *Header, now time.Time) error {
 			case w.awaits && !bad && !w.resp:
 				return // when its response comes (Responded)
 			}
+			w.unread() // refused: no response will come
 			w.done = true
 			e.finished(p)
 		},
@@ -860,6 +903,9 @@ func (e *Endpoint[M]) abort(p *peer[M], err error, all bool) {
 		if !w.done && !w.again && (all || w.sent > 0) {
 			w.err, w.done = err, true
 		}
+		if w.done {
+			w.unread()
+		}
 	}
 	e.finished(p)
 }
@@ -911,6 +957,7 @@ func (e *Endpoint[M]) renew(p *peer[M], seq16 uint16, now time.Time) {
 	})
 	for _, w := range again {
 		w.sent, w.acked = 0, 0
+		w.unread()
 	}
 	e.restart(p, now)
 	queue := make([]*Message[M], 0, len(again)+len(p.queue))

@@ -135,11 +135,12 @@ type simMsg struct {
 	execs        int
 	orphan       bool // its sender restarted before it completed
 	lastDelivery time.Time
-	// failSess is the receiver's session with the sender when the
-	// sender gave up on it (RetryExceeded, RNRRetryExceeded): a copy
-	// already on its way may still be delivered in that session, never
-	// in a later one (docs/verbs.md, Sessions).
-	failSess int
+	// epoch is the sender's epoch in the last frame of it sent;
+	// failEpoch that epoch when the sender gave up (RetryExceeded,
+	// RNRRetryExceeded, a flush): a copy already on its way may still be
+	// delivered in that session, never in a later one (docs/verbs.md,
+	// Sessions).
+	epoch, failEpoch uint32
 	// awaits: it completes only once its response came (Responded),
 	// which its receiver sends when it delivered the last segment.
 	awaits    bool
@@ -167,9 +168,6 @@ type simNode struct {
 	capInc    []int
 	fullUntil time.Time
 	writable  time.Time
-	// sess numbers its sessions per peer (Event): a new number at each
-	// session established or ended; none after a restart.
-	sess map[PeerKey]int
 }
 
 // simHost is one incarnation of a node: a restarted node's old endpoint
@@ -237,7 +235,6 @@ type simnet struct {
 	// counts
 	frames, dropped, forged, replayed, restarts, delivered uint64
 	late, aborted                                          uint64 // delivered after giving up, in the same session; aborted between untouched peers
-	sessGen                                                int
 	peerSeconds                                            float64
 }
 
@@ -270,7 +267,6 @@ func (s *simnet) newEndpoint(n *simNode) {
 		MaxEndpointHeldBytes: 24 << 10,
 	}
 	cfg.MaxPeersPerAddr = s.p.perAddr
-	n.sess = map[PeerKey]int{}
 	n.ep = NewEndpoint[*simMsg](cfg, &simHost{n: n, inc: n.inc})
 }
 
@@ -306,12 +302,13 @@ func runSim(seed uint64) *simnet {
 		s.parts = append(s.parts, simPartition{a: a, b: b, from: from, to: from.Add(time.Duration(rng.Int64N(int64(3 * time.Second))))})
 	}
 	type restart struct {
-		n  *simNode
-		at time.Time
+		n     *simNode
+		at    time.Time
+		flush bool
 	}
 	var restarts []restart
 	for range p.restarts {
-		restarts = append(restarts, restart{s.nodes[rng.IntN(p.honest)], simStart.Add(time.Duration(rng.Int64N(int64(p.active))))})
+		restarts = append(restarts, restart{s.nodes[rng.IntN(p.honest)], simStart.Add(time.Duration(rng.Int64N(int64(p.active)))), rng.IntN(2) == 0})
 	}
 	if p.rnr {
 		n := s.nodes[rng.IntN(p.honest)]
@@ -422,7 +419,7 @@ func runSim(seed uint64) *simnet {
 			if r := s.resps[j]; !r.at.After(s.now) {
 				if r.m.from.inc == r.inc && r.m.ticket != nil {
 					r.m.responded = true
-					r.m.from.ep.Responded(r.m.ticket, nil)
+					r.m.from.ep.Responded(s.now, r.m.ticket, nil)
 				}
 				s.resps = append(s.resps[:j], s.resps[j+1:]...)
 				j--
@@ -430,7 +427,15 @@ func runSim(seed uint64) *simnet {
 		}
 		for j := 0; j < len(restarts); j++ {
 			if r := restarts[j]; !r.at.After(s.now) {
-				s.restart(r.n)
+				if r.flush {
+					// The QP went to ERROR and back: its endpoint
+					// flushes every message and buries every session,
+					// and serves on.
+					r.n.restarted = true
+					r.n.ep.Flush()
+				} else {
+					s.restart(r.n)
+				}
 				restarts = append(restarts[:j], restarts[j+1:]...)
 				j--
 			}
@@ -632,6 +637,7 @@ func (h *simHost) Send(f *Frame[*simMsg]) error {
 	}
 	b := append([]byte(nil), f.Header...)
 	if f.Type == Data {
+		f.Msg.epoch = binary.BigEndian.Uint32(f.Header[12:])
 		b = binary.BigEndian.AppendUint64(b, f.Msg.id)
 		b = binary.BigEndian.AppendUint32(b, f.Index)
 		b = append(b, make([]byte, f.Msg.size-12)...)
@@ -664,8 +670,8 @@ func (h *simHost) Deliver(k PeerKey, seq uint32, seg []byte) (bool, Code) {
 	if !s.now.Before(n.rnrFrom) && s.now.Before(n.rnrUntil) {
 		return false, 0
 	}
-	gaveUp := errors.Is(m.err, ErrRetryExceeded) || errors.Is(m.err, ErrRNRRetryExceeded)
-	if m.completed && gaveUp && m.failSess != 0 && n.sess[k] == m.failSess {
+	gaveUp := errors.Is(m.err, ErrRetryExceeded) || errors.Is(m.err, ErrRNRRetryExceeded) || errors.Is(m.err, ErrFlushed)
+	if _, theirs, ok := n.ep.Session(k); m.completed && gaveUp && ok && theirs == m.failEpoch {
 		s.late++ // a copy on its way when the sender gave up, in the session still open
 	} else if m.completed && m.err != nil {
 		s.fail("message %d (%v -> %v) segment %d delivered after it failed at %v with %v", id, m.from.addr, n.addr, i, m.doneAt.Sub(simStart), m.err)
@@ -704,8 +710,8 @@ func (h *simHost) Complete(k PeerKey, m *simMsg, err error) {
 	}
 	m.completed, m.err, m.doneAt = true, err, s.now
 	if err != nil {
-		if errors.Is(err, ErrRetryExceeded) || errors.Is(err, ErrRNRRetryExceeded) {
-			m.failSess = m.to.sess[PeerKey{m.from.addr, m.from.qpn}]
+		if errors.Is(err, ErrRetryExceeded) || errors.Is(err, ErrRNRRetryExceeded) || errors.Is(err, ErrFlushed) {
+			m.failEpoch = m.epoch
 		}
 		return
 	}
@@ -723,13 +729,6 @@ func (h *simHost) Complete(k PeerKey, m *simMsg, err error) {
 }
 
 func (h *simHost) Event(k PeerKey, ev Event) {
-	if ev == EventEstablished || ev == EventSessionEnded {
-		h.n.s.sessGen++
-		h.n.sess[k] = h.n.s.sessGen
-		if ev == EventSessionEnded {
-			delete(h.n.sess, k)
-		}
-	}
 	if *simTrace != "" && (h.n.addr.String() == *simTrace || k.Addr.String() == *simTrace) {
 		fmt.Printf("%v %v: %v %v\n", h.n.s.now.Sub(simStart), h.n.addr, k, ev)
 	}
@@ -802,7 +801,7 @@ func (s *simnet) check() {
 		} else if clean && !m.poison && m.err != nil && !touched[m.from.idx] && !touched[m.to.idx] {
 			s.fail("message %d (%v -> %v) between untouched peers failed: %v", m.id, m.from.addr, m.to.addr, m.err)
 		}
-		if m.err != nil && !m.lastDelivery.IsZero() && m.lastDelivery.After(m.doneAt) && m.failSess == 0 {
+		if m.err != nil && !m.lastDelivery.IsZero() && m.lastDelivery.After(m.doneAt) && m.failEpoch == 0 {
 			s.fail("message %d delivered after it failed", m.id)
 		}
 	}
