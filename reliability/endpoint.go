@@ -255,14 +255,14 @@ type EndpointStats struct {
 
 // Message is a message posted to a peer until it completes.
 type Message[M any] struct {
-	Handle M
-	peer   *peer[M]
-	nseg   uint32
-	sent   uint32 // segments numbered
-	acked  uint32
-	err    error
-	done   bool
-	again  bool // renew: in flight, provably not delivered, goes again
+	Handle  M
+	peer    *peer[M]
+	nseg    uint32
+	sent    uint32 // segments numbered
+	acked   uint32
+	err     error
+	done    bool
+	again   bool // renew: in flight, provably not delivered, goes again
 	awaits  bool
 	resp    bool // its response came (Responded)
 	reading bool // counted in its peer's reads (ORD)
