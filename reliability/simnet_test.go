@@ -60,6 +60,7 @@ type simParams struct {
 	queue                   int     // bytes a bottleneck queues
 	partitions, restarts    int
 	rnr, forgers, full      bool
+	shut                    bool // an endpoint advertises a shut window for a while
 	poison                  float64
 	active                  time.Duration
 	msgs                    int // per honest endpoint
@@ -99,6 +100,7 @@ func drawParams(rng *rand.Rand) simParams {
 	p.rnr = rng.IntN(3) == 0
 	p.forgers = rng.IntN(3) == 0
 	p.full = rng.IntN(4) == 0
+	p.shut = rng.IntN(4) == 0
 	if rng.IntN(3) == 0 {
 		p.poison = 0.05
 	}
@@ -163,6 +165,8 @@ type simNode struct {
 	rnrFrom   time.Time
 	rnrUntil  time.Time
 	stalled   bool
+	shutFrom  time.Time
+	shutUntil time.Time
 	posts     []time.Time
 	captured  []simPacket // with the incarnation that sent each in order
 	capInc    []int
@@ -235,6 +239,7 @@ type simnet struct {
 	// counts
 	frames, dropped, forged, replayed, restarts, delivered uint64
 	late, aborted                                          uint64 // delivered after giving up, in the same session; aborted between untouched peers
+	cov                                                    simCoverage
 	peerSeconds                                            float64
 }
 
@@ -254,7 +259,47 @@ func (r simRand) Read(b []byte) (int, error) {
 	return len(b), nil
 }
 
+// simCoverage counts what the endpoints did, over every incarnation:
+// it shows which paths a run reached.
+type simCoverage struct {
+	challenges, restarts, reclaimed, addrLimited, refused, overBudget uint64
+	notReady, probes, retransmits, failures, badFrames, rejected       uint64
+}
+
+func (c *simCoverage) add(st *EndpointStats) {
+	c.challenges += st.Challenges
+	c.restarts += st.Restarts
+	c.reclaimed += st.Reclaimed
+	c.addrLimited += st.AddrLimited
+	c.refused += st.Refused
+	c.overBudget += st.OverBudget
+	c.notReady += st.NotReady
+	c.probes += st.WindowProbes
+	c.retransmits += st.Retransmits
+	c.failures += st.PeerFailures
+	c.badFrames += st.BadFrames
+	c.rejected += st.Rejected
+}
+
+func (c *simCoverage) sum(o *simCoverage) {
+	c.challenges += o.challenges
+	c.restarts += o.restarts
+	c.reclaimed += o.reclaimed
+	c.addrLimited += o.addrLimited
+	c.refused += o.refused
+	c.overBudget += o.overBudget
+	c.notReady += o.notReady
+	c.probes += o.probes
+	c.retransmits += o.retransmits
+	c.failures += o.failures
+	c.badFrames += o.badFrames
+	c.rejected += o.rejected
+}
+
 func (s *simnet) newEndpoint(n *simNode) {
+	if n.ep != nil {
+		s.cov.add(&n.ep.Stats)
+	}
 	cfg := EndpointConfig{
 		Config:      Config{Window: s.p.window, Congestion: s.p.cc, MaxRetries: 10},
 		QPN:         n.qpn,
@@ -314,6 +359,14 @@ func runSim(seed uint64) *simnet {
 		n := s.nodes[rng.IntN(p.honest)]
 		n.rnrFrom = simStart.Add(time.Duration(rng.Int64N(int64(p.active))))
 		n.rnrUntil = n.rnrFrom.Add(time.Duration(rng.Int64N(int64(2 * time.Second))))
+		n.stalled = true
+	}
+	if p.shut {
+		// Its frames say it can take nothing more: its peers' senders
+		// probe it (zero-window probes) and give up after MaxRetries.
+		n := s.nodes[rng.IntN(p.honest)]
+		n.shutFrom = simStart.Add(time.Duration(rng.Int64N(int64(p.active))))
+		n.shutUntil = n.shutFrom.Add(time.Duration(rng.Int64N(int64(3 * time.Second))))
 		n.stalled = true
 	}
 	nextChurn := make([]time.Time, len(s.nodes))
@@ -450,6 +503,9 @@ func runSim(seed uint64) *simnet {
 	}
 	s.checkCaps()
 	s.check()
+	for _, n := range s.nodes {
+		s.cov.add(&n.ep.Stats)
+	}
 	return s
 }
 
@@ -473,6 +529,11 @@ func (s *simnet) quiet() bool {
 
 func (s *simnet) post(n *simNode) {
 	to := s.nodes[s.rng.IntN(s.p.honest)]
+	if s.p.churners > 0 && s.rng.IntN(8) == 0 {
+		// Work for a churner: its peer state is not reclaimable while
+		// the work is outstanding, so the caps refuse first contacts.
+		to = s.nodes[s.p.honest+s.rng.IntN(s.p.churners)]
+	}
 	if to == n {
 		return
 	}
@@ -636,6 +697,9 @@ func (h *simHost) Send(f *Frame[*simMsg]) error {
 		return ErrWouldBlock
 	}
 	b := append([]byte(nil), f.Header...)
+	if (f.Type == Data || f.Type == Ack) && !s.now.Before(n.shutFrom) && s.now.Before(n.shutUntil) {
+		b[2], b[3] = 0, 0 // window 0
+	}
 	if f.Type == Data {
 		f.Msg.epoch = binary.BigEndian.Uint32(f.Header[12:])
 		b = binary.BigEndian.AppendUint64(b, f.Msg.id)
@@ -742,8 +806,11 @@ func (s *simnet) checkCaps() {
 		if e.Peers() > c.MaxPeers {
 			s.fail("%v holds %d peers, over MaxPeers %d", n.addr, e.Peers(), c.MaxPeers)
 		}
-		if k := e.PeersOf(netip.AddrFrom4([4]byte{10, 9, 9, 9})); k > c.MaxPeersPerAddr {
-			s.fail("%v holds %d peers of one address, over MaxPeersPerAddr %d", n.addr, k, c.MaxPeersPerAddr)
+		// First contacts from an address stop at MaxPeersPerAddr; the
+		// peers an endpoint opened to it (one per churner at most) come
+		// on top (RDConfig.MaxPeersPerAddr).
+		if k := e.PeersOf(netip.AddrFrom4([4]byte{10, 9, 9, 9})); k > c.MaxPeersPerAddr+s.p.churners {
+			s.fail("%v holds %d peers of one address, over MaxPeersPerAddr %d and %d it opened", n.addr, k, c.MaxPeersPerAddr, s.p.churners)
 		}
 		if e.Held() > c.MaxEndpointHeldBytes {
 			s.fail("%v holds %d bytes, over %d", n.addr, e.Held(), c.MaxEndpointHeldBytes)
@@ -820,7 +887,7 @@ func (s *simnet) report() string {
 	return b.String()
 }
 
-func simRun(t *testing.T, seed uint64) float64 {
+func simRun(t *testing.T, seed uint64) *simnet {
 	s := runSim(seed)
 	if *simVerbose {
 		t.Log(s.report())
@@ -829,7 +896,7 @@ func simRun(t *testing.T, seed uint64) float64 {
 		t.Errorf("seed %d failed (replay: go test -run 'TestSim$' ./reliability -sim.seed %d -sim.v):\n  %s\n%s",
 			seed, seed, strings.Join(s.errs, "\n  "), s.report())
 	}
-	return s.peerSeconds
+	return s
 }
 
 // TestSim runs the fixed seeds (or -sim.seed).
@@ -839,10 +906,13 @@ func TestSim(t *testing.T) {
 		return
 	}
 	var ps float64
+	var cov simCoverage
 	for seed := uint64(1); seed <= simFixedSeeds; seed++ {
-		ps += simRun(t, seed)
+		s := simRun(t, seed)
+		ps += s.peerSeconds
+		cov.sum(&s.cov)
 	}
-	t.Logf("%d seeds, %.0f simulated peer-seconds", simFixedSeeds, ps)
+	t.Logf("%d seeds, %.0f simulated peer-seconds; endpoints did %+v", simFixedSeeds, ps, cov)
 }
 
 // TestSimReplays: a seed runs the same way twice.
@@ -862,11 +932,13 @@ func TestSimCampaign(t *testing.T) {
 	}
 	var ps float64
 	var msgs, late, aborted uint64
+	var cov simCoverage
 	failed := 0
 	for seed := *simFirst; seed < *simFirst+uint64(*simSeeds); seed++ {
 		s := runSim(seed)
 		ps += s.peerSeconds
 		msgs, late, aborted = msgs+s.nextID, late+s.late, aborted+s.aborted
+		cov.sum(&s.cov)
 		if len(s.errs) > 0 {
 			failed++
 			if failed <= 5 {
@@ -876,4 +948,5 @@ func TestSimCampaign(t *testing.T) {
 	}
 	t.Logf("%d seeds from %d, %d failed, %.0f simulated peer-seconds, %d messages (%d segments delivered late in the session open when their sender gave up; %d aborted by a session end between peers no fault touched)",
 		*simSeeds, *simFirst, failed, ps, msgs, late, aborted)
+	t.Logf("endpoints did %+v", cov)
 }
