@@ -263,7 +263,7 @@ func (r simRand) Read(b []byte) (int, error) {
 // it shows which paths a run reached.
 type simCoverage struct {
 	challenges, restarts, reclaimed, addrLimited, refused, overBudget uint64
-	notReady, probes, retransmits, failures, badFrames, rejected       uint64
+	notReady, probes, retransmits, failures, badFrames, rejected      uint64
 }
 
 func (c *simCoverage) add(st *EndpointStats) {
