@@ -294,6 +294,11 @@ type peer[M any] struct {
 	last        time.Time // last traffic
 	moved       time.Time // the receiver last delivered (or the peer was made)
 	probe       bool
+	// opens are the peer epochs whose opening (Hello) we answered with
+	// a Challenge carrying our epoch before our session with the peer
+	// was established (see Receive, Challenge).
+	opens       [4]uint32
+	nopens      int
 	reads       int // messages awaiting a response, sent and not answered (ORD)
 	errs        [MaxAckErrors]AckError
 	nerr        int
@@ -573,6 +578,21 @@ func (e *Endpoint[M]) Receive(now time.Time, src netip.AddrPort, frame []byte) e
 		case p != nil && !p.established && h.Token == p.myToken:
 			p.theirEpoch, p.theirToken, p.established, p.sendInit = h.Epoch, h.Issued, true, true
 			p.keyedToken = 0
+			// A Challenge we sent meanwhile to an opening of the peer's
+			// under another epoch issued a token that still verifies
+			// (it binds our epoch, which stays): a Data frame of that
+			// opening, late, would otherwise end this session as if the
+			// peer had opened again, while the peer, which answered our
+			// Hello without state, lives on in this one — and deliver
+			// what we completed as aborted. The peer answered without
+			// state (its epoch differs), so that opening's state is gone:
+			// it is buried.
+			for _, ep := range p.opens[:p.nopens] {
+				if ep != h.Epoch {
+					e.graves.Bury(k, ep)
+				}
+			}
+			p.nopens = 0
 			e.host.Event(k, EventEstablished)
 		case p != nil && p.established && h.Token == p.theirToken:
 			// The peer answered a frame of this session with a
@@ -617,7 +637,7 @@ func (e *Endpoint[M]) Receive(now time.Time, src netip.AddrPort, frame []byte) e
 				e.Stats.Restarts++
 				e.restart(p, now)
 			}
-			p.epoch, p.prevEpoch = epoch, 0
+			p.epoch, p.prevEpoch, p.nopens = epoch, 0, 0
 			p.myToken, p.theirToken, p.theirEpoch, p.established, p.sendInit = h.Token, h.Issued, h.Epoch, true, false
 			p.keyedToken = 0
 			e.host.Event(k, EventEstablished)
@@ -728,6 +748,14 @@ func (e *Endpoint[M]) challenge(h *Header, size int, src netip.AddrPort, echo ui
 	var seq16 uint16
 	if h.Type == Data {
 		seq16 = uint16(h.Seq)
+	}
+	if p != nil && !p.established && h.Type == Hello {
+		if p.nopens == len(p.opens) {
+			copy(p.opens[:], p.opens[1:])
+			p.nopens--
+		}
+		p.opens[p.nopens] = h.Epoch
+		p.nopens++
 	}
 	b := Append(e.hb[:0], &Fields{Type: Challenge, Window: seq16, DstQPN: h.SrcQPN, SrcQPN: e.cfg.QPN,
 		Epoch: epoch, Token: echo, Init: true, Issued: e.tokens.Issue(src, h.SrcQPN, h.Epoch, e.cfg.QPN, epoch)})

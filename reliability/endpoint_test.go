@@ -204,3 +204,50 @@ func TestEndpointRefusedOpeningStaysShut(t *testing.T) {
 		t.Fatalf("a copy of an opening frame B refused opened its session later: delivered %d time(s)", n)
 	}
 }
+
+// A late Data frame of a peer's opening that H answered (statefully)
+// before its own session with the peer was established must not end
+// that session as if the peer had opened again: here the peer restarted
+// in between and answered H's Hello without state, so the opening's
+// sender is gone, and the session H would end is the one the peer lives
+// in — H would complete its message as aborted while the peer delivers
+// it. (Found by the simulator, seeds 403560 and 1007238 of its
+// campaigns: a message delivered after it failed.)
+func TestEndpointStaleOpeningDoesNotEndNewerSession(t *testing.T) {
+	cfg := EndpointConfig{Config: Config{Congestion: CongestionNone}}
+	p := newTPair(t, cfg)
+	h := p.eps[tB]
+	h.Post(p.now, p.key(tA), 11, 1, false) // H's Hello to C
+	p.eps[tA].Post(p.now, p.key(tB), 1, 1, false)
+	hellos := p.take()
+	if len(hellos) != 2 || hellos[0].typ != Hello || hellos[1].typ != Hello {
+		t.Fatalf("want two Hellos, got %d frames", len(hellos))
+	}
+	p.deliver(hellos[1]) // C's Hello: H answers with its epoch
+	for _, f := range p.take() {
+		p.deliver(f) // the Challenge: C sends its opening Data
+	}
+	stale := p.take()
+	if len(stale) != 1 || stale[0].typ != Data {
+		t.Fatalf("want C's opening Data, got %d frames", len(stale))
+	}
+	// C restarts; H's Hello reaches the new C, which answers without
+	// state, and H's session is established: its message goes.
+	p.add(tA, cfg)
+	p.deliver(hellos[0])
+	for _, f := range p.take() {
+		p.deliver(f)
+	}
+	inflight := p.take()
+	// The old C's opening Data arrives late at H.
+	p.deliver(stale[0])
+	for _, f := range inflight {
+		p.deliver(f)
+	}
+	p.settle(time.Second)
+	err, done := p.host[tB].completed[11]
+	got := p.host[tA].delivered[11<<8]
+	if !done || err != nil || got != 1 {
+		t.Fatalf("H's message: completed %v with %v; delivered %d time(s) by the peer; want Success, once", done, err, got)
+	}
+}
