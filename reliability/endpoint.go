@@ -297,14 +297,14 @@ type peer[M any] struct {
 	// opens are the peer epochs whose opening (Hello) we answered with
 	// a Challenge carrying our epoch before our session with the peer
 	// was established (see Receive, Challenge).
-	opens       [4]uint32
-	nopens      int
-	reads       int // messages awaiting a response, sent and not answered (ORD)
-	errs        [MaxAckErrors]AckError
-	nerr        int
-	held        int
-	ackHeld     bool
-	ready       bool
+	opens   [4]uint32
+	nopens  int
+	reads   int // messages awaiting a response, sent and not answered (ORD)
+	errs    [MaxAckErrors]AckError
+	nerr    int
+	held    int
+	ackHeld bool
+	ready   bool
 	slots[M]
 }
 
