@@ -13,4 +13,13 @@
 // §7 (paced per §7.7); or none. The package does no I/O: the caller
 // hands it packets, acks and the time, and asks it what to send and when
 // (Sender.CanSend, Sender.SendAt, Sender.Deadline).
+//
+// Endpoint is the RD protocol of one QP on top of them (docs/wire.md
+// §11): contact, sessions, the graveyard, the peer table, acks,
+// retransmission, RNR, probes and pacing, as an engine that takes
+// frames, posts and the time and answers through a Host (frames to
+// send, deliveries, completions, peer events). simnet_test.go runs many
+// Endpoints over a simulated network, every choice from one seed, and
+// checks the invariants of exactly-once, in-order delivery after each
+// run (go test -run TestSimCampaign -sim.seeds N for a campaign).
 package reliability

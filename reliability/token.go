@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"hash"
+	"io"
 	"net/netip"
 	"sync"
 )
@@ -30,6 +31,8 @@ import (
 // QPs.
 type Tokens struct {
 	mu sync.Mutex
+	// rand draws the secrets (crypto/rand unless NewTokensFrom).
+	rand io.Reader
 	// cur issues and checks; prev, once Rotate has run, only checks.
 	cur, prev hash.Hash
 	buf       [64]byte
@@ -38,12 +41,19 @@ type Tokens struct {
 
 // NewTokens returns a Tokens with a fresh random secret.
 func NewTokens() *Tokens {
-	return &Tokens{cur: newSecret()}
+	return NewTokensFrom(rand.Reader)
 }
 
-func newSecret() hash.Hash {
+// NewTokensFrom returns a Tokens whose secrets (the first, and each
+// Rotate's) are read from r: crypto/rand.Reader in use, a seeded source
+// in a deterministic simulation (Endpoint, simnet_test.go).
+func NewTokensFrom(r io.Reader) *Tokens {
+	return &Tokens{rand: r, cur: newSecret(r)}
+}
+
+func newSecret(r io.Reader) hash.Hash {
 	var key [32]byte
-	rand.Read(key[:])
+	io.ReadFull(r, key[:])
 	return hmac.New(sha256.New, key[:])
 }
 
@@ -55,7 +65,7 @@ func newSecret() hash.Hash {
 func (t *Tokens) Rotate() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.prev, t.cur = t.cur, newSecret()
+	t.prev, t.cur = t.cur, newSecret(t.rand)
 }
 
 // Domain bytes keep a token and a derived epoch from ever being the same
@@ -156,10 +166,13 @@ func (t *Tokens) Derive(tok uint64, peer netip.AddrPort, qpn, epoch, local uint3
 }
 
 // NewEpoch returns a random non-zero epoch.
-func NewEpoch() uint32 {
+func NewEpoch() uint32 { return newEpochFrom(rand.Reader) }
+
+// newEpochFrom returns a non-zero epoch read from r.
+func newEpochFrom(r io.Reader) uint32 {
 	var b [4]byte
 	for {
-		rand.Read(b[:])
+		io.ReadFull(r, b[:])
 		if v := binary.BigEndian.Uint32(b[:]); v != 0 {
 			return v
 		}

@@ -1,0 +1,1129 @@
+package reliability
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"time"
+)
+
+// Endpoint is the RD protocol of one RD QP as an engine that does no
+// I/O (docs/wire.md §11): contact (Hello, the stateless Challenge, the
+// keyed tokens of Tokens), sessions named by epochs, the graveyard of
+// ended sessions, the peer table (MaxPeers, MaxPeersPerAddr, idle
+// reclaim, held-byte budgets per peer and per endpoint, a heap of timed
+// work), sequence numbers, acks (cumulative, selective, the error list,
+// one ack per receive batch), retransmission, receiver-not-ready,
+// zero-window probes, congestion control and pacing (Sender, Receiver).
+//
+// It has no goroutines, clocks or sockets. The caller hands it what
+// happens — Receive (a frame read, its source, the time), EndBatch (the
+// end of a read batch), Post (a message for a peer), Tick (the time, at
+// or after Deadline), Writable (the socket has room again) — and it
+// answers through the Host the caller implements: frames to send, the
+// in-order segments to carry out, message completions and peer events.
+// M is the caller's handle for a message (for a QP: its work request).
+//
+// What stays with the caller is what needs memory or a socket: the DDP
+// segment of each Data frame (the Host appends it after the RD header
+// the Endpoint built), placing what is delivered, completing work
+// requests, the CRC and the send system call.
+//
+// Not safe for concurrent use: the caller serializes every call (a QP's
+// lock). Host methods are called from inside these calls and must not
+// call back into the Endpoint.
+type Endpoint[M any] struct {
+	cfg    EndpointConfig
+	host   Host[M]
+	rand   io.Reader
+	tokens *Tokens
+	graves *Graveyard[PeerKey]
+	table[M]
+	held  int // bytes every peer's receiver buffers ahead of gaps
+	acks  []*peer[M]
+	ready []*peer[M]
+	hb    [MaxHeaderSize]byte
+	ack   AckBlock
+	frame Frame[M]
+	// Stats counts what the endpoint did; the caller reads it under its
+	// lock.
+	Stats EndpointStats
+}
+
+// PeerKey names a peer: its address and QP number.
+type PeerKey struct {
+	Addr netip.AddrPort
+	QPN  uint32
+}
+
+func (k PeerKey) String() string { return fmt.Sprintf("%v/qp%d", k.Addr, k.QPN) }
+
+// EndpointConfig tunes an Endpoint. The zero value of each field but QPN
+// is its default.
+type EndpointConfig struct {
+	// Config tunes each peer's Sender and Receiver.
+	Config
+	// QPN is the endpoint's QP number on the wire: its frames carry it,
+	// and a frame to another number is not its (Receive returns
+	// ErrNotMine).
+	QPN uint32
+	// MaxPeers caps the peers with state (default 1024): a first
+	// contact over it reclaims the reclaimable peer touched longest ago,
+	// or is dropped (its sender retries). MaxPeersPerAddr caps the peers
+	// one address has (default 64), enforced on first contacts.
+	MaxPeers, MaxPeersPerAddr int
+	// IdleTimeout reclaims a peer with nothing outstanding after this
+	// long without traffic, and one that holds frames ahead of a gap
+	// after this long without the gap moving (default 30 s).
+	IdleTimeout time.Duration
+	// MaxHeldBytes is the most one peer's receiver buffers ahead of a
+	// gap (default Window × 64 KiB), MaxEndpointHeldBytes the most all
+	// of them do together (default 64 MiB). A frame over either is
+	// dropped unacknowledged.
+	MaxHeldBytes, MaxEndpointHeldBytes int
+	// Graveyard is how many ended sessions a generation of the
+	// graveyard keeps (default 1024; see Graveyard).
+	Graveyard int
+	// PaceSlack is how far ahead of the pacing clock a frame may leave
+	// rather than wait for the timer (default 100 µs).
+	PaceSlack time.Duration
+	// ORD caps the messages awaiting a response (Post's awaits: RDMA
+	// Reads and atomics) sent to one peer and not yet answered; later
+	// messages wait in post order (default 16).
+	ORD int
+	// CompactAfter is how long a peer stays quiet before its Sender and
+	// Receiver let go of their rings (default 1 s).
+	CompactAfter time.Duration
+	// Rand draws epochs, Hello tokens and token secrets (default
+	// crypto/rand.Reader; a simulation passes a seeded one).
+	Rand io.Reader
+}
+
+// Defaults of an EndpointConfig.
+const (
+	DefaultMaxPeers             = 1024
+	DefaultMaxPeersPerAddr      = 64
+	DefaultIdleTimeout          = 30 * time.Second
+	DefaultMaxEndpointHeldBytes = 64 << 20
+	DefaultGraveyard            = 1024
+	DefaultPaceSlack            = 100 * time.Microsecond
+	DefaultCompactAfter         = time.Second
+	DefaultORD                  = 16
+	maxHeldFrame                = 64 << 10
+)
+
+// Fill returns c with every zero field at its default.
+func (c EndpointConfig) Fill() EndpointConfig {
+	c.Config = c.Config.Fill()
+	if c.MaxPeers <= 0 {
+		c.MaxPeers = DefaultMaxPeers
+	}
+	if c.MaxPeersPerAddr <= 0 {
+		c.MaxPeersPerAddr = DefaultMaxPeersPerAddr
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.MaxHeldBytes <= 0 {
+		c.MaxHeldBytes = c.Window * maxHeldFrame
+	}
+	if c.MaxEndpointHeldBytes <= 0 {
+		c.MaxEndpointHeldBytes = DefaultMaxEndpointHeldBytes
+	}
+	if c.Graveyard <= 0 {
+		c.Graveyard = DefaultGraveyard
+	}
+	if c.PaceSlack <= 0 {
+		c.PaceSlack = DefaultPaceSlack
+	}
+	if c.ORD <= 0 {
+		c.ORD = DefaultORD
+	}
+	if c.CompactAfter <= 0 {
+		c.CompactAfter = DefaultCompactAfter
+	}
+	if c.Rand == nil {
+		c.Rand = rand.Reader
+	}
+	return c
+}
+
+// Host is what an Endpoint's caller does for it.
+type Host[M any] interface {
+	// SegmentSize returns the bytes segment i of m adds to a Data frame
+	// after the RD header (its DDP segment), for congestion control's
+	// count of bytes in flight.
+	SegmentSize(m M, i uint32) int
+	// Send transmits f. The frame is f.Header then, for a Data frame,
+	// the DDP segment f.Index of f.Msg, which the caller appends (and
+	// the CRC). f and its Header are valid only during the call.
+	// ErrWouldBlock says the socket is full: a new Data frame is taken
+	// back and goes when Writable is called; anything else counts as
+	// sent (lost, for the protocol). A caller refuses here what it may
+	// not send (a Challenge to a multicast or broadcast source).
+	Send(f *Frame[M]) error
+	// Deliver carries out the next in-order DDP segment from peer
+	// (seq is its sequence number). ready false: the consumer cannot
+	// take it now (receiver not ready; the peer sends it again later).
+	// A Code other than 0 consumes it with that error, reported to the
+	// peer in the acks.
+	Deliver(peer PeerKey, seq uint32, segment []byte) (ready bool, code Code)
+	// Complete reports that message m posted to peer is finished, in
+	// post order per peer: err nil when every segment was
+	// acknowledged (and, for a message posted with AwaitsResponse, its
+	// response noted by Responded), else the failure (*RemoteError,
+	// ErrRetryExceeded, ErrRNRRetryExceeded, ErrRemoteAborted,
+	// ErrFlushed, or what Responded gave).
+	Complete(peer PeerKey, m M, err error)
+	// Event reports a change of a peer's session (see Event).
+	Event(peer PeerKey, ev Event)
+}
+
+// Frame is one frame an Endpoint sends.
+type Frame[M any] struct {
+	Dst    netip.AddrPort
+	Header []byte // the RD header
+	Type   Type
+	// Data frames: the segment of which message the caller appends.
+	Msg   M
+	Index uint32
+	// First: the segment's first transmission (not a retransmission).
+	First bool
+}
+
+// Event is a change of a peer's session that the caller may act on.
+type Event uint8
+
+const (
+	// EventEstablished: a session with the peer is established (its
+	// segments numbered from the first sequence number again).
+	EventEstablished Event = iota + 1
+	// EventSessionEnded: the peer's session ended (a new one, the peer
+	// forgotten or given up on): what the caller holds of the peer's
+	// messages in progress (a Send of several segments being placed,
+	// Write-Records) ends with it; nothing more of them can arrive.
+	EventSessionEnded
+	// EventForgotten: the endpoint dropped the peer's state.
+	EventForgotten
+)
+
+func (e Event) String() string {
+	switch e {
+	case EventEstablished:
+		return "established"
+	case EventSessionEnded:
+		return "session ended"
+	case EventForgotten:
+		return "forgotten"
+	}
+	return fmt.Sprintf("Event(%d)", uint8(e))
+}
+
+// Errors of an Endpoint.
+var (
+	// ErrRemoteAborted: the peer's session ended with the message in
+	// flight; the peer may or may not have carried it out.
+	ErrRemoteAborted = errors.New("reliability: the peer's session ended with the message in flight")
+	// ErrFlushed: Flush ended the message.
+	ErrFlushed = errors.New("reliability: flushed")
+	// ErrTooManyPeers: Post found the peer table full of peers that
+	// cannot be reclaimed.
+	ErrTooManyPeers = errors.New("reliability: too many peers with work outstanding")
+	// ErrWouldBlock is what a Host's Send returns when the socket is full.
+	ErrWouldBlock = errors.New("reliability: socket full")
+	// ErrNotMine: Receive got a frame for another QP number.
+	ErrNotMine = errors.New("reliability: frame for another QP")
+)
+
+// RemoteError is a message's failure the peer reported in an ack.
+type RemoteError struct{ Code Code }
+
+func (e *RemoteError) Error() string {
+	return fmt.Sprintf("reliability: the peer refused a segment (code %d)", e.Code)
+}
+
+// EndpointStats counts an Endpoint's work.
+type EndpointStats struct {
+	Challenges, Rejected, Restarts, Reclaimed, AddrLimited, Refused uint64
+	OverBudget, Buffered, Duplicates, BeyondWindow, NotReady        uint64
+	DataSent, Retransmits, AcksSent, ControlSent, WindowProbes      uint64
+	BadAcks, PeerFailures, Peers, Delivered, BadFrames              uint64
+}
+
+// Message is a message posted to a peer until it completes.
+type Message[M any] struct {
+	Handle  M
+	peer    *peer[M]
+	nseg    uint32
+	sent    uint32 // segments numbered
+	acked   uint32
+	err     error
+	done    bool
+	again   bool // renew: in flight, provably not delivered, goes again
+	awaits  bool
+	resp    bool // its response came (Responded)
+	reading bool // counted in its peer's reads (ORD)
+}
+
+// pkt is what a peer's sender keeps per frame.
+type pkt[M any] struct {
+	m *Message[M]
+	i uint32
+}
+
+type peer[M any] struct {
+	key         PeerKey
+	epoch       uint32 // ours in this session
+	prevEpoch   uint32 // ours before renew drew epoch, until established again
+	established bool
+	myToken     uint64 // the peer's frames carry it
+	keyedToken  uint64 // or this one, a Challenge's, once seen
+	theirToken  uint64 // ours to it carry it
+	theirEpoch  uint32
+	sendInit    bool
+	snd         *Sender[pkt[M]]
+	rcv         *Receiver[[]byte]
+	queue       []*Message[M] // segments not yet all numbered, in post order
+	posted      []*Message[M] // not completed, in post order, from postedAt
+	postedAt    int
+	helloAt     time.Time
+	helloTries  int
+	last        time.Time // last traffic
+	moved       time.Time // the receiver last delivered (or the peer was made)
+	probe       bool
+	// opens are the peer epochs whose opening (Hello) we answered with
+	// a Challenge carrying our epoch before our session with the peer
+	// was established (see Receive, Challenge).
+	opens   [4]uint32
+	nopens  int
+	reads   int // messages awaiting a response, sent and not answered (ORD)
+	errs    [MaxAckErrors]AckError
+	nerr    int
+	held    int
+	ackHeld bool
+	ready   bool
+	slots[M]
+}
+
+// NewEndpoint returns an Endpoint for QP cfg.QPN that answers through h.
+func NewEndpoint[M any](cfg EndpointConfig, h Host[M]) *Endpoint[M] {
+	cfg = cfg.Fill()
+	e := &Endpoint[M]{cfg: cfg, host: h, rand: cfg.Rand}
+	e.tokens = NewTokensFrom(cfg.Rand)
+	e.graves = NewGraveyard[PeerKey](cfg.Graveyard, e.tokens)
+	e.table.init()
+	return e
+}
+
+// Config returns the endpoint's configuration, defaults filled.
+func (e *Endpoint[M]) Config() EndpointConfig { return e.cfg }
+
+// Peers returns how many peers have state.
+func (e *Endpoint[M]) Peers() int { return len(e.peers) }
+
+// PeersOf returns how many peers address addr has.
+func (e *Endpoint[M]) PeersOf(addr netip.Addr) int { return e.perAddr[addr].n }
+
+// Held returns the bytes all peers' receivers buffer ahead of gaps.
+func (e *Endpoint[M]) Held() int { return e.held }
+
+// EachPeer calls f for every peer with state: its key, the bytes it
+// holds ahead of a gap, and the messages posted to it not yet complete.
+// Its order is not defined.
+func (e *Endpoint[M]) EachPeer(f func(k PeerKey, held, outstanding int)) {
+	for k, p := range e.peers {
+		f(k, p.held, len(p.posted)-p.postedAt)
+	}
+}
+
+// Session returns the epochs of the session with peer k, ours and
+// the peer's, if it has one established.
+func (e *Endpoint[M]) Session(k PeerKey) (ours, theirs uint32, ok bool) {
+	p := e.peers[k]
+	if p == nil || !p.established {
+		return 0, 0, false
+	}
+	return p.epoch, p.theirEpoch, true
+}
+
+// Graves returns how many ended sessions the endpoint remembers.
+func (e *Endpoint[M]) Graves() int { return e.graves.Len() }
+
+func (e *Endpoint[M]) newToken() uint64 {
+	var b [8]byte
+	for {
+		io.ReadFull(e.rand, b[:])
+		if v := binary.BigEndian.Uint64(b[:]); v != 0 {
+			return v
+		}
+	}
+}
+
+// Post queues message m of nseg segments (at least one) for peer k and
+// sends what the windows allow now. awaits: the message completes only
+// once Responded too (an RDMA Read or atomic, whose response the caller
+// matches). The returned Message names it to Responded.
+func (e *Endpoint[M]) Post(now time.Time, k PeerKey, m M, nseg uint32, awaits bool) (*Message[M], error) {
+	p := e.peers[k]
+	if p == nil {
+		if !e.room(now) {
+			return nil, fmt.Errorf("%w: %d", ErrTooManyPeers, len(e.peers))
+		}
+		p = e.newPeer(k, now)
+		p.myToken = e.newToken()
+	}
+	w := &Message[M]{Handle: m, peer: p, nseg: max(nseg, 1), awaits: awaits}
+	p.queue = append(p.queue, w)
+	p.posted = append(p.posted, w)
+	if !p.established {
+		if p.helloAt.IsZero() {
+			e.hello(p, now)
+		}
+	} else {
+		e.pump(p, now)
+	}
+	e.touch(p)
+	return w, nil
+}
+
+// Responded notes that the response to w (posted with awaits) came,
+// with err nil or the failure it shows; w completes once every segment
+// of it is acknowledged too, and the next message awaiting a response
+// may go (ORD).
+func (e *Endpoint[M]) Responded(now time.Time, w *Message[M], err error) {
+	if w.done || w.resp {
+		return
+	}
+	w.resp = true
+	if w.err == nil {
+		w.err = err
+	}
+	p := w.peer
+	w.unread()
+	if w.acked == w.nseg {
+		w.done = true
+		e.finished(p)
+	}
+	if p.listed && p.established && len(p.queue) > 0 {
+		e.pump(p, now)
+	}
+	e.touch(p)
+	e.complete()
+}
+
+// unread takes w off its peer's count of messages awaiting a response.
+func (w *Message[M]) unread() {
+	if w.reading {
+		w.reading = false
+		w.peer.reads--
+	}
+}
+
+// hello (re)sends Hello to a peer we have no tokens from yet.
+func (e *Endpoint[M]) hello(p *peer[M], now time.Time) {
+	p.helloAt = now
+	b := Append(e.hb[:0], &Fields{Type: Hello, Window: p.rcv.Window(), DstQPN: p.key.QPN, SrcQPN: e.cfg.QPN,
+		Epoch: p.epoch, Init: true, Issued: p.myToken})
+	e.control(p.key.Addr, Hello, b)
+}
+
+func (e *Endpoint[M]) control(dst netip.AddrPort, t Type, hdr []byte) {
+	f := &e.frame
+	*f = Frame[M]{Dst: dst, Header: hdr, Type: t}
+	if e.host.Send(f) == nil {
+		e.Stats.ControlSent++
+	}
+}
+
+// frameOverhead is what a Data frame adds to its segment, near enough
+// for the count of bytes in flight: the RD header with a sequence
+// number, and the CRC.
+const frameOverhead = HeaderSize + SeqSize + 4
+
+// pump numbers and sends p's queued segments while its windows, its
+// pacing and the socket allow.
+func (e *Endpoint[M]) pump(p *peer[M], now time.Time) {
+	for len(p.queue) > 0 {
+		probing := false
+		switch {
+		case p.snd.CanSend(now):
+			p.probe = false
+		case p.probe:
+			probing = true // the window is shut: one frame past it asks for a new one
+		default:
+			return
+		}
+		if !probing {
+			if at := p.snd.SendAt(now); !at.IsZero() && at.Sub(now) > e.cfg.PaceSlack {
+				return // the pacing clock holds it: the timer sends it
+			}
+		}
+		w := p.queue[0]
+		if w.done { // failed meanwhile
+			p.popQueue()
+			continue
+		}
+		if w.awaits && !w.reading && p.reads >= e.cfg.ORD {
+			return // ORD reached: later messages wait their turn, in order
+		}
+		pk := pkt[M]{m: w, i: w.sent}
+		seq := p.snd.Push(pk, e.host.SegmentSize(w.Handle, w.sent)+frameOverhead, now)
+		tail := w.sent+1 == w.nseg && len(p.queue) == 1
+		if err := e.data(p, seq, &pk, now, probing || tail, true); err == ErrWouldBlock {
+			p.snd.Unpush(seq)
+			e.waitWritable(p)
+			return
+		}
+		if probing {
+			p.probe = false
+			e.Stats.WindowProbes++
+		}
+		if w.awaits && !w.reading {
+			w.reading = true
+			p.reads++
+		}
+		w.sent++
+		if w.sent == w.nseg {
+			p.popQueue()
+		}
+	}
+	// Nothing more to send: what the peer acks until what is in flight
+	// is acked measures us, not the path.
+	p.snd.SetAppLimited()
+}
+
+func (p *peer[M]) popQueue() {
+	p.queue[0] = nil
+	if len(p.queue) == 1 {
+		p.queue = p.queue[:0]
+		return
+	}
+	p.queue = p.queue[1:]
+}
+
+// data builds and sends Data frame seq for pk, with an ack for p
+// piggybacked when one is due.
+func (e *Endpoint[M]) data(p *peer[M], seq uint32, pk *pkt[M], now time.Time, ackNow, first bool) error {
+	f := Fields{Type: Data, Window: p.rcv.Window(), DstQPN: p.key.QPN, SrcQPN: e.cfg.QPN,
+		Epoch: p.epoch, Token: p.theirToken, Seq: seq, Init: p.sendInit, Issued: p.myToken, AckNow: ackNow}
+	if !p.rcv.AckDue(now).IsZero() {
+		f.Ack = e.ackBlock(p, now, &f.RNR)
+	}
+	fr := &e.frame
+	*fr = Frame[M]{Dst: p.key.Addr, Header: Append(e.hb[:0], &f), Type: Data, Msg: pk.m.Handle, Index: pk.i, First: first}
+	err := e.host.Send(fr)
+	if err != ErrWouldBlock {
+		p.last = now
+		e.Stats.DataSent++
+	}
+	return err
+}
+
+// ackBlock fills the endpoint's ack block for p, with p's recent errors.
+func (e *Endpoint[M]) ackBlock(p *peer[M], now time.Time, rnr *bool) *AckBlock {
+	a := &e.ack
+	*rnr = p.rcv.Ack(a, now)
+	for i := 0; i < p.nerr; i++ {
+		er := p.errs[i]
+		if Before(er.Seq, a.Cumulative) && a.Cumulative-er.Seq < uint32(e.cfg.Window)*4 {
+			a.Errors = append(a.Errors, er)
+		}
+	}
+	return a
+}
+
+func (e *Endpoint[M]) sendAck(p *peer[M], now time.Time) {
+	f := Fields{Type: Ack, Window: p.rcv.Window(), DstQPN: p.key.QPN, SrcQPN: e.cfg.QPN,
+		Epoch: p.epoch, Token: p.theirToken, Init: p.sendInit, Issued: p.myToken}
+	f.Ack = e.ackBlock(p, now, &f.RNR)
+	e.control(p.key.Addr, Ack, Append(e.hb[:0], &f))
+	e.Stats.AcksSent++
+}
+
+func (p *peer[M]) noteErr(seq uint32, code Code) {
+	if p.nerr < len(p.errs) {
+		p.nerr++
+	} else {
+		copy(p.errs[:], p.errs[1:])
+	}
+	p.errs[p.nerr-1] = AckError{Seq: seq, Code: code}
+}
+
+// Receive runs one RD frame (without its CRC, which the caller checked)
+// from src through the endpoint. An ack it makes due waits for EndBatch,
+// so that one ack answers every frame of a read batch: a caller that
+// does not read in batches calls EndBatch after each Receive. It returns
+// an error for a frame that does not parse (counted, nothing changed)
+// or that names another QP (ErrNotMine).
+func (e *Endpoint[M]) Receive(now time.Time, src netip.AddrPort, frame []byte) error {
+	var h Header
+	if err := h.Parse(frame); err != nil {
+		e.Stats.BadFrames++
+		return err
+	}
+	if h.DstQPN != e.cfg.QPN {
+		return ErrNotMine
+	}
+	k := PeerKey{src, h.SrcQPN}
+	p := e.peers[k]
+	switch h.Type {
+	case Hello:
+		e.challenge(&h, len(frame), src, h.Issued, p)
+		return nil
+	case Challenge:
+		switch {
+		case p != nil && !p.established && h.Token == p.myToken:
+			p.theirEpoch, p.theirToken, p.established, p.sendInit = h.Epoch, h.Issued, true, true
+			p.keyedToken = 0
+			// A Challenge we sent meanwhile to an opening of the peer's
+			// under another epoch issued a token that still verifies
+			// (it binds our epoch, which stays): a Data frame of that
+			// opening, late, would otherwise end this session as if the
+			// peer had opened again, while the peer, which answered our
+			// Hello without state, lives on in this one — and deliver
+			// what we completed as aborted. The peer answered without
+			// state (its epoch differs), so that opening's state is gone:
+			// it is buried.
+			for _, ep := range p.opens[:p.nopens] {
+				if ep != h.Epoch {
+					e.graves.Bury(k, ep)
+				}
+			}
+			p.nopens = 0
+			e.host.Event(k, EventEstablished)
+		case p != nil && p.established && h.Token == p.theirToken:
+			// The peer answered a frame of this session with a
+			// Challenge: it has no state for it, and it proved it is
+			// where our frames go. The session is over; we open a new one.
+			e.Stats.Restarts++
+			e.touch(p)
+			e.renew(p, h.Window, now)
+			e.complete()
+			return nil
+		default:
+			e.Stats.Rejected++
+			return nil
+		}
+		p.last = now
+		e.touch(p)
+	case Data, Ack:
+		known := p != nil && p.established && h.Epoch == p.theirEpoch
+		var epoch uint32
+		switch {
+		case known && (h.Token == p.myToken || h.Token == p.keyedToken && h.Token != 0):
+		case known && e.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, e.cfg.QPN, p.epoch):
+			// The keyed token of a Challenge of ours (both sides opened
+			// at once): kept, so that it counts after the secret turns.
+			p.keyedToken = h.Token
+		case h.Type == Data && h.HasInit && e.keyed(p, &h, src, &epoch):
+			// First contact, validated: the source received our Challenge.
+			switch {
+			case p == nil:
+				if !e.addrRoom(src.Addr(), now) {
+					e.Stats.AddrLimited++
+					return nil
+				}
+				if !e.room(now) {
+					e.Stats.Refused++
+					return nil
+				}
+				p = e.newPeer(k, now)
+			case p.established:
+				// A new session from a return-routable source: the
+				// peer reopened.
+				e.Stats.Restarts++
+				e.restart(p, now)
+			}
+			p.epoch, p.prevEpoch, p.nopens = epoch, 0, 0
+			p.myToken, p.theirToken, p.theirEpoch, p.established, p.sendInit = h.Token, h.Issued, h.Epoch, true, false
+			p.keyedToken = 0
+			e.host.Event(k, EventEstablished)
+		case h.Type == Data:
+			// No state, a stale epoch or a wrong token: a Challenge no
+			// larger than the frame; nothing changes.
+			e.Stats.Rejected++
+			if h.HasInit && p != nil && p.established && h.Epoch != p.theirEpoch && !e.graves.Buried(k, h.Epoch) {
+				if _, ok := e.tokens.Derive(h.Token, src, h.SrcQPN, h.Epoch, e.cfg.QPN); ok {
+					// A session opening with a keyed token of a Challenge
+					// we sent without state, refused because another
+					// session with the source began meanwhile. Our
+					// Challenge tells its sender it found no session, so
+					// it sends the frame's messages again in a new one
+					// (renew): this session must never open after, from
+					// another copy of the frame, once we drop the other.
+					e.graves.Bury(k, h.Epoch)
+				}
+			}
+			e.challenge(&h, len(frame), src, h.Token, p)
+			return nil
+		default:
+			e.Stats.Rejected++
+			return nil
+		}
+		p.last = now
+		e.touch(p)
+		if h.HasAck {
+			p.sendInit = false // the peer has our state
+			if err := e.onAck(p, &h, now); err != nil {
+				e.failPeer(p, err)
+				e.complete()
+				return nil
+			}
+		}
+		if h.Type == Data {
+			e.onData(p, &h, frame[h.Size:], now)
+		}
+	}
+	if p.established && len(p.queue) > 0 {
+		e.pump(p, now)
+	}
+	if due := p.rcv.AckDue(now); !due.IsZero() && !due.After(now) && !p.ackHeld {
+		p.ackHeld = true
+		e.acks = append(e.acks, p)
+		e.touch(p)
+	}
+	e.complete()
+	return nil
+}
+
+// EndBatch sends the acks the frames of the batch just read made due,
+// one per peer (a Data frame sent back meanwhile may have carried it).
+func (e *Endpoint[M]) EndBatch(now time.Time) {
+	for i, p := range e.acks {
+		p.ackHeld = false
+		e.acks[i] = nil
+		e.touch(p)
+		if e.peers[p.key] == p && p.established {
+			if due := p.rcv.AckDue(now); !due.IsZero() && !due.After(now) {
+				e.sendAck(p, now)
+			}
+		}
+	}
+	e.acks = e.acks[:0]
+}
+
+// keyed reports whether h, a Data frame opening a session, carries the
+// keyed token a Challenge of ours issued for its source and epoch, and
+// sets *epoch to ours in that session. A buried session is not opened
+// again.
+func (e *Endpoint[M]) keyed(p *peer[M], h *Header, src netip.AddrPort, epoch *uint32) bool {
+	if e.graves.Buried(PeerKey{src, h.SrcQPN}, h.Epoch) {
+		return false
+	}
+	if p != nil && e.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, e.cfg.QPN, p.epoch) {
+		*epoch = p.epoch
+		return true
+	}
+	if p != nil && !p.established && p.prevEpoch != 0 && e.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, e.cfg.QPN, p.prevEpoch) {
+		// The peer opened a new session and took the epoch a Challenge
+		// of ours gave before we renewed (docs/wire.md §11.2).
+		*epoch = p.prevEpoch
+		return true
+	}
+	if p == nil || !p.established {
+		if d, ok := e.tokens.Derive(h.Token, src, h.SrcQPN, h.Epoch, e.cfg.QPN); ok {
+			*epoch = d
+			return true
+		}
+	}
+	return false
+}
+
+// challenge answers a source without valid state, echoing echo, if the
+// Challenge is no larger than the frame (size, without its CRC) that
+// drew it.
+func (e *Endpoint[M]) challenge(h *Header, size int, src netip.AddrPort, echo uint64, p *peer[M]) {
+	if h.SrcQPN == 0 || h.SrcQPN > 1<<24-1 {
+		return
+	}
+	var epoch uint32
+	if p != nil {
+		epoch = p.epoch
+	} else {
+		epoch = e.tokens.Epoch(src, h.SrcQPN, h.Epoch, e.cfg.QPN)
+	}
+	var seq16 uint16
+	if h.Type == Data {
+		seq16 = uint16(h.Seq)
+	}
+	if p != nil && !p.established && h.Type == Hello {
+		if p.nopens == len(p.opens) {
+			copy(p.opens[:], p.opens[1:])
+			p.nopens--
+		}
+		p.opens[p.nopens] = h.Epoch
+		p.nopens++
+	}
+	b := Append(e.hb[:0], &Fields{Type: Challenge, Window: seq16, DstQPN: h.SrcQPN, SrcQPN: e.cfg.QPN,
+		Epoch: epoch, Token: echo, Init: true, Issued: e.tokens.Issue(src, h.SrcQPN, h.Epoch, e.cfg.QPN, epoch)})
+	if len(b) > size {
+		return // 1x: never more bytes to an unvalidated source than it sent
+	}
+	e.control(src, Challenge, b)
+	e.Stats.Challenges++
+}
+
+// onAck applies an ack to p's sender.
+func (e *Endpoint[M]) onAck(p *peer[M], h *Header, now time.Time) error {
+	a := &h.Ack
+	err := p.snd.OnAck(a, h.Window, h.HasRNR, now,
+		func(seq uint32, pk *pkt[M]) {
+			w := pk.m
+			code, bad := a.Error(seq)
+			if bad && w.err == nil {
+				w.err = &RemoteError{Code: code}
+			}
+			w.acked++
+			switch {
+			case w.acked < w.nseg || w.done:
+				return
+			case w.awaits && !bad && !w.resp:
+				return // when its response comes (Responded)
+			}
+			w.unread() // refused: no response will come
+			w.done = true
+			e.finished(p)
+		},
+		func(seq uint32, pk *pkt[M]) {
+			e.Stats.Retransmits++
+			e.data(p, seq, pk, now, false, false)
+		})
+	if errors.Is(err, ErrAckUnsent) {
+		e.Stats.BadAcks++
+		return nil
+	}
+	return err
+}
+
+// onData runs a Data frame's sequence number through p's receiver and
+// delivers what is in order.
+func (e *Endpoint[M]) onData(p *peer[M], h *Header, seg []byte, now time.Time) {
+	if h.WantsAck {
+		p.rcv.Urge()
+	}
+	deliver := func(seq uint32, b []byte) bool {
+		ready, code := e.host.Deliver(p.key, seq, b)
+		if !ready {
+			e.Stats.NotReady++
+			return false
+		}
+		if code != 0 {
+			p.noteErr(seq, code)
+		}
+		e.Stats.Delivered++
+		if seq != h.Seq { // one the receiver held
+			e.unhold(p, b)
+		}
+		return true
+	}
+	next := p.rcv.Next()
+	switch v := p.rcv.Classify(h.Seq); v {
+	case Buffered:
+		if p.held+len(seg) > e.cfg.MaxHeldBytes || e.held+len(seg) > e.cfg.MaxEndpointHeldBytes {
+			// Over a budget: dropped unacknowledged, as if lost.
+			e.Stats.OverBudget++
+			return
+		}
+		if p.rcv.Held() == 0 {
+			// A gap opens now: the idle clock of what the peer holds
+			// starts here, not at the last delivery, or a peer quiet for
+			// IdleTimeout whose next frames arrive out of order would be
+			// reclaimed with them in flight (reclaimAt).
+			p.moved = now
+		}
+		p.held += len(seg)
+		e.held += len(seg)
+		p.rcv.Receive(h.Seq, append([]byte(nil), seg...), now, deliver)
+		e.Stats.Buffered++
+	case Duplicate:
+		p.rcv.Receive(h.Seq, nil, now, deliver)
+		e.Stats.Duplicates++
+	case Beyond:
+		p.rcv.Receive(h.Seq, nil, now, deliver)
+		e.Stats.BeyondWindow++
+	default:
+		p.rcv.Receive(h.Seq, seg, now, deliver)
+	}
+	if p.rcv.Next() != next {
+		p.moved = now
+	}
+}
+
+func (e *Endpoint[M]) unhold(p *peer[M], b []byte) {
+	p.held -= len(b)
+	e.held -= len(b)
+}
+
+func (e *Endpoint[M]) newReceiver(p *peer[M]) *Receiver[[]byte] {
+	return NewReceiver[[]byte](e.cfg.Config, func(b []byte) { e.unhold(p, b) })
+}
+
+func (e *Endpoint[M]) finished(p *peer[M]) {
+	if !p.ready {
+		p.ready = true
+		e.ready = append(e.ready, p)
+	}
+}
+
+// complete completes the finished messages of the peers that have any,
+// in post order per peer: a message waits for those posted before it to
+// the same peer, never for another peer's.
+func (e *Endpoint[M]) complete() {
+	for i := 0; i < len(e.ready); i++ {
+		p := e.ready[i]
+		e.ready[i] = nil
+		p.ready = false
+		for p.postedAt < len(p.posted) && p.posted[p.postedAt].done {
+			w := p.posted[p.postedAt]
+			p.posted[p.postedAt] = nil
+			p.postedAt++
+			e.host.Complete(p.key, w.Handle, w.err)
+		}
+		if p.postedAt == len(p.posted) {
+			p.posted, p.postedAt = p.posted[:0], 0
+		} else if p.postedAt >= len(p.posted)/2 {
+			n := copy(p.posted, p.posted[p.postedAt:])
+			clear(p.posted[n:])
+			p.posted, p.postedAt = p.posted[:n], 0
+		}
+		e.touch(p)
+	}
+	e.ready = e.ready[:0]
+}
+
+// failPeer fails every message to p with err (mapped from the sender's)
+// and drops its state; the endpoint goes on serving its other peers.
+func (e *Endpoint[M]) failPeer(p *peer[M], err error) {
+	if !errors.Is(err, ErrRNRRetryExceeded) {
+		err = ErrRetryExceeded
+	}
+	e.Stats.PeerFailures++
+	e.abort(p, err, true)
+	e.forget(p)
+}
+
+// abort ends with err every message to p in flight and, if all, those
+// still queued too.
+func (e *Endpoint[M]) abort(p *peer[M], err error, all bool) {
+	p.snd.Each(func(_ uint32, pk *pkt[M]) {
+		if w := pk.m; !w.done && !w.again {
+			w.err, w.done = err, true
+		}
+	})
+	p.snd.Reset()
+	p.rcv.Reset()
+	keep := p.queue[:0]
+	for _, w := range p.queue {
+		switch {
+		case w.done:
+		case all || w.sent > 0:
+			w.err, w.done = err, true
+		default:
+			keep = append(keep, w)
+		}
+	}
+	clear(p.queue[len(keep):])
+	p.queue = keep
+	for _, w := range p.posted[p.postedAt:] {
+		if !w.done && !w.again && (all || w.sent > 0) {
+			w.err, w.done = err, true
+		}
+		if w.done {
+			w.unread()
+		}
+	}
+	e.finished(p)
+}
+
+// bury remembers that p's session ended.
+func (e *Endpoint[M]) bury(p *peer[M]) {
+	e.host.Event(p.key, EventSessionEnded)
+	if p.established {
+		e.graves.Bury(p.key, p.theirEpoch)
+	}
+}
+
+// restart handles a peer that came back with a new session: messages in
+// flight to its old one fail with ErrRemoteAborted, queued ones start
+// over in the new session, and the old session is buried.
+func (e *Endpoint[M]) restart(p *peer[M], now time.Time) {
+	e.bury(p)
+	e.abort(p, ErrRemoteAborted, false)
+	p.probe = false
+	p.snd = NewSender[pkt[M]](e.cfg.Config)
+	p.rcv = e.newReceiver(p)
+	p.nerr = 0
+	p.established = false
+	p.last = now
+}
+
+// renew ends p's session after the peer answered its frame seq16 with a
+// Challenge, and opens a new one. If the challenged frame went only
+// once, its one copy found no session, so the peer carried out neither
+// it nor anything after it: the messages wholly at or after it go again
+// in the new session; those before it complete with ErrRemoteAborted.
+func (e *Endpoint[M]) renew(p *peer[M], seq16 uint16, now time.Time) {
+	cut := p.snd.Next()
+	if seq, once, ok := p.snd.Find(seq16); ok && once {
+		cut = seq
+	}
+	var again []*Message[M]
+	var last *Message[M]
+	p.snd.Each(func(seq uint32, pk *pkt[M]) {
+		w := pk.m
+		if w == last {
+			return
+		}
+		last = w
+		if !w.done && w.acked == 0 && !Before(seq, cut) {
+			w.again = true
+			again = append(again, w)
+		}
+	})
+	for _, w := range again {
+		w.sent, w.acked = 0, 0
+		w.unread()
+	}
+	e.restart(p, now)
+	queue := make([]*Message[M], 0, len(again)+len(p.queue))
+	queue = append(queue, again...)
+	for _, w := range p.queue {
+		if !w.again && !w.done {
+			queue = append(queue, w)
+		}
+	}
+	for _, w := range again {
+		w.again = false
+	}
+	p.queue = queue
+	p.prevEpoch, p.epoch = p.epoch, newEpochFrom(e.rand)
+	p.myToken = e.newToken()
+	p.theirToken, p.theirEpoch, p.sendInit, p.keyedToken = 0, 0, false, 0
+	p.helloAt, p.helloTries = time.Time{}, 0
+	if len(p.queue) == 0 {
+		e.forget(p) // nothing to send: contact waits for the next message
+		return
+	}
+	e.hello(p, now)
+}
+
+// Tick runs the endpoint's timers at now (at or after Deadline).
+func (e *Endpoint[M]) Tick(now time.Time) {
+	for _, p := range e.takeDue(now) {
+		if !p.listed {
+			continue // forgotten by an earlier one's work
+		}
+		if !p.established {
+			if !p.helloAt.IsZero() && !now.Before(p.helloAt.Add(e.helloWait(p))) {
+				if p.helloTries >= e.cfg.MaxRetries {
+					e.failPeer(p, ErrRetryExceeded)
+					continue
+				}
+				p.helloTries++
+				e.hello(p, now)
+			}
+			continue
+		}
+		if d := p.snd.Deadline(); !d.IsZero() && !now.Before(d) {
+			err := p.snd.OnTimer(now, func(seq uint32, pk *pkt[M]) {
+				e.Stats.Retransmits++
+				e.data(p, seq, pk, now, true, false)
+			})
+			if err != nil {
+				e.failPeer(p, err)
+				continue
+			}
+		}
+		// An ack held for the end of a batch is that batch's (EndBatch).
+		if due := p.rcv.AckDue(now); !p.ackHeld && !due.IsZero() && !now.Before(due) {
+			e.sendAck(p, now)
+		}
+		if len(p.queue) > 0 {
+			// A zero window holds our queued work: probe it, and give
+			// the peer up when the probes run out.
+			due, err := p.snd.Probe(now)
+			if err != nil {
+				e.failPeer(p, err)
+				continue
+			}
+			p.probe = p.probe || due
+		}
+		if len(p.queue) > 0 && !p.waiting {
+			e.pump(p, now)
+		}
+		e.compact(p, now)
+		if at := e.reclaimAt(p); !at.IsZero() && now.After(at) {
+			e.forget(p)
+			e.Stats.Reclaimed++
+		}
+	}
+	e.complete()
+}
+
+func (e *Endpoint[M]) helloWait(p *peer[M]) time.Duration {
+	return min(e.cfg.InitialRTT<<min(p.helloTries, 20), e.cfg.MaxRTO)
+}
+
+func (e *Endpoint[M]) compact(p *peer[M], now time.Time) {
+	if p.quiet() && !now.Before(p.last.Add(e.cfg.CompactAfter)) {
+		p.snd.Compact()
+		p.rcv.Compact()
+		if p.postedAt == len(p.posted) {
+			p.posted, p.postedAt = nil, 0
+		}
+	}
+}
+
+// Writable tells the endpoint the socket has room again: the peers a
+// full socket held up send, in the order it held them.
+func (e *Endpoint[M]) Writable(now time.Time) {
+	for e.writableAt < len(e.writable) {
+		p := e.writable[e.writableAt]
+		e.writable[e.writableAt] = nil
+		e.writableAt++
+		p.waiting = false
+		if p.listed && p.established && len(p.queue) > 0 {
+			e.touch(p)
+			e.pump(p, now)
+			if p.waiting {
+				return // full again
+			}
+		}
+	}
+	e.writable, e.writableAt = e.writable[:0], 0
+}
+
+func (e *Endpoint[M]) waitWritable(p *peer[M]) {
+	if !p.waiting {
+		p.waiting = true
+		e.writable = append(e.writable, p)
+	}
+}
+
+// Flush ends every message with ErrFlushed and forgets every peer,
+// burying their sessions (the QP moved to ERROR).
+func (e *Endpoint[M]) Flush() {
+	for _, p := range e.byAge() {
+		e.abort(p, ErrFlushed, true)
+		e.forget(p)
+	}
+	e.complete()
+}
+
+// byAge returns the peers in the order they were made (a deterministic
+// order for Flush).
+func (e *Endpoint[M]) byAge() []*peer[M] {
+	ps := make([]*peer[M], 0, len(e.peers))
+	for _, p := range e.peers {
+		ps = append(ps, p)
+	}
+	for i := 1; i < len(ps); i++ { // insertion sort by id: Flush is rare
+		for j := i; j > 0 && ps[j].id < ps[j-1].id; j-- {
+			ps[j], ps[j-1] = ps[j-1], ps[j]
+		}
+	}
+	return ps
+}

@@ -1,0 +1,391 @@
+package reliability
+
+import (
+	"net/netip"
+	"time"
+)
+
+// An Endpoint's peer table. Nothing a frame, a post or a timer run does
+// may cost time in proportion to the peers it holds, so besides the
+// peers by key it keeps:
+//
+//   - per source address, a count and a list of its peers
+//     (MaxPeersPerAddr bounds a walk of it);
+//   - a min-heap of the peers with timed work (retransmission, ack,
+//     probe, Hello, pacing, idle reclaim) by when it is due;
+//   - the reclaimable candidates, quiet peers (nothing of ours
+//     outstanding to them), in two lists in the order they were last
+//     touched: those that hold nothing, and those that hold frames
+//     ahead of a gap; a first contact over the cap takes a head;
+//   - the peers the call under way touched: they take their places in
+//     the heap and the lists at the next settle (Deadline, Tick), so a
+//     call costs the peers it touched, not the table;
+//   - the peers a full socket held up (Writable).
+
+type table[M any] struct {
+	peers      map[PeerKey]*peer[M]
+	perAddr    map[netip.Addr]addrPeers[M]
+	tm         []*peer[M] // min-heap by tmAt
+	base       time.Time  // tmAt counts from it
+	haveBase   bool
+	free       plist[M] // quiet, holding nothing
+	holding    plist[M] // quiet, holding frames ahead of a gap
+	dirty      []*peer[M]
+	due        []*peer[M]
+	writable   []*peer[M]
+	writableAt int
+	ids        uint64
+}
+
+type addrPeers[M any] struct {
+	n    int
+	head *peer[M]
+}
+
+type plist[M any] struct{ head, tail *peer[M] }
+
+const (
+	noList = iota
+	freeList
+	holdingList
+)
+
+// slots are a peer's places in its endpoint's table.
+type slots[M any] struct {
+	id                 uint64 // order of creation
+	tmAt               int64  // when its timed work is due, in ns after table.base
+	tmIdx              int32  // 1 + its index in the heap; 0: none
+	list               uint8
+	listed             bool // in the table (forget clears it)
+	dirty              bool
+	waiting            bool // in table.writable
+	lprev, lnext       *peer[M]
+	addrPrev, addrNext *peer[M]
+}
+
+func (t *table[M]) init() {
+	t.peers, t.perAddr = map[PeerKey]*peer[M]{}, map[netip.Addr]addrPeers[M]{}
+}
+
+func (t *table[M]) touch(p *peer[M]) {
+	if !p.dirty && p.listed {
+		p.dirty = true
+		t.dirty = append(t.dirty, p)
+	}
+}
+
+func (e *Endpoint[M]) newPeer(k PeerKey, now time.Time) *peer[M] {
+	if !e.haveBase {
+		e.base, e.haveBase = now, true
+	}
+	p := &peer[M]{key: k, last: now, moved: now, epoch: newEpochFrom(e.rand)}
+	e.ids++
+	p.id = e.ids
+	p.snd = NewSender[pkt[M]](e.cfg.Config)
+	p.rcv = e.newReceiver(p)
+	e.peers[k] = p
+	addr := k.Addr.Addr()
+	a := e.perAddr[addr]
+	if a.head != nil {
+		a.head.addrPrev = p
+	}
+	p.addrNext, a.head = a.head, p
+	a.n++
+	e.perAddr[addr] = a
+	p.listed = true
+	e.touch(p)
+	e.Stats.Peers++
+	return p
+}
+
+// forget drops p's state, burying its session: what its receiver holds
+// is let go of, and it leaves every place in the table.
+func (e *Endpoint[M]) forget(p *peer[M]) {
+	e.bury(p)
+	p.rcv.Reset()
+	if !p.listed {
+		return
+	}
+	delete(e.peers, p.key)
+	e.unschedule(p)
+	e.unlist(p)
+	addr := p.key.Addr.Addr()
+	a := e.perAddr[addr]
+	if p.addrPrev != nil {
+		p.addrPrev.addrNext = p.addrNext
+	} else {
+		a.head = p.addrNext
+	}
+	if p.addrNext != nil {
+		p.addrNext.addrPrev = p.addrPrev
+	}
+	p.addrPrev, p.addrNext = nil, nil
+	if a.n--; a.n <= 0 {
+		delete(e.perAddr, addr)
+	} else {
+		e.perAddr[addr] = a
+	}
+	p.listed = false
+	e.host.Event(p.key, EventForgotten)
+}
+
+// room makes room for one more peer under MaxPeers, reclaiming the
+// longest-idle reclaimable peer; false if none can go.
+func (e *Endpoint[M]) room(now time.Time) bool {
+	if len(e.peers) < e.cfg.MaxPeers {
+		return true
+	}
+	e.settle(now)
+	f, h := e.free.head, e.holding.head
+	if h != nil && !e.reclaimable(h, now) {
+		h = nil
+	}
+	switch {
+	case f == nil && h == nil:
+		return false
+	case f == nil || h != nil && h.last.Before(f.last):
+		f = h
+	}
+	e.forget(f)
+	e.Stats.Reclaimed++
+	return true
+}
+
+// addrRoom makes room for one more peer from addr under
+// MaxPeersPerAddr; false if none of its peers can go.
+func (e *Endpoint[M]) addrRoom(addr netip.Addr, now time.Time) bool {
+	a := e.perAddr[addr]
+	if a.n < e.cfg.MaxPeersPerAddr {
+		return true
+	}
+	var idle *peer[M]
+	for p := a.head; p != nil; p = p.addrNext {
+		if e.reclaimable(p, now) && (idle == nil || p.last.Before(idle.last)) {
+			idle = p
+		}
+	}
+	if idle == nil {
+		return false
+	}
+	e.forget(idle)
+	e.Stats.Reclaimed++
+	return true
+}
+
+// quiet: nothing of ours is outstanding to p.
+func (p *peer[M]) quiet() bool {
+	return p.postedAt == len(p.posted) && len(p.queue) == 0 && p.snd.InFlight() == 0
+}
+
+func (e *Endpoint[M]) reclaimable(p *peer[M], now time.Time) bool {
+	return p.quiet() && (p.rcv.Held() == 0 || now.Sub(p.moved) > e.cfg.IdleTimeout)
+}
+
+func (e *Endpoint[M]) reclaimAt(p *peer[M]) time.Time {
+	switch {
+	case !p.quiet():
+		return time.Time{}
+	case p.rcv.Held() > 0:
+		return p.moved.Add(e.cfg.IdleTimeout)
+	}
+	return p.last.Add(e.cfg.IdleTimeout)
+}
+
+// peerDue is when the timer next has work for p; zero for none.
+func (e *Endpoint[M]) peerDue(p *peer[M], now time.Time) time.Time {
+	var next time.Time
+	early := func(t time.Time) {
+		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+	}
+	if !p.established {
+		if !p.helloAt.IsZero() {
+			early(p.helloAt.Add(e.helloWait(p)))
+		}
+		return next
+	}
+	early(p.snd.Deadline())
+	if !p.ackHeld {
+		early(p.rcv.AckDue(now))
+	}
+	if len(p.queue) > 0 && !p.waiting && p.snd.CanSend(now) {
+		early(p.snd.SendAt(now))
+	}
+	if len(p.queue) > 0 && !p.snd.CanSend(now) && p.snd.InFlight() == 0 {
+		early(p.snd.Resume())
+	}
+	if p.quiet() && (p.snd.Slots() > 0 || p.rcv.Slots() > 0 && p.rcv.Held() == 0) {
+		early(p.last.Add(e.cfg.CompactAfter))
+	}
+	if at := e.reclaimAt(p); !at.IsZero() {
+		early(at.Add(time.Millisecond))
+	}
+	return next
+}
+
+// settle gives every touched peer its place in the heap and the lists,
+// and returns the earliest time any peer needs the timer.
+func (e *Endpoint[M]) settle(now time.Time) time.Time {
+	for i, p := range e.dirty {
+		e.dirty[i] = nil
+		p.dirty = false
+		if !p.listed {
+			continue
+		}
+		e.schedule(p, e.peerDue(p, now))
+		switch {
+		case !p.quiet():
+			e.unlist(p)
+		case p.rcv.Held() == 0:
+			e.enlist(p, freeList)
+		default:
+			e.enlist(p, holdingList)
+		}
+	}
+	e.dirty = e.dirty[:0]
+	if len(e.tm) == 0 {
+		return time.Time{}
+	}
+	return e.base.Add(time.Duration(e.tm[0].tmAt))
+}
+
+// Deadline returns when Tick must next run (zero: nothing timed), given
+// the time now.
+func (e *Endpoint[M]) Deadline(now time.Time) time.Time { return e.settle(now) }
+
+func (e *Endpoint[M]) takeDue(now time.Time) []*peer[M] {
+	e.settle(now)
+	at := int64(now.Sub(e.base))
+	e.due = e.due[:0]
+	for len(e.tm) > 0 && e.tm[0].tmAt <= at {
+		p := e.tm[0]
+		e.unschedule(p)
+		e.due = append(e.due, p)
+		e.touch(p)
+	}
+	return e.due
+}
+
+func (t *table[M]) schedule(p *peer[M], at time.Time) {
+	if at.IsZero() {
+		t.unschedule(p)
+		return
+	}
+	v := int64(at.Sub(t.base))
+	if p.tmIdx == 0 {
+		p.tmAt = v
+		t.tm = append(t.tm, p)
+		p.tmIdx = int32(len(t.tm))
+		t.up(len(t.tm) - 1)
+		return
+	}
+	old := p.tmAt
+	p.tmAt = v
+	switch i := int(p.tmIdx - 1); {
+	case v < old:
+		t.up(i)
+	case v > old:
+		t.down(i)
+	}
+}
+
+func (t *table[M]) unschedule(p *peer[M]) {
+	if p.tmIdx == 0 {
+		return
+	}
+	i, last := int(p.tmIdx-1), len(t.tm)-1
+	if i != last {
+		t.swap(i, last)
+	}
+	t.tm[last] = nil
+	t.tm = t.tm[:last]
+	p.tmIdx = 0
+	if i != last {
+		t.down(i)
+		t.up(i)
+	}
+}
+
+func (t *table[M]) swap(i, j int) {
+	t.tm[i], t.tm[j] = t.tm[j], t.tm[i]
+	t.tm[i].tmIdx, t.tm[j].tmIdx = int32(i+1), int32(j+1)
+}
+
+// less orders the heap by due time, then by age, so that peers due at
+// the same instant run in one order every time (a simulation replays).
+func (t *table[M]) less(i, j int) bool {
+	a, b := t.tm[i], t.tm[j]
+	return a.tmAt < b.tmAt || a.tmAt == b.tmAt && a.id < b.id
+}
+
+func (t *table[M]) up(i int) {
+	for i > 0 {
+		parent := (i - 1) / 2
+		if !t.less(i, parent) {
+			return
+		}
+		t.swap(i, parent)
+		i = parent
+	}
+}
+
+func (t *table[M]) down(i int) {
+	for n := len(t.tm); ; {
+		c := 2*i + 1
+		if c >= n {
+			return
+		}
+		if c+1 < n && t.less(c+1, c) {
+			c++
+		}
+		if !t.less(c, i) {
+			return
+		}
+		t.swap(i, c)
+		i = c
+	}
+}
+
+func (t *table[M]) listOf(which uint8) *plist[M] {
+	switch which {
+	case freeList:
+		return &t.free
+	case holdingList:
+		return &t.holding
+	}
+	return nil
+}
+
+func (t *table[M]) enlist(p *peer[M], which uint8) {
+	l := t.listOf(which)
+	if p.list == which && l.tail == p {
+		return
+	}
+	t.unlist(p)
+	p.lprev, p.list = l.tail, which
+	if l.tail != nil {
+		l.tail.lnext = p
+	} else {
+		l.head = p
+	}
+	l.tail = p
+}
+
+func (t *table[M]) unlist(p *peer[M]) {
+	l := t.listOf(p.list)
+	if l == nil {
+		return
+	}
+	if p.lprev != nil {
+		p.lprev.lnext = p.lnext
+	} else {
+		l.head = p.lnext
+	}
+	if p.lnext != nil {
+		p.lnext.lprev = p.lprev
+	} else {
+		l.tail = p.lprev
+	}
+	p.lprev, p.lnext, p.list = nil, nil, noList
+}
