@@ -147,7 +147,7 @@ type slot[P any] struct {
 // packet again (for a QP: where its bytes live in registered memory).
 // Not safe for concurrent use.
 type Sender[P any] struct {
-	rs rateSample // OnAck's, kept here so that it does not escape
+	rs       rateSample // OnAck's, kept here so that it does not escape
 	cfg      Config
 	ring     []slot[P]
 	mask     uint32
