@@ -208,7 +208,7 @@ type rdPeer struct {
 	inMsg   bool
 	rxSend  rdRxSend  // the peer's Send of several segments being placed
 	held    int       // bytes its receiver buffers ahead of a gap
-	moved   time.Time // when its receiver last delivered (or the peer was made)
+	moved   time.Time // when its gap last opened or moved (or the peer was made)
 	ackHeld bool      // an ack due now waits for the end of the socket's batch (rdQP.acks)
 	rdSlots           // its places in the QP's peer table (rdpeers.go)
 
@@ -1094,6 +1094,14 @@ func (r *rdQP) onData(s *Socket, p *rdPeer, h *reliability.Header, seg []byte, s
 		}
 		if q.srq != nil && !r.admitOutOfOrder(p, h.Seq, seg) {
 			return
+		}
+		if p.rcv.Held() == 0 {
+			// A gap opens now: the clock of what the peer holds ahead of
+			// it starts here, not at its last in-order delivery, or a
+			// peer that sent nothing for IdleTimeout (the traffic went
+			// the other way) and whose next frames arrive out of order
+			// would be reclaimed at once with them in flight (reclaimAt).
+			p.moved = now
 		}
 		p.held += len(seg)
 		r.held += len(seg)

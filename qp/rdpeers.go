@@ -200,7 +200,7 @@ func (r *rdQP) reclaimable(p *rdPeer, now time.Time) bool {
 }
 
 // rdReclaimAt is when the timer forgets p: IdleTimeout after its last
-// traffic if it is idle, after its receiver last moved if it holds
+// traffic if it is idle, after its gap opened or last moved if it holds
 // frames; zero while work of ours to it is outstanding.
 func (r *rdQP) reclaimAt(p *rdPeer) time.Time {
 	switch {
