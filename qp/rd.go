@@ -840,6 +840,19 @@ func (r *rdQP) receive(s *Socket, h *reliability.Header, frame []byte, src netip
 			// No state, a stale epoch or a wrong token: answer with a
 			// Challenge no larger than the frame; change nothing.
 			st.RDRejected.Add(1)
+			if h.HasInit && p != nil && p.established && h.Epoch != p.theirEpoch && !r.graves.Buried(k, h.Epoch) {
+				if _, ok := r.tokens.Derive(h.Token, src, h.SrcQPN, h.Epoch, q.wireQPN()); ok {
+					// A session opening with the keyed token of a
+					// Challenge we sent without state, refused because
+					// another session with the source began meanwhile.
+					// Our Challenge tells its sender that the frame found
+					// no session, so it sends the frame's messages again
+					// in a new one (rdRenew): this session must never
+					// open after, from another copy of the frame, once we
+					// drop the other (docs/wire.md §11.2).
+					r.graves.Bury(k, h.Epoch)
+				}
+			}
 			r.challenge(s, h, src, h.Token, p)
 			return
 		default:
