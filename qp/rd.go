@@ -204,13 +204,19 @@ type rdPeer struct {
 	// (0: carried out), inMsg whether its last segment is yet to come: an
 	// Immediate Data message after a refused Send or Write completes in
 	// error (rdDeliver).
-	msgErr  reliability.Code
-	inMsg   bool
-	rxSend  rdRxSend  // the peer's Send of several segments being placed
-	held    int       // bytes its receiver buffers ahead of a gap
-	moved   time.Time // when its gap last opened or moved (or the peer was made)
-	ackHeld bool      // an ack due now waits for the end of the socket's batch (rdQP.acks)
-	rdSlots           // its places in the QP's peer table (rdpeers.go)
+	msgErr reliability.Code
+	inMsg  bool
+	rxSend rdRxSend  // the peer's Send of several segments being placed
+	held   int       // bytes its receiver buffers ahead of a gap
+	moved  time.Time // when its gap last opened or moved (or the peer was made)
+	// opens are the peer epochs whose opening (Hello) we answered with a
+	// Challenge carrying our epoch before our session with the peer was
+	// established (rdChallenge), nopens how many: buried if it is
+	// established under another epoch (rdReceive).
+	opens   [4]uint32
+	nopens  uint8
+	ackHeld bool // an ack due now waits for the end of the socket's batch (rdQP.acks)
+	rdSlots      // its places in the QP's peer table (rdpeers.go)
 
 	// posted are the WRs posted to it and not completed, in post order,
 	// from postedAt: they complete in this order (rdComplete), and only
@@ -783,6 +789,22 @@ func (r *rdQP) receive(s *Socket, h *reliability.Header, frame []byte, src netip
 		case p != nil && !p.established && h.Token == p.myToken:
 			p.theirEpoch, p.theirToken, p.established, p.sendInit = h.Epoch, h.Issued, true, true
 			p.keyedToken = 0
+			// A Challenge we sent meanwhile to an opening of the peer's
+			// under another epoch issued a keyed token that still
+			// verifies (it binds our epoch, which stays): a Data frame
+			// of that opening, late, would end this session as if the
+			// peer had opened again, while the peer, which answered our
+			// Hello without state, lives on in this one, and our WRs in
+			// flight would complete RemoteAbortedError although it
+			// delivers them. The peer answered without state (its epoch
+			// differs), so that opening's sender is gone: it is buried
+			// (docs/wire.md §11.2).
+			for _, ep := range p.opens[:p.nopens] {
+				if ep != h.Epoch {
+					r.graves.Bury(k, ep)
+				}
+			}
+			p.nopens = 0
 		case p != nil && p.established && h.Token == p.theirToken:
 			// The peer answered a frame of this session with a
 			// Challenge: it has no state for it (it restarted, or
@@ -833,7 +855,7 @@ func (r *rdQP) receive(s *Socket, h *reliability.Header, frame []byte, src netip
 				st.RDPeerRestarts.Add(1)
 				r.restart(p, now)
 			}
-			p.epoch, p.prevEpoch = epoch, 0
+			p.epoch, p.prevEpoch, p.nopens = epoch, 0, 0
 			p.myToken, p.theirToken, p.theirEpoch, p.established, p.sendInit = h.Token, h.Issued, h.Epoch, true, false
 			p.keyedToken = 0
 		case h.Type == reliability.Data:
@@ -983,6 +1005,16 @@ func (r *rdQP) challenge(s *Socket, h *reliability.Header, src netip.AddrPort, e
 	var seq16 uint16
 	if h.Type == reliability.Data {
 		seq16 = uint16(h.Seq)
+	}
+	if p != nil && !p.established && h.Type == reliability.Hello {
+		// An opening of the peer's answered with our epoch before our
+		// own session with it is established (rdReceive, Challenge).
+		if int(p.nopens) == len(p.opens) {
+			copy(p.opens[:], p.opens[1:])
+			p.nopens--
+		}
+		p.opens[p.nopens] = h.Epoch
+		p.nopens++
 	}
 	b := reliability.Append(r.hb[:0], &reliability.Fields{Type: reliability.Challenge, Window: seq16, DstQPN: h.SrcQPN, SrcQPN: q.wireQPN(),
 		Epoch: epoch, Token: echo, Init: true, Issued: r.tokens.Issue(src, h.SrcQPN, h.Epoch, q.wireQPN(), epoch)})
