@@ -116,8 +116,8 @@ func (p *tPair) settle(d time.Duration) {
 // one holding a stalled gap because its last in-order frame came long
 // ago: the gap is new. (Found by the simulator, seed 45 of its first
 // version: the other side's messages failed with RemoteAbortedError
-// although the network only reordered two frames. qp/rdpeers.go
-// reclaimAt has the same rule.)
+// although the network only reordered two frames. qp follows the same
+// rule: qp's TestRDNewGapIsNotStalled.)
 func TestEndpointNewGapIsNotStalled(t *testing.T) {
 	cfg := EndpointConfig{Config: Config{Congestion: CongestionNone}, IdleTimeout: time.Second}
 	p := newTPair(t, cfg)
