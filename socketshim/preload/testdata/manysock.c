@@ -16,7 +16,7 @@
 // socket that reads nothing until all are sent, then counts what it can
 // read (the kernel's SO_RCVBUF decides).
 //
-// Usage: manysock N | manysock burst K RCVBUF | manysock sizes
+// Usage: manysock N | manysock burst K RCVBUF | manysock sizes | manysock churn N
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -111,10 +111,23 @@ static int sizes(void) {
 	return 0;
 }
 
+// churn: opens N bound UDP sockets and closes them all, as a SIP UAC
+// with a socket per call does when its calls end.
+static int churn(int n) {
+	int *fd = calloc(n, sizeof *fd);
+	struct sockaddr_in a;
+	for (int i = 0; i < n; i++) fd[i] = udp(&a);
+	for (int i = 0; i < n; i++)
+		if (close(fd[i]) != 0) FAIL("close %d", i);
+	printf("closed %d\n", n);
+	return 0;
+}
+
 int main(int argc, char **argv) {
 	if (argc == 2 && !strcmp(argv[1], "sizes")) return sizes();
+	if (argc == 3 && !strcmp(argv[1], "churn")) return churn(atoi(argv[2]));
 	if (argc == 4 && !strcmp(argv[1], "burst")) return burst(atoi(argv[2]), atoi(argv[3]));
-	if (argc != 2) FAIL("usage: manysock N | manysock burst K RCVBUF");
+	if (argc != 2) FAIL("usage: manysock N | manysock burst K RCVBUF | manysock sizes | manysock churn N");
 	int n = atoi(argv[1]);
 	struct rlimit rl;
 	getrlimit(RLIMIT_NOFILE, &rl);
