@@ -267,3 +267,34 @@ func TestManySocketsAmidStrays(t *testing.T) {
 		t.Fatalf("the engine dropped %d strays as no udiwarp frame, want %d (one for each socket)", st.Device["RxBadVersion"], n)
 	}
 }
+
+// A poll, select or epoll over many sockets with datagrams waiting does
+// not drop them. The C side asks the engine, for each descriptor the
+// kernel calls readable, whether a datagram for the program is there
+// (udw_ready), and the engine reads one into the process's receive pool
+// to tell; a SIPp UAC's epoll_wait names up to 1,000 sockets at once, so
+// the probes took every receive of the pool (560 by default) and the
+// device dropped the rest as they were read (dropped_no_receive): a SIP
+// message lost, sent again 500 ms later. manysock epoll has 200 sockets
+// with a datagram each and one epoll_wait that names them all, over a
+// pool of 16 receives.
+func TestReadyProbeKeepsDatagrams(t *testing.T) {
+	dir := built(t)
+	const n = 200
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p := startEnv(t, ctx, dir, true, []string{"UDIWARP_PRELOAD_POOL=65536"}, filepath.Join(dir, "manysock"), "epoll", strconv.Itoa(n))
+	out := p.wait(t)
+	var got, of, most int
+	if _, err := fmt.Sscanf(out, "epoll got %d of %d, most %d at once\n", &got, &of, &most); err != nil {
+		t.Fatalf("manysock epoll: %q: %v", out, err)
+	}
+	st := p.readStats(t)
+	t.Logf("read %d of %d, at most %d events at once; pool %d, dropped %d", got, n, most, st.Pool, st.NoRecv)
+	if st.Pool >= n {
+		t.Fatalf("the pool has %d receives, enough for the %d datagrams: the test does not reach its limit", st.Pool, n)
+	}
+	if got != n || st.NoRecv != 0 || st.Received != n {
+		t.Fatalf("the program read %d of %d datagrams, the engine delivered %d and dropped %d for want of a receive (pool %d)", got, n, st.Received, st.NoRecv, st.Pool)
+	}
+}

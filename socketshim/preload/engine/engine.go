@@ -88,6 +88,9 @@ var engine struct {
 	pool  *qp.MR
 	small int // small receives in the pool (smallSize), ids 0..small-1
 	n     int // large ones (recvSize), the ids after
+	// reserve is the pool's receives a readiness probe leaves free for
+	// the program's receives (udw_ready): a quarter of them.
+	reserve int
 	// scq is every QP's send CQ: sends are unsignaled, so it holds only
 	// failed ones, and whichever socket sends next empties it (reap).
 	scq   *qp.CQ
@@ -128,6 +131,7 @@ func start() error {
 		}
 		engine.small = max(size/4/smallSize, minPoolEntries)
 		engine.n = max((size-engine.small*smallSize)/recvSize, minPoolEntries)
+		engine.reserve = (engine.small + engine.n) / 4
 		// A QP per socket: as many as a process can have descriptors.
 		d, err := qp.Open(qp.DeviceConfig{RecvBatch: 1, EventSpin: -1, MaxQP: maxQPs})
 		if err != nil {
@@ -499,28 +503,35 @@ const (
 
 // next returns the next completed receive, reading one datagram from
 // the kernel if none is waiting; nil when the kernel's queue is empty.
+// With keep >= 0 it reads only while the pool has more than keep
+// receives free, and says unread when it left the kernel's queue for
+// want of them (a readiness probe's case; a receive passes -1: it reads,
+// and the device drops the datagram if no receive is free).
 // A receive that did not complete well (a datagram too long; a flush)
 // goes back to the pool, as the kernel drops such a datagram. Under rmu.
-func (s *sock) next() *qp.WorkCompletion {
+func (s *sock) next(keep int) (wc *qp.WorkCompletion, unread bool) {
 	if s.held != nil {
-		return s.held
+		return s.held, false
 	}
 	// A datagram that is not a Send for this socket (an error report, a
 	// stray frame) makes no completion: read on, a bounded number.
 	for range 64 {
 		if s.rcq.Poll(s.rwc[:]) == 0 {
+			if keep >= 0 && engine.srq.Len() <= keep {
+				return nil, true
+			}
 			if s.s.Progress(1) == 0 {
-				return nil
+				return nil, false
 			}
 			continue
 		}
 		if wc := &s.rwc[0]; wc.Status == qp.Success {
 			s.held = wc
-			return wc
+			return wc, false
 		}
 		repost(s.rwc[0].ID)
 	}
-	return nil
+	return nil, false
 }
 
 // note publishes whether datagrams wait in the engine (sock.pending).
@@ -558,7 +569,12 @@ func (s *sock) setPending(v int32) {
 // empty: how the C side's poll, select and epoll tell a descriptor the
 // kernel calls readable for frames that are not the program's (an RD
 // acknowledgement, an error report) from one with data. A datagram it
-// finds is kept for the next receive.
+// finds is kept for the next receive, in a receive of the pool; so it
+// reads only while the pool has more than readyReserve free, and past
+// that says 1 with the kernel's queue unread (the program's receive
+// reads it). One wait may ask about a thousand sockets (a SIPp UAC's
+// epoll_wait) before the program reads any: probes that took every
+// receive had the device drop the datagrams read after them.
 //
 //export udw_ready
 func udw_ready(h C.longlong) C.int {
@@ -578,9 +594,9 @@ func udw_ready(h C.longlong) C.int {
 	}
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
-	wc := s.next()
+	wc, unread := s.next(engine.reserve)
 	s.note()
-	if wc != nil {
+	if wc != nil || unread {
 		return 1
 	}
 	return 0
@@ -616,10 +632,10 @@ func udw_recv(h C.longlong, iov unsafe.Pointer, iovcnt C.int, from unsafe.Pointe
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
 	defer s.note()
-	wc := s.next()
+	wc, _ := s.next(-1)
 	if wc == nil && spin > 0 {
 		for end := time.Now().Add(time.Duration(spin)); wc == nil && time.Now().Before(end); {
-			wc = s.next()
+			wc, _ = s.next(-1)
 		}
 	}
 	if wc == nil {
@@ -672,7 +688,7 @@ func udw_next_len(h C.longlong) C.longlong {
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
 	defer s.note()
-	if wc := s.next(); wc != nil {
+	if wc, _ := s.next(-1); wc != nil {
 		return C.longlong(wc.Len)
 	}
 	return 0

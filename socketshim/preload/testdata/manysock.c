@@ -16,7 +16,7 @@
 // socket that reads nothing until all are sent, then counts what it can
 // read (the kernel's SO_RCVBUF decides).
 //
-// Usage: manysock N | manysock burst K RCVBUF | manysock sizes | manysock churn N
+// Usage: manysock N | manysock burst K RCVBUF | manysock sizes | manysock churn N | manysock epoll N
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -123,11 +124,65 @@ static int churn(int n) {
 	return 0;
 }
 
+// epoll: N non-blocking sockets get a datagram each from one sender
+// before anything reads; then a level-triggered epoll loop with room for
+// every event reads them as SIPp's does — every socket an event names
+// read until EAGAIN, in the order of the events — until all N are read
+// or no event comes for 5 s (what was lost stays lost). It prints what
+// it read and the most events one epoll_wait gave.
+static int epollmode(int n) {
+	struct rlimit rl;
+	getrlimit(RLIMIT_NOFILE, &rl);
+	if (rl.rlim_cur < (rlim_t)n + 64) {
+		rl.rlim_cur = (rlim_t)n + 64;
+		if (rl.rlim_max < rl.rlim_cur) rl.rlim_max = rl.rlim_cur;
+		if (setrlimit(RLIMIT_NOFILE, &rl) != 0) FAIL("RLIMIT_NOFILE %d", n + 64);
+	}
+	struct sockaddr_in sa;
+	int s = udp(&sa);
+	int *fd = calloc(n, sizeof *fd);
+	struct sockaddr_in *a = calloc(n, sizeof *a);
+	struct epoll_event *evs = calloc(n, sizeof *evs);
+	int ep = epoll_create1(0);
+	if (ep < 0) FAIL("epoll_create1");
+	for (int i = 0; i < n; i++) {
+		fd[i] = udp(&a[i]);
+		if (fcntl(fd[i], F_SETFL, O_NONBLOCK) != 0) FAIL("O_NONBLOCK");
+		struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 1000000 + i}; // an index, not the descriptor, as SIPp's
+		if (epoll_ctl(ep, EPOLL_CTL_ADD, fd[i], &ev) != 0) FAIL("epoll_ctl");
+	}
+	char buf[256];
+	for (int i = 0; i < n; i++) {
+		int m = snprintf(buf, sizeof buf, "to %d", i);
+		if (sendto(s, buf, m, 0, (struct sockaddr *)&a[i], sizeof a[i]) != m) FAIL("sendto %d", i);
+	}
+	int got = 0, most = 0;
+	while (got < n) {
+		int k = epoll_wait(ep, evs, n, 5000);
+		if (k < 0) FAIL("epoll_wait");
+		if (k == 0) break;
+		if (k > most) most = k;
+		for (int j = 0; j < k; j++) {
+			int i = (int)(evs[j].data.u64 - 1000000);
+			if (i < 0 || i >= n) FAILX("an event with data %llu", (unsigned long long)evs[j].data.u64);
+			for (;;) {
+				ssize_t m = recv(fd[i], buf, sizeof buf, 0);
+				if (m < 0 && errno == EAGAIN) break;
+				if (m < 0) FAIL("recv %d", i);
+				got++;
+			}
+		}
+	}
+	printf("epoll got %d of %d, most %d at once\n", got, n, most);
+	return 0;
+}
+
 int main(int argc, char **argv) {
+	if (argc == 3 && !strcmp(argv[1], "epoll")) return epollmode(atoi(argv[2]));
 	if (argc == 2 && !strcmp(argv[1], "sizes")) return sizes();
 	if (argc == 3 && !strcmp(argv[1], "churn")) return churn(atoi(argv[2]));
 	if (argc == 4 && !strcmp(argv[1], "burst")) return burst(atoi(argv[2]), atoi(argv[3]));
-	if (argc != 2) FAIL("usage: manysock N | manysock burst K RCVBUF | manysock sizes | manysock churn N");
+	if (argc != 2) FAIL("usage: manysock N | manysock burst K RCVBUF | manysock sizes | manysock churn N | manysock epoll N");
 	int n = atoi(argv[1]);
 	struct rlimit rl;
 	getrlimit(RLIMIT_NOFILE, &rl);
