@@ -89,7 +89,12 @@ var engine struct {
 	small int // small receives in the pool (smallSize), ids 0..small-1
 	n     int // large ones (recvSize), the ids after
 	// reserve is the pool's receives a readiness probe leaves free for
-	// the program's receives (udw_ready): a quarter of them.
+	// the program's receives (udw_ready): a quarter of them over UD; -1
+	// (none) over RD, whose probes always read: a Data frame that finds
+	// no receive is refused and sent again by its peer, never lost, while
+	// a socket called readable for a frame unread — often an RD
+	// acknowledgement, no datagram — would hold a blocking receive until
+	// the next datagram came.
 	reserve int
 	// scq is every QP's send CQ: sends are unsignaled, so it holds only
 	// failed ones, and whichever socket sends next empties it (reap).
@@ -132,6 +137,9 @@ func start() error {
 		engine.small = max(size/4/smallSize, minPoolEntries)
 		engine.n = max((size-engine.small*smallSize)/recvSize, minPoolEntries)
 		engine.reserve = (engine.small + engine.n) / 4
+		if engine.typ == qp.RD {
+			engine.reserve = -1
+		}
 		// A QP per socket: as many as a process can have descriptors.
 		d, err := qp.Open(qp.DeviceConfig{RecvBatch: 1, EventSpin: -1, MaxQP: maxQPs})
 		if err != nil {
@@ -569,9 +577,9 @@ func (s *sock) setPending(v int32) {
 // empty: how the C side's poll, select and epoll tell a descriptor the
 // kernel calls readable for frames that are not the program's (an RD
 // acknowledgement, an error report) from one with data. A datagram it
-// finds is kept for the next receive, in a receive of the pool; so it
-// reads only while the pool has more than readyReserve free, and past
-// that says 1 with the kernel's queue unread (the program's receive
+// finds is kept for the next receive, in a receive of the pool; so over
+// UD it reads only while the pool has more than engine.reserve free, and
+// past that says 1 with the kernel's queue unread (the program's receive
 // reads it). One wait may ask about a thousand sockets (a SIPp UAC's
 // epoll_wait) before the program reads any: probes that took every
 // receive had the device drop the datagrams read after them.
