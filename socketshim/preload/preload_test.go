@@ -37,6 +37,7 @@ type stats struct {
 	Pool          int    `json:"pool_receives"`
 	PoolFree      int    `json:"pool_free"`
 	NoRecv        uint64 `json:"dropped_no_receive"`
+	Overdraft     uint64 `json:"dropped_overdraft"`
 	// TCP over RC (UDIWARP_PRELOAD_TCP=rc).
 	Streams        uint64 `json:"streams"`
 	StreamsLive    uint64 `json:"streams_live"`

@@ -34,7 +34,7 @@ const (
 // datagrams the program skipped. With ns, it runs in that network
 // namespace, and every UDP port there gets a stray datagram once the
 // program's sockets are bound, before their exchange.
-func manysock(t *testing.T, dir string, preload bool, n int, ns string) (rss int64, fds int, st stats, strays int) {
+func manysock(t *testing.T, dir string, preload bool, n int, ns string, extra ...string) (rss int64, fds int, st stats, strays int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -44,6 +44,7 @@ func manysock(t *testing.T, dir string, preload bool, n int, ns string) (rss int
 	if preload {
 		env = []string{"LD_PRELOAD=" + filepath.Join(dir, "libudiwarp_preload.so"),
 			"UDIWARP_ENGINE=" + filepath.Join(dir, "libudiwarp_engine.so"), "UDIWARP_PRELOAD_STATS=" + statsFile}
+		env = append(env, extra...)
 	}
 	cmd := exec.CommandContext(ctx, prog, fmt.Sprint(n))
 	cmd.Env = append(os.Environ(), env...)
@@ -296,5 +297,36 @@ func TestReadyProbeKeepsDatagrams(t *testing.T) {
 	}
 	if got != n || st.NoRecv != 0 || st.Received != n {
 		t.Fatalf("the program read %d of %d datagrams, the engine delivered %d and dropped %d for want of a receive (pool %d)", got, n, st.Received, st.NoRecv, st.Pool)
+	}
+}
+
+// An RD socket that answers many peers reads, as it sends, no more of
+// their frames than it may hold. A send reads the socket for RD's
+// acknowledgements (a sender that never receives sees them so), and a
+// Data frame it read waits in the socket's CQ for the program; a SIP
+// server's one socket, which reads one request per wait and answers
+// each with two datagrams (180 and 200), so filled the socket's share of
+// the pool (4 receives), and every Data frame read after was refused,
+// receiver not ready, for its peer to send again later: 3,351 at 30,000
+// clients, whose peers' retries ran out. manysock answer has a server
+// socket answer 100 clients' requests so, over RD, twice (the second
+// time every session is open, so the requests queue at once).
+func TestRDSendReadsWhatItMayHold(t *testing.T) {
+	dir := built(t)
+	const n = 100
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p := startEnv(t, ctx, dir, true, rdEnv(), filepath.Join(dir, "manysock"), "answer", strconv.Itoa(n))
+	if out := p.wait(t); out != fmt.Sprintf("answered %d\n", 4*n) {
+		t.Fatalf("manysock answer: %q", out)
+	}
+	st := p.readStats(t)
+	t.Logf("preloaded over RD: %+v", st)
+	if st.QP != "rd" || st.Received != 6*n {
+		t.Fatalf("the engine delivered %d datagrams over %q, want %d over rd", st.Received, st.QP, 6*n)
+	}
+	if st.Overdraft != 0 || st.Device["RDNotReady"] != 0 {
+		t.Fatalf("the engine refused %d Data frames over a socket's share of the pool (%d receivers not ready): a send read more than its socket may hold",
+			st.Overdraft, st.Device["RDNotReady"])
 	}
 }

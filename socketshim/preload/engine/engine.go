@@ -467,9 +467,17 @@ func udw_send(h C.longlong, iov unsafe.Pointer, iovcnt C.int, to unsafe.Pointer,
 	if engine.typ == qp.RD {
 		// RD's acknowledgements come on the socket, which the engine reads
 		// only when the program calls: a sender that never receives must
-		// see them as it sends (data read meanwhile waits in its CQ).
+		// see them as it sends (data read meanwhile waits in its CQ). It
+		// reads only while the socket may hold one more Data frame: past
+		// its share of the pool (heldPerSocket) one is refused, receiver
+		// not ready, and its peer sends it again later — a SIP server's
+		// socket, answering each request with two datagrams, filled its
+		// share so and refused its requests (3,351 at 30,000 clients).
+		// The program's next receive or wait reads what is left.
 		s.rmu.Lock()
-		s.s.Progress(16)
+		if s.rcq.Pending() < heldPerSocket {
+			s.s.Progress(16)
+		}
 		s.note()
 		s.rmu.Unlock()
 	}
@@ -535,6 +543,13 @@ func (s *sock) next(keep int) (wc *qp.WorkCompletion, unread bool) {
 		}
 		if wc := &s.rwc[0]; wc.Status == qp.Success {
 			s.held = wc
+			if engine.typ == qp.RD {
+				// Taken from the CQ, which now has room for one more: read a
+				// frame meanwhile, so that RD's acknowledgements do not wait
+				// behind the datagrams the CQ holds (a send reads only while
+				// it has room).
+				s.s.Progress(1)
+			}
 			return wc, false
 		}
 		repost(s.rwc[0].ID)

@@ -16,7 +16,7 @@
 // socket that reads nothing until all are sent, then counts what it can
 // read (the kernel's SO_RCVBUF decides).
 //
-// Usage: manysock N | manysock burst K RCVBUF | manysock sizes | manysock churn N | manysock epoll N
+// Usage: manysock N | manysock burst K RCVBUF | manysock sizes | manysock churn N | manysock epoll N | manysock answer N
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -177,12 +178,63 @@ static int epollmode(int n) {
 	return 0;
 }
 
+// answer: a server socket and N client sockets, all non-blocking, in one
+// poll loop, as a SIP server and its clients: every client sends the
+// server a request at once; the server reads one request per poll and
+// answers it at once with two datagrams, as a SIP server answers an
+// INVITE with 180 and 200 (so its queue holds the others as it sends),
+// each client reads its answers; twice. It prints the answers read.
+static int answer(int n) {
+	struct sockaddr_in a0;
+	int s0 = udp(&a0);
+	if (fcntl(s0, F_SETFL, O_NONBLOCK) != 0) FAIL("O_NONBLOCK");
+	int *fd = calloc(n, sizeof *fd);
+	struct pollfd *p = calloc(n + 1, sizeof *p);
+	struct sockaddr_in a;
+	p[0] = (struct pollfd){.fd = s0, .events = POLLIN};
+	for (int i = 0; i < n; i++) {
+		fd[i] = udp(&a);
+		if (fcntl(fd[i], F_SETFL, O_NONBLOCK) != 0) FAIL("O_NONBLOCK");
+		p[i + 1] = (struct pollfd){.fd = fd[i], .events = POLLIN};
+	}
+	char buf[256];
+	int got = 0;
+	for (int round = 1; round <= 2; round++) { // the second with every peer known
+		for (int i = 0; i < n; i++) {
+			int m = snprintf(buf, sizeof buf, "request %d", i);
+			if (sendto(fd[i], buf, m, 0, (struct sockaddr *)&a0, sizeof a0) != m) FAIL("sendto %d", i);
+		}
+		while (got < round * 2 * n) {
+			int k = poll(p, n + 1, 10000);
+			if (k < 0) FAIL("poll");
+			if (k == 0) FAILX("%d of %d answers: nothing more in 10 s", got, 4 * n);
+			if (p[0].revents & POLLIN) {
+				struct sockaddr_in from;
+				socklen_t fl = sizeof from;
+				ssize_t m = recvfrom(s0, buf, sizeof buf, 0, (struct sockaddr *)&from, &fl);
+				if (m < 0 && errno != EAGAIN) FAIL("recvfrom");
+				for (int j = 0; m >= 0 && j < 2; j++) // two answers, as a SIP server's 180 and 200 to an INVITE
+					if (sendto(s0, buf, m, 0, (struct sockaddr *)&from, fl) != m) FAIL("answer");
+			}
+			for (int i = 0; i < n; i++) {
+				if (!(p[i + 1].revents & POLLIN)) continue;
+				ssize_t m = recv(fd[i], buf, sizeof buf, 0);
+				if (m < 0 && errno != EAGAIN) FAIL("recv %d", i);
+				if (m > 0) got++;
+			}
+		}
+	}
+	printf("answered %d\n", got);
+	return 0;
+}
+
 int main(int argc, char **argv) {
 	if (argc == 3 && !strcmp(argv[1], "epoll")) return epollmode(atoi(argv[2]));
+	if (argc == 3 && !strcmp(argv[1], "answer")) return answer(atoi(argv[2]));
 	if (argc == 2 && !strcmp(argv[1], "sizes")) return sizes();
 	if (argc == 3 && !strcmp(argv[1], "churn")) return churn(atoi(argv[2]));
 	if (argc == 4 && !strcmp(argv[1], "burst")) return burst(atoi(argv[2]), atoi(argv[3]));
-	if (argc != 2) FAIL("usage: manysock N | manysock burst K RCVBUF | manysock sizes | manysock churn N | manysock epoll N");
+	if (argc != 2) FAIL("usage: manysock N | manysock burst K RCVBUF | manysock sizes | manysock churn N | manysock epoll N | manysock answer N");
 	int n = atoi(argv[1]);
 	struct rlimit rl;
 	getrlimit(RLIMIT_NOFILE, &rl);
