@@ -322,3 +322,43 @@ func BenchmarkStreamCPU(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDestroyAmongManyQPs measures creating and destroying a QP on
+// an SRQ that serves many others, as the LD_PRELOAD engine does for
+// every socket a program opens and closes (a QP per socket, all on one
+// SRQ; a SIPp UAC closes thousands a second among 16,000 open): neither
+// may cost in proportion to the QPs the SRQ serves.
+func BenchmarkDestroyAmongManyQPs(b *testing.B) {
+	for _, n := range []int{100, 20000} {
+		b.Run(itoa(n), func(b *testing.B) {
+			d, err := Open(DeviceConfig{MaxQP: n + 16})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer d.Close()
+			pd := d.AllocPD()
+			cq, err := d.CreateCQ(64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			srq, err := pd.CreateSRQ(64, 1)
+			if err != nil {
+				b.Fatal(err)
+			}
+			attr := QPAttr{Type: UD, SendCQ: cq, RecvCQ: cq, SRQ: srq, SRQLimit: 4, Caps: QPCaps{MaxSendWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}}
+			for range n {
+				if _, err := pd.CreateQP(attr); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				q, err := pd.CreateQP(attr)
+				if err != nil {
+					b.Fatal(err)
+				}
+				q.Destroy()
+			}
+		})
+	}
+}

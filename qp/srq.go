@@ -348,6 +348,9 @@ type srqAcct struct {
 	counted  int
 	active   bool
 	lastTake int64
+
+	// qpIdx is the QP's place in SRQ.qps, under SRQ.qpMu; -1 once it left.
+	qpIdx int
 }
 
 type srqPeerHeld struct {
@@ -425,6 +428,7 @@ func (s *SRQ) join(q *QP, l SRQLimits) {
 		a.peers = make(map[netip.Addr]srqPeerHeld, srqPeerMapStart)
 	}
 	s.qpMu.Lock()
+	a.qpIdx = len(s.qps)
 	s.qps = append(s.qps, q)
 	s.qpMu.Unlock()
 	q.SetSRQLimits(l) // checked by CreateQP
@@ -438,8 +442,18 @@ func (s *SRQ) leave(q *QP) {
 	s.reconcileLocked(q)
 	s.resv = slices.DeleteFunc(s.resv, func(p *QP) bool { return p == q })
 	s.mu.Unlock()
+	// Its place is known: a QP leaves in constant time, however many the
+	// SRQ serves (the LD_PRELOAD engine's has a QP per socket, and a SIPp
+	// UAC closes thousands of sockets a second).
 	s.qpMu.Lock()
-	s.qps = slices.DeleteFunc(s.qps, func(p *QP) bool { return p == q })
+	if i := q.srqa.qpIdx; i >= 0 && i < len(s.qps) && s.qps[i] == q {
+		last := len(s.qps) - 1
+		s.qps[i] = s.qps[last]
+		s.qps[i].srqa.qpIdx = i
+		s.qps[last] = nil
+		s.qps = s.qps[:last]
+		q.srqa.qpIdx = -1
+	}
 	s.qpMu.Unlock()
 }
 

@@ -37,6 +37,7 @@ type stats struct {
 	Pool          int    `json:"pool_receives"`
 	PoolFree      int    `json:"pool_free"`
 	NoRecv        uint64 `json:"dropped_no_receive"`
+	Overdraft     uint64 `json:"dropped_overdraft"`
 	// TCP over RC (UDIWARP_PRELOAD_TCP=rc).
 	Streams        uint64 `json:"streams"`
 	StreamsLive    uint64 `json:"streams_live"`
@@ -209,8 +210,8 @@ func (p *proc) readStats(t *testing.T) stats {
 
 // statsWhen reads p's engine stats until ok holds of them, for at most
 // 20 s, and returns the last read (the caller's assertions then say what
-// is missing). The engine rewrites the file every 200 ms, at every close
-// and at exit, so a count the program has reached shows there soon:
+// is missing). The engine rewrites the file every 200 ms and at exit, so
+// a count the program has reached shows there soon:
 // waiting for the count, not for a time, keeps a slow machine from
 // failing a test whose program did its work.
 func (p *proc) statsWhen(t *testing.T, ok func(stats) bool) stats {

@@ -34,7 +34,7 @@ const (
 // datagrams the program skipped. With ns, it runs in that network
 // namespace, and every UDP port there gets a stray datagram once the
 // program's sockets are bound, before their exchange.
-func manysock(t *testing.T, dir string, preload bool, n int, ns string) (rss int64, fds int, st stats, strays int) {
+func manysock(t *testing.T, dir string, preload bool, n int, ns string, extra ...string) (rss int64, fds int, st stats, strays int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -44,6 +44,7 @@ func manysock(t *testing.T, dir string, preload bool, n int, ns string) (rss int
 	if preload {
 		env = []string{"LD_PRELOAD=" + filepath.Join(dir, "libudiwarp_preload.so"),
 			"UDIWARP_ENGINE=" + filepath.Join(dir, "libudiwarp_engine.so"), "UDIWARP_PRELOAD_STATS=" + statsFile}
+		env = append(env, extra...)
 	}
 	cmd := exec.CommandContext(ctx, prog, fmt.Sprint(n))
 	cmd.Env = append(os.Environ(), env...)
@@ -265,5 +266,67 @@ func TestManySocketsAmidStrays(t *testing.T) {
 	}
 	if st.Device["RxBadVersion"] != n {
 		t.Fatalf("the engine dropped %d strays as no udiwarp frame, want %d (one for each socket)", st.Device["RxBadVersion"], n)
+	}
+}
+
+// A poll, select or epoll over many sockets with datagrams waiting does
+// not drop them. The C side asks the engine, for each descriptor the
+// kernel calls readable, whether a datagram for the program is there
+// (udw_ready), and the engine reads one into the process's receive pool
+// to tell; a SIPp UAC's epoll_wait names up to 1,000 sockets at once, so
+// the probes took every receive of the pool (560 by default) and the
+// device dropped the rest as they were read (dropped_no_receive): a SIP
+// message lost, sent again 500 ms later. manysock epoll has 200 sockets
+// with a datagram each and one epoll_wait that names them all, over a
+// pool of 16 receives.
+func TestReadyProbeKeepsDatagrams(t *testing.T) {
+	dir := built(t)
+	const n = 200
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p := startEnv(t, ctx, dir, true, []string{"UDIWARP_PRELOAD_POOL=65536"}, filepath.Join(dir, "manysock"), "epoll", strconv.Itoa(n))
+	out := p.wait(t)
+	var got, of, most int
+	if _, err := fmt.Sscanf(out, "epoll got %d of %d, most %d at once\n", &got, &of, &most); err != nil {
+		t.Fatalf("manysock epoll: %q: %v", out, err)
+	}
+	st := p.readStats(t)
+	t.Logf("read %d of %d, at most %d events at once; pool %d, dropped %d", got, n, most, st.Pool, st.NoRecv)
+	if st.Pool >= n {
+		t.Fatalf("the pool has %d receives, enough for the %d datagrams: the test does not reach its limit", st.Pool, n)
+	}
+	if got != n || st.NoRecv != 0 || st.Received != n {
+		t.Fatalf("the program read %d of %d datagrams, the engine delivered %d and dropped %d for want of a receive (pool %d)", got, n, st.Received, st.NoRecv, st.Pool)
+	}
+}
+
+// An RD socket that answers many peers reads, as it sends, no more of
+// their frames than it may hold. A send reads the socket for RD's
+// acknowledgements (a sender that never receives sees them so), and a
+// Data frame it read waits in the socket's CQ for the program; a SIP
+// server's one socket, which reads one request per wait and answers
+// each with two datagrams (180 and 200), so filled the socket's share of
+// the pool (4 receives), and every Data frame read after was refused,
+// receiver not ready, for its peer to send again later: 3,351 at 30,000
+// clients, whose peers' retries ran out. manysock answer has a server
+// socket answer 100 clients' requests so, over RD, twice (the second
+// time every session is open, so the requests queue at once).
+func TestRDSendReadsWhatItMayHold(t *testing.T) {
+	dir := built(t)
+	const n = 100
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p := startEnv(t, ctx, dir, true, rdEnv(), filepath.Join(dir, "manysock"), "answer", strconv.Itoa(n))
+	if out := p.wait(t); out != fmt.Sprintf("answered %d\n", 4*n) {
+		t.Fatalf("manysock answer: %q", out)
+	}
+	st := p.readStats(t)
+	t.Logf("preloaded over RD: %+v", st)
+	if st.QP != "rd" || st.Received != 6*n {
+		t.Fatalf("the engine delivered %d datagrams over %q, want %d over rd", st.Received, st.QP, 6*n)
+	}
+	if st.Overdraft != 0 || st.Device["RDNotReady"] != 0 {
+		t.Fatalf("the engine refused %d Data frames over a socket's share of the pool (%d receivers not ready): a send read more than its socket may hold",
+			st.Overdraft, st.Device["RDNotReady"])
 	}
 }

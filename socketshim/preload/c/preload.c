@@ -1884,9 +1884,11 @@ static void ep_hold(struct usock *u, int epfd, int fd) {
 
 static int uepoll(int epfd, struct epoll_event *evs, int max, int timeout, const sigset_t *mask) {
 	sigset_t urg;
-	mask = no_urg(mask, &urg);
 	if ((unsigned)epfd >= MAXFD || !atomic_load(&ep_owned[epfd]) || max <= 0)
-		return REAL(epoll_pwait)(epfd, evs, max, timeout, mask);
+		return REAL(epoll_pwait)(epfd, evs, max, timeout, no_urg(mask, &urg));
+	// The mask is made when the kernel is asked, not before: a call that
+	// returns what the engine holds makes no system call at all.
+	const sigset_t *kmask = NULL;
 	long long dl = timeout < 0 ? -1 : now_ns() + (long long)timeout * 1000000LL;
 	for (;;) {
 		// The undecided streams this set must look after: a registration
@@ -1920,7 +1922,8 @@ static int uepoll(int epfd, struct epoll_event *evs, int max, int timeout, const
 			long long ns = until - now_ns();
 			left = ns <= 0 ? 0 : (int)((ns + 999999) / 1000000);
 		}
-		int r = REAL(epoll_pwait)(epfd, evs, max, left, mask);
+		if (!kmask) kmask = no_urg(mask, &urg);
+		int r = REAL(epoll_pwait)(epfd, evs, max, left, kmask);
 		if (r < 0) return r;
 		int kept = 0, und = atomic_load(&undecided_n) > 0;
 		for (int i = 0; i < r; i++) {

@@ -88,6 +88,14 @@ var engine struct {
 	pool  *qp.MR
 	small int // small receives in the pool (smallSize), ids 0..small-1
 	n     int // large ones (recvSize), the ids after
+	// reserve is the pool's receives a readiness probe leaves free for
+	// the program's receives (udw_ready): a quarter of them over UD; -1
+	// (none) over RD, whose probes always read: a Data frame that finds
+	// no receive is refused and sent again by its peer, never lost, while
+	// a socket called readable for a frame unread — often an RD
+	// acknowledgement, no datagram — would hold a blocking receive until
+	// the next datagram came.
+	reserve int
 	// scq is every QP's send CQ: sends are unsignaled, so it holds only
 	// failed ones, and whichever socket sends next empties it (reap).
 	scq   *qp.CQ
@@ -128,6 +136,10 @@ func start() error {
 		}
 		engine.small = max(size/4/smallSize, minPoolEntries)
 		engine.n = max((size-engine.small*smallSize)/recvSize, minPoolEntries)
+		engine.reserve = (engine.small + engine.n) / 4
+		if engine.typ == qp.RD {
+			engine.reserve = -1
+		}
 		// A QP per socket: as many as a process can have descriptors.
 		d, err := qp.Open(qp.DeviceConfig{RecvBatch: 1, EventSpin: -1, MaxQP: maxQPs})
 		if err != nil {
@@ -212,6 +224,10 @@ var (
 	statsPath string
 )
 
+// statsEvery is how often the engine's goroutine writes the stats file;
+// a program's call writes it only when the engine starts and at exit.
+const statsEvery = 200 * time.Millisecond
+
 func handleOf(i int, gen uint32) C.longlong { return C.longlong(int64(gen)<<32 | int64(i+1)) }
 
 func errno(err error) C.longlong {
@@ -256,7 +272,7 @@ func udw_init() C.int {
 	if statsPath != "" {
 		writeStats()
 		go func() {
-			for range time.Tick(200 * time.Millisecond) {
+			for range time.Tick(statsEvery) {
 				writeStats()
 			}
 		}()
@@ -451,9 +467,17 @@ func udw_send(h C.longlong, iov unsafe.Pointer, iovcnt C.int, to unsafe.Pointer,
 	if engine.typ == qp.RD {
 		// RD's acknowledgements come on the socket, which the engine reads
 		// only when the program calls: a sender that never receives must
-		// see them as it sends (data read meanwhile waits in its CQ).
+		// see them as it sends (data read meanwhile waits in its CQ). It
+		// reads only while the socket may hold one more Data frame: past
+		// its share of the pool (heldPerSocket) one is refused, receiver
+		// not ready, and its peer sends it again later — a SIP server's
+		// socket, answering each request with two datagrams, filled its
+		// share so and refused its requests (3,351 at 30,000 clients).
+		// The program's next receive or wait reads what is left.
 		s.rmu.Lock()
-		s.s.Progress(16)
+		if s.rcq.Pending() < heldPerSocket {
+			s.s.Progress(16)
+		}
 		s.note()
 		s.rmu.Unlock()
 	}
@@ -495,28 +519,42 @@ const (
 
 // next returns the next completed receive, reading one datagram from
 // the kernel if none is waiting; nil when the kernel's queue is empty.
+// With keep >= 0 it reads only while the pool has more than keep
+// receives free, and says unread when it left the kernel's queue for
+// want of them (a readiness probe's case; a receive passes -1: it reads,
+// and the device drops the datagram if no receive is free).
 // A receive that did not complete well (a datagram too long; a flush)
 // goes back to the pool, as the kernel drops such a datagram. Under rmu.
-func (s *sock) next() *qp.WorkCompletion {
+func (s *sock) next(keep int) (wc *qp.WorkCompletion, unread bool) {
 	if s.held != nil {
-		return s.held
+		return s.held, false
 	}
 	// A datagram that is not a Send for this socket (an error report, a
 	// stray frame) makes no completion: read on, a bounded number.
 	for range 64 {
 		if s.rcq.Poll(s.rwc[:]) == 0 {
+			if keep >= 0 && engine.srq.Len() <= keep {
+				return nil, true
+			}
 			if s.s.Progress(1) == 0 {
-				return nil
+				return nil, false
 			}
 			continue
 		}
 		if wc := &s.rwc[0]; wc.Status == qp.Success {
 			s.held = wc
-			return wc
+			if engine.typ == qp.RD {
+				// Taken from the CQ, which now has room for one more: read a
+				// frame meanwhile, so that RD's acknowledgements do not wait
+				// behind the datagrams the CQ holds (a send reads only while
+				// it has room).
+				s.s.Progress(1)
+			}
+			return wc, false
 		}
 		repost(s.rwc[0].ID)
 	}
-	return nil
+	return nil, false
 }
 
 // note publishes whether datagrams wait in the engine (sock.pending).
@@ -554,7 +592,12 @@ func (s *sock) setPending(v int32) {
 // empty: how the C side's poll, select and epoll tell a descriptor the
 // kernel calls readable for frames that are not the program's (an RD
 // acknowledgement, an error report) from one with data. A datagram it
-// finds is kept for the next receive.
+// finds is kept for the next receive, in a receive of the pool; so over
+// UD it reads only while the pool has more than engine.reserve free, and
+// past that says 1 with the kernel's queue unread (the program's receive
+// reads it). One wait may ask about a thousand sockets (a SIPp UAC's
+// epoll_wait) before the program reads any: probes that took every
+// receive had the device drop the datagrams read after them.
 //
 //export udw_ready
 func udw_ready(h C.longlong) C.int {
@@ -574,9 +617,9 @@ func udw_ready(h C.longlong) C.int {
 	}
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
-	wc := s.next()
+	wc, unread := s.next(engine.reserve)
 	s.note()
-	if wc != nil {
+	if wc != nil || unread {
 		return 1
 	}
 	return 0
@@ -612,10 +655,10 @@ func udw_recv(h C.longlong, iov unsafe.Pointer, iovcnt C.int, from unsafe.Pointe
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
 	defer s.note()
-	wc := s.next()
+	wc, _ := s.next(-1)
 	if wc == nil && spin > 0 {
 		for end := time.Now().Add(time.Duration(spin)); wc == nil && time.Now().Before(end); {
-			wc = s.next()
+			wc, _ = s.next(-1)
 		}
 	}
 	if wc == nil {
@@ -668,7 +711,7 @@ func udw_next_len(h C.longlong) C.longlong {
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
 	defer s.note()
-	if wc := s.next(); wc != nil {
+	if wc, _ := s.next(-1); wc != nil {
 		return C.longlong(wc.Len)
 	}
 	return 0
@@ -793,9 +836,6 @@ func udw_close(h C.longlong) C.int {
 		st.rmu.Unlock()
 		st.wmu.Unlock()
 		streamsLive.Add(^uint64(0))
-		if statsPath != "" {
-			writeStats()
-		}
 		return 0
 	}
 	if !s.linger(time.Now().Add(engine.linger)) {
@@ -803,9 +843,11 @@ func udw_close(h C.longlong) C.int {
 	}
 	s.close()
 	live.Add(^uint64(0))
-	if statsPath != "" {
-		writeStats()
-	}
+	// The stats file shows the close at its next write (statsEvery): a
+	// write here would be the program's thread creating and renaming a
+	// file for every socket it closes (a SIP UAC with a socket per call
+	// closed thousands a second, and spent most of its time in the file
+	// system; see docs/preload.md "Counters").
 	return 0
 }
 

@@ -16,7 +16,7 @@
 // socket that reads nothing until all are sent, then counts what it can
 // read (the kernel's SO_RCVBUF decides).
 //
-// Usage: manysock N | manysock burst K RCVBUF | manysock sizes
+// Usage: manysock N | manysock burst K RCVBUF | manysock sizes | manysock churn N | manysock epoll N | manysock answer N
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -24,6 +24,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -111,10 +113,128 @@ static int sizes(void) {
 	return 0;
 }
 
+// churn: opens N bound UDP sockets and closes them all, as a SIP UAC
+// with a socket per call does when its calls end.
+static int churn(int n) {
+	int *fd = calloc(n, sizeof *fd);
+	struct sockaddr_in a;
+	for (int i = 0; i < n; i++) fd[i] = udp(&a);
+	for (int i = 0; i < n; i++)
+		if (close(fd[i]) != 0) FAIL("close %d", i);
+	printf("closed %d\n", n);
+	return 0;
+}
+
+// epoll: N non-blocking sockets get a datagram each from one sender
+// before anything reads; then a level-triggered epoll loop with room for
+// every event reads them as SIPp's does — every socket an event names
+// read until EAGAIN, in the order of the events — until all N are read
+// or no event comes for 5 s (what was lost stays lost). It prints what
+// it read and the most events one epoll_wait gave.
+static int epollmode(int n) {
+	struct rlimit rl;
+	getrlimit(RLIMIT_NOFILE, &rl);
+	if (rl.rlim_cur < (rlim_t)n + 64) {
+		rl.rlim_cur = (rlim_t)n + 64;
+		if (rl.rlim_max < rl.rlim_cur) rl.rlim_max = rl.rlim_cur;
+		if (setrlimit(RLIMIT_NOFILE, &rl) != 0) FAIL("RLIMIT_NOFILE %d", n + 64);
+	}
+	struct sockaddr_in sa;
+	int s = udp(&sa);
+	int *fd = calloc(n, sizeof *fd);
+	struct sockaddr_in *a = calloc(n, sizeof *a);
+	struct epoll_event *evs = calloc(n, sizeof *evs);
+	int ep = epoll_create1(0);
+	if (ep < 0) FAIL("epoll_create1");
+	for (int i = 0; i < n; i++) {
+		fd[i] = udp(&a[i]);
+		if (fcntl(fd[i], F_SETFL, O_NONBLOCK) != 0) FAIL("O_NONBLOCK");
+		struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 1000000 + i}; // an index, not the descriptor, as SIPp's
+		if (epoll_ctl(ep, EPOLL_CTL_ADD, fd[i], &ev) != 0) FAIL("epoll_ctl");
+	}
+	char buf[256];
+	for (int i = 0; i < n; i++) {
+		int m = snprintf(buf, sizeof buf, "to %d", i);
+		if (sendto(s, buf, m, 0, (struct sockaddr *)&a[i], sizeof a[i]) != m) FAIL("sendto %d", i);
+	}
+	int got = 0, most = 0;
+	while (got < n) {
+		int k = epoll_wait(ep, evs, n, 5000);
+		if (k < 0) FAIL("epoll_wait");
+		if (k == 0) break;
+		if (k > most) most = k;
+		for (int j = 0; j < k; j++) {
+			int i = (int)(evs[j].data.u64 - 1000000);
+			if (i < 0 || i >= n) FAILX("an event with data %llu", (unsigned long long)evs[j].data.u64);
+			for (;;) {
+				ssize_t m = recv(fd[i], buf, sizeof buf, 0);
+				if (m < 0 && errno == EAGAIN) break;
+				if (m < 0) FAIL("recv %d", i);
+				got++;
+			}
+		}
+	}
+	printf("epoll got %d of %d, most %d at once\n", got, n, most);
+	return 0;
+}
+
+// answer: a server socket and N client sockets, all non-blocking, in one
+// poll loop, as a SIP server and its clients: every client sends the
+// server a request at once; the server reads one request per poll and
+// answers it at once with two datagrams, as a SIP server answers an
+// INVITE with 180 and 200 (so its queue holds the others as it sends),
+// each client reads its answers; twice. It prints the answers read.
+static int answer(int n) {
+	struct sockaddr_in a0;
+	int s0 = udp(&a0);
+	if (fcntl(s0, F_SETFL, O_NONBLOCK) != 0) FAIL("O_NONBLOCK");
+	int *fd = calloc(n, sizeof *fd);
+	struct pollfd *p = calloc(n + 1, sizeof *p);
+	struct sockaddr_in a;
+	p[0] = (struct pollfd){.fd = s0, .events = POLLIN};
+	for (int i = 0; i < n; i++) {
+		fd[i] = udp(&a);
+		if (fcntl(fd[i], F_SETFL, O_NONBLOCK) != 0) FAIL("O_NONBLOCK");
+		p[i + 1] = (struct pollfd){.fd = fd[i], .events = POLLIN};
+	}
+	char buf[256];
+	int got = 0;
+	for (int round = 1; round <= 2; round++) { // the second with every peer known
+		for (int i = 0; i < n; i++) {
+			int m = snprintf(buf, sizeof buf, "request %d", i);
+			if (sendto(fd[i], buf, m, 0, (struct sockaddr *)&a0, sizeof a0) != m) FAIL("sendto %d", i);
+		}
+		while (got < round * 2 * n) {
+			int k = poll(p, n + 1, 10000);
+			if (k < 0) FAIL("poll");
+			if (k == 0) FAILX("%d of %d answers: nothing more in 10 s", got, 4 * n);
+			if (p[0].revents & POLLIN) {
+				struct sockaddr_in from;
+				socklen_t fl = sizeof from;
+				ssize_t m = recvfrom(s0, buf, sizeof buf, 0, (struct sockaddr *)&from, &fl);
+				if (m < 0 && errno != EAGAIN) FAIL("recvfrom");
+				for (int j = 0; m >= 0 && j < 2; j++) // two answers, as a SIP server's 180 and 200 to an INVITE
+					if (sendto(s0, buf, m, 0, (struct sockaddr *)&from, fl) != m) FAIL("answer");
+			}
+			for (int i = 0; i < n; i++) {
+				if (!(p[i + 1].revents & POLLIN)) continue;
+				ssize_t m = recv(fd[i], buf, sizeof buf, 0);
+				if (m < 0 && errno != EAGAIN) FAIL("recv %d", i);
+				if (m > 0) got++;
+			}
+		}
+	}
+	printf("answered %d\n", got);
+	return 0;
+}
+
 int main(int argc, char **argv) {
+	if (argc == 3 && !strcmp(argv[1], "epoll")) return epollmode(atoi(argv[2]));
+	if (argc == 3 && !strcmp(argv[1], "answer")) return answer(atoi(argv[2]));
 	if (argc == 2 && !strcmp(argv[1], "sizes")) return sizes();
+	if (argc == 3 && !strcmp(argv[1], "churn")) return churn(atoi(argv[2]));
 	if (argc == 4 && !strcmp(argv[1], "burst")) return burst(atoi(argv[2]), atoi(argv[3]));
-	if (argc != 2) FAIL("usage: manysock N | manysock burst K RCVBUF");
+	if (argc != 2) FAIL("usage: manysock N | manysock burst K RCVBUF | manysock sizes | manysock churn N | manysock epoll N | manysock answer N");
 	int n = atoi(argv[1]);
 	struct rlimit rl;
 	getrlimit(RLIMIT_NOFILE, &rl);
