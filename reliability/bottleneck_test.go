@@ -190,6 +190,11 @@ func runBottleneck(t *testing.T, l bottleneck, flows []*bnFlow, d, warm time.Dur
 	for i, f := range flows {
 		cfg := f.cfg
 		cfg.FirstSeq = uint32(i) * 7919 // a seed of its own for BBR's gain cycle
+		if cfg.Granularity == 0 {
+			// A simulated host has no scheduling noise: a queue of a
+			// few hundred microseconds (2 BDP here) is told from it.
+			cfg.Granularity = 20 * time.Microsecond
+		}
 		f.s = NewSender[int](cfg)
 		f.r = NewReceiver[int](cfg, nil)
 		f.wakeAt = int64(f.start)

@@ -830,7 +830,14 @@ func (b *bbr) queueStanding() bool {
 	if r == 0 {
 		r = b.rtt.Latest()
 	}
-	return float64(r) >= bbrQueueRTT*float64(b.rtProp)
+	// Both a ratio and an absolute excess: on a path of tens of
+	// microseconds a host's own scheduling stretches RTTs by more than a
+	// quarter (a descheduled receiver acks 0.1-1 ms late), and read as a
+	// queue that made every random loss congestive (RD Write at 2 %
+	// random loss on a veth fell to RC's goodput). Below the timer
+	// granularity (Config.Granularity, RFC 9002's kGranularity) a delay
+	// is the host's, not a queue's.
+	return float64(r) >= bbrQueueRTT*float64(b.rtProp) && r-b.rtProp >= b.cfg.Granularity
 }
 
 // congestiveLoss reads a lost packet: a loss at a standing queue marks

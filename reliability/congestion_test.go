@@ -151,7 +151,11 @@ func TestNewRenoHalvesOnce(t *testing.T) {
 // it less the headroom, and cuts the lower bounds when the round ends.
 func TestBBRCongestiveLoss(t *testing.T) {
 	now := time.Unix(1, 0)
-	for _, standing := range []bool{false, true} {
+	// The round's least RTT: at the minimum; 2.5 times it but only
+	// 300 µs above it, within the granularity (1 ms: a host's scheduling,
+	// not a queue); and 2 ms above it, a queue.
+	for _, roundMin := range []time.Duration{210 * time.Microsecond, 500 * time.Microsecond, 2200 * time.Microsecond} {
+		standing := roundMin > 2*time.Millisecond
 		f := &flowState{mss: 1500, inflight: 60000, delivered: 1 << 20}
 		var rtt RTT
 		b := newBBR(f, &rtt, Config{}.Fill())
@@ -160,10 +164,7 @@ func TestBBRCongestiveLoss(t *testing.T) {
 		b.pacingGain = 1 // cruising, not probing
 		b.btlBw.update(0, 125e6, bbrBtlBwRounds)
 		b.window = 100000
-		b.roundMinRTT = 210 * time.Microsecond
-		if standing {
-			b.roundMinRTT = 500 * time.Microsecond
-		}
+		b.roundMinRTT = roundMin
 		// Packets sent 1 ms ago with 60,000 B in flight; 3,000 B of it lost.
 		lost := lostPacket{size: 1500, sentAt: now.Add(-time.Millisecond), txInflight: 60000, lostBefore: 0}
 		f.lost = 1500
@@ -176,7 +177,7 @@ func TestBBRCongestiveLoss(t *testing.T) {
 		f.delivered += 1500
 		if !standing {
 			if b.congestiveLosses != 0 || b.inflightHi != 0 || b.bwLo != 0 || b.inflightLo != 0 {
-				t.Fatalf("loss at the minimum RTT read as congestion: %d losses, inflight_hi %d, bw_lo %.0f, inflight_lo %d", b.congestiveLosses, b.inflightHi, b.bwLo, b.inflightLo)
+				t.Fatalf("loss with the round's least RTT %v (min %v) read as congestion: %d losses, inflight_hi %d, bw_lo %.0f, inflight_lo %d", roundMin, b.rtProp, b.congestiveLosses, b.inflightHi, b.bwLo, b.inflightLo)
 			}
 			continue
 		}
