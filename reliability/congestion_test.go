@@ -227,3 +227,31 @@ func TestBBRCompetingLoss(t *testing.T) {
 		t.Fatalf("a second loss from the same flight cut the window again, to %d", b.compWindow)
 	}
 }
+
+// TestBBRHostDelayIsNoQueue: on a path of tens of microseconds a host's
+// scheduling stretches every RTT tenfold, but by less than the timer
+// granularity: no round reads as a standing queue, so a lone flow never
+// starts a drain test or competes. Counted with the ratio alone, a veth
+// between two namespaces sent a lone RD flow into competition at 5 %
+// random loss (1 Gb/s, 5.7 without a controller); a queue a millisecond
+// deep still counts.
+func TestBBRHostDelayIsNoQueue(t *testing.T) {
+	for _, tc := range []struct {
+		roundMin time.Duration
+		queue    bool
+	}{{300 * time.Microsecond, false}, {900 * time.Microsecond, false}, {1500 * time.Microsecond, true}} {
+		now := time.Unix(10, 0)
+		f := &flowState{mss: 1500, inflight: 30000, delivered: 1 << 20}
+		b := newBBR(f, &RTT{}, Config{}.Fill())
+		b.rtProp, b.filledPipe = 30*time.Microsecond, true
+		b.enterProbeBW(now)
+		for range 3 * bbrCompeteRounds {
+			b.roundStart, b.prevRoundMinRTT = true, tc.roundMin
+			b.updateCompetition(now, &rateSample{})
+		}
+		if got := b.queueStanding() || b.standRounds > 0 || b.testing; got != tc.queue {
+			t.Errorf("rounds whose least RTT is %v (min 30µs): queue standing %v, standing rounds %d, drain test %v; want a queue: %v",
+				tc.roundMin, b.queueStanding(), b.standRounds, b.testing, tc.queue)
+		}
+	}
+}
