@@ -156,11 +156,8 @@ type gsoCtx struct {
 // gsoSegments says how many of w's remaining segments one GSO send can
 // carry (0 or 1: send one at a time).
 func (q *QP) gsoSegments(s *Socket, w *sendWQE, seg uint32) int {
-	if s.noGSO.Load() || (!w.isInline && w.nsge != 1) {
-		return 0
-	}
 	size := udiwarp.WriteRecordHeaderSize + int(seg) + udiwarp.CRCSize
-	if lim := s.gsoTooBig.Load(); lim != 0 && uint32(size) >= lim {
+	if (!w.isInline && w.nsge != 1) || !s.gsoFits(size) {
 		return 0
 	}
 	// In 64 bits: near 4 GiB, length-off+seg-1 wraps 32.
@@ -229,21 +226,41 @@ func (t *txCtx) sendGSO(s *Socket, w *sendWQE, seg uint32, k int) (Status, error
 		s.dev.stats.TxGSO.Add(1)
 		w.off = off
 		return Success, nil
-	case err == unix.EINVAL || err == unix.EIO || err == unix.ENOPROTOOPT || err == unix.EOPNOTSUPP:
-		s.noGSO.Store(true)
-		return Success, errGSOUnsupported
-	case err == unix.EMSGSIZE:
-		// The segments are larger than the route's MTU: UDP GSO does not
-		// fragment them (a datagram sent alone is fragmented). Segments
-		// this large go one per call from now on; this batch too.
-		size := uint32(udiwarp.WriteRecordHeaderSize + int(seg) + udiwarp.CRCSize)
-		for {
-			old := s.gsoTooBig.Load()
-			if old != 0 && old <= size || s.gsoTooBig.CompareAndSwap(old, size) {
-				break
-			}
-		}
+	case s.gsoRefused(err, udiwarp.WriteRecordHeaderSize+int(seg)+udiwarp.CRCSize):
 		return Success, errGSOUnsupported
 	}
 	return Success, err
+}
+
+// gsoFits reports whether a GSO send of size-byte segments may be tried
+// on s: the kernel has not refused UDP_SEGMENT, and no send of segments
+// this large failed with EMSGSIZE.
+func (s *Socket) gsoFits(size int) bool {
+	if s.noGSO.Load() {
+		return false
+	}
+	lim := s.gsoTooBig.Load()
+	return lim == 0 || uint32(size) < lim
+}
+
+// gsoRefused notes what a failed GSO send of size-byte segments says of
+// the socket, and reports whether err was such a refusal (the segments
+// then go one per call): the kernel does not take UDP_SEGMENT at all,
+// or the segments are larger than the route's MTU (EMSGSIZE: UDP GSO
+// does not fragment them, where a datagram sent alone is fragmented), so
+// segments this large go one per call from now on.
+func (s *Socket) gsoRefused(err error, size int) bool {
+	switch err {
+	case unix.EINVAL, unix.EIO, unix.ENOPROTOOPT, unix.EOPNOTSUPP:
+		s.noGSO.Store(true)
+		return true
+	case unix.EMSGSIZE:
+		for {
+			old := s.gsoTooBig.Load()
+			if old != 0 && old <= uint32(size) || s.gsoTooBig.CompareAndSwap(old, uint32(size)) {
+				return true
+			}
+		}
+	}
+	return false
 }

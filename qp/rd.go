@@ -638,33 +638,32 @@ func (r *rdQP) frameHeader(b []byte, p *rdPeer, f *reliability.Fields, pk *rdPkt
 	w := pk.w
 	b = reliability.Append(b, f)
 	last := pk.last
-	untagged := func(opc udiwarp.Opcode, queue udiwarp.Queue, msn uint32) {
-		b = udiwarp.AppendUntagged(b, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
-			RDMAP: udiwarp.NewRDMAPControl(opc), ULP: q.wireQPN(), QN: udiwarp.DatagramQN(p.key.qpn, queue), MSN: msn})
+	// untagged appends an untagged DDP header; only a Send's segments
+	// have an MO and may leave L clear (udiwarp.ParseRDSegment).
+	untagged := func(opc udiwarp.Opcode, queue udiwarp.Queue, msn uint32, last bool, mo uint32) {
+		b = udiwarp.AppendUntagged(b, &udiwarp.UntaggedFields{Last: last, DV: udiwarp.DatagramDDPVersion,
+			RDMAP: udiwarp.NewRDMAPControl(opc), ULP: q.wireQPN(), QN: udiwarp.DatagramQN(p.key.qpn, queue), MSN: msn, MO: mo})
 	}
 	switch op := w.op; {
 	case !pk.imm && (op == OpSend || op == OpSendImm):
-		// A Send of several segments: each at its MO, L on the last
-		// (udiwarp.ParseRDSegment).
 		opc := udiwarp.OpSend
 		if w.flags&FlagSolicited != 0 && op == OpSend { // Send with Immediate: the SE rides on the Immediate Data
 			opc = udiwarp.OpSendSE
 		}
-		b = udiwarp.AppendUntagged(b, &udiwarp.UntaggedFields{Last: last, DV: udiwarp.DatagramDDPVersion,
-			RDMAP: udiwarp.NewRDMAPControl(opc), ULP: q.wireQPN(), QN: udiwarp.DatagramQN(p.key.qpn, udiwarp.QueueSend), MSN: w.msn, MO: pk.off})
+		untagged(opc, udiwarp.QueueSend, w.msn, last, pk.off) // a segment of the Send at its MO, L on the last
 	case pk.imm:
 		opc := udiwarp.OpImmediateData
 		if w.flags&FlagSolicited != 0 {
 			opc = udiwarp.OpImmediateDataSE
 		}
-		untagged(opc, udiwarp.QueueSend, w.immMSN)
+		untagged(opc, udiwarp.QueueSend, w.immMSN, true, 0)
 		b = udiwarp.AppendImmediateData(b, w.imm)
 	case op == OpAtomicFetchAdd, op == OpAtomicCmpSwap:
-		untagged(udiwarp.OpAtomicRequest, udiwarp.QueueReadRequest, w.msn)
+		untagged(udiwarp.OpAtomicRequest, udiwarp.QueueReadRequest, w.msn, true, 0)
 		a := atomicRequest(op, w.msn, w.rstag, w.rto, w.compareAdd, w.swap)
 		b = udiwarp.AppendAtomicRequest(b, &a)
 	case op == opAtomicResponse:
-		untagged(udiwarp.OpAtomicResponse, udiwarp.QueueAtomicResponse, w.msn)
+		untagged(udiwarp.OpAtomicResponse, udiwarp.QueueAtomicResponse, w.msn, true, 0)
 		b = udiwarp.AppendAtomicResponse(b, w.reqID, w.compareAdd)
 	case op == OpWrite, op == OpWriteImm:
 		b = udiwarp.AppendTagged(b, &udiwarp.TaggedFields{Last: last, DV: udiwarp.DatagramDDPVersion,
@@ -676,7 +675,7 @@ func (r *rdQP) frameHeader(b []byte, p *rdPeer, f *reliability.Fields, pk *rdPkt
 		b = udiwarp.AppendWriteRecord(b, &udiwarp.WriteRecordFields{Last: last, RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpWrite),
 			STag: w.rstag, TO: w.rto + uint64(pk.off), MSN: w.msn, MO: pk.off, MessageLength: w.length, DstQPN: p.key.qpn, SrcQPN: q.wireQPN()})
 	case op == OpRead:
-		untagged(udiwarp.OpReadRequest, udiwarp.QueueReadRequest, w.msn)
+		untagged(udiwarp.OpReadRequest, udiwarp.QueueReadRequest, w.msn, true, 0)
 		b = udiwarp.AppendReadRequest(b, &udiwarp.ReadRequestFields{SinkSTag: w.sinkSTag, SinkTO: w.sinkTO, Size: w.length,
 			SourceSTag: w.rstag, SourceTO: w.rto})
 	}

@@ -49,13 +49,7 @@ func (r *rdQP) trainable(s *Socket, w *rdWR, body uint32) bool {
 	default:
 		return false
 	}
-	if w.cut || body-w.sent < 2 || s.noGSO.Load() {
-		return false
-	}
-	if lim := s.gsoTooBig.Load(); lim != 0 && uint32(rdTrainHeader+int(w.seg)+udiwarp.CRCSize) >= lim {
-		return false
-	}
-	return true
+	return !w.cut && body-w.sent >= 2 && s.gsoFits(rdTrainHeader+int(w.seg)+udiwarp.CRCSize)
 }
 
 // train sends up to a train of w's body segments to p, as many as the
@@ -184,20 +178,9 @@ func (r *rdQP) train(s *Socket, p *rdPeer, w *rdWR, body uint32, now time.Time) 
 	for i := k - 1; i >= 0; i-- {
 		p.snd.Unpush(g.seqs[i])
 	}
-	switch err {
-	case errSocketFull:
+	if err == errSocketFull {
 		return 0, true
-	case unix.EINVAL, unix.EIO, unix.ENOPROTOOPT, unix.EOPNOTSUPP:
-		s.noGSO.Store(true)
-	case unix.EMSGSIZE:
-		// Larger than the route's MTU: UDP GSO does not fragment (a
-		// datagram sent alone is). Segments this large go one at a time.
-		for {
-			old := s.gsoTooBig.Load()
-			if old != 0 && old <= uint32(size) || s.gsoTooBig.CompareAndSwap(old, uint32(size)) {
-				break
-			}
-		}
 	}
+	s.gsoRefused(err, size) // a refusal: the segments go one at a time (rdQP.data)
 	return 0, false
 }
