@@ -35,19 +35,26 @@ import (
 // Not safe for concurrent use: the caller serializes every call (a QP's
 // lock). Host methods are called from inside these calls and must not
 // call back into the Endpoint.
-type Endpoint[M any] struct {
+type Endpoint[M, P any] struct {
 	cfg    EndpointConfig
-	host   Host[M]
+	host   Host[M, P]
 	rand   io.Reader
 	tokens *Tokens
 	graves *Graveyard[PeerKey]
-	table[M]
+	table[M, P]
 	held  int // bytes every peer's receiver buffers ahead of gaps
-	acks  []*peer[M]
-	ready []*peer[M]
+	acks  []*peer[M, P]
+	ready []*peer[M, P]
+	// responses are the done messages posted with PostResponse, which
+	// complete at the next complete, out of post order.
+	responses []*Message[M, P]
+	// delivering is set while Host.Deliver runs: Post and Responded
+	// leave sending and completing to the Receive under way.
+	delivering bool
+	trains     *trainCtx[M, P] // made by the first train (trains.go)
 	hb    [MaxHeaderSize]byte
 	ack   AckBlock
-	frame Frame[M]
+	frame Frame[M, P]
 	// Stats counts what the endpoint did; the caller reads it under its
 	// lock.
 	Stats EndpointStats
@@ -151,8 +158,10 @@ func (c EndpointConfig) Fill() EndpointConfig {
 	return c
 }
 
-// Host is what an Endpoint's caller does for it.
-type Host[M any] interface {
+// Host is what an Endpoint's caller does for it. P is the caller's
+// state per peer, which the Endpoint keeps in its own peer state
+// (Peer.State): made zero with the peer, dropped when it is forgotten.
+type Host[M, P any] interface {
 	// SegmentSize returns the bytes segment i of m adds to a Data frame
 	// after the RD header (its DDP segment), for congestion control's
 	// count of bytes in flight.
@@ -164,27 +173,100 @@ type Host[M any] interface {
 	// back and goes when Writable is called; anything else counts as
 	// sent (lost, for the protocol). A caller refuses here what it may
 	// not send (a Challenge to a multicast or broadcast source).
-	Send(f *Frame[M]) error
+	Send(f *Frame[M, P]) error
 	// Deliver carries out the next in-order DDP segment from peer
 	// (seq is its sequence number). ready false: the consumer cannot
 	// take it now (receiver not ready; the peer sends it again later).
 	// A Code other than 0 consumes it with that error, reported to the
-	// peer in the acks.
-	Deliver(peer PeerKey, seq uint32, segment []byte) (ready bool, code Code)
+	// peer in the acks. Deliver may call Post (a response to a request)
+	// and Responded (a response that came): what they send goes when the
+	// Receive that delivered ends.
+	Deliver(peer *Peer[P], seq uint32, segment []byte) (ready bool, code Code)
+	// Hold is asked before the endpoint buffers segment seq of peer
+	// ahead of a gap: it returns the bytes to keep (a copy the caller
+	// no longer touches; the segment's bytes are the caller's buffer),
+	// whether the segment is a claim on a consumer's resource until it
+	// is delivered (Receiver.Claim), and whether to keep it at all:
+	// HoldDrop drops it (as if lost: the peer sends it again), HoldRenege
+	// drops it and everything the peer's receiver holds (Receiver.Renege).
+	Hold(peer *Peer[P], seq uint32, segment []byte, st HoldState) (kept []byte, claim bool, v HoldVerdict)
 	// Complete reports that message m posted to peer is finished, in
-	// post order per peer: err nil when every segment was
-	// acknowledged (and, for a message posted with AwaitsResponse, its
-	// response noted by Responded), else the failure (*RemoteError,
-	// ErrRetryExceeded, ErrRNRRetryExceeded, ErrRemoteAborted,
-	// ErrFlushed, or what Responded gave).
-	Complete(peer PeerKey, m M, err error)
+	// post order per peer (a message posted with PostResponse as soon as
+	// it is): err nil when every segment was acknowledged (and, for a
+	// message posted with PostAwaits, its response noted by Responded),
+	// else the failure (*RemoteError, ErrRetryExceeded,
+	// ErrRNRRetryExceeded, ErrRemoteAborted, ErrFlushed, or what
+	// Responded gave).
+	Complete(peer *Peer[P], m M, err error)
 	// Event reports a change of a peer's session (see Event).
-	Event(peer PeerKey, ev Event)
+	Event(peer *Peer[P], ev Event)
 }
 
+// Trainer is what a Host that can send several Data frames in one
+// system call (a UDP GSO train) implements besides Host: the Endpoint
+// then numbers a message's segments that may go together and hands them
+// over at once.
+type Trainer[M, P any] interface {
+	// Train returns how many of m's segments from i on, of the n not
+	// yet numbered, may go as one train (under 2: none).
+	Train(m M, i, n uint32) int
+	// SendTrain transmits fs, Data frames of one message back to back,
+	// in one go: all of them, or none (ErrWouldBlock: the socket is
+	// full; any other error: this train could not go, and its segments
+	// go one at a time). fs and their headers are valid only during the
+	// call.
+	SendTrain(fs []Frame[M, P]) error
+}
+
+// Peer is a peer as its Endpoint shows it to the Host: its key and the
+// Host's state for it.
+type Peer[P any] struct {
+	Key   PeerKey
+	State P
+}
+
+// HoldState is what a peer's receiver holds when a segment would join
+// it ahead of a gap (Host.Hold).
+type HoldState struct {
+	// Held is how many segments it holds, Claims how many of them are
+	// claims (Receiver.Claims), HolesWith how many gaps they would span
+	// with this one (Receiver.HolesWith).
+	Held, Claims, HolesWith int
+}
+
+// HoldVerdict is a Host's answer to Hold.
+type HoldVerdict uint8
+
+const (
+	HoldKeep   HoldVerdict = iota // buffer the segment
+	HoldDrop                      // drop it, unacknowledged
+	HoldRenege                    // drop it and everything the peer's receiver holds
+)
+
+// PostFlags qualify a message given to Post.
+type PostFlags uint8
+
+const (
+	// PostAwaits: the message completes only once Responded too (an RDMA
+	// Read or atomic, whose response the caller matches); ORD bounds
+	// those in flight to a peer.
+	PostAwaits PostFlags = 1 << iota
+	// PostResponse: the message answers the peer's request (an RDMA
+	// Read or Atomic Response): it completes as soon as it is acknowledged,
+	// out of post order, and ends with its session (it never goes again
+	// in a new one).
+	PostResponse
+	// PostQuiet: nobody waits on the message's completion, so its last
+	// segment does not ask for an ack at once (FlagAckNow).
+	PostQuiet
+)
+
 // Frame is one frame an Endpoint sends.
-type Frame[M any] struct {
-	Dst    netip.AddrPort
+type Frame[M, P any] struct {
+	Dst netip.AddrPort
+	// Peer is the peer the frame goes to; nil for a Challenge to a
+	// source without state.
+	Peer   *Peer[P]
 	Header []byte // the RD header
 	Type   Type
 	// Data frames: the segment of which message the caller appends.
@@ -250,13 +332,14 @@ type EndpointStats struct {
 	Challenges, Rejected, Restarts, Reclaimed, AddrLimited, Refused uint64
 	OverBudget, Buffered, Duplicates, BeyondWindow, NotReady        uint64
 	DataSent, Retransmits, AcksSent, ControlSent, WindowProbes      uint64
+	Trains                                                         uint64
 	BadAcks, PeerFailures, Peers, Delivered, BadFrames              uint64
 }
 
 // Message is a message posted to a peer until it completes.
-type Message[M any] struct {
+type Message[M, P any] struct {
 	Handle  M
-	peer    *peer[M]
+	peer    *peer[M, P]
 	nseg    uint32
 	sent    uint32 // segments numbered
 	acked   uint32
@@ -266,15 +349,17 @@ type Message[M any] struct {
 	awaits  bool
 	resp    bool // its response came (Responded)
 	reading bool // counted in its peer's reads (ORD)
+	flags   PostFlags
 }
 
 // pkt is what a peer's sender keeps per frame.
-type pkt[M any] struct {
-	m *Message[M]
+type pkt[M, P any] struct {
+	m *Message[M, P]
 	i uint32
 }
 
-type peer[M any] struct {
+type peer[M, P any] struct {
+	pub         Peer[P] // the Host's view: its key and the Host's state
 	key         PeerKey
 	epoch       uint32 // ours in this session
 	prevEpoch   uint32 // ours before renew drew epoch, until established again
@@ -284,10 +369,10 @@ type peer[M any] struct {
 	theirToken  uint64 // ours to it carry it
 	theirEpoch  uint32
 	sendInit    bool
-	snd         *Sender[pkt[M]]
+	snd         *Sender[pkt[M, P]]
 	rcv         *Receiver[[]byte]
-	queue       []*Message[M] // segments not yet all numbered, in post order
-	posted      []*Message[M] // not completed, in post order, from postedAt
+	queue       []*Message[M, P] // segments not yet all numbered, in post order
+	posted      []*Message[M, P] // not completed, in post order, from postedAt
 	postedAt    int
 	helloAt     time.Time
 	helloTries  int
@@ -305,13 +390,13 @@ type peer[M any] struct {
 	held    int
 	ackHeld bool
 	ready   bool
-	slots[M]
+	slots[M, P]
 }
 
 // NewEndpoint returns an Endpoint for QP cfg.QPN that answers through h.
-func NewEndpoint[M any](cfg EndpointConfig, h Host[M]) *Endpoint[M] {
+func NewEndpoint[M, P any](cfg EndpointConfig, h Host[M, P]) *Endpoint[M, P] {
 	cfg = cfg.Fill()
-	e := &Endpoint[M]{cfg: cfg, host: h, rand: cfg.Rand}
+	e := &Endpoint[M, P]{cfg: cfg, host: h, rand: cfg.Rand}
 	e.tokens = NewTokensFrom(cfg.Rand)
 	e.graves = NewGraveyard[PeerKey](cfg.Graveyard, e.tokens)
 	e.table.init()
@@ -319,21 +404,21 @@ func NewEndpoint[M any](cfg EndpointConfig, h Host[M]) *Endpoint[M] {
 }
 
 // Config returns the endpoint's configuration, defaults filled.
-func (e *Endpoint[M]) Config() EndpointConfig { return e.cfg }
+func (e *Endpoint[M, P]) Config() EndpointConfig { return e.cfg }
 
 // Peers returns how many peers have state.
-func (e *Endpoint[M]) Peers() int { return len(e.peers) }
+func (e *Endpoint[M, P]) Peers() int { return len(e.peers) }
 
 // PeersOf returns how many peers address addr has.
-func (e *Endpoint[M]) PeersOf(addr netip.Addr) int { return e.perAddr[addr].n }
+func (e *Endpoint[M, P]) PeersOf(addr netip.Addr) int { return e.perAddr[addr].n }
 
 // Held returns the bytes all peers' receivers buffer ahead of gaps.
-func (e *Endpoint[M]) Held() int { return e.held }
+func (e *Endpoint[M, P]) Held() int { return e.held }
 
 // EachPeer calls f for every peer with state: its key, the bytes it
 // holds ahead of a gap, and the messages posted to it not yet complete.
 // Its order is not defined.
-func (e *Endpoint[M]) EachPeer(f func(k PeerKey, held, outstanding int)) {
+func (e *Endpoint[M, P]) EachPeer(f func(k PeerKey, held, outstanding int)) {
 	for k, p := range e.peers {
 		f(k, p.held, len(p.posted)-p.postedAt)
 	}
@@ -341,7 +426,7 @@ func (e *Endpoint[M]) EachPeer(f func(k PeerKey, held, outstanding int)) {
 
 // Session returns the epochs of the session with peer k, ours and
 // the peer's, if it has one established.
-func (e *Endpoint[M]) Session(k PeerKey) (ours, theirs uint32, ok bool) {
+func (e *Endpoint[M, P]) Session(k PeerKey) (ours, theirs uint32, ok bool) {
 	p := e.peers[k]
 	if p == nil || !p.established {
 		return 0, 0, false
@@ -350,9 +435,9 @@ func (e *Endpoint[M]) Session(k PeerKey) (ours, theirs uint32, ok bool) {
 }
 
 // Graves returns how many ended sessions the endpoint remembers.
-func (e *Endpoint[M]) Graves() int { return e.graves.Len() }
+func (e *Endpoint[M, P]) Graves() int { return e.graves.Len() }
 
-func (e *Endpoint[M]) newToken() uint64 {
+func (e *Endpoint[M, P]) newToken() uint64 {
 	var b [8]byte
 	for {
 		io.ReadFull(e.rand, b[:])
@@ -363,10 +448,11 @@ func (e *Endpoint[M]) newToken() uint64 {
 }
 
 // Post queues message m of nseg segments (at least one) for peer k and
-// sends what the windows allow now. awaits: the message completes only
-// once Responded too (an RDMA Read or atomic, whose response the caller
-// matches). The returned Message names it to Responded.
-func (e *Endpoint[M]) Post(now time.Time, k PeerKey, m M, nseg uint32, awaits bool) (*Message[M], error) {
+// sends what the windows allow now (or, called from Host.Deliver, when
+// the Receive under way ends). flags qualify it (PostAwaits,
+// PostResponse, PostQuiet). The returned Message names it to Responded
+// and Cut.
+func (e *Endpoint[M, P]) Post(now time.Time, k PeerKey, m M, nseg uint32, flags PostFlags) (*Message[M, P], error) {
 	p := e.peers[k]
 	if p == nil {
 		if !e.room(now) {
@@ -375,25 +461,58 @@ func (e *Endpoint[M]) Post(now time.Time, k PeerKey, m M, nseg uint32, awaits bo
 		p = e.newPeer(k, now)
 		p.myToken = e.newToken()
 	}
-	w := &Message[M]{Handle: m, peer: p, nseg: max(nseg, 1), awaits: awaits}
+	w := &Message[M, P]{Handle: m, peer: p, nseg: max(nseg, 1), awaits: flags&PostAwaits != 0, flags: flags}
 	p.queue = append(p.queue, w)
-	p.posted = append(p.posted, w)
-	if !p.established {
+	if flags&PostResponse == 0 {
+		p.post(w)
+	}
+	switch {
+	case e.delivering:
+		// From Host.Deliver: the Receive under way sends it when it ends.
+	case !p.established:
 		if p.helloAt.IsZero() {
 			e.hello(p, now)
 		}
-	} else {
+	default:
 		e.pump(p, now)
 	}
 	e.touch(p)
 	return w, nil
 }
 
+// post adds w to the messages posted to p. A full array whose front
+// half or more is completed is compacted instead of grown, so that a
+// peer with messages always outstanding allocates nothing per post.
+func (p *peer[M, P]) post(w *Message[M, P]) {
+	if len(p.posted) == cap(p.posted) && p.postedAt > 0 && p.postedAt >= len(p.posted)/2 {
+		n := copy(p.posted, p.posted[p.postedAt:])
+		clear(p.posted[n:])
+		p.posted, p.postedAt = p.posted[:n], 0
+	}
+	p.posted = append(p.posted, w)
+}
+
+// Sent returns how many of the message's segments are numbered.
+func (w *Message[M, P]) Sent() uint32 { return w.sent }
+
+// Cut ends w after the segments numbered so far and one more (which
+// the Host sends short, an empty last segment): a Read Response whose
+// source region went away. Nothing changes once all are numbered.
+func (e *Endpoint[M, P]) Cut(w *Message[M, P]) {
+	if !w.done && w.sent < w.nseg {
+		w.nseg = w.sent + 1
+	}
+}
+
+// Blocked reports whether peers wait for Writable: a full socket held
+// them up.
+func (e *Endpoint[M, P]) Blocked() bool { return e.writableAt < len(e.writable) }
+
 // Responded notes that the response to w (posted with awaits) came,
 // with err nil or the failure it shows; w completes once every segment
 // of it is acknowledged too, and the next message awaiting a response
 // may go (ORD).
-func (e *Endpoint[M]) Responded(now time.Time, w *Message[M], err error) {
+func (e *Endpoint[M, P]) Responded(now time.Time, w *Message[M, P], err error) {
 	if w.done || w.resp {
 		return
 	}
@@ -404,18 +523,20 @@ func (e *Endpoint[M]) Responded(now time.Time, w *Message[M], err error) {
 	p := w.peer
 	w.unread()
 	if w.acked == w.nseg {
-		w.done = true
-		e.finished(p)
+		e.finish(w)
+	}
+	e.touch(p)
+	if e.delivering {
+		return // the Receive under way pumps and completes
 	}
 	if p.listed && p.established && len(p.queue) > 0 {
 		e.pump(p, now)
 	}
-	e.touch(p)
 	e.complete()
 }
 
 // unread takes w off its peer's count of messages awaiting a response.
-func (w *Message[M]) unread() {
+func (w *Message[M, P]) unread() {
 	if w.reading {
 		w.reading = false
 		w.peer.reads--
@@ -423,19 +544,26 @@ func (w *Message[M]) unread() {
 }
 
 // hello (re)sends Hello to a peer we have no tokens from yet.
-func (e *Endpoint[M]) hello(p *peer[M], now time.Time) {
+func (e *Endpoint[M, P]) hello(p *peer[M, P], now time.Time) {
 	p.helloAt = now
 	b := Append(e.hb[:0], &Fields{Type: Hello, Window: p.rcv.Window(), DstQPN: p.key.QPN, SrcQPN: e.cfg.QPN,
 		Epoch: p.epoch, Init: true, Issued: p.myToken})
-	e.control(p.key.Addr, Hello, b)
+	e.control(p, p.key.Addr, Hello, b)
 }
 
-func (e *Endpoint[M]) control(dst netip.AddrPort, t Type, hdr []byte) {
+// control sends a frame without payload to dst (p's address, or a
+// source without state: p nil), and reports whether it went.
+func (e *Endpoint[M, P]) control(p *peer[M, P], dst netip.AddrPort, t Type, hdr []byte) bool {
 	f := &e.frame
-	*f = Frame[M]{Dst: dst, Header: hdr, Type: t}
-	if e.host.Send(f) == nil {
-		e.Stats.ControlSent++
+	*f = Frame[M, P]{Dst: dst, Header: hdr, Type: t}
+	if p != nil {
+		f.Peer = &p.pub
 	}
+	if e.host.Send(f) != nil {
+		return false
+	}
+	e.Stats.ControlSent++
+	return true
 }
 
 // frameOverhead is what a Data frame adds to its segment, near enough
@@ -445,7 +573,7 @@ const frameOverhead = HeaderSize + SeqSize + 4
 
 // pump numbers and sends p's queued segments while its windows, its
 // pacing and the socket allow.
-func (e *Endpoint[M]) pump(p *peer[M], now time.Time) {
+func (e *Endpoint[M, P]) pump(p *peer[M, P], now time.Time) {
 	for len(p.queue) > 0 {
 		probing := false
 		switch {
@@ -456,10 +584,8 @@ func (e *Endpoint[M]) pump(p *peer[M], now time.Time) {
 		default:
 			return
 		}
-		if !probing {
-			if at := p.snd.SendAt(now); !at.IsZero() && at.Sub(now) > e.cfg.PaceSlack {
-				return // the pacing clock holds it: the timer sends it
-			}
+		if !probing && !e.paced(p, now) {
+			return // the pacing clock holds it: the timer sends it
 		}
 		w := p.queue[0]
 		if w.done { // failed meanwhile
@@ -469,9 +595,22 @@ func (e *Endpoint[M]) pump(p *peer[M], now time.Time) {
 		if w.awaits && !w.reading && p.reads >= e.cfg.ORD {
 			return // ORD reached: later messages wait their turn, in order
 		}
-		pk := pkt[M]{m: w, i: w.sent}
+		if !probing {
+			k, blocked := e.train(p, w, now)
+			if blocked {
+				e.waitWritable(p)
+				return
+			}
+			if k > 0 {
+				if w.sent == w.nseg {
+					p.popQueue()
+				}
+				continue
+			}
+		}
+		pk := pkt[M, P]{m: w, i: w.sent}
 		seq := p.snd.Push(pk, e.host.SegmentSize(w.Handle, w.sent)+frameOverhead, now)
-		tail := w.sent+1 == w.nseg && len(p.queue) == 1
+		tail := w.sent+1 == w.nseg && len(p.queue) == 1 && w.flags&PostQuiet == 0
 		if err := e.data(p, seq, &pk, now, probing || tail, true); err == ErrWouldBlock {
 			p.snd.Unpush(seq)
 			e.waitWritable(p)
@@ -495,7 +634,7 @@ func (e *Endpoint[M]) pump(p *peer[M], now time.Time) {
 	p.snd.SetAppLimited()
 }
 
-func (p *peer[M]) popQueue() {
+func (p *peer[M, P]) popQueue() {
 	p.queue[0] = nil
 	if len(p.queue) == 1 {
 		p.queue = p.queue[:0]
@@ -506,14 +645,14 @@ func (p *peer[M]) popQueue() {
 
 // data builds and sends Data frame seq for pk, with an ack for p
 // piggybacked when one is due.
-func (e *Endpoint[M]) data(p *peer[M], seq uint32, pk *pkt[M], now time.Time, ackNow, first bool) error {
+func (e *Endpoint[M, P]) data(p *peer[M, P], seq uint32, pk *pkt[M, P], now time.Time, ackNow, first bool) error {
 	f := Fields{Type: Data, Window: p.rcv.Window(), DstQPN: p.key.QPN, SrcQPN: e.cfg.QPN,
 		Epoch: p.epoch, Token: p.theirToken, Seq: seq, Init: p.sendInit, Issued: p.myToken, AckNow: ackNow}
 	if !p.rcv.AckDue(now).IsZero() {
 		f.Ack = e.ackBlock(p, now, &f.RNR)
 	}
 	fr := &e.frame
-	*fr = Frame[M]{Dst: p.key.Addr, Header: Append(e.hb[:0], &f), Type: Data, Msg: pk.m.Handle, Index: pk.i, First: first}
+	*fr = Frame[M, P]{Dst: p.key.Addr, Peer: &p.pub, Header: Append(e.hb[:0], &f), Type: Data, Msg: pk.m.Handle, Index: pk.i, First: first}
 	err := e.host.Send(fr)
 	if err != ErrWouldBlock {
 		p.last = now
@@ -523,7 +662,7 @@ func (e *Endpoint[M]) data(p *peer[M], seq uint32, pk *pkt[M], now time.Time, ac
 }
 
 // ackBlock fills the endpoint's ack block for p, with p's recent errors.
-func (e *Endpoint[M]) ackBlock(p *peer[M], now time.Time, rnr *bool) *AckBlock {
+func (e *Endpoint[M, P]) ackBlock(p *peer[M, P], now time.Time, rnr *bool) *AckBlock {
 	a := &e.ack
 	*rnr = p.rcv.Ack(a, now)
 	for i := 0; i < p.nerr; i++ {
@@ -535,15 +674,15 @@ func (e *Endpoint[M]) ackBlock(p *peer[M], now time.Time, rnr *bool) *AckBlock {
 	return a
 }
 
-func (e *Endpoint[M]) sendAck(p *peer[M], now time.Time) {
+func (e *Endpoint[M, P]) sendAck(p *peer[M, P], now time.Time) {
 	f := Fields{Type: Ack, Window: p.rcv.Window(), DstQPN: p.key.QPN, SrcQPN: e.cfg.QPN,
 		Epoch: p.epoch, Token: p.theirToken, Init: p.sendInit, Issued: p.myToken}
 	f.Ack = e.ackBlock(p, now, &f.RNR)
-	e.control(p.key.Addr, Ack, Append(e.hb[:0], &f))
+	e.control(p, p.key.Addr, Ack, Append(e.hb[:0], &f))
 	e.Stats.AcksSent++
 }
 
-func (p *peer[M]) noteErr(seq uint32, code Code) {
+func (p *peer[M, P]) noteErr(seq uint32, code Code) {
 	if p.nerr < len(p.errs) {
 		p.nerr++
 	} else {
@@ -558,12 +697,18 @@ func (p *peer[M]) noteErr(seq uint32, code Code) {
 // does not read in batches calls EndBatch after each Receive. It returns
 // an error for a frame that does not parse (counted, nothing changed)
 // or that names another QP (ErrNotMine).
-func (e *Endpoint[M]) Receive(now time.Time, src netip.AddrPort, frame []byte) error {
+func (e *Endpoint[M, P]) Receive(now time.Time, src netip.AddrPort, frame []byte) error {
 	var h Header
 	if err := h.Parse(frame); err != nil {
 		e.Stats.BadFrames++
 		return err
 	}
+	return e.ReceiveParsed(now, src, &h, frame)
+}
+
+// ReceiveParsed is Receive for a caller that parsed the frame's header
+// already (to find the endpoint it goes to): h is frame's, parsed.
+func (e *Endpoint[M, P]) ReceiveParsed(now time.Time, src netip.AddrPort, h *Header, frame []byte) error {
 	if h.DstQPN != e.cfg.QPN {
 		return ErrNotMine
 	}
@@ -571,7 +716,7 @@ func (e *Endpoint[M]) Receive(now time.Time, src netip.AddrPort, frame []byte) e
 	p := e.peers[k]
 	switch h.Type {
 	case Hello:
-		e.challenge(&h, len(frame), src, h.Issued, p)
+		e.challenge(h, len(frame), src, h.Issued, p)
 		return nil
 	case Challenge:
 		switch {
@@ -593,7 +738,7 @@ func (e *Endpoint[M]) Receive(now time.Time, src netip.AddrPort, frame []byte) e
 				}
 			}
 			p.nopens = 0
-			e.host.Event(k, EventEstablished)
+			e.host.Event(&p.pub, EventEstablished)
 		case p != nil && p.established && h.Token == p.theirToken:
 			// The peer answered a frame of this session with a
 			// Challenge: it has no state for it, and it proved it is
@@ -618,7 +763,7 @@ func (e *Endpoint[M]) Receive(now time.Time, src netip.AddrPort, frame []byte) e
 			// The keyed token of a Challenge of ours (both sides opened
 			// at once): kept, so that it counts after the secret turns.
 			p.keyedToken = h.Token
-		case h.Type == Data && h.HasInit && e.keyed(p, &h, src, &epoch):
+		case h.Type == Data && h.HasInit && e.keyed(p, h, src, &epoch):
 			// First contact, validated: the source received our Challenge.
 			switch {
 			case p == nil:
@@ -640,7 +785,7 @@ func (e *Endpoint[M]) Receive(now time.Time, src netip.AddrPort, frame []byte) e
 			p.epoch, p.prevEpoch, p.nopens = epoch, 0, 0
 			p.myToken, p.theirToken, p.theirEpoch, p.established, p.sendInit = h.Token, h.Issued, h.Epoch, true, false
 			p.keyedToken = 0
-			e.host.Event(k, EventEstablished)
+			e.host.Event(&p.pub, EventEstablished)
 		case h.Type == Data:
 			// No state, a stale epoch or a wrong token: a Challenge no
 			// larger than the frame; nothing changes.
@@ -657,7 +802,7 @@ func (e *Endpoint[M]) Receive(now time.Time, src netip.AddrPort, frame []byte) e
 					e.graves.Bury(k, h.Epoch)
 				}
 			}
-			e.challenge(&h, len(frame), src, h.Token, p)
+			e.challenge(h, len(frame), src, h.Token, p)
 			return nil
 		default:
 			e.Stats.Rejected++
@@ -667,14 +812,14 @@ func (e *Endpoint[M]) Receive(now time.Time, src netip.AddrPort, frame []byte) e
 		e.touch(p)
 		if h.HasAck {
 			p.sendInit = false // the peer has our state
-			if err := e.onAck(p, &h, now); err != nil {
+			if err := e.onAck(p, h, now); err != nil {
 				e.failPeer(p, err)
 				e.complete()
 				return nil
 			}
 		}
 		if h.Type == Data {
-			e.onData(p, &h, frame[h.Size:], now)
+			e.onData(p, h, frame[h.Size:], now)
 		}
 	}
 	if p.established && len(p.queue) > 0 {
@@ -691,7 +836,7 @@ func (e *Endpoint[M]) Receive(now time.Time, src netip.AddrPort, frame []byte) e
 
 // EndBatch sends the acks the frames of the batch just read made due,
 // one per peer (a Data frame sent back meanwhile may have carried it).
-func (e *Endpoint[M]) EndBatch(now time.Time) {
+func (e *Endpoint[M, P]) EndBatch(now time.Time) {
 	for i, p := range e.acks {
 		p.ackHeld = false
 		e.acks[i] = nil
@@ -709,7 +854,7 @@ func (e *Endpoint[M]) EndBatch(now time.Time) {
 // keyed token a Challenge of ours issued for its source and epoch, and
 // sets *epoch to ours in that session. A buried session is not opened
 // again.
-func (e *Endpoint[M]) keyed(p *peer[M], h *Header, src netip.AddrPort, epoch *uint32) bool {
+func (e *Endpoint[M, P]) keyed(p *peer[M, P], h *Header, src netip.AddrPort, epoch *uint32) bool {
 	if e.graves.Buried(PeerKey{src, h.SrcQPN}, h.Epoch) {
 		return false
 	}
@@ -735,7 +880,7 @@ func (e *Endpoint[M]) keyed(p *peer[M], h *Header, src netip.AddrPort, epoch *ui
 // challenge answers a source without valid state, echoing echo, if the
 // Challenge is no larger than the frame (size, without its CRC) that
 // drew it.
-func (e *Endpoint[M]) challenge(h *Header, size int, src netip.AddrPort, echo uint64, p *peer[M]) {
+func (e *Endpoint[M, P]) challenge(h *Header, size int, src netip.AddrPort, echo uint64, p *peer[M, P]) {
 	if h.SrcQPN == 0 || h.SrcQPN > 1<<24-1 {
 		return
 	}
@@ -762,15 +907,16 @@ func (e *Endpoint[M]) challenge(h *Header, size int, src netip.AddrPort, echo ui
 	if len(b) > size {
 		return // 1x: never more bytes to an unvalidated source than it sent
 	}
-	e.control(src, Challenge, b)
-	e.Stats.Challenges++
+	if e.control(nil, src, Challenge, b) {
+		e.Stats.Challenges++
+	}
 }
 
 // onAck applies an ack to p's sender.
-func (e *Endpoint[M]) onAck(p *peer[M], h *Header, now time.Time) error {
+func (e *Endpoint[M, P]) onAck(p *peer[M, P], h *Header, now time.Time) error {
 	a := &h.Ack
 	err := p.snd.OnAck(a, h.Window, h.HasRNR, now,
-		func(seq uint32, pk *pkt[M]) {
+		func(seq uint32, pk *pkt[M, P]) {
 			w := pk.m
 			code, bad := a.Error(seq)
 			if bad && w.err == nil {
@@ -784,10 +930,9 @@ func (e *Endpoint[M]) onAck(p *peer[M], h *Header, now time.Time) error {
 				return // when its response comes (Responded)
 			}
 			w.unread() // refused: no response will come
-			w.done = true
-			e.finished(p)
+			e.finish(w)
 		},
-		func(seq uint32, pk *pkt[M]) {
+		func(seq uint32, pk *pkt[M, P]) {
 			e.Stats.Retransmits++
 			e.data(p, seq, pk, now, false, false)
 		})
@@ -800,12 +945,14 @@ func (e *Endpoint[M]) onAck(p *peer[M], h *Header, now time.Time) error {
 
 // onData runs a Data frame's sequence number through p's receiver and
 // delivers what is in order.
-func (e *Endpoint[M]) onData(p *peer[M], h *Header, seg []byte, now time.Time) {
+func (e *Endpoint[M, P]) onData(p *peer[M, P], h *Header, seg []byte, now time.Time) {
 	if h.WantsAck {
 		p.rcv.Urge()
 	}
 	deliver := func(seq uint32, b []byte) bool {
-		ready, code := e.host.Deliver(p.key, seq, b)
+		e.delivering = true
+		ready, code := e.host.Deliver(&p.pub, seq, b)
+		e.delivering = false
 		if !ready {
 			e.Stats.NotReady++
 			return false
@@ -822,9 +969,15 @@ func (e *Endpoint[M]) onData(p *peer[M], h *Header, seg []byte, now time.Time) {
 	next := p.rcv.Next()
 	switch v := p.rcv.Classify(h.Seq); v {
 	case Buffered:
-		if p.held+len(seg) > e.cfg.MaxHeldBytes || e.held+len(seg) > e.cfg.MaxEndpointHeldBytes {
-			// Over a budget: dropped unacknowledged, as if lost.
-			e.Stats.OverBudget++
+		if e.overBudget(p, len(seg)) {
+			return
+		}
+		kept, claim, hv := e.host.Hold(&p.pub, h.Seq, seg, HoldState{Held: p.rcv.Held(), Claims: p.rcv.Claims(), HolesWith: p.rcv.HolesWith(h.Seq)})
+		switch {
+		case hv == HoldRenege:
+			p.rcv.Renege() // its release takes each off the budgets
+			return
+		case hv != HoldKeep, e.overBudget(p, len(kept)):
 			return
 		}
 		if p.rcv.Held() == 0 {
@@ -834,9 +987,12 @@ func (e *Endpoint[M]) onData(p *peer[M], h *Header, seg []byte, now time.Time) {
 			// reclaimed with them in flight (reclaimAt).
 			p.moved = now
 		}
-		p.held += len(seg)
-		e.held += len(seg)
-		p.rcv.Receive(h.Seq, append([]byte(nil), seg...), now, deliver)
+		p.held += len(kept)
+		e.held += len(kept)
+		p.rcv.Receive(h.Seq, kept, now, deliver)
+		if claim {
+			p.rcv.Claim(h.Seq)
+		}
 		e.Stats.Buffered++
 	case Duplicate:
 		p.rcv.Receive(h.Seq, nil, now, deliver)
@@ -852,16 +1008,38 @@ func (e *Endpoint[M]) onData(p *peer[M], h *Header, seg []byte, now time.Time) {
 	}
 }
 
-func (e *Endpoint[M]) unhold(p *peer[M], b []byte) {
+// overBudget reports whether n more bytes held for p would pass p's or
+// the endpoint's budget, and counts it: such a frame is dropped
+// unacknowledged, as if lost.
+func (e *Endpoint[M, P]) overBudget(p *peer[M, P], n int) bool {
+	if p.held+n > e.cfg.MaxHeldBytes || e.held+n > e.cfg.MaxEndpointHeldBytes {
+		e.Stats.OverBudget++
+		return true
+	}
+	return false
+}
+
+func (e *Endpoint[M, P]) unhold(p *peer[M, P], b []byte) {
 	p.held -= len(b)
 	e.held -= len(b)
 }
 
-func (e *Endpoint[M]) newReceiver(p *peer[M]) *Receiver[[]byte] {
+func (e *Endpoint[M, P]) newReceiver(p *peer[M, P]) *Receiver[[]byte] {
 	return NewReceiver[[]byte](e.cfg.Config, func(b []byte) { e.unhold(p, b) })
 }
 
-func (e *Endpoint[M]) finished(p *peer[M]) {
+// finish marks w done: a response completes at the next complete, any
+// other message when those posted before it to its peer have.
+func (e *Endpoint[M, P]) finish(w *Message[M, P]) {
+	w.done = true
+	if w.flags&PostResponse != 0 {
+		e.responses = append(e.responses, w)
+		return
+	}
+	e.finished(w.peer)
+}
+
+func (e *Endpoint[M, P]) finished(p *peer[M, P]) {
 	if !p.ready {
 		p.ready = true
 		e.ready = append(e.ready, p)
@@ -871,7 +1049,13 @@ func (e *Endpoint[M]) finished(p *peer[M]) {
 // complete completes the finished messages of the peers that have any,
 // in post order per peer: a message waits for those posted before it to
 // the same peer, never for another peer's.
-func (e *Endpoint[M]) complete() {
+func (e *Endpoint[M, P]) complete() {
+	for i := 0; i < len(e.responses); i++ {
+		w := e.responses[i]
+		e.responses[i] = nil
+		e.host.Complete(&w.peer.pub, w.Handle, w.err)
+	}
+	e.responses = e.responses[:0]
 	for i := 0; i < len(e.ready); i++ {
 		p := e.ready[i]
 		e.ready[i] = nil
@@ -880,7 +1064,7 @@ func (e *Endpoint[M]) complete() {
 			w := p.posted[p.postedAt]
 			p.posted[p.postedAt] = nil
 			p.postedAt++
-			e.host.Complete(p.key, w.Handle, w.err)
+			e.host.Complete(&p.pub, w.Handle, w.err)
 		}
 		if p.postedAt == len(p.posted) {
 			p.posted, p.postedAt = p.posted[:0], 0
@@ -896,7 +1080,7 @@ func (e *Endpoint[M]) complete() {
 
 // failPeer fails every message to p with err (mapped from the sender's)
 // and drops its state; the endpoint goes on serving its other peers.
-func (e *Endpoint[M]) failPeer(p *peer[M], err error) {
+func (e *Endpoint[M, P]) failPeer(p *peer[M, P], err error) {
 	if !errors.Is(err, ErrRNRRetryExceeded) {
 		err = ErrRetryExceeded
 	}
@@ -907,10 +1091,11 @@ func (e *Endpoint[M]) failPeer(p *peer[M], err error) {
 
 // abort ends with err every message to p in flight and, if all, those
 // still queued too.
-func (e *Endpoint[M]) abort(p *peer[M], err error, all bool) {
-	p.snd.Each(func(_ uint32, pk *pkt[M]) {
+func (e *Endpoint[M, P]) abort(p *peer[M, P], err error, all bool) {
+	p.snd.Each(func(_ uint32, pk *pkt[M, P]) {
 		if w := pk.m; !w.done && !w.again {
-			w.err, w.done = err, true
+			w.err = err
+			e.finish(w)
 		}
 	})
 	p.snd.Reset()
@@ -919,8 +1104,10 @@ func (e *Endpoint[M]) abort(p *peer[M], err error, all bool) {
 	for _, w := range p.queue {
 		switch {
 		case w.done:
-		case all || w.sent > 0:
-			w.err, w.done = err, true
+		case all || w.sent > 0 || w.flags&PostResponse != 0:
+			// A response answers the old session: it ends with it.
+			w.err = err
+			e.finish(w)
 		default:
 			keep = append(keep, w)
 		}
@@ -929,7 +1116,8 @@ func (e *Endpoint[M]) abort(p *peer[M], err error, all bool) {
 	p.queue = keep
 	for _, w := range p.posted[p.postedAt:] {
 		if !w.done && !w.again && (all || w.sent > 0) {
-			w.err, w.done = err, true
+			w.err = err
+			e.finish(w)
 		}
 		if w.done {
 			w.unread()
@@ -939,8 +1127,8 @@ func (e *Endpoint[M]) abort(p *peer[M], err error, all bool) {
 }
 
 // bury remembers that p's session ended.
-func (e *Endpoint[M]) bury(p *peer[M]) {
-	e.host.Event(p.key, EventSessionEnded)
+func (e *Endpoint[M, P]) bury(p *peer[M, P]) {
+	e.host.Event(&p.pub, EventSessionEnded)
 	if p.established {
 		e.graves.Bury(p.key, p.theirEpoch)
 	}
@@ -949,11 +1137,11 @@ func (e *Endpoint[M]) bury(p *peer[M]) {
 // restart handles a peer that came back with a new session: messages in
 // flight to its old one fail with ErrRemoteAborted, queued ones start
 // over in the new session, and the old session is buried.
-func (e *Endpoint[M]) restart(p *peer[M], now time.Time) {
+func (e *Endpoint[M, P]) restart(p *peer[M, P], now time.Time) {
 	e.bury(p)
 	e.abort(p, ErrRemoteAborted, false)
 	p.probe = false
-	p.snd = NewSender[pkt[M]](e.cfg.Config)
+	p.snd = NewSender[pkt[M, P]](e.cfg.Config)
 	p.rcv = e.newReceiver(p)
 	p.nerr = 0
 	p.established = false
@@ -965,20 +1153,20 @@ func (e *Endpoint[M]) restart(p *peer[M], now time.Time) {
 // once, its one copy found no session, so the peer carried out neither
 // it nor anything after it: the messages wholly at or after it go again
 // in the new session; those before it complete with ErrRemoteAborted.
-func (e *Endpoint[M]) renew(p *peer[M], seq16 uint16, now time.Time) {
+func (e *Endpoint[M, P]) renew(p *peer[M, P], seq16 uint16, now time.Time) {
 	cut := p.snd.Next()
 	if seq, once, ok := p.snd.Find(seq16); ok && once {
 		cut = seq
 	}
-	var again []*Message[M]
-	var last *Message[M]
-	p.snd.Each(func(seq uint32, pk *pkt[M]) {
+	var again []*Message[M, P]
+	var last *Message[M, P]
+	p.snd.Each(func(seq uint32, pk *pkt[M, P]) {
 		w := pk.m
 		if w == last {
 			return
 		}
 		last = w
-		if !w.done && w.acked == 0 && !Before(seq, cut) {
+		if !w.done && w.acked == 0 && w.flags&PostResponse == 0 && !Before(seq, cut) {
 			w.again = true
 			again = append(again, w)
 		}
@@ -988,7 +1176,7 @@ func (e *Endpoint[M]) renew(p *peer[M], seq16 uint16, now time.Time) {
 		w.unread()
 	}
 	e.restart(p, now)
-	queue := make([]*Message[M], 0, len(again)+len(p.queue))
+	queue := make([]*Message[M, P], 0, len(again)+len(p.queue))
 	queue = append(queue, again...)
 	for _, w := range p.queue {
 		if !w.again && !w.done {
@@ -1011,7 +1199,7 @@ func (e *Endpoint[M]) renew(p *peer[M], seq16 uint16, now time.Time) {
 }
 
 // Tick runs the endpoint's timers at now (at or after Deadline).
-func (e *Endpoint[M]) Tick(now time.Time) {
+func (e *Endpoint[M, P]) Tick(now time.Time) {
 	for _, p := range e.takeDue(now) {
 		if !p.listed {
 			continue // forgotten by an earlier one's work
@@ -1028,7 +1216,7 @@ func (e *Endpoint[M]) Tick(now time.Time) {
 			continue
 		}
 		if d := p.snd.Deadline(); !d.IsZero() && !now.Before(d) {
-			err := p.snd.OnTimer(now, func(seq uint32, pk *pkt[M]) {
+			err := p.snd.OnTimer(now, func(seq uint32, pk *pkt[M, P]) {
 				e.Stats.Retransmits++
 				e.data(p, seq, pk, now, true, false)
 			})
@@ -1063,11 +1251,11 @@ func (e *Endpoint[M]) Tick(now time.Time) {
 	e.complete()
 }
 
-func (e *Endpoint[M]) helloWait(p *peer[M]) time.Duration {
+func (e *Endpoint[M, P]) helloWait(p *peer[M, P]) time.Duration {
 	return min(e.cfg.InitialRTT<<min(p.helloTries, 20), e.cfg.MaxRTO)
 }
 
-func (e *Endpoint[M]) compact(p *peer[M], now time.Time) {
+func (e *Endpoint[M, P]) compact(p *peer[M, P], now time.Time) {
 	if p.quiet() && !now.Before(p.last.Add(e.cfg.CompactAfter)) {
 		p.snd.Compact()
 		p.rcv.Compact()
@@ -1079,7 +1267,7 @@ func (e *Endpoint[M]) compact(p *peer[M], now time.Time) {
 
 // Writable tells the endpoint the socket has room again: the peers a
 // full socket held up send, in the order it held them.
-func (e *Endpoint[M]) Writable(now time.Time) {
+func (e *Endpoint[M, P]) Writable(now time.Time) {
 	for e.writableAt < len(e.writable) {
 		p := e.writable[e.writableAt]
 		e.writable[e.writableAt] = nil
@@ -1096,7 +1284,7 @@ func (e *Endpoint[M]) Writable(now time.Time) {
 	e.writable, e.writableAt = e.writable[:0], 0
 }
 
-func (e *Endpoint[M]) waitWritable(p *peer[M]) {
+func (e *Endpoint[M, P]) waitWritable(p *peer[M, P]) {
 	if !p.waiting {
 		p.waiting = true
 		e.writable = append(e.writable, p)
@@ -1105,7 +1293,7 @@ func (e *Endpoint[M]) waitWritable(p *peer[M]) {
 
 // Flush ends every message with ErrFlushed and forgets every peer,
 // burying their sessions (the QP moved to ERROR).
-func (e *Endpoint[M]) Flush() {
+func (e *Endpoint[M, P]) Flush() {
 	for _, p := range e.byAge() {
 		e.abort(p, ErrFlushed, true)
 		e.forget(p)
@@ -1115,8 +1303,8 @@ func (e *Endpoint[M]) Flush() {
 
 // byAge returns the peers in the order they were made (a deterministic
 // order for Flush).
-func (e *Endpoint[M]) byAge() []*peer[M] {
-	ps := make([]*peer[M], 0, len(e.peers))
+func (e *Endpoint[M, P]) byAge() []*peer[M, P] {
+	ps := make([]*peer[M, P], 0, len(e.peers))
 	for _, p := range e.peers {
 		ps = append(ps, p)
 	}

@@ -22,27 +22,27 @@ import (
 //     call costs the peers it touched, not the table;
 //   - the peers a full socket held up (Writable).
 
-type table[M any] struct {
-	peers      map[PeerKey]*peer[M]
-	perAddr    map[netip.Addr]addrPeers[M]
-	tm         []*peer[M] // min-heap by tmAt
+type table[M, P any] struct {
+	peers      map[PeerKey]*peer[M, P]
+	perAddr    map[netip.Addr]addrPeers[M, P]
+	tm         []*peer[M, P] // min-heap by tmAt
 	base       time.Time  // tmAt counts from it
 	haveBase   bool
-	free       plist[M] // quiet, holding nothing
-	holding    plist[M] // quiet, holding frames ahead of a gap
-	dirty      []*peer[M]
-	due        []*peer[M]
-	writable   []*peer[M]
+	free       plist[M, P] // quiet, holding nothing
+	holding    plist[M, P] // quiet, holding frames ahead of a gap
+	dirty      []*peer[M, P]
+	due        []*peer[M, P]
+	writable   []*peer[M, P]
 	writableAt int
 	ids        uint64
 }
 
-type addrPeers[M any] struct {
+type addrPeers[M, P any] struct {
 	n    int
-	head *peer[M]
+	head *peer[M, P]
 }
 
-type plist[M any] struct{ head, tail *peer[M] }
+type plist[M, P any] struct{ head, tail *peer[M, P] }
 
 const (
 	noList = iota
@@ -51,7 +51,7 @@ const (
 )
 
 // slots are a peer's places in its endpoint's table.
-type slots[M any] struct {
+type slots[M, P any] struct {
 	id                 uint64 // order of creation
 	tmAt               int64  // when its timed work is due, in ns after table.base
 	tmIdx              int32  // 1 + its index in the heap; 0: none
@@ -59,29 +59,30 @@ type slots[M any] struct {
 	listed             bool // in the table (forget clears it)
 	dirty              bool
 	waiting            bool // in table.writable
-	lprev, lnext       *peer[M]
-	addrPrev, addrNext *peer[M]
+	lprev, lnext       *peer[M, P]
+	addrPrev, addrNext *peer[M, P]
 }
 
-func (t *table[M]) init() {
-	t.peers, t.perAddr = map[PeerKey]*peer[M]{}, map[netip.Addr]addrPeers[M]{}
+func (t *table[M, P]) init() {
+	t.peers, t.perAddr = map[PeerKey]*peer[M, P]{}, map[netip.Addr]addrPeers[M, P]{}
 }
 
-func (t *table[M]) touch(p *peer[M]) {
+func (t *table[M, P]) touch(p *peer[M, P]) {
 	if !p.dirty && p.listed {
 		p.dirty = true
 		t.dirty = append(t.dirty, p)
 	}
 }
 
-func (e *Endpoint[M]) newPeer(k PeerKey, now time.Time) *peer[M] {
+func (e *Endpoint[M, P]) newPeer(k PeerKey, now time.Time) *peer[M, P] {
 	if !e.haveBase {
 		e.base, e.haveBase = now, true
 	}
-	p := &peer[M]{key: k, last: now, moved: now, epoch: newEpochFrom(e.rand)}
+	p := &peer[M, P]{key: k, last: now, moved: now, epoch: newEpochFrom(e.rand)}
+	p.pub.Key = k
 	e.ids++
 	p.id = e.ids
-	p.snd = NewSender[pkt[M]](e.cfg.Config)
+	p.snd = NewSender[pkt[M, P]](e.cfg.Config)
 	p.rcv = e.newReceiver(p)
 	e.peers[k] = p
 	addr := k.Addr.Addr()
@@ -100,7 +101,7 @@ func (e *Endpoint[M]) newPeer(k PeerKey, now time.Time) *peer[M] {
 
 // forget drops p's state, burying its session: what its receiver holds
 // is let go of, and it leaves every place in the table.
-func (e *Endpoint[M]) forget(p *peer[M]) {
+func (e *Endpoint[M, P]) forget(p *peer[M, P]) {
 	e.bury(p)
 	p.rcv.Reset()
 	if !p.listed {
@@ -126,12 +127,12 @@ func (e *Endpoint[M]) forget(p *peer[M]) {
 		e.perAddr[addr] = a
 	}
 	p.listed = false
-	e.host.Event(p.key, EventForgotten)
+	e.host.Event(&p.pub, EventForgotten)
 }
 
 // room makes room for one more peer under MaxPeers, reclaiming the
 // longest-idle reclaimable peer; false if none can go.
-func (e *Endpoint[M]) room(now time.Time) bool {
+func (e *Endpoint[M, P]) room(now time.Time) bool {
 	if len(e.peers) < e.cfg.MaxPeers {
 		return true
 	}
@@ -153,12 +154,12 @@ func (e *Endpoint[M]) room(now time.Time) bool {
 
 // addrRoom makes room for one more peer from addr under
 // MaxPeersPerAddr; false if none of its peers can go.
-func (e *Endpoint[M]) addrRoom(addr netip.Addr, now time.Time) bool {
+func (e *Endpoint[M, P]) addrRoom(addr netip.Addr, now time.Time) bool {
 	a := e.perAddr[addr]
 	if a.n < e.cfg.MaxPeersPerAddr {
 		return true
 	}
-	var idle *peer[M]
+	var idle *peer[M, P]
 	for p := a.head; p != nil; p = p.addrNext {
 		if e.reclaimable(p, now) && (idle == nil || p.last.Before(idle.last)) {
 			idle = p
@@ -173,15 +174,15 @@ func (e *Endpoint[M]) addrRoom(addr netip.Addr, now time.Time) bool {
 }
 
 // quiet: nothing of ours is outstanding to p.
-func (p *peer[M]) quiet() bool {
+func (p *peer[M, P]) quiet() bool {
 	return p.postedAt == len(p.posted) && len(p.queue) == 0 && p.snd.InFlight() == 0
 }
 
-func (e *Endpoint[M]) reclaimable(p *peer[M], now time.Time) bool {
+func (e *Endpoint[M, P]) reclaimable(p *peer[M, P], now time.Time) bool {
 	return p.quiet() && (p.rcv.Held() == 0 || now.Sub(p.moved) > e.cfg.IdleTimeout)
 }
 
-func (e *Endpoint[M]) reclaimAt(p *peer[M]) time.Time {
+func (e *Endpoint[M, P]) reclaimAt(p *peer[M, P]) time.Time {
 	switch {
 	case !p.quiet():
 		return time.Time{}
@@ -192,7 +193,7 @@ func (e *Endpoint[M]) reclaimAt(p *peer[M]) time.Time {
 }
 
 // peerDue is when the timer next has work for p; zero for none.
-func (e *Endpoint[M]) peerDue(p *peer[M], now time.Time) time.Time {
+func (e *Endpoint[M, P]) peerDue(p *peer[M, P], now time.Time) time.Time {
 	var next time.Time
 	early := func(t time.Time) {
 		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
@@ -226,7 +227,7 @@ func (e *Endpoint[M]) peerDue(p *peer[M], now time.Time) time.Time {
 
 // settle gives every touched peer its place in the heap and the lists,
 // and returns the earliest time any peer needs the timer.
-func (e *Endpoint[M]) settle(now time.Time) time.Time {
+func (e *Endpoint[M, P]) settle(now time.Time) time.Time {
 	for i, p := range e.dirty {
 		e.dirty[i] = nil
 		p.dirty = false
@@ -252,9 +253,9 @@ func (e *Endpoint[M]) settle(now time.Time) time.Time {
 
 // Deadline returns when Tick must next run (zero: nothing timed), given
 // the time now.
-func (e *Endpoint[M]) Deadline(now time.Time) time.Time { return e.settle(now) }
+func (e *Endpoint[M, P]) Deadline(now time.Time) time.Time { return e.settle(now) }
 
-func (e *Endpoint[M]) takeDue(now time.Time) []*peer[M] {
+func (e *Endpoint[M, P]) takeDue(now time.Time) []*peer[M, P] {
 	e.settle(now)
 	at := int64(now.Sub(e.base))
 	e.due = e.due[:0]
@@ -267,7 +268,7 @@ func (e *Endpoint[M]) takeDue(now time.Time) []*peer[M] {
 	return e.due
 }
 
-func (t *table[M]) schedule(p *peer[M], at time.Time) {
+func (t *table[M, P]) schedule(p *peer[M, P], at time.Time) {
 	if at.IsZero() {
 		t.unschedule(p)
 		return
@@ -290,7 +291,7 @@ func (t *table[M]) schedule(p *peer[M], at time.Time) {
 	}
 }
 
-func (t *table[M]) unschedule(p *peer[M]) {
+func (t *table[M, P]) unschedule(p *peer[M, P]) {
 	if p.tmIdx == 0 {
 		return
 	}
@@ -307,19 +308,19 @@ func (t *table[M]) unschedule(p *peer[M]) {
 	}
 }
 
-func (t *table[M]) swap(i, j int) {
+func (t *table[M, P]) swap(i, j int) {
 	t.tm[i], t.tm[j] = t.tm[j], t.tm[i]
 	t.tm[i].tmIdx, t.tm[j].tmIdx = int32(i+1), int32(j+1)
 }
 
 // less orders the heap by due time, then by age, so that peers due at
 // the same instant run in one order every time (a simulation replays).
-func (t *table[M]) less(i, j int) bool {
+func (t *table[M, P]) less(i, j int) bool {
 	a, b := t.tm[i], t.tm[j]
 	return a.tmAt < b.tmAt || a.tmAt == b.tmAt && a.id < b.id
 }
 
-func (t *table[M]) up(i int) {
+func (t *table[M, P]) up(i int) {
 	for i > 0 {
 		parent := (i - 1) / 2
 		if !t.less(i, parent) {
@@ -330,7 +331,7 @@ func (t *table[M]) up(i int) {
 	}
 }
 
-func (t *table[M]) down(i int) {
+func (t *table[M, P]) down(i int) {
 	for n := len(t.tm); ; {
 		c := 2*i + 1
 		if c >= n {
@@ -347,7 +348,7 @@ func (t *table[M]) down(i int) {
 	}
 }
 
-func (t *table[M]) listOf(which uint8) *plist[M] {
+func (t *table[M, P]) listOf(which uint8) *plist[M, P] {
 	switch which {
 	case freeList:
 		return &t.free
@@ -357,7 +358,7 @@ func (t *table[M]) listOf(which uint8) *plist[M] {
 	return nil
 }
 
-func (t *table[M]) enlist(p *peer[M], which uint8) {
+func (t *table[M, P]) enlist(p *peer[M, P], which uint8) {
 	l := t.listOf(which)
 	if p.list == which && l.tail == p {
 		return
@@ -372,7 +373,7 @@ func (t *table[M]) enlist(p *peer[M], which uint8) {
 	l.tail = p
 }
 
-func (t *table[M]) unlist(p *peer[M]) {
+func (t *table[M, P]) unlist(p *peer[M, P]) {
 	l := t.listOf(p.list)
 	if l == nil {
 		return

@@ -24,7 +24,7 @@ type tHost struct {
 
 func (h *tHost) SegmentSize(m uint64, i uint32) int { return 12 }
 
-func (h *tHost) Send(f *Frame[uint64]) error {
+func (h *tHost) Send(f *Frame[uint64, struct{}]) error {
 	b := append([]byte(nil), f.Header...)
 	if f.Type == Data {
 		b = binary.BigEndian.AppendUint64(b, f.Msg)
@@ -34,19 +34,22 @@ func (h *tHost) Send(f *Frame[uint64]) error {
 	return nil
 }
 
-func (h *tHost) Deliver(k PeerKey, seq uint32, seg []byte) (bool, Code) {
+func (h *tHost) Deliver(_ *Peer[struct{}], seq uint32, seg []byte) (bool, Code) {
 	h.delivered[binary.BigEndian.Uint64(seg)<<8|uint64(binary.BigEndian.Uint32(seg[8:]))]++
 	return true, 0
 }
 
-func (h *tHost) Complete(k PeerKey, m uint64, err error) { h.completed[m] = err }
-func (h *tHost) Event(PeerKey, Event)                    {}
+func (h *tHost) Complete(_ *Peer[struct{}], m uint64, err error) { h.completed[m] = err }
+func (h *tHost) Event(*Peer[struct{}], Event)                    {}
+func (h *tHost) Hold(_ *Peer[struct{}], _ uint32, seg []byte, _ HoldState) ([]byte, bool, HoldVerdict) {
+	return append([]byte(nil), seg...), false, HoldKeep
+}
 
 type tPair struct {
 	t    *testing.T
 	now  time.Time
 	net  []tFrame
-	eps  map[netip.AddrPort]*Endpoint[uint64]
+	eps  map[netip.AddrPort]*Endpoint[uint64, struct{}]
 	host map[netip.AddrPort]*tHost
 }
 
@@ -56,7 +59,7 @@ var (
 )
 
 func newTPair(t *testing.T, cfg EndpointConfig) *tPair {
-	p := &tPair{t: t, now: time.Unix(1000, 0), eps: map[netip.AddrPort]*Endpoint[uint64]{}, host: map[netip.AddrPort]*tHost{}}
+	p := &tPair{t: t, now: time.Unix(1000, 0), eps: map[netip.AddrPort]*Endpoint[uint64, struct{}]{}, host: map[netip.AddrPort]*tHost{}}
 	p.add(tA, cfg)
 	p.add(tB, cfg)
 	return p
@@ -66,7 +69,7 @@ func newTPair(t *testing.T, cfg EndpointConfig) *tPair {
 func (p *tPair) add(addr netip.AddrPort, cfg EndpointConfig) {
 	cfg.QPN = 1
 	h := &tHost{addr: addr, out: &p.net, delivered: map[uint64]int{}, completed: map[uint64]error{}}
-	p.host[addr], p.eps[addr] = h, NewEndpoint[uint64](cfg, h)
+	p.host[addr], p.eps[addr] = h, NewEndpoint[uint64, struct{}](cfg, h)
 }
 
 func (p *tPair) key(addr netip.AddrPort) PeerKey { return PeerKey{addr, 1} }
@@ -122,20 +125,20 @@ func TestEndpointNewGapIsNotStalled(t *testing.T) {
 	cfg := EndpointConfig{Config: Config{Congestion: CongestionNone}, IdleTimeout: time.Second}
 	p := newTPair(t, cfg)
 	a, b := p.eps[tA], p.eps[tB]
-	if _, err := a.Post(p.now, p.key(tB), 1, 1, false); err != nil {
+	if _, err := a.Post(p.now, p.key(tB), 1, 1, 0); err != nil {
 		t.Fatal(err)
 	}
 	p.settle(50 * time.Millisecond)
 	// B talks to A for longer than IdleTimeout; A sends B nothing.
 	for i := range 8 {
-		b.Post(p.now, p.key(tA), uint64(100+i), 1, false)
+		b.Post(p.now, p.key(tA), uint64(100+i), 1, 0)
 		p.settle(200 * time.Millisecond)
 	}
 	if b.Peers() != 1 {
 		t.Fatalf("B forgot A while talking to it: %d peers", b.Peers())
 	}
 	// A sends two segments; the first is held back, the second arrives.
-	a.Post(p.now, p.key(tB), 2, 2, false)
+	a.Post(p.now, p.key(tB), 2, 2, 0)
 	fs := p.take()
 	if len(fs) != 2 {
 		t.Fatalf("%d frames, want 2", len(fs))
@@ -168,7 +171,7 @@ func TestEndpointRefusedOpeningStaysShut(t *testing.T) {
 	p := newTPair(t, cfg)
 	a, b := p.eps[tA], p.eps[tB]
 	// A opens; B answers its Hello statelessly.
-	a.Post(p.now, p.key(tB), 1, 1, false)
+	a.Post(p.now, p.key(tB), 1, 1, 0)
 	for _, f := range p.take() { // Hello
 		p.deliver(f)
 	}
@@ -182,7 +185,7 @@ func TestEndpointRefusedOpeningStaysShut(t *testing.T) {
 	// Meanwhile A restarted on the same address and opened another
 	// session with B, which B took.
 	p.add(tA, cfg)
-	p.eps[tA].Post(p.now, p.key(tB), 7, 1, false)
+	p.eps[tA].Post(p.now, p.key(tB), 7, 1, 0)
 	p.settle(20 * time.Millisecond)
 	if p.host[tB].delivered[7<<8] != 1 {
 		t.Fatal("the second session did not deliver")
@@ -217,8 +220,8 @@ func TestEndpointStaleOpeningDoesNotEndNewerSession(t *testing.T) {
 	cfg := EndpointConfig{Config: Config{Congestion: CongestionNone}}
 	p := newTPair(t, cfg)
 	h := p.eps[tB]
-	h.Post(p.now, p.key(tA), 11, 1, false) // H's Hello to C
-	p.eps[tA].Post(p.now, p.key(tB), 1, 1, false)
+	h.Post(p.now, p.key(tA), 11, 1, 0) // H's Hello to C
+	p.eps[tA].Post(p.now, p.key(tB), 1, 1, 0)
 	hellos := p.take()
 	if len(hellos) != 2 || hellos[0].typ != Hello || hellos[1].typ != Hello {
 		t.Fatalf("want two Hellos, got %d frames", len(hellos))
