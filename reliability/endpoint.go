@@ -52,9 +52,9 @@ type Endpoint[M, P any] struct {
 	// leave sending and completing to the Receive under way.
 	delivering bool
 	trains     *trainCtx[M, P] // made by the first train (trains.go)
-	hb    [MaxHeaderSize]byte
-	ack   AckBlock
-	frame Frame[M, P]
+	hb         [MaxHeaderSize]byte
+	ack        AckBlock
+	frame      Frame[M, P]
 	// Stats counts what the endpoint did; the caller reads it under its
 	// lock.
 	Stats EndpointStats
@@ -332,7 +332,7 @@ type EndpointStats struct {
 	Challenges, Rejected, Restarts, Reclaimed, AddrLimited, Refused uint64
 	OverBudget, Buffered, Duplicates, BeyondWindow, NotReady        uint64
 	DataSent, Retransmits, AcksSent, ControlSent, WindowProbes      uint64
-	Trains                                                         uint64
+	Trains                                                          uint64
 	BadAcks, PeerFailures, Peers, Delivered, BadFrames              uint64
 }
 
@@ -415,15 +415,6 @@ func (e *Endpoint[M, P]) PeersOf(addr netip.Addr) int { return e.perAddr[addr].n
 // Held returns the bytes all peers' receivers buffer ahead of gaps.
 func (e *Endpoint[M, P]) Held() int { return e.held }
 
-// EachPeer calls f for every peer with state: its key, the bytes it
-// holds ahead of a gap, and the messages posted to it not yet complete.
-// Its order is not defined.
-func (e *Endpoint[M, P]) EachPeer(f func(k PeerKey, held, outstanding int)) {
-	for k, p := range e.peers {
-		f(k, p.held, len(p.posted)-p.postedAt)
-	}
-}
-
 // Session returns the epochs of the session with peer k, ours and
 // the peer's, if it has one established.
 func (e *Endpoint[M, P]) Session(k PeerKey) (ours, theirs uint32, ok bool) {
@@ -453,13 +444,9 @@ func (e *Endpoint[M, P]) newToken() uint64 {
 // PostResponse, PostQuiet). The returned Message names it to Responded
 // and Cut.
 func (e *Endpoint[M, P]) Post(now time.Time, k PeerKey, m M, nseg uint32, flags PostFlags) (*Message[M, P], error) {
-	p := e.peers[k]
-	if p == nil {
-		if !e.room(now) {
-			return nil, fmt.Errorf("%w: %d", ErrTooManyPeers, len(e.peers))
-		}
-		p = e.newPeer(k, now)
-		p.myToken = e.newToken()
+	p, err := e.peerFor(now, k)
+	if err != nil {
+		return nil, err
 	}
 	w := &Message[M, P]{Handle: m, peer: p, nseg: max(nseg, 1), awaits: flags&PostAwaits != 0, flags: flags}
 	p.queue = append(p.queue, w)

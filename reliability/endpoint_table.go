@@ -1,6 +1,7 @@
 package reliability
 
 import (
+	"fmt"
 	"net/netip"
 	"time"
 )
@@ -26,7 +27,7 @@ type table[M, P any] struct {
 	peers      map[PeerKey]*peer[M, P]
 	perAddr    map[netip.Addr]addrPeers[M, P]
 	tm         []*peer[M, P] // min-heap by tmAt
-	base       time.Time  // tmAt counts from it
+	base       time.Time     // tmAt counts from it
 	haveBase   bool
 	free       plist[M, P] // quiet, holding nothing
 	holding    plist[M, P] // quiet, holding frames ahead of a gap
@@ -389,4 +390,150 @@ func (t *table[M, P]) unlist(p *peer[M, P]) {
 		l.tail = p.lprev
 	}
 	p.lprev, p.lnext, p.list = nil, nil, noList
+}
+
+// PeerInfo is what EachPeer and Info show of a peer.
+type PeerInfo struct {
+	Key         PeerKey
+	Established bool
+	// Epoch is ours in the session, TheirEpoch the peer's (0 until
+	// established).
+	Epoch, TheirEpoch uint32
+	// HeldBytes and HeldFrames are what its receiver buffers ahead of a
+	// gap, Claims how many of those frames are claims (Host.Hold).
+	HeldBytes, HeldFrames, Claims int
+	// Outstanding is the messages posted to it not yet complete, Queued
+	// those with segments not yet numbered, InFlight its frames sent and
+	// not acknowledged, NextSeq the sequence number its next frame takes.
+	Outstanding, Queued, InFlight int
+	NextSeq                       uint32
+	// SendSlots and RecvSlots are the sizes of its sender's and
+	// receiver's rings (0 once let go of: Config.CompactAfter).
+	SendSlots, RecvSlots int
+	// Last is its last traffic; ReclaimAt when the endpoint forgets it
+	// if nothing happens (zero: not while work to it is outstanding).
+	Last, ReclaimAt time.Time
+}
+
+func (e *Endpoint[M, P]) info(p *peer[M, P]) PeerInfo {
+	return PeerInfo{Key: p.key, Established: p.established, Epoch: p.epoch, TheirEpoch: p.theirEpoch,
+		HeldBytes: p.held, HeldFrames: p.rcv.Held(), Claims: p.rcv.Claims(),
+		Outstanding: len(p.posted) - p.postedAt, Queued: len(p.queue), InFlight: p.snd.InFlight(), NextSeq: p.snd.Next(),
+		SendSlots: p.snd.Slots(), RecvSlots: p.rcv.Slots(), Last: p.last, ReclaimAt: e.reclaimAt(p)}
+}
+
+// EachPeer calls f for every peer with state. Its order is not defined.
+func (e *Endpoint[M, P]) EachPeer(f func(*PeerInfo)) {
+	var pi PeerInfo
+	for _, p := range e.peers {
+		pi = e.info(p)
+		f(&pi)
+	}
+}
+
+// Info returns what the endpoint holds of peer k, if it has state.
+func (e *Endpoint[M, P]) Info(k PeerKey) (PeerInfo, bool) {
+	p := e.peers[k]
+	if p == nil {
+		return PeerInfo{}, false
+	}
+	return e.info(p), true
+}
+
+// PeerFor returns peer k's state, making it (with a token for our
+// Hello) if there is none and the table has room: Post does the same.
+// A caller that keeps state of its own per peer (Peer.State) sets it up
+// here before its first Post.
+func (e *Endpoint[M, P]) PeerFor(now time.Time, k PeerKey) (*Peer[P], error) {
+	p, err := e.peerFor(now, k)
+	if err != nil {
+		return nil, err
+	}
+	return &p.pub, nil
+}
+
+func (e *Endpoint[M, P]) peerFor(now time.Time, k PeerKey) (*peer[M, P], error) {
+	if p := e.peers[k]; p != nil {
+		return p, nil
+	}
+	if !e.room(now) {
+		return nil, fmt.Errorf("%w: %d", ErrTooManyPeers, len(e.peers))
+	}
+	p := e.newPeer(k, now)
+	p.myToken = e.newToken()
+	return p, nil
+}
+
+// QPN returns the QP number the endpoint answers to.
+func (e *Endpoint[M, P]) QPN() uint32 { return e.cfg.QPN }
+
+// SetQPN changes the QP number the endpoint answers to and puts in its
+// frames (a QP that moved to another number of its socket).
+func (e *Endpoint[M, P]) SetQPN(n uint32) { e.cfg.QPN = n }
+
+// SetIdleTimeout changes EndpointConfig.IdleTimeout; every peer's
+// reclaim time moves with it.
+func (e *Endpoint[M, P]) SetIdleTimeout(d time.Duration) {
+	e.cfg.IdleTimeout = d
+	for _, p := range e.peers {
+		e.touch(p)
+	}
+}
+
+// AcksPending reports whether acks made due by the frames received
+// wait for EndBatch.
+func (e *Endpoint[M, P]) AcksPending() bool { return len(e.acks) > 0 }
+
+// Tokens returns the endpoint's token issuer (tests build frames a
+// validated peer would send with it).
+func (e *Endpoint[M, P]) Tokens() *Tokens { return e.tokens }
+
+// Check reports the first broken invariant of the peer table, if any:
+// every peer in its address's list and counted there, the heap ordered
+// and each peer in it at most once, and each quiet peer in the list its
+// holdings say (after settling what was touched). For tests.
+func (e *Endpoint[M, P]) Check(now time.Time) error {
+	e.settle(now)
+	n := 0
+	for addr, a := range e.perAddr {
+		c := 0
+		for p := a.head; p != nil; p = p.addrNext {
+			if p.key.Addr.Addr() != addr || e.peers[p.key] != p {
+				return fmt.Errorf("peer %v in the list of %v", p.key, addr)
+			}
+			c++
+		}
+		if c != a.n {
+			return fmt.Errorf("address %v: %d peers listed, %d counted", addr, c, a.n)
+		}
+		n += c
+	}
+	if n != len(e.peers) {
+		return fmt.Errorf("%d peers by address, %d by key", n, len(e.peers))
+	}
+	for i, p := range e.tm {
+		if int(p.tmIdx) != i+1 {
+			return fmt.Errorf("peer %v at heap index %d thinks %d", p.key, i, p.tmIdx-1)
+		}
+		if i > 0 && e.less(i, (i-1)/2) {
+			return fmt.Errorf("heap out of order at %d", i)
+		}
+		if e.peers[p.key] != p {
+			return fmt.Errorf("heap holds forgotten peer %v", p.key)
+		}
+	}
+	for _, p := range e.peers {
+		want := uint8(noList)
+		switch {
+		case !p.quiet():
+		case p.rcv.Held() == 0:
+			want = freeList
+		default:
+			want = holdingList
+		}
+		if p.list != want {
+			return fmt.Errorf("peer %v in list %d, should be in %d", p.key, p.list, want)
+		}
+	}
+	return nil
 }

@@ -861,14 +861,17 @@ func (s *simnet) checkCaps() {
 			s.fail("%v holds %d bytes, over %d", n.addr, e.Held(), c.MaxEndpointHeldBytes)
 		}
 		sum := 0
-		e.EachPeer(func(k PeerKey, held, _ int) {
-			sum += held
-			if held > c.MaxHeldBytes {
-				s.fail("%v holds %d bytes of %v, over %d", n.addr, held, k, c.MaxHeldBytes)
+		e.EachPeer(func(pi *PeerInfo) {
+			sum += pi.HeldBytes
+			if pi.HeldBytes > c.MaxHeldBytes {
+				s.fail("%v holds %d bytes of %v, over %d", n.addr, pi.HeldBytes, pi.Key, c.MaxHeldBytes)
 			}
 		})
 		if sum != e.Held() {
 			s.fail("%v: its peers hold %d bytes, it counts %d", n.addr, sum, e.Held())
+		}
+		if err := e.Check(s.now); err != nil {
+			s.fail("%v: %v", n.addr, err)
 		}
 		if e.Graves() > 2*c.Graveyard {
 			s.fail("%v remembers %d graves, over %d", n.addr, e.Graves(), 2*c.Graveyard)
