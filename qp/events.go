@@ -390,7 +390,7 @@ func (d *Device) Levels() Levels {
 		}
 		if r := q.rd; r != nil {
 			r.mu.Lock()
-			l.RDPeers += len(r.peers)
+			l.RDPeers += r.ep.Peers()
 			r.mu.Unlock()
 		}
 		if c := q.rc.Load(); c != nil {

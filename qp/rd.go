@@ -1,10 +1,12 @@
 package qp
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/udiwarp/udiwarp/reliability"
@@ -112,119 +114,6 @@ const (
 	defaultMaxQPHeldBytes  = 64 << 20
 )
 
-type rdKey struct {
-	addr netip.AddrPort
-	qpn  uint32
-}
-
-// rdWR is a posted RD work request until it completes.
-type rdWR struct {
-	id     uint64
-	op     SendOpcode
-	flags  SendFlags
-	peer   *rdPeer
-	nsge   int
-	sge    [maxSGE]SGE
-	refs   mrRefs // the regions of its data, until completion
-	inline []byte
-	length uint32
-	rstag  uint32
-	rto    uint64
-	msn    uint32
-	seg    uint32 // payload per segment
-	nseg   uint32
-	sent   uint32 // segments numbered
-	acked  uint32
-	status Status
-	done   bool
-	// RDMA Read: the sink (this QP's region), and whether the last Read
-	// Response arrived. internal marks a Read Response the QP sends on
-	// its own, which completes nothing.
-	sinkSTag uint32
-	sinkTO   uint64
-	respDone bool
-	internal bool
-	got      uint64 // RDMA Read: response bytes placed; short at the last one fails it
-	// RFC 7306: the Immediate Data of an OpImmediate, OpSendImm or
-	// OpWriteImm (its own MSN on the Send queue, after the Send's); an
-	// atomic's operands; an Atomic Response's request and value.
-	imm              uint64
-	immMSN           uint32
-	compareAdd, swap uint64
-	reqID            uint32
-	again            bool // rdRenew: in flight, provably not delivered, goes again
-	// cut: a Read Response whose source region was deregistered (rdCut):
-	// its segments not yet acknowledged go empty, and its last ends short
-	// of the Read, which fails it at the requester.
-	cut bool
-}
-
-// rdPkt is what a peer's sender keeps per packet: enough to build it
-// again from registered memory.
-type rdPkt struct {
-	w      *rdWR
-	off, n uint32
-	last   bool // the last segment of w's Send or Write
-	imm    bool // w's trailing Immediate Data message
-}
-
-type rdErr struct {
-	seq  uint32
-	code reliability.Code
-}
-
-type rdPeer struct {
-	key         rdKey
-	ah          AH     // the peer's address, for sendmsg
-	epoch       uint32 // ours in this session: every frame to the peer carries it
-	prevEpoch   uint32 // ours before rdRenew drew epoch, until established again
-	established bool
-	myToken     uint64 // the peer's frames carry it
-	keyedToken  uint64 // or this one, a Challenge's, once seen (0: none yet)
-	theirToken  uint64 // ours to it carry it
-	theirEpoch  uint32
-	sendInit    bool // the peer may not have state yet: carry our token
-	snd         *reliability.Sender[rdPkt]
-	rcv         *reliability.Receiver[[]byte]
-	queue       []*rdWR // WRs with segments not yet numbered, in post order
-	msn         uint32  // Send MSNs to this peer
-	helloAt     time.Time
-	helloTries  int
-	last        time.Time
-	probe       bool                            // a zero-window probe is due: one packet may go past the window
-	errs        [reliability.MaxAckErrors]rdErr // recent errors, reported in acks
-	nerr        int
-	outstanding int               // WRs posted to it and not completed (posted[postedAt:])
-	reads       []*rdWR           // Reads sent to it, awaiting their responses, in order
-	serving     int               // Read and Atomic Responses to it not yet all sent (IRD)
-	readMSN     uint32            // Read and Atomic Request MSNs to it (one queue)
-	atomicMSN   uint32            // Atomic Response MSNs to it
-	wrMSN       map[uint32]uint32 // Write-Record MSNs to it, per STag
-	// msgErr is the first refusal of the peer's last message delivered
-	// (0: carried out), inMsg whether its last segment is yet to come: an
-	// Immediate Data message after a refused Send or Write completes in
-	// error (rdDeliver).
-	msgErr reliability.Code
-	inMsg  bool
-	rxSend rdRxSend  // the peer's Send of several segments being placed
-	held   int       // bytes its receiver buffers ahead of a gap
-	moved  time.Time // when its gap last opened or moved (or the peer was made)
-	// opens are the peer epochs whose opening (Hello) we answered with a
-	// Challenge carrying our epoch before our session with the peer was
-	// established (rdChallenge), nopens how many: buried if it is
-	// established under another epoch (rdReceive).
-	opens   [4]uint32
-	nopens  uint8
-	ackHeld bool // an ack due now waits for the end of the socket's batch (rdQP.acks)
-	rdSlots      // its places in the QP's peer table (rdpeers.go)
-
-	// posted are the WRs posted to it and not completed, in post order,
-	// from postedAt: they complete in this order (rdComplete), and only
-	// they wait for one another. ready says it is in rdQP.ready.
-	posted   []*rdWR
-	postedAt int
-	ready    bool
-}
 
 // rdGraveyard is how many ended sessions a QP remembers in a generation
 // of its graveyard: a Data frame of one of them with a valid keyed token
@@ -235,31 +124,141 @@ type rdPeer struct {
 // bytes a grave.
 const rdGraveyard = 1024
 
-// rdQP is the RD state of a QP, under mu.
+// rdPaceSlack is how far ahead of the pacing clock a frame may leave
+// rather than wait for the timer: no timer wakes more precisely than
+// this, and at high rates a wait this short would cost more rate than
+// the burst it saves.
+const rdPaceSlack = 100 * time.Microsecond
+
+// rdCompactAfter is how long a peer stays quiet before its sender and
+// receiver let go of their rings (Sender.Compact, Receiver.Compact): a
+// peer that exchanges more often keeps them (no allocation per message),
+// an idle one costs its state without them, and a ring a peer grew to
+// the window with frames out of order does not stay grown.
+const rdCompactAfter = time.Second
+
+type rdKey struct {
+	addr netip.AddrPort
+	qpn  uint32
+}
+
+// rdEndpoint is an RD QP's protocol engine: *rdWR is its message, rdPeer
+// the QP's own state per peer, which the engine keeps in its peer table.
+type rdEndpoint = reliability.Endpoint[*rdWR, rdPeer]
+
+// rdPeerRef is a peer as the engine hands it to the QP.
+type rdPeerRef = reliability.Peer[rdPeer]
+
+// rdWR is a posted RD work request until it completes.
+type rdWR struct {
+	id     uint64
+	op     SendOpcode
+	flags  SendFlags
+	peer   *rdPeer
+	msg    *reliability.Message[*rdWR, rdPeer] // the engine's, once posted
+	nsge   int
+	sge    [maxSGE]SGE
+	refs   mrRefs // the regions of its data, until completion
+	inline []byte
+	length uint32
+	rstag  uint32
+	rto    uint64
+	msn    uint32
+	seg    uint32 // payload per segment
+	nseg   uint32
+	status Status
+	// RDMA Read: the sink (this QP's region). internal marks a Read or
+	// Atomic Response the QP sends on its own, which completes nothing;
+	// serving that it counts in its peer's IRD (rdPeer.serving) until
+	// its last segment is out; resp its index in rdQP.resps.
+	sinkSTag uint32
+	sinkTO   uint64
+	internal bool
+	serving  bool
+	resp     int
+	got      uint64 // RDMA Read: response bytes placed; short at the last one fails it
+	// RFC 7306: the Immediate Data of an OpImmediate, OpSendImm or
+	// OpWriteImm (its own MSN on the Send queue, after the Send's); an
+	// atomic's operands; an Atomic Response's request and value.
+	imm              uint64
+	immMSN           uint32
+	compareAdd, swap uint64
+	reqID            uint32
+	// cut: a Read Response whose source region was deregistered (rdCut):
+	// its segments not yet acknowledged go empty, and its last ends short
+	// of the Read, which fails it at the requester.
+	cut bool
+}
+
+// rdPeer is what an RD QP keeps per peer beside the engine's state (the
+// engine holds it: reliability.Peer.State, made zero with the peer and
+// dropped with it): the DDP side of the peer's messages.
+type rdPeer struct {
+	key       rdKey
+	ah        AH // the peer's address, for sendmsg
+	ok        bool
+	msn       uint32            // Send MSNs to this peer
+	readMSN   uint32            // Read and Atomic Request MSNs to it (one queue)
+	atomicMSN uint32            // Atomic Response MSNs to it
+	wrMSN     map[uint32]uint32 // Write-Record MSNs to it, per STag
+	reads     []*rdWR           // Reads and atomics sent to it, awaiting their responses, in order
+	serving   int               // Read and Atomic Responses to it not yet all sent (IRD)
+	// msgErr is the first refusal of the peer's last message delivered
+	// (0: carried out), inMsg whether its last segment is yet to come: an
+	// Immediate Data message after a refused Send or Write completes in
+	// error (rdDeliver). code is the refusal of the segment being
+	// delivered, for the engine's acks.
+	msgErr reliability.Code
+	inMsg  bool
+	code   reliability.Code
+	rxSend rdRxSend // the peer's Send of several segments being placed
+}
+
+// peerOf returns the QP's state for the engine's peer, set up on first
+// use.
+func peerOf(pp *rdPeerRef) *rdPeer {
+	p := &pp.State
+	if !p.ok {
+		p.ok = true
+		p.key = rdKey{pp.Key.Addr, pp.Key.QPN}
+		p.ah.setAddr(p.key.addr, p.key.qpn)
+	}
+	return p
+}
+
+// rdQP is the RD state of a QP, under mu: the engine and what the QP
+// needs to answer it (the Host of reliability.Endpoint, rdhost.go).
 type rdQP struct {
-	q       *QP
-	mu      sync.Mutex
-	cfg     RDConfig
-	tokens  *reliability.Tokens
-	rdTable                               // the peers (rdpeers.go)
-	graves  *reliability.Graveyard[rdKey] // ended sessions
-	nout    int                           // WRs posted and not completed, to every peer
-	// ready are the peers a WR of which finished (done) since the last
-	// rdComplete: it completes what each of them can, and nothing else.
-	ready   []*rdPeer
-	tx      txCtx
-	hb      [reliability.MaxHeaderSize + udiwarp.DDPUntaggedHeaderSize + udiwarp.AtomicRequestSize]byte
-	ack     reliability.AckBlock
+	q    *QP
+	mu   sync.Mutex
+	cfg  RDConfig
+	ep   *rdEndpoint
+	seen reliability.EndpointStats // what of ep.Stats the device's counters have
+	nout int                       // WRs posted and not completed, to every peer
+	tx   txCtx
+	hb   [reliability.MaxHeaderSize + udiwarp.DDPUntaggedHeaderSize + udiwarp.AtomicRequestSize]byte
+	next time.Time
+	// resps are the Read and Atomic Responses not yet complete (rdCut).
+	resps   []*rdWR
 	tmp     AH // for Challenges to sources without state
-	next    time.Time
+	now     time.Time
 	inMover bool
-	held    int // bytes all peers' receivers buffer ahead of gaps
-	// acks are the peers whose acks, due now, wait for the end of the
-	// batch the socket is delivering (ackAfterBatch); acking is true
-	// while the QP is on the socket's list of QPs to flush them.
-	acks   []*rdPeer
+	// acking is true while the QP is on its socket's list of QPs whose
+	// acks wait for the end of the batch (rdQP.flushAcks).
 	acking bool
 	trains *rdTrainCtx // made on the QP's first segment train (rdtrain.go)
+	// The call under way: its socket, whether a send found the socket
+	// full, the RD Data frame being received (its source, sequence number,
+	// header size, and the receive its payload landed in, if it did), and
+	// whether the QP is being flushed.
+	s        *Socket
+	full     bool
+	src      netip.AddrPort
+	rxSeq    uint32
+	rxData   bool
+	rxHdr    int
+	land     *landing
+	flushing bool
 }
 
 func newRDQP(q *QP, cfg RDConfig) *rdQP {
@@ -290,11 +289,75 @@ func newRDQP(q *QP, cfg RDConfig) *rdQP {
 		// against a 16 MiB window); half leaves the other peers room.
 		cfg.MaxHeldBytes = min(cfg.Window*maxHeldFrame, max(cfg.MaxQPHeldBytes/2, maxHeldFrame))
 	}
-	r := &rdQP{q: q, cfg: cfg, tokens: reliability.NewTokens()}
-	r.graves = reliability.NewGraveyard[rdKey](rdGraveyard, r.tokens)
-	r.rdTable.init()
+	r := &rdQP{q: q, cfg: cfg}
+	r.ep = reliability.NewEndpoint[*rdWR, rdPeer](reliability.EndpointConfig{
+		Config: cfg.Config, QPN: q.wireQPN(), MaxPeers: cfg.MaxPeers, MaxPeersPerAddr: cfg.MaxPeersPerAddr,
+		IdleTimeout: cfg.IdleTimeout, MaxHeldBytes: cfg.MaxHeldBytes, MaxEndpointHeldBytes: cfg.MaxQPHeldBytes,
+		Graveyard: rdGraveyard, PaceSlack: rdPaceSlack, ORD: cfg.ORD, CompactAfter: rdCompactAfter,
+	}, r)
 	r.tx.init(q)
 	return r
+}
+
+// lock takes the QP's RD lock for a call on socket s (nil: none).
+func (r *rdQP) lock(s *Socket) {
+	r.mu.Lock()
+	r.s = s
+	if n := r.q.wireQPN(); n != r.ep.QPN() {
+		r.ep.SetQPN(n)
+	}
+}
+
+// unlock ends a call: the datamover takes over if a send found the
+// socket full, the device timer is armed for the engine's next deadline,
+// the engine's counters reach the device's, and the lock goes.
+func (r *rdQP) unlock(now time.Time) {
+	if r.full {
+		r.full = false
+		if r.s != nil {
+			r.toMover(r.s)
+		}
+	}
+	r.arm(now)
+	r.syncStats()
+	r.s = nil
+	r.mu.Unlock()
+}
+
+// syncStats adds what the engine counted since the last call to the
+// device's counters. Caller holds r.mu.
+func (r *rdQP) syncStats() {
+	e, o := &r.ep.Stats, &r.seen
+	if *e == *o {
+		return
+	}
+	st := &r.q.dev.stats
+	add := func(c *atomic.Uint64, now, was uint64) {
+		if now != was {
+			c.Add(now - was)
+		}
+	}
+	add(&st.RDChallenges, e.Challenges, o.Challenges)
+	add(&st.RDRejected, e.Rejected, o.Rejected)
+	add(&st.RDPeerRestarts, e.Restarts, o.Restarts)
+	add(&st.RDPeersReclaimed, e.Reclaimed, o.Reclaimed)
+	add(&st.RDAddrLimited, e.AddrLimited, o.AddrLimited)
+	add(&st.RDRefused, e.Refused, o.Refused)
+	add(&st.RDOverBudget, e.OverBudget, o.OverBudget)
+	add(&st.RDBuffered, e.Buffered, o.Buffered)
+	add(&st.RDDuplicates, e.Duplicates, o.Duplicates)
+	add(&st.RDBeyondWindow, e.BeyondWindow, o.BeyondWindow)
+	add(&st.RDNotReady, e.NotReady, o.NotReady)
+	add(&st.RDDataSent, e.DataSent, o.DataSent)
+	add(&st.RDRetransmits, e.Retransmits, o.Retransmits)
+	add(&st.RDAcksSent, e.AcksSent, o.AcksSent)
+	add(&st.RDControlSent, e.ControlSent, o.ControlSent)
+	add(&st.RDWindowProbes, e.WindowProbes, o.WindowProbes)
+	add(&st.RDBadAcks, e.BadAcks, o.BadAcks)
+	add(&st.RDPeerFailures, e.PeerFailures, o.PeerFailures)
+	add(&st.RDPeers, e.Peers, o.Peers)
+	add(&st.RxBadHeader, e.BadFrames, o.BadFrames)
+	*o = *e
 }
 
 func (r *rdQP) segment(s *Socket) uint32 {
@@ -305,13 +368,13 @@ func (r *rdQP) segment(s *Socket) uint32 {
 	return uint32(max)
 }
 
-// rdMaxSend is the largest RD Send: one datagram with the largest RD
-// header a Data frame can carry.
+// rdMaxSend is the largest RD Send segment: one datagram with the
+// largest RD header a Data frame can carry.
 func (s *Socket) rdMaxSend() int {
 	return s.maxDatagram - reliability.MaxHeaderSize - udiwarp.DDPUntaggedHeaderSize - udiwarp.CRCSize
 }
 
-// postRD queues wr for its peer and sends what the window allows now.
+// postOn queues wr for its peer and sends what the windows allow now.
 func (r *rdQP) postOn(wr *SendWR, s *Socket) error {
 	q := r.q
 	var length uint64
@@ -386,9 +449,16 @@ func (r *rdQP) postOn(wr *SendWR, s *Socket) error {
 	case w.op.imm():
 		w.nseg++ // the Immediate Data after the Send or Write
 	}
+	var flags reliability.PostFlags
+	if w.op.awaitsResponse() {
+		flags |= reliability.PostAwaits
+	}
+	if w.flags&FlagSignaled == 0 {
+		flags |= reliability.PostQuiet
+	}
 	now := time.Now()
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.lock(s)
+	defer r.unlock(now)
 	if st := q.State(); st != StateRTS {
 		w.releaseMRs()
 		return fmt.Errorf("%w: PostSend on a QP in %v", ErrQPState, st)
@@ -397,11 +467,13 @@ func (r *rdQP) postOn(wr *SendWR, s *Socket) error {
 		w.releaseMRs()
 		return fmt.Errorf("%w: %d send WRs outstanding", ErrQueueFull, r.nout)
 	}
-	p, err := r.peerFor(wr.AH, now)
+	k := reliability.PeerKey{Addr: wr.AH.addr, QPN: wr.AH.qpn}
+	pp, err := r.ep.PeerFor(now, k)
 	if err != nil {
 		w.releaseMRs()
-		return err
+		return fmt.Errorf("%w: %d RD peers with work outstanding", ErrTooMany, r.ep.Peers())
 	}
+	p := peerOf(pp)
 	w.peer = p
 	switch w.op {
 	case OpSend, OpSendImm:
@@ -421,18 +493,8 @@ func (r *rdQP) postOn(wr *SendWR, s *Socket) error {
 		p.msn++
 		w.immMSN = p.msn
 	}
-	p.queue = append(p.queue, w)
-	p.post(w)
 	r.nout++
-	if !p.established {
-		if p.helloAt.IsZero() {
-			r.hello(s, p, now)
-		}
-	} else if r.pump(s, p, now) {
-		r.toMover(s)
-	}
-	r.touch(p)
-	r.arm(now)
+	w.msg, _ = r.ep.Post(now, k, w, w.nseg, flags) // the peer exists: it cannot fail
 	return nil
 }
 
@@ -445,293 +507,277 @@ func rdSegments(length, seg uint32) uint32 {
 	return uint32(max(1, (uint64(length)+uint64(seg)-1)/uint64(seg)))
 }
 
-// rdEndWriteRecords ends, at the QP's Write-Record engine, the messages
-// from the peer k: a new session with it numbers its Write-Records from
-// MSN 1 again, and nothing of an ended session can still arrive, so what
-// the engine remembers of the old one would only drop the new messages
-// as an older message's. Caller holds r.mu.
-func (r *rdQP) endWriteRecords(k rdKey) {
-	q := r.q
-	q.wrMu.Lock()
-	defer q.wrMu.Unlock()
-	if q.wr == nil {
-		return
+// body is how many of w's segments carry its Send's or Write's bytes:
+// all but a trailing Immediate Data message.
+func (w *rdWR) body() uint32 {
+	if w.op.imm() {
+		return w.nseg - 1
 	}
-	q.wr.EndSource(writerecord.Source{Addr: k.addr, QPN: k.qpn}, func(rec writerecord.Record) {
-		if m := q.dev.mrs.lookup(rec.STag); m != nil {
-			q.recordWriteRecord(m, &rec)
-		} // else the region was deregistered: nothing of it is valid
-	})
+	return w.nseg
 }
 
-// rdHello (re)sends Hello to a peer we have no tokens from yet.
-func (r *rdQP) hello(s *Socket, p *rdPeer, now time.Time) {
-	q := r.q
-	p.helloAt = now
-	b := reliability.Append(r.hb[:0], &reliability.Fields{Type: reliability.Hello, Window: p.rcv.Window(),
-		DstQPN: p.key.qpn, SrcQPN: q.wireQPN(), Epoch: p.epoch, Init: true, Issued: p.myToken})
-	r.control(s, &p.ah, b)
-}
-
-// rdControl sends a frame with no payload.
-func (r *rdQP) control(s *Socket, ah *AH, hdr []byte) {
-	q := r.q
-	t := &r.tx
-	t.begin(hdr)
-	t.finish(s, ah, 0)
-	if t.transmit(s) == nil {
-		q.dev.stats.RDControlSent.Add(1)
+// part is what segment i of w carries: bytes [off, off+n) of the
+// message, whether it is the last of them, or (imm) the trailing
+// Immediate Data.
+func (w *rdWR) part(i uint32) (off, n uint32, last, imm bool) {
+	body := w.body()
+	switch {
+	case i >= body:
+		return 0, 0, false, true
+	case w.op.awaitsResponse():
+		return 0, 0, true, false // a request: its length is the Read's, not its payload
 	}
+	off = i * w.seg
+	if !w.cut {
+		n = min(w.seg, w.length-off)
+	}
+	return off, n, i+1 == body, false
 }
 
-// rdPump numbers and sends queued segments to p while its window and the
-// socket allow. It reports whether the socket filled up with work left.
-func (r *rdQP) pump(s *Socket, p *rdPeer, now time.Time) (full bool) {
-	q := r.q
-	for len(p.queue) > 0 {
-		probing := false
-		switch {
-		case p.snd.CanSend(now):
-			p.probe = false
-		case p.probe:
-			probing = true // the window is shut: one packet past it asks for a new one
-		default:
-			return false
-		}
-		if !probing && !r.paced(p, now) {
-			return false // the pacing clock holds it: the timer sends it (rdPeerDue)
-		}
-		w := p.queue[0]
-		if w.done { // failed meanwhile
-			p.popQueue()
-			continue
-		}
-		if w.op.awaitsResponse() && len(p.reads) >= r.cfg.ORD {
-			break // ORD reached: later WRs wait their turn, in order
-		}
-		body := w.nseg // the Send's or Write's segments; then the Immediate Data
-		if w.op.imm() {
-			body--
-		}
-		var pk rdPkt
-		if w.sent >= body {
-			pk = rdPkt{w: w, imm: true}
+// The QP as the engine's Host (reliability.Host, reliability.Trainer).
+
+// SegmentSize is the bytes segment i of w adds after the RD header.
+func (r *rdQP) SegmentSize(w *rdWR, i uint32) int {
+	_, n, _, imm := w.part(i)
+	if imm {
+		return udiwarp.DDPUntaggedHeaderSize + udiwarp.ImmediateDataSize
+	}
+	return int(n) + udiwarp.DDPUntaggedHeaderSize
+}
+
+// Send transmits a frame the engine built: a control frame as it is, a
+// Data frame with the DDP segment it names appended.
+func (r *rdQP) Send(f *reliability.Frame[*rdWR, rdPeer]) error {
+	s := r.s
+	if f.Type != reliability.Data {
+		var ah *AH
+		if f.Peer != nil {
+			ah = &peerOf(f.Peer).ah
 		} else {
-			off := w.sent * w.seg
-			pk = rdPkt{w: w, off: off, n: min(w.seg, w.length-off), last: w.sent+1 == body}
-		}
-		if w.op.awaitsResponse() || w.cut {
-			pk.n = 0
-		}
-		if w.op.awaitsResponse() {
-			pk.off = 0
-		}
-		if !probing && !pk.imm && p.rcv.AckDue(now).IsZero() && r.trainable(s, w, body) {
-			k, full := r.train(s, p, w, body, now)
-			if full {
-				r.waitMover(p)
-				return true
+			// A Challenge to a source without state: only what may
+			// answer the datagram that drew it (Socket.mayAnswer).
+			if !s.mayAnswer(f.Dst, len(f.Header)+udiwarp.CRCSize) {
+				return errWithheld
 			}
-			if k > 0 {
-				if w.internal && w.sent == w.nseg {
-					p.serving-- // as below
-				}
-				if w.sent == w.nseg {
-					p.popQueue()
-				}
-				continue
-			}
+			ah = &r.tmp
+			ah.setAddr(f.Dst, binary.BigEndian.Uint32(f.Header[4:]))
 		}
-		seq := p.snd.Push(pk, int(pk.n)+rdFrameOverhead, now)
-		tail := w.sent+1 == w.nseg && len(p.queue) == 1
-		if err := r.data(s, p, seq, &pk, now, probing || (tail && w.flags&FlagSignaled != 0)); err == errSocketFull {
-			p.snd.Unpush(seq)
-			r.waitMover(p)
-			return true
-		}
-		if probing {
-			p.probe = false
-			q.dev.stats.RDWindowProbes.Add(1)
-		}
-		w.sent++
-		if w.op.awaitsResponse() {
-			p.reads = append(p.reads, w)
-		}
-		if w.internal && w.sent == w.nseg {
-			// A response's last segment is out: IRD counts the responses
-			// not yet sent. The requester frees its ORD slot when the
-			// response arrives, maybe before our sender sees the ack, so
-			// counting until then would refuse its next request.
-			p.serving--
-		}
-		if w.sent == w.nseg {
-			p.popQueue()
-		}
+		return r.control(s, ah, f.Header)
 	}
-	if len(p.queue) == 0 {
-		// Nothing more to send: what the peer acks until what is in
-		// flight is acked measures us, not the path.
-		p.snd.SetAppLimited()
-	}
-	return false
-}
-
-// rdPaceSlack is how far ahead of the pacing clock a frame may leave
-// rather than wait for the timer: no timer wakes more precisely than
-// this, and at high rates a wait this short would cost more rate than
-// the burst it saves (it lets about the slack's worth of bytes more go
-// together than the sender's Quantum).
-const rdPaceSlack = 100 * time.Microsecond
-
-// paced reports whether p's congestion control lets a frame leave now
-// (reliability.Sender.SendAt, within rdPaceSlack).
-func (r *rdQP) paced(p *rdPeer, now time.Time) bool {
-	at := p.snd.SendAt(now)
-	return at.IsZero() || at.Sub(now) <= rdPaceSlack
-}
-
-// rdData builds and sends Data frame seq for pk, with an ack for p
-// piggybacked when one is waiting.
-func (r *rdQP) data(s *Socket, p *rdPeer, seq uint32, pk *rdPkt, now time.Time, ackNow bool) error {
-	q := r.q
-	w := pk.w
-	f := r.dataFields(p, seq, ackNow)
-	if !p.rcv.AckDue(now).IsZero() {
-		f.Ack = r.ackBlock(p, now, &f.RNR)
-	}
-	b := r.frameHeader(r.hb[:0], p, &f, pk)
+	p := peerOf(f.Peer)
+	w := f.Msg
+	off, n, last, imm := w.part(f.Index)
+	b := r.ddpHeader(append(r.hb[:0], f.Header...), p, w, off, last, imm)
 	t := &r.tx
 	t.begin(b)
-	n := pk.n
-	if st := r.gather(t, w, pk.off, pk.n); st != Success {
-		if !w.internal {
-			return nil // cannot happen: the MRs are referenced; the peer's ack completes it
+	if !imm {
+		if st := r.gather(t, w, off, n); st != Success {
+			if !w.internal {
+				return nil // cannot happen: the MRs are referenced; the peer's ack completes it
+			}
+			// A Read Response whose source is no longer readable by the
+			// peer (MR.Invalidate since the Read was served): the segment
+			// goes out empty, and the requester, short of bytes at the
+			// last one, fails the Read (docs/wire.md §11).
+			t.begin(b)
+			n = 0
 		}
-		// A Read Response whose source is no longer readable by the peer
-		// (MR.Invalidate since the Read was served): the segment goes out
-		// empty, and the requester, short of bytes at the last one, fails
-		// the Read (docs/wire.md §11).
-		t.begin(b)
+	} else {
 		n = 0
 	}
 	t.finish(s, &p.ah, int(n))
 	err := t.transmit(s)
 	t.release()
-	if err == nil {
-		p.last = now
-		q.dev.stats.RDDataSent.Add(1)
+	switch {
+	case err == errSocketFull:
+		r.full = true
+		return reliability.ErrWouldBlock
+	case f.First:
+		r.sent(p, w, f.Index)
 	}
 	return err
 }
 
-// dataFields are the RD header fields of p's Data frame seq, without
-// an ack.
-func (r *rdQP) dataFields(p *rdPeer, seq uint32, ackNow bool) reliability.Fields {
-	return reliability.Fields{Type: reliability.Data, Window: p.rcv.Window(), DstQPN: p.key.qpn, SrcQPN: r.q.wireQPN(),
-		Epoch: p.epoch, Token: p.theirToken, Seq: seq, Init: p.sendInit, Issued: p.myToken, AckNow: ackNow}
+// errWithheld: a reply the socket may not send (Socket.mayAnswer).
+var errWithheld = errors.New("qp: reply withheld")
+
+// sent notes that segment i of w went for the first time: a Read or
+// atomic now awaits its response, and a response whose last segment is
+// out no longer counts against the peer's IRD.
+func (r *rdQP) sent(p *rdPeer, w *rdWR, i uint32) {
+	switch {
+	case w.op.awaitsResponse():
+		p.reads = append(p.reads, w)
+	case w.internal && i+1 >= w.nseg:
+		// The requester frees its ORD slot when the response arrives,
+		// maybe before our sender sees the ack, so counting until then
+		// would refuse its next request.
+		r.unserve(p, w)
+	}
 }
 
-// frameHeader appends to b the headers of the Data frame f for pk: the
-// RD header, then the DDP (and RDMAP) headers of pk's segment.
-func (r *rdQP) frameHeader(b []byte, p *rdPeer, f *reliability.Fields, pk *rdPkt) []byte {
+// unserve takes response w off its peer's IRD count.
+func (r *rdQP) unserve(p *rdPeer, w *rdWR) {
+	if w.serving {
+		w.serving = false
+		p.serving--
+	}
+}
+
+// control sends a frame with no payload.
+func (r *rdQP) control(s *Socket, ah *AH, hdr []byte) error {
+	t := &r.tx
+	t.begin(hdr)
+	t.finish(s, ah, 0)
+	err := t.transmit(s)
+	if err == errSocketFull {
+		return reliability.ErrWouldBlock
+	}
+	return err
+}
+
+// Deliver carries out the in-order DDP segment seq of the peer. The
+// frame being received may have landed in a posted receive (r.land): it
+// completes there if that receive is the next (deliverLanded).
+func (r *rdQP) Deliver(pp *rdPeerRef, seq uint32, b []byte) (bool, reliability.Code) {
+	p := peerOf(pp)
+	p.code = 0
+	var ok bool
+	if r.land != nil && r.rxData && seq == r.rxSeq {
+		ok = r.deliverLanded(r.s, p, seq, b, r.land, r.src)
+		r.land = nil
+	} else {
+		ok = r.deliver(r.s, p, seq, b, r.src)
+		if ok && r.rxData && seq == r.rxSeq && r.q.srq == nil {
+			if op, isUntagged := rdUntaggedOp(b); isUntagged && isSend(op) {
+				r.s.rx.noteSend(r.q, len(b)-udiwarp.DDPUntaggedHeaderSize, r.rxHdr)
+			}
+		}
+	}
+	return ok, p.code
+}
+
+// Hold gives the engine the copy of a frame it buffers ahead of a gap:
+// copied out of the receive it landed in if it did, admitted by the
+// SRQ's out-of-order limits (srq_rd.go), a claim on a receive if it is
+// a Send.
+func (r *rdQP) Hold(pp *rdPeerRef, seq uint32, seg []byte, hs reliability.HoldState) ([]byte, bool, reliability.HoldVerdict) {
 	q := r.q
-	w := pk.w
-	b = reliability.Append(b, f)
-	last := pk.last
-	// untagged appends an untagged DDP header; only a Send's segments
-	// have an MO and may leave L clear (udiwarp.ParseRDSegment).
-	untagged := func(opc udiwarp.Opcode, queue udiwarp.Queue, msn uint32, last bool, mo uint32) {
-		b = udiwarp.AppendUntagged(b, &udiwarp.UntaggedFields{Last: last, DV: udiwarp.DatagramDDPVersion,
-			RDMAP: udiwarp.NewRDMAPControl(opc), ULP: q.wireQPN(), QN: udiwarp.DatagramQN(p.key.qpn, queue), MSN: msn, MO: mo})
-	}
-	switch op := w.op; {
-	case !pk.imm && (op == OpSend || op == OpSendImm):
-		opc := udiwarp.OpSend
-		if w.flags&FlagSolicited != 0 && op == OpSend { // Send with Immediate: the SE rides on the Immediate Data
-			opc = udiwarp.OpSendSE
+	p := peerOf(pp)
+	if r.land != nil && r.rxData && seq == r.rxSeq {
+		f, ok := r.s.rx.copyOut(r.land)
+		r.land = nil
+		if !ok {
+			return nil, false, reliability.HoldDrop // as if lost: unacknowledged, the peer sends it again
 		}
-		untagged(opc, udiwarp.QueueSend, w.msn, last, pk.off) // a segment of the Send at its MO, L on the last
-	case pk.imm:
-		opc := udiwarp.OpImmediateData
-		if w.flags&FlagSolicited != 0 {
-			opc = udiwarp.OpImmediateDataSE
-		}
-		untagged(opc, udiwarp.QueueSend, w.immMSN, true, 0)
-		b = udiwarp.AppendImmediateData(b, w.imm)
-	case op == OpAtomicFetchAdd, op == OpAtomicCmpSwap:
-		untagged(udiwarp.OpAtomicRequest, udiwarp.QueueReadRequest, w.msn, true, 0)
-		a := atomicRequest(op, w.msn, w.rstag, w.rto, w.compareAdd, w.swap)
-		b = udiwarp.AppendAtomicRequest(b, &a)
-	case op == opAtomicResponse:
-		untagged(udiwarp.OpAtomicResponse, udiwarp.QueueAtomicResponse, w.msn, true, 0)
-		b = udiwarp.AppendAtomicResponse(b, w.reqID, w.compareAdd)
-	case op == OpWrite, op == OpWriteImm:
-		b = udiwarp.AppendTagged(b, &udiwarp.TaggedFields{Last: last, DV: udiwarp.DatagramDDPVersion,
-			RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpWrite), STag: w.rstag, TO: w.rto + uint64(pk.off)})
-	case op == opReadResponse:
-		b = udiwarp.AppendTagged(b, &udiwarp.TaggedFields{Last: last, DV: udiwarp.DatagramDDPVersion,
-			RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpReadResponse), STag: w.rstag, TO: w.rto + uint64(pk.off)})
-	case op == OpWriteRecord:
-		b = udiwarp.AppendWriteRecord(b, &udiwarp.WriteRecordFields{Last: last, RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpWrite),
-			STag: w.rstag, TO: w.rto + uint64(pk.off), MSN: w.msn, MO: pk.off, MessageLength: w.length, DstQPN: p.key.qpn, SrcQPN: q.wireQPN()})
-	case op == OpRead:
-		untagged(udiwarp.OpReadRequest, udiwarp.QueueReadRequest, w.msn, true, 0)
-		b = udiwarp.AppendReadRequest(b, &udiwarp.ReadRequestFields{SinkSTag: w.sinkSTag, SinkTO: w.sinkTO, Size: w.length,
-			SourceSTag: w.rstag, SourceTO: w.rto})
+		seg = f[r.rxHdr:]
 	}
-	return b
+	if q.srq != nil {
+		if v := r.admitOutOfOrder(p, hs, seg); v != reliability.HoldKeep {
+			return nil, false, v
+		}
+	}
+	return append([]byte(nil), seg...), q.srq != nil && rdNeedsRecv(seg), reliability.HoldKeep
 }
 
-// rdFrameOverhead is what a Data frame adds to its payload on the wire,
-// near enough for congestion control's count of bytes in flight: the RD
-// header with a sequence number, an untagged DDP header and the CRC.
-const rdFrameOverhead = reliability.HeaderSize + reliability.SeqSize + udiwarp.DDPUntaggedHeaderSize + udiwarp.CRCSize
-
-// rdGather adds bytes [off, off+n) of w's message to the frame.
-func (r *rdQP) gather(t *txCtx, w *rdWR, off, n uint32) Status {
-	if w.inline != nil {
-		t.add(w.inline[off : off+n])
-		return Success
+// Complete completes WR w to the peer: err nil when the peer
+// acknowledged all of it (and its response came), else the failure.
+func (r *rdQP) Complete(pp *rdPeerRef, w *rdWR, err error) {
+	q := r.q
+	p := peerOf(pp)
+	if w.internal {
+		// A response the QP sent on its own: it completes nothing.
+		r.unserve(p, w)
+		w.releaseMRs()
+		r.dropResp(w)
+		return
 	}
-	c := sglSlice{sge: w.sge[:w.nsge], off: off, left: n}
-	for part, ok := c.next(); ok; part, ok = c.next() {
-		var b []byte
-		var st Status
-		if w.internal {
-			b, st = t.pinRemote(&part) // a Read Response: the peer's access, checked as it is sent
-		} else {
-			b, st = t.pin(&part) // (a method value here would allocate per segment)
-		}
+	if w.op.awaitsResponse() {
+		p.dropRead(w)
+	}
+	r.nout--
+	w.releaseMRs()
+	st := w.status
+	if st == Success && err != nil {
+		st = rdErrStatus(err)
+	}
+	if st != Success || w.flags&FlagSignaled != 0 {
+		n := int(w.length)
 		if st != Success {
-			return st
+			n = 0
 		}
-		t.add(b)
+		q.pushSend(w.id, st, w.op.wcOpcode(), n)
 	}
-	return Success
+	if st == Success && !w.op.awaitsResponse() {
+		// Nothing refers to it any more: every segment was numbered
+		// and acknowledged, so the engine let go of it; a stream of RD
+		// Sends then allocates nothing per message.
+		inline := w.inline
+		*w = rdWR{inline: inline[:0]}
+		rdWRs.Put(w)
+	}
 }
 
-// rdAckBlock fills the QP's ack block for p, with p's recent errors.
-func (r *rdQP) ackBlock(p *rdPeer, now time.Time, rnr *bool) *reliability.AckBlock {
-	a := &r.ack
-	*rnr = p.rcv.Ack(a, now)
-	for i := 0; i < p.nerr; i++ {
-		e := p.errs[i]
-		if reliability.Before(e.seq, a.Cumulative) && a.Cumulative-e.seq < uint32(r.cfg.Window)*4 {
-			a.Errors = append(a.Errors, reliability.AckError{Seq: e.seq, Code: e.code})
-		}
+// rdErrStatus is the work completion status of an engine's failure.
+func rdErrStatus(err error) Status {
+	var re *reliability.RemoteError
+	switch {
+	case errors.As(err, &re):
+		return rdStatus(re.Code)
+	case errors.Is(err, reliability.ErrRNRRetryExceeded):
+		return RNRRetryExceededError
+	case errors.Is(err, reliability.ErrRetryExceeded):
+		return RetryExceededError
+	case errors.Is(err, reliability.ErrRemoteAborted):
+		return RemoteAbortedError
+	case errors.Is(err, reliability.ErrFlushed):
+		return WRFlushError
 	}
-	return a
+	return RemoteOperationError
 }
 
-// rdSendAck sends a standalone ack to p.
-func (r *rdQP) sendAck(s *Socket, p *rdPeer, now time.Time) {
-	q := r.q
-	f := reliability.Fields{Type: reliability.Ack, Window: p.rcv.Window(), DstQPN: p.key.qpn, SrcQPN: q.wireQPN(),
-		Epoch: p.epoch, Token: p.theirToken, Init: p.sendInit, Issued: p.myToken}
-	f.Ack = r.ackBlock(p, now, &f.RNR)
-	r.control(s, &p.ah, reliability.Append(r.hb[:0], &f))
-	q.dev.stats.RDAcksSent.Add(1)
+// Event: a session with the peer began or ended. Either way the peer's
+// messages in progress at this QP end: a Send of several segments being
+// placed, and its Write-Records at the QP's engine (a new session
+// numbers them from MSN 1 again, and nothing of an ended one can still
+// arrive). The Reads and atomics it awaited responses to complete with
+// the session (the engine fails or sends them again).
+func (r *rdQP) Event(pp *rdPeerRef, ev reliability.Event) {
+	p := peerOf(pp)
+	switch ev {
+	case reliability.EventSessionEnded:
+		st := RemoteAbortedError
+		if r.flushing {
+			st = WRFlushError
+		}
+		r.endRxSend(p, st)
+		clear(p.reads)
+		p.reads = p.reads[:0]
+		r.endWriteRecords(p.key)
+	case reliability.EventEstablished:
+		r.endWriteRecords(p.key)
+	}
 }
+
+// Train is how many of w's segments from i on may go as one GSO train:
+// body segments (not a request, a response to one, or an Immediate Data
+// message) from registered memory or inline data, to a socket that takes
+// trains of their size.
+func (r *rdQP) Train(w *rdWR, i, n uint32) int {
+	switch w.op {
+	case OpWrite, OpWriteImm, OpWriteRecord, opReadResponse, OpSend, OpSendImm:
+	default:
+		return 0
+	}
+	s := r.s
+	size := rdTrainHeader + int(w.seg) + udiwarp.CRCSize
+	if w.cut || i >= w.body() || !s.gsoFits(size) {
+		return 0
+	}
+	return min(int(w.body()-i), maxGSOSegments, s.maxDatagram/size)
+}
+
+// rdDeliverRD: see deliverRDFrame.
 
 // rdToMover hands the QP to the socket's datamover: the socket is full.
 func (r *rdQP) toMover(s *Socket) {
@@ -769,415 +815,204 @@ func (d *Device) deliverRDFrame(s *Socket, frame []byte, src netip.AddrPort) {
 	}
 }
 
-// rdReceive runs one RD frame through the QP.
+// receive runs one RD frame through the QP's engine. A frame that landed
+// in another QP's receive (a number an alias of the socket guessed for,
+// now the device's own QP's) is copied out first: it is this QP's
+// ordinary frame. An ack it makes due goes at the end of the batch the
+// socket is delivering, if it is delivering one: one ack then covers
+// every frame of the batch (flushAcks).
 func (r *rdQP) receive(s *Socket, h *reliability.Header, frame []byte, src netip.AddrPort) {
-	q := r.q
-	d := q.dev
-	st := &d.stats
 	now := time.Now()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	k := rdKey{src, h.SrcQPN}
-	p := r.peers[k]
-	switch h.Type {
-	case reliability.Hello:
-		r.challenge(s, h, src, h.Issued, p)
-		return
-	case reliability.Challenge:
-		switch {
-		case p != nil && !p.established && h.Token == p.myToken:
-			p.theirEpoch, p.theirToken, p.established, p.sendInit = h.Epoch, h.Issued, true, true
-			p.keyedToken = 0
-			// A Challenge we sent meanwhile to an opening of the peer's
-			// under another epoch issued a keyed token that still
-			// verifies (it binds our epoch, which stays): a Data frame
-			// of that opening, late, would end this session as if the
-			// peer had opened again, while the peer, which answered our
-			// Hello without state, lives on in this one, and our WRs in
-			// flight would complete RemoteAbortedError although it
-			// delivers them. The peer answered without state (its epoch
-			// differs), so that opening's sender is gone: it is buried
-			// (docs/wire.md §11.2).
-			for _, ep := range p.opens[:p.nopens] {
-				if ep != h.Epoch {
-					r.graves.Bury(k, ep)
-				}
-			}
-			p.nopens = 0
-		case p != nil && p.established && h.Token == p.theirToken:
-			// The peer answered a frame of this session with a
-			// Challenge: it has no state for it (it restarted, or
-			// dropped ours), and it proved it is where our frames go
-			// (only a receiver of them knows the token echoed). The
-			// session is over; we open a new one.
-			st.RDPeerRestarts.Add(1)
-			r.touch(p)
-			r.renew(s, p, h.Window, now)
-			r.complete()
-			r.arm(now)
-			return
-		default:
-			st.RDRejected.Add(1)
-			return
-		}
-		p.last = now
-		r.touch(p)
-	case reliability.Data, reliability.Ack:
-		// A peer's frames carry the token it got from us: the random one
-		// of our Hello, or the keyed one of our Challenge (both sides may
-		// have opened contact at once).
-		known := p != nil && p.established && h.Epoch == p.theirEpoch
-		var epoch uint32
-		switch {
-		case known && (h.Token == p.myToken || h.Token == p.keyedToken && h.Token != 0):
-		case known && r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.wireQPN(), p.epoch):
-			// The keyed token of a Challenge of ours (both sides opened
-			// at once): kept, so that it needs no hash again and still
-			// counts after the secret turns (rdGraveyard).
-			p.keyedToken = h.Token
-		case h.Type == reliability.Data && h.HasInit && r.keyed(p, h, src, &epoch):
-			// First contact, validated: the source received our Challenge.
-			switch {
-			case p == nil:
-				if !r.addrRoom(src.Addr(), now) {
-					st.RDAddrLimited.Add(1)
-					return
-				}
-				if !r.room(now) {
-					st.RDRefused.Add(1)
-					return
-				}
-				p = r.newPeer(k, now)
-			case p.established:
-				// A new session from a return-routable source: the peer
-				// reopened (it restarted, or dropped our state).
-				st.RDPeerRestarts.Add(1)
-				r.restart(p, now)
-			}
-			p.epoch, p.prevEpoch, p.nopens = epoch, 0, 0
-			p.myToken, p.theirToken, p.theirEpoch, p.established, p.sendInit = h.Token, h.Issued, h.Epoch, true, false
-			p.keyedToken = 0
-		case h.Type == reliability.Data:
-			// No state, a stale epoch or a wrong token: answer with a
-			// Challenge no larger than the frame; change nothing.
-			st.RDRejected.Add(1)
-			if h.HasInit && p != nil && p.established && h.Epoch != p.theirEpoch && !r.graves.Buried(k, h.Epoch) {
-				if _, ok := r.tokens.Derive(h.Token, src, h.SrcQPN, h.Epoch, q.wireQPN()); ok {
-					// A session opening with the keyed token of a
-					// Challenge we sent without state, refused because
-					// another session with the source began meanwhile.
-					// Our Challenge tells its sender that the frame found
-					// no session, so it sends the frame's messages again
-					// in a new one (rdRenew): this session must never
-					// open after, from another copy of the frame, once we
-					// drop the other (docs/wire.md §11.2).
-					r.graves.Bury(k, h.Epoch)
-				}
-			}
-			r.challenge(s, h, src, h.Token, p)
-			return
-		default:
-			st.RDRejected.Add(1)
-			return
-		}
-		p.last = now
-		r.touch(p)
-		if h.HasAck {
-			p.sendInit = false // the peer has our state
-			if err := r.onAck(s, p, h, now); err != nil {
-				r.failPeer(p, err)
-				r.complete()
-				r.arm(now)
+	r.lock(s)
+	defer r.unlock(now)
+	r.now, r.src, r.rxData, r.rxSeq, r.rxHdr, r.land = now, src, h.Type == reliability.Data, h.Seq, h.Size, nil
+	if l := s.rx.landRD; l != nil && r.rxData {
+		if l.q != r.q {
+			f, ok := s.rx.copyOut(l)
+			if !ok {
 				return
 			}
+			frame = f
+		} else {
+			r.land = l
 		}
-		if h.Type == reliability.Data {
-			r.onData(s, p, h, frame[h.Size:], src, now)
-		}
 	}
-	if p.established && len(p.queue) > 0 && r.pump(s, p, now) {
-		r.toMover(s)
-	}
-	if due := p.rcv.AckDue(now); !due.IsZero() && !due.After(now) {
-		r.ackAfterBatch(s, p, now)
-	}
-	r.complete()
-	r.arm(now)
-}
-
-// ackAfterBatch sends p the ack due now — at the end of the batch the
-// socket is delivering, if it is delivering one: one ack then covers
-// every frame of the batch, where a sender that asks for an ack on each
-// of its frames (the last it has, AckNow) would otherwise draw one
-// standalone ack, two system calls, per frame. The batch ends within the
-// same read, so the ack is no later for it; the device timer leaves a
-// held ack alone meanwhile (rdQP.timer, rdPeerDue). Caller holds r.mu.
-func (r *rdQP) ackAfterBatch(s *Socket, p *rdPeer, now time.Time) {
-	if !s.rx.batching {
-		r.sendAck(s, p, now)
-		return
-	}
-	if !p.ackHeld {
-		p.ackHeld = true
-		r.acks = append(r.acks, p)
-		r.touch(p) // off the timer's heap for its ack
-	}
-	if !r.acking {
+	r.ep.ReceiveParsed(now, src, h, frame)
+	r.land = nil
+	switch {
+	case !r.ep.AcksPending():
+	case !s.rx.batching:
+		r.ep.EndBatch(now)
+	case !r.acking:
 		r.acking = true
 		s.rx.rdAcks = append(s.rx.rdAcks, r)
 	}
 }
 
-// flushAcks sends the acks ackAfterBatch held, to the peers still known
-// and still owed one (a Data frame sent back meanwhile may have carried
-// it).
+// flushAcks sends the acks the frames of the batch just delivered made
+// due (reliability.Endpoint.EndBatch).
 func (r *rdQP) flushAcks(s *Socket) {
+	now := time.Now()
+	r.lock(s)
+	defer r.unlock(now)
+	r.acking = false
+	r.ep.EndBatch(now)
+}
+
+// timer runs the QP's RD timers at now and returns the next deadline.
+func (r *rdQP) timer(now time.Time) time.Time {
+	q := r.q
+	s := q.sock.Load()
+	r.lock(s)
+	defer func() {
+		r.full = r.full && s != nil
+		if r.full {
+			r.full = false
+			r.toMover(s)
+		}
+		r.syncStats()
+		r.s = nil
+		r.mu.Unlock()
+	}()
+	r.next = time.Time{} // the device timer arms the deadline returned
+	if s == nil || q.State() == StateError || q.State() == StateReset {
+		return time.Time{} // the timer no longer holds q: the next arm arms it
+	}
+	r.ep.Tick(now)
+	return r.ep.Deadline(now)
+}
+
+// arm makes sure the device timer runs by the QP's next deadline.
+func (r *rdQP) arm(now time.Time) {
+	next := r.ep.Deadline(now)
+	if next.IsZero() || (!r.next.IsZero() && !next.Before(r.next)) {
+		return
+	}
+	r.next = next
+	r.q.armTimer(next)
+}
+
+// drain is the datamover's turn for an RD QP: the peers a full socket
+// held up send, in the order it did.
+func (r *rdQP) drain(s *Socket, _ int) (more, full bool) {
+	now := time.Now()
+	r.lock(s)
+	defer r.unlock(now)
+	r.ep.Writable(now)
+	if r.ep.Blocked() {
+		r.full = false // in the mover already
+		return true, true
+	}
+	r.inMover = false
+	return false, false
+}
+
+// unfinished reports whether a WR posted is not complete yet (QP.SendQueued).
+func (r *rdQP) unfinished() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.nout > 0
+}
+
+// rdWRs keeps completed WRs for the next posts: a stream of RD Sends
+// then allocates nothing per message.
+var rdWRs = sync.Pool{New: func() any { return new(rdWR) }}
+
+// rdFlush fails every WR of the QP with WRFlushError (ERROR, Destroy).
+// Every session ends: none opens again if the QP comes back (RESET, RTS).
+func (r *rdQP) flush() {
 	now := time.Now()
-	for i, p := range r.acks {
-		p.ackHeld = false
-		r.acks[i] = nil
-		r.touch(p) // its due time counts its acks again (rdPeerDue)
-		if r.peers[p.key] == p && p.established {
-			if due := p.rcv.AckDue(now); !due.IsZero() && !due.After(now) {
-				r.sendAck(s, p, now)
-			}
-		}
-	}
-	r.acks = r.acks[:0]
-	r.acking = false
-	r.arm(now)
+	r.lock(nil)
+	defer r.unlock(now)
+	r.flushing = true
+	r.ep.Flush()
+	r.flushing = false
 }
 
-// rdKeyed reports whether h, a Data frame opening a session, carries the
-// keyed token a Challenge of ours issued for its source and epoch, and
-// sets *epoch to our epoch in that session: p's when we have state for
-// the source (the Challenge carried it), else the one derived from the
-// source's epoch (a Challenge without state did), which a peer state not
-// yet established also takes (its Hello's epoch is then unknown to the
-// peer, or answered by a Challenge that no longer matters). A session
-// that ended (rdBury) is not opened again.
-func (r *rdQP) keyed(p *rdPeer, h *reliability.Header, src netip.AddrPort, epoch *uint32) bool {
+// ddpHeader appends to b, the RD header of a Data frame for w, the DDP
+// (and RDMAP) headers of w's segment at offset off (last: the last of
+// its Send's or Write's; imm: its trailing Immediate Data message).
+func (r *rdQP) ddpHeader(b []byte, p *rdPeer, w *rdWR, off uint32, last, imm bool) []byte {
 	q := r.q
-	if r.graves.Buried(rdKey{src, h.SrcQPN}, h.Epoch) {
-		return false
+	// untagged appends an untagged DDP header; only a Send's segments
+	// have an MO and may leave L clear (udiwarp.ParseRDSegment).
+	untagged := func(opc udiwarp.Opcode, queue udiwarp.Queue, msn uint32, last bool, mo uint32) {
+		b = udiwarp.AppendUntagged(b, &udiwarp.UntaggedFields{Last: last, DV: udiwarp.DatagramDDPVersion,
+			RDMAP: udiwarp.NewRDMAPControl(opc), ULP: q.wireQPN(), QN: udiwarp.DatagramQN(p.key.qpn, queue), MSN: msn, MO: mo})
 	}
-	if p != nil && r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.wireQPN(), p.epoch) {
-		*epoch = p.epoch
-		return true
-	}
-	if p != nil && !p.established && p.prevEpoch != 0 && r.tokens.Valid(h.Token, src, h.SrcQPN, h.Epoch, q.wireQPN(), p.prevEpoch) {
-		// The peer opened a new session (its epoch is not buried) and
-		// took the epoch a Challenge of ours gave before we renewed:
-		// the pair is new all the same, and refusing it would have each
-		// side renew in turn.
-		*epoch = p.prevEpoch
-		return true
-	}
-	if p == nil || !p.established {
-		if d, ok := r.tokens.Derive(h.Token, src, h.SrcQPN, h.Epoch, q.wireQPN()); ok {
-			*epoch = d
-			return true
+	switch op := w.op; {
+	case !imm && (op == OpSend || op == OpSendImm):
+		opc := udiwarp.OpSend
+		if w.flags&FlagSolicited != 0 && op == OpSend { // Send with Immediate: the SE rides on the Immediate Data
+			opc = udiwarp.OpSendSE
 		}
+		untagged(opc, udiwarp.QueueSend, w.msn, last, off) // a segment of the Send at its MO, L on the last
+	case imm:
+		opc := udiwarp.OpImmediateData
+		if w.flags&FlagSolicited != 0 {
+			opc = udiwarp.OpImmediateDataSE
+		}
+		untagged(opc, udiwarp.QueueSend, w.immMSN, true, 0)
+		b = udiwarp.AppendImmediateData(b, w.imm)
+	case op == OpAtomicFetchAdd, op == OpAtomicCmpSwap:
+		untagged(udiwarp.OpAtomicRequest, udiwarp.QueueReadRequest, w.msn, true, 0)
+		a := atomicRequest(op, w.msn, w.rstag, w.rto, w.compareAdd, w.swap)
+		b = udiwarp.AppendAtomicRequest(b, &a)
+	case op == opAtomicResponse:
+		untagged(udiwarp.OpAtomicResponse, udiwarp.QueueAtomicResponse, w.msn, true, 0)
+		b = udiwarp.AppendAtomicResponse(b, w.reqID, w.compareAdd)
+	case op == OpWrite, op == OpWriteImm:
+		b = udiwarp.AppendTagged(b, &udiwarp.TaggedFields{Last: last, DV: udiwarp.DatagramDDPVersion,
+			RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpWrite), STag: w.rstag, TO: w.rto + uint64(off)})
+	case op == opReadResponse:
+		b = udiwarp.AppendTagged(b, &udiwarp.TaggedFields{Last: last, DV: udiwarp.DatagramDDPVersion,
+			RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpReadResponse), STag: w.rstag, TO: w.rto + uint64(off)})
+	case op == OpWriteRecord:
+		b = udiwarp.AppendWriteRecord(b, &udiwarp.WriteRecordFields{Last: last, RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpWrite),
+			STag: w.rstag, TO: w.rto + uint64(off), MSN: w.msn, MO: off, MessageLength: w.length, DstQPN: p.key.qpn, SrcQPN: q.wireQPN()})
+	case op == OpRead:
+		untagged(udiwarp.OpReadRequest, udiwarp.QueueReadRequest, w.msn, true, 0)
+		b = udiwarp.AppendReadRequest(b, &udiwarp.ReadRequestFields{SinkSTag: w.sinkSTag, SinkTO: w.sinkTO, Size: w.length,
+			SourceSTag: w.rstag, SourceTO: w.rto})
 	}
-	return false
+	return b
+}
+func (r *rdQP) gather(t *txCtx, w *rdWR, off, n uint32) Status {
+	if w.inline != nil {
+		t.add(w.inline[off : off+n])
+		return Success
+	}
+	c := sglSlice{sge: w.sge[:w.nsge], off: off, left: n}
+	for part, ok := c.next(); ok; part, ok = c.next() {
+		var b []byte
+		var st Status
+		if w.internal {
+			b, st = t.pinRemote(&part) // a Read Response: the peer's access, checked as it is sent
+		} else {
+			b, st = t.pin(&part) // (a method value here would allocate per segment)
+		}
+		if st != Success {
+			return st
+		}
+		t.add(b)
+	}
+	return Success
 }
 
-// rdChallenge answers a source without valid state, echoing echo, if
-// mayAnswer allows a Challenge of its size to the datagram that drew it. Our
-// epoch in it is p's when we have state for the source, else derived from
-// the source's epoch. Answering a Data frame, its window field carries
-// the low 16 bits of the frame's sequence number: the peer learns which
-// of its frames found no session (rdRenew).
-func (r *rdQP) challenge(s *Socket, h *reliability.Header, src netip.AddrPort, echo uint64, p *rdPeer) {
+func (r *rdQP) endWriteRecords(k rdKey) {
 	q := r.q
-	if h.SrcQPN == 0 || h.SrcQPN > udiwarp.MaxQPN {
+	q.wrMu.Lock()
+	defer q.wrMu.Unlock()
+	if q.wr == nil {
 		return
 	}
-	var epoch uint32
-	if p != nil {
-		epoch = p.epoch
-	} else {
-		epoch = r.tokens.Epoch(src, h.SrcQPN, h.Epoch, q.wireQPN())
-	}
-	var seq16 uint16
-	if h.Type == reliability.Data {
-		seq16 = uint16(h.Seq)
-	}
-	if p != nil && !p.established && h.Type == reliability.Hello {
-		// An opening of the peer's answered with our epoch before our
-		// own session with it is established (rdReceive, Challenge).
-		if int(p.nopens) == len(p.opens) {
-			copy(p.opens[:], p.opens[1:])
-			p.nopens--
-		}
-		p.opens[p.nopens] = h.Epoch
-		p.nopens++
-	}
-	b := reliability.Append(r.hb[:0], &reliability.Fields{Type: reliability.Challenge, Window: seq16, DstQPN: h.SrcQPN, SrcQPN: q.wireQPN(),
-		Epoch: epoch, Token: echo, Init: true, Issued: r.tokens.Issue(src, h.SrcQPN, h.Epoch, q.wireQPN(), epoch)})
-	if !s.mayAnswer(src, len(b)+udiwarp.CRCSize) {
-		return
-	}
-	r.tmp.setAddr(src, h.SrcQPN)
-	r.control(s, &r.tmp, b)
-	q.dev.stats.RDChallenges.Add(1)
+	q.wr.EndSource(writerecord.Source{Addr: k.addr, QPN: k.qpn}, func(rec writerecord.Record) {
+		if m := q.dev.mrs.lookup(rec.STag); m != nil {
+			q.recordWriteRecord(m, &rec)
+		} // else the region was deregistered: nothing of it is valid
+	})
 }
 
-// rdOnAck applies an ack to p's sender.
-func (r *rdQP) onAck(s *Socket, p *rdPeer, h *reliability.Header, now time.Time) error {
-	q := r.q
-	a := &h.Ack
-	err := p.snd.OnAck(a, h.Window, h.HasRNR, now,
-		func(seq uint32, pk *rdPkt) {
-			w := pk.w
-			code, bad := a.Error(seq)
-			if bad && w.status == Success {
-				w.status = rdStatus(code)
-			}
-			w.acked++
-			switch {
-			case w.acked < w.nseg || w.done:
-			case w.op.awaitsResponse() && bad:
-				p.dropRead(w) // refused: no response will come
-				w.done = true
-			case w.op.awaitsResponse():
-				w.done = w.respDone // else when its last response arrives
-			default:
-				w.done = true
-			}
-			switch {
-			case !w.done:
-			case w.internal:
-				w.releaseMRs()
-			default:
-				r.finished(p)
-			}
-		},
-		func(seq uint32, pk *rdPkt) {
-			q.dev.stats.RDRetransmits.Add(1)
-			r.data(s, p, seq, pk, now, false)
-		})
-	if errors.Is(err, reliability.ErrAckUnsent) {
-		q.dev.stats.RDBadAcks.Add(1)
-		return nil
-	}
-	return err
-}
-
-// dropRead takes w off the peer's outstanding Reads.
-func (p *rdPeer) dropRead(w *rdWR) {
-	for i, r := range p.reads {
-		if r == w {
-			p.reads = append(p.reads[:i], p.reads[i+1:]...)
-			return
-		}
-	}
-}
-
-func rdStatus(c reliability.Code) Status {
-	switch c {
-	case reliability.CodeRemoteAccess:
-		return RemoteAccessError
-	case reliability.CodeInvalidRequest:
-		return RemoteInvalidRequestError
-	}
-	return RemoteOperationError
-}
-
-// rdOnData runs a Data frame's sequence number through p's receiver and
-// delivers what is in order.
-//
-// The frame may have landed in a posted receive (s.rx.landRD, see
-// landing.go): seg is then its DDP header alone, and its payload is in
-// that receive. In order, it completes there if that receive is the next
-// (deliverLanded); a frame to buffer is copied out first.
-func (r *rdQP) onData(s *Socket, p *rdPeer, h *reliability.Header, seg []byte, src netip.AddrPort, now time.Time) {
-	q := r.q
-	st := &q.dev.stats
-	if h.WantsAck {
-		p.rcv.Urge()
-	}
-	land := s.rx.landRD
-	if land != nil && land.q != q {
-		// It landed in another QP's receive (a number an alias of the
-		// socket guessed for, now the device's own QP's): copied out, it
-		// is this QP's ordinary frame.
-		var ok bool
-		if seg, ok = s.rx.copyOut(land); !ok {
-			return
-		}
-		seg, land = seg[h.Size:], nil
-	}
-	deliver := func(seq uint32, b []byte) bool {
-		if land != nil && seq == h.Seq {
-			return r.deliverLanded(s, p, seq, b, land, src)
-		}
-		ok := r.deliver(s, p, seq, b, src)
-		if ok && seq != h.Seq { // one the receiver held (a refused one it lets go of itself)
-			r.unhold(p, b)
-		}
-		return ok
-	}
-	next := p.rcv.Next()
-	switch v := p.rcv.Classify(h.Seq); v {
-	case reliability.Buffered:
-		if land != nil {
-			f, ok := s.rx.copyOut(land)
-			if !ok {
-				return // as if lost: unacknowledged, the peer sends it again
-			}
-			seg, land = f[h.Size:], nil
-		}
-		if p.held+len(seg) > r.cfg.MaxHeldBytes || r.held+len(seg) > r.cfg.MaxQPHeldBytes {
-			// Over the peer's or the QP's budget: dropped unacknowledged,
-			// as if lost; the sender sends it again.
-			st.RDOverBudget.Add(1)
-			return
-		}
-		if q.srq != nil && !r.admitOutOfOrder(p, h.Seq, seg) {
-			return
-		}
-		if p.rcv.Held() == 0 {
-			// A gap opens now: the clock of what the peer holds ahead of
-			// it starts here, not at its last in-order delivery, or a
-			// peer that sent nothing for IdleTimeout (the traffic went
-			// the other way) and whose next frames arrive out of order
-			// would be reclaimed at once with them in flight (reclaimAt).
-			p.moved = now
-		}
-		p.held += len(seg)
-		r.held += len(seg)
-		p.rcv.Receive(h.Seq, append([]byte(nil), seg...), now, deliver)
-		if q.srq != nil && rdNeedsRecv(seg) {
-			p.rcv.Claim(h.Seq) // a claim on a receive (srq_rd.go)
-		}
-		st.RDBuffered.Add(1)
-	case reliability.Duplicate:
-		p.rcv.Receive(h.Seq, nil, now, deliver)
-		st.RDDuplicates.Add(1)
-	case reliability.Beyond:
-		p.rcv.Receive(h.Seq, nil, now, deliver)
-		st.RDBeyondWindow.Add(1)
-	default:
-		if p.rcv.Receive(h.Seq, seg, now, deliver) == reliability.Delivered && q.srq == nil {
-			if land != nil {
-				s.rx.noteSend(q, land.payload(), h.Size)
-			} else if op, ok := rdUntaggedOp(seg); ok && isSend(op) {
-				s.rx.noteSend(q, len(seg)-udiwarp.DDPUntaggedHeaderSize, h.Size)
-			}
-		}
-	}
-	if p.rcv.Next() != next {
-		p.moved = now // the gap moved: what it holds is not stalled
-	}
-}
-
-// rdDeliver carries out one in-order DDP segment from p. It returns false
-// when a Send finds no receive posted (receiver not ready: the peer sends
-// it again later); a segment that fails its checks is consumed and its
-// error reported in the acks.
 func (r *rdQP) deliver(s *Socket, p *rdPeer, seq uint32, b []byte, src netip.AddrPort) bool {
 	q := r.q
 	st := &q.dev.stats
@@ -1288,8 +1123,7 @@ func (r *rdQP) deliverSegment(s *Socket, p *rdPeer, seq uint32, seg udiwarp.Segm
 		n = 0 // Immediate Data: the value goes in the completion
 	}
 	if q.takeRecv(&w, n, src) != recvTaken {
-		st.RDNotReady.Add(1) // at an SRQ limit too: the sender sends it again
-		return false
+		return false // at an SRQ limit too: the sender sends it again (the engine counts it)
 	}
 	s.rx.evict(q, w.seq) // a later datagram of this batch landed there
 	if !isSend(seg.Opcode()) {
@@ -1358,8 +1192,7 @@ func (r *rdQP) deliverSendPart(s *Socket, p *rdPeer, seq uint32, seg udiwarp.Seg
 			x.w = new(recvWQE)
 		}
 		if q.takeRecv(x.w, len(seg.Payload), src) != recvTaken {
-			q.dev.stats.RDNotReady.Add(1)
-			return false
+			return false // the engine counts it
 		}
 		s.rx.evict(q, x.w.seq)
 		x.active, x.msn, x.next, x.st, x.opc = true, h.MSN(), 0, Success, seg.Opcode()
@@ -1430,31 +1263,12 @@ func (r *rdQP) deliverLanded(s *Socket, p *rdPeer, seq uint32, hdr []byte, land 
 	}
 	f, ok := s.rx.copyOut(land)
 	if !ok {
-		q.dev.stats.RDNotReady.Add(1)
-		return false // not received: the peer sends it again
+		return false // not received: the peer sends it again (the engine counts it)
 	}
 	return r.deliver(s, p, seq, f[land.hlen-len(hdr):], src)
 }
 
 // rdIsSend reports whether seg is an untagged Send (not Immediate Data).
-func rdIsSend(seg udiwarp.Segment) bool { return !seg.Control.Tagged() && isSend(seg.Opcode()) }
-
-// rdPlace places an RDMA Write or Read Response segment (Device.placeTagged).
-func (r *rdQP) place(seg udiwarp.Segment) (reliability.Code, bool) {
-	q := r.q
-	t := seg.Tagged()
-	if _, ok := q.dev.placeTagged(q.pd, t.STag(), t.TO(), seg.Payload, AccessRemoteWrite); !ok {
-		return reliability.CodeRemoteAccess, false
-	}
-	q.dev.stats.RDWritePlaced.Add(1)
-	return 0, true
-}
-
-// rdServeRead answers a Read Request from p: after the checks of RFC
-// 5040 §7.2 (source STag and key, PD, remote-read access, bounds), it
-// queues the Read Responses, tagged writes into the requester's sink,
-// which the window clocks out like any data: a peer gets no more than it
-// acknowledges, and only a validated peer has state to ask at all.
 func (r *rdQP) serveRead(p *rdPeer, seq uint32, seg udiwarp.Segment) {
 	q := r.q
 	st := &q.dev.stats
@@ -1464,8 +1278,8 @@ func (r *rdQP) serveRead(p *rdPeer, seq uint32, seg udiwarp.Segment) {
 		p.noteErr(seq, reliability.CodeRemoteOperation)
 		return
 	}
-	s := q.sock.Load()
-	w := &rdWR{op: opReadResponse, internal: true, peer: p, length: rr.Size(), rstag: rr.SinkSTag(), rto: rr.SinkTO()}
+	s := r.s
+	w := &rdWR{op: opReadResponse, internal: true, serving: true, peer: p, length: rr.Size(), rstag: rr.SinkSTag(), rto: rr.SinkTO()}
 	if w.length > 0 {
 		w.sge[0] = SGE{LKey: rr.SourceSTag(), Addr: rr.SourceTO(), Length: w.length}
 		m, f := q.dev.remoteRegion(q.pd, rr.SourceSTag(), rr.SourceTO(), uint64(w.length), AccessRemoteRead)
@@ -1479,8 +1293,7 @@ func (r *rdQP) serveRead(p *rdPeer, seq uint32, seg udiwarp.Segment) {
 	} // a zero-length Read needs no valid STag (RFC 5042 §6.3.5)
 	w.seg = r.segment(s)
 	w.nseg = rdSegments(w.length, w.seg)
-	p.queue = append(p.queue, w)
-	p.serving++
+	r.respond(p, w)
 	st.RDReadsServed.Add(1)
 }
 
@@ -1521,11 +1334,7 @@ func (r *rdQP) readResponse(p *rdPeer, seg udiwarp.Segment) {
 			w.status = RemoteAccessError
 		}
 		p.reads = append(p.reads[:i], p.reads[i+1:]...)
-		w.respDone = true
-		if w.acked == w.nseg {
-			w.done = true
-			r.finished(p)
-		}
+		r.ep.Responded(r.now, w.msg, nil) // w.status says how it went
 	}
 }
 
@@ -1552,9 +1361,31 @@ func (r *rdQP) serveAtomic(p *rdPeer, seq uint32, seg udiwarp.Segment) {
 		return
 	}
 	p.atomicMSN++
-	w := &rdWR{op: opAtomicResponse, internal: true, peer: p, msn: p.atomicMSN, reqID: a.RequestID(), compareAdd: v, seg: 1, nseg: 1}
-	p.queue = append(p.queue, w)
+	w := &rdWR{op: opAtomicResponse, internal: true, serving: true, peer: p, msn: p.atomicMSN, reqID: a.RequestID(), compareAdd: v, seg: 1, nseg: 1}
+	r.respond(p, w)
+}
+
+// respond queues response w to p, counted in p's IRD until its last
+// segment is out (rdQP.sent), and among the QP's responses (rdCut).
+func (r *rdQP) respond(p *rdPeer, w *rdWR) {
 	p.serving++
+	w.resp = len(r.resps)
+	r.resps = append(r.resps, w)
+	w.msg, _ = r.ep.Post(r.now, reliability.PeerKey{Addr: p.key.addr, QPN: p.key.qpn}, w, w.nseg, reliability.PostResponse)
+}
+
+// dropResp takes response w off the QP's responses.
+func (r *rdQP) dropResp(w *rdWR) {
+	i := w.resp
+	if i < 0 || i >= len(r.resps) || r.resps[i] != w {
+		return
+	}
+	last := len(r.resps) - 1
+	r.resps[i] = r.resps[last]
+	r.resps[i].resp = i
+	r.resps[last] = nil
+	r.resps = r.resps[:last]
+	w.resp = -1
 }
 
 // rdAtomicResponse places the original value an Atomic Response brought
@@ -1570,334 +1401,43 @@ func (r *rdQP) atomicResponse(p *rdPeer, seg udiwarp.Segment) {
 		if w.status == Success {
 			w.status = r.q.placeAtomicResult(w.sge[0], a.Value())
 		}
-		w.respDone = true
-		if w.acked == w.nseg {
-			w.done = true
-			r.finished(p)
-		}
+		r.ep.Responded(r.now, w.msg, nil)
 		return
 	}
 	r.q.dev.stats.RxBadOpcode.Add(1) // a response to nothing
 }
 
+// noteErr notes that the segment seq being delivered is refused with
+// code: the engine reports it to the peer in its acks (Deliver).
 func (p *rdPeer) noteErr(seq uint32, code reliability.Code) {
 	if p.msgErr == 0 {
 		p.msgErr = code // the message's first refusal (deliver)
 	}
-	if p.nerr < len(p.errs) {
-		p.nerr++
-	} else {
-		copy(p.errs[:], p.errs[1:])
-	}
-	p.errs[p.nerr-1] = rdErr{seq, code}
-}
-
-// rdComplete completes the finished WRs of the peers that have any, in
-// post order per peer: a WR waits for the ones posted before it to the
-// same peer, never for another peer's (issue 31 §5: a peer that stops
-// posting receives, is slow or loses half its packets holds back only
-// its own WRs). Across peers, completions come as WRs finish.
-func (r *rdQP) complete() {
-	q := r.q
-	for i, p := range r.ready {
-		r.ready[i] = nil
-		p.ready = false
-		for p.postedAt < len(p.posted) && p.posted[p.postedAt].done {
-			w := p.posted[p.postedAt]
-			p.posted[p.postedAt] = nil
-			p.postedAt++
-			p.outstanding--
-			r.nout--
-			w.releaseMRs()
-			if w.status != Success || w.flags&FlagSignaled != 0 {
-				n := int(w.length)
-				if w.status != Success {
-					n = 0
-				}
-				q.pushSend(w.id, w.status, w.op.wcOpcode(), n)
-			}
-			w.recycle()
-		}
-		if p.postedAt == len(p.posted) {
-			p.posted, p.postedAt = p.posted[:0], 0 // keeps its array: the next post appends without allocating
-		}
-		r.touch(p)
-	}
-	r.ready = r.ready[:0]
-}
-
-// finished notes that a WR posted to p is done: the next rdComplete
-// looks at p's.
-func (r *rdQP) finished(p *rdPeer) {
-	if !p.ready {
-		p.ready = true
-		r.ready = append(r.ready, p)
+	if p.code == 0 {
+		p.code = code
 	}
 }
 
-// post adds w to the WRs posted to p. A full array whose front half or
-// more is completed is compacted instead of grown, so that a peer with
-// WRs always outstanding allocates nothing per post either.
-func (p *rdPeer) post(w *rdWR) {
-	if len(p.posted) == cap(p.posted) && p.postedAt > 0 && p.postedAt >= len(p.posted)/2 {
-		n := copy(p.posted, p.posted[p.postedAt:])
-		clear(p.posted[n:])
-		p.posted, p.postedAt = p.posted[:n], 0
-	}
-	p.posted = append(p.posted, w)
-	p.outstanding++
-}
-
-// unfinished reports whether a WR posted is not complete yet (QP.SendQueued).
-func (r *rdQP) unfinished() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.nout > 0
-}
-
-// rdWRs keeps completed WRs for the next posts: a stream of RD Sends
-// then allocates nothing per message.
-var rdWRs = sync.Pool{New: func() any { return new(rdWR) }}
-
-// recycle returns w to rdWRs if nothing can refer to it any more: it
-// completed successfully with every segment numbered and acknowledged
-// (so it is off its peer's queue, and its sender let go of its packets),
-// and it is no Read or atomic (kept on the peer's Reads until the
-// response) nor a response the QP sent on its own. Anything else is left
-// to the garbage collector, which needs no such proof.
-func (w *rdWR) recycle() {
-	if w.status != Success || w.internal || w.again || w.op.awaitsResponse() || w.sent != w.nseg || w.acked < w.nseg {
-		return
-	}
-	inline := w.inline
-	*w = rdWR{inline: inline[:0]}
-	rdWRs.Put(w)
-}
-
-// popQueue takes the first WR off p's queue; an emptied queue keeps its
-// array, so that a peer sent one message at a time allocates nothing.
-func (p *rdPeer) popQueue() {
-	p.queue[0] = nil
-	if len(p.queue) == 1 {
-		p.queue = p.queue[:0]
-		return
-	}
-	p.queue = p.queue[1:]
-}
-
-// rdFailPeer fails every WR to p with the status err maps to and drops
-// its state; the QP goes on serving its other peers.
-func (r *rdQP) failPeer(p *rdPeer, err error) {
-	q := r.q
-	st := RetryExceededError
-	if errors.Is(err, reliability.ErrRNRRetryExceeded) {
-		st = RNRRetryExceededError
-	}
-	q.dev.stats.RDPeerFailures.Add(1)
-	r.abort(p, st, true)
-	r.forget(p)
-}
-
-// rdAbort completes every WR to p with st: those in flight and, if all,
-// those still queued too.
-func (r *rdQP) abort(p *rdPeer, st Status, all bool) {
-	p.snd.Each(func(_ uint32, pk *rdPkt) {
-		if !pk.w.done && !pk.w.again {
-			pk.w.status, pk.w.done = st, true
-			if pk.w.internal {
-				pk.w.releaseMRs()
-				if pk.w.sent < pk.w.nseg {
-					p.serving--
-				}
-			}
-		}
-	})
-	for _, w := range p.reads {
-		if !w.done {
-			w.status, w.done = st, true
-		}
-	}
-	p.reads = p.reads[:0]
-	p.snd.Reset()
-	p.rcv.Reset()
-	keep := p.queue[:0]
-	for _, w := range p.queue {
-		switch {
-		case w.done:
-		case w.internal: // a response to the old incarnation: drop it (not all sent: it is in the queue)
-			w.status, w.done = st, true
-			w.releaseMRs()
-			p.serving--
-		case all || w.sent > 0:
-			w.status, w.done = st, true
-		default:
-			keep = append(keep, w)
-		}
-	}
-	clear(p.queue[len(keep):])
-	p.queue = keep
-	// WRs fully sent but not yet acked are in the sender's ring (done
-	// above); anything else of this peer still open is in p.posted.
-	for _, w := range p.posted[p.postedAt:] {
-		if !w.done && (all || w.sent > 0) {
-			w.status, w.done = st, true
-		}
-	}
-	r.finished(p)
-}
-
-// rdRestart handles a peer that came back with a new session: the WRs in
-// flight to its old one fail with RemoteAbortedError (it may or may not
-// have carried them out), queued ones start over in the new session, and
-// the old session is buried.
-func (r *rdQP) restart(p *rdPeer, now time.Time) {
-	r.bury(p)
-	r.abort(p, RemoteAbortedError, false)
-	r.endWriteRecords(p.key)
-	p.probe = false
-	p.snd = reliability.NewSender[rdPkt](r.cfg.Config)
-	p.rcv = r.newReceiver(p)
-	p.nerr = 0
-	p.established = false
-	p.last = now
-}
-
-// rdRenew ends p's session after the peer answered its frame seq16 (the
-// low 16 bits of a sequence number) with a Challenge: the peer has no
-// state for the session, and we open a new one, with a new epoch and
-// token (the old ones may still open the old session at the peer).
-//
-// What was in flight is lost with the old session, but not all of it
-// need fail: if the challenged frame went only once, its one copy found
-// no session, so the peer never carried it out, nor, delivering in order,
-// anything after it. The WRs wholly at or after it go again in the new
-// session; those before it may have been carried out before the peer
-// dropped the session (an ack lost) and complete with
-// RemoteAbortedError, as does everything when the frame is unknown or
-// went more than once.
-func (r *rdQP) renew(s *Socket, p *rdPeer, seq16 uint16, now time.Time) {
-	cut := p.snd.Next() // frames before cut may have been delivered
-	if seq, once, ok := p.snd.Find(seq16); ok && once {
-		cut = seq
-	}
-	// A WR's segments are numbered one after another (rdPump), so the
-	// first of its segments in flight decides: it goes again if that
-	// one is at or after the cut and none of it was acknowledged.
-	var again []*rdWR
-	var last *rdWR
-	p.snd.Each(func(seq uint32, pk *rdPkt) {
-		w := pk.w
-		if w == last {
+// dropRead takes w off the peer's outstanding Reads.
+func (p *rdPeer) dropRead(w *rdWR) {
+	for i, r := range p.reads {
+		if r == w {
+			p.reads = append(p.reads[:i], p.reads[i+1:]...)
 			return
 		}
-		last = w
-		if !w.done && !w.internal && w.acked == 0 && !reliability.Before(seq, cut) {
-			w.again = true
-			again = append(again, w)
-		}
-	})
-	for _, w := range again {
-		w.sent, w.acked = 0, 0
-		if w.op.awaitsResponse() {
-			p.dropRead(w)
-		}
 	}
-	r.restart(p, now)
-	// The WRs that go again come first, in post order; then the queue
-	// as it was, less any of them.
-	queue := make([]*rdWR, 0, len(again)+len(p.queue))
-	queue = append(queue, again...)
-	for _, w := range p.queue {
-		if !w.again && !w.done {
-			queue = append(queue, w)
-		}
-	}
-	for _, w := range again {
-		w.again = false
-	}
-	p.queue = queue
-	p.prevEpoch, p.epoch = p.epoch, reliability.NewEpoch()
-	p.newToken()
-	p.theirToken, p.theirEpoch, p.sendInit, p.keyedToken = 0, 0, false, 0
-	p.helloAt, p.helloTries = time.Time{}, 0
-	if len(p.queue) == 0 {
-		r.forget(p) // nothing to send: contact waits for the next WR
-		return
-	}
-	r.hello(s, p, now)
 }
 
-// rdTimer runs the QP's RD timers at now and returns the next deadline.
-func (r *rdQP) timer(now time.Time) time.Time {
-	q := r.q
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	s := q.sock.Load()
-	if s == nil || q.State() == StateError || q.State() == StateReset {
-		r.next = time.Time{} // the timer no longer holds q: the next rdArm arms it
-		return time.Time{}
+func rdStatus(c reliability.Code) Status {
+	switch c {
+	case reliability.CodeRemoteAccess:
+		return RemoteAccessError
+	case reliability.CodeInvalidRequest:
+		return RemoteInvalidRequestError
 	}
-	for _, p := range r.takeDue(now) {
-		if !p.listed {
-			continue // forgotten by an earlier one's work
-		}
-		if !p.established {
-			if !p.helloAt.IsZero() && !now.Before(p.helloAt.Add(r.helloWait(p))) {
-				if p.helloTries >= r.cfg.MaxRetries {
-					r.failPeer(p, reliability.ErrRetryExceeded)
-					continue
-				}
-				p.helloTries++
-				r.hello(s, p, now)
-			}
-			continue
-		}
-		if d := p.snd.Deadline(); !d.IsZero() && !now.Before(d) {
-			err := p.snd.OnTimer(now, func(seq uint32, pk *rdPkt) {
-				q.dev.stats.RDRetransmits.Add(1)
-				r.data(s, p, seq, pk, now, true)
-			})
-			if err != nil {
-				r.failPeer(p, err)
-				continue
-			}
-		}
-		// An ack held for the end of the batch the socket is delivering
-		// is that batch's (ackAfterBatch): sent now, mid-batch, it would
-		// answer only the frames handled so far, and the next one would
-		// draw another.
-		if due := p.rcv.AckDue(now); !p.ackHeld && !due.IsZero() && !now.Before(due) {
-			r.sendAck(s, p, now)
-		}
-		if len(p.queue) > 0 {
-			// A zero window holds our queued work (and the regions it
-			// names): probe it, and give the peer up when the probes run
-			// out.
-			due, err := p.snd.Probe(now)
-			if err != nil {
-				r.failPeer(p, err)
-				continue
-			}
-			p.probe = p.probe || due
-		}
-		if len(p.queue) > 0 && r.pump(s, p, now) {
-			r.toMover(s)
-		}
-		r.compact(p, now)
-		if at := r.reclaimAt(p); !at.IsZero() && now.After(at) {
-			r.forget(p)
-			q.dev.stats.RDPeersReclaimed.Add(1)
-		}
-	}
-	r.complete()
-	r.next = time.Time{}
-	return r.settle(now)
+	return RemoteOperationError
 }
 
-func (r *rdQP) helloWait(p *rdPeer) time.Duration {
-	c := r.cfg
-	return min(c.InitialRTT<<min(p.helloTries, 20), c.MaxRTO)
-}
 
 // rdCutReads cuts short the Read Responses the device's RD QPs are
 // sending out of m, which its owner is deregistering (MR.Deregister): a
@@ -1911,35 +1451,27 @@ func (d *Device) rdCutReads(m *MR) {
 	}
 }
 
-// rdCut lets go of m in every Read Response of q that sends from it.
+// cut lets go of m in every Read Response of the QP that sends from it.
 // What was transmitted stays transmitted; every segment not yet
 // acknowledged goes (again) empty, and the response ends with an empty
-// last segment short of the Read's length, so the requester completes
-// the Read with RemoteAccessError, never Success.
+// last segment short of the Read's length (reliability.Endpoint.Cut),
+// so the requester completes the Read with RemoteAccessError, never
+// Success.
 func (r *rdQP) cut(m *MR) {
-	q := r.q
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	cut := func(w *rdWR) {
-		if !w.internal || w.done || w.cut || !w.refs.holds(m) {
-			return
+	now := time.Now()
+	r.lock(nil)
+	defer r.unlock(now)
+	for _, w := range r.resps {
+		if w.cut || !w.refs.holds(m) {
+			continue
 		}
 		w.cut = true
 		w.releaseMRs()
-		if w.sent < w.nseg {
-			w.nseg = w.sent + 1 // one more segment: the empty last
+		r.ep.Cut(w.msg)
+		if s := w.msg.Sent(); s < w.nseg {
+			w.nseg = s + 1
 		}
-		q.dev.stats.RDReadsFlushed.Add(1)
-	}
-	for _, p := range r.peers {
-		for _, w := range p.queue {
-			cut(w)
-		}
-		p.snd.Each(func(_ uint32, pk *rdPkt) {
-			if cut(pk.w); pk.w.cut {
-				pk.n = 0
-			}
-		})
+		r.q.dev.stats.RDReadsFlushed.Add(1)
 	}
 }
 
@@ -1952,19 +1484,17 @@ func (r *mrRefs) holds(m *MR) bool {
 	}
 	return false
 }
+// rdIsSend reports whether seg is an untagged Send (not Immediate Data).
+func rdIsSend(seg udiwarp.Segment) bool { return !seg.Control.Tagged() && isSend(seg.Opcode()) }
 
-// rdFlush fails every WR of the QP with WRFlushError (ERROR, Destroy).
-func (r *rdQP) flush() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, p := range r.peers {
-		r.endRxSend(p, WRFlushError)
-		r.abort(p, WRFlushError, true)
-		r.bury(p) // its sessions end: none opens again if the QP comes back (RESET, RTS)
+// rdPlace places an RDMA Write or Read Response segment (Device.placeTagged).
+func (r *rdQP) place(seg udiwarp.Segment) (reliability.Code, bool) {
+	q := r.q
+	t := seg.Tagged()
+	if _, ok := q.dev.placeTagged(q.pd, t.STag(), t.TO(), seg.Payload, AccessRemoteWrite); !ok {
+		return reliability.CodeRemoteAccess, false
 	}
-	// A peer no longer in the table has nothing posted left open: it was
-	// forgotten only after every WR to it finished (rdFailPeer, reclaim
-	// of a quiet peer, rdRenew with nothing to send).
-	r.complete()
-	r.rdTable.reset()
+	q.dev.stats.RDWritePlaced.Add(1)
+	return 0, true
 }
+

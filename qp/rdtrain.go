@@ -1,7 +1,7 @@
 package qp
 
 import (
-	"time"
+	"errors"
 
 	"golang.org/x/sys/unix"
 
@@ -18,10 +18,11 @@ import (
 // call per segment was what held RD at a tenth of Write-Record's goodput
 // in 1,400-byte segments (issue 31).
 //
-// A train's frames have one size (the last may be shorter), so none
-// carries an ack block: when an ack is owed, the first segment goes alone
-// with it (rdQP.data), the rest in the train. Retransmissions go one at a
-// time: they are few, and each needs its own decision.
+// The engine numbers a train's segments (reliability.Trainer) and builds
+// their RD headers; a train's frames have one size (the last may be
+// shorter), so none carries an ack block: when an ack is owed, the next
+// segment goes alone with it, the rest in the train. Retransmissions go
+// one at a time: they are few, and each needs its own decision.
 
 // rdTrainHeader is the largest header of a train's frame: the RD header
 // of a Data frame with INIT and no ack, then a Write-Record's DDP header
@@ -31,65 +32,41 @@ const rdTrainHeader = reliability.HeaderSize + reliability.SeqSize + reliability
 // rdTrainCtx holds what one train needs; a QP makes it on its first train.
 type rdTrainCtx struct {
 	hdr    [maxGSOSegments][rdTrainHeader]byte
+	hlen   [maxGSOSegments]int
 	crc    [maxGSOSegments][udiwarp.CRCSize]byte
 	iov    [maxGSOSegments * (maxSGE + 2)]unix.Iovec
-	seqs   [maxGSOSegments]uint32
 	pieces [maxSGE][]byte
 	ctl    [gsoCtlSize]byte
 }
 
-// trainable reports whether w's next segments may go as a train: body
-// segments (not a request, a response to one, or an Immediate Data
-// message) of a message with at least two of them left, from registered
-// memory or inline data, to a socket that takes GSO trains of their
-// size.
-func (r *rdQP) trainable(s *Socket, w *rdWR, body uint32) bool {
-	switch w.op {
-	case OpWrite, OpWriteImm, OpWriteRecord, opReadResponse, OpSend, OpSendImm:
-	default:
-		return false
-	}
-	return !w.cut && body-w.sent >= 2 && s.gsoFits(rdTrainHeader+int(w.seg)+udiwarp.CRCSize)
-}
-
-// train sends up to a train of w's body segments to p, as many as the
-// peer's window and congestion control admit now. It reports how many
-// went (0: none; the caller sends one the ordinary way), and whether the
-// socket was full (then none went, and the QP waits for the datamover).
-func (r *rdQP) train(s *Socket, p *rdPeer, w *rdWR, body uint32, now time.Time) (k int, full bool) {
+// SendTrain sends the frames of a train the engine numbered, segments
+// of one message back to back, in one sendmsg(2): each frame is its RD
+// header (fs[i].Header), the DDP header and payload of its segment, and
+// its CRC. All go, or none: errSocketFull (the datamover takes over), or
+// a socket that refuses the train (Socket.gsoRefused: the segments go
+// one at a time).
+func (r *rdQP) SendTrain(fs []reliability.Frame[*rdWR, rdPeer]) error {
 	q := r.q
+	s := r.s
 	if r.trains == nil {
 		r.trains = new(rdTrainCtx)
 	}
 	g := r.trains
-	// Number the segments the sender admits.
-	var hlen int
-	{
-		f := r.dataFields(p, 0, false)
-		pk := rdPkt{w: w}
-		hlen = len(r.frameHeader(g.hdr[0][:0], p, &f, &pk))
-	}
-	size := hlen + int(w.seg) + udiwarp.CRCSize
-	max := min(int(body-w.sent), maxGSOSegments, s.maxDatagram/size)
-	if max < 2 {
-		return 0, false
-	}
-	first := w.sent
-	off := first * w.seg
+	k := len(fs)
+	p := peerOf(fs[0].Peer)
+	w := fs[0].Msg
+	first := fs[0].Index
+	var size int
+	off, _, _, _ := w.part(first)
 	end := off
-	for k < max && p.snd.CanSend(now) && (k == 0 || r.paced(p, now)) {
-		o := (first + uint32(k)) * w.seg
-		n := min(w.seg, w.length-o)
-		pk := rdPkt{w: w, off: o, n: n, last: first+uint32(k)+1 == body}
-		g.seqs[k] = p.snd.Push(pk, hlen+int(n)+udiwarp.CRCSize, now)
-		end = o + n
-		k++
-	}
-	if k < 2 {
-		for i := k - 1; i >= 0; i-- {
-			p.snd.Unpush(g.seqs[i])
+	for i := range fs {
+		o, n, last, _ := w.part(first + uint32(i))
+		hdr := r.ddpHeader(append(g.hdr[i][:0], fs[i].Header...), p, w, o, last, false)
+		if i == 0 {
+			size = len(hdr) + int(w.seg) + udiwarp.CRCSize
 		}
-		return 0, false
+		g.hlen[i] = len(hdr)
+		end = o + n
 	}
 	// The message's bytes [off, end), each piece pinned for the call.
 	t := &r.tx
@@ -110,11 +87,9 @@ func (r *rdQP) train(s *Socket, p *rdPeer, w *rdWR, body uint32, now time.Time) 
 			if st != Success {
 				// The source went (a Read Response whose region was
 				// invalidated): the segments go one at a time, and those
-				// go empty (rdQP.data).
-				for i := k - 1; i >= 0; i-- {
-					p.snd.Unpush(g.seqs[i])
-				}
-				return 0, false
+				// go empty (Send).
+				clear(g.pieces[:np])
+				return errNoTrain
 			}
 			g.pieces[np] = b
 			np++
@@ -123,13 +98,9 @@ func (r *rdQP) train(s *Socket, p *rdPeer, w *rdWR, body uint32, now time.Time) 
 	sum := !q.dev.cfg.NoCRC
 	niov := 0
 	pi, po := 0, 0 // the piece and the offset in it the next byte comes from
-	ackNow := w.flags&FlagSignaled != 0 && len(p.queue) == 1 && first+uint32(k) == w.nseg
 	for i := range k {
-		o := (first + uint32(i)) * w.seg
-		n := min(w.seg, w.length-o)
-		pk := rdPkt{w: w, off: o, n: n, last: first+uint32(i)+1 == body}
-		f := r.dataFields(p, g.seqs[i], ackNow && i == k-1)
-		hdr := r.frameHeader(g.hdr[i][:0], p, &f, &pk)
+		_, n, _, _ := w.part(first + uint32(i))
+		hdr := g.hdr[i][:g.hlen[i]]
 		var crc uint32
 		if sum {
 			crc = udiwarp.CRC32c(hdr)
@@ -167,20 +138,21 @@ func (r *rdQP) train(s *Socket, p *rdPeer, w *rdWR, body uint32, now time.Time) 
 	t.msg.SetControllen(0)
 	t.release()
 	clear(g.pieces[:np])
-	if err == nil {
+	switch {
+	case err == nil:
 		q.dev.stats.TxDatagrams.Add(uint64(k - 1)) // transmit counted one
 		q.dev.stats.TxGSO.Add(1)
-		q.dev.stats.RDDataSent.Add(uint64(k))
-		p.last = now
-		w.sent += uint32(k)
-		return k, false
+		for i := range fs {
+			r.sent(p, w, fs[i].Index)
+		}
+		return nil
+	case err == errSocketFull:
+		r.full = true
+		return reliability.ErrWouldBlock
 	}
-	for i := k - 1; i >= 0; i-- {
-		p.snd.Unpush(g.seqs[i])
-	}
-	if err == errSocketFull {
-		return 0, true
-	}
-	s.gsoRefused(err, size) // a refusal: the segments go one at a time (rdQP.data)
-	return 0, false
+	s.gsoRefused(err, size) // a refusal: the segments go one at a time (Send)
+	return err
 }
+
+// errNoTrain: a train's source could not be pinned whole.
+var errNoTrain = errors.New("qp: train source not readable")

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 	"weak"
+
+	"github.com/udiwarp/udiwarp/reliability"
 )
 
 // Shared receive queues and seed 004's receive queue provisioning: one
@@ -774,12 +776,12 @@ func (s *SRQ) Scoreboard(topPeers int) []SRQScore {
 		}
 		if r := q.rd; r != nil {
 			r.mu.Lock()
-			for _, p := range r.peers {
-				if k := p.rcv.Claims(); k > 0 {
+			r.ep.EachPeer(func(pi *reliability.PeerInfo) {
+				if k := pi.Claims; k > 0 {
 					sc.OutOfOrder += k
-					line(p.key.addr.Addr()).OutOfOrder += k
+					line(pi.Key.Addr.Addr()).OutOfOrder += k
 				}
-			}
+			})
 			r.mu.Unlock()
 		}
 		for _, p := range peers {

@@ -1,6 +1,9 @@
 package qp
 
-import "github.com/udiwarp/udiwarp/udiwarp"
+import (
+	"github.com/udiwarp/udiwarp/reliability"
+	"github.com/udiwarp/udiwarp/udiwarp"
+)
 
 // The out-of-order side of seed 004 on an RD QP, whose peers are the
 // seed's connections. A Send (or Immediate Data) a peer's receiver holds
@@ -28,34 +31,26 @@ func rdUntaggedOp(b []byte) (udiwarp.Opcode, bool) {
 }
 
 // admitOutOfOrder is the one home of the out-of-order threshold and the
-// hole limit: it reports whether p's receiver may buffer frame seg, seq
-// ahead of its gap. A Send that would make p's claims pass OutOfOrder,
-// or a frame that would make its held frames span more gaps than Holes,
-// makes p drop everything it holds ahead of its gap, and goes with it:
-// out-of-order frames go first, before anything in order is refused, and
-// a gap filled later finds its receive. Caller holds r.mu.
-func (r *rdQP) admitOutOfOrder(p *rdPeer, seq uint32, seg []byte) bool {
-	a := r.q.srqa
-	if lim := int(a.holes.Load()); lim > 0 && p.rcv.HolesWith(seq) > lim {
-		r.dropOutOfOrder(p)
-		return false
-	}
-	if lim := int(a.ooo.Load()); lim > 0 && p.rcv.Claims() >= lim && rdNeedsRecv(seg) {
-		r.dropOutOfOrder(p)
-		return false
-	}
-	return true
-}
-
-// dropOutOfOrder makes p's receiver let go of every frame it holds ahead
-// of its gap, and counts them with the frame that drew it. None was
-// acknowledged, so p's sender sends them again and nothing completes at
-// the sender that was not delivered (reliability.Receiver.Renege). Caller
-// holds r.mu.
-func (r *rdQP) dropOutOfOrder(p *rdPeer) {
+// hole limit: it says whether p's receiver may buffer frame seg ahead of
+// its gap, given what it holds (hs). A Send that would make p's claims
+// pass OutOfOrder, or a frame that would make its held frames span more
+// gaps than Holes, makes p drop everything it holds ahead of its gap, and
+// goes with it (HoldRenege): out-of-order frames go first, before
+// anything in order is refused, and a gap filled later finds its receive.
+// None was acknowledged, so p's sender sends them again and nothing
+// completes at the sender that was not delivered
+// (reliability.Receiver.Renege). Caller holds r.mu.
+func (r *rdQP) admitOutOfOrder(p *rdPeer, hs reliability.HoldState, seg []byte) reliability.HoldVerdict {
 	q := r.q
-	n := uint64(p.rcv.Renege() + 1) // its release takes each off the byte budgets
-	q.dev.stats.RxSRQOutOfOrder.Add(n)
-	q.srqa.oooDropped.Add(n)
-	q.dev.raise(AsyncEvent{Type: AsyncSRQOutOfOrder, QP: q, SRQ: q.srq, Source: p.key.addr})
+	a := q.srqa
+	holes := int(a.holes.Load())
+	ooo := int(a.ooo.Load())
+	if holes > 0 && hs.HolesWith > holes || ooo > 0 && hs.Claims >= ooo && rdNeedsRecv(seg) {
+		n := uint64(hs.Held + 1)
+		q.dev.stats.RxSRQOutOfOrder.Add(n)
+		a.oooDropped.Add(n)
+		q.dev.raise(AsyncEvent{Type: AsyncSRQOutOfOrder, QP: q, SRQ: q.srq, Source: p.key.addr})
+		return reliability.HoldRenege
+	}
+	return reliability.HoldKeep
 }
