@@ -262,12 +262,9 @@ func TestAtomicFetchAddUnderLoss(t *testing.T) {
 			}
 			if got < each {
 				qa.rd.mu.Lock()
-				for _, pp := range qa.rd.peers {
-					t.Logf("peer %d: reads %d queue %d outstanding %d inflight %d", k, len(pp.reads), len(pp.queue), pp.outstanding, pp.snd.InFlight())
-					for _, w := range pp.reads {
-						t.Logf("  read msn %d acked %d/%d resp %v done %v", w.msn, w.acked, w.nseg, w.respDone, w.done)
-					}
-				}
+				qa.rd.ep.EachPeer(func(pi *reliability.PeerInfo) {
+					t.Logf("peer %d: %+v", k, *pi)
+				})
 				qa.rd.mu.Unlock()
 				t.Errorf("peer %d: %d of %d completions", k, got, each)
 			}

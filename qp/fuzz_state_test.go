@@ -558,14 +558,14 @@ func (z *fzDev) fixup(b []byte, src netip.AddrPort, tokens bool) []byte {
 				case reliability.Data, reliability.Ack:
 					// The token a Challenge of ours would have issued:
 					// under our epoch in the session (rdChallenge).
-					epoch := q.rd.tokens.Epoch(src, h.SrcQPN, h.Epoch, q.num)
-					if p := q.rd.peers[rdKey{src, h.SrcQPN}]; p != nil {
-						epoch = p.epoch
+					epoch := q.rd.ep.Tokens().Epoch(src, h.SrcQPN, h.Epoch, q.num)
+					if pi, ok := q.rd.ep.Info(reliability.PeerKey{Addr: src, QPN: h.SrcQPN}); ok {
+						epoch = pi.Epoch
 					}
-					binary.BigEndian.PutUint64(f[16:], q.rd.tokens.Issue(src, h.SrcQPN, h.Epoch, q.num, epoch))
+					binary.BigEndian.PutUint64(f[16:], q.rd.ep.Tokens().Issue(src, h.SrcQPN, h.Epoch, q.num, epoch))
 				case reliability.Challenge:
-					if p := q.rd.peers[rdKey{src, h.SrcQPN}]; p != nil {
-						binary.BigEndian.PutUint64(f[16:], p.myToken)
+					if pi, ok := q.rd.ep.Info(reliability.PeerKey{Addr: src, QPN: h.SrcQPN}); ok {
+						binary.BigEndian.PutUint64(f[16:], pi.Token)
 					}
 				}
 				q.rd.mu.Unlock()
@@ -863,34 +863,34 @@ func (z *fzDev) check(t *testing.T, sent [][]byte) {
 	r := z.qps[2].rd
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if len(r.peers) > r.cfg.MaxPeers {
-		t.Fatalf("%d RD peers, cap %d", len(r.peers), r.cfg.MaxPeers)
+	if n := r.ep.Peers(); n > r.cfg.MaxPeers {
+		t.Fatalf("%d RD peers, cap %d", n, r.cfg.MaxPeers)
 	}
 	if err := rdAccounting(r); err != nil {
 		t.Fatal(err)
 	}
-	for k, p := range r.peers {
-		if !z.addrs[k.addr] {
+	r.ep.EachPeer(func(pi *reliability.PeerInfo) {
+		k := pi.Key
+		p := &r.ep.Peer(k).State
+		if !z.addrs[k.Addr] {
 			t.Fatalf("RD peer %v: not a source of the input", k)
 		}
-		if k.addr != z.srcs[0] || k.qpn != fzLocalQPN {
-			if p.outstanding != 0 {
-				t.Fatalf("RD peer %v: %d WRs outstanding, none posted to it", k, p.outstanding)
+		if k.Addr != z.srcs[0] || k.QPN != fzLocalQPN {
+			if pi.Outstanding != 0 {
+				t.Fatalf("RD peer %v: %d WRs outstanding, none posted to it", k, pi.Outstanding)
 			}
 		}
 		switch {
-		case p.rcv.Held() >= r.cfg.Window:
-			t.Fatalf("RD peer %v buffers %d frames, window %d", k, p.rcv.Held(), r.cfg.Window)
-		case p.snd.InFlight() > r.cfg.Window:
-			t.Fatalf("RD peer %v has %d frames in flight, window %d", k, p.snd.InFlight(), r.cfg.Window)
+		case pi.HeldFrames >= r.cfg.Window:
+			t.Fatalf("RD peer %v buffers %d frames, window %d", k, pi.HeldFrames, r.cfg.Window)
+		case pi.InFlight > r.cfg.Window:
+			t.Fatalf("RD peer %v has %d frames in flight, window %d", k, pi.InFlight, r.cfg.Window)
 		case p.serving > r.cfg.IRD || p.serving < 0:
 			t.Fatalf("RD peer %v serves %d Reads, IRD %d", k, p.serving, r.cfg.IRD)
 		case len(p.reads) > r.cfg.ORD:
 			t.Fatalf("RD peer %v: %d Reads outstanding, ORD %d", k, len(p.reads), r.cfg.ORD)
-		case p.nerr > len(p.errs):
-			t.Fatalf("RD peer %v: %d errors noted", k, p.nerr)
 		}
-	}
+	})
 }
 
 // checkRecord checks a Write-Record completion against what the input

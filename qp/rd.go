@@ -114,7 +114,6 @@ const (
 	defaultMaxQPHeldBytes  = 64 << 20
 )
 
-
 // rdGraveyard is how many ended sessions a QP remembers in a generation
 // of its graveyard: a Data frame of one of them with a valid keyed token
 // (late, or sent again by a peer that has not yet learnt the session
@@ -1438,7 +1437,6 @@ func rdStatus(c reliability.Code) Status {
 	return RemoteOperationError
 }
 
-
 // rdCutReads cuts short the Read Responses the device's RD QPs are
 // sending out of m, which its owner is deregistering (MR.Deregister): a
 // peer's Read does not hold a region. The caller holds the MR table's
@@ -1484,6 +1482,7 @@ func (r *mrRefs) holds(m *MR) bool {
 	}
 	return false
 }
+
 // rdIsSend reports whether seg is an untagged Send (not Immediate Data).
 func rdIsSend(seg udiwarp.Segment) bool { return !seg.Control.Tagged() && isSend(seg.Opcode()) }
 
@@ -1497,4 +1496,3 @@ func (r *rdQP) place(seg udiwarp.Segment) (reliability.Code, bool) {
 	q.dev.stats.RDWritePlaced.Add(1)
 	return 0, true
 }
-

@@ -2,53 +2,38 @@ package qp
 
 import (
 	"fmt"
-	"net/netip"
 	"time"
+
+	"github.com/udiwarp/udiwarp/reliability"
 )
 
-// rdAccounting checks the RD QP's books against its peers: each source
-// address's peer count is the number of peers it has (no count left
-// behind by a peer dropped some other way than rdForget), and the bytes
+// rdAccounting checks the RD QP's books against its peers: the bytes
 // held ahead of gaps are the peers' sum, none negative, within the
-// budgets. The caller holds r.mu.
+// budgets; every WR not completed is a peer's; and the engine's peer
+// table keeps its invariants (reliability.Endpoint.Check). The caller
+// holds r.mu.
 func rdAccounting(r *rdQP) error {
-	count := map[netip.Addr]int{}
 	held, posted := 0, 0
-	for k, p := range r.peers {
-		count[k.addr.Addr()]++
-		if p.held < 0 || p.held > r.cfg.MaxHeldBytes {
-			return fmt.Errorf("RD peer %v holds %d bytes, budget %d", k, p.held, r.cfg.MaxHeldBytes)
+	var err error
+	r.ep.EachPeer(func(pi *reliability.PeerInfo) {
+		if pi.HeldBytes < 0 || pi.HeldBytes > r.cfg.MaxHeldBytes {
+			err = fmt.Errorf("RD peer %v holds %d bytes, budget %d", pi.Key, pi.HeldBytes, r.cfg.MaxHeldBytes)
 		}
-		held += p.held
-		if p.outstanding != len(p.posted)-p.postedAt {
-			return fmt.Errorf("RD peer %v: %d WRs outstanding, %d posted and not completed", k, p.outstanding, len(p.posted)-p.postedAt)
-		}
-		for _, w := range p.posted[p.postedAt:] {
-			if w.peer != p {
-				return fmt.Errorf("RD peer %v holds a WR posted to %v", k, w.peer.key)
-			}
-		}
-		posted += p.outstanding
+		held += pi.HeldBytes
+		posted += pi.Outstanding
+	})
+	if err != nil {
+		return err
 	}
 	// Every WR not completed is its peer's, and its peer is in the table
-	// (rdFlush relies on it); between operations none waits to complete.
-	if posted != r.nout || len(r.ready) != 0 {
-		return fmt.Errorf("RD QP: %d WRs not completed, its peers hold %d; %d peers not completed", r.nout, posted, len(r.ready))
+	// (rdFlush relies on it).
+	if posted != r.nout {
+		return fmt.Errorf("RD QP: %d WRs not completed, its peers hold %d", r.nout, posted)
 	}
-	for a, n := range r.perAddr {
-		if count[a] != n.n {
-			return fmt.Errorf("address %v counted for %d RD peers, has %d", a, n.n, count[a])
-		}
+	if held != r.ep.Held() || held > r.cfg.MaxQPHeldBytes {
+		return fmt.Errorf("RD QP holds %d bytes, its peers %d, budget %d", r.ep.Held(), held, r.cfg.MaxQPHeldBytes)
 	}
-	for a, n := range count {
-		if r.perAddr[a].n != n {
-			return fmt.Errorf("address %v has %d RD peers, counted for %d", a, n, r.perAddr[a].n)
-		}
-	}
-	if held != r.held || r.held > r.cfg.MaxQPHeldBytes {
-		return fmt.Errorf("RD QP holds %d bytes, its peers %d, budget %d", r.held, held, r.cfg.MaxQPHeldBytes)
-	}
-	return rdTableCheck(r, time.Now())
+	return r.ep.Check(time.Now())
 }
 
 // checkRDAccounting is rdAccounting under the QP's RD lock.
@@ -56,4 +41,18 @@ func checkRDAccounting(q *QP) error {
 	q.rd.mu.Lock()
 	defer q.rd.mu.Unlock()
 	return rdAccounting(q.rd)
+}
+
+// rdInfo returns what q's RD engine holds of peer (addr, qpn).
+func rdInfo(q *QP, k rdKey) (reliability.PeerInfo, bool) {
+	q.rd.mu.Lock()
+	defer q.rd.mu.Unlock()
+	return q.rd.ep.Info(reliability.PeerKey{Addr: k.addr, QPN: k.qpn})
+}
+
+// rdPeerCount is how many peers q's RD engine holds.
+func rdPeerCount(q *QP) int {
+	q.rd.mu.Lock()
+	defer q.rd.mu.Unlock()
+	return q.rd.ep.Peers()
 }

@@ -88,7 +88,7 @@ func TestRDChurnDoesNotReopenEndedSession(t *testing.T) {
 				return b.dev.Stats().RDPeerRestarts.Load() >= churn-1
 			})
 			qb.rd.mu.Lock()
-			graves := qb.rd.graves.Len()
+			graves := qb.rd.ep.Graves()
 			qb.rd.mu.Unlock()
 			if graves > 2*rdGraveyard {
 				t.Fatalf("%d graves: more than two generations of %d", graves, rdGraveyard)

@@ -24,9 +24,7 @@ func sendTo(t *testing.T, c *net.UDPConn, b []byte, n *node) {
 }
 
 func peersOf(q *QP) int {
-	q.rd.mu.Lock()
-	defer q.rd.mu.Unlock()
-	return len(q.rd.peers)
+	return rdPeerCount(q)
 }
 
 // TestRDUnvalidatedSources: frames from a source that never received a
@@ -148,9 +146,8 @@ func TestRDSpoofedPeer(t *testing.T) {
 	send := udiwarp.AppendUntagged(nil, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
 		RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpSend), ULP: qa.QPN(), QN: udiwarp.DatagramQN(qb.QPN(), udiwarp.QueueSend), MSN: 2})
 	send = append(send, "spoofed"...)
-	qa.rd.mu.Lock()
-	epoch := qa.rd.peers[rdKey{b.sock.LocalAddr(), qb.QPN()}].epoch // a's epoch in its session with b
-	qa.rd.mu.Unlock()
+	pi, _ := rdInfo(qa, rdKey{b.sock.LocalAddr(), qb.QPN()})
+	epoch := pi.Epoch // a's epoch in its session with b
 	bst := b.dev.Stats()
 	toB := bst.RxDatagrams.Load()
 	for i := range 200 {

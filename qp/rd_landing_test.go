@@ -274,14 +274,11 @@ func TestRDAckHeldFromTimer(t *testing.T) {
 			}
 			rd, now := p.qb.rd, time.Now()
 			rd.mu.Lock()
-			held := len(rd.acks)
-			var due time.Time
-			if held == 1 {
-				due = rd.peerDue(rd.acks[0], now)
-			}
+			held := rd.ep.AcksPending()
+			due := rd.ep.Deadline(now)
 			rd.mu.Unlock()
-			if held != 1 {
-				t.Fatalf("the first frame's ack: %d held, want 1 (%d sent)", held, sb.RDAcksSent.Load()-acks0)
+			if !held {
+				t.Fatalf("the first frame's ack: none held (%d sent)", sb.RDAcksSent.Load()-acks0)
 			}
 			if !due.IsZero() && !due.After(now) {
 				// (The timer would run again and again until the batch ends.)
@@ -341,10 +338,8 @@ func TestRDDirectPlacementSpoofed(t *testing.T) {
 		t.Skipf("cannot share the peer's port: %v", err)
 	}
 	evil := pc.(*net.UDPConn)
-	qa.rd.mu.Lock()
-	pa := qa.rd.peers[rdKey{b.sock.LocalAddr(), qb.QPN()}]
-	epoch, seq := pa.epoch, pa.snd.Next()
-	qa.rd.mu.Unlock()
+	pa, _ := rdInfo(qa, rdKey{b.sock.LocalAddr(), qb.QPN()})
+	epoch, seq := pa.Epoch, pa.NextSeq
 	forged := udiwarp.AppendUntagged(nil, &udiwarp.UntaggedFields{Last: true, DV: udiwarp.DatagramDDPVersion,
 		RDMAP: udiwarp.NewRDMAPControl(udiwarp.OpSend), ULP: qa.QPN(), QN: udiwarp.DatagramQN(qb.QPN(), udiwarp.QueueSend), MSN: 2})
 	forged = append(forged, bytes.Repeat([]byte{0xEE}, size)...)

@@ -15,12 +15,12 @@ import (
 func heldOf(q *QP, addr net.IP) (frames, peers int) {
 	q.rd.mu.Lock()
 	defer q.rd.mu.Unlock()
-	for k, p := range q.rd.peers {
-		frames += p.rcv.Held()
-		if net.IP(k.addr.Addr().AsSlice()).Equal(addr) {
+	q.rd.ep.EachPeer(func(pi *reliability.PeerInfo) {
+		frames += pi.HeldFrames
+		if net.IP(pi.Key.Addr.Addr().AsSlice()).Equal(addr) {
 			peers++
 		}
-	}
+	})
 	return frames, peers
 }
 
@@ -96,7 +96,7 @@ func TestRDHeldMemoryBounded(t *testing.T) {
 func (n *node) rdHeld(q *QP) int {
 	q.rd.mu.Lock()
 	defer q.rd.mu.Unlock()
-	return q.rd.held
+	return q.rd.ep.Held()
 }
 
 // TestRDZeroWindowPin (item 7): a return-routable peer asks for a Read

@@ -29,9 +29,9 @@ func onlyPeer(q *QP) (last, moved, reclaimAt time.Time, held int, ok bool) {
 	r := q.rd
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, p := range r.peers {
-		return p.last, p.moved, r.reclaimAt(p), p.rcv.Held(), true
-	}
+	r.ep.EachPeer(func(pi *reliability.PeerInfo) {
+		last, moved, reclaimAt, held, ok = pi.Last, pi.Moved, pi.ReclaimAt, pi.HeldFrames, true
+	})
 	return
 }
 

@@ -244,9 +244,8 @@ func (p *rdSessionPair) goOnAfterBLost(keeperFirst bool) {
 
 // hasPeer reports whether q holds state for the peer QP o on node n.
 func hasPeer(q *QP, n *node, o *QP) bool {
-	q.rd.mu.Lock()
-	defer q.rd.mu.Unlock()
-	return q.rd.peers[rdKey{n.sock.LocalAddr(), o.QPN()}] != nil
+	_, ok := rdInfo(q, rdKey{n.sock.LocalAddr(), o.QPN()})
+	return ok
 }
 
 // TestRDSessionAfterPeerFailure: a fails its peer b (an RNR failure)
@@ -295,9 +294,7 @@ func setIdleTimeout(q *QP, d time.Duration) {
 	q.rd.mu.Lock()
 	defer q.rd.mu.Unlock()
 	q.rd.cfg.IdleTimeout = d
-	for _, p := range q.rd.peers { // every peer's reclaim time moved
-		q.rd.touch(p)
-	}
+	q.rd.ep.SetIdleTimeout(d) // every peer's reclaim time moved
 	q.rd.arm(time.Now())
 }
 

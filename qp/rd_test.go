@@ -435,14 +435,13 @@ func syncRD(q *QP) {
 	q.rd.mu.Unlock()
 }
 
-// BenchmarkRDPeerMemory reports the heap one peer's state costs at a QP:
-// idle (after contact, nothing in flight), with a full window of 256
-// packets in flight to it, and with its receiver grown to the window
-// (the most a peer can make us keep without our sending anything).
+// BenchmarkRDPeerMemory reports the heap one idle peer's state costs at
+// a QP (after contact, nothing in flight). What a busy peer costs, its
+// rings at their largest, is BenchmarkEndpointPeerMemory's (reliability).
 func BenchmarkRDPeerMemory(b *testing.B) {
 	n := newNode(b, DeviceConfig{}, "udp4", "127.0.0.1:0")
 	cq, _ := n.dev.CreateCQ(16)
-	q, err := n.pd.CreateQP(QPAttr{Type: RD, SendCQ: cq, RecvCQ: cq})
+	q, err := n.pd.CreateQP(QPAttr{Type: RD, SendCQ: cq, RecvCQ: cq, RD: RDConfig{MaxPeers: 20000}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -450,58 +449,23 @@ func BenchmarkRDPeerMemory(b *testing.B) {
 	var before, after runtime.MemStats
 	for b.Loop() {
 		q.rd.mu.Lock()
-		q.rd.rdTable.reset()
+		q.rd.ep.Flush()
 		q.rd.mu.Unlock()
 		runtime.GC()
 		runtime.ReadMemStats(&before)
 		q.rd.mu.Lock()
 		now := time.Now()
 		for i := range peers {
-			k := rdKey{netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 4791), uint32(i%1000 + 1)}
-			q.rd.newPeer(k, now)
+			k := reliability.PeerKey{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 4791), QPN: uint32(i%1000 + 1)}
+			if _, err := q.rd.ep.PeerFor(now, k); err != nil {
+				b.Fatal(err)
+			}
 		}
 		q.rd.mu.Unlock()
 		runtime.GC()
 		runtime.ReadMemStats(&after)
 		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/peers, "bytes/idle-peer")
 	}
-	// One peer with a full window in flight: its rings at their largest.
-	q.rd.mu.Lock()
-	q.rd.rdTable.reset()
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	p := q.rd.newPeer(rdKey{netip.MustParseAddrPort("10.0.0.1:1"), 1}, time.Now())
-	w := &rdWR{}
-	for range p.snd.Config().Window {
-		p.snd.Push(rdPkt{w: w}, 1500, time.Now())
-	}
-	for seq := uint32(1); seq < uint32(p.snd.Config().Window); seq++ {
-		p.rcv.Receive(seq, nil, time.Now(), func(uint32, []byte) bool { return true })
-	}
-	runtime.GC()
-	runtime.ReadMemStats(&after)
-	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc), "bytes/busy-peer")
-	// What a peer can make us keep with nothing of ours in flight: its
-	// receiver's ring grown to the window by frames ahead of a gap, the
-	// gap since filled (the frames themselves are budgeted apart:
-	// MaxHeldBytes).
-	q.rd.rdTable.reset()
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	p = q.rd.newPeer(rdKey{netip.MustParseAddrPort("10.0.0.1:1"), 1}, time.Now())
-	for seq := uint32(p.snd.Config().Window - 1); ; seq-- {
-		p.rcv.Receive(seq, nil, time.Now(), func(uint32, []byte) bool { return true })
-		if seq == 0 {
-			break
-		}
-	}
-	runtime.GC()
-	runtime.ReadMemStats(&after)
-	q.rd.mu.Unlock()
-	if p.rcv.Held() != 0 {
-		b.Fatalf("%d frames held", p.rcv.Held())
-	}
-	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc), "bytes/grown-peer")
 }
 
 // TestRDAndUDShareASocket: the frame-type rule lets one socket carry UD

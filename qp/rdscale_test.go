@@ -29,19 +29,20 @@ func rdQPFor(tb testing.TB, n *node, rd RDConfig) (*QP, *CQ) {
 	return n.newQP(QPAttr{Type: RD, SendCQ: cq, RecvCQ: cq, RD: rd, Caps: QPCaps{MaxSendWR: 4096, MaxRecvWR: 4096}}), cq
 }
 
-// fillRDPeers gives q n established, idle peers at addresses no socket
-// has (10.x.y.z), whose last traffic was at: what a QP has after serving
-// n clients that went quiet.
+// fillRDPeers gives q n idle peers at addresses no socket has
+// (10.x.y.z), whose last traffic was at: what a QP has after serving n
+// clients that went quiet (each is quiet, holds nothing, and is
+// reclaimable, as such a client is).
 func fillRDPeers(tb testing.TB, q *QP, n int, at time.Time) {
 	tb.Helper()
 	r := q.rd
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i := range n {
-		k := rdKey{netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 4791), 7}
-		p := r.newPeer(k, at)
-		p.established, p.theirEpoch, p.theirToken = true, 1, 1
-		p.newToken()
+		k := reliability.PeerKey{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 4791), QPN: 7}
+		if _, err := r.ep.PeerFor(at, k); err != nil {
+			tb.Fatal(err)
+		}
 	}
 	r.arm(at)
 }
@@ -180,86 +181,6 @@ func BenchmarkRDSendAtPeers(b *testing.B) {
 	}
 }
 
-// rdTableCheck checks the peer table's structures against its peers
-// (rdpeers.go): every peer is listed under its key and in its address's
-// list; the heap is a heap, and holds every peer with timed work due no
-// later than its work is (early is harmless, late is a timer lost); the
-// reclaim lists hold exactly the quiet peers, each in the right one; no
-// peer is left touched between operations. The caller holds r.mu.
-func rdTableCheck(r *rdQP, now time.Time) error {
-	if len(r.dirty) != 0 {
-		return fmt.Errorf("%d RD peers touched and not settled", len(r.dirty))
-	}
-	n := 0
-	for a, ap := range r.perAddr {
-		k := 0
-		for p := ap.head; p != nil; p = p.addrNext {
-			if p.key.addr.Addr() != a || r.peers[p.key] != p || (p.addrNext != nil && p.addrNext.addrPrev != p) {
-				return fmt.Errorf("peer %v in the list of address %v", p.key, a)
-			}
-			k++
-		}
-		if k != ap.n {
-			return fmt.Errorf("address %v lists %d peers, counts %d", a, k, ap.n)
-		}
-		n += k
-	}
-	if n != len(r.peers) {
-		return fmt.Errorf("address lists hold %d peers, the table %d", n, len(r.peers))
-	}
-	for i, p := range r.tm {
-		if p.tmIdx != int32(i+1) || r.peers[p.key] != p {
-			return fmt.Errorf("heap slot %d: peer %v (index %d, in the table %v)", i, p.key, p.tmIdx, r.peers[p.key] == p)
-		}
-		if i > 0 && r.tm[(i-1)/2].tmAt > p.tmAt {
-			return fmt.Errorf("heap slot %d due before its parent", i)
-		}
-	}
-	inList := map[*rdPeer]uint8{}
-	for _, which := range []uint8{rdFreeList, rdHoldingList} {
-		l := r.listOf(which)
-		var prev *rdPeer
-		for p := l.head; p != nil; p = p.lnext {
-			if p.list != which || p.lprev != prev || inList[p] != 0 {
-				return fmt.Errorf("peer %v misplaced in reclaim list %d", p.key, which)
-			}
-			inList[p] = which
-			prev = p
-		}
-		if l.tail != prev {
-			return fmt.Errorf("reclaim list %d: tail is not its last peer", which)
-		}
-	}
-	for k, p := range r.peers {
-		if !p.listed || p.key != k {
-			return fmt.Errorf("peer %v under key %v, listed %v", p.key, k, p.listed)
-		}
-		if due := r.peerDue(p, now); !due.IsZero() {
-			if p.tmIdx == 0 {
-				return fmt.Errorf("peer %v has work due %v and is not on the timer's heap", k, due)
-			}
-			if at := r.base.Add(time.Duration(p.tmAt)); at.After(due) {
-				return fmt.Errorf("peer %v: timer at %v, work due %v", k, at, due)
-			}
-		}
-		want := uint8(rdNoList)
-		switch {
-		case !p.quiet():
-		case p.rcv.Held() == 0:
-			want = rdFreeList
-		default:
-			want = rdHoldingList
-		}
-		if inList[p] != want {
-			return fmt.Errorf("peer %v in reclaim list %d, want %d", k, inList[p], want)
-		}
-	}
-	if len(inList) > len(r.peers) {
-		return fmt.Errorf("reclaim lists hold %d peers, the table %d", len(inList), len(r.peers))
-	}
-	return nil
-}
-
 // rdRawPeer is a validated hand-driven RD peer of a QP (contactFrom): it
 // can send more Data frames in its session.
 type rdRawPeer struct {
@@ -320,11 +241,10 @@ func (p *rdRawPeer) key() rdKey { return rdKey{p.s.LocalAddr().(*net.UDPAddr).Ad
 
 // rdHas reports which of the peers q has state for.
 func rdHas(q *QP, peers ...*rdRawPeer) []bool {
-	q.rd.mu.Lock()
-	defer q.rd.mu.Unlock()
 	var has []bool
 	for _, p := range peers {
-		has = append(has, q.rd.peers[p.key()] != nil)
+		_, ok := rdInfo(q, p.key())
+		has = append(has, ok)
 	}
 	return has
 }
@@ -448,17 +368,15 @@ func TestRDChurnAtCap(t *testing.T) {
 		}
 	}
 	pinKeys := func() error {
-		qs.rd.mu.Lock()
-		defer qs.rd.mu.Unlock()
 		for _, i := range pinned {
-			if qs.rd.peers[rdKey{cs[i].n.sock.LocalAddr(), cs[i].q.QPN()}] == nil {
+			if _, ok := rdInfo(qs, rdKey{cs[i].n.sock.LocalAddr(), cs[i].q.QPN()}); !ok {
 				return fmt.Errorf("client %d, with a Send outstanding, was reclaimed", i)
 			}
 		}
-		if len(qs.rd.peers) > maxPeers {
-			return fmt.Errorf("%d peers, cap %d", len(qs.rd.peers), maxPeers)
+		if n := rdPeerCount(qs); n > maxPeers {
+			return fmt.Errorf("%d peers, cap %d", n, maxPeers)
 		}
-		return rdAccounting(qs.rd)
+		return checkRDAccounting(qs)
 	}
 	eventually(t, "the pinned peers' state", func() bool { return pinKeys() == nil })
 	got := map[[2]byte]int{}
@@ -659,12 +577,11 @@ func TestRDSpoofedContactFlood(t *testing.T) {
 func TestRDIdlePeerLetsGoOfItsRing(t *testing.T) {
 	p := newRDPair(t, DeviceConfig{}, DeviceConfig{}, RDConfig{IdleTimeout: time.Hour})
 	slots := func() int {
+		n := -1
 		p.qa.rd.mu.Lock()
 		defer p.qa.rd.mu.Unlock()
-		for _, peer := range p.qa.rd.peers {
-			return peer.snd.Slots()
-		}
-		return -1
+		p.qa.rd.ep.EachPeer(func(pi *reliability.PeerInfo) { n = pi.SendSlots })
+		return n
 	}
 	for i := range 2 {
 		p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*8, 8)}})
@@ -700,10 +617,8 @@ func TestRDIdlePeerLetsGoOfItsRing(t *testing.T) {
 		t.Fatal("raw contact refused")
 	}
 	rcvSlots := func() int {
-		p.qb.rd.mu.Lock()
-		defer p.qb.rd.mu.Unlock()
-		if peer := p.qb.rd.peers[raw.key()]; peer != nil {
-			return peer.rcv.Slots()
+		if pi, ok := rdInfo(p.qb, raw.key()); ok {
+			return pi.RecvSlots
 		}
 		return -1
 	}

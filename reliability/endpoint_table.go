@@ -399,6 +399,9 @@ type PeerInfo struct {
 	// Epoch is ours in the session, TheirEpoch the peer's (0 until
 	// established).
 	Epoch, TheirEpoch uint32
+	// Token is what the peer's frames carry: the token of our Hello, or
+	// the one our Challenge issued.
+	Token uint64
 	// HeldBytes and HeldFrames are what its receiver buffers ahead of a
 	// gap, Claims how many of those frames are claims (Host.Hold).
 	HeldBytes, HeldFrames, Claims int
@@ -410,16 +413,17 @@ type PeerInfo struct {
 	// SendSlots and RecvSlots are the sizes of its sender's and
 	// receiver's rings (0 once let go of: Config.CompactAfter).
 	SendSlots, RecvSlots int
-	// Last is its last traffic; ReclaimAt when the endpoint forgets it
+	// Last is its last traffic, Moved when its receiver last delivered
+	// or its gap opened; ReclaimAt when the endpoint forgets it
 	// if nothing happens (zero: not while work to it is outstanding).
-	Last, ReclaimAt time.Time
+	Last, Moved, ReclaimAt time.Time
 }
 
 func (e *Endpoint[M, P]) info(p *peer[M, P]) PeerInfo {
-	return PeerInfo{Key: p.key, Established: p.established, Epoch: p.epoch, TheirEpoch: p.theirEpoch,
+	return PeerInfo{Key: p.key, Established: p.established, Epoch: p.epoch, TheirEpoch: p.theirEpoch, Token: p.myToken,
 		HeldBytes: p.held, HeldFrames: p.rcv.Held(), Claims: p.rcv.Claims(),
 		Outstanding: len(p.posted) - p.postedAt, Queued: len(p.queue), InFlight: p.snd.InFlight(), NextSeq: p.snd.Next(),
-		SendSlots: p.snd.Slots(), RecvSlots: p.rcv.Slots(), Last: p.last, ReclaimAt: e.reclaimAt(p)}
+		SendSlots: p.snd.Slots(), RecvSlots: p.rcv.Slots(), Last: p.last, Moved: p.moved, ReclaimAt: e.reclaimAt(p)}
 }
 
 // EachPeer calls f for every peer with state. Its order is not defined.
@@ -438,6 +442,15 @@ func (e *Endpoint[M, P]) Info(k PeerKey) (PeerInfo, bool) {
 		return PeerInfo{}, false
 	}
 	return e.info(p), true
+}
+
+// Peer returns peer k as the Host sees it, nil if the endpoint has no
+// state for it.
+func (e *Endpoint[M, P]) Peer(k PeerKey) *Peer[P] {
+	if p := e.peers[k]; p != nil {
+		return &p.pub
+	}
+	return nil
 }
 
 // PeerFor returns peer k's state, making it (with a token for our
