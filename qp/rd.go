@@ -642,9 +642,11 @@ func (r *rdQP) Deliver(pp *rdPeerRef, seq uint32, b []byte) (bool, reliability.C
 	p := peerOf(pp)
 	p.code = 0
 	var ok bool
-	if r.land != nil && r.rxData && seq == r.rxSeq {
-		ok = r.deliverLanded(r.s, p, seq, b, r.land, r.src)
+	if l := r.land; l != nil && r.rxData && seq == r.rxSeq {
 		r.land = nil
+		if ok = r.deliverLanded(r.s, p, seq, b, l, r.src); ok && r.q.srq == nil {
+			r.s.rx.noteSend(r.q, l.payload(), r.rxHdr) // the next frames land here too
+		}
 	} else {
 		ok = r.deliver(r.s, p, seq, b, r.src)
 		if ok && r.rxData && seq == r.rxSeq && r.q.srq == nil {
