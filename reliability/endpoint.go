@@ -52,6 +52,7 @@ type Endpoint[M, P any] struct {
 	// leave sending and completing to the Receive under way.
 	delivering bool
 	trains     *trainCtx[M, P] // made by the first train (trains.go)
+	freeMsgs   []*Message[M, P]
 	hb         [MaxHeaderSize]byte
 	ack        AckBlock
 	frame      Frame[M, P]
@@ -448,7 +449,8 @@ func (e *Endpoint[M, P]) Post(now time.Time, k PeerKey, m M, nseg uint32, flags 
 	if err != nil {
 		return nil, err
 	}
-	w := &Message[M, P]{Handle: m, peer: p, nseg: max(nseg, 1), awaits: flags&PostAwaits != 0, flags: flags}
+	w := e.newMessage()
+	*w = Message[M, P]{Handle: m, peer: p, nseg: max(nseg, 1), awaits: flags&PostAwaits != 0, flags: flags}
 	p.queue = append(p.queue, w)
 	if flags&PostResponse == 0 {
 		p.post(w)
@@ -467,6 +469,27 @@ func (e *Endpoint[M, P]) Post(now time.Time, k PeerKey, m M, nseg uint32, flags 
 	return w, nil
 }
 
+// maxFreeMessages bounds the completed messages an endpoint keeps for
+// its next posts.
+const maxFreeMessages = 256
+
+func (e *Endpoint[M, P]) newMessage() *Message[M, P] {
+	if n := len(e.freeMsgs); n > 0 {
+		w := e.freeMsgs[n-1]
+		e.freeMsgs[n-1] = nil
+		e.freeMsgs = e.freeMsgs[:n-1]
+		return w
+	}
+	return new(Message[M, P])
+}
+
+func (e *Endpoint[M, P]) freeMessage(w *Message[M, P]) {
+	if len(e.freeMsgs) < maxFreeMessages {
+		*w = Message[M, P]{}
+		e.freeMsgs = append(e.freeMsgs, w)
+	}
+}
+
 // post adds w to the messages posted to p. A full array whose front
 // half or more is completed is compacted instead of grown, so that a
 // peer with messages always outstanding allocates nothing per post.
@@ -479,7 +502,9 @@ func (p *peer[M, P]) post(w *Message[M, P]) {
 	p.posted = append(p.posted, w)
 }
 
-// Sent returns how many of the message's segments are numbered.
+// Sent returns how many of the message's segments are numbered. A
+// Message is the endpoint's again once its message completed Success
+// (unless posted with PostAwaits): the caller lets go of it then.
 func (w *Message[M, P]) Sent() uint32 { return w.sent }
 
 // Cut ends w after the segments numbered so far and one more (which
@@ -1052,6 +1077,13 @@ func (e *Endpoint[M, P]) complete() {
 			p.posted[p.postedAt] = nil
 			p.postedAt++
 			e.host.Complete(&p.pub, w.Handle, w.err)
+			if w.err == nil && w.flags&PostAwaits == 0 {
+				// Acknowledged whole: nothing of the endpoint's refers
+				// to it (its frames left the sender, it left the
+				// queue), and the caller had no use for it (Responded,
+				// Cut): the next Post takes it.
+				e.freeMessage(w)
+			}
 		}
 		if p.postedAt == len(p.posted) {
 			p.posted, p.postedAt = p.posted[:0], 0
