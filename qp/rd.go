@@ -15,42 +15,19 @@ import (
 )
 
 // RD: reliable datagram queue pairs. One RD QP talks to any number of
-// peers over its (shared, unconnected) UDP socket; it holds state only for
-// the peers it is talking to: per peer a reliability.Sender and Receiver
-// (sequence numbers, SACK, retransmission, window), the tokens that
-// authenticate the peer's frames, and the WRs queued for it. A WR
-// completes only when the peer acknowledged every byte of it (seed 002):
-// until then the registered buffer is the retransmit source, so its MRs
-// cannot be deregistered. Completion order is per peer (rdPeer.posted):
-// a WR waits for the WRs posted before it to the same peer, never for
-// another peer's, so a peer that stops posting receives, is slow or
-// loses half its packets holds back only its own completions (issue 31
-// §5). See docs/wire.md §11 and docs/verbs.md.
-//
-// Contact (docs/wire.md §11.2): the side that posts first sends Hello with
-// a fresh session epoch and a random token; the peer answers with a
-// stateless Challenge (echoing that token, issuing its own, computed from
-// the source address, QP and epoch and its own session epoch, which it
-// derives from the opener's when it has no state) and keeps nothing; the
-// first Data frame carries the issued token back and creates the peer's
-// state. So state exists only for return-routable sources, a spoofed
-// datagram cannot create, reset or feed a peer, and nothing is sent to an
-// unvalidated address that is larger than what came from it.
-//
-// Sessions: every peer state is one session, named by the two sides'
-// epochs, which are new for every session, and its tokens bind both, so
-// no frame of one session counts in another. When one side drops a
-// peer's state (a retry or RNR failure, eviction under the peer cap, idle
-// reclaim) and the other keeps it, the survivor learns it from the first
-// validated frame of the new session (a new epoch with a keyed token: the
-// peer reopened) or from a Challenge echoing its own current token (the
-// peer has no state for it: it reopens). Either way what it had in flight
-// completes with RemoteAbortedError — unless the Challenge shows that
-// nothing in flight can have been delivered, and then it goes again in
-// the new session — and nothing of the old session is delivered after.
-// The (peer, epoch) of every ended session is remembered for as long as
-// any token of it verifies (rdGraveyard: the QP's token secret turns
-// before it forgets one) so that a late frame of it cannot open it again.
+// peers over its (shared, unconnected) UDP socket. The protocol — contact
+// and sessions, the graveyard, the peer table, sequence numbers, acks,
+// retransmission, RNR, probes, congestion control, pacing, and which
+// segments go together as GSO trains — is the QP's reliability.Endpoint
+// (docs/wire.md §11), an engine that does no I/O; the rdQP is its Host:
+// it builds each Data frame's DDP segment from registered memory after
+// the RD header the engine made and sends it (rdtrain.go for trains),
+// places what the engine delivers in order, serves Reads and atomics and
+// matches their responses, and completes WRs. A WR completes only when the
+// peer acknowledged every byte of it (seed 002): until then the
+// registered buffer is the retransmit source, so its MRs cannot be
+// deregistered. Completion order is per peer (issue 31 §5). See
+// docs/verbs.md ("Inside qp").
 
 // RDConfig tunes a QP's reliable-datagram service.
 type RDConfig struct {

@@ -53,6 +53,7 @@ type Endpoint[M, P any] struct {
 	delivering bool
 	trains     *trainCtx[M, P] // made by the first train (trains.go)
 	freeMsgs   []*Message[M, P]
+	rxh        Header
 	hb         [MaxHeaderSize]byte
 	ack        AckBlock
 	frame      Frame[M, P]
@@ -710,12 +711,12 @@ func (p *peer[M, P]) noteErr(seq uint32, code Code) {
 // an error for a frame that does not parse (counted, nothing changed)
 // or that names another QP (ErrNotMine).
 func (e *Endpoint[M, P]) Receive(now time.Time, src netip.AddrPort, frame []byte) error {
-	var h Header
+	h := &e.rxh // the endpoint's: a Header on the stack would escape
 	if err := h.Parse(frame); err != nil {
 		e.Stats.BadFrames++
 		return err
 	}
-	return e.ReceiveParsed(now, src, &h, frame)
+	return e.ReceiveParsed(now, src, h, frame)
 }
 
 // ReceiveParsed is Receive for a caller that parsed the frame's header
