@@ -271,7 +271,31 @@ type rdReport struct {
 		FirstError  string   `json:"first_error"`
 		DataFrames  uint64   `json:"rd_data_frames"`
 		Retransmits uint64   `json:"rd_retransmits"`
+		// The sender's congestion-control states, in samples (rdflow
+		// -sample).
+		Modes map[string]int `json:"cc_modes"`
 	} `json:"flows"`
+}
+
+// ccModes summarizes a flow's congestion-control states: the share of
+// samples in "compete" (BBR competing with a loss-based flow), and every
+// state with its count, in a stable order.
+func ccModes(m map[string]int) (compete float64, all string) {
+	n := 0
+	var names []string
+	for k, v := range m {
+		n += v
+		names = append(names, k)
+	}
+	if n == 0 {
+		return 0, ""
+	}
+	slices.Sort(names)
+	var b strings.Builder
+	for _, k := range names {
+		fmt.Fprintf(&b, "%s:%d ", k, m[k])
+	}
+	return float64(m["compete"]) / float64(n), strings.TrimSpace(b.String())
 }
 
 // rdSink runs rdflow sink in rcv; closing its stdin ends it.
@@ -681,6 +705,7 @@ func bneckTCP(e *env, bin, iperf string, n *bneckNet, p bneckPlan, r int, cc str
 	sum["rd_share"], sum["tcp_share"] = rd/(float64(n.rateBits)/1e9), tcp/(float64(n.rateBits)/1e9)
 	sum["tcp_congestion_control"], sum["duration_s"] = cc, p.tcp.Seconds()
 	sum["rd_retransmits"], sum["rd_data_frames"] = rep.Flows[0].Retransmits, rep.Flows[0].DataFrames
+	sum["rd_compete_share"], sum["rd_cc_modes"] = ccModes(rep.Flows[0].Modes)
 	sum["tcp_command"] = strings.Join(tcpCmd[4:], " ")
 	add("tcp", r, s, before, after, strings.Join(rdCmd[4:], " ")+" & "+strings.Join(tcpCmd[4:], " "), sum)
 	return nil

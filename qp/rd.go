@@ -1475,3 +1475,35 @@ func (r *rdQP) place(seg udiwarp.Segment) (reliability.Code, bool) {
 	q.dev.stats.RDWritePlaced.Add(1)
 	return 0, true
 }
+
+// RDPeerInfo is what an RD QP holds of one peer: its session, what it
+// buffers, what is outstanding to it, and its sender's congestion control
+// (the RD counterpart of what `ss -ti` shows of a TCP connection).
+type RDPeerInfo = reliability.PeerInfo
+
+// RDPeer returns what the RD QP holds of the peer ah names (ok false: it
+// has no state for it, or the QP is not RD).
+func (q *QP) RDPeer(ah *AH) (info RDPeerInfo, ok bool) {
+	r := q.rd
+	if r == nil || ah == nil {
+		return RDPeerInfo{}, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ep.Info(reliability.PeerKey{Addr: ah.addr, QPN: ah.qpn})
+}
+
+// RDPeers returns what the RD QP holds of each of its peers, in no
+// particular order (nil for a QP that is not RD). It costs time and
+// memory in proportion to the peers.
+func (q *QP) RDPeers() []RDPeerInfo {
+	r := q.rd
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]RDPeerInfo, 0, r.ep.Peers())
+	r.ep.EachPeer(func(pi *reliability.PeerInfo) { out = append(out, *pi) })
+	return out
+}

@@ -225,3 +225,32 @@ func TestRDStaleOpeningDoesNotEndNewerSession(t *testing.T) {
 		t.Fatalf("%d restarts", n)
 	}
 }
+
+// TestRDPeerInfo: a QP shows what it holds of its peer through the
+// public API: an established session, nothing outstanding once its Send
+// completed, a congestion controller with an RTT measured; and nothing
+// for a peer it never talked to.
+func TestRDPeerInfo(t *testing.T) {
+	p := newRDPair(t, DeviceConfig{}, DeviceConfig{}, RDConfig{})
+	p.qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{p.b.mr.SGE(0, 64)}})
+	if err := p.qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("hello"), AH: p.ahAB}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := collect(t, p.cqa, 1, 10*time.Second)[0]; wc.Status != Success {
+		t.Fatalf("%+v", wc)
+	}
+	pi, ok := p.qa.RDPeer(p.ahAB)
+	if !ok || !pi.Established || pi.Outstanding != 0 || pi.Key.QPN != p.qb.QPN() || pi.Congestion == "" || pi.SRTT <= 0 || pi.MinRTT <= 0 || pi.CongestionWindow <= 0 {
+		t.Fatalf("%v %+v", ok, pi)
+	}
+	if all := p.qa.RDPeers(); len(all) != 1 || all[0].Key != pi.Key {
+		t.Fatalf("%+v", all)
+	}
+	other, err := p.a.pd.CreateAH(p.b.sock.LocalAddr(), p.qb.QPN()+99)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := p.qa.RDPeer(other); ok {
+		t.Fatal("state for a peer never talked to")
+	}
+}

@@ -410,6 +410,16 @@ type PeerInfo struct {
 	// not acknowledged, NextSeq the sequence number its next frame takes.
 	Outstanding, Queued, InFlight int
 	NextSeq                       uint32
+	// The sender's congestion control (Sender.CongestionMode and the
+	// rest): its state, window and pacing rate (bytes, bytes per
+	// second), the smoothed and minimum RTT, the bottleneck bandwidth it
+	// estimates (bytes per second), and its retransmissions.
+	Congestion          string
+	CongestionWindow    int
+	PacingRate          float64
+	SRTT, MinRTT        time.Duration
+	BottleneckBandwidth float64
+	Retransmits         uint64
 	// SendSlots and RecvSlots are the sizes of its sender's and
 	// receiver's rings (0 once let go of: Config.CompactAfter).
 	SendSlots, RecvSlots int
@@ -423,7 +433,10 @@ func (e *Endpoint[M, P]) info(p *peer[M, P]) PeerInfo {
 	return PeerInfo{Key: p.key, Established: p.established, Epoch: p.epoch, TheirEpoch: p.theirEpoch, Token: p.myToken,
 		HeldBytes: p.held, HeldFrames: p.rcv.Held(), Claims: p.rcv.Claims(),
 		Outstanding: len(p.posted) - p.postedAt, Queued: len(p.queue), InFlight: p.snd.InFlight(), NextSeq: p.snd.Next(),
-		SendSlots: p.snd.Slots(), RecvSlots: p.rcv.Slots(), Last: p.last, Moved: p.moved, ReclaimAt: e.reclaimAt(p)}
+		SendSlots: p.snd.Slots(), RecvSlots: p.rcv.Slots(), Last: p.last, Moved: p.moved, ReclaimAt: e.reclaimAt(p),
+		Congestion: p.snd.CongestionMode(), CongestionWindow: p.snd.CongestionWindow(), PacingRate: p.snd.PacingRate(),
+		SRTT: p.snd.RTT().Smoothed(0), MinRTT: p.snd.MinRTT(), BottleneckBandwidth: p.snd.BottleneckBandwidth(),
+		Retransmits: p.snd.Retransmits}
 }
 
 // EachPeer calls f for every peer with state. Its order is not defined.

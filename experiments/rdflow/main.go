@@ -142,6 +142,23 @@ type Flow struct {
 	FirstError  string   `json:"first_error,omitempty"`
 	DataFrames  uint64   `json:"rd_data_frames"`
 	Retransmits uint64   `json:"rd_retransmits"`
+	// Congestion is the sender's congestion control sampled every
+	// -sample (QP.RDPeer): the time in each state, in samples, and the
+	// samples themselves.
+	Modes   map[string]int `json:"cc_modes,omitempty"`
+	Samples []Sample       `json:"cc_samples,omitempty"`
+}
+
+// Sample is the sender's congestion control at one moment.
+type Sample struct {
+	T          float64 `json:"t_s"`
+	Mode       string  `json:"mode"`
+	Cwnd       int     `json:"cwnd_bytes"`
+	InFlight   int     `json:"inflight_frames"`
+	SRTTus     int64   `json:"srtt_us"`
+	MinRTTus   int64   `json:"min_rtt_us"`
+	PacingMbps float64 `json:"pacing_mbps"`
+	BwMbps     float64 `json:"bw_mbps"`
 }
 
 // Report is what send prints.
@@ -179,6 +196,7 @@ func send(args []string) error {
 	bin := fs.Duration("bin", time.Second, "goodput bin width")
 	drain := fs.Duration("drain", 10*time.Second, "how long outstanding Writes may take to complete after -D")
 	buf := fs.Int("sockbuf", 0, "socket buffers per flow, bytes (0: the device's defaults)")
+	sample := fs.Duration("sample", 100*time.Millisecond, "how often each flow samples its congestion control (0: never)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -240,7 +258,7 @@ func send(args []string) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			f.run(*depth, uint64(*size), start, end, giveUp, *bin)
+			f.run(*depth, uint64(*size), start, end, giveUp, *bin, *sample)
 		}()
 	}
 	wg.Wait()
@@ -273,11 +291,24 @@ func send(args []string) error {
 // run keeps depth Writes outstanding until end, then waits for those
 // still out until giveUp; each completed Write's bytes go to the bin of
 // the time it completed.
-func (f *flow) run(depth int, size uint64, start, end, giveUp time.Time, bin time.Duration) {
+func (f *flow) run(depth int, size uint64, start, end, giveUp time.Time, bin, sample time.Duration) {
 	wcs := make([]qp.WorkCompletion, 64)
 	out := 0
+	next := start
 	for {
 		now := time.Now()
+		if sample > 0 && !now.Before(next) && now.Before(end) {
+			next = now.Add(sample)
+			if pi, ok := f.q.RDPeer(f.wr.AH); ok {
+				if f.out.Modes == nil {
+					f.out.Modes = map[string]int{}
+				}
+				f.out.Modes[pi.Congestion]++
+				f.out.Samples = append(f.out.Samples, Sample{T: now.Sub(start).Seconds(), Mode: pi.Congestion, Cwnd: pi.CongestionWindow,
+					InFlight: pi.InFlight, SRTTus: pi.SRTT.Microseconds(), MinRTTus: pi.MinRTT.Microseconds(),
+					PacingMbps: pi.PacingRate * 8 / 1e6, BwMbps: pi.BottleneckBandwidth * 8 / 1e6})
+			}
+		}
 		if now.After(giveUp) || (out == 0 && !now.Before(end)) {
 			return
 		}
