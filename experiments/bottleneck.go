@@ -79,6 +79,9 @@ func bneckPlanFor(o options) bneckPlan {
 		p.alone, p.tcp, p.two, p.many, p.peers, p.rounds = 2*time.Second, 3*time.Second, 3*time.Second, 2*time.Second, 10, 1
 		p.jainFrom = time.Second
 	}
+	if o.bneckTCPTime > 0 {
+		p.tcp = o.bneckTCPTime
+	}
 	return p
 }
 
@@ -688,6 +691,11 @@ func bneckTCP(e *env, bin, iperf string, n *bneckNet, p bneckPlan, r int, cc str
 	var rep rdReport
 	if err := json.Unmarshal(rr.out, &rep); err != nil || len(rep.Flows) != 1 {
 		return fmt.Errorf("rdflow send: %v: %.300s", err, rr.out)
+	}
+	// The RD sender's report, its congestion control sampled every
+	// 100 ms included, for whoever wants to see how it shared the queue.
+	if err := os.WriteFile(filepath.Join(e.out, fmt.Sprintf("bottleneck-tcp-%s-round%d-rdflow.json", cc, r)), rr.out, 0o644); err != nil {
+		return err
 	}
 	tcpBins, err := iperfReceived(tr.out, secs)
 	if err != nil {

@@ -64,6 +64,9 @@ type options struct {
 	// control of the TCP flow beside RD ("": the host's default).
 	bneckRate  int
 	bneckTCPCC string
+	// bneckTCPTime is how long RD and TCP share the bottleneck (0: the
+	// plan's).
+	bneckTCPTime time.Duration
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -83,6 +86,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.sippRate, "sipp-rate", 0, "sipp: calls per second that open the clients (default 1000; quick 200)")
 	fs.StringVar(&o.preload, "preload", "", "sipp: `DIR` holding a built libudiwarp_preload.so and libudiwarp_engine.so (default: built from this tree)")
 	fs.IntVar(&o.bneckRate, "bottleneck-rate", 1000, "bottleneck: the tbf's rate in Mbit/s")
+	fs.DurationVar(&o.bneckTCPTime, "bottleneck-tcp-time", 0, "bottleneck: how long RD and TCP share it (default 20 s, 3 s with -quick)")
 	fs.StringVar(&o.bneckTCPCC, "bottleneck-tcp-cc", "", "bottleneck: the TCP flow's congestion control, iperf3 -C (cubic, bbr, reno; default: the host's)")
 	fs.StringVar(&o.replot, "replot", "", "remake the plots and report.md of results `DIR` from its runs.json, measuring nothing")
 	fs.Usage = func() {
@@ -168,7 +172,7 @@ func do(o options, stdout, stderr io.Writer) error {
 	// The log is written from here and by the programs' output copiers
 	// (udperf server's stderr): one writer at a time.
 	stderr = &syncWriter{w: stderr}
-	e := &env{bin: bin, root: root, work: work, log: stderr, quick: o.quick}
+	e := &env{bin: bin, root: root, work: work, out: out, log: stderr, quick: o.quick}
 	if e.method, err = chooseLoss(o, needsKernel(figs)); err != nil {
 		return err
 	}

@@ -103,6 +103,9 @@ func flagsOf(o options) []string {
 	if o.bneckTCPCC != "" {
 		f = append(f, "-bottleneck-tcp-cc", o.bneckTCPCC)
 	}
+	if o.bneckTCPTime > 0 {
+		f = append(f, "-bottleneck-tcp-time", o.bneckTCPTime.String())
+	}
 	return f
 }
 

@@ -21,6 +21,7 @@ import (
 // with its namespaces (or the remote host).
 type env struct {
 	bin, root, work string
+	out             string // the results directory
 	log             io.Writer
 	quick           bool
 	method          string // netem, nft, inproc
