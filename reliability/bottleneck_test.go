@@ -484,3 +484,35 @@ func TestBottleneckBBRLeavesCompetition(t *testing.T) {
 		t.Errorf("smoothed RTT %v after NewReno left, min RTT %v: a queue still stands", srtt, s.MinRTT())
 	}
 }
+
+// TestBottleneckBBRCompetesPastMinRTTWindow: beside a NewReno flow that
+// keeps a queue of 25 BDPs standing, BBR competes for longer than its
+// minimum RTT's window (10 s). The minimum must not expire meanwhile: a
+// sample that replaced it would be the queue's delay, no queue would
+// read as standing after it, and ProbeRTT would cut the window to four
+// packets beside a flow that does not drain (through the real
+// bottleneck, beside CUBIC, RD's window fell from 300 KB to 6 KB every
+// 10 s). BBR is still competing at the end, its minimum RTT is the
+// path's, and it keeps its share past the window.
+func TestBottleneckBBRCompetesPastMinRTTWindow(t *testing.T) {
+	t.Parallel()
+	fs := []*bnFlow{{cfg: Config{Congestion: CongestionBBR}}, {cfg: Config{Congestion: CongestionNewReno}, start: 10 * time.Millisecond}}
+	l := gigabit(0, 7)
+	l.queue = l.queue / 2 * 25
+	res := runBottleneck(t, l, fs, 24*time.Second, 11*time.Second)
+	res.log(t, "bbr beside newreno past the min-RTT window, queue 25 BDP")
+	s := res.flows[0].s
+	b := s.cc.(*bbr)
+	r := res.share(0) / max(res.share(1), 1e-9)
+	t.Logf("BBR %.3f, NewReno %.3f of the link from 11 s: ratio %.2f; mode %s, min RTT %v, competed %d times, left %d times",
+		res.share(0), res.share(1), r, s.CongestionMode(), s.MinRTT(), b.competeEntries, b.competeExits)
+	if mode := s.CongestionMode(); mode != "compete" {
+		t.Errorf("BBR in %s beside NewReno, want compete", mode)
+	}
+	if m, path := s.MinRTT(), 2*l.delay; m > 2*path {
+		t.Errorf("BBR's min RTT %v on a path of %v: a queued sample replaced it", m, path)
+	}
+	if r < 0.5 || r > 2 {
+		t.Errorf("ratio BBR/NewReno %.2f after the min-RTT window, want 0.5 to 2", r)
+	}
+}
