@@ -413,13 +413,15 @@ type PeerInfo struct {
 	// The sender's congestion control (Sender.CongestionMode and the
 	// rest): its state, window and pacing rate (bytes, bytes per
 	// second), the smoothed and minimum RTT, the bottleneck bandwidth it
-	// estimates (bytes per second), and its retransmissions.
+	// estimates (bytes per second), its retransmissions, and those of
+	// them shown needless (Sender.Spurious).
 	Congestion          string
 	CongestionWindow    int
 	PacingRate          float64
 	SRTT, MinRTT        time.Duration
 	BottleneckBandwidth float64
 	Retransmits         uint64
+	Spurious            uint64
 	// SendSlots and RecvSlots are the sizes of its sender's and
 	// receiver's rings (0 once let go of: Config.CompactAfter).
 	SendSlots, RecvSlots int
@@ -436,7 +438,7 @@ func (e *Endpoint[M, P]) info(p *peer[M, P]) PeerInfo {
 		SendSlots: p.snd.Slots(), RecvSlots: p.rcv.Slots(), Last: p.last, Moved: p.moved, ReclaimAt: e.reclaimAt(p),
 		Congestion: p.snd.CongestionMode(), CongestionWindow: p.snd.CongestionWindow(), PacingRate: p.snd.PacingRate(),
 		SRTT: p.snd.RTT().Smoothed(0), MinRTT: p.snd.MinRTT(), BottleneckBandwidth: p.snd.BottleneckBandwidth(),
-		Retransmits: p.snd.Retransmits}
+		Retransmits: p.snd.Retransmits, Spurious: p.snd.Spurious}
 }
 
 // EachPeer calls f for every peer with state. Its order is not defined.

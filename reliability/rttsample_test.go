@@ -49,3 +49,50 @@ func TestSenderRTTSampleAfterTruncatedAck(t *testing.T) {
 		t.Errorf("RTT sample %v from a packet sent after the truncated ack, want 2ms", got)
 	}
 }
+
+// TestSenderLateAcksWidenTimeThreshold: on a host whose receiver is late
+// with its acks now and then, the time threshold (9/8 of the RTT) drew a
+// retransmission for each late ack, though nothing was lost. A packet's
+// ack that comes sooner after its retransmission than the minimum RTT is
+// the first transmission's: the retransmission was needless, and the
+// threshold widens (by a quarter of the RTT each time) until the late
+// acks no longer draw any. Here every round's first packet is acked at
+// 1.5 RTT: the first two rounds retransmit it, the rest do not (without
+// the adaptation all ten did).
+func TestSenderLateAcksWidenTimeThreshold(t *testing.T) {
+	s := NewSender[int](Config{Congestion: CongestionNone, Window: 256})
+	now := time.Unix(1, 0)
+	nop := func(uint32, *int) {}
+	resent := 0
+	resend := func(uint32, *int) { resent++ }
+	rtt := time.Millisecond
+	for range 4 { // the RTT: 1 ms
+		seq := s.Push(0, 1500, now)
+		now = now.Add(rtt)
+		if err := s.OnAck(&AckBlock{Cumulative: seq + 1}, 256, false, now, nop, resend); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for round := range 10 {
+		a := s.Push(1, 1500, now)
+		b := s.Push(2, 1500, now)
+		sent := now
+		// b's ack on time; a's held back by the receiver.
+		if err := s.OnAck(&AckBlock{Cumulative: a, Ranges: []Range{{Start: b, Len: 1}}}, 256, false, sent.Add(rtt), nop, resend); err != nil {
+			t.Fatal(err)
+		}
+		if d := s.Deadline(); !d.IsZero() && !d.After(sent.Add(rtt*3/2)) {
+			if err := s.OnTimer(d, resend); err != nil {
+				t.Fatal(err)
+			}
+		}
+		now = sent.Add(rtt * 3 / 2)
+		if err := s.OnAck(&AckBlock{Cumulative: b + 1}, 256, false, now, nop, resend); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("round %d: %d retransmissions so far, %d shown needless", round, resent, s.Spurious)
+	}
+	if resent > 2 || s.Spurious != uint64(resent) {
+		t.Fatalf("%d retransmissions for 10 late acks (%d shown needless), want at most 2", resent, s.Spurious)
+	}
+}

@@ -115,6 +115,7 @@ type slot[P any] struct {
 	// cumulative point). Its payload stays until then (RFC 2018 §8).
 	sacked bool
 	resent bool // retransmitted at least once: no RTT sample
+	byTime bool // its latest retransmission was by the time threshold
 	// after is the first sequence number sent after this packet's latest
 	// transmission: the packet threshold counts acks from there, so that
 	// a retransmission is not declared lost again by the same acks (QUIC
@@ -186,10 +187,30 @@ type Sender[P any] struct {
 	firstSentAt int64
 	paceAt      time.Time
 	unpace      time.Time
-	// Retransmits counts retransmissions; Spurious acks for packets
-	// already acked or never sent.
-	Retransmits, Unsent uint64
+	// reoMult widens the time threshold after spurious retransmissions
+	// (lossDelay); reoAge counts the time-threshold losses since it last
+	// grew.
+	reoMult, reoAge int
+	// Retransmits counts retransmissions, Spurious those a time-threshold
+	// loss drew that proved needless (the original's ack came), Unsent
+	// acks for packets already acked or never sent.
+	Retransmits, Spurious, Unsent uint64
 }
+
+// Adapting the time threshold (RACK's reordering window, RFC 8985
+// §6.2): a packet is declared lost by time when it is 9/8 of the RTT
+// old, but on a host whose receiver is descheduled now and then (a busy
+// machine, a process with thousands of sockets) the ack, not the packet,
+// is late, and every late ack drew a retransmission. A retransmission is
+// known to have been needless when the packet's ack comes sooner after
+// it than the minimum RTT: only the first transmission can have drawn
+// it. Each such ack widens the threshold by a quarter of the RTT, up to
+// maxReoMult quarters; every reoPersist time-threshold losses without
+// another narrow it by one again.
+const (
+	maxReoMult = 8
+	reoPersist = 16
+)
 
 // initialRing is the ring a sender or receiver starts with; it doubles,
 // up to the window, when more packets are in flight or held, so a peer
@@ -472,6 +493,12 @@ func (s *Sender[P]) OnAck(a *AckBlock, window uint16, rnr bool, now time.Time,
 		sl := &s.ring[seq&s.mask]
 		if sl.pending {
 			sl.pending = false
+			if sl.byTime && now.Sub(sl.sentAt) < s.rtt.Min() {
+				// Acked sooner after its retransmission than any round
+				// trip: the first transmission's ack. Needless.
+				s.Spurious++
+				s.reoMult, s.reoAge = min(s.reoMult+1, maxReoMult), 0
+			}
 			if !s.anyAcked || Before(s.largest, seq) {
 				s.largest, s.anyAcked = seq, true
 			}
@@ -593,7 +620,7 @@ func (s *Sender[P]) OnAck(a *AckBlock, window uint16, rnr bool, now time.Time,
 // the latest RTT, floored at the granularity.
 func (s *Sender[P]) lossDelay() time.Duration {
 	rtt := max(s.rtt.Smoothed(s.cfg.InitialRTT), s.rtt.Latest())
-	return max(rtt*9/8, s.cfg.Granularity)
+	return max(rtt*9/8+rtt*time.Duration(s.reoMult)/4, s.cfg.Granularity)
 }
 
 // detectLost retransmits the packets before the largest acked that are
@@ -617,7 +644,13 @@ func (s *Sender[P]) detectLost(now time.Time, resend func(uint32, *P)) error {
 			if s.cc != nil {
 				s.cc.onLoss(now, lostPacket{size: int(sl.size), sentAt: sl.sentAt, txInflight: sl.txInflight, lostBefore: sl.lostBefore, byTime: !byCount})
 			}
+			if !byCount && s.reoMult > 0 {
+				if s.reoAge++; s.reoAge >= reoPersist {
+					s.reoMult, s.reoAge = s.reoMult-1, 0
+				}
+			}
 			s.retransmit(seq, now, resend, false)
+			sl.byTime = !byCount
 			continue
 		}
 		if at := sl.sentAt.Add(delay); s.lossTime.IsZero() || at.Before(s.lossTime) {
@@ -639,7 +672,7 @@ func (s *Sender[P]) retransmit(seq uint32, now time.Time, resend func(uint32, *P
 		}
 		sl.retries++
 	}
-	sl.resent = true
+	sl.resent, sl.byTime = true, false // detectLost sets byTime after
 	sl.sentAt = now
 	sl.after = s.next
 	s.sent(sl, int(sl.size), now)
@@ -685,7 +718,7 @@ func (s *Sender[P]) OnTimer(now time.Time, resend func(seq uint32, p *P)) error 
 		}
 		s.rnrWait = false
 		if sl := &s.ring[s.una&s.mask]; sl.pending {
-			sl.resent = true
+			sl.resent, sl.byTime = true, false
 			sl.sentAt = now
 			sl.after = s.next
 			s.sent(sl, int(sl.size), now)
