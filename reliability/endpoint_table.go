@@ -421,6 +421,8 @@ type PeerInfo struct {
 	SRTT, MinRTT        time.Duration
 	BottleneckBandwidth float64
 	Retransmits         uint64
+	LostByCount         uint64
+	LostByTime          uint64
 	Spurious            uint64
 	// SendSlots and RecvSlots are the sizes of its sender's and
 	// receiver's rings (0 once let go of: Config.CompactAfter).
@@ -438,7 +440,7 @@ func (e *Endpoint[M, P]) info(p *peer[M, P]) PeerInfo {
 		SendSlots: p.snd.Slots(), RecvSlots: p.rcv.Slots(), Last: p.last, Moved: p.moved, ReclaimAt: e.reclaimAt(p),
 		Congestion: p.snd.CongestionMode(), CongestionWindow: p.snd.CongestionWindow(), PacingRate: p.snd.PacingRate(),
 		SRTT: p.snd.RTT().Smoothed(0), MinRTT: p.snd.MinRTT(), BottleneckBandwidth: p.snd.BottleneckBandwidth(),
-		Retransmits: p.snd.Retransmits, Spurious: p.snd.Spurious}
+		Retransmits: p.snd.Retransmits, LostByCount: p.snd.LostByCount, LostByTime: p.snd.LostByTime, Spurious: p.snd.Spurious}
 }
 
 // EachPeer calls f for every peer with state. Its order is not defined.

@@ -96,3 +96,46 @@ func TestSenderLateAcksWidenTimeThreshold(t *testing.T) {
 		t.Fatalf("%d retransmissions for 10 late acks (%d shown needless), want at most 2", resent, s.Spurious)
 	}
 }
+
+// TestSenderReorderingRaisesPacketThreshold: packets sent from two CPUs
+// into a veth can swap places by microseconds. Each round here, the
+// first of six packets arrives after the other five: with the packet
+// threshold of 3 its acked successors declare it lost, and its own ack
+// comes right after the retransmission, far sooner than a round trip:
+// the retransmission was needless, and the threshold doubles (to 6), so
+// that the rounds after it retransmit nothing (without the adaptation,
+// all ten rounds did).
+func TestSenderReorderingRaisesPacketThreshold(t *testing.T) {
+	s := NewSender[int](Config{Congestion: CongestionNone, Window: 256})
+	now := time.Unix(1, 0)
+	nop := func(uint32, *int) {}
+	resent := 0
+	resend := func(uint32, *int) { resent++ }
+	rtt := time.Millisecond
+	for range 4 { // the RTT: 1 ms
+		seq := s.Push(0, 1500, now)
+		now = now.Add(rtt)
+		if err := s.OnAck(&AckBlock{Cumulative: seq + 1}, 256, false, now, nop, resend); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 10 {
+		first := s.Push(0, 1500, now)
+		for range 5 {
+			s.Push(0, 1500, now)
+		}
+		now = now.Add(rtt)
+		// The five after it arrived first.
+		if err := s.OnAck(&AckBlock{Cumulative: first, Ranges: []Range{{Start: first + 1, Len: 5}}}, 256, false, now, nop, resend); err != nil {
+			t.Fatal(err)
+		}
+		now = now.Add(20 * time.Microsecond)
+		if err := s.OnAck(&AckBlock{Cumulative: first + 6}, 256, false, now, nop, resend); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if resent > 1 || s.Spurious != uint64(resent) || s.thresh() != 6 {
+		t.Fatalf("%d retransmissions for 10 reordered packets (%d shown needless), packet threshold %d; want at most 1, and 6",
+			resent, s.Spurious, s.thresh())
+	}
+}

@@ -115,7 +115,9 @@ type slot[P any] struct {
 	// cumulative point). Its payload stays until then (RFC 2018 §8).
 	sacked bool
 	resent bool // retransmitted at least once: no RTT sample
-	byTime bool // its latest retransmission was by the time threshold
+	// byTime, byCount: its latest retransmission was for a loss the
+	// time threshold, or the packet threshold, declared.
+	byTime, byCount bool
 	// after is the first sequence number sent after this packet's latest
 	// transmission: the packet threshold counts acks from there, so that
 	// a retransmission is not declared lost again by the same acks (QUIC
@@ -187,30 +189,45 @@ type Sender[P any] struct {
 	firstSentAt int64
 	paceAt      time.Time
 	unpace      time.Time
-	// reoMult widens the time threshold after spurious retransmissions
+	// reoMult widens the time threshold after needless retransmissions
 	// (lossDelay); reoAge counts the time-threshold losses since it last
-	// grew.
-	reoMult, reoAge int
-	// Retransmits counts retransmissions, Spurious those a time-threshold
-	// loss drew that proved needless (the original's ack came), Unsent
-	// acks for packets already acked or never sent.
-	Retransmits, Spurious, Unsent uint64
+	// grew. pktThresh is the packet threshold, raised the same way, and
+	// pktAge its count.
+	reoMult, reoAge   int
+	pktThresh, pktAge uint32
+	// Retransmits counts retransmissions: LostByCount of them for
+	// packets the packet threshold declared lost, LostByTime the time
+	// threshold, the rest probe timeouts (two a timeout). Spurious
+	// counts the time-threshold ones that proved needless (the
+	// original's ack came); Unsent acks for packets already acked or
+	// never sent.
+	Retransmits, LostByCount, LostByTime, Spurious, Unsent uint64
 }
 
-// Adapting the time threshold (RACK's reordering window, RFC 8985
-// §6.2): a packet is declared lost by time when it is 9/8 of the RTT
-// old, but on a host whose receiver is descheduled now and then (a busy
-// machine, a process with thousands of sockets) the ack, not the packet,
-// is late, and every late ack drew a retransmission. A retransmission is
-// known to have been needless when the packet's ack comes sooner after
-// it than the minimum RTT: only the first transmission can have drawn
-// it. Each such ack widens the threshold by a quarter of the RTT, up to
-// maxReoMult quarters; every reoPersist time-threshold losses without
-// another narrow it by one again.
+// Adapting the loss thresholds (RACK's reordering window, RFC 8985
+// §6.2, and the reordering degree Linux TCP learns). A packet is declared
+// lost when PacketThreshold packets sent after it were acked, or when it
+// is 9/8 of the RTT old. But packets sent from two CPUs into a veth (or
+// any multi-queue path) can swap places by microseconds, and on a host
+// whose receiver is descheduled now and then the ack, not the packet, is
+// late: through the real bottleneck beside TCP, RD retransmitted 1,288
+// packets by the packet threshold where the queue dropped 210. A
+// retransmission was needless when the packet's ack comes sooner after
+// it than a round trip could bring the retransmission's own: the larger
+// of the minimum RTT and half the smoothed one (the retransmission waits
+// in the same queue). Each such ack for a packet-threshold loss doubles
+// the packet threshold, up to maxPktThresh; for a time-threshold loss it
+// widens the time threshold by a quarter of the RTT, up to maxReoMult
+// quarters. Every reoPersist losses declared the same way without another
+// needless one narrow it a step again.
 const (
-	maxReoMult = 8
-	reoPersist = 16
+	maxReoMult   = 8
+	maxPktThresh = 64
+	reoPersist   = 16
 )
+
+// thresh is the packet threshold in force.
+func (s *Sender[P]) thresh() uint32 { return max(s.pktThresh, PacketThreshold) }
 
 // initialRing is the ring a sender or receiver starts with; it doubles,
 // up to the window, when more packets are in flight or held, so a peer
@@ -493,11 +510,16 @@ func (s *Sender[P]) OnAck(a *AckBlock, window uint16, rnr bool, now time.Time,
 		sl := &s.ring[seq&s.mask]
 		if sl.pending {
 			sl.pending = false
-			if sl.byTime && now.Sub(sl.sentAt) < s.rtt.Min() {
-				// Acked sooner after its retransmission than any round
+			if (sl.byTime || sl.byCount) && now.Sub(sl.sentAt) < max(s.rtt.Min(), s.rtt.Smoothed(s.cfg.InitialRTT)/2) {
+				// Acked sooner after its retransmission than its round
 				// trip: the first transmission's ack. Needless.
 				s.Spurious++
-				s.reoMult, s.reoAge = min(s.reoMult+1, maxReoMult), 0
+				if sl.byTime {
+					s.reoMult, s.reoAge = min(s.reoMult+1, maxReoMult), 0
+				} else {
+					s.pktThresh, s.pktAge = min(2*s.thresh(), maxPktThresh), 0
+				}
+				sl.byTime, sl.byCount = false, false
 			}
 			if !s.anyAcked || Before(s.largest, seq) {
 				s.largest, s.anyAcked = seq, true
@@ -637,20 +659,31 @@ func (s *Sender[P]) detectLost(now time.Time, resend func(uint32, *P)) error {
 		if !sl.pending || (s.rnrWait && seq == s.una) {
 			continue
 		}
-		if byCount := !Before(s.largest, sl.after+PacketThreshold-1); byCount || !now.Before(sl.sentAt.Add(delay)) {
+		if byCount := !Before(s.largest, sl.after+s.thresh()-1); byCount || !now.Before(sl.sentAt.Add(delay)) {
 			// Lost: the controller hears of it before it goes again.
 			s.lost += int(sl.size)
 			s.flow.lost += int64(sl.size)
 			if s.cc != nil {
 				s.cc.onLoss(now, lostPacket{size: int(sl.size), sentAt: sl.sentAt, txInflight: sl.txInflight, lostBefore: sl.lostBefore, byTime: !byCount})
 			}
-			if !byCount && s.reoMult > 0 {
-				if s.reoAge++; s.reoAge >= reoPersist {
-					s.reoMult, s.reoAge = s.reoMult-1, 0
+			switch {
+			case byCount:
+				s.LostByCount++
+				if s.pktThresh > PacketThreshold {
+					if s.pktAge++; s.pktAge >= reoPersist {
+						s.pktThresh, s.pktAge = max(s.pktThresh/2, PacketThreshold), 0
+					}
+				}
+			default:
+				s.LostByTime++
+				if s.reoMult > 0 {
+					if s.reoAge++; s.reoAge >= reoPersist {
+						s.reoMult, s.reoAge = s.reoMult-1, 0
+					}
 				}
 			}
 			s.retransmit(seq, now, resend, false)
-			sl.byTime = !byCount
+			sl.byTime, sl.byCount = !byCount, byCount
 			continue
 		}
 		if at := sl.sentAt.Add(delay); s.lossTime.IsZero() || at.Before(s.lossTime) {
@@ -672,7 +705,7 @@ func (s *Sender[P]) retransmit(seq uint32, now time.Time, resend func(uint32, *P
 		}
 		sl.retries++
 	}
-	sl.resent, sl.byTime = true, false // detectLost sets byTime after
+	sl.resent, sl.byTime, sl.byCount = true, false, false // detectLost sets them after
 	sl.sentAt = now
 	sl.after = s.next
 	s.sent(sl, int(sl.size), now)
@@ -718,7 +751,7 @@ func (s *Sender[P]) OnTimer(now time.Time, resend func(seq uint32, p *P)) error 
 		}
 		s.rnrWait = false
 		if sl := &s.ring[s.una&s.mask]; sl.pending {
-			sl.resent, sl.byTime = true, false
+			sl.resent, sl.byTime, sl.byCount = true, false, false
 			sl.sentAt = now
 			sl.after = s.next
 			s.sent(sl, int(sl.size), now)

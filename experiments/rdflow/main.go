@@ -159,6 +159,12 @@ type Sample struct {
 	MinRTTus   int64   `json:"min_rtt_us"`
 	PacingMbps float64 `json:"pacing_mbps"`
 	BwMbps     float64 `json:"bw_mbps"`
+	// The sender's retransmissions so far: all, for losses by the
+	// packet and the time thresholds, and those shown needless.
+	Retransmits uint64 `json:"retransmits"`
+	LostByCount uint64 `json:"lost_by_count"`
+	LostByTime  uint64 `json:"lost_by_time"`
+	Spurious    uint64 `json:"spurious"`
 }
 
 // Report is what send prints.
@@ -306,7 +312,8 @@ func (f *flow) run(depth int, size uint64, start, end, giveUp time.Time, bin, sa
 				f.out.Modes[pi.Congestion]++
 				f.out.Samples = append(f.out.Samples, Sample{T: now.Sub(start).Seconds(), Mode: pi.Congestion, Cwnd: pi.CongestionWindow,
 					InFlight: pi.InFlight, SRTTus: pi.SRTT.Microseconds(), MinRTTus: pi.MinRTT.Microseconds(),
-					PacingMbps: pi.PacingRate * 8 / 1e6, BwMbps: pi.BottleneckBandwidth * 8 / 1e6})
+					PacingMbps: pi.PacingRate * 8 / 1e6, BwMbps: pi.BottleneckBandwidth * 8 / 1e6,
+					Retransmits: pi.Retransmits, LostByCount: pi.LostByCount, LostByTime: pi.LostByTime, Spurious: pi.Spurious})
 			}
 		}
 		if now.After(giveUp) || (out == 0 && !now.Before(end)) {
