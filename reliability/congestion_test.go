@@ -206,14 +206,22 @@ func TestBBRCongestiveLoss(t *testing.T) {
 }
 
 // TestBBRCompetingLoss: while BBR competes with a loss-based flow, a
-// loss the packet threshold found cuts its window to 0.7, once per round
-// trip (a second loss of a packet sent before the cut does not), and a
-// loss by the time threshold alone does not cut it.
+// loss the packet threshold found at a standing queue cuts its window to
+// 0.7, once per round trip (a second loss of a packet sent before the cut
+// does not); a loss by the time threshold alone does not cut it, nor does
+// one with no queue standing (random: a lone flow that a loaded host's
+// delays sent into competition must not cut at each random loss).
 func TestBBRCompetingLoss(t *testing.T) {
 	now := time.Unix(10, 0)
 	f := &flowState{mss: 1500}
 	b := newBBR(f, &RTT{}, Config{}.Fill())
 	b.compete, b.compWindow, b.compCutAt = true, 100000, now.Add(-time.Second)
+	b.rtProp, b.roundMinRTT = 200*time.Microsecond, 250*time.Microsecond // no queue
+	b.onLoss(now, lostPacket{size: 1500, sentAt: now.Add(-time.Millisecond)})
+	if b.compWindow != 100000 {
+		t.Fatalf("a loss with no queue standing cut the competing window to %d", b.compWindow)
+	}
+	b.roundMinRTT = 5 * time.Millisecond // a queue stands
 	b.onLoss(now, lostPacket{size: 1500, sentAt: now.Add(-time.Millisecond), byTime: true})
 	if b.compWindow != 100000 {
 		t.Fatalf("a loss by the time threshold cut the competing window to %d", b.compWindow)
