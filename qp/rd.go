@@ -429,7 +429,7 @@ func (r *rdQP) postOn(wr *SendWR, s *Socket) error {
 	if w.op.awaitsResponse() {
 		flags |= reliability.PostAwaits
 	}
-	if w.flags&FlagSignaled == 0 {
+	if w.flags&FlagSignaled == 0 || w.flags&FlagAckLazily != 0 {
 		flags |= reliability.PostQuiet
 	}
 	now := time.Now()

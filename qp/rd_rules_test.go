@@ -1,6 +1,8 @@
 package qp
 
 import (
+	"errors"
+	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -252,5 +254,61 @@ func TestRDPeerInfo(t *testing.T) {
 	}
 	if _, ok := p.qa.RDPeer(other); ok {
 		t.Fatal("state for a peer never talked to")
+	}
+}
+
+// TestRDAckLazily: a signaled RD Send with FlagAckLazily does not ask
+// its peer for an immediate ack: the peer's response carries it, and the
+// peer sends no standalone ack for it (without the flag, the request's
+// FlagAckNow draws one at once). The ack delay is a second here, so that
+// only the response can have carried the ack before the request
+// completed. Other QP types refuse the flag.
+func TestRDAckLazily(t *testing.T) {
+	for _, lazy := range []bool{false, true} {
+		t.Run(fmt.Sprint("lazy=", lazy), func(t *testing.T) {
+			p := newRDPair(t, DeviceConfig{}, DeviceConfig{}, RDConfig{Config: reliability.Config{MaxAckDelay: time.Second}})
+			// The session first, and its acks settled.
+			p.qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{p.b.mr.SGE(0, 64)}})
+			p.qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("open"), AH: p.ahAB})
+			collect(t, p.cqa, 1, 10*time.Second)
+			collect(t, p.cqb, 1, 10*time.Second)
+			acks := p.b.dev.Stats().RDAcksSent.Load()
+			flags := FlagSignaled
+			if lazy {
+				flags |= FlagAckLazily
+			}
+			p.qb.PostRecv(&RecvWR{ID: 2, SGL: []SGE{p.b.mr.SGE(64, 64)}})
+			p.qa.PostRecv(&RecvWR{ID: 2, SGL: []SGE{p.a.mr.SGE(0, 64)}})
+			if err := p.qa.PostSend(&SendWR{ID: 2, Flags: flags, Inline: []byte("request"), AH: p.ahAB}); err != nil {
+				t.Fatal(err)
+			}
+			collect(t, p.cqb, 1, 10*time.Second) // the request arrived
+			if err := p.qb.PostSend(&SendWR{ID: 3, Flags: FlagSignaled, Inline: []byte("response"), AH: p.ahBA}); err != nil {
+				t.Fatal(err)
+			}
+			var sendDone bool
+			for _, wc := range collect(t, p.cqa, 2, 10*time.Second) {
+				if wc.Status != Success {
+					t.Fatalf("%+v", wc)
+				}
+				sendDone = sendDone || wc.ID == 2 && wc.Opcode == WCSend
+			}
+			standalone := p.b.dev.Stats().RDAcksSent.Load() - acks
+			t.Logf("lazy %v: the request completed %v; b sent %d standalone acks", lazy, sendDone, standalone)
+			switch {
+			case !sendDone:
+				t.Fatal("the request did not complete")
+			case lazy && standalone != 0:
+				t.Fatalf("b sent %d standalone acks for a request its response acknowledged", standalone)
+			case !lazy && standalone == 0:
+				t.Fatal("without FlagAckLazily b sent no standalone ack: the test does not tell the two apart")
+			}
+		})
+	}
+	n := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	cq, _ := n.dev.CreateCQ(4)
+	ud := n.newQP(QPAttr{Type: UD, SendCQ: cq, RecvCQ: cq})
+	if err := ud.PostSend(&SendWR{Flags: FlagAckLazily, Inline: []byte("x"), AH: n.ah(n, ud)}); !errors.Is(err, ErrInvalidWR) {
+		t.Fatalf("FlagAckLazily on a UD QP: %v", err)
 	}
 }

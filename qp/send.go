@@ -114,6 +114,15 @@ const (
 	// before a close takes it. A Read or atomic completes on its response
 	// either way. Other QP types refuse it.
 	FlagCompleteOnAck
+	// FlagAckLazily, on an RD QP, lets the WR's last segment go without
+	// asking the peer for an immediate ack (FlagAckNow, wire.md §11): the
+	// WR completes on the ack the peer sends anyway, on its next frame
+	// to us or after its ack delay (reliability.Config.MaxAckDelay, 1 ms).
+	// For request and response traffic, where the response carries the
+	// ack and a standalone one would cost each side a system call more.
+	// (A signaled WR's last segment asks for one otherwise; an unsignaled
+	// WR's never does.) Other QP types refuse it.
+	FlagAckLazily
 )
 
 // SendWR is a send work request (ibv_send_wr). The SGL names registered
@@ -328,6 +337,8 @@ func (q *QP) PostSend(wr *SendWR) error {
 		return fmt.Errorf("%w: %d bytes of inline data, the QP takes %d", ErrInvalidWR, len(wr.Inline), q.inlineSz)
 	case wr.Flags&FlagCompleteOnAck != 0 && q.typ != RC:
 		return fmt.Errorf("%w: FlagCompleteOnAck on a %v QP (TCP's acknowledgement is RC's)", ErrInvalidWR, q.typ)
+	case wr.Flags&FlagAckLazily != 0 && q.typ != RD:
+		return fmt.Errorf("%w: FlagAckLazily on a %v QP (RD's acknowledgements are its own)", ErrInvalidWR, q.typ)
 	}
 	return q.eng.post(wr)
 }
