@@ -106,6 +106,7 @@ type rcConn struct {
 	pinned     []*MR
 	written    uint64 // stream octets handed to TCP
 	wantOut    bool
+	outWait    atomic.Bool // wantOut, for the busy poller to read without the lock (rcPoller.pollOnce)
 	sendMSN    uint32
 	readMSN    uint32
 	termMSN    uint32
@@ -277,6 +278,7 @@ func (c *rcConn) pumpLocked() {
 		c.waitOut() // more to send: the poller comes back, after the other connections
 	case c.wantOut && len(c.rest) == 0 && len(c.queue) == 0:
 		c.wantOut = false
+		c.outWait.Store(false)
 		c.q.dev.rc.interest(c, false)
 	}
 }
@@ -284,6 +286,7 @@ func (c *rcConn) pumpLocked() {
 func (c *rcConn) waitOut() {
 	if !c.wantOut {
 		c.wantOut = true
+		c.outWait.Store(true)
 		c.q.dev.rc.interest(c, true)
 	}
 }

@@ -202,7 +202,15 @@ func (p *rcPoller) pollOnce() {
 	if l := p.list.Load(); l != nil {
 		for _, c := range *l {
 			c.onReadable()
-			if c.ackMode && c.mu.TryLock() {
+			if (c.ackMode || c.outWait.Load()) && c.mu.TryLock() {
+				if c.wantOut {
+					// Busy polling finds the socket's room itself: the
+					// poller's goroutine, woken by EPOLLOUT, waited for a
+					// CPU behind the spinning threads (an RDMA Write of 1
+					// MiB that overfills the socket took 17 ms where raw
+					// TCP takes 0.2: issue 32).
+					c.pumpLocked()
+				}
 				c.completeLocked() // the peer's TCP may have acknowledged more
 				c.mu.Unlock()
 			}
