@@ -160,7 +160,7 @@ type rdWR struct {
 	immMSN           uint32
 	compareAdd, swap uint64
 	reqID            uint32
-	// cut: a Read Response whose source region was deregistered (rdCut):
+	// cut: a Read Response whose source region was deregistered (rdQP.cut):
 	// its segments not yet acknowledged go empty, and its last ends short
 	// of the Read, which fails it at the requester.
 	cut bool
@@ -182,7 +182,7 @@ type rdPeer struct {
 	// msgErr is the first refusal of the peer's last message delivered
 	// (0: carried out), inMsg whether its last segment is yet to come: an
 	// Immediate Data message after a refused Send or Write completes in
-	// error (rdDeliver). code is the refusal of the segment being
+	// error (rdQP.deliver). code is the refusal of the segment being
 	// delivered, for the engine's acks.
 	msgErr reliability.Code
 	inMsg  bool
@@ -214,7 +214,7 @@ type rdQP struct {
 	tx   txCtx
 	hb   [reliability.MaxHeaderSize + udiwarp.DDPUntaggedHeaderSize + udiwarp.AtomicRequestSize]byte
 	next time.Time
-	// resps are the Read and Atomic Responses not yet complete (rdCut).
+	// resps are the Read and Atomic Responses not yet complete (rdQP.cut).
 	resps   []*rdWR
 	tmp     AH // for Challenges to sources without state
 	now     time.Time
@@ -284,17 +284,24 @@ func (r *rdQP) lock(s *Socket) {
 	}
 }
 
-// unlock ends a call: the datamover takes over if a send found the
-// socket full, the device timer is armed for the engine's next deadline,
-// the engine's counters reach the device's, and the lock goes.
+// unlock ends a call: the device timer is armed for the engine's next
+// deadline, then release.
 func (r *rdQP) unlock(now time.Time) {
+	r.arm(now)
+	r.release()
+}
+
+// release ends a call without arming the timer (the timer's own run
+// returns its deadline): the datamover takes over if a send found the
+// socket full, the engine's counters reach the device's, and the lock
+// goes.
+func (r *rdQP) release() {
 	if r.full {
 		r.full = false
 		if r.s != nil {
 			r.toMover(r.s)
 		}
 	}
-	r.arm(now)
 	r.syncStats()
 	r.s = nil
 	r.mu.Unlock()
@@ -475,6 +482,16 @@ func (r *rdQP) postOn(wr *SendWR, s *Socket) error {
 }
 
 func (w *rdWR) releaseMRs() { w.refs.release() }
+
+// pin pins part of w's source for the frame t is building: a Read
+// Response's by the peer's access, checked as it is sent, anything else
+// by ours (the one home of that choice, for single frames and trains).
+func (w *rdWR) pin(t *txCtx, part *SGE) ([]byte, Status) {
+	if w.internal {
+		return t.pinRemote(part)
+	}
+	return t.pin(part)
+}
 
 // rdSegments is how many segments of seg bytes carry a message of length
 // bytes: at least one (an empty message is one empty segment). It counts
@@ -755,8 +772,6 @@ func (r *rdQP) Train(w *rdWR, i, n uint32) int {
 	return min(int(w.body()-i), maxGSOSegments, s.maxDatagram/size)
 }
 
-// rdDeliverRD: see deliverRDFrame.
-
 // rdToMover hands the QP to the socket's datamover: the socket is full.
 func (r *rdQP) toMover(s *Socket) {
 	q := r.q
@@ -842,16 +857,7 @@ func (r *rdQP) timer(now time.Time) time.Time {
 	q := r.q
 	s := q.sock.Load()
 	r.lock(s)
-	defer func() {
-		r.full = r.full && s != nil
-		if r.full {
-			r.full = false
-			r.toMover(s)
-		}
-		r.syncStats()
-		r.s = nil
-		r.mu.Unlock()
-	}()
+	defer r.release()
 	r.next = time.Time{} // the device timer arms the deadline returned
 	if s == nil || q.State() == StateError || q.State() == StateReset {
 		return time.Time{} // the timer no longer holds q: the next arm arms it
@@ -955,6 +961,8 @@ func (r *rdQP) ddpHeader(b []byte, p *rdPeer, w *rdWR, off uint32, last, imm boo
 	}
 	return b
 }
+
+// gather adds bytes [off, off+n) of w's message to the frame.
 func (r *rdQP) gather(t *txCtx, w *rdWR, off, n uint32) Status {
 	if w.inline != nil {
 		t.add(w.inline[off : off+n])
@@ -962,13 +970,7 @@ func (r *rdQP) gather(t *txCtx, w *rdWR, off, n uint32) Status {
 	}
 	c := sglSlice{sge: w.sge[:w.nsge], off: off, left: n}
 	for part, ok := c.next(); ok; part, ok = c.next() {
-		var b []byte
-		var st Status
-		if w.internal {
-			b, st = t.pinRemote(&part) // a Read Response: the peer's access, checked as it is sent
-		} else {
-			b, st = t.pin(&part) // (a method value here would allocate per segment)
-		}
+		b, st := w.pin(t, &part)
 		if st != Success {
 			return st
 		}
@@ -1308,7 +1310,7 @@ func (r *rdQP) readResponse(p *rdPeer, seg udiwarp.Segment) {
 	if seg.Control.Last() {
 		if w.got != uint64(w.length) && w.status == Success {
 			// The responder ended the Read short: its source region was
-			// invalidated (sent empty) or deregistered (rdCut) under it.
+			// invalidated (sent empty) or deregistered (rdQP.cut) under it.
 			w.status = RemoteAccessError
 		}
 		p.reads = append(p.reads[:i], p.reads[i+1:]...)
@@ -1344,7 +1346,7 @@ func (r *rdQP) serveAtomic(p *rdPeer, seq uint32, seg udiwarp.Segment) {
 }
 
 // respond queues response w to p, counted in p's IRD until its last
-// segment is out (rdQP.sent), and among the QP's responses (rdCut).
+// segment is out (rdQP.sent), and among the QP's responses (rdQP.cut).
 func (r *rdQP) respond(p *rdPeer, w *rdWR) {
 	p.serving++
 	w.resp = len(r.resps)

@@ -160,7 +160,7 @@ func TestRDDirectPlacementFlushed(t *testing.T) {
 
 // TestRDAcksPerBatch: a sender that posts one signaled Send at a time asks
 // for an ack on each frame (the last it has); a receiver that reads them
-// in batches answers a batch with one ack (rdQP.ackAfterBatch), not one
+// in batches answers a batch with one ack (rdQP.flushAcks), not one
 // per frame: two system calls saved per message. How many batches it
 // reads depends on the schedule (a receiver descheduled meanwhile, the
 // sender's probes and the duplicates they draw), so the test counts them:

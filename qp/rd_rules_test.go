@@ -260,13 +260,13 @@ func TestRDPeerInfo(t *testing.T) {
 // TestRDAckLazily: a signaled RD Send with FlagAckLazily does not ask
 // its peer for an immediate ack: the peer's response carries it, and the
 // peer sends no standalone ack for it (without the flag, the request's
-// FlagAckNow draws one at once). The ack delay is a second here, so that
-// only the response can have carried the ack before the request
-// completed. Other QP types refuse the flag.
+// FlagAckNow draws one at once). The ack delay is a minute here, a bound
+// only a hung test reaches, so that only the response can have carried
+// the ack before the request completed. Other QP types refuse the flag.
 func TestRDAckLazily(t *testing.T) {
 	for _, lazy := range []bool{false, true} {
 		t.Run(fmt.Sprint("lazy=", lazy), func(t *testing.T) {
-			p := newRDPair(t, DeviceConfig{}, DeviceConfig{}, RDConfig{Config: reliability.Config{MaxAckDelay: time.Second}})
+			p := newRDPair(t, DeviceConfig{}, DeviceConfig{}, RDConfig{Config: reliability.Config{MaxAckDelay: time.Minute}})
 			// The session first, and its acks settled.
 			p.qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{p.b.mr.SGE(0, 64)}})
 			p.qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("open"), AH: p.ahAB})

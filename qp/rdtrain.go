@@ -14,7 +14,7 @@ import (
 // a whole RD Data frame (its own header, sequence number and CRC32c), as
 // Write-Record's segments do (gso_linux.go). The kernel cuts the train
 // into datagrams; a receiver with UDP_GRO reads it back in one call, and
-// answers the whole batch with one ack (rdQP.ackAfterBatch). One system
+// answers the whole batch with one ack (rdQP.flushAcks). One system
 // call per segment was what held RD at a tenth of Write-Record's goodput
 // in 1,400-byte segments (issue 31).
 //
@@ -77,13 +77,7 @@ func (r *rdQP) SendTrain(fs []reliability.Frame[*rdWR, rdPeer]) error {
 	} else {
 		c := sglSlice{sge: w.sge[:w.nsge], off: off, left: end - off}
 		for part, ok := c.next(); ok; part, ok = c.next() {
-			var b []byte
-			var st Status
-			if w.internal {
-				b, st = t.pinRemote(&part) // a Read Response: the peer's access, checked as it is sent
-			} else {
-				b, st = t.pin(&part)
-			}
+			b, st := w.pin(t, &part)
 			if st != Success {
 				// The source went (a Read Response whose region was
 				// invalidated): the segments go one at a time, and those

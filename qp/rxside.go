@@ -41,7 +41,7 @@ type rxSide struct {
 	landRD *landing
 	kept   int
 	// batching is true while dispatch delivers a read's datagrams; rdAcks
-	// are the RD QPs that hold acks until it ends (rdQP.ackAfterBatch).
+	// are the RD QPs that hold acks until it ends (rdQP.flushAcks).
 	batching bool
 	rdAcks   []*rdQP
 	// landOff skips landing for this many reads after a wrong guess (the

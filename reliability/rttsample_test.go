@@ -60,19 +60,11 @@ func TestSenderRTTSampleAfterTruncatedAck(t *testing.T) {
 // 1.5 RTT: the first two rounds retransmit it, the rest do not (without
 // the adaptation all ten did).
 func TestSenderLateAcksWidenTimeThreshold(t *testing.T) {
-	s := NewSender[int](Config{Congestion: CongestionNone, Window: 256})
-	now := time.Unix(1, 0)
+	rtt := time.Millisecond
+	s, now := senderWithRTT(t, rtt)
 	nop := func(uint32, *int) {}
 	resent := 0
 	resend := func(uint32, *int) { resent++ }
-	rtt := time.Millisecond
-	for range 4 { // the RTT: 1 ms
-		seq := s.Push(0, 1500, now)
-		now = now.Add(rtt)
-		if err := s.OnAck(&AckBlock{Cumulative: seq + 1}, 256, false, now, nop, resend); err != nil {
-			t.Fatal(err)
-		}
-	}
 	for round := range 10 {
 		a := s.Push(1, 1500, now)
 		b := s.Push(2, 1500, now)
@@ -106,19 +98,11 @@ func TestSenderLateAcksWidenTimeThreshold(t *testing.T) {
 // that the rounds after it retransmit nothing (without the adaptation,
 // all ten rounds did).
 func TestSenderReorderingRaisesPacketThreshold(t *testing.T) {
-	s := NewSender[int](Config{Congestion: CongestionNone, Window: 256})
-	now := time.Unix(1, 0)
+	rtt := time.Millisecond
+	s, now := senderWithRTT(t, rtt)
 	nop := func(uint32, *int) {}
 	resent := 0
 	resend := func(uint32, *int) { resent++ }
-	rtt := time.Millisecond
-	for range 4 { // the RTT: 1 ms
-		seq := s.Push(0, 1500, now)
-		now = now.Add(rtt)
-		if err := s.OnAck(&AckBlock{Cumulative: seq + 1}, 256, false, now, nop, resend); err != nil {
-			t.Fatal(err)
-		}
-	}
 	for range 10 {
 		first := s.Push(0, 1500, now)
 		for range 5 {
@@ -138,4 +122,21 @@ func TestSenderReorderingRaisesPacketThreshold(t *testing.T) {
 		t.Fatalf("%d retransmissions for 10 reordered packets (%d shown needless), packet threshold %d; want at most 1, and 6",
 			resent, s.Spurious, s.thresh())
 	}
+}
+
+// senderWithRTT returns a sender without congestion control whose RTT
+// samples so far were all rtt, and the time after the last of them.
+func senderWithRTT(t *testing.T, rtt time.Duration) (*Sender[int], time.Time) {
+	t.Helper()
+	s := NewSender[int](Config{Congestion: CongestionNone, Window: 256})
+	now := time.Unix(1, 0)
+	nop := func(uint32, *int) {}
+	for range 4 {
+		seq := s.Push(0, 1500, now)
+		now = now.Add(rtt)
+		if err := s.OnAck(&AckBlock{Cumulative: seq + 1}, 256, false, now, nop, nop); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s, now
 }
