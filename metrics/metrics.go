@@ -209,6 +209,7 @@ var (
 	rcFPDUs     = counter("rc_fpdus_total", "RC MPA FPDUs, by direction.", "direction")
 	rcTerms     = counter("rc_terminates_total", "RC Terminate messages, by direction.", "direction")
 	rcEvents    = counter("rc_errors_total", "RC failures, by kind: reads_over_ird, connections_lost, bad_mpa_requests, handshakes_shed.", "kind")
+	rcHeld      = counter("rc_sends_held_total", "RC sends that found their socket full and held the rest back (held), and the times the device's poller, woken by room, sent what was held (poller_sent; event polling only: busy polling sends it from CQ.Poll).", "kind")
 	rcWaits     = counter("rc_recv_waits_total", "Sends on WaitForRecv RC connections (the sockets preload's streams) that found no receive and waited for one, reading stopped meanwhile.", "")
 	txPaths     = counter("send_events_total", "Events of the datagram send path: direct (sent in the poster's goroutine), queued (handed to the datamover), gso (a sendmsg carrying several datagrams), parked (the socket was full), errors (sendmsg failed); the events overlap, so do not sum them.", "event")
 	impaired    = counter("impaired_datagrams_total", "Datagrams the software impairment layer dropped, corrupted, duplicated, reordered or delayed, by direction (qp.DeviceConfig Impair and ImpairRx; udperf -loss).", "direction")
@@ -351,6 +352,8 @@ var table = func() []series {
 		s(&rcEvents, "connections_lost", func(s *qp.Stats) uint64 { return s.RCConnectionsLost.Load() }),
 		s(&rcEvents, "bad_mpa_requests", func(s *qp.Stats) uint64 { return s.RCBadRequests.Load() }),
 		s(&rcEvents, "handshakes_shed", func(s *qp.Stats) uint64 { return s.RCHandshakesShed.Load() }),
+		s(&rcHeld, "held", func(s *qp.Stats) uint64 { return s.RCSocketFull.Load() }),
+		s(&rcHeld, "poller_sent", func(s *qp.Stats) uint64 { return s.RCPollerSends.Load() }),
 		s(&rcWaits, "", func(s *qp.Stats) uint64 { return s.RCRecvWaits.Load() }),
 
 		s(&txPaths, "direct", func(s *qp.Stats) uint64 { return s.TxDirect.Load() }),

@@ -260,6 +260,11 @@ type Stats struct {
 	// ended to admit a newer connection (its source's, or all sources',
 	// bound of half-open exchanges was reached).
 	RCHandshakesShed atomic.Uint64
+	// RCSocketFull counts the times an RC send found its socket full and
+	// held the rest back; RCPollerSends the times the device's poller,
+	// woken by room in a socket, sent what was held back (event polling
+	// only: a busy-polled device sends it from CQ.Poll).
+	RCSocketFull, RCPollerSends atomic.Uint64
 
 	// Bytes on the wire (UDP payloads and TCP stream octets), both ways.
 	RxBytes, TxBytes atomic.Uint64

@@ -284,6 +284,7 @@ func (c *rcConn) pumpLocked() {
 }
 
 func (c *rcConn) waitOut() {
+	c.q.dev.stats.RCSocketFull.Add(1)
 	if !c.wantOut {
 		c.wantOut = true
 		c.outWait.Store(true)
@@ -657,6 +658,9 @@ func (c *rcConn) writev(niov int) (int, bool) {
 // QP itself; a failed write's reader does (see dead).
 func (c *rcConn) onWritable() {
 	c.mu.Lock()
+	if c.wantOut {
+		c.q.dev.stats.RCPollerSends.Add(1)
+	}
 	c.pumpLocked()
 	c.completeLocked()
 	c.mu.Unlock()
