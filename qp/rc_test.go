@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -290,4 +291,32 @@ func epollInterest(t *testing.T, epfd, fd int) uint32 {
 	}
 	t.Fatalf("fd %d is not in epoll %d:\n%s", fd, epfd, b)
 	return 0
+}
+
+// TestRCPollerParksInNetpoller: the device's RC poller waits in Go's
+// netpoller ("IO wait"), not in a blocking epoll_wait ("syscall") that
+// holds an OS thread: a wake-up from there needed a thread handed a P,
+// and RC Send's goodput of 1 MiB messages was 0.36-0.41x raw TCP's
+// against 0.68-0.74x parked in the netpoller (issue 32).
+func TestRCPollerParksInNetpoller(t *testing.T) {
+	a, b := newRCSide(t, DeviceConfig{}), newRCSide(t, DeviceConfig{})
+	rcConnect(t, a, b, RCConfig{}, RCConfig{})
+	var state string
+	for end := time.Now().Add(10 * time.Second); ; {
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		for _, g := range strings.Split(string(buf), "\n\n") {
+			if strings.Contains(g, "(*rcPoller).loop") {
+				state = g[strings.Index(g, "[")+1 : strings.Index(g, "]")]
+				break
+			}
+		}
+		if strings.HasPrefix(state, "IO wait") {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the RC poller is %q, not parked in the netpoller (IO wait)", state)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }

@@ -125,7 +125,9 @@ type rcConn struct {
 
 	rxMu        sync.Mutex // the receive side: one reader at a time
 	deframer    udiwarp.MPADeframer
-	rx          []byte
+	rx          []byte // read from the socket; rx[rxAt:] not handled yet
+	rxAt        int
+	rxNeed      int // the length of the FPDU at rxAt, when it is not whole
 	rxSendMSN   uint32
 	rxReadMSN   uint32
 	rxTermMSN   uint32
@@ -683,11 +685,7 @@ func (c *rcConn) onReadable() {
 		}
 	}
 	for !c.closing.Load() && !c.eof.Load() {
-		if len(c.rx) == cap(c.rx) {
-			grown := make([]byte, len(c.rx), 2*cap(c.rx))
-			copy(grown, c.rx)
-			c.rx = grown
-		}
+		c.rxRoom()
 		if !c.acquire() {
 			return
 		}
@@ -720,10 +718,35 @@ func (c *rcConn) onReadable() {
 	}
 }
 
-// process handles the whole FPDUs at the front of rx; false means the
+// rxRoom makes room at the end of rx for the next read. The bytes not
+// handled yet are rx[rxAt:]; they move to the front only when less than
+// a quarter of the buffer is left, or the FPDU they begin would not fit,
+// so a read that ends inside an FPDU (most of them, FPDUs being as large
+// as a TCP segment) does not cost a copy of its tail every time (issue
+// 32). The buffer doubles when a read filled it, and grows to hold the
+// whole FPDU at its front.
+func (c *rcConn) rxRoom() {
+	if c.rxAt > 0 && (cap(c.rx)-len(c.rx) < cap(c.rx)/4 || c.rxAt+c.rxNeed > cap(c.rx)) {
+		c.rx = c.rx[:copy(c.rx, c.rx[c.rxAt:])]
+		c.rxAt = 0
+	}
+	switch {
+	case c.rxNeed > cap(c.rx):
+		grown := make([]byte, len(c.rx), c.rxNeed+64<<10)
+		copy(grown, c.rx)
+		c.rx = grown
+	case len(c.rx) == cap(c.rx):
+		grown := make([]byte, len(c.rx), 2*cap(c.rx))
+		copy(grown, c.rx)
+		c.rx = grown
+	}
+}
+
+// process handles the whole FPDUs in rx[rxAt:]; false means the
 // connection failed.
 func (c *rcConn) process() bool {
-	start := 0
+	start := c.rxAt
+	c.rxNeed = 0
 	for start < len(c.rx) {
 		ulpdu, n, need, err := c.deframer.Next(c.rx[start:])
 		if err != nil {
@@ -732,11 +755,7 @@ func (c *rcConn) process() bool {
 			return false
 		}
 		if n == 0 {
-			if need > cap(c.rx) {
-				grown := make([]byte, len(c.rx), need+64<<10)
-				copy(grown, c.rx)
-				c.rx = grown
-			}
+			c.rxNeed = need
 			break
 		}
 		if !c.handle(ulpdu) {
@@ -749,7 +768,10 @@ func (c *rcConn) process() bool {
 		}
 		c.q.dev.stats.RCFPDUsReceived.Add(1)
 	}
-	c.rx = c.rx[:copy(c.rx, c.rx[start:])]
+	c.rxAt = start
+	if start == len(c.rx) {
+		c.rx, c.rxAt = c.rx[:0], 0
+	}
 	return true
 }
 

@@ -3,8 +3,10 @@ package qp
 import (
 	"encoding/binary"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -21,6 +23,7 @@ type rcPoller struct {
 
 	mu        sync.Mutex
 	closed    bool
+	file      *os.File // epoll's descriptor, in Go's netpoller
 	epoll     int
 	wake      int
 	conns     map[int]*rcConn
@@ -62,9 +65,26 @@ func (p *rcPoller) register(c *rcConn) error {
 			unix.Close(ev)
 			return err
 		}
-		p.epoll, p.wake = ep, ev
+		// The epoll instance waits in Go's netpoller (it is readable when
+		// one of its descriptors is ready): the poller's goroutine parks
+		// there, not in a blocking epoll_wait that holds an OS thread, so
+		// a wake-up needs no thread handed a P and no second thread
+		// started meanwhile (issue 32).
+		if err := unix.SetNonblock(ep, true); err != nil {
+			unix.Close(ep)
+			unix.Close(ev)
+			return err
+		}
+		f := os.NewFile(uintptr(ep), "rc-epoll")
+		raw, err := f.SyscallConn()
+		if err != nil {
+			f.Close()
+			unix.Close(ev)
+			return err
+		}
+		p.file, p.epoll, p.wake = f, ep, ev
 		p.wg.Add(1)
-		go p.loop(ep, ev)
+		go p.loop(raw, ev)
 	}
 	p.conns[c.fd] = c
 	if c.manual {
@@ -142,15 +162,17 @@ func (p *rcPoller) relistLocked() {
 // loop waits on every RC socket of the device: it reads what arrives and
 // sends what a full socket held back, one goroutine for all connections,
 // until close wakes it.
-func (p *rcPoller) loop(epoll, wake int) {
+func (p *rcPoller) loop(raw syscall.RawConn, wake int) {
 	defer p.wg.Done()
 	events := make([]unix.EpollEvent, 64)
+	var n int
+	var werr error
+	wait := func(fd uintptr) bool {
+		n, werr = unix.EpollWait(int(fd), events, 0)
+		return n > 0 || (werr != nil && werr != unix.EINTR)
+	}
 	for {
-		n, err := unix.EpollWait(epoll, events, -1)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
+		if err := raw.Read(wait); err != nil || werr != nil {
 			return
 		}
 		for _, ev := range events[:n] {
@@ -254,9 +276,9 @@ func (p *rcPoller) close() {
 	p.wg.Wait()
 	p.mu.Lock()
 	if p.epoll >= 0 {
-		unix.Close(p.epoll)
+		p.file.Close() // the epoll instance
 		unix.Close(p.wake)
-		p.epoll, p.wake = -1, -1
+		p.file, p.epoll, p.wake = nil, -1, -1
 	}
 	p.mu.Unlock()
 }
