@@ -104,6 +104,12 @@ func TestRCOperations(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b := newRCSide(t, DeviceConfig{}), newRCSide(t, DeviceConfig{})
 			rcConnect(t, a, b, tc.ca, tc.cb)
+			pa, _ := a.q.RCParams()
+			pb, _ := b.q.RCParams()
+			if crc := !tc.ca.NoCRC || !tc.cb.NoCRC; pa.CRC != crc || pb.CRC != crc || pa.MarkersOut != tc.cb.Markers ||
+				pa.MarkersIn != tc.ca.Markers || pb.MarkersOut != pa.MarkersIn || pb.MarkersIn != pa.MarkersOut {
+				t.Fatalf("negotiated %+v and %+v", pa, pb)
+			}
 			sizes := []int{0, 1, 100, 1500, 65536, 300000, 3 << 20}
 			// Sends, each into its own receive.
 			off := 0

@@ -53,6 +53,7 @@ type benchFlags struct {
 	rate        float64
 	seed        uint64
 	partial     bool
+	nocrc       bool
 	deadline    time.Duration
 	rounds      int
 	json, csv   bool
@@ -67,6 +68,7 @@ type benchFlags struct {
 var clientNotFor = map[string]string{
 	"bidir": "it runs only in `udperf local` and `compare` for now",
 	"qps":   "server/client runs one QP (or socket) pair",
+	"nocrc": "it runs only in `udperf local` and `compare` for now",
 }
 
 // register adds the measuring flags to c: name is "local", "compare" or
@@ -95,6 +97,7 @@ func (f *benchFlags) register(c *command, name string) {
 	fs.Float64Var(&f.rate, "rate", 0, "bw: pace the sender at this many `Gb/s` of payload, split over its flows, whatever the message size (0: unpaced)")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the impairment layer")
 	fs.BoolVar(&f.partial, "partial", false, "Write-Record: deliver partial messages at the deadline")
+	fs.BoolVar(&f.nocrc, "nocrc", false, "no CRC32c: RC negotiates MPA without CRC (the C bit clear both ways), datagram segments carry none; plain-socket modes have none to skip (compare runs them as they are)")
 	f.deadline = 5 * time.Millisecond
 	fs.Var(secondsFlag{&f.deadline}, "deadline", "Write-Record deadline with -partial, in `seconds` or a Go duration (5ms)")
 	fs.BoolVar(&f.json, "json", false, "one JSON document on stdout, at the end (docs/udperf.md)")
@@ -250,7 +253,8 @@ func (f *benchFlags) configs(m perf.Mode) ([]perf.Config, error) {
 	var out []perf.Config
 	for _, s := range sizes {
 		c := perf.Config{Mode: m, Test: test, Poll: poll, Size: s, Iters: f.iters, Warmup: warmup(f.warmup),
-			Duration: f.dur, QPs: f.qps, Bidir: f.bidir, Segment: f.mtu, Loss: f.loss, Seed: f.seed, Partial: f.partial, Deadline: f.deadline, Rate: f.rate}
+			Duration: f.dur, QPs: f.qps, Bidir: f.bidir, Segment: f.mtu, Loss: f.loss, Seed: f.seed, Partial: f.partial, Deadline: f.deadline, Rate: f.rate,
+			NoCRC: f.nocrc && (m.HasCRC() || f.modes == "")}
 		if err := checkConfig(c); err != nil {
 			return nil, err
 		}
@@ -316,6 +320,7 @@ type row struct {
 	Rate     float64 `json:"rate_gbps,omitempty"`
 	Seed     uint64  `json:"seed"`
 	Partial  bool    `json:"partial"`
+	NoCRC    bool    `json:"no_crc"`
 	Deadline float64 `json:"deadline_s"`
 	Bidir    bool    `json:"bidir"`
 }
@@ -327,7 +332,7 @@ func reliableMode(m string) bool {
 func rowOf(test string, r perf.Result) row {
 	c := r.Config
 	w := row{Mode: string(r.Mode), Test: test, Poll: c.Poll.String(), Bytes: r.Size,
-		QPs: max(c.QPs, 1), MTU: c.Segment, Loss: c.Loss, Rate: c.Rate, Seed: c.Seed, Partial: c.Partial, Deadline: c.Deadline.Seconds(), Bidir: c.Bidir}
+		QPs: max(c.QPs, 1), MTU: c.Segment, Loss: c.Loss, Rate: c.Rate, Seed: c.Seed, Partial: c.Partial, NoCRC: c.NoCRC, Deadline: c.Deadline.Seconds(), Bidir: c.Bidir}
 	if r.Test == perf.TestLat {
 		warm := max(c.Warmup, 0)
 		w.N, w.Warmup = c.Iters, &warm

@@ -48,6 +48,7 @@ func TestRefusedInOneLine(t *testing.T) {
 		{[]string{"local", "-mode", "ud-send", "-partial"}, "-partial: only ud-wr"},
 		{[]string{"local", "-mode", "ud-send", "-mtu", "1000"}, "-mtu: ud-send sends each message whole"},
 		{[]string{"local", "-mode", "rc-write", "-poll", "event"}, "-poll: rc-write lat watches memory"},
+		{[]string{"local", "-mode", "raw-tcp", "-nocrc"}, "no CRC: raw-tcp has none to skip"},
 		{[]string{"compare", "-modes", "ud-wr,rc-write", "-test", "bw", "-loss", "0.1"}, "-loss: rc-write has no impairment layer"},
 		{[]string{"local", "rd-send"}, "did you mean -mode rd-send?"},
 		{[]string{"local", "-mode", "rd-send", "extra"}, `unexpected argument "extra"`},
@@ -531,4 +532,38 @@ func hasSocket(pid int) bool {
 		}
 	}
 	return false
+}
+
+// TestCompareNoCRC: compare -nocrc runs the plain-socket baseline as it
+// is and the RC mode without MPA CRC, which the RC connection itself
+// negotiated (its FPDUs carry no CRC: the row's no_crc, and the devices'
+// bad-CRC counter never moves, are not enough, so the test asks the
+// connection).
+func TestCompareNoCRC(t *testing.T) {
+	var out, errb bytes.Buffer
+	var negotiated []bool
+	perf.OnRCConnected = func(crc bool) { negotiated = append(negotiated, crc) }
+	defer func() { perf.OnRCConnected = nil }()
+	if code := run([]string{"compare", "-modes", "raw-tcp,rc-send", "-nocrc", "-test", "lat", "-s", "64", "-n", "20", "-w", "2", "-rounds", "1", "-json"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var doc struct{ Results []map[string]any }
+	if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]any{}
+	for _, r := range doc.Results {
+		got[r["mode"].(string)] = r["no_crc"]
+	}
+	if got["raw-tcp"] != false || got["rc-send"] != true {
+		t.Fatalf("no_crc by mode: %v", got)
+	}
+	if len(negotiated) == 0 {
+		t.Fatal("no RC connection reported its CRC: the test does not reach the negotiation")
+	}
+	for _, crc := range negotiated {
+		if crc {
+			t.Fatalf("an RC connection of compare -nocrc negotiated CRC: %v", negotiated)
+		}
+	}
 }

@@ -438,6 +438,10 @@ func (e *End) Serve(p Peer, lat bool, t *Tally, stop *atomic.Bool) {
 	}
 }
 
+// OnRCConnected, when set (by tests), learns whether each RC connection
+// an initiator made negotiated MPA CRC.
+var OnRCConnected func(crc bool)
+
 // serveStart, when set (by tests), runs as a target's Serve loop starts
 // (an RC target's once it accepted): a target that gets the CPU late, as
 // on a loaded machine.
@@ -448,6 +452,9 @@ var serveStart func()
 func (e *End) connect(o Offer) (*qp.AH, error) {
 	if e.sock == nil {
 		_, err := e.q.Connect(context.Background(), o.Addr, qp.RCConfig{NoCRC: e.noCRC})
+		if p, ok := e.q.RCParams(); ok && OnRCConnected != nil {
+			OnRCConnected(p.CRC)
+		}
 		return nil, err
 	}
 	to, err := netip.ParseAddrPort(o.Addr)

@@ -234,6 +234,10 @@ var (
 // Modes returns every mode, in the order udperf lists them.
 func Modes() []Mode { return slices.Clone(knownModes) }
 
+// HasCRC reports whether m's segments carry a CRC32c that Config.NoCRC
+// can leave out: every mode but the plain-socket baselines.
+func (m Mode) HasCRC() bool { return !m.raw() }
+
 func (m Mode) raw() bool { return m == ModeRawUDP || m == ModeRawUDPUnconnected || m == ModeRawTCP }
 
 // Check says whether c's mode acts on every setting c has: nil, or an
