@@ -207,7 +207,6 @@ var (
 	rdReads     = counter("rd_reads_total", "RD Read Requests at responders, by outcome: served, refused (over IRD), flushed (region deregistered).", "outcome")
 	timers      = counter("timer_runs_total", "Runs of the device timer (Write-Record deadlines, RD and RC timers).", "")
 	rcFPDUs     = counter("rc_fpdus_total", "RC MPA FPDUs, by direction.", "direction")
-	rcDirect    = counter("rc_fpdus_placed_direct_total", "Received RC FPDUs (of udiwarp_rc_fpdus_total in) whose payload was read from the socket straight into place, not copied out of the receive buffer.", "")
 	rcTerms     = counter("rc_terminates_total", "RC Terminate messages, by direction.", "direction")
 	rcEvents    = counter("rc_errors_total", "RC failures, by kind: reads_over_ird, connections_lost, bad_mpa_requests, handshakes_shed.", "kind")
 	rcHeld      = counter("rc_sends_held_total", "RC sends that found their socket full and held the rest back (held), and the times the device's poller, woken by room, sent what was held (poller_sent; event polling only: busy polling sends it from CQ.Poll).", "kind")
@@ -347,7 +346,6 @@ var table = func() []series {
 
 		s(&rcFPDUs, "out", func(s *qp.Stats) uint64 { return s.RCFPDUsSent.Load() }),
 		s(&rcFPDUs, "in", func(s *qp.Stats) uint64 { return s.RCFPDUsReceived.Load() }),
-		s(&rcDirect, "", func(s *qp.Stats) uint64 { return s.RCDirectFPDUs.Load() }),
 		s(&rcTerms, "out", func(s *qp.Stats) uint64 { return s.RCTerminatesSent.Load() }),
 		s(&rcTerms, "in", func(s *qp.Stats) uint64 { return s.RCTerminatesReceived.Load() }),
 		s(&rcEvents, "reads_over_ird", func(s *qp.Stats) uint64 { return s.RCReadsOverIRD.Load() }),

@@ -265,10 +265,6 @@ type Stats struct {
 	// woken by room in a socket, sent what was held back (event polling
 	// only: a busy-polled device sends it from CQ.Poll).
 	RCSocketFull, RCPollerSends atomic.Uint64
-	// RCDirectFPDUs counts the received FPDUs whose payload was read from
-	// the socket straight into place (the rest of a long FPDU whose header
-	// came first), not copied out of the receive buffer.
-	RCDirectFPDUs atomic.Uint64
 
 	// Bytes on the wire (UDP payloads and TCP stream octets), both ways.
 	RxBytes, TxBytes atomic.Uint64

@@ -432,7 +432,7 @@ func (d *Device) placeTagged(pd *PD, stag uint32, to uint64, payload []byte, nee
 	if f != faultNone {
 		return f.ddpCode(), false
 	}
-	copyPayload(m.buf[to:], payload)
+	copy(m.buf[to:], payload)
 	m.unpin()
 	return 0, true
 }

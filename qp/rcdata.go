@@ -128,7 +128,6 @@ type rcConn struct {
 	rx          []byte // read from the socket; rx[rxAt:] not handled yet
 	rxAt        int
 	rxNeed      int // the length of the FPDU at rxAt, when it is not whole
-	dp          rcDirect
 	rxSendMSN   uint32
 	rxReadMSN   uint32
 	rxTermMSN   uint32
@@ -686,23 +685,11 @@ func (c *rcConn) onReadable() {
 		}
 	}
 	for !c.closing.Load() && !c.eof.Load() {
-		if c.dp.on { // a long FPDU, read into place (rcDirect)
-			ok, drained := c.directRead()
-			if !ok || !c.process() || c.stalled.Load() || drained {
-				return
-			}
-			continue
-		}
 		c.rxRoom()
 		if !c.acquire() {
 			return
 		}
 		buf := c.rx[len(c.rx):cap(c.rx)]
-		if c.dp.large && len(buf) > directLook {
-			// After a long FPDU, the next header first: a long one then
-			// goes into place from its first byte.
-			buf = buf[:directLook]
-		}
 		r, _, errno := unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(c.fd), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), unix.MSG_DONTWAIT, 0, 0)
 		c.release()
 		n := int(r)
@@ -719,7 +706,7 @@ func (c *rcConn) onReadable() {
 			c.lost()
 			return
 		}
-		room := len(buf)
+		room := cap(c.rx) - len(c.rx)
 		c.q.dev.stats.RxBytes.Add(uint64(n))
 		c.rx = c.rx[:len(c.rx)+n]
 		if !c.process() || c.stalled.Load() {
@@ -768,17 +755,12 @@ func (c *rcConn) process() bool {
 			return false
 		}
 		if n == 0 {
-			if c.directStart(start) {
-				c.rxNeed = 0
-				return true // rx now holds nothing: the rest is read into place
-			}
 			c.rxNeed = need
 			break
 		}
 		if !c.handle(ulpdu) {
 			return false
 		}
-		c.dp.large = n >= directMin
 		start += n
 		if c.stalled.Load() { // kept for the next Progress; nothing after it yet
 			c.stallBuf = append(c.stallBuf[:0], ulpdu...)
@@ -796,6 +778,8 @@ func (c *rcConn) process() bool {
 // handle carries out one ULPDU after the checks of RFC 5040 §7.2 and RFC
 // 5041 §7; the first error terminates the stream.
 func (c *rcConn) handle(b []byte) bool {
+	q := c.q
+	st := &q.dev.stats
 	seg, err := udiwarp.ParseSegment(b, udiwarp.ProfileStream)
 	if err != nil {
 		hdr := b[:min(len(b), udiwarp.DDPUntaggedHeaderSize)]
@@ -806,14 +790,6 @@ func (c *rcConn) handle(b []byte) bool {
 		c.terminate(code, hdr, nil, len(b))
 		return false
 	}
-	return c.handleSegment(seg, len(b))
-}
-
-// handleSegment carries out a parsed ULPDU of size bytes: handle's, or
-// one whose payload was read into place (rcDirect).
-func (c *rcConn) handleSegment(seg udiwarp.Segment, size int) bool {
-	q := c.q
-	st := &q.dev.stats
 	if c.rtrPending {
 		c.mu.Lock()
 		c.rtrPending = false // the initiator's first FPDU is its RTR
@@ -824,42 +800,42 @@ func (c *rcConn) handleSegment(seg udiwarp.Segment, size int) bool {
 	switch {
 	case op == udiwarp.OpWrite:
 		if code, ok := c.place(seg, AccessRemoteWrite); !ok {
-			c.terminate(code, ddpHdr(seg), nil, size)
+			c.terminate(code, ddpHdr(seg), nil, len(b))
 			return false
 		}
 		return true
 	case op == udiwarp.OpReadResponse:
-		return c.readResponse(seg, size)
+		return c.readResponse(seg, len(b))
 	}
 	h := seg.Untagged()
 	switch udiwarp.Queue(h.Queue()) {
 	case udiwarp.QueueSend:
 		switch op {
 		case udiwarp.OpSend, udiwarp.OpSendSE, udiwarp.OpSendInvalidate, udiwarp.OpSendSEInvalidate:
-			return c.receiveSend(seg, size)
+			return c.receiveSend(seg, len(b))
 		case udiwarp.OpImmediateData, udiwarp.OpImmediateDataSE:
-			return c.receiveImmediate(seg, size)
+			return c.receiveImmediate(seg, len(b))
 		}
-		c.terminate(udiwarp.RDMAPUnexpectedOpcode, ddpHdr(seg), nil, size)
+		c.terminate(udiwarp.RDMAPUnexpectedOpcode, ddpHdr(seg), nil, len(b))
 		return false
 	case udiwarp.QueueReadRequest:
 		switch op {
 		case udiwarp.OpReadRequest:
-			return c.serveRead(seg, size)
+			return c.serveRead(seg, len(b))
 		case udiwarp.OpAtomicRequest:
-			return c.serveAtomic(seg, size)
+			return c.serveAtomic(seg, len(b))
 		}
-		c.terminate(udiwarp.RDMAPUnexpectedOpcode, ddpHdr(seg), nil, size)
+		c.terminate(udiwarp.RDMAPUnexpectedOpcode, ddpHdr(seg), nil, len(b))
 		return false
 	case udiwarp.QueueAtomicResponse:
 		if op != udiwarp.OpAtomicResponse {
-			c.terminate(udiwarp.RDMAPUnexpectedOpcode, ddpHdr(seg), nil, size)
+			c.terminate(udiwarp.RDMAPUnexpectedOpcode, ddpHdr(seg), nil, len(b))
 			return false
 		}
-		return c.atomicResponse(seg, size)
+		return c.atomicResponse(seg, len(b))
 	case udiwarp.QueueTerminate:
 		if op != udiwarp.OpTerminate {
-			c.terminate(udiwarp.RDMAPUnexpectedOpcode, ddpHdr(seg), nil, size)
+			c.terminate(udiwarp.RDMAPUnexpectedOpcode, ddpHdr(seg), nil, len(b))
 			return false
 		}
 		st.RCTerminatesReceived.Add(1)
@@ -873,7 +849,7 @@ func (c *rcConn) handleSegment(seg udiwarp.Segment, size int) bool {
 		c.fail()
 		return false
 	}
-	c.terminate(udiwarp.DDPUntaggedInvalidQN, ddpHdr(seg), nil, size)
+	c.terminate(udiwarp.DDPUntaggedInvalidQN, ddpHdr(seg), nil, len(b))
 	return false
 }
 
@@ -1312,7 +1288,7 @@ func (q *QP) scatterAt(w *recvWQE, off uint32, payload []byte) Status {
 		if st != Success {
 			return st
 		}
-		k := copyPayload(b, payload)
+		k := copy(b, payload)
 		m.unpin()
 		payload = payload[k:]
 	}

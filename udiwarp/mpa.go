@@ -191,8 +191,8 @@ func (d *MPADeframer) Next(buf []byte) (ulpdu []byte, n, need int, err error) {
 	}
 	crcIdx := int(crcAt - d.pos)
 	if d.CRC {
-		if err := CheckFPDUCRC(CRC32c(buf[:crcIdx]), buf[crcIdx:]); err != nil {
-			return nil, 0, 0, err
+		if got, want := WireCRC(buf[crcIdx:]), CRC32c(buf[:crcIdx]); got != want {
+			return nil, 0, 0, &FieldError{Frame: frame, Field: "CRC32c", Value: uint64(got), Want: crcWant(want), Err: ErrCRC, Code: MPACRCError}
 		}
 	}
 	start := lenAt + MPAHeaderSize
@@ -219,20 +219,3 @@ func (d *MPADeframer) Next(buf []byte) (ulpdu []byte, n, need int, err error) {
 	d.pos += uint64(total)
 	return buf[start : start+l], total, 0, nil
 }
-
-// CheckFPDUCRC compares crc, computed over an FPDU's bytes before its
-// CRC field, with that field's wire bytes: the one check of an FPDU's
-// CRC, for Next and for a receiver that reads an FPDU's payload into
-// place and computes the CRC as it goes.
-func CheckFPDUCRC(crc uint32, wire []byte) error {
-	if got := WireCRC(wire); got != crc {
-		return &FieldError{Frame: "MPA FPDU", Field: "CRC32c", Value: uint64(got), Want: crcWant(crc), Err: ErrCRC, Code: MPACRCError}
-	}
-	return nil
-}
-
-// Skip accounts for an FPDU of n bytes (FPDUSize) that the caller took
-// from the stream itself, past Next: a receiver that read its payload
-// straight into place. Only on a stream without markers, where the
-// FPDUs need no other state.
-func (d *MPADeframer) Skip(n int) { d.pos += uint64(n) }

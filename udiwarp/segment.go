@@ -16,10 +16,6 @@ type Segment struct {
 	Payload []byte
 	// multi: a Send may span segments (ParseRDSegment).
 	multi bool
-	// head: only the headers were given, and the payload is extLen bytes
-	// elsewhere (ParseSegmentHead).
-	head   bool
-	extLen int
 }
 
 func (s Segment) Opcode() Opcode { return s.RDMAP.Opcode() }
@@ -57,20 +53,6 @@ func (s Segment) ImmediateData() ImmediateData { return ImmediateData(s.rdmapHea
 func ParseSegment(b []byte, p Profile) (Segment, error) {
 	var s Segment
 	err := s.parse(b, p)
-	return s, err
-}
-
-// ParseSegmentHead checks the headers of a DDP segment whose payload of
-// n bytes is not in head: head is the DDP header and nothing more, and
-// the checks are ParseSegment's of head followed by n payload bytes. A
-// stream receiver that reads a long segment's payload from the socket
-// straight into its destination checks the header first; the returned
-// Segment's Payload is nil, for the caller to set once it is in place.
-// Only messages that carry a payload (RDMA Write, Read Response, Send)
-// may have n > 0.
-func ParseSegmentHead(head []byte, n int, p Profile) (Segment, error) {
-	s := Segment{head: true, extLen: n}
-	err := s.parse(head, p)
 	return s, err
 }
 
@@ -165,14 +147,8 @@ func (s *Segment) parseTagged(b []byte) error {
 		return truncated(frame, len(b), hlen, DDPTaggedBaseBounds)
 	}
 	s.Header, s.Payload = b[:hlen], b[hlen:]
-	n := uint64(len(s.Payload))
-	if s.head {
-		if len(b) != hlen {
-			return fieldErr(frame, "length", uint64(len(b)), itoa(uint64(hlen))+" bytes (the header alone)", ErrTooLong, DDPTaggedBaseBounds)
-		}
-		s.Payload, n = nil, uint64(s.extLen)
-	}
 	to := DDPTagged(b).TO()
+	n := uint64(len(s.Payload))
 	if !fits(to, n) {
 		return fieldErr(frame, "TO", to, "TO + payload length <= 2^64", ErrOffset, DDPTaggedTOWrap)
 	}
@@ -255,17 +231,9 @@ func (s *Segment) parseUntagged(b []byte) error {
 	size, payload := untaggedRDMAPSize(op)
 	rest := b[DDPUntaggedHeaderSize:]
 	switch {
-	case payload && s.head:
-		if len(rest) != 0 {
-			return fieldErr(frame, "length", uint64(len(b)), itoa(DDPUntaggedHeaderSize)+" bytes (the header alone)", ErrTooLong, DDPUntaggedTooLong)
-		}
-		s.Header = b
-		return nil
 	case payload:
 		s.Header, s.Payload = b[:DDPUntaggedHeaderSize], rest
 		return nil
-	case s.head && s.extLen > 0:
-		return fieldErr(op.String()+" header", "payload", uint64(s.extLen), "0 bytes: "+op.String()+" carries none", ErrTooLong, DDPUntaggedTooLong)
 	case size < 0:
 		if _, err := ParseTerminate(rest); err != nil {
 			return err
