@@ -25,7 +25,7 @@ for r in $(seq 1 "$ROUNDS"); do
     env $E sockperf server --tcp -i 127.0.0.1 -p $((port + 1)) >/dev/null 2>&1 & S=$!
     sleep 0.5
     l=$(env $E sockperf ping-pong --tcp -i 127.0.0.1 -p $((port + 1)) -t 3 -m 64 2>&1 | grep -o 'avg-latency=[0-9.]*' | cut -d= -f2)
-    kill -INT $S; wait $S 2>/dev/null || true
+    kill -INT $S 2>/dev/null || true; wait $S 2>/dev/null || true
     echo "round $r $mode iperf3_gbps=$g sockperf_avg_us=$l"
   done
 done

@@ -207,9 +207,13 @@ func OpenEnd(c Config, target bool, network, local string) (*End, error) {
 		attr.RD.Segment = c.Segment
 	}
 	if m == ModeUDWriteRecord {
-		attr.WriteRecord = writerecord.Config{Timeout: c.Deadline, Policy: writerecord.Discard}
+		// The deadline is -partial's: without it a message takes as long
+		// as it takes (the engine's own DefaultTimeout), where a 5 ms
+		// deadline discarded an 8 MiB ping-pong's first message and the
+		// run stalled.
+		attr.WriteRecord = writerecord.Config{Policy: writerecord.Discard}
 		if c.Partial {
-			attr.WriteRecord.Policy = writerecord.DeliverPartial
+			attr.WriteRecord = writerecord.Config{Timeout: c.Deadline, Policy: writerecord.DeliverPartial}
 		}
 	}
 	if e.q, err = e.pd.CreateQP(attr); err != nil {
