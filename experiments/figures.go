@@ -89,8 +89,12 @@ func figures(quick bool) []*figure {
 				"and UD Write-Record 24.4 % below RC RDMA Write (two hosts, 10 GbE NetEffect cards, software iWARP).",
 			Differs: "Ours is one host's loopback: no NIC, no wire, and both ends share two cores, so absolute times are a few µs and " +
 				"what remains is the software path; RC and UD differ by little under 2 KB. UD Send above 65,000 bytes is not one datagram " +
-				"and is not measured for latency. RC RDMA Write's ping-pong watches memory for the peer's last byte with both ends " +
-				"spinning on two cores (as ib_write_lat), which starves TCP's own work for messages of megabytes.",
+				"and is not measured for latency. From 16 KiB to 256 KiB RC is 1.4-2.2x raw TCP's latency (udperf compare): MPA's " +
+				"CRC32c over every byte at both ends and the copy of each FPDU out of the TCP stream into place are per-byte costs raw " +
+				"TCP does not pay (RC Send of 64 KiB without the CRC, udperf -nocrc, is 1.33x instead of 1.54x); from 1 MiB RC is " +
+				"below raw TCP, whose ping-pong of megabyte writes is slow on this host. RC's megabyte latencies before 27 November " +
+				"2026 (RC Write 13 ms for 2 MiB) measured a defect of our RC, since fixed (BENCHMARKS.md, issue 32), not the cost " +
+				"of connections.",
 		},
 		{
 			ID: "fig16", Title: "Unidirectional verbs bandwidth (seed 003 FIG 16)", Test: "bw",
@@ -104,10 +108,10 @@ func figures(quick bool) []*figure {
 			},
 			Seed: "UD Send/Recv up to 33.4 % above RC Send/Recv (at 256 KB); UD Write-Record 256 % above RC RDMA Write at 512 KB.",
 			Differs: "Both ends share one host's two cores and its loopback, with no NIC and no wire: what is measured is the software " +
-				"path. RC Send/Recv pays most: its receiver copies every message out of the TCP byte stream into the posted receive " +
-				"(UD Send lands in it directly) and the sender waits for receive credits, as RC has no receiver-not-ready. RC RDMA Write " +
-				"places from the stream without that copy, so Write-Record's margin over it is smaller than the seed's, whose TCP cost " +
-				"was a 10 GbE link's and a 2010 kernel's.",
+				"path. RC pays MPA's CRC32c over every byte at both ends, most of what separates it from raw TCP on two cores (without " +
+				"it, udperf -nocrc, RC moves as much as raw TCP from 1 MiB), and copies every FPDU out of the TCP byte stream into " +
+				"place, Send and Write alike (UD Send and Write-Record land in place); RC Send/Recv also waits for receive credits, as " +
+				"RC has no receiver-not-ready. The seed's TCP cost was a 10 GbE link's and a 2010 kernel's.",
 		},
 		{
 			ID: "fig17", Title: "UD Send/Recv bandwidth under packet loss (seed 003 FIG 17)", Test: "bw",
@@ -156,7 +160,8 @@ func figures(quick bool) []*figure {
 			},
 			Seed: "Not in the seed: its loss study covers UD Send/Recv and Write-Record. RC is the reliable baseline, RD our light " +
 				"reliability layer over UDP.",
-			Differs: "TCP's congestion control backs off at every loss; RD retransmits selectively with a fixed window; Write-Record " +
+			Differs: "TCP's congestion control (CUBIC) backs off at every loss; RD retransmits selectively under its own congestion " +
+				"control (BBR, which takes a loss while the RTT is at its minimum for random and keeps its rate: docs/verbs.md); Write-Record " +
 				"retransmits nothing and counts only the bytes that arrived.",
 		},
 		{
