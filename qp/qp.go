@@ -96,8 +96,10 @@ type QPAttr struct {
 	// messages in progress.
 	WriteRecord writerecord.Config
 	// Record says how the QP records Write-Record messages that arrive:
-	// as CQ entries on its receive CQ (the default), in the target
-	// region's validity map (MR.TrackValidity), or both.
+	// as CQ entries on its receive CQ (RecordCQ, the default), in the
+	// target region's validity map (RecordMap, MR.TrackValidity: the
+	// target then reads the map to learn what arrived), or both
+	// (RecordCQ|RecordMap, RecordBoth).
 	Record RecordMode
 	// ReportErrors makes the QP tell the source of a message it had to drop
 	// (no receive posted, receive too small) with an error message naming
@@ -193,6 +195,8 @@ func (pd *PD) CreateQP(attr QPAttr) (*QP, error) {
 		return nil, fmt.Errorf("%w: CQ or SRQ of another device", ErrInvalidAttr)
 	case attr.SRQ != nil && attr.SRQ.pd != pd:
 		return nil, fmt.Errorf("%w: SRQ of another protection domain", ErrInvalidAttr)
+	case attr.Record&^RecordBoth != 0:
+		return nil, fmt.Errorf("%w: Record %#x: RecordCQ, RecordMap or both", ErrInvalidAttr, uint8(attr.Record))
 	case c.MaxSendSGE > maxSGE || c.MaxRecvSGE > maxSGE:
 		return nil, fmt.Errorf("%w: %d send / %d receive SGEs, at most %d", ErrInvalidAttr, c.MaxSendSGE, c.MaxRecvSGE, maxSGE)
 	case c.MaxSendWR > 1<<20 || c.MaxRecvWR > 1<<20 || c.MaxInline > 1<<16:

@@ -156,17 +156,26 @@ func (t *txCtx) buildWR(s *Socket, w *sendWQE, n uint32) Status {
 
 // Target side of RDMA Write-Record.
 
-// RecordMode says how a QP records the Write-Record messages it receives.
+// RecordMode says how a QP records the Write-Record messages it
+// receives: a set of bits, so RecordCQ|RecordMap is RecordBoth. The zero
+// value is RecordCQ.
+//
+// A QP that records into the validity map alone (RecordMap) completes
+// nothing and raises no event when a message arrives: its target learns
+// of a record by reading the map (validitymap.Map.Valid for the bytes it
+// awaits, Ranges, Bytes), as a receiver of one-sided writes watches its
+// memory. RecordBoth adds the CQ entry, which CQ.Wait and the completion
+// channel report.
 type RecordMode uint8
 
 const (
-	RecordCQ   RecordMode = 0      // a completion entry on the receive CQ (default)
-	RecordMap  RecordMode = 1 << 0 // the target region's validity map only
-	RecordBoth RecordMode = RecordCQ | RecordMap | 1<<1
+	RecordCQ   RecordMode = 1 << 0               // a completion entry on the receive CQ (the default)
+	RecordMap  RecordMode = 1 << 1               // the target region's validity map (MR.TrackValidity)
+	RecordBoth RecordMode = RecordCQ | RecordMap // both
 )
 
-func (m RecordMode) cq() bool   { return m == RecordCQ || m == RecordBoth }
-func (m RecordMode) map_() bool { return m == RecordMap || m == RecordBoth }
+func (m RecordMode) cq() bool   { return m == 0 || m&RecordCQ != 0 }
+func (m RecordMode) map_() bool { return m&RecordMap != 0 }
 
 // receiveWriteRecord checks, places and records one Write-Record segment
 // addressed to q. Every check comes before a byte is written — the QP's

@@ -2,6 +2,7 @@ package qp
 
 import (
 	"bytes"
+	"errors"
 	"net"
 	"slices"
 	"testing"
@@ -340,5 +341,52 @@ func TestWriteRecordGSO(t *testing.T) {
 	}
 	if a.dev.Stats().TxGSO.Load() == 0 {
 		t.Log("the kernel took no UDP GSO send; segments went one at a time")
+	}
+}
+
+// TestRecordModeBits: each record mode is a bit of its own, so
+// RecordCQ|RecordMap records both ways (RecordCQ was 0, and the
+// combination a new user wrote was RecordMap alone: no CQ entry); the
+// zero value is RecordCQ; bits that are no mode are refused.
+func TestRecordModeBits(t *testing.T) {
+	if RecordCQ|RecordMap != RecordBoth {
+		t.Fatalf("RecordCQ|RecordMap = %#x, RecordBoth %#x", RecordCQ|RecordMap, RecordBoth)
+	}
+	a := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	for _, tc := range []struct {
+		name     string
+		mode     RecordMode
+		cq, vmap bool
+	}{
+		{"zero value", 0, true, false},
+		{"RecordCQ", RecordCQ, true, false},
+		{"RecordMap", RecordMap, false, true},
+		{"RecordCQ|RecordMap", RecordCQ | RecordMap, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, region, q := wrTarget(t, writerecord.Config{}, tc.mode)
+			vm := region.TrackValidity(0)
+			if err := a.qp.PostSend(&SendWR{Opcode: OpWriteRecord, SGL: []SGE{a.mr.SGE(0, 3000)}, AH: a.ah(b, q), RemoteSTag: region.STag(), RemoteTO: region.Addr()}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.cq {
+				if wc := collect(t, b.cq, 1, 5*time.Second)[0]; wc.Opcode != WCWriteRecord || wc.Status != Success || wc.Len != 3000 {
+					t.Fatalf("%+v", wc)
+				}
+			}
+			if tc.vmap {
+				eventually(t, "the map to show the message", func() bool { return vm.Valid(0, 3000) })
+			}
+			if !tc.cq {
+				quiet(t, b.cq)
+			}
+			if !tc.vmap && vm.Bytes() != 0 {
+				t.Fatalf("the map holds %d bytes with %v", vm.Bytes(), tc.name)
+			}
+		})
+	}
+	_, err := a.pd.CreateQP(QPAttr{Type: UD, SendCQ: a.cq, RecvCQ: a.cq, Record: 1 << 2})
+	if !errors.Is(err, ErrInvalidAttr) {
+		t.Fatalf("Record 1<<2: %v, want ErrInvalidAttr", err)
 	}
 }
