@@ -2,6 +2,7 @@ package qp
 
 import (
 	"fmt"
+	"github.com/udiwarp/udiwarp/internal/snapshot"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -316,6 +317,17 @@ func (s *Stats) LastSendError() error {
 func (d *Device) Closed() bool { return d.closed.Load() }
 
 // Stats returns the device's counters.
+//go:generate go run ../internal/genstats -in events.go -type Stats -out stats_snapshot.go
+
+// Snapshot reads every counter once into plain integers, which print as
+// numbers (fmt.Println(dev.Stats().Snapshot().RxNoRecv)); the counters
+// are atomics, and a Stats field printed as it is shows its insides.
+func (s *Stats) Snapshot() StatsSnapshot {
+	var out StatsSnapshot
+	snapshot.Fill(&out, s)
+	return out
+}
+
 func (d *Device) Stats() *Stats {
 	d.stats.EventsLost.Store(d.eventsLost.Load())
 	return &d.stats

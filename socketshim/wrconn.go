@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/udiwarp/udiwarp/internal/snapshot"
 	"net"
 	"net/netip"
 	"os"
@@ -457,6 +458,16 @@ func (c *WRConn) repost(i int) error {
 
 // Stats returns the mode's counters.
 func (c *WRConn) Stats() *WRStats { return &c.stats }
+
+//go:generate go run ../internal/genstats -in wrconn.go -type WRStats -out wrstats_snapshot.go
+
+// Snapshot reads every counter once into plain integers, which print as
+// numbers (fmt.Printf("%+v", conn.Stats().Snapshot())).
+func (s *WRStats) Snapshot() WRStatsSnapshot {
+	var out WRStatsSnapshot
+	snapshot.Fill(&out, s)
+	return out
+}
 
 // Device returns the PacketConn's device (for its counters).
 func (c *WRConn) Device() *qp.Device { return c.pc.dev }
