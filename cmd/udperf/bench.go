@@ -252,7 +252,11 @@ func (f *benchFlags) configs(m perf.Mode) ([]perf.Config, error) {
 	}
 	var out []perf.Config
 	for _, s := range sizes {
-		c := perf.Config{Mode: m, Test: test, Poll: poll, Size: s, Iters: f.iters, Warmup: warmup(f.warmup),
+		iters, warm := f.iters, f.warmup
+		if f.all {
+			iters, warm = sweepIters(iters, s), sweepIters(warm, s)
+		}
+		c := perf.Config{Mode: m, Test: test, Poll: poll, Size: s, Iters: iters, Warmup: warmup(warm),
 			Duration: f.dur, QPs: f.qps, Bidir: f.bidir, Segment: f.mtu, Loss: f.loss, Seed: f.seed, Partial: f.partial, Deadline: f.deadline, Rate: f.rate,
 			NoCRC: f.nocrc && (m.HasCRC() || f.modes == "")}
 		if err := checkConfig(c); err != nil {
@@ -266,6 +270,25 @@ func (f *benchFlags) configs(m perf.Mode) ([]perf.Config, error) {
 		out = append(out, c)
 	}
 	return out, nil
+}
+
+// sweepBytes bounds the bytes one size of an -a latency sweep moves
+// each way: -n round trips up to it, fewer above (never under
+// sweepMinIters), as perftest caps its iterations by size. With the
+// default -n 10000 a size of 64 KiB and below runs all of them, 1 MiB
+// 625, 8 MiB 100.
+const (
+	sweepBytes    = 10000 << 16
+	sweepMinIters = 100
+)
+
+// sweepIters is n for a message of size bytes in an -a sweep (0 stays 0:
+// no warm-up).
+func sweepIters(n, size int) int {
+	if n == 0 {
+		return 0
+	}
+	return min(n, max(sweepMinIters, sweepBytes/max(size, 1)))
 }
 
 // throughputCheck refuses a throughput search of a mode -rate cannot pace.
@@ -539,7 +562,7 @@ func sweep(ctx context.Context, out *printer, test string, cfgs []perf.Config, m
 		if err != nil {
 			return false, fmt.Errorf("%s %s %d B: %w", cfg.Mode, test, cfg.Size, err)
 		}
-		out.bar.done++
+		out.bar.tick()
 		if err := out.row(rowOf(test, r)); err != nil {
 			return false, err
 		}
@@ -684,8 +707,7 @@ sizes:
 					break sizes
 				}
 				samples[i] = append(samples[i], rowOf(f.test, res))
-				out.bar.done++
-				out.bar.draw()
+				out.bar.tick()
 			}
 		}
 		if err := printSize(samples); err != nil {

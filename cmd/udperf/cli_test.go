@@ -567,3 +567,43 @@ func TestCompareNoCRC(t *testing.T) {
 		}
 	}
 }
+
+// TestSweepScalesIterations: an -a latency sweep caps each size's round
+// trips by the bytes they move, as perftest does (8 MiB: 100 where -n is
+// 10000), so a sweep of every size ends in about a minute, not in more
+// than 13; and with stderr a file (a log), not a terminal, it says run by
+// run how far it is, where -json prints nothing until the end.
+func TestSweepScalesIterations(t *testing.T) {
+	f := benchFlags{iters: 10000, warmup: 1000, all: true, test: "lat", poll: "busy", qps: 1, rounds: 1}
+	cfgs, err := f.configs(perf.ModeRawTCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cfgs {
+		want := 10000
+		switch c.Size {
+		case 1 << 20:
+			want = 625
+		case 8 << 20:
+			want = 100
+		}
+		if c.Size <= 64<<10 && c.Iters != 10000 || (c.Size == 1<<20 || c.Size == 8<<20) && c.Iters != want {
+			t.Errorf("%d B: %d iterations, want %d", c.Size, c.Iters, want)
+		}
+		if c.Iters < 100 || c.Warmup > c.Iters {
+			t.Errorf("%d B: %d iterations, %d warm-up", c.Size, c.Iters, c.Warmup)
+		}
+	}
+	log, err := os.CreateTemp(t.TempDir(), "stderr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if code := run([]string{"compare", "-modes", "raw-udp,ud-send", "-s", "64", "-n", "20", "-w", "2", "-rounds", "2", "-json"}, &out, log); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	b, _ := os.ReadFile(log.Name())
+	if !strings.Contains(string(b), "udperf: 4 of 4 runs done") {
+		t.Fatalf("stderr, a file: %q", b)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 )
 
 // The output layer of the measuring commands (local, compare, client).
@@ -218,19 +219,33 @@ func (s *jsonSink) done(interrupted bool) error {
 	return enc.Encode(s.doc)
 }
 
-// bar is the progress bar of a sweep on stderr, drawn only when stderr is
-// a terminal and the sweep has at least 3 runs. Rows go to stdout, which
-// may be the same terminal: the command clears the bar before it prints a
-// row and draws it again after (clear and draw are no-ops when no bar is
-// drawn).
+// bar is the progress of a sweep of at least 3 runs on stderr: a bar
+// when stderr is a terminal, else (a file or a pipe: a log) a line per
+// run done, so that a sweep whose rows wait for its end (-json) is never
+// silent; nothing when stderr is not a file (a caller's buffer). Rows go
+// to stdout, which may be the same terminal: the command clears the bar
+// before it prints a row and draws it again after (clear and draw are
+// no-ops when no bar is drawn).
 type bar struct {
 	w           io.Writer
-	on          bool
+	on, lines   bool
 	done, total int
+	started     time.Time
 }
 
 func newBar(stderr io.Writer, total int) *bar {
-	return &bar{w: stderr, on: total >= 3 && isTerminal(stderr), total: total}
+	_, file := stderr.(*os.File)
+	term := isTerminal(stderr)
+	return &bar{w: stderr, on: total >= 3 && term, lines: total >= 3 && file && !term, total: total, started: time.Now()}
+}
+
+// tick counts a run done and shows it: the bar redrawn, or a line.
+func (b *bar) tick() {
+	b.done++
+	if b.lines {
+		fmt.Fprintf(b.w, "udperf: %d of %d runs done, %s\n", b.done, b.total, time.Since(b.started).Round(time.Second))
+	}
+	b.draw()
 }
 
 // draw draws the bar at its count of runs done.

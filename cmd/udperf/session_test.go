@@ -305,9 +305,13 @@ func waitExit(t *testing.T, cmd *exec.Cmd) int {
 func TestServerOnceSession(t *testing.T) {
 	bin := buildUdperf(t)
 	srv, addr, lines, srvErr := startServerProcess(t, bin, "-once")
-	out, err := exec.Command(bin, "client", "-addr", addr, "-a", "-mode", "ud-send", "-n", "20", "-w", "2", "-poll", "event", "-csv").CombinedOutput()
+	// Rows on stdout; stderr, a pipe, has the sweep's progress lines.
+	cli := exec.Command(bin, "client", "-addr", addr, "-a", "-mode", "ud-send", "-n", "20", "-w", "2", "-poll", "event", "-csv")
+	var cliErr bytes.Buffer
+	cli.Stderr = &cliErr
+	out, err := cli.Output()
 	if err != nil {
-		t.Fatalf("client: %v: %s", err, out)
+		t.Fatalf("client: %v: %s%s", err, out, cliErr.Bytes())
 	}
 	rows := strings.Split(strings.TrimSpace(string(out)), "\n")[1:]
 	if code := waitExit(t, srv); code != 0 {
