@@ -91,9 +91,9 @@ func (f *benchFlags) register(c *command, name string) {
 	fs.Var(secondsFlag{&f.dur}, "D", "duration of a bw or rate run, in `seconds` as perftest (3, 0.5) or a Go duration (500ms)")
 	fs.IntVar(&f.warmup, "w", 1000, "warm-up iterations (lat)")
 	fs.StringVar(&f.poll, "poll", "busy", "busy (spin on the CQ, as perftest does) or event")
-	fs.IntVar(&f.qps, "qps", 1, "concurrent QPs (UD and raw-udp modes)")
+	fs.IntVar(&f.qps, "qps", 1, "concurrent QPs or sockets (ud-send, rd-send, raw-udp, raw-udp-unconn, raw-tcp)")
 	fs.IntVar(&f.mtu, "mtu", 0, "largest segment payload of Write-Record and RD segments (0: one datagram)")
-	fs.Float64Var(&f.loss, "loss", 0, "datagram loss probability applied by the impairment layer (ud-wr at the sender; RD both ways)")
+	fs.Float64Var(&f.loss, "loss", 0, "datagram loss probability applied by the impairment layer (ud-send and ud-wr bw at the sender; RD both ways)")
 	fs.Float64Var(&f.rate, "rate", 0, "bw: pace the sender at this many `Gb/s` of payload, split over its flows, whatever the message size (0: unpaced)")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the impairment layer")
 	fs.BoolVar(&f.partial, "partial", false, "Write-Record: deliver partial messages at the deadline")
@@ -509,8 +509,17 @@ func flagMap(c *command) map[string]any {
 }
 
 // newDocument is the frame of a command's JSON document.
+// Its flags are those the command acts on: a latency run's -n and -w, or
+// a bw or rate run's -D, not the others.
 func newDocument(name string, f *benchFlags) document {
-	return document{Command: name, Flags: flagMap(f.cmd), GoVersion: runtime.Version(), CPU: cpuModel(), Kernel: kernel()}
+	flags := flagMap(f.cmd)
+	if f.test == "lat" {
+		delete(flags, "D")
+	} else {
+		delete(flags, "n")
+		delete(flags, "w")
+	}
+	return document{Command: name, Flags: flags, GoVersion: runtime.Version(), CPU: cpuModel(), Kernel: kernel()}
 }
 
 // measure runs one measurement (a variable for the tests that watch the

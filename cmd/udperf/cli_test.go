@@ -191,14 +191,14 @@ func TestJSONTypes(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]any{"s": 300.0, "n": 30.0, "w": 3.0, "mtu": 100.0, "loss": 0.0, "seed": 1.0, "partial": true, "deadline": 0.02, "D": 1.0,
+	want := map[string]any{"s": 300.0, "n": 30.0, "w": 3.0, "mtu": 100.0, "loss": 0.0, "seed": 1.0, "partial": true, "deadline": 0.02,
 		"bidir": false, "json": true, "csv": false, "mode": "ud-wr", "poll": "event", "test": "lat", "qps": 1.0, "a": false, "metrics": ""}
 	for k, v := range want {
 		if doc.Flags[k] != v {
 			t.Errorf("flags[%q] = %#v, want %#v", k, doc.Flags[k], v)
 		}
 	}
-	for _, k := range []string{"e", "F", "report_gbits", "d", "i"} {
+	for _, k := range []string{"e", "F", "report_gbits", "d", "i", "D"} { // -D: a latency run does not act on it
 		if _, ok := doc.Flags[k]; ok {
 			t.Errorf("flags has %q: %v", k, doc.Flags)
 		}
@@ -305,7 +305,9 @@ func TestRowsAsTheyFinish(t *testing.T) {
 				t.Fatalf("exit %d: %s", code, errb.String())
 			}
 			ls := rec.lines()
-			if len(ls) != 1+15 || ls[0].runs != 0 {
+			// The header goes out with the first row (a run refused before it
+			// measured anything prints its error alone).
+			if len(ls) != 1+15 || ls[0].runs != 1 {
 				t.Fatalf("%d lines; the header after %d runs: %+v", len(ls), ls[0].runs, ls)
 			}
 			for i, l := range ls[1:] {
@@ -605,5 +607,26 @@ func TestSweepScalesIterations(t *testing.T) {
 	b, _ := os.ReadFile(log.Name())
 	if !strings.Contains(string(b), "udperf: 4 of 4 runs done") {
 		t.Fatalf("stderr, a file: %q", b)
+	}
+}
+
+// TestJSONFlagsOfABandwidthRun: a bw run's JSON flags hold -D, which it
+// acts on, and not -n and -w, which it does not.
+func TestJSONFlagsOfABandwidthRun(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"local", "-mode", "raw-udp", "-test", "bw", "-D", "0.1", "-json"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var doc struct{ Flags map[string]any }
+	if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if doc.Flags["D"] != 0.1 {
+		t.Errorf("flags[D] = %v", doc.Flags["D"])
+	}
+	for _, k := range []string{"n", "w"} {
+		if _, ok := doc.Flags[k]; ok {
+			t.Errorf("a bw run's flags list -%s: %v", k, doc.Flags)
+		}
 	}
 }

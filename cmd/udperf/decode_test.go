@@ -123,3 +123,14 @@ func TestDecodeRefused(t *testing.T) {
 		t.Fatalf("decode without arguments: exit %d, stdout %q, stderr %q", code, out.String(), errb.String())
 	}
 }
+
+// TestDecodeDatagramCRCError: a datagram with a bad CRC32c trailer is
+// reported with the Terminate code iWARP has for it, MPA's, and decode
+// says that no MPA is involved.
+func TestDecodeDatagramCRCError(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := run(strings.Fields("decode 42 41 00 00 00 01 00 00 00 00 00 00 00 00 00 00 00 01 00 00 00 00 00 00 00 00"), &out, &errb)
+	if code != 1 || !strings.Contains(errb.String(), "CRC32c is 0x00000000") || !strings.Contains(errb.String(), "no MPA is involved") {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+}

@@ -122,7 +122,14 @@ func decodeFrom(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		if code, ok := udiwarp.CodeOf(err); ok {
-			fmt.Fprintf(stderr, "a Terminate would report: %s (layer %d, etype %d, ecode %#02x)\n", code, code.Layer(), code.EType(), code.ECode())
+			note := ""
+			if code == udiwarp.MPACRCError && !*stream {
+				// RFC 5040 has one CRC error code, MPA's; a datagram's bad
+				// trailer reports it too (docs/wire.md §9), with no MPA in
+				// the frame.
+				note = ": the one CRC error code iWARP defines, which datagrams use too; no MPA is involved"
+			}
+			fmt.Fprintf(stderr, "a Terminate would report: %s (layer %d, etype %d, ecode %#02x)%s\n", code, code.Layer(), code.EType(), code.ECode(), note)
 		}
 		return 1
 	}

@@ -59,20 +59,14 @@ func newSink(w io.Writer, format, test string, compare bool, doc document) sink 
 		doc.Results = []row{}
 		return &jsonSink{w: w, doc: doc}
 	case formatCSV:
-		s := &csvSink{w: csv.NewWriter(w), cols: tableColumns(test, compare)}
-		hdr := make([]string, len(s.cols))
-		for i, c := range s.cols {
-			hdr[i] = c.csv
-		}
-		s.w.Write(hdr)
-		s.w.Flush()
-		s.err = s.w.Error()
-		return s
+		return &csvSink{w: csv.NewWriter(w), cols: tableColumns(test, compare)}
 	}
-	s := &textSink{w: w, cols: tableColumns(test, compare)}
-	_, s.err = fmt.Fprintln(w, s.line(func(c column) string { return c.text }))
-	return s
+	return &textSink{w: w, cols: tableColumns(test, compare)}
 }
+
+// The table's and the CSV's header line goes out with the first row, so
+// that a run refused before it measured anything (a busy server, a bad
+// setting found late) prints its error alone.
 
 // column is one column of the table and the CSV.
 type column struct {
@@ -143,14 +137,21 @@ func tableColumns(test string, compare bool) []column {
 
 // textSink is the table: fixed-width columns, a row per line as it comes.
 type textSink struct {
-	w    io.Writer
-	cols []column
-	err  error
+	w      io.Writer
+	cols   []column
+	err    error
+	headed bool
 }
 
 func (s *textSink) row(r row) error {
 	if s.err != nil {
 		return s.err
+	}
+	if !s.headed {
+		s.headed = true
+		if _, s.err = fmt.Fprintln(s.w, s.line(func(c column) string { return c.text })); s.err != nil {
+			return s.err
+		}
 	}
 	_, s.err = fmt.Fprintln(s.w, s.line(func(c column) string { t, _ := c.get(r); return t }))
 	return s.err
@@ -180,14 +181,23 @@ func (s *textSink) done(bool) error { return s.err }
 
 // csvSink is CSV: the header, then a record per row, flushed as it comes.
 type csvSink struct {
-	w    *csv.Writer
-	cols []column
-	err  error
+	w      *csv.Writer
+	cols   []column
+	err    error
+	headed bool
 }
 
 func (s *csvSink) row(r row) error {
 	if s.err != nil {
 		return s.err
+	}
+	if !s.headed {
+		s.headed = true
+		hdr := make([]string, len(s.cols))
+		for i, c := range s.cols {
+			hdr[i] = c.csv
+		}
+		s.w.Write(hdr)
 	}
 	rec := make([]string, len(s.cols))
 	for i, c := range s.cols {

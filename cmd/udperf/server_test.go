@@ -99,6 +99,11 @@ func TestServerBusy(t *testing.T) {
 	if code, stderr := clientRun(t, addr, "raw-udp"); code != 1 || !strings.Contains(stderr, "busy") {
 		t.Fatalf("a second client during a run: exit %d, %q", code, stderr)
 	}
+	// ... with its error alone: no table header for rows that never come.
+	var out, errb bytes.Buffer
+	if code := run([]string{"client", "-addr", addr, "-mode", "raw-udp", "-s", "100", "-n", "20", "-poll", "event"}, &out, &errb); code != 1 || out.Len() != 0 || !strings.Contains(errb.String(), "busy") {
+		t.Fatalf("a busy server's refusal, as a table: exit %d, stdout %q, stderr %q", code, out.String(), errb.String())
+	}
 	enc.Encode(struct{ Done bool }{true})
 	if err := dec.Decode(&rep); err != nil {
 		t.Fatal(err)
