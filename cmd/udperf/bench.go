@@ -333,6 +333,11 @@ type row struct {
 	Ratio      *float64 `json:"ratio,omitempty"`
 	Spread     *float64 `json:"spread_pct,omitempty"`
 	Rounds     int      `json:"rounds,omitempty"`
+	// compare: each round's figure (t_typical, BW average or MsgRate) and
+	// its ratio to the first mode's in the same round; ratio is the
+	// median of RoundRatios, not the ratio of the medians.
+	RoundFigures []float64 `json:"round_figures,omitempty"`
+	RoundRatios  []float64 `json:"round_ratios,omitempty"`
 	// The settings of the run (lat: n and warmup; bw, rate: duration).
 	N        int     `json:"n,omitempty"`
 	Warmup   *int    `json:"warmup,omitempty"`
@@ -397,20 +402,28 @@ func figure(test string, r row) float64 {
 // the two ran back to back, so a machine that drifts between rounds
 // (shared hosts do, by a factor of two) moves both and not their ratio.
 func roundRatio(test string, rs, base []row) float64 {
+	v := roundRatios(test, rs, base)
+	if len(v) == 0 {
+		return 0
+	}
+	v = slices.Clone(v)
+	slices.Sort(v)
+	if len(v)%2 == 0 {
+		return (v[len(v)/2-1] + v[len(v)/2]) / 2
+	}
+	return v[len(v)/2]
+}
+
+// roundRatios are a mode's per-round ratios to the baseline, in round
+// order (rounds where the baseline's figure is 0 left out).
+func roundRatios(test string, rs, base []row) []float64 {
 	var v []float64
 	for r := range min(len(rs), len(base)) {
 		if b := figure(test, base[r]); b > 0 {
 			v = append(v, figure(test, rs[r])/b)
 		}
 	}
-	if len(v) == 0 {
-		return 0
-	}
-	slices.Sort(v)
-	if len(v)%2 == 0 {
-		return (v[len(v)/2-1] + v[len(v)/2]) / 2
-	}
-	return v[len(v)/2]
+	return v
 }
 
 // median merges the rows of several rounds of one (mode, size), with the
@@ -685,6 +698,10 @@ func compare(args []string, stdout, stderr io.Writer) int {
 			w := median(f.test, samples[i])
 			ratio := roundRatio(f.test, samples[i], samples[0])
 			w.Ratio = &ratio
+			w.RoundRatios = roundRatios(f.test, samples[i], samples[0])
+			for _, r := range samples[i] {
+				w.RoundFigures = append(w.RoundFigures, figure(f.test, r))
+			}
 			if *w.Spread > spreadWarning {
 				out.bar.clear()
 				fmt.Fprintf(stderr, "udperf compare: %s %d B: its %d rounds disagree by %.0f%% ((max-min)/median); more -rounds or a quieter machine would tell\n",

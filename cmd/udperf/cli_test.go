@@ -6,9 +6,11 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -628,5 +630,48 @@ func TestJSONFlagsOfABandwidthRun(t *testing.T) {
 		if _, ok := doc.Flags[k]; ok {
 			t.Errorf("a bw run's flags list -%s: %v", k, doc.Flags)
 		}
+	}
+}
+
+// TestCompareRatioIsOfRounds: compare's ratio is the median of the
+// per-round ratios, kept in the JSON beside each round's figure, and the
+// table's footer says so (a ratio that is not the ratio of the medians
+// printed beside it looked wrong to a new user).
+func TestCompareRatioIsOfRounds(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"compare", "-modes", "raw-udp,ud-send", "-s", "64", "-n", "30", "-w", "2", "-rounds", "3", "-json"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var doc struct {
+		Results []struct {
+			Mode         string
+			Ratio        float64
+			TTypical     float64   `json:"t_typical_us"`
+			RoundFigures []float64 `json:"round_figures"`
+			RoundRatios  []float64 `json:"round_ratios"`
+		}
+	}
+	if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	base := doc.Results[0]
+	for _, r := range doc.Results {
+		if len(r.RoundFigures) != 3 || len(r.RoundRatios) != 3 {
+			t.Fatalf("%s: %v, %v", r.Mode, r.RoundFigures, r.RoundRatios)
+		}
+		v := slices.Clone(r.RoundRatios)
+		slices.Sort(v)
+		if r.Ratio != v[1] {
+			t.Fatalf("%s: ratio %v, per-round ratios %v", r.Mode, r.Ratio, r.RoundRatios)
+		}
+		for i := range 3 {
+			if want := r.RoundFigures[i] / base.RoundFigures[i]; math.Abs(r.RoundRatios[i]-want) > 1e-9 {
+				t.Fatalf("%s round %d: ratio %v, figures say %v", r.Mode, i, r.RoundRatios[i], want)
+			}
+		}
+	}
+	out.Reset()
+	if code := run([]string{"compare", "-modes", "raw-udp,ud-send", "-s", "64", "-n", "30", "-w", "2", "-rounds", "3"}, &out, &errb); code != 0 || !strings.Contains(out.String(), "ratio: the median of the rounds' ratios") {
+		t.Fatalf("exit %d, table:\n%s", code, out.String())
 	}
 }

@@ -61,7 +61,7 @@ func newSink(w io.Writer, format, test string, compare bool, doc document) sink 
 	case formatCSV:
 		return &csvSink{w: csv.NewWriter(w), cols: tableColumns(test, compare)}
 	}
-	return &textSink{w: w, cols: tableColumns(test, compare)}
+	return &textSink{w: w, cols: tableColumns(test, compare), compare: compare}
 }
 
 // The table's and the CSV's header line goes out with the first row, so
@@ -137,10 +137,11 @@ func tableColumns(test string, compare bool) []column {
 
 // textSink is the table: fixed-width columns, a row per line as it comes.
 type textSink struct {
-	w      io.Writer
-	cols   []column
-	err    error
-	headed bool
+	w       io.Writer
+	cols    []column
+	err     error
+	headed  bool
+	compare bool // a footer says what ratio and spread are
 }
 
 func (s *textSink) row(r row) error {
@@ -177,7 +178,14 @@ func (s *textSink) line(cell func(column) string) string {
 	return b.String()
 }
 
-func (s *textSink) done(bool) error { return s.err }
+func (s *textSink) done(bool) error {
+	if s.compare && s.headed && s.err == nil {
+		_, s.err = fmt.Fprintln(s.w, "ratio: the median of the rounds' ratios to the first mode (each round's figure over the first mode's\n"+
+			"in the same round), which can differ from the ratio of the medians above; spread: (max-min)/median of the\n"+
+			"mode's rounds. Each round's figures and ratios: -json (round_figures, round_ratios).")
+	}
+	return s.err
+}
 
 // csvSink is CSV: the header, then a record per row, flushed as it comes.
 type csvSink struct {
