@@ -35,7 +35,8 @@ func TestDecode(t *testing.T) {
 		{"unknown command", []string{"nope"}, 2, "", "unknown command"},
 		{"a mode for a command", []string{"rd-send"}, 2, "", "did you mean udperf local -mode rd-send?"},
 		{"usage", []string{"-h"}, 0, "udperf decode", ""},
-		{"demo", []string{"demo", "-quick"}, 0, "ratio", ""},
+		{"demo", []string{"demo", "-quick"}, 0, "the median of 3 rounds, the two taking turns", ""},
+		{"demo has a spread", []string{"demo", "-quick"}, 0, "ratio  spread", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errb bytes.Buffer
