@@ -1,7 +1,8 @@
 // Command experiments remakes the figures of seed 003 and ours in one
 // run: `go run ./experiments` (full) or `go run ./experiments -quick`
-// (CI-sized, under two minutes). It writes
-// experiments/results/<date>-<host>[-quick]/ with
+// (CI-sized, about two minutes). It writes
+// experiments/results/<date>-<host>/ (a quick run:
+// experiments/results/quick/<date>-<host>-quick/, which git ignores) with
 //
 //   - runs.csv and runs.json: one row per measurement, with the udperf
 //     command that made it and every setting udperf reports;
@@ -73,8 +74,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("experiments", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var o options
-	fs.BoolVar(&o.quick, "quick", false, "CI-sized: few sizes and loss rates, short runs, 3 rounds (under 2 minutes)")
-	fs.StringVar(&o.out, "out", "", "results directory (default experiments/results/<date>-<host>[-quick])")
+	fs.BoolVar(&o.quick, "quick", false, "CI-sized: few sizes and loss rates, short runs, 3 rounds (about 3 minutes on two cores; written under experiments/results/quick/, which git ignores)")
+	fs.StringVar(&o.out, "out", "", "results directory (default experiments/results/<date>-<host>; -quick: experiments/results/quick/<date>-<host>-quick, ignored by git)")
 	fs.StringVar(&o.loss, "loss", "auto", "how to lose packets: auto, netem, nft (nftables), inproc (the stack's impairment layer)")
 	fs.IntVar(&o.rounds, "rounds", 0, "rounds per figure, modes alternating (default 3; at least 3)")
 	fs.StringVar(&o.only, "only", "", "comma-separated figure IDs to make (default every figure)")
@@ -161,10 +162,12 @@ func do(o options, stdout, stderr io.Writer) error {
 	if out == "" {
 		host, _ := os.Hostname()
 		name := time.Now().UTC().Format("2006-01-02") + "-" + host
-		if o.quick {
-			name += "-quick"
-		}
 		out = filepath.Join(root, "experiments", "results", name)
+		if o.quick {
+			// A quick run is a check, not a result to keep: out of the
+			// tree's committed results (.gitignore has results/quick/).
+			out = filepath.Join(root, "experiments", "results", "quick", name+"-quick")
+		}
 	}
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
