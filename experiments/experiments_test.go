@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestQuick runs `go run ./experiments -quick` (in process), then
@@ -130,3 +131,29 @@ func checkPNG(t *testing.T, path string) {
 }
 
 var _ image.Image
+
+// TestQuickRunsOutOfTheTree: a quick run without -out writes where git
+// ignores it, a full run beside the committed results, which git sees.
+func TestQuickRunsOutOfTheTree(t *testing.T) {
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("git is not installed: it is what says what the tree ignores")
+	}
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := exec.Command("git", "-C", root, "rev-parse").Run(); err != nil {
+		t.Skip("not in a git checkout: nothing to ignore files")
+	}
+	at := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	quick, full := defaultOut(root, true, at, "h"), defaultOut(root, false, at, "h")
+	ignored := func(dir string) bool {
+		return exec.Command("git", "-C", root, "check-ignore", "-q", filepath.Join(dir, "report.md")).Run() == nil
+	}
+	if !ignored(quick) {
+		t.Errorf("a quick run's %s is not ignored by git", quick)
+	}
+	if ignored(full) {
+		t.Errorf("a full run's %s is ignored by git", full)
+	}
+}

@@ -161,13 +161,7 @@ func do(o options, stdout, stderr io.Writer) error {
 	out := o.out
 	if out == "" {
 		host, _ := os.Hostname()
-		name := time.Now().UTC().Format("2006-01-02") + "-" + host
-		out = filepath.Join(root, "experiments", "results", name)
-		if o.quick {
-			// A quick run is a check, not a result to keep: out of the
-			// tree's committed results (.gitignore has results/quick/).
-			out = filepath.Join(root, "experiments", "results", "quick", name+"-quick")
-		}
+		out = defaultOut(root, o.quick, time.Now(), host)
 	}
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
@@ -358,4 +352,15 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.w.Write(p)
+}
+
+// defaultOut is where a run writes without -out: a full run beside the
+// committed results, a quick one, a check rather than a result to keep,
+// under results/quick/, which .gitignore ignores.
+func defaultOut(root string, quick bool, now time.Time, host string) string {
+	name := now.UTC().Format("2006-01-02") + "-" + host
+	if quick {
+		return filepath.Join(root, "experiments", "results", "quick", name+"-quick")
+	}
+	return filepath.Join(root, "experiments", "results", name)
 }
