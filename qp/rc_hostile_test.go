@@ -428,3 +428,35 @@ func TestRCHandshakesPerSource(t *testing.T) {
 		t.Fatal("Close waited for the exchanges in progress")
 	}
 }
+
+// TestRCShortNonMPAClientRejectedAtOnce: a plain TCP client that speaks
+// first with fewer bytes than an MPA Request's header ("PING\r\n") is
+// rejected at its first byte that is not MPA's, not left waiting for
+// the handshake deadline (it was: EOF after 5 s, and docs/sockets.md said
+// "rejected"). The listener's deadline here is an hour, so only the bytes
+// can end it.
+func TestRCShortNonMPAClientRejectedAtOnce(t *testing.T) {
+	d := newRCSide(t, DeviceConfig{}).dev
+	l, err := d.listenRC("127.0.0.1:0", handshakeLimits{total: maxHandshakes, perAddr: maxHandshakesPerAddr, timeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte("PING\r\n"))
+	c.SetReadDeadline(time.Now().Add(time.Minute)) // only a hung test gets here
+	rep, _, err := readMPAFrame(c)
+	if err != nil || !rep.Reject() {
+		t.Fatalf("answer to a short non-MPA client: %v", err)
+	}
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("the connection stays open after the rejection")
+	}
+	if n := d.Stats().RCBadRequests.Load(); n != 1 {
+		t.Fatalf("RCBadRequests %d", n)
+	}
+}

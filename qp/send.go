@@ -9,7 +9,27 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// SendOpcode is the operation of a send work request.
+// SendOpcode is the operation of a send work request, and which QP
+// types carry it:
+//
+//	OpSend            Send into the peer's posted receive         UD, RD, RC
+//	OpWriteRecord     RDMA Write-Record: placed and recorded,
+//	                  no receive at the peer                      UD, RD
+//	OpWrite           RDMA Write into the peer's region           RD, RC
+//	OpRead            RDMA Read of the peer's region              RD, RC
+//	OpSendInvalidate  Send that invalidates a peer's STag         RC
+//	OpAtomicFetchAdd  RFC 7306 FetchAdd on a peer's word          RD, RC
+//	OpAtomicCmpSwap   RFC 7306 CmpSwap on a peer's word           RD, RC
+//	OpImmediate       RFC 7306 Immediate Data (8 bytes, a recv)   RD, RC
+//	OpSendImm         Send, then Immediate Data                   RD, RC
+//	OpWriteImm        RDMA Write, then Immediate Data             RD, RC
+//
+// The one-sided operations (Write-Record, Write, Read, the atomics) need
+// nothing of the target's application: no receive posted, and on RD no
+// address handle at the target either (its QP answers whoever its
+// checks let in); only the region, registered with the remote access
+// the operation needs, and its STag sent to the initiator. Each
+// constant's comment says the rest.
 type SendOpcode uint8
 
 const (

@@ -1126,7 +1126,7 @@ func (c *WRConn) WriteToUDPAddrPort(b []byte, ap netip.AddrPort) (int, error) {
 			} else if now.Sub(t.handshakeStart) >= c.o.HandshakeTimeout {
 				t.handshakeStart = time.Time{}
 				c.mu.Unlock()
-				return 0, pc.opErr("write", fmt.Errorf("%w %v within %v", ErrNoPeer, ap, c.o.HandshakeTimeout))
+				return 0, pc.opErr("write", fmt.Errorf("%w: %v sent no answer within %v (Options.HandshakeTimeout)", ErrNoPeer, ap, c.o.HandshakeTimeout))
 			}
 			if now.Sub(t.helloAt) >= t.helloEvery {
 				c.helloLocked(p, true)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -268,8 +269,13 @@ func TestWRConnPeerGone(t *testing.T) {
 	silent, _ := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	defer silent.Close()
 	start := time.Now()
-	if _, err := a.WriteTo([]byte("x"), silent.LocalAddr()); !errors.Is(err, ErrNoPeer) || time.Since(start) > 2*time.Second {
+	_, err = a.WriteTo([]byte("x"), silent.LocalAddr())
+	if !errors.Is(err, ErrNoPeer) || time.Since(start) > 2*time.Second {
 		t.Fatalf("silent peer: %v after %v", err, time.Since(start))
+	}
+	// It reads as a sentence: who did not answer, and within what.
+	if want := silent.LocalAddr().String() + " sent no answer within"; !strings.Contains(err.Error(), want) {
+		t.Fatalf("%q does not say %q", err, want)
 	}
 
 	b, err := ListenWriteRecord("udp4", "127.0.0.1:0", &WROptions{Slots: 4})

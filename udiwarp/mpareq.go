@@ -161,11 +161,19 @@ func (m MPAFrame) PrivateData() []byte {
 // octets to wait for, with no error.
 func ParseMPAFrame(b []byte) (m MPAFrame, n, need int, err error) {
 	const frame = "MPA request/reply"
+	// The key is checked as far as it has come: a peer that is not MPA (a
+	// plain TCP client that speaks first) is told at its first wrong
+	// byte, not left waiting for 20 bytes it will never send.
+	k := min(len(b), len(mpaKeyRequest))
+	if string(b[:k]) != string(mpaKeyRequest[:k]) && string(b[:k]) != string(mpaKeyReply[:k]) {
+		i := 0
+		for i < k-1 && (b[i] == mpaKeyRequest[i] || b[i] == mpaKeyReply[i]) {
+			i++
+		}
+		return nil, 0, 0, fieldErr(frame, "key byte "+itoa(uint64(i)), uint64(b[i]), `"MPA ID Req Frame" or "MPA ID Rep Frame"`, ErrMPAFrame, MPAInvalidRequestReply)
+	}
 	if len(b) < MPAFrameHeaderSize {
 		return nil, 0, MPAFrameHeaderSize, nil
-	}
-	if [16]byte(b[:16]) != mpaKeyRequest && [16]byte(b[:16]) != mpaKeyReply {
-		return nil, 0, 0, fieldErr(frame, "key byte 0", uint64(b[0]), `"MPA ID Req Frame" or "MPA ID Rep Frame"`, ErrMPAFrame, MPAInvalidRequestReply)
 	}
 	rev := b[17]
 	if rev < MPARevision1 || rev > MPARevision2 {
