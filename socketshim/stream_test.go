@@ -2,7 +2,10 @@ package socketshim
 
 import (
 	"bytes"
+	"github.com/udiwarp/udiwarp/internal/netnstest"
+	"github.com/udiwarp/udiwarp/qp"
 	"net"
+	"os/exec"
 	"testing"
 	"time"
 )
@@ -26,16 +29,38 @@ func packetPair(t *testing.T, reliable bool) (a, c *PacketConn) {
 // it goes out at once, copied into the send queue when it must wait),
 // never reads the buffer after WriteTo returns: the writer overwrites it
 // at once, and every datagram read is whole and one of those written.
-// The writer outruns the reader's socket, so some sends queue.
+// On plain loopback the kernel takes every datagram at once (it never
+// says EAGAIN), so the "UD, queued" case runs in a namespace whose
+// loopback is shaped by a tbf: datagrams wait in the qdisc, charged to
+// the sender's socket, which fills, and sends queue in the stack; the
+// test asserts they did (TxQueued) before it asserts the bytes.
 // (A UD reader stops at the writer's 1-byte end marker.)
 func TestWriteToLeavesBuffer(t *testing.T) {
-	for _, reliable := range []bool{false, true} {
-		name := "UD"
-		if reliable {
-			name = "Reliable"
-		}
+	for _, tc := range []struct {
+		name             string
+		reliable, shaped bool
+	}{{"UD", false, false}, {"Reliable", true, false}, {"UD, queued", false, true}} {
+		name, reliable := tc.name, tc.reliable
 		t.Run(name, func(t *testing.T) {
-			a, c := packetPair(t, reliable)
+			var a, c *PacketConn
+			if tc.shaped {
+				if _, err := exec.LookPath("tc"); err != nil {
+					t.Skip("the shaped loopback needs iproute2's tc")
+				}
+				ns := netnstest.New(t, "link set lo up", "!tc -n NS qdisc add dev lo root tbf rate 200mbit burst 64kb limit 64mb")
+				netnstest.In(t, ns, func() {
+					for _, p := range []**PacketConn{&a, &c} {
+						pc, err := ListenPacket("udp4", "127.0.0.1:0", &Options{Device: qp.DeviceConfig{SendBuffer: 1 << 20, RecvBuffer: 32 << 20}})
+						if err != nil {
+							t.Fatal(err)
+						}
+						t.Cleanup(func() { pc.Close() })
+						*p = pc
+					}
+				})
+			} else {
+				a, c = packetPair(t, reliable)
+			}
 			const n, size = 400, 64000
 			done := make(chan int)
 			go func() {
@@ -66,6 +91,11 @@ func TestWriteToLeavesBuffer(t *testing.T) {
 				}
 				for j := range msg {
 					msg[j] = 0xEE // the caller's buffer is the caller's again
+				}
+			}
+			if tc.shaped {
+				if q := a.Device().Stats().Snapshot().TxQueued; q == 0 {
+					t.Fatal("no send queued: the test does not reach the path it is about")
 				}
 			}
 			if reliable {

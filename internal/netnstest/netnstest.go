@@ -1,7 +1,8 @@
 // Package netnstest gives tests hosts of their own: a network namespace
 // per test, set up with ip commands and removed afterwards, and a way to
 // open sockets inside it. Tests that need one skip, saying why, where
-// namespaces cannot be made (not root, no iproute2).
+// namespaces cannot be made (not root, no iproute2); where they can, a
+// setup command that fails fails the test.
 package netnstest
 
 import (
@@ -25,7 +26,8 @@ func Seq() uint32 { return seq.Load() }
 // New creates a network namespace for the test, runs the setup commands
 // in it ("ip" commands, run as `ip -n NS ...`; "!" prefixes a command run
 // verbatim with NS substituted), and removes it afterwards. The test is
-// skipped where namespaces cannot be made (not root, no ip).
+// skipped where namespaces cannot be made (not root, no ip); as root with
+// ip, a setup that fails fails the test.
 func New(t testing.TB, setup ...string) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -35,8 +37,11 @@ func New(t testing.TB, setup ...string) string {
 		t.Skip("network namespaces need iproute2's ip")
 	}
 	name := fmt.Sprintf("udiwarp-test-%d-%d", os.Getpid(), seq.Add(1))
+	// Root, with ip: a namespace that cannot be made, or a setup command
+	// that fails (a typo in a test's own script included), fails the test;
+	// a skip here would pass CI without the test having run.
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Skipf("ip netns add: %v: %s", err, out)
+		t.Fatalf("ip netns add: %v: %s", err, out)
 	}
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
 	for _, c := range setup {
@@ -48,9 +53,7 @@ func New(t testing.TB, setup ...string) string {
 			cmd = exec.Command("ip", append([]string{"-n", name}, strings.Fields(c)...)...)
 		}
 		if out, err := cmd.CombinedOutput(); err != nil {
-			// The machine cannot build this test's network: not a fault of
-			// the code under test.
-			t.Skipf("setting up the namespace: %v: %v: %s", cmd.Args, err, out)
+			t.Fatalf("setting up the namespace: %v: %v: %s", cmd.Args, err, out)
 		}
 	}
 	return name
