@@ -47,6 +47,7 @@ func TestRCWiresharkDecode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	capture := exec.CommandContext(ctx, tshark, "-i", "lo", "-w", file, "-f", fmt.Sprintf("tcp port %d", port))
+	capture.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // dies with the test process
 	stderr, _ := capture.StderrPipe()
 	if err := capture.Start(); err != nil {
 		t.Skipf("cannot start tshark: %v", err)

@@ -254,6 +254,7 @@ func buildUdperf(t *testing.T) string {
 func startServerProcess(t *testing.T, bin string, args ...string) (*exec.Cmd, string, <-chan string, *lockedBuffer) {
 	t.Helper()
 	cmd := exec.Command(bin, append([]string{"server", "-addr", "127.0.0.1:0"}, args...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // dies with the test process
 	var errb lockedBuffer
 	cmd.Stderr = &errb
 	stdout, err := cmd.StdoutPipe()

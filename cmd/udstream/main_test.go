@@ -442,6 +442,7 @@ func TestFeed(t *testing.T) {
 				}
 			}
 			ff := exec.Command("ffmpeg", "-v", "error", "-re", "-i", tsIn, "-c", "copy", "-f", tc.format, fmt.Sprintf(tc.url, feed))
+			ff.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // dies with the test process
 			if o, err := ff.CombinedOutput(); err != nil {
 				t.Fatalf("ffmpeg: %v: %s", err, o)
 			}
@@ -485,6 +486,7 @@ func TestVLC(t *testing.T) {
 		cmd = exec.Command(setpriv, append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", vlc}, args...)...)
 	}
 	cmd.Env = append(os.Environ(), "HOME="+dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // dies with the test process
 	var log bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &log, &log
 	cmd.WaitDelay = 2 * time.Second // a child of VLC holding its output open does not hold the test

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 )
 
@@ -80,13 +81,16 @@ table inet loss {
 		var sout []byte
 		var serr error
 		wg.Go(func() {
-			sout, serr = exec.Command("ip", "netns", "exec", nsA, bin, "send", "-t", transport, "-listen", "10.213.0.1:5004",
-				"-i", tsIn, "-speed", "8", "-q", "-wait", "20s").CombinedOutput()
+			send := exec.Command("ip", "netns", "exec", nsA, bin, "send", "-t", transport, "-listen", "10.213.0.1:5004",
+				"-i", tsIn, "-speed", "8", "-q", "-wait", "20s")
+			send.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // dies with the test process
+			sout, serr = send.CombinedOutput()
 		})
 		rcmd := exec.Command("ip", append([]string{"netns", "exec", nsB, bin, "recv", "-t", transport, "-from", "10.213.0.1:5004",
 			"-bind", "10.213.0.2:0", "-o", out, "-json", "-q", "-wait", "20s"}, extra...)...)
 		var rerr bytes.Buffer
 		rcmd.Stderr = &rerr
+		rcmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		rout, err := rcmd.Output()
 		wg.Wait()
 		if serr != nil || err != nil {

@@ -160,7 +160,11 @@ func startEnv(t *testing.T, ctx context.Context, dir string, preload bool, env [
 			"UDIWARP_ENGINE="+filepath.Join(dir, "libudiwarp_engine.so"), "UDIWARP_PRELOAD_STATS="+p.stats)
 	}
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Its own process group, killed whole in Cleanup; and killed by the
+	// kernel if this test process dies without running Cleanup (a
+	// -timeout, a signal, CI's limit), which left an iperf server running
+	// for an hour (TestChildDiesWithTheTest).
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	p.cmd.Cancel = func() error { return syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) }
 	p.cmd.WaitDelay = 2 * time.Second
 	if err := p.cmd.Start(); err != nil {
