@@ -576,6 +576,10 @@ type player struct {
 	paused  time.Duration
 	stalls  uint64
 	ended   bool
+	// since: data arrived after the last stall began. A stall that nothing
+	// followed when the stream ends was its end (a live feed stops, and
+	// the sender waits -idle before it says so), not a stall.
+	since bool
 }
 
 func (p *player) begin(now time.Time) { p.start = now }
@@ -583,6 +587,7 @@ func (p *player) begin(now time.Time) { p.start = now }
 // arrive says the stream is held up to pos (-1: it has no clock).
 func (p *player) arrive(now time.Time, pos time.Duration) {
 	p.got = true
+	p.since = true
 	if pos >= 0 {
 		p.clocked = true
 		p.pos = max(p.pos, pos)
@@ -616,6 +621,7 @@ func (p *player) tick(now time.Time) {
 		p.stalls++
 		p.playing = false
 		p.stallAt = now
+		p.since = false
 	}
 }
 
@@ -625,7 +631,10 @@ func (p *player) end(now time.Time) {
 	if p.got && p.initial == 0 {
 		p.initial = now.Sub(p.start)
 	}
-	if !p.playing && !p.stallAt.IsZero() {
+	switch {
+	case !p.playing && !p.stallAt.IsZero() && !p.since:
+		p.stalls-- // it ran dry at the stream's end: no stall
+	case !p.playing && !p.stallAt.IsZero():
 		p.paused += now.Sub(p.stallAt)
 	}
 	p.ended = true
