@@ -157,3 +157,19 @@ func TestQuickRunsOutOfTheTree(t *testing.T) {
 		t.Errorf("a full run's %s is ignored by git", full)
 	}
 }
+
+// TestFig19SaysHowItRan: fig19's "why they may differ" matches the run:
+// a quick run's stream is unpaced, and its text must not describe the
+// full run's paced 500 ms.
+func TestFig19SaysHowItRan(t *testing.T) {
+	for _, quick := range []bool{false, true} {
+		for _, f := range figures(quick) {
+			if f.ID != "fig19" {
+				continue
+			}
+			if unpaced := strings.Contains(f.Differs, "unpaced"); unpaced != quick {
+				t.Errorf("quick %v: %q", quick, f.Differs)
+			}
+		}
+	}
+}

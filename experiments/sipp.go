@@ -1031,8 +1031,11 @@ func sippTable(b *bytes.Buffer, f *figure, rows []row) {
 		"(internal/memstat.SocketCaches; root only). Response time is each call's BYE sent to its 200 OK received, from " +
 		"SIPp's own message trace (-trace_shortmsg, µs): a request and its response on the call's own socket, for UDP and TCP alike " +
 		"(SIPp does not log an INVITE it sends while its TCP connection opens; runs.csv has INVITE to 200 OK for UDP). " +
-		"SIPp's rtd is its own response-time statistic, INVITE to 200 OK (-trace_rtt), in whole milliseconds. " +
-		"Open at once: the fewest, over the rounds, of the most calls SIPp's statistics (each second) saw open together. " +
+		"SIPp's rtd is its own response-time statistic, INVITE to 200 OK (-trace_rtt), in whole milliseconds of SIPp's own " +
+		"clock, which it reads once per scheduling loop: 0 is a response in the same tick, and the other values are the " +
+		"ticks' multiples (on this host 4 ms), not measurements finer than that; the µs columns before it are the measure. " +
+		"Open at once: the fewest, over the rounds, of the most calls SIPp's statistics (each second) saw open together; " +
+		"calls that all open and close between two of its samples (few clients at hundreds of calls a second) show 0. " +
 		"Calls: SIPp's statistics file, summed over the rounds.\n\n")
 	if len(notes) > 0 {
 		b.WriteString("What went wrong:\n\n")
