@@ -50,7 +50,9 @@ func TestWriteToLeavesBuffer(t *testing.T) {
 				ns := netnstest.New(t, "link set lo up", "!tc -n NS qdisc add dev lo root tbf rate 200mbit burst 64kb limit 64mb")
 				netnstest.In(t, ns, func() {
 					for _, p := range []**PacketConn{&a, &c} {
-						pc, err := ListenPacket("udp4", "127.0.0.1:0", &Options{Device: qp.DeviceConfig{SendBuffer: 1 << 20, RecvBuffer: 32 << 20}})
+						// A send buffer of two datagrams: the qdisc holds them charged
+						// to it, so the socket fills at once, even under -race.
+						pc, err := ListenPacket("udp4", "127.0.0.1:0", &Options{Device: qp.DeviceConfig{SendBuffer: 128 << 10, RecvBuffer: 32 << 20}})
 						if err != nil {
 							t.Fatal(err)
 						}
