@@ -430,7 +430,10 @@ func fzExec(t *testing.T, steps []fzStep) {
 		if s.self {
 			sp := fzSpoofer()
 			if sp == nil {
-				continue // no raw sockets here
+				fzNoSpoof.Do(func() {
+					t.Log("the self-addressed steps are skipped: sending them needs raw sockets (root)")
+				})
+				continue
 			}
 			if s.fix {
 				b = z.fixup(b, dst, false)
@@ -524,6 +527,9 @@ var fzSpoof struct {
 
 // fzSpoofer returns the process's raw-socket sender, or nil where raw
 // sockets are not allowed.
+// fzNoSpoof says once that self-addressed steps are skipped.
+var fzNoSpoof sync.Once
+
 func fzSpoofer() *spoof.Sender {
 	fzSpoof.once.Do(func() { fzSpoof.s, _ = spoof.New() })
 	return fzSpoof.s
