@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/udiwarp/udiwarp/internal/parked"
 	"net"
 	"os"
 	"sync"
@@ -99,7 +100,7 @@ func TestPacketConnDeadlines(t *testing.T) {
 		_, _, err := a.ReadFrom(buf)
 		done <- err
 	}()
-	time.Sleep(20 * time.Millisecond)
+	parked.Wait(t, "(*PacketConn).ReadFrom") // the read is blocked: what follows is tested on it
 	a.SetReadDeadline(time.Now().Add(-time.Second))
 	select {
 	case err := <-done:
@@ -134,7 +135,7 @@ func TestPacketConnCloseUnblocks(t *testing.T) {
 		defer wg.Done()
 		_, _, rerr = a.ReadFrom(make([]byte, 10))
 	}()
-	time.Sleep(20 * time.Millisecond)
+	parked.Wait(t, "(*PacketConn).ReadFrom") // the read is blocked: what follows is tested on it
 	a.Close()
 	wg.Wait()
 	if !errors.Is(rerr, net.ErrClosed) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/udiwarp/udiwarp/internal/parked"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -188,7 +189,7 @@ func TestRCConnDeadlinesAndClose(t *testing.T) {
 		_, err := a.Read(buf)
 		done <- err
 	}()
-	time.Sleep(20 * time.Millisecond)
+	parked.Wait(t, "(*RCConn).Read") // the read is blocked: what follows is tested on it
 	start := time.Now()
 	a.SetReadDeadline(time.Now().Add(-time.Second))
 	if err := <-done; !os.IsTimeout(err) || time.Since(start) > time.Second {
@@ -336,7 +337,7 @@ func TestRCConnBadInput(t *testing.T) {
 		_, err := l.Accept()
 		errc <- err
 	}()
-	time.Sleep(20 * time.Millisecond)
+	parked.Wait(t, "(*RCListener).AcceptRC") // blocked: Close is tested on it
 	l.Close()
 	if err := <-errc; !errors.Is(err, net.ErrClosed) {
 		t.Errorf("Accept after Close: %v", err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"github.com/udiwarp/udiwarp/internal/parked"
 	"net"
 	"os"
 	"strings"
@@ -223,7 +224,7 @@ func TestWRConnDeadlinesAndClose(t *testing.T) {
 		_, _, err := a.ReadFrom(buf)
 		done <- err
 	}()
-	time.Sleep(20 * time.Millisecond)
+	parked.Wait(t, "(*WRConn).ReadFrom") // the read is blocked: what follows is tested on it
 	start = time.Now()
 	a.SetReadDeadline(time.Now().Add(-time.Second))
 	if err := <-done; !os.IsTimeout(err) || time.Since(start) > time.Second {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/udiwarp/udiwarp/internal/parked"
 	"net"
 	"net/netip"
 	"os"
@@ -753,7 +754,7 @@ func TestDeadlinesAndClose(t *testing.T) {
 		_, _, _, err := s.RecvMsg(b)
 		done <- err
 	}()
-	time.Sleep(20 * time.Millisecond)
+	parked.Wait(t, "(*Socket).RecvMsg") // the read is blocked: what follows is tested on it
 	s.SetReadDeadline(time.Now().Add(-time.Second))
 	select {
 	case err := <-done:
@@ -794,7 +795,7 @@ func TestDeadlinesAndClose(t *testing.T) {
 		_, err := s.SendMsg([]byte("3"), to)
 		sent <- err
 	}()
-	time.Sleep(20 * time.Millisecond)
+	parked.Wait(t, "(*Socket).SendMsg") // blocked: Close is tested on it
 	s.Close()
 	for _, ch := range []chan error{done, sent} {
 		select {
