@@ -406,7 +406,12 @@ func TestIperfUDP(t *testing.T) {
 	}
 	lost, _ := strconv.Atoi(m[1])
 	total, _ := strconv.Atoi(m[2])
-	ss := srv.statsWhen(t, func(ss stats) bool { return ss.Received >= uint64(total-lost) })
+	// The client has the server's report, so the server sent it: wait for
+	// its engine's stats to show that too (a snapshot taken once the
+	// datagrams were in, before the report went, read "server sent 0"
+	// under CI's load). An engine that never carried the report still
+	// fails below, at statsWhen's deadline.
+	ss := srv.statsWhen(t, func(ss stats) bool { return ss.Received >= uint64(total-lost) && ss.Sent >= 1 })
 	srv.stop(syscall.SIGINT)
 	cs := cli.readStats(t)
 	t.Logf("iperf: client sent %.0f datagrams; server report %d lost of %d; client engine %+v; server engine %+v", sentDgrams, lost, total, cs, ss)
