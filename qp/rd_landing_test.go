@@ -98,8 +98,16 @@ func TestRDDirectPlacement(t *testing.T) {
 			st := p.b.dev.Stats()
 			landed := st.RxLanded.Load()
 			t.Logf("landed %d of %d; bad CRC %d, retransmissions %d", landed, n, st.RxBadCRC.Load(), p.a.dev.Stats().RDRetransmits.Load())
-			if tc.impair == nil && landed < n/2 {
+			switch {
+			case tc.impair == nil && !tc.other && landed < n/2:
 				t.Fatalf("only %d of %d placed directly", landed, n)
+			case tc.other && landed == 0:
+				// Another QP's Sends in between make landing back off; how
+				// often depends on how the two flows interleave, which a
+				// loaded machine changes (3 of 120 landed in one CI run): what
+				// holds is that it lands again after backing off, and that
+				// every message is whole and in its receive (above).
+				t.Fatal("nothing placed directly with another QP's Sends in between: landing never came back")
 			}
 		})
 	}
