@@ -110,7 +110,12 @@ table inet loss {
 			_, _, pf := stream(t, tWRUD)
 			_, _, wf := stream(t, tWRUD, "-discard")
 			t.Logf("wr-ud: partial %d frames, whole %d, of %d", pf, wf, inFrames)
-			if pf < wf || (pm >= 50 && pf <= wf) || pf == 0 {
+			// Two runs, each losing its own random packets: at 1 % a run of
+			// whole-message delivery may lose none where the partial run
+			// loses a frame's worth (99 against 100 in one CI run), so at
+			// 1 % partial delivery must only come within 2 frames of it; at
+			// 5 % it must do better, as the figures show it does by far.
+			if pf == 0 || pf+2 < wf || (pm >= 50 && pf <= wf) {
 				t.Fatalf("partial delivery %d frames against whole-message %d", pf, wf)
 			}
 			for _, tr := range []string{tWRRD, tRC} {
