@@ -397,25 +397,11 @@ func figure(test string, r row) float64 {
 	return r.BWAvg
 }
 
-// roundRatio is the median, over the rounds both have, of a mode's figure
-// over the baseline's in the same round (0 where the baseline's is 0):
-// the two ran back to back, so a machine that drifts between rounds
-// (shared hosts do, by a factor of two) moves both and not their ratio.
-func roundRatio(test string, rs, base []row) float64 {
-	v := roundRatios(test, rs, base)
-	if len(v) == 0 {
-		return 0
-	}
-	v = slices.Clone(v)
-	slices.Sort(v)
-	if len(v)%2 == 0 {
-		return (v[len(v)/2-1] + v[len(v)/2]) / 2
-	}
-	return v[len(v)/2]
-}
-
 // roundRatios are a mode's per-round ratios to the baseline, in round
-// order (rounds where the baseline's figure is 0 left out).
+// order (rounds where the baseline's figure is 0 left out): the figure
+// over the baseline's in the same round, the two run back to back, so a
+// machine that drifts between rounds (shared hosts do, by a factor of
+// two) moves both and not their ratio. compare's ratio is their median.
 func roundRatios(test string, rs, base []row) []float64 {
 	var v []float64
 	for r := range min(len(rs), len(base)) {
@@ -696,9 +682,9 @@ func compare(args []string, stdout, stderr io.Writer) int {
 		}
 		for i := range modes {
 			w := median(f.test, samples[i])
-			ratio := roundRatio(f.test, samples[i], samples[0])
-			w.Ratio = &ratio
 			w.RoundRatios = roundRatios(f.test, samples[i], samples[0])
+			ratio := medianOf(slices.Clone(w.RoundRatios)) // medianOf sorts: the JSON keeps round order
+			w.Ratio = &ratio
 			for _, r := range samples[i] {
 				w.RoundFigures = append(w.RoundFigures, figure(f.test, r))
 			}
