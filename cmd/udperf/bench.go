@@ -60,6 +60,7 @@ type benchFlags struct {
 	metrics     string
 	collector   *metrics.Collector
 	cmd         *command // the command whose flags these are
+	client      bool     // udperf client's
 }
 
 // clientNotFor are the flags `udperf client` shares with local but does
@@ -74,7 +75,7 @@ var clientNotFor = map[string]string{
 // register adds the measuring flags to c: name is "local", "compare" or
 // "client".
 func (f *benchFlags) register(c *command, name string) {
-	f.cmd = c
+	f.cmd, f.client = c, name == "client"
 	fs := c.fs
 	if name == "compare" {
 		fs.StringVar(&f.modes, "modes", "", "comma-separated modes, each MODE or MODE@SIZE (its own -s); the first is the baseline of the ratios")
@@ -86,7 +87,7 @@ func (f *benchFlags) register(c *command, name string) {
 	fs.IntVar(&f.size, "s", 64, "message size in bytes")
 	fs.BoolVar(&f.all, "a", false, "every size: powers of two from 2 bytes to the mode's largest")
 	fs.BoolVar(&f.bidir, "bidir", false, "bw, rate: two flows at once, one each way; figures are their sum")
-	fs.IntVar(&f.iters, "n", 10000, "iterations (lat)")
+	fs.IntVar(&f.iters, "n", 10000, "lat: round trips; bw, rate: messages each flow sends, instead of lasting -D (perftest's -n)")
 	f.dur = time.Second
 	fs.Var(secondsFlag{&f.dur}, "D", "duration of a bw or rate run, in `seconds` as perftest (3, 0.5) or a Go duration (500ms)")
 	fs.IntVar(&f.warmup, "w", 1000, "warm-up iterations (lat)")
@@ -197,7 +198,9 @@ func (f *benchFlags) configs(m perf.Mode) ([]perf.Config, error) {
 		}{
 			{c.set("e") && c.set("poll") && f.poll != "event", fmt.Sprintf("-e (event polling) and -poll %s contradict each other", f.poll)},
 			{test == perf.TestLat && c.set("D"), "-D: a lat run is -n round trips; -D is for -test bw and rate"},
-			{test == perf.TestBW && c.set("n"), "-n: a bw or rate run lasts -D; -n is for -test lat"},
+			{test == perf.TestBW && c.set("n") && c.set("D"), "-n and -D: a bw or rate run sends -n messages or lasts -D, not both"},
+			{f.test == "throughput" && c.set("n"), "-n: each trial of a throughput search lasts -D"},
+			{test == perf.TestBW && c.set("n") && f.client, "-n: a server times its bw and rate runs by -D; -n messages run in `udperf local` and `compare`"},
 			{test == perf.TestBW && c.set("w"), "-w: a bw or rate run has no warm-up round trips; -w is for -test lat"},
 			{f.all && c.set("s"), "-a and -s together: -a runs every size"},
 			{c.set("deadline") && !f.partial, "-deadline is the deadline of -partial: give both"},
@@ -250,6 +253,10 @@ func (f *benchFlags) configs(m perf.Mode) ([]perf.Config, error) {
 			sizes = append(sizes, s)
 		}
 	}
+	messages := 0 // a bw run lasts -D unless -n is given
+	if test == perf.TestBW && f.cmd != nil && f.cmd.set("n") {
+		messages = f.iters
+	}
 	var out []perf.Config
 	for _, s := range sizes {
 		iters, warm := f.iters, f.warmup
@@ -257,7 +264,7 @@ func (f *benchFlags) configs(m perf.Mode) ([]perf.Config, error) {
 			iters, warm = sweepIters(iters, s), sweepIters(warm, s)
 		}
 		c := perf.Config{Mode: m, Test: test, Poll: poll, Size: s, Iters: iters, Warmup: warmup(warm),
-			Duration: f.dur, QPs: f.qps, Bidir: f.bidir, Segment: f.mtu, Loss: f.loss, Seed: f.seed, Partial: f.partial, Deadline: f.deadline, Rate: f.rate,
+			Duration: f.dur, Messages: messages, QPs: f.qps, Bidir: f.bidir, Segment: f.mtu, Loss: f.loss, Seed: f.seed, Partial: f.partial, Deadline: f.deadline, Rate: f.rate,
 			NoCRC: f.nocrc && (m.HasCRC() || f.modes == "")}
 		if err := checkConfig(c); err != nil {
 			return nil, err
@@ -338,7 +345,8 @@ type row struct {
 	// median of RoundRatios, not the ratio of the medians.
 	RoundFigures []float64 `json:"round_figures,omitempty"`
 	RoundRatios  []float64 `json:"round_ratios,omitempty"`
-	// The settings of the run (lat: n and warmup; bw, rate: duration).
+	// The settings of the run (lat: n and warmup; bw, rate: duration, or
+	// n, the messages each flow sends).
 	N        int     `json:"n,omitempty"`
 	Warmup   *int    `json:"warmup,omitempty"`
 	Duration float64 `json:"duration_s,omitempty"`
@@ -368,7 +376,11 @@ func rowOf(test string, r perf.Result) row {
 		w.TMin, w.TTypical, w.TAvg, w.TMax, w.TStdev, w.P99, w.P999 = r.Min, r.Median, r.Avg, r.Max, r.Stdev, r.P99, r.P999
 		return w
 	}
-	w.Duration = c.Duration.Seconds()
+	if c.Messages > 0 {
+		w.N = c.Messages
+	} else {
+		w.Duration = c.Duration.Seconds()
+	}
 	w.Iterations = int(r.Received)
 	w.BWPeak, w.BWAvg, w.MsgRate = r.Gbps, r.Gbps, r.Mpps
 	lost := r.Lost
@@ -509,12 +521,16 @@ func flagMap(c *command) map[string]any {
 
 // newDocument is the frame of a command's JSON document.
 // Its flags are those the command acts on: a latency run's -n and -w, or
-// a bw or rate run's -D, not the others.
+// a bw or rate run's -D or -n (whichever bounds it), not the others.
 func newDocument(name string, f *benchFlags) document {
 	flags := flagMap(f.cmd)
-	if f.test == "lat" {
+	switch {
+	case f.test == "lat":
 		delete(flags, "D")
-	} else {
+	case f.cmd.set("n"):
+		delete(flags, "D")
+		delete(flags, "w")
+	default:
 		delete(flags, "n")
 		delete(flags, "w")
 	}

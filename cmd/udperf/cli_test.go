@@ -68,7 +68,9 @@ func TestRefusedInOneLine(t *testing.T) {
 		{[]string{"local", "-e", "-poll", "busy"}, "-e (event polling) and -poll busy"},
 		{[]string{"local", "-bidir"}, "-bidir is for -test bw and rate"},
 		{[]string{"local", "-D", "3"}, "-D: a lat run is -n round trips"},
-		{[]string{"local", "-test", "bw", "-n", "5"}, "-n: a bw or rate run lasts -D"},
+		{[]string{"local", "-test", "bw", "-n", "5", "-D", "1"}, "-n and -D: a bw or rate run sends -n messages or lasts -D, not both"},
+		{[]string{"local", "-test", "throughput", "-n", "5"}, "-n: each trial of a throughput search lasts -D"},
+		{[]string{"client", "-addr", "127.0.0.1:1", "-test", "bw", "-n", "5"}, "-n: a server times its bw and rate runs by -D"},
 		{[]string{"local", "-test", "rate", "-w", "5"}, "-w: a bw or rate run has no warm-up"},
 		{[]string{"local", "-a", "-s", "5"}, "-a and -s together"},
 		{[]string{"local", "-mode", "ud-wr", "-deadline", "1s"}, "-deadline is the deadline of -partial"},
@@ -629,6 +631,46 @@ func TestJSONFlagsOfABandwidthRun(t *testing.T) {
 	for _, k := range []string{"n", "w"} {
 		if _, ok := doc.Flags[k]; ok {
 			t.Errorf("a bw run's flags list -%s: %v", k, doc.Flags)
+		}
+	}
+}
+
+// TestBandwidthRunOfMessages: -n bounds a bw run as perftest's does: the
+// JSON row carries n and no duration, the flags list -n and not -D, and
+// every message sent (rd-send loses none) is received, in local and in
+// compare.
+func TestBandwidthRunOfMessages(t *testing.T) {
+	for _, args := range [][]string{
+		{"local", "-mode", "rd-send", "-test", "bw", "-s", "1000", "-n", "700", "-json"},
+		{"compare", "-modes", "raw-tcp,rd-send", "-rounds", "1", "-test", "rate", "-s", "1000", "-n", "700", "-json"},
+	} {
+		var out, errb bytes.Buffer
+		if code := run(args, &out, &errb); code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errb.String())
+		}
+		var doc struct {
+			Flags map[string]any
+			Rows  []map[string]any `json:"results"`
+		}
+		if err := json.Unmarshal(out.Bytes(), &doc); err != nil {
+			t.Fatal(err)
+		}
+		if doc.Flags["n"] != 700.0 {
+			t.Errorf("%v: flags[n] = %v", args, doc.Flags["n"])
+		}
+		if _, ok := doc.Flags["D"]; ok {
+			t.Errorf("%v: a run of -n messages lists -D: %v", args, doc.Flags)
+		}
+		if len(doc.Rows) == 0 {
+			t.Fatalf("%v: no rows: %s", args, out.String())
+		}
+		for _, r := range doc.Rows {
+			if r["n"] != 700.0 || r["iterations"] != 700.0 {
+				t.Errorf("%v: row n %v, iterations %v, want 700 each: %v", args, r["n"], r["iterations"], r)
+			}
+			if _, ok := r["duration_s"]; ok {
+				t.Errorf("%v: row has a duration: %v", args, r)
+			}
 		}
 	}
 }

@@ -1022,7 +1022,7 @@ func drive(cfg perf.Config, test string, rep runReply, data *net.UDPConn, host n
 		}
 		defer func() { stop.Store(true); end.Conn.Close() }()
 		ping = func() ([]int64, error) { return end.PingPong(cfg.Size, max(cfg.Warmup, 0), cfg.Iters) }
-		push = func() (uint64, error) { return end.Blast(cfg.Size, &sending) }
+		push = func() (uint64, error) { return end.Blast(cfg.Size, &sending, 0) }
 	case perf.ModeRawTCP:
 		d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(host, 0))} // the host the request named
 		c, err := d.Dial("tcp", rep.Addr)
@@ -1035,7 +1035,7 @@ func drive(cfg perf.Config, test string, rep runReply, data *net.UDPConn, host n
 		defer func() { stop.Store(true); tc.Close() }()
 		ping = func() ([]int64, error) { return end.PingPong(cfg.Size, max(cfg.Warmup, 0), cfg.Iters) }
 		push = func() (uint64, error) {
-			n, err := end.Stream(cfg.Size, &sending)
+			n, err := end.Stream(cfg.Size, &sending, 0)
 			return n / uint64(max(cfg.Size, 1)), err
 		}
 	default:

@@ -566,10 +566,12 @@ func (e *End) DriveLatency(cfg Config, o Offer) ([]int64, error) {
 }
 
 // DriveBandwidth connects to the target o describes and sends for
-// cfg.Duration. For the modes the initiator measures it keeps
-// onesidedDepth WRs outstanding and counts the completed ones (draining
-// those still out at the end); for the others it only counts what it
-// sent (Result.Sent), and the target's Tally has the figures.
+// cfg.Duration, or cfg.Messages messages. For the modes the initiator
+// measures it keeps onesidedDepth WRs outstanding and counts the
+// completed ones (draining those still out at the end); for the others it
+// only counts what it sent (Result.Sent), and the target's Tally has the
+// figures. A run that makes no progress for DrainLimit (no completion; no
+// message accepted for sending) fails.
 func (e *End) DriveBandwidth(cfg Config, o Offer) (Result, error) {
 	res := Result{Config: cfg}
 	ah, err := e.connect(o)
@@ -583,15 +585,15 @@ func (e *End) DriveBandwidth(cfg Config, o Offer) (Result, error) {
 	end := time.Now().Add(cfg.Duration)
 	if e.mode.InitiatorMeasured() {
 		var first, last time.Time
-		var done uint64
-		// What is still out at the end completes (RD: acknowledged; RC:
-		// placed) within DrainLimit, or the run fails.
+		var completed atomic.Uint64
+		// What is out completes (RD: acknowledged; RC: placed), each
+		// within DrainLimit of the one before, or the run fails.
 		var late atomic.Bool
-		t := time.AfterFunc(cfg.Duration+DrainLimit, func() { late.Store(true) })
-		defer t.Stop()
+		w := watchStall(completed.Load, &late)
+		defer w.stop()
 		out := 0
-		for out > 0 || time.Now().Before(end) {
-			for time.Now().Before(end) && out < onesidedDepth && e.q.PostSend(&wr) == nil {
+		for out > 0 || cfg.more(res.Sent, end) {
+			for cfg.more(res.Sent, end) && out < onesidedDepth && e.q.PostSend(&wr) == nil {
 				out++
 				res.Sent++
 				pace.pace(cfg.Size)
@@ -600,7 +602,7 @@ func (e *End) DriveBandwidth(cfg Config, o Offer) (Result, error) {
 				continue
 			}
 			if !e.wait(wcs, busy, &late) {
-				return res, fmt.Errorf("%d WRs still outstanding %v after the run", out, DrainLimit)
+				return res, fmt.Errorf("%d WRs outstanding, none completed in %v", out, DrainLimit)
 			}
 			out--
 			if wcs[0].Status != qp.Success {
@@ -610,8 +612,9 @@ func (e *End) DriveBandwidth(cfg Config, o Offer) (Result, error) {
 			if first.IsZero() {
 				first = last
 			}
-			done++
+			completed.Add(1)
 		}
+		done := completed.Load()
 		res.Received = done
 		if res.Sent > done {
 			res.Lost = res.Sent - done
@@ -626,7 +629,8 @@ func (e *End) DriveBandwidth(cfg Config, o Offer) (Result, error) {
 	credits := o.Credits
 	next := time.Now()
 	pollEach := e.mode.reliable() || e.mode.rc()
-	for i := 0; time.Now().Before(end); {
+	var held stall
+	for i := 0; cfg.more(res.Sent, end); {
 		if len(o.Slots) > 0 { // ud-wr: a region per message slot, round-robin
 			s := o.Slots[i%len(o.Slots)]
 			wr.RemoteSTag, wr.RemoteTO = s.STag, s.TO
@@ -645,12 +649,18 @@ func (e *End) DriveBandwidth(cfg Config, o Offer) (Result, error) {
 			}
 		}
 		if e.mode.credited() && credits <= 0 {
+			if held.stuck(res.Sent) {
+				return res, fmt.Errorf("no credit back from the target in %v", DrainLimit)
+			}
 			if !busy {
 				e.park(time.Millisecond)
 			}
 			continue
 		}
 		if e.q.PostSend(&wr) != nil {
+			if held.stuck(res.Sent) {
+				return res, fmt.Errorf("the send queue stayed full for %v", DrainLimit)
+			}
 			runtime.Gosched() // send queue full: the datamover is behind
 			continue
 		}
@@ -665,6 +675,62 @@ func (e *End) DriveBandwidth(cfg Config, o Offer) (Result, error) {
 	}
 	res.SentBytes = res.Sent * uint64(cfg.Size)
 	return res, nil
+}
+
+// stall tells a sender waiting for room or credit that it has waited
+// DrainLimit with nothing sent: stuck is called only where it waits, with
+// the count of messages sent so far.
+type stall struct {
+	at   time.Time
+	sent uint64
+}
+
+func (s *stall) stuck(sent uint64) bool {
+	now := time.Now()
+	if s.at.IsZero() || sent != s.sent {
+		s.at, s.sent = now, sent
+		return false
+	}
+	return now.Sub(s.at) > DrainLimit
+}
+
+// stallWatch sets late when progress has not moved for DrainLimit.
+type stallWatch struct {
+	mu       sync.Mutex
+	t        *time.Timer
+	last     uint64
+	progress func() uint64
+	late     *atomic.Bool
+	stopped  bool
+}
+
+func watchStall(progress func() uint64, late *atomic.Bool) *stallWatch {
+	w := &stallWatch{progress: progress, late: late, last: progress()}
+	w.mu.Lock()
+	w.t = time.AfterFunc(DrainLimit, w.check)
+	w.mu.Unlock()
+	return w
+}
+
+func (w *stallWatch) check() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return
+	}
+	if p := w.progress(); p != w.last {
+		w.last = p
+		w.t.Reset(DrainLimit)
+		return
+	}
+	w.late.Store(true)
+}
+
+func (w *stallWatch) stop() {
+	w.mu.Lock()
+	w.stopped = true
+	w.t.Stop()
+	w.mu.Unlock()
 }
 
 // Drain drives the end's device until stop, after DriveBandwidth: a

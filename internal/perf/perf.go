@@ -111,10 +111,14 @@ type Config struct {
 	Test Test
 	Poll qp.PollMode
 	Size int // message bytes
-	// Iters is the number of round trips (lat); Duration bounds a bw run.
+	// Iters is the number of round trips (lat); Duration bounds a bw run,
+	// unless Messages is set: then each flow (each QP pair, each
+	// direction of Bidir) sends that many messages and stops, as
+	// perftest's -n does for its bw tests.
 	Iters    int
 	Warmup   int
 	Duration time.Duration
+	Messages int
 	QPs      int // concurrent QP pairs (or socket pairs, or connections)
 	// NoCRC runs the queue pairs without CRC32c (both ends agree).
 	NoCRC bool
@@ -248,7 +252,7 @@ func (m Mode) raw() bool { return m == ModeRawUDP || m == ModeRawUDPUnconnected 
 // (Loss 0, QPs 0 or 1, Partial false, Segment 0, Interval 0, Rate 0, Bidir
 // false, NoCRC false, any Seed; Deadline, read only with Partial, any
 // value that is not negative; Iters, Warmup and Duration, which Run
-// fills in when not positive). The rules:
+// fills in when not positive; Messages 0). The rules:
 //
 //   - Mode and Test are known, Poll is busy or event; rc-write lat
 //     watches memory for the peer's Write, as ib_write_lat does: it needs
@@ -263,7 +267,8 @@ func (m Mode) raw() bool { return m == ModeRawUDP || m == ModeRawUDPUnconnected 
 //   - Partial and Interval: ud-wr (Interval: bw). Segment: the modes
 //     that segment a message over datagrams, ud-wr, rd-send, rd-write,
 //     rd-read, rd-wr.
-//   - Bidir: bandwidth only. NoCRC: not on the plain-socket modes.
+//   - Bidir and Messages: bandwidth only. NoCRC: not on the plain-socket
+//     modes.
 //   - Rate: the datagram modes' bandwidth runs (not RC, raw-tcp or the
 //     atomics), and not with Interval.
 func (c Config) Check() error {
@@ -313,6 +318,10 @@ func (c Config) Check() error {
 		return errors.New("-rate and an interval together: one pacing")
 	case c.Bidir && c.Test != TestBW:
 		return errors.New("-bidir: bandwidth only (-test bw or rate)")
+	case c.Messages < 0:
+		return fmt.Errorf("-n %d: a bw run's messages, not negative", c.Messages)
+	case c.Messages > 0 && c.Test != TestBW:
+		return errors.New("messages: a bw run's count (a lat run's is Iters)")
 	case c.NoCRC && m.raw():
 		return fmt.Errorf("no CRC: %s has none to skip", m)
 	}
@@ -420,7 +429,8 @@ func WaitUntil(limit time.Duration, cond func() bool) bool {
 	return true
 }
 
-// finish ends a bandwidth run: senders stop after cfg.Duration; receivers
+// finish ends a bandwidth run: senders stop after cfg.Duration, or, with
+// cfg.Messages, once each has sent its count (wg: the senders); receivers
 // 50 ms later, to take in what is still on its way, or, for a transport
 // that loses nothing (drained non-nil), once drained reports that every
 // message sent has arrived, within DrainLimit. So a reliable run reports
@@ -429,7 +439,11 @@ func WaitUntil(limit time.Duration, cond func() bool) bool {
 // It returns when the run started (give or take the goroutines' start).
 func finish(cfg Config, sending, stop *atomic.Bool, wg *sync.WaitGroup, drained func() bool) (start time.Time) {
 	start = time.Now()
-	time.Sleep(cfg.Duration)
+	if cfg.Messages > 0 {
+		wg.Wait()
+	} else {
+		time.Sleep(cfg.Duration)
+	}
 	sending.Store(false)
 	time.Sleep(50 * time.Millisecond)
 	if drained != nil {
@@ -438,6 +452,15 @@ func finish(cfg Config, sending, stop *atomic.Bool, wg *sync.WaitGroup, drained 
 	stop.Store(true)
 	wg.Wait()
 	return start
+}
+
+// more says whether a bandwidth sender that has sent sent messages goes
+// on: until end, or, with cfg.Messages, until it has sent them.
+func (c *Config) more(sent uint64, end time.Time) bool {
+	if c.Messages > 0 {
+		return sent < uint64(c.Messages)
+	}
+	return time.Now().Before(end)
 }
 
 // bwResult turns a bandwidth run's counts into a Result: goodput over

@@ -1,6 +1,7 @@
 package perf
 
 import (
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -178,5 +179,53 @@ func TestWriteRecordDeadlineOnlyWithPartial(t *testing.T) {
 	}
 	if r.Samples != 20 {
 		t.Fatalf("%d round trips, want 20", r.Samples)
+	}
+}
+
+// TestBandwidthByMessages: with Messages, a bw run ends when each flow
+// has sent exactly that many (each QP pair, each direction of Bidir), as
+// perftest's -n does, in every kind of sender: plain UDP (its last
+// sendmmsg cut to what is left) and TCP, a target-counted queue-pair mode,
+// a credited one and an initiator-measured one. The lossless modes
+// deliver every message they sent.
+func TestBandwidthByMessages(t *testing.T) {
+	const n = 300
+	for _, c := range []Config{
+		{Mode: ModeRawUDP, Test: TestBW, Size: 1000, QPs: 2}, // 300 = 4 batches of 64 and 44
+		{Mode: ModeRawUDPUnconnected, Test: TestBW, Poll: qp.PollEvent, Size: 1000},
+		{Mode: ModeRawTCP, Test: TestBW, Size: 1000, QPs: 2},
+		{Mode: ModeUDSend, Test: TestBW, Size: 1000, Bidir: true},
+		{Mode: ModeRDSend, Test: TestBW, Size: 4000, QPs: 2},
+		{Mode: ModeRCSend, Test: TestBW, Poll: qp.PollEvent, Size: 4000},
+		{Mode: ModeRDWrite, Test: TestBW, Size: 4000},
+		{Mode: ModeRCWrite, Test: TestBW, Size: 4000},
+	} {
+		c.Messages = n
+		name := fmt.Sprintf("%s/qps=%d/bidir=%v", c.Mode, c.QPs, c.Bidir)
+		t.Run(name, func(t *testing.T) {
+			flows := uint64(max(c.QPs, 1))
+			if c.Bidir {
+				flows *= 2
+			}
+			r, err := Run(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Sent != n*flows {
+				t.Fatalf("sent %d messages, want %d (%d flows of %d)", r.Sent, n*flows, flows, n)
+			}
+			if c.Mode.lossless() && r.Received != r.Sent {
+				t.Fatalf("%s received %d of %d", c.Mode, r.Received, r.Sent)
+			}
+			if r.Received == 0 || r.Gbps <= 0 {
+				t.Fatalf("nothing measured: %+v", r)
+			}
+		})
+	}
+	if err := (Config{Mode: ModeUDSend, Test: TestLat, Messages: 5}).Check(); err == nil {
+		t.Error("Messages accepted for a lat run")
+	}
+	if err := (Config{Mode: ModeUDSend, Test: TestBW, Messages: -1}).Check(); err == nil {
+		t.Error("negative Messages accepted")
 	}
 }

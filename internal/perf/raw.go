@@ -123,7 +123,7 @@ func rawBandwidth(cfg Config) (Result, error) {
 			})
 		})
 		senders.Go(func() {
-			n, _ := src.Blast(cfg.Size, &sending)
+			n, _ := src.Blast(cfg.Size, &sending, uint64(cfg.Messages))
 			sent.Add(n)
 		})
 	}

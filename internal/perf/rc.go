@@ -133,15 +133,18 @@ func rawTCPBandwidth(cfg Config) (Result, error) {
 		senders.Go(func() {
 			// Bytes, not messages: a write cut short still sent what it
 			// wrote.
-			n, _ := src.Stream(cfg.Size, &sending)
+			n, _ := src.Stream(cfg.Size, &sending, uint64(cfg.Messages))
 			sent.Add(n)
 		})
 	}
-	// The senders stop after cfg.Duration; the run then waits for every
-	// byte sent to arrive (TCP loses nothing), within DrainLimit.
+	// The senders stop after cfg.Duration (or their cfg.Messages); the run
+	// then waits for every byte sent to arrive (TCP loses nothing), within
+	// DrainLimit.
 	start := time.Now()
-	time.Sleep(cfg.Duration)
-	sending.Store(false)
+	if cfg.Messages == 0 {
+		time.Sleep(cfg.Duration)
+		sending.Store(false)
+	}
 	senders.Wait()
 	WaitUntil(DrainLimit, func() bool { return got.Load() >= sent.Load() })
 	stop.Store(true)

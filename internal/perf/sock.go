@@ -538,9 +538,10 @@ func (m *mmsg) op(trap uintptr, n *int) op {
 }
 
 // Blast sends size-byte datagrams, udpBatch to a sendmmsg, while sending
-// holds (or until stopped); it returns how many went out. It sizes the
-// socket's buffers first (sockBuffer), as Sink does.
-func (e *UDPEnd) Blast(size int, sending *atomic.Bool) (uint64, error) {
+// holds (or until stopped), and, when count is not 0, until count have
+// gone; it returns how many went out. It sizes the socket's buffers first
+// (sockBuffer), as Sink does.
+func (e *UDPEnd) Blast(size int, sending *atomic.Bool, count uint64) (uint64, error) {
 	stop := e.flag()
 	setBuffers(e.Conn, sockBuffer)
 	msg := make([]byte, size)
@@ -560,7 +561,10 @@ func (e *UDPEnd) Blast(size int, sending *atomic.Bool) (uint64, error) {
 	wr := newMmsg(bufs, to).op(unix.SYS_SENDMMSG, &n)
 	var sent uint64
 	err := withIO(e.Conn, e.Poll, e.Shared, stop, nil, func(io sysIO) error {
-		for sending.Load() && !stop.Load() {
+		for sending.Load() && !stop.Load() && (count == 0 || sent < count) {
+			if left := count - sent; count > 0 && left < uint64(len(bufs)) {
+				wr = newMmsg(bufs[:left], to).op(unix.SYS_SENDMMSG, &n) // the last batch: what is left
+			}
 			if err := io.write(wr); err != nil {
 				return err
 			}
@@ -725,22 +729,24 @@ func (e *TCPEnd) PingPong(size, warmup, iters int) ([]int64, error) {
 		})
 }
 
-// Stream writes size-byte messages, one write each, while sending holds;
-// it returns the bytes written (a message cut short when stopped counts
-// what went).
-func (e *TCPEnd) Stream(size int, sending *atomic.Bool) (uint64, error) {
+// Stream writes size-byte messages, one write each, while sending holds,
+// and, when count is not 0, until count messages have gone; it returns
+// the bytes written (a message cut short when stopped counts what went).
+func (e *TCPEnd) Stream(size int, sending *atomic.Bool, count uint64) (uint64, error) {
 	stop := e.flag()
 	msg := make([]byte, max(size, 1))
 	s := newStreamIO()
-	var sent uint64
+	var sent, msgs uint64
 	err := withIO(e.Conn, e.Poll, e.Shared, stop, nil, func(io sysIO) error {
-		for off := 0; (sending.Load() || off > 0) && !stop.Load(); {
+		for off := 0; (sending.Load() || off > 0) && !stop.Load() && (count == 0 || msgs < count); {
 			s.b = msg[off:]
 			if err := io.write(s.wr); err != nil {
 				return err
 			}
 			sent += uint64(s.n)
-			off = (off + s.n) % len(msg)
+			if off = (off + s.n) % len(msg); off == 0 {
+				msgs++
+			}
 		}
 		return nil
 	})
