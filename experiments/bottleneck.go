@@ -18,7 +18,6 @@ import (
 	"strings"
 	"time"
 
-	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 
@@ -806,17 +805,14 @@ func bottleneckPlot(dir string, f *figure, rows []row) ([]plotted, error) {
 		if len(labels) == 0 {
 			continue
 		}
-		p := plot.New()
-		p.Title.Text = pn.title
-		p.X.Label.Text, p.Y.Label.Text = "time (s; each point the second ending there)", "goodput (Gb/s)"
-		p.Add(plotter.NewGrid())
+		p := newChart(pn.title, "time (s; each point the second ending there)", "goodput (Gb/s)")
 		maxX := 0.0
 		for k, l := range labels {
 			xys := by[l]
 			slices.SortFunc(xys, func(a, b plotter.XY) int { return int(a.X - b.X) })
 			maxX = max(maxX, xys[len(xys)-1].X)
 			_, short, _ := strings.Cut(l, ": ")
-			if err := addSeries(p, k, short, xys, make(plotter.YErrors, len(xys))); err != nil {
+			if err := p.series(k, short, xys, nil); err != nil {
 				return nil, err
 			}
 		}
@@ -828,15 +824,13 @@ func bottleneckPlot(dir string, f *figure, rows []row) ([]plotted, error) {
 			line.Color = color.Gray{Y: 100}
 			line.Dashes = []vg.Length{vg.Points(6), vg.Points(4)}
 			p.Add(line)
-			p.Legend.Add(fmt.Sprintf("bottleneck (%g Gb/s)", rate), line)
+			p.legend(fmt.Sprintf("bottleneck (%g Gb/s)", rate), line)
 		}
-		// The legend above the bottleneck's line, where no flow can be.
-		p.Y.Min, p.Y.Max, p.X.Min = 0, math.Max(rate*1.45, p.Y.Max*1.3), 0
-		p.Legend.Top = true
-		for _, ext := range []string{".png", ".svg"} {
-			if err := p.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, pn.name+ext)); err != nil {
-				return nil, err
-			}
+		// Seconds are many: gonum's ticks, from 0; room above the
+		// bottleneck's line.
+		p.Y.Min, p.Y.Max, p.X.Min = 0, math.Max(rate*1.1, p.Y.Max*1.05), 0
+		if err := p.save(dir, pn.name); err != nil {
+			return nil, err
 		}
 		out = append(out, plotted{fig: f.ID, name: pn.name, title: p.Title.Text})
 	}

@@ -77,7 +77,7 @@ func figures(quick bool) []*figure {
 		{
 			ID: "fig15", Title: "Verbs latency (seed 003 FIG 15)", Test: "lat",
 			XLabel: "message size (bytes)", YLabel: "latency, half round trip (µs)",
-			X: sizes(2, 8<<20, quick, 64, 4096, 1<<20),
+			X: sizes(2, 8<<20, quick, 64, 1024, 4096, 32768, 1<<20, 4<<20), // quick: two in each panel
 			Series: []series{
 				{Label: "UD Send/Recv", Mode: "ud-send", MaxSize: udSendMax},
 				{Label: "UD Write-Record", Mode: "ud-wr"},

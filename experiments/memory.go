@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -83,7 +84,7 @@ func memoryFigure(e *env, f *figure, o options) ([]row, error) {
 			if err != nil {
 				return rows, fmt.Errorf("%s: %w\n%s", sub, err, out)
 			}
-			fmt.Fprintf(e.log, "experiments: %s: %s, round %d: %v\n", f.ID, sub, r+1, metrics)
+			fmt.Fprintf(e.log, "experiments: %s: %s, round %d: %s\n", f.ID, sub, r+1, memoryLine(metrics))
 			for _, what := range []string{"idle-peer", "active-peer", "conn"} {
 				v, ok := metrics["B/"+what]
 				if !ok {
@@ -105,6 +106,28 @@ func memoryFigure(e *env, f *figure, o options) ([]row, error) {
 		}
 	}
 	return rows, nil
+}
+
+// memoryLine says what a memory benchmark measured, in the figure's
+// terms: bytes per peer (or connection), the server's resident set plus
+// the growth of the socket slab. (The benchmark also reports the two
+// parts and the Go heap: the slab's growth can be below zero, the kernel
+// freeing other slab pages meanwhile, and the heap above the total, heap
+// that was resident before the peers came. They are kept in runs.csv,
+// not printed where they would read as a sum.)
+func memoryLine(m map[string]float64) string {
+	var parts []string
+	for _, w := range []struct{ key, what string }{
+		{"idle-peer", "idle peer"}, {"active-peer", "peer with an answer in flight"}, {"conn", "RC connection"},
+	} {
+		if v, ok := m["B/"+w.key]; ok {
+			parts = append(parts, fmt.Sprintf("%s B per %s", number(math.Round(v)), w.what))
+		}
+	}
+	if len(parts) == 0 {
+		return "no bytes-per-peer figure"
+	}
+	return strings.Join(parts, ", ") + " (resident set + socket slab)"
 }
 
 // benchMetrics reads the metrics of the one benchmark line in out

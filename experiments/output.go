@@ -11,11 +11,10 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/plotutil"
-	"gonum.org/v1/plot/vg"
 )
 
 // lead are the first columns of runs.csv; every other key of any row
@@ -118,29 +117,6 @@ type plotted struct {
 	fig, name, title string
 }
 
-// addSeries draws series k of a plot: a line through xys in the k-th
-// colour and marks, errs as error bars, and its legend entry.
-func addSeries(p *plot.Plot, k int, label string, xys plotter.XYs, errs plotter.YErrors) error {
-	line, marks, err := plotter.NewLinePoints(xys)
-	if err != nil {
-		return err
-	}
-	c := plotutil.Color(k)
-	line.Color, marks.Color = c, c
-	marks.Shape = plotutil.Shape(k)
-	bars, err := plotter.NewYErrorBars(struct {
-		plotter.XYs
-		plotter.YErrors
-	}{xys, errs})
-	if err != nil {
-		return err
-	}
-	bars.Color = withAlpha(c)
-	p.Add(line, marks, bars)
-	p.Legend.Add(label, line, marks)
-	return nil
-}
-
 // plotFigure draws f (each panel) as PNG and SVG: a line per series
 // through the medians, min–max error bars.
 func plotFigure(dir string, f *figure, rows []row) ([]plotted, error) {
@@ -150,19 +126,14 @@ func plotFigure(dir string, f *figure, rows []row) ([]plotted, error) {
 	}
 	var out []plotted
 	for i, pn := range panels {
-		p := plot.New()
-		p.Title.Text = f.Title
+		title := f.Title
 		name := f.ID
 		if len(f.Panels) > 0 {
 			part := []string{"small", "medium", "large"}[min(i, 2)]
 			name += "-" + part
-			p.Title.Text += " — " + part + " messages"
+			title += " — " + part + " messages"
 		}
-		p.X.Label.Text, p.Y.Label.Text = f.XLabel, f.YLabel
-		// The legend where the curves are not: y starts at 0, sizes rise
-		// to the right, goodput falls with loss.
-		p.Legend.Top, p.Legend.Left = false, f.LossX
-		p.Add(plotter.NewGrid())
+		p := newChart(title, f.XLabel, f.YLabel)
 		// Memory per peer is drawn on a log scale, where nothing at or
 		// below zero has a place: a UD peer's bytes are within noise of
 		// zero at 1,000 peers, and a round may measure less than none (the
@@ -197,7 +168,7 @@ func plotFigure(dir string, f *figure, rows []row) ([]plotted, error) {
 			if len(xys) == 0 {
 				continue
 			}
-			if err := addSeries(p, k, s.Label, xys, errs); err != nil {
+			if err := p.series(k, s.Label, xys, errs); err != nil {
 				return nil, err
 			}
 			drawn++
@@ -206,24 +177,27 @@ func plotFigure(dir string, f *figure, rows []row) ([]plotted, error) {
 			return nil, fmt.Errorf("panel %s has no data", name)
 		}
 		p.Y.Min = 0 // goodput and latency from zero: the eye reads ratios
-		if f.Test == "memory" {
-			// Bytes per peer span two decades (UD's to RC's): a log scale,
-			// the legend in the middle, between RC's line and the others.
+		if logY {
+			// Bytes per peer span two decades (UD's to RC's): a log scale.
 			p.Y.Scale = plot.LogScale{}
-			p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+			p.Y.Tick.Marker = logTicks{}
 			p.Y.Min = floor
-			p.Legend.Top, p.Legend.YOffs = true, -vg.Inch
 		}
-		if !f.LossX && f.Test != "stream" {
-			p.X.Scale = plot.LogScale{}
-			p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+		p.headroom()
+		// Sizes and counts of peers on a log scale, loss rates and bit
+		// rates on a linear one; each ticked where it was measured.
+		switch {
+		case f.LossX || f.Test == "stream":
+			p.tickAtData(false, number)
+		case strings.Contains(f.XLabel, "bytes"):
+			p.tickAtData(true, bytesLabel)
+		default:
+			p.tickAtData(true, number)
 		}
-		for _, ext := range []string{".png", ".svg"} {
-			if err := p.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, name+ext)); err != nil {
-				return nil, err
-			}
+		if err := p.save(dir, name); err != nil {
+			return nil, err
 		}
-		out = append(out, plotted{fig: f.ID, name: name, title: p.Title.Text})
+		out = append(out, plotted{fig: f.ID, name: name, title: title})
 	}
 	return out, nil
 }

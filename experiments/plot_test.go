@@ -2,7 +2,14 @@ package main
 
 import (
 	"path/filepath"
+	"slices"
 	"testing"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 )
 
 // Memory per peer is drawn on a log scale: a round that measured no
@@ -34,4 +41,118 @@ func TestPlotMemoryNotPositive(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkPNG(t, filepath.Join(dir, f.ID+".png"))
+}
+
+// TestAxisLabelsFit: each figure's y label fits the height of its data,
+// beside which it is drawn, and its title the image's width; and the
+// data of a log-scaled chart gets the height of a linear one (gonum's
+// own y label, centred on the mean of a log axis's range, made it shrink
+// fig-memory's axes to a third of its image).
+func TestAxisLabelsFit(t *testing.T) {
+	dc := draw.New(vgimg.New(chartWidth, chartHeight))
+	data := func(title, x, y string, log bool) vg.Length {
+		c := newChart(title, x, y)
+		if err := c.series(0, "s", plotter.XYs{{X: 300, Y: 200}, {X: 1000, Y: 27000}}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if log {
+			c.Y.Scale = plot.LogScale{}
+		}
+		return c.drawAxes(dc).Size().Y
+	}
+	for _, quick := range []bool{true, false} {
+		for _, f := range figures(quick) {
+			c := newChart(f.Title, f.XLabel, f.YLabel)
+			if w := c.Y.Label.TextStyle.Width(f.YLabel); w > data(f.Title, f.XLabel, f.YLabel, false) {
+				t.Errorf("%s: y label %q is %v long, longer than the data's height", f.ID, f.YLabel, w)
+			}
+			if w := c.Title.TextStyle.Width(f.Title); w > chartWidth {
+				t.Errorf("%s: title %q is %v wide, the image %v", f.ID, f.Title, w, chartWidth)
+			}
+			if lin, log := data(f.Title, f.XLabel, f.YLabel, false), data(f.Title, f.XLabel, f.YLabel, true); log < lin {
+				t.Errorf("%s: on a log scale the data is %v high, on a linear one %v", f.ID, log, lin)
+			}
+		}
+	}
+}
+
+// TestPlainTicks: a linear axis gets 4 to 9 labelled round values
+// inside its range, labelled plainly.
+func TestPlainTicks(t *testing.T) {
+	for _, r := range [][2]float64{{0, 31}, {0, 4.2}, {0, 1}, {0, 0.07}, {0, 52}, {0, 1400}, {193, 27000}, {0, 100000}} {
+		var labels []string
+		for _, tk := range (plainTicks{}).Ticks(r[0], r[1]) {
+			if tk.Value < r[0] || tk.Value > r[1] {
+				t.Errorf("%v: a tick at %v", r, tk.Value)
+			}
+			if tk.Label != "" {
+				labels = append(labels, tk.Label)
+			}
+		}
+		if len(labels) < 4 || len(labels) > 9 {
+			t.Errorf("%v: labels %q", r, labels)
+		}
+		t.Logf("%v: %q", r, labels)
+	}
+	for v, want := range map[float64]string{0: "0", 12.5: "12.5", 0.30000000000000004: "0.3", 100000: "100,000", -1500: "-1,500"} {
+		if got := number(v); got != want {
+			t.Errorf("number(%v) = %q, want %q", v, got, want)
+		}
+	}
+	for v, want := range map[float64]string{64: "64", 1400: "1,400", 1024: "1K", 65536: "64K", 65000: "65,000", 8 << 20: "8M"} {
+		if got := bytesLabel(v); got != want {
+			t.Errorf("bytesLabel(%v) = %q, want %q", v, got, want)
+		}
+	}
+}
+
+// TestTicksAtTheData: the x axis is marked at every x measured and
+// labelled there unless a label would run into the one before (0, 0.1
+// and 0.5 % of loss: 0.1 keeps its mark, unlabelled); a single x (a
+// quick run's panel once had one) gets its label too, inside the range;
+// and a quick run's fig15 panels each hold two sizes.
+func TestTicksAtTheData(t *testing.T) {
+	c := newChart("t", "packet loss (%)", "goodput (Gb/s)")
+	if err := c.series(0, "s", plotter.XYs{{X: 0, Y: 1}, {X: 0.1, Y: 1}, {X: 0.5, Y: 1}, {X: 1, Y: 1}, {X: 2, Y: 1}, {X: 5, Y: 1}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	c.tickAtData(false, number)
+	var got []string
+	for _, tk := range c.X.Tick.Marker.Ticks(c.X.Min, c.X.Max) {
+		got = append(got, tk.Label)
+	}
+	if want := []string{"0", "", "0.5", "1", "2", "5"}; !slices.Equal(got, want) {
+		t.Errorf("loss ticks %q, want %q", got, want)
+	}
+	one := newChart("t", "message size (bytes)", "µs")
+	if err := one.series(0, "s", plotter.XYs{{X: 64, Y: 6}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	one.tickAtData(true, bytesLabel)
+	if ts := one.X.Tick.Marker.Ticks(one.X.Min, one.X.Max); len(ts) != 1 || ts[0].Label != "64" || one.X.Min >= 64 || one.X.Max <= 64 {
+		t.Errorf("one size: ticks %v, range %v..%v", ts, one.X.Min, one.X.Max)
+	}
+	for _, f := range figures(true) {
+		for _, pn := range f.Panels {
+			n := 0
+			for _, x := range f.X {
+				if x >= pn[0] && x < pn[1] {
+					n++
+				}
+			}
+			if n < 2 {
+				t.Errorf("%s: a quick run's panel %v holds %d sizes", f.ID, pn, n)
+			}
+		}
+	}
+}
+
+// TestMemoryLine: the experiments log says what a memory run measured in
+// the figure's terms, not a Go map of its benchmark's metrics (negative
+// slab bytes and a heap above the total read as wrong).
+func TestMemoryLine(t *testing.T) {
+	got := memoryLine(map[string]float64{"B/idle-peer": 5733.6, "B/active-peer": 7194, "slab-B/idle-peer": -61, "heap-B/idle-peer": 9000})
+	if want := "5,734 B per idle peer, 7,194 B per peer with an answer in flight (resident set + socket slab)"; got != want {
+		t.Errorf("%q, want %q", got, want)
+	}
 }

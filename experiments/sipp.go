@@ -21,7 +21,6 @@ import (
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/vg"
 
 	"github.com/udiwarp/udiwarp/internal/memstat"
 	"github.com/udiwarp/udiwarp/internal/netnstest"
@@ -919,11 +918,7 @@ func sippPlot(dir string, f *figure, rows []row) ([]plotted, error) {
 // round of a loaded host can be a hundred times the others.
 func sippResponsePlot(dir string, f *figure, rows []row) (plotted, error) {
 	id := f.ID + "-response"
-	p := plot.New()
-	p.Title.Text = "SIPp basic call: median response time (BYE to 200 OK, SIPp's message trace)"
-	p.X.Label.Text, p.Y.Label.Text = f.XLabel, "median response time (ms, log scale)"
-	p.Legend.Top = true
-	p.Add(plotter.NewGrid())
+	p := newChart("SIPp basic call: median response time (BYE to 200 OK, SIPp's message trace)", f.XLabel, "median response time (ms, log scale)")
 	lo, hi := math.Inf(1), 0.0
 	for k, s := range f.Series {
 		var xys plotter.XYs
@@ -936,20 +931,18 @@ func sippResponsePlot(dir string, f *figure, rows []row) (plotted, error) {
 		if len(xys) == 0 {
 			continue
 		}
-		if err := addSeries(p, k, s.Label, xys, errs); err != nil {
+		if err := p.series(k, s.Label, xys, errs); err != nil {
 			return plotted{}, err
 		}
 	}
 	if hi == 0 {
 		return plotted{}, errors.New("no response times to draw")
 	}
-	p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, logTicks{}
 	p.Y.Min, p.Y.Max = lo/2, hi*2
-	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
-	for _, ext := range []string{".png", ".svg"} {
-		if err := p.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, id+ext)); err != nil {
-			return plotted{}, err
-		}
+	p.tickAtData(true, number)
+	if err := p.save(dir, id); err != nil {
+		return plotted{}, err
 	}
 	return plotted{fig: f.ID, name: id, title: p.Title.Text}, nil
 }
