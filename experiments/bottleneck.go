@@ -755,6 +755,9 @@ func summaryText(s row) string {
 	for _, k := range []string{"goodput_gbps", "rd_gbps", "tcp_gbps", "ratio_rd_tcp", "flow1_gbps", "flow2_gbps", "jain", "total_gbps",
 		"share_of_bottleneck", "qdisc_drop_pct", "rd_retransmits", "rcv_udp_rcvbuf_errors", "snd_udp_sndbuf_errors", "loadavg_1m"} {
 		if v, ok := s[k]; ok {
+			if f, ok := v.(float64); ok {
+				v = strconv.FormatFloat(f, 'g', 3, 64) // the log's reading; runs.csv keeps every digit
+			}
 			parts = append(parts, fmt.Sprintf("%s %s", k, cell(v)))
 		}
 	}

@@ -121,7 +121,11 @@ func memoryLine(m map[string]float64) string {
 		{"idle-peer", "idle peer"}, {"active-peer", "peer with an answer in flight"}, {"conn", "RC connection"},
 	} {
 		if v, ok := m["B/"+w.key]; ok {
-			parts = append(parts, fmt.Sprintf("%s B per %s", number(math.Round(v)), w.what))
+			p := fmt.Sprintf("%s B per %s", number(math.Round(v)), w.what)
+			if v < 0 {
+				p += " (below zero: the server gave back more pages than the peers took, noise around a cost near none)"
+			}
+			parts = append(parts, p)
 		}
 	}
 	if len(parts) == 0 {

@@ -3,6 +3,7 @@ package main
 import (
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"gonum.org/v1/plot"
@@ -154,5 +155,22 @@ func TestMemoryLine(t *testing.T) {
 	got := memoryLine(map[string]float64{"B/idle-peer": 5733.6, "B/active-peer": 7194, "slab-B/idle-peer": -61, "heap-B/idle-peer": 9000})
 	if want := "5,734 B per idle peer, 7,194 B per peer with an answer in flight (resident set + socket slab)"; got != want {
 		t.Errorf("%q, want %q", got, want)
+	}
+	if got := memoryLine(map[string]float64{"B/idle-peer": -175}); !strings.Contains(got, "-175 B per idle peer (below zero: ") {
+		t.Errorf("a negative figure unexplained: %q", got)
+	}
+}
+
+// TestHeadroomOutlier: one round far above the others does not flatten
+// the lines: the axis stops at three times the largest median.
+func TestHeadroomOutlier(t *testing.T) {
+	c := newChart("t", "x", "µs")
+	if err := c.series(0, "s", plotter.XYs{{X: 64, Y: 6}, {X: 1024, Y: 7}}, plotter.YErrors{{Low: 1, High: 2900}, {Low: 1, High: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	c.Y.Min = 0
+	c.headroom()
+	if c.Y.Max != 21 {
+		t.Errorf("y up to %v, want 21", c.Y.Max)
 	}
 }

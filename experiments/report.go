@@ -25,7 +25,8 @@ func writeReport(dir string, figs []*figure, rows []row, made []plotted, m meta)
 	fmt.Fprintf(&b, "| machine | %s |\n", m.Machine)
 	fmt.Fprintf(&b, "| tree | %s |\n", m.Tree)
 	fmt.Fprintf(&b, "| data | [runs.csv](runs.csv), [runs.json](runs.json): one row per run, with its udperf (or udstream) command and every setting; [meta.json](meta.json): this table |\n\n")
-	b.WriteString("Each point is the median of its rounds; the error bars and the brackets give the rounds' min–max. " +
+	b.WriteString("Each point is the median of its rounds; the error bars and the brackets give the rounds' min–max (a linear axis stops at " +
+		"three times the largest median: a bar that runs off its top, without a cap, is one round far above the others; the table has its value). " +
 		"Lossless figures run both ends in one process on loopback (`udperf local`; latency busy-polls as perftest does, " +
 		"bandwidth waits on events); the loss figures run " +
 		"`udperf client` and `udperf server` in two network namespaces joined by a veth pair (MTU 1,500), event polling, " +
