@@ -260,7 +260,9 @@ func TestGauges(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 2 {
-		srq.PostRecv(&qp.RecvWR{ID: uint64(i), SGL: []qp.SGE{mr.SGE(i*64, 64)}})
+		if err := srq.PostRecv(&qp.RecvWR{ID: uint64(i), SGL: []qp.SGE{mr.SGE(i*64, 64)}}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	c := New()
 	c.Add("d", d)

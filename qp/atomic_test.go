@@ -366,7 +366,7 @@ func TestImmediateNeedsReceive(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "a refusal for want of a receive", func() bool { return p.b.dev.Stats().RDNotReady.Load() > 0 })
-	p.qb.PostRecv(&RecvWR{ID: 7, SGL: []SGE{p.b.mr.SGE(0, 8)}})
+	mustPost(t, p.qb.PostRecv(&RecvWR{ID: 7, SGL: []SGE{p.b.mr.SGE(0, 8)}}))
 	if wc := collect(t, p.cqb, 1, 5*time.Second)[0]; wc.ID != 7 || !wc.WithImm || wc.Imm != 9 {
 		t.Fatalf("%+v", wc)
 	}
@@ -439,7 +439,7 @@ func TestAtomicSpoofed(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{n.mr.SGE(0, 64)}})
+			mustPost(t, q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{n.mr.SGE(0, 64)}}))
 			st := n.dev.Stats()
 			sent := st.RxDatagrams.Load()
 			dst := n.sock.LocalAddr()

@@ -76,7 +76,7 @@ func BenchmarkReceivePath(b *testing.B) {
 			a := newNode(b, DeviceConfig{Poll: PollBusy}, "udp4", "127.0.0.1:0")
 			dg := udiwarpSend(a.qp.QPN(), 7, make([]byte, size))
 			wr := RecvWR{SGL: []SGE{a.mr.SGE(0, 4096)}}
-			a.qp.PostRecv(&wr)
+			mustPost(b, a.qp.PostRecv(&wr))
 			wcs := make([]WorkCompletion, 1)
 			src := a.sock.LocalAddr()
 			b.ReportAllocs()
@@ -86,7 +86,7 @@ func BenchmarkReceivePath(b *testing.B) {
 				if a.cq.Poll(wcs) != 1 || wcs[0].Status != Success {
 					b.Fatal("no completion")
 				}
-				a.qp.PostRecv(&wr)
+				mustPost(b, a.qp.PostRecv(&wr))
 			}
 		})
 	}
@@ -110,8 +110,8 @@ func BenchmarkRoundTripCPU(b *testing.B) {
 			y := newNode(b, cfg, "udp4", "127.0.0.1:0")
 			const depth = 64
 			for i := range depth {
-				x.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{x.mr.SGE(4096*i, 4096)}})
-				y.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{y.mr.SGE(4096*i, 4096)}})
+				mustPost(b, x.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{x.mr.SGE(4096*i, 4096)}}))
+				mustPost(b, y.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{y.mr.SGE(4096*i, 4096)}}))
 			}
 			toY := SendWR{SGL: []SGE{x.mr.SGE(1<<19, size)}, AH: x.ah(y, y.qp)}
 			toX := SendWR{SGL: []SGE{y.mr.SGE(1<<19, size)}, AH: y.ah(x, x.qp)}
@@ -278,7 +278,7 @@ func BenchmarkStreamCPU(b *testing.B) {
 				rx = y.newQP(QPAttr{Type: RD, SendCQ: y.cq, RecvCQ: y.cq, Caps: QPCaps{MaxSendWR: 256, MaxRecvWR: 256}})
 			}
 			for i := range batch {
-				rx.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{y.mr.SGE(65536*i, 65536)}})
+				mustPost(b, rx.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{y.mr.SGE(65536*i, 65536)}}))
 			}
 			wr := SendWR{Flags: FlagSignaled, SGL: []SGE{x.mr.SGE(0, size)}, AH: x.ah(y, rx)}
 			wcs := make([]WorkCompletion, batch)
@@ -302,7 +302,7 @@ func BenchmarkStreamCPU(b *testing.B) {
 							b.Fatalf("%+v", wc)
 						}
 						recv.ID, recv.SGL[0] = wc.ID, y.mr.SGE(65536*int(wc.ID), 65536)
-						rx.PostRecv(&recv)
+						mustPost(b, rx.PostRecv(&recv))
 						got++
 					}
 					acked += x.cq.Poll(wcs)

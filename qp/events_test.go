@@ -112,8 +112,8 @@ func TestLocalEventsSurviveRemoteFlood(t *testing.T) {
 // and an SRQ the application dropped stops counting.
 func TestLevels(t *testing.T) {
 	p := newRDPair(t, DeviceConfig{}, DeviceConfig{}, RDConfig{})
-	p.qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{p.b.mr.SGE(0, 64)}})
-	p.qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("hi"), AH: p.ahAB})
+	mustPost(t, p.qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{p.b.mr.SGE(0, 64)}}))
+	mustPost(t, p.qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("hi"), AH: p.ahAB}))
 	collect(t, p.cqa, 1, 5*time.Second)
 	if l := p.a.dev.Levels(); l.RDPeers != 1 || l.RCConnections != 0 {
 		t.Fatalf("RD: %+v", l)
@@ -129,7 +129,7 @@ func TestLevels(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i := range 3 {
-			srq.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{a.mr.SGE(i*64, 64)}})
+			mustPost(t, srq.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{a.mr.SGE(i*64, 64)}}))
 		}
 		if l := a.dev.Levels(); l.SRQReceives != 3 || l.SRQCapacity != 8 {
 			t.Fatalf("SRQ: %+v", l)

@@ -25,11 +25,17 @@ func Example() {
 	devB, sockB, _, cqB, qpB, mrB := open()
 	defer devB.Close()
 
-	qpB.PostRecv(&qp.RecvWR{ID: 1, SGL: []qp.SGE{mrB.SGE(0, 4096)}})
+	if err := qpB.PostRecv(&qp.RecvWR{ID: 1, SGL: []qp.SGE{mrB.SGE(0, 4096)}}); err != nil {
+		fmt.Println(err)
+		return
+	}
 
 	copy(mrA.Bytes(), "hello")
 	ah, _ := pdA.CreateAH(sockB.LocalAddr(), qpB.QPN())
-	qpA.PostSend(&qp.SendWR{ID: 2, Flags: qp.FlagSignaled, SGL: []qp.SGE{mrA.SGE(0, 5)}, AH: ah})
+	if err := qpA.PostSend(&qp.SendWR{ID: 2, Flags: qp.FlagSignaled, SGL: []qp.SGE{mrA.SGE(0, 5)}, AH: ah}); err != nil {
+		fmt.Println(err)
+		return
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

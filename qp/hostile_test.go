@@ -122,7 +122,7 @@ func TestFloodDoesNotStarve(t *testing.T) {
 	flood = udiwarp.SealDatagram(append(flood, make([]byte, 512)...), 0)
 	const n = 100
 	for i := range n {
-		victim.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*64, 64)}})
+		mustPost(t, victim.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*64, 64)}}))
 	}
 	ah := a.ah(b, victim)
 	for i := range n {

@@ -134,15 +134,15 @@ func TestImpairBothWays(t *testing.T) {
 	b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
 	const n, size = 128, 100
 	for i := range n {
-		a.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{a.mr.SGE(i*size, size)}})
-		b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*size, size)}})
+		mustPost(t, a.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{a.mr.SGE(i*size, size)}}))
+		mustPost(t, b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*size, size)}}))
 	}
 	toB, toA := a.ah(b, b.qp), b.ah(a, a.qp)
 	// Sent from past the receives: a send read from a posted receive's
 	// bytes races with the datagram the stack places there.
 	for i := range n {
-		a.qp.PostSend(&SendWR{SGL: []SGE{a.mr.SGE(n*size, size)}, AH: toB})
-		b.qp.PostSend(&SendWR{SGL: []SGE{b.mr.SGE(n*size, size)}, AH: toA})
+		mustPost(t, a.qp.PostSend(&SendWR{SGL: []SGE{a.mr.SGE(n*size, size)}, AH: toB}))
+		mustPost(t, b.qp.PostSend(&SendWR{SGL: []SGE{b.mr.SGE(n*size, size)}, AH: toA}))
 		if i%32 == 31 {
 			eventually(t, "both read the burst", func() bool {
 				return handled(a, rx) >= uint64(i+1) && handled(b, tx) >= uint64(i+1)
@@ -208,8 +208,8 @@ func TestImpairRxSocketsOfOneDevice(t *testing.T) {
 	}
 	const n, size = 256, 64
 	for i := range n {
-		b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*size, size)}})
-		q2.PostRecv(&RecvWR{ID: uint64(n + i), SGL: []SGE{b.mr.SGE((n+i)*size, size)}})
+		mustPost(t, b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*size, size)}}))
+		mustPost(t, q2.PostRecv(&RecvWR{ID: uint64(n + i), SGL: []SGE{b.mr.SGE((n+i)*size, size)}}))
 	}
 	to1 := a.ah(b, b.qp)
 	to2, err := a.pd.CreateAH(s2.LocalAddr(), q2.num)
@@ -217,8 +217,8 @@ func TestImpairRxSocketsOfOneDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range n {
-		a.qp.PostSend(&SendWR{Inline: []byte{byte(i), byte(i >> 8), 1}, AH: to1})
-		a.qp.PostSend(&SendWR{Inline: []byte{byte(i), byte(i >> 8), 2}, AH: to2})
+		mustPost(t, a.qp.PostSend(&SendWR{Inline: []byte{byte(i), byte(i >> 8), 1}, AH: to1}))
+		mustPost(t, a.qp.PostSend(&SendWR{Inline: []byte{byte(i), byte(i >> 8), 2}, AH: to2}))
 		if i%16 == 15 {
 			eventually(t, "the receiver reads the burst", func() bool { return handled(b, im) >= uint64(2*(i+1)-1) })
 		}

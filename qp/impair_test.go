@@ -36,7 +36,7 @@ func TestImpairedLink(t *testing.T) {
 	const n = 400
 	const size = 1000
 	for i := range n + n/2 {
-		b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*size, size)}})
+		mustPost(t, b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*size, size)}}))
 	}
 	ah := a.ah(b, b.qp)
 	for i := range n {
@@ -124,7 +124,7 @@ func TestDatamover(t *testing.T) {
 	const n = 1000
 	const size = 1400
 	for i := range n {
-		b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(0, size)}})
+		mustPost(t, b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(0, size)}}))
 	}
 	ah := a.ah(b, b.qp)
 	const shut = 32 // posted while the link is shut
@@ -158,8 +158,8 @@ func TestDatamover(t *testing.T) {
 func TestBusyPollThread(t *testing.T) {
 	a := newNode(t, DeviceConfig{Poll: PollBusy, BusyPollThread: true}, "udp4", "127.0.0.1:0")
 	b := newNode(t, DeviceConfig{Poll: PollBusy, BusyPollThread: true}, "udp4", "127.0.0.1:0")
-	b.qp.PostRecv(&RecvWR{ID: 1, SGL: []SGE{b.mr.SGE(0, 100)}})
-	a.qp.PostSend(&SendWR{Inline: []byte("spin"), AH: a.ah(b, b.qp)})
+	mustPost(t, b.qp.PostRecv(&RecvWR{ID: 1, SGL: []SGE{b.mr.SGE(0, 100)}}))
+	mustPost(t, a.qp.PostSend(&SendWR{Inline: []byte("spin"), AH: a.ah(b, b.qp)}))
 	// The spinning thread receives even though nobody polls.
 	deadline := time.Now().Add(3 * time.Second)
 	for b.dev.Stats().RxDelivered.Load() == 0 {

@@ -19,8 +19,8 @@ func TestDirectPlacement(t *testing.T) {
 	const slot = 3000
 	for i := range n {
 		// Two SGEs per receive: 1000 bytes, then 2000 bytes elsewhere.
-		b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*1000, 1000), b.mr.SGE(300000+i*2000, 2000)}})
-		other.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(900000+i*100, 100)}})
+		mustPost(t, b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*1000, 1000), b.mr.SGE(300000+i*2000, 2000)}}))
+		mustPost(t, other.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(900000+i*100, 100)}}))
 	}
 	ahB, ahO := a.ah(b, b.qp), a.ah(b, other)
 	want := make([][]byte, 0, n)
@@ -36,7 +36,7 @@ func TestDirectPlacement(t *testing.T) {
 			t.Fatal(err)
 		}
 		if i%10 == 3 {
-			a.qp.PostSend(&SendWR{Inline: []byte{byte(i)}, AH: ahO})
+			mustPost(t, a.qp.PostSend(&SendWR{Inline: []byte{byte(i)}, AH: ahO}))
 		}
 	}
 	got := waitWC(t, b.cq, n)
@@ -79,7 +79,7 @@ func TestDirectPlacementBatched(t *testing.T) {
 	const n = 100
 	const size = 3000
 	for i := range n {
-		b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*size, size)}})
+		mustPost(t, b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*size, size)}}))
 	}
 	ah := a.ah(b, b.qp)
 	for i := range n {
@@ -110,11 +110,11 @@ func TestDirectPlacementSharedBuffers(t *testing.T) {
 	b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
 	const n = 200
 	for i := range n {
-		b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(0, 100)}})
+		mustPost(t, b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(0, 100)}}))
 	}
 	ah := a.ah(b, b.qp)
 	for i := range n {
-		a.qp.PostSend(&SendWR{Inline: bytes.Repeat([]byte{byte(i)}, 50), AH: ah})
+		mustPost(t, a.qp.PostSend(&SendWR{Inline: bytes.Repeat([]byte{byte(i)}, 50), AH: ah}))
 	}
 	got := waitWC(t, b.cq, n)
 	for i, wc := range got {

@@ -12,6 +12,18 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// mustPost ends the test if a post (PostSend, PostRecv, SRQ.PostRecv)
+// returned an error: unchecked, a refused post shows only as a
+// completion that never comes, a timeout far from its cause
+// (internal/testlint's TestPostResultsChecked keeps every post checked).
+// It calls t.Fatal, so only from the test's own goroutine.
+func mustPost(t testing.TB, err error) {
+	if err != nil {
+		t.Helper()
+		t.Fatalf("post: %v", err)
+	}
+}
+
 // node is one side of a test: a device with a socket, a PD, a CQ, a UD QP
 // in RTS and a registered buffer.
 type node struct {

@@ -53,10 +53,10 @@ func TestMulticast(t *testing.T) {
 					if err := n.qp.JoinMulticast(group, lo); err != nil {
 						t.Fatal(err)
 					}
-					n.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{n.mr.SGE(0, 4096)}})
+					mustPost(t, n.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{n.mr.SGE(0, 4096)}}))
 					if i == 1 {
 						outsider = n.newQP(QPAttr{Type: UD, SendCQ: n.cq, RecvCQ: n.cq})
-						outsider.PostRecv(&RecvWR{ID: 99, SGL: []SGE{n.mr.SGE(0, 4096)}})
+						mustPost(t, outsider.PostRecv(&RecvWR{ID: 99, SGL: []SGE{n.mr.SGE(0, 4096)}}))
 					}
 					members = append(members, n)
 				}
@@ -82,9 +82,9 @@ func TestMulticast(t *testing.T) {
 				if err := members[0].qp.LeaveMulticast(group); err != nil {
 					t.Fatal(err)
 				}
-				members[0].qp.PostRecv(&RecvWR{ID: 50, SGL: []SGE{members[0].mr.SGE(0, 4096)}})
-				members[1].qp.PostRecv(&RecvWR{ID: 51, SGL: []SGE{members[1].mr.SGE(0, 4096)}})
-				src.qp.PostSend(&SendWR{Inline: []byte("again"), AH: ah})
+				mustPost(t, members[0].qp.PostRecv(&RecvWR{ID: 50, SGL: []SGE{members[0].mr.SGE(0, 4096)}}))
+				mustPost(t, members[1].qp.PostRecv(&RecvWR{ID: 51, SGL: []SGE{members[1].mr.SGE(0, 4096)}}))
+				mustPost(t, src.qp.PostSend(&SendWR{Inline: []byte("again"), AH: ah}))
 				if wc := waitWC(t, members[1].cq, 1)[0]; wc.ID != 51 {
 					t.Fatalf("%+v", wc)
 				}

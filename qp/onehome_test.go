@@ -237,14 +237,14 @@ func TestSendRefused(t *testing.T) {
 			}
 			waitCount(t, "not ready", fakeCounter(func() uint64 { return p.notReady(p.dev) }), nr+1)
 			if p.reliable { // RD keeps it and delivers it once a receive is posted
-				p.dst.PostRecv(&RecvWR{ID: 10, SGL: []SGE{p.mr.SGE(0, 16)}})
+				mustPost(t, p.dst.PostRecv(&RecvWR{ID: 10, SGL: []SGE{p.mr.SGE(0, 16)}}))
 				if wc := collect(t, p.cq, 1, 10*time.Second)[0]; wc.ID != 10 || wc.Status != Success || wc.Len != 4 {
 					t.Fatalf("after not ready: %+v", wc)
 				}
 			}
 			// A receive too small.
 			small := st.RxRecvTooSmall.Load()
-			p.dst.PostRecv(&RecvWR{ID: 11, SGL: []SGE{p.mr.SGE(0, 3), p.mr.SGE(100, 2)}})
+			mustPost(t, p.dst.PostRecv(&RecvWR{ID: 11, SGL: []SGE{p.mr.SGE(0, 3), p.mr.SGE(100, 2)}}))
 			if err := p.src.PostSend(&SendWR{ID: 2, Inline: []byte("sixsix"), AH: p.ah}); err != nil {
 				t.Fatal(err)
 			}
@@ -255,7 +255,7 @@ func TestSendRefused(t *testing.T) {
 				t.Fatalf("RxRecvTooSmall %d, want %d", st.RxRecvTooSmall.Load(), small+1)
 			}
 			// A receive that fits, across both SGEs.
-			p.dst.PostRecv(&RecvWR{ID: 12, SGL: []SGE{p.mr.SGE(0, 3), p.mr.SGE(100, 2)}})
+			mustPost(t, p.dst.PostRecv(&RecvWR{ID: 12, SGL: []SGE{p.mr.SGE(0, 3), p.mr.SGE(100, 2)}}))
 			if err := p.src.PostSend(&SendWR{ID: 3, Inline: []byte("fiver"), AH: p.ah}); err != nil {
 				t.Fatal(err)
 			}

@@ -131,7 +131,11 @@ func newRCServerWith(t *testing.T, cfg RCConfig, listen func(*Device) (*RCListen
 				return
 			}
 			q.Modify(ModifyAttr{State: StateInit})
-			q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{s.mr.SGE(0, 100)}})
+			if err := q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{s.mr.SGE(0, 100)}}); err != nil {
+				t.Errorf("the server's receive: %v", err) // not t.Fatal: this is not the test's goroutine
+				r.Reject(nil)
+				return
+			}
 			if r.Accept(q, cfg) == nil {
 				s.qps <- q
 			}
@@ -218,7 +222,7 @@ func TestRCBadInput(t *testing.T) {
 		})
 	}
 	// Every bad connection failed alone: the good one still works.
-	good.q.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("still")})
+	mustPost(t, good.q.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("still")}))
 	wcs := make([]WorkCompletion, 16)
 	for end := time.Now().Add(5 * time.Second); ; {
 		n := srv.cq.Poll(wcs) // the bad QPs' flushed receives, then the good one's message

@@ -114,7 +114,7 @@ func TestRCOperations(t *testing.T) {
 			// Sends, each into its own receive.
 			off := 0
 			for i, n := range sizes {
-				b.q.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(off, max(n, 1))}})
+				mustPost(t, b.q.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(off, max(n, 1))}}))
 				fill(a.buf[off:off+n], i)
 				if err := a.q.PostSend(&SendWR{ID: uint64(i), Flags: FlagSignaled, SGL: []SGE{a.mr.SGE(off, n)}}); err != nil {
 					t.Fatal(err)
@@ -168,15 +168,15 @@ func TestRCSendInvalidate(t *testing.T) {
 	a, b := newRCSide(t, DeviceConfig{}), newRCSide(t, DeviceConfig{})
 	rcConnect(t, a, b, RCConfig{}, RCConfig{})
 	target, _ := b.pd.RegisterMemory(make([]byte, 64), AccessLocalWrite|AccessRemoteWrite|AccessRemoteInvalidate)
-	b.q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{b.mr.SGE(0, 16)}})
-	a.q.PostSend(&SendWR{ID: 1, Opcode: OpSendInvalidate, Flags: FlagSignaled | FlagSolicited, Inline: []byte("bye"), InvalidateSTag: target.STag()})
+	mustPost(t, b.q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{b.mr.SGE(0, 16)}}))
+	mustPost(t, a.q.PostSend(&SendWR{ID: 1, Opcode: OpSendInvalidate, Flags: FlagSignaled | FlagSolicited, Inline: []byte("bye"), InvalidateSTag: target.STag()}))
 	if wc := collect(t, b.cq, 1, 5*time.Second)[0]; wc.Status != Success || wc.Invalidated != target.STag() || !wc.Solicited {
 		t.Fatalf("%+v", wc)
 	}
 	collect(t, a.cq, 1, time.Second)
 	// The invalidated STag no longer takes remote writes: the Write ends
 	// the connection with a Terminate.
-	a.q.PostSend(&SendWR{ID: 2, Opcode: OpWrite, Flags: FlagSignaled, Inline: []byte("x"), RemoteSTag: target.STag(), RemoteTO: target.Addr()})
+	mustPost(t, a.q.PostSend(&SendWR{ID: 2, Opcode: OpWrite, Flags: FlagSignaled, Inline: []byte("x"), RemoteSTag: target.STag(), RemoteTO: target.Addr()}))
 	waitState(t, b.q, StateError)
 	waitState(t, a.q, StateError)
 }
@@ -224,8 +224,8 @@ func TestRCIPv6(t *testing.T) {
 	if _, err := a.q.Connect(context.Background(), l.Addr().String(), RCConfig{Markers: true}); err != nil {
 		t.Fatal(err)
 	}
-	b.q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{b.mr.SGE(0, 10)}})
-	a.q.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("six")})
+	mustPost(t, b.q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{b.mr.SGE(0, 10)}}))
+	mustPost(t, a.q.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("six")}))
 	if wc := collect(t, b.cq, 1, 5*time.Second)[0]; wc.Status != Success || string(b.buf[:3]) != "six" {
 		t.Fatalf("%+v", wc)
 	}

@@ -97,11 +97,11 @@ func TestRCWiresharkDecode(t *testing.T) {
 		inv, _ := b.pd.RegisterMemory(make([]byte, 16), AccessLocalWrite|AccessRemoteWrite|AccessRemoteInvalidate)
 		sizes := []int{0, 1, 61, 1000, 70000}
 		for k := range sizes {
-			bq.PostRecv(&RecvWR{ID: uint64(k), SGL: []SGE{b.mr.SGE(k*100000, 100000)}})
+			mustPost(t, bq.PostRecv(&RecvWR{ID: uint64(k), SGL: []SGE{b.mr.SGE(k*100000, 100000)}}))
 		}
-		bq.PostRecv(&RecvWR{ID: 99, SGL: []SGE{b.mr.SGE(900000, 100)}})
+		mustPost(t, bq.PostRecv(&RecvWR{ID: 99, SGL: []SGE{b.mr.SGE(900000, 100)}}))
 		for k := range 4 { // Immediate Data alone, Send with Immediate (two), Write with Immediate
-			bq.PostRecv(&RecvWR{ID: 300 + uint64(k), SGL: []SGE{b.mr.SGE(950000+k*100, 100)}})
+			mustPost(t, bq.PostRecv(&RecvWR{ID: 300 + uint64(k), SGL: []SGE{b.mr.SGE(950000+k*100, 100)}}))
 		}
 		word, _ := b.pd.RegisterMemory(make([]byte, 8), AccessLocalWrite|AccessRemoteAtomic)
 		for k, n := range sizes {
@@ -110,13 +110,13 @@ func TestRCWiresharkDecode(t *testing.T) {
 			if k%2 == 1 {
 				flags |= FlagSolicited
 			}
-			a.q.PostSend(&SendWR{ID: uint64(k), Flags: flags, SGL: []SGE{a.mr.SGE(0, n)}})
-			a.q.PostSend(&SendWR{ID: 100 + uint64(k), Opcode: OpWrite, Flags: FlagSignaled, SGL: []SGE{a.mr.SGE(0, n)},
-				RemoteSTag: b.mr.STag(), RemoteTO: b.mr.Addr() + 2<<20})
-			a.q.PostSend(&SendWR{ID: 200 + uint64(k), Opcode: OpRead, Flags: FlagSignaled, SGL: []SGE{a.mr.SGE(4<<20, n)},
-				RemoteSTag: b.mr.STag(), RemoteTO: b.mr.Addr() + 2<<20})
+			mustPost(t, a.q.PostSend(&SendWR{ID: uint64(k), Flags: flags, SGL: []SGE{a.mr.SGE(0, n)}}))
+			mustPost(t, a.q.PostSend(&SendWR{ID: 100 + uint64(k), Opcode: OpWrite, Flags: FlagSignaled, SGL: []SGE{a.mr.SGE(0, n)},
+				RemoteSTag: b.mr.STag(), RemoteTO: b.mr.Addr() + 2<<20}))
+			mustPost(t, a.q.PostSend(&SendWR{ID: 200 + uint64(k), Opcode: OpRead, Flags: FlagSignaled, SGL: []SGE{a.mr.SGE(4<<20, n)},
+				RemoteSTag: b.mr.STag(), RemoteTO: b.mr.Addr() + 2<<20}))
 		}
-		a.q.PostSend(&SendWR{ID: 99, Opcode: OpSendInvalidate, Flags: FlagSignaled, Inline: []byte("invalidate"), InvalidateSTag: inv.STag()})
+		mustPost(t, a.q.PostSend(&SendWR{ID: 99, Opcode: OpSendInvalidate, Flags: FlagSignaled, Inline: []byte("invalidate"), InvalidateSTag: inv.STag()}))
 		atomics := []*SendWR{
 			{ID: 300, Opcode: OpAtomicFetchAdd, SGL: []SGE{a.mr.SGE(0, 8)}, RemoteSTag: word.STag(), CompareAdd: 5},
 			{ID: 301, Opcode: OpAtomicCmpSwap, SGL: []SGE{a.mr.SGE(8, 8)}, RemoteSTag: word.STag(), CompareAdd: 5, Swap: 9},

@@ -39,7 +39,7 @@ func TestRDChurnDoesNotReopenEndedSession(t *testing.T) {
 			}
 			word := func() uint64 { return atomic.LoadUint64((*uint64)(unsafe.Pointer(&amr.Bytes()[0]))) }
 			for i := range 2 {
-				qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*10, 10)}})
+				mustPost(t, qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*10, 10)}}))
 			}
 			c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 			if err != nil {
@@ -128,7 +128,7 @@ func TestRDChurnDoesNotReopenEndedSession(t *testing.T) {
 func TestRDErrorEndsSessionsForGood(t *testing.T) {
 	b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
 	qb, cqb := rdQPOn(t, b, RDConfig{})
-	qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{b.mr.SGE(0, 10)}})
+	mustPost(t, qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{b.mr.SGE(0, 10)}}))
 	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +155,7 @@ func TestRDErrorEndsSessionsForGood(t *testing.T) {
 	if peersOf(qb) != 0 {
 		t.Fatal("the flush kept a peer")
 	}
-	qb.PostRecv(&RecvWR{ID: 2, SGL: []SGE{b.mr.SGE(10, 10)}})
+	mustPost(t, qb.PostRecv(&RecvWR{ID: 2, SGL: []SGE{b.mr.SGE(10, 10)}}))
 	r.data(0, seg, false, 0, 0)
 	challenged := readType(reliability.Challenge)
 	var wc [1]WorkCompletion

@@ -25,7 +25,7 @@ func TestRDNoHeadOfLineAcrossPeers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	qc.PostRecv(&RecvWR{ID: 1, SGL: []SGE{c.mr.SGE(0, 16)}})
+	mustPost(t, qc.PostRecv(&RecvWR{ID: 1, SGL: []SGE{c.mr.SGE(0, 16)}}))
 
 	post := func(wr SendWR) {
 		t.Helper()
@@ -64,7 +64,7 @@ func TestRDNoHeadOfLineAcrossPeers(t *testing.T) {
 	}
 
 	for i := range 2 {
-		p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(16*i, 16)}})
+		mustPost(t, p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(16*i, 16)}}))
 	}
 	for i, wc := range collect(t, p.cqa, 2, 10*time.Second) {
 		if want := []uint64{1, 4}[i]; wc.ID != want || wc.Status != Success {

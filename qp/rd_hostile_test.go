@@ -33,7 +33,7 @@ func peersOf(q *QP) int {
 func TestRDUnvalidatedSources(t *testing.T) {
 	b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
 	qb, cqb := rdQPOn(t, b, RDConfig{})
-	qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{b.mr.SGE(0, 100)}})
+	mustPost(t, qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{b.mr.SGE(0, 100)}}))
 	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
@@ -122,9 +122,9 @@ func TestRDSpoofedPeer(t *testing.T) {
 	qb, cqb := rdQPOn(t, b, RDConfig{})
 	ah := a.ah(b, qb)
 	for i := range 4 {
-		qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*10, 10)}})
+		mustPost(t, qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*10, 10)}}))
 	}
-	qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("one"), AH: ah})
+	mustPost(t, qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("one"), AH: ah}))
 	if wc := collect(t, cqa, 1, 5*time.Second)[0]; wc.Status != Success {
 		t.Fatalf("%+v", wc)
 	}
@@ -189,7 +189,7 @@ func TestRDSpoofedPeer(t *testing.T) {
 	quietPoll(t, cqb) // nothing injected
 	// The real exchange goes on, in order, undisturbed.
 	for i := 2; i <= 4; i++ {
-		qa.PostSend(&SendWR{ID: uint64(i), Flags: FlagSignaled, Inline: []byte{byte('0' + i)}, AH: ah})
+		mustPost(t, qa.PostSend(&SendWR{ID: uint64(i), Flags: FlagSignaled, Inline: []byte{byte('0' + i)}, AH: ah}))
 	}
 	for _, wc := range collect(t, cqa, 3, 5*time.Second) {
 		if wc.Status != Success {
@@ -212,7 +212,7 @@ func TestRDPeerCap(t *testing.T) {
 	a := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
 	const senders = 12
 	for i := range senders {
-		qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*10, 10)}})
+		mustPost(t, qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*10, 10)}}))
 	}
 	for i := range senders {
 		q, cq := rdQPOn(t, a, RDConfig{})

@@ -39,14 +39,14 @@ func TestRDDirectPlacement(t *testing.T) {
 			if tc.other {
 				qo, cqo = rdQPOn(t, p.b, RDConfig{})
 				for i := range 64 {
-					qo.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(900000+i*100, 100)}})
+					mustPost(t, qo.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(900000+i*100, 100)}}))
 				}
 			}
 			const n = 120
 			const size = 3000
 			for i := range n {
 				// 1000 bytes, then 2000 elsewhere.
-				p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*1000, 1000), p.b.mr.SGE(300000+i*2000, 2000)}})
+				mustPost(t, p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*1000, 1000), p.b.mr.SGE(300000+i*2000, 2000)}}))
 			}
 			for i := range n {
 				fill(p.a.buf[i*size:(i+1)*size], i)
@@ -125,7 +125,7 @@ func TestRDDirectPlacementFlushed(t *testing.T) {
 	const size = 4000
 	const n = 64
 	for i := range n {
-		p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*size, size)}})
+		mustPost(t, p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*size, size)}}))
 	}
 	send := func(i int) {
 		if err := p.qa.PostSend(&SendWR{ID: uint64(i), SGL: []SGE{p.a.mr.SGE(0, size)}, AH: p.ahAB}); err != nil {
@@ -182,7 +182,7 @@ func TestRDAcksPerBatch(t *testing.T) {
 	p := newRDPair(t, DeviceConfig{}, DeviceConfig{Poll: PollBusy}, RDConfig{Config: reliability.Config{Congestion: reliability.CongestionNone}})
 	const n = 64
 	// The session first: the busy receiver answers the Hello when polled.
-	p.qb.PostRecv(&RecvWR{ID: 1000, SGL: []SGE{p.b.mr.SGE(0, 1000)}})
+	mustPost(t, p.qb.PostRecv(&RecvWR{ID: 1000, SGL: []SGE{p.b.mr.SGE(0, 1000)}}))
 	if err := p.qa.PostSend(&SendWR{ID: 100, Flags: FlagSignaled, SGL: []SGE{p.a.mr.SGE(0, 1000)}, AH: p.ahAB}); err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +199,7 @@ func TestRDAcksPerBatch(t *testing.T) {
 	// read): the next round tries again.
 	for round := 1; ; round++ {
 		for i := range n {
-			p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*1000, 1000)}})
+			mustPost(t, p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*1000, 1000)}}))
 		}
 		sent0 := sa.RDDataSent.Load() - sa.RDRetransmits.Load()
 		acks0, reads0, rx0 := sb.RDAcksSent.Load(), reads(), sb.RxDatagrams.Load()
@@ -242,7 +242,7 @@ func TestRDAcksPerBatch(t *testing.T) {
 func TestRDAckHeldFromTimer(t *testing.T) {
 	p := newRDPair(t, DeviceConfig{}, DeviceConfig{Poll: PollBusy}, RDConfig{})
 	for i := range 3 {
-		p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*1000, 1000)}})
+		mustPost(t, p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*1000, 1000)}}))
 	}
 	if err := p.qa.PostSend(&SendWR{ID: 100, Flags: FlagSignaled, SGL: []SGE{p.a.mr.SGE(0, 1000)}, AH: p.ahAB}); err != nil {
 		t.Fatal(err)
@@ -332,10 +332,10 @@ func TestRDDirectPlacementSpoofed(t *testing.T) {
 	ah := a.ah(b, qb)
 	const n, size = 60, 3000
 	for i := range n + 1 {
-		qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*size, size)}})
+		mustPost(t, qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*size, size)}}))
 	}
 	// The session, and the socket's guess: large Sends for qb.
-	qa.PostSend(&SendWR{ID: 100, Flags: FlagSignaled, SGL: []SGE{a.mr.SGE(0, size)}, AH: ah})
+	mustPost(t, qa.PostSend(&SendWR{ID: 100, Flags: FlagSignaled, SGL: []SGE{a.mr.SGE(0, size)}, AH: ah}))
 	spinWC(t, cqb, 1)
 	collect(t, cqa, 1, 5*time.Second)
 
@@ -415,20 +415,20 @@ func TestRDDirectPlacementAliasMoved(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	q2.PostRecv(&RecvWR{ID: 999, SGL: []SGE{b.mr.SGE(900000, 10)}}) // its receive numbers start below q's
+	mustPost(t, q2.PostRecv(&RecvWR{ID: 999, SGL: []SGE{b.mr.SGE(900000, 10)}})) // its receive numbers start below q's
 	x := q2.QPN()
 	if err := b.sock.Alias(x, q); err != nil {
 		t.Fatal(err)
 	}
 	const size, n = 3000, 20
 	for i := range 64 {
-		q.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*size, size)}})
+		mustPost(t, q.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*size, size)}}))
 	}
 	ah, err := a.pd.CreateAH(b.sock.LocalAddr(), x)
 	if err != nil {
 		t.Fatal(err)
 	}
-	qa.PostSend(&SendWR{ID: 100, Flags: FlagSignaled, SGL: []SGE{a.mr.SGE(0, size)}, AH: ah})
+	mustPost(t, qa.PostSend(&SendWR{ID: 100, Flags: FlagSignaled, SGL: []SGE{a.mr.SGE(0, size)}, AH: ah}))
 	if wc := spinWC(t, cq, 1)[0]; wc.Status != Success || wc.ID != 0 {
 		t.Fatalf("through the alias: %+v", wc)
 	}
@@ -443,7 +443,7 @@ func TestRDDirectPlacementAliasMoved(t *testing.T) {
 		}
 	}
 	for i := range 64 {
-		q2.PostRecv(&RecvWR{ID: uint64(1000 + i), SGL: []SGE{b.mr.SGE(400000+i*size, size)}})
+		mustPost(t, q2.PostRecv(&RecvWR{ID: uint64(1000 + i), SGL: []SGE{b.mr.SGE(400000+i*size, size)}}))
 	}
 	// A new QP of a's opens a session with x, now q2: its first frames
 	// carry INIT, as the one the socket's guess was made from did, so
@@ -491,16 +491,16 @@ func TestRDDirectPlacementResetMidBatch(t *testing.T) {
 	p := newRDPair(t, DeviceConfig{}, DeviceConfig{Poll: PollBusy}, RDConfig{})
 	const size = 3000
 	for i := range 8 {
-		p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*size, size)}})
+		mustPost(t, p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*size, size)}}))
 	}
 	for k := range 2 { // the second makes the header the steady one (no INIT)
-		p.qa.PostSend(&SendWR{ID: uint64(100 + k), Flags: FlagSignaled, SGL: []SGE{p.a.mr.SGE(0, size)}, AH: p.ahAB})
+		mustPost(t, p.qa.PostSend(&SendWR{ID: uint64(100 + k), Flags: FlagSignaled, SGL: []SGE{p.a.mr.SGE(0, size)}, AH: p.ahAB}))
 		spinWC(t, p.cqb, 1)
 		collect(t, p.cqa, 1, 5*time.Second)
 	}
 	fill(p.a.buf[size:2*size], 7)
 	base := p.a.dev.Stats().TxDatagrams.Load()
-	p.qa.PostSend(&SendWR{ID: 102, Flags: FlagSignaled, SGL: []SGE{p.a.mr.SGE(size, size)}, AH: p.ahAB})
+	mustPost(t, p.qa.PostSend(&SendWR{ID: 102, Flags: FlagSignaled, SGL: []SGE{p.a.mr.SGE(size, size)}, AH: p.ahAB}))
 	eventually(t, "the frame to leave", func() bool { return p.a.dev.Stats().TxDatagrams.Load() > base })
 	s := p.b.sock
 	s.rxMu.Lock()
@@ -519,7 +519,7 @@ func TestRDDirectPlacementResetMidBatch(t *testing.T) {
 	for i := range 8 * size {
 		p.b.buf[i] = 0xAB
 	}
-	p.qb.PostRecv(&RecvWR{ID: 500, SGL: []SGE{p.b.mr.SGE(100000, size)}})
+	mustPost(t, p.qb.PostRecv(&RecvWR{ID: 500, SGL: []SGE{p.b.mr.SGE(100000, size)}}))
 	s.rx.dispatch()
 	s.rxMu.Unlock()
 	wc := spinWC(t, p.cqb, 1)[0] // the retransmission

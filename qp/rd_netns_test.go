@@ -55,7 +55,7 @@ func TestRDNetnsRandomLoss(t *testing.T) {
 			const n = 500
 			const slot = 1400
 			for i := range n {
-				qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*slot, slot)}})
+				mustPost(t, qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*slot, slot)}}))
 			}
 			fill(a.buf[:n*slot], pct)
 			for i := range n {

@@ -78,8 +78,8 @@ func TestRDHeldMemoryBounded(t *testing.T) {
 	// A peer at another address gets service.
 	a := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
 	qa, cqa := rdQPOn(t, a, RDConfig{Config: reliability.Config{MaxRetries: 4, MaxRTO: 100 * time.Millisecond}})
-	qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{b.mr.SGE(0, 100)}})
-	qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("legit"), AH: a.ah(b, qb)})
+	mustPost(t, qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{b.mr.SGE(0, 100)}}))
+	mustPost(t, qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("legit"), AH: a.ah(b, qb)}))
 	if wc := collect(t, cqa, 1, 10*time.Second)[0]; wc.Status != Success {
 		t.Fatalf("the peer at another address: %+v", wc)
 	}
@@ -170,7 +170,7 @@ func TestRDDeregisterFlushesReads(t *testing.T) {
 	const n = 256 << 20 // ~4000 responses at two per round trip: far longer than the test takes
 	src, _ := p.b.pd.RegisterMemory(make([]byte, n), AccessLocalWrite|AccessRemoteRead)
 	sink, _ := p.a.pd.RegisterMemory(make([]byte, n), AccessLocalWrite|AccessRemoteWrite)
-	p.qa.PostSend(&SendWR{ID: 1, Opcode: OpRead, Flags: FlagSignaled, SGL: []SGE{sink.SGE(0, n)}, AH: p.ahAB, RemoteSTag: src.STag(), RemoteTO: src.Addr()})
+	mustPost(t, p.qa.PostSend(&SendWR{ID: 1, Opcode: OpRead, Flags: FlagSignaled, SGL: []SGE{sink.SGE(0, n)}, AH: p.ahAB, RemoteSTag: src.STag(), RemoteTO: src.Addr()}))
 	t0 := time.Now()
 	eventually(t, "a Read Response placed", func() bool { return p.a.dev.Stats().RDWritePlaced.Load() >= 1 })
 	t.Logf("placed after %v", time.Since(t0))

@@ -51,7 +51,7 @@ func TestRDRead(t *testing.T) {
 	}
 	// A sink without remote-write access is refused locally.
 	local, _ := p.a.pd.RegisterMemory(make([]byte, 64), AccessLocalWrite)
-	p.qa.PostSend(&SendWR{ID: 99, Opcode: OpRead, Flags: FlagSignaled, SGL: []SGE{local.SGE(0, 64)}, AH: p.ahAB, RemoteSTag: src.STag(), RemoteTO: src.Addr()})
+	mustPost(t, p.qa.PostSend(&SendWR{ID: 99, Opcode: OpRead, Flags: FlagSignaled, SGL: []SGE{local.SGE(0, 64)}, AH: p.ahAB, RemoteSTag: src.STag(), RemoteTO: src.Addr()}))
 	if wc := collect(t, p.cqa, 1, time.Second)[0]; wc.Status != LocalProtectionError {
 		t.Fatalf("%+v", wc)
 	}
@@ -72,8 +72,8 @@ func TestRDReadIRD(t *testing.T) {
 	sink, _ := a.pd.RegisterMemory(make([]byte, 8*65536), AccessLocalWrite|AccessRemoteWrite)
 	ah := a.ah(b, qb)
 	for i := range 8 {
-		qa.PostSend(&SendWR{ID: uint64(i), Opcode: OpRead, Flags: FlagSignaled, SGL: []SGE{sink.SGE(i*65536, 65536)}, AH: ah,
-			RemoteSTag: src.STag(), RemoteTO: src.Addr() + uint64(i*65536)})
+		mustPost(t, qa.PostSend(&SendWR{ID: uint64(i), Opcode: OpRead, Flags: FlagSignaled, SGL: []SGE{sink.SGE(i*65536, 65536)}, AH: ah,
+			RemoteSTag: src.STag(), RemoteTO: src.Addr() + uint64(i*65536)}))
 	}
 	refused := 0
 	for _, wc := range collect(t, cqa, 8, 5*time.Second) {

@@ -54,7 +54,7 @@ func TestRDNewGapIsNotStalled(t *testing.T) {
 	b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
 	qb, cqb := rdQPOn(t, b, RDConfig{IdleTimeout: idle})
 	for i := range 3 {
-		qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*10, 10)}})
+		mustPost(t, qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*10, 10)}}))
 	}
 	const qpn = 9
 	a := rawContact(t, rawPeer(t), b, qb, qpn)
@@ -120,7 +120,7 @@ func TestRDRefusedOpeningStaysShut(t *testing.T) {
 	b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
 	qb, cqb := rdQPOn(t, b, RDConfig{IdleTimeout: time.Hour})
 	for i := range 2 {
-		qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*10, 10)}})
+		mustPost(t, qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*10, 10)}}))
 	}
 	c := rawPeer(t)
 	const qpn = 9
@@ -234,7 +234,7 @@ func TestRDStaleOpeningDoesNotEndNewerSession(t *testing.T) {
 // for a peer it never talked to.
 func TestRDPeerInfo(t *testing.T) {
 	p := newRDPair(t, DeviceConfig{}, DeviceConfig{}, RDConfig{})
-	p.qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{p.b.mr.SGE(0, 64)}})
+	mustPost(t, p.qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{p.b.mr.SGE(0, 64)}}))
 	if err := p.qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("hello"), AH: p.ahAB}); err != nil {
 		t.Fatal(err)
 	}
@@ -268,8 +268,8 @@ func TestRDAckLazily(t *testing.T) {
 		t.Run(fmt.Sprint("lazy=", lazy), func(t *testing.T) {
 			p := newRDPair(t, DeviceConfig{}, DeviceConfig{}, RDConfig{Config: reliability.Config{MaxAckDelay: time.Minute}})
 			// The session first, and its acks settled.
-			p.qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{p.b.mr.SGE(0, 64)}})
-			p.qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("open"), AH: p.ahAB})
+			mustPost(t, p.qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{p.b.mr.SGE(0, 64)}}))
+			mustPost(t, p.qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("open"), AH: p.ahAB}))
 			collect(t, p.cqa, 1, 10*time.Second)
 			collect(t, p.cqb, 1, 10*time.Second)
 			acks := p.b.dev.Stats().RDAcksSent.Load()
@@ -277,8 +277,8 @@ func TestRDAckLazily(t *testing.T) {
 			if lazy {
 				flags |= FlagAckLazily
 			}
-			p.qb.PostRecv(&RecvWR{ID: 2, SGL: []SGE{p.b.mr.SGE(64, 64)}})
-			p.qa.PostRecv(&RecvWR{ID: 2, SGL: []SGE{p.a.mr.SGE(0, 64)}})
+			mustPost(t, p.qb.PostRecv(&RecvWR{ID: 2, SGL: []SGE{p.b.mr.SGE(64, 64)}}))
+			mustPost(t, p.qa.PostRecv(&RecvWR{ID: 2, SGL: []SGE{p.a.mr.SGE(0, 64)}}))
 			if err := p.qa.PostSend(&SendWR{ID: 2, Flags: flags, Inline: []byte("request"), AH: p.ahAB}); err != nil {
 				t.Fatal(err)
 			}

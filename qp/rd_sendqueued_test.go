@@ -28,7 +28,7 @@ func TestRDSendQueued(t *testing.T) {
 	if p.qa.SendQueued() {
 		t.Fatal("SendQueued before any post")
 	}
-	p.qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{p.b.mr.SGE(0, 16)}})
+	mustPost(t, p.qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{p.b.mr.SGE(0, 16)}}))
 	if err := p.qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("acked"), AH: p.ahAB}); err != nil {
 		t.Fatal(err)
 	}

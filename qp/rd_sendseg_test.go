@@ -34,11 +34,11 @@ func TestRDLongSends(t *testing.T) {
 			for i, n := range sizes {
 				// Three SGEs, the first two ending inside segments.
 				a, b := min(n, 1000), min(n, 70001)
-				p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{sink.SGE(0, a), sink.SGE(1<<20, b-a), sink.SGE(2<<20, n-b)}})
+				mustPost(t, p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{sink.SGE(0, a), sink.SGE(1<<20, b-a), sink.SGE(2<<20, n-b)}}))
 				op := OpSend
 				if i%3 == 2 {
 					op = OpSendImm // its Immediate Data message takes a receive of its own (RFC 7306)
-					p.qb.PostRecv(&RecvWR{ID: 1000 + uint64(i)})
+					mustPost(t, p.qb.PostRecv(&RecvWR{ID: 1000 + uint64(i)}))
 				}
 				if err := p.qa.PostSend(&SendWR{ID: uint64(i), Opcode: op, Imm: uint64(i), Flags: FlagSignaled, SGL: []SGE{src.SGE(7, n)}, AH: p.ahAB}); err != nil {
 					t.Fatal(err)
@@ -65,10 +65,10 @@ func TestRDLongSends(t *testing.T) {
 			}
 			// Too long for its receive: both ends fail it, and the next
 			// Send is whole.
-			p.qb.PostRecv(&RecvWR{ID: 100, SGL: []SGE{sink.SGE(0, 5000)}})
-			p.qb.PostRecv(&RecvWR{ID: 101, SGL: []SGE{sink.SGE(1<<20, 5000)}})
-			p.qa.PostSend(&SendWR{ID: 100, Flags: FlagSignaled, SGL: []SGE{src.SGE(0, 200000)}, AH: p.ahAB})
-			p.qa.PostSend(&SendWR{ID: 101, Flags: FlagSignaled, SGL: []SGE{src.SGE(11, 4999)}, AH: p.ahAB})
+			mustPost(t, p.qb.PostRecv(&RecvWR{ID: 100, SGL: []SGE{sink.SGE(0, 5000)}}))
+			mustPost(t, p.qb.PostRecv(&RecvWR{ID: 101, SGL: []SGE{sink.SGE(1<<20, 5000)}}))
+			mustPost(t, p.qa.PostSend(&SendWR{ID: 100, Flags: FlagSignaled, SGL: []SGE{src.SGE(0, 200000)}, AH: p.ahAB}))
+			mustPost(t, p.qa.PostSend(&SendWR{ID: 101, Flags: FlagSignaled, SGL: []SGE{src.SGE(11, 4999)}, AH: p.ahAB}))
 			if wc := collect(t, p.cqb, 1, 30*time.Second)[0]; wc.ID != 100 || wc.Status != LocalLengthError {
 				t.Fatalf("the receive too short: %+v", wc)
 			}
@@ -109,7 +109,7 @@ func TestRDLongSendsHostile(t *testing.T) {
 	}
 	defer c.Close()
 	for i := range 4 {
-		qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*1000, 1000)}})
+		mustPost(t, qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*1000, 1000)}}))
 	}
 	const qpn = 77
 	r := rawContact(t, c, b, qb, qpn)

@@ -30,7 +30,7 @@ func TestRDReceiverNotReadyRetries(t *testing.T) {
 	// of which draws an ack.
 	eventually(t, "a refusal", func() bool { return p.b.dev.Stats().RDNotReady.Load() > 0 })
 	for i := range n {
-		p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i, 1)}})
+		mustPost(t, p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i, 1)}}))
 	}
 	for i, wc := range collect(t, p.cqa, n, 20*time.Second) {
 		if wc.ID != uint64(i) || wc.Status != Success {
@@ -397,7 +397,7 @@ func TestRDLateFrameOfEndedSession(t *testing.T) {
 	b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
 	qb, cqb := rdQPOn(t, b, RDConfig{IdleTimeout: 20 * time.Millisecond})
 	for i := range 2 {
-		qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*10, 10)}})
+		mustPost(t, qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*10, 10)}}))
 	}
 	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {

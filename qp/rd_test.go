@@ -63,7 +63,7 @@ func TestRDSendRecv(t *testing.T) {
 	const n = 300
 	const slot = 3000
 	for i := range n {
-		p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*slot, slot)}})
+		mustPost(t, p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*slot, slot)}}))
 	}
 	for i := range n {
 		size := (i * 997) % slot
@@ -152,7 +152,7 @@ func TestRDErrors(t *testing.T) {
 	readOnly, _ := p.b.pd.RegisterMemory(make([]byte, 4096), AccessLocalWrite)
 	writable, _ := p.b.pd.RegisterMemory(make([]byte, 4096), AccessLocalWrite|AccessRemoteWrite)
 	otherPD, _ := p.b.dev.AllocPD().RegisterMemory(make([]byte, 4096), AccessLocalWrite|AccessRemoteWrite)
-	p.qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{p.b.mr.SGE(0, 10)}})
+	mustPost(t, p.qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{p.b.mr.SGE(0, 10)}}))
 	for i, tc := range []struct {
 		wr   SendWR
 		want Status
@@ -232,7 +232,7 @@ func testRDImpaired(t *testing.T, imp func(seed uint64) *Impairment, rx bool) {
 	const n = 200
 	const slot = 2000
 	for i := range n {
-		p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*slot, slot)}})
+		mustPost(t, p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*slot, slot)}}))
 	}
 	for i := range n {
 		size := 1 + (i*331)%slot
@@ -295,7 +295,7 @@ func TestRDReceiverNotReady(t *testing.T) {
 	}
 	time.Sleep(20 * time.Millisecond)
 	for i := range n {
-		p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i, 1)}})
+		mustPost(t, p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i, 1)}}))
 		if i%10 == 9 {
 			time.Sleep(2 * time.Millisecond) // slowly
 		}
@@ -326,17 +326,17 @@ func TestRDPeerGone(t *testing.T) {
 	qc, cqc := rdQPOn(t, c, rd)
 	ahAC := p.a.ah(c, qc)
 	// Contact with both first.
-	p.qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{p.b.mr.SGE(0, 10)}})
-	qc.PostRecv(&RecvWR{ID: 1, SGL: []SGE{c.mr.SGE(0, 10)}})
-	p.qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("hi"), AH: p.ahAB})
-	p.qa.PostSend(&SendWR{ID: 2, Flags: FlagSignaled, Inline: []byte("hi"), AH: ahAC})
+	mustPost(t, p.qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{p.b.mr.SGE(0, 10)}}))
+	mustPost(t, qc.PostRecv(&RecvWR{ID: 1, SGL: []SGE{c.mr.SGE(0, 10)}}))
+	mustPost(t, p.qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("hi"), AH: p.ahAB}))
+	mustPost(t, p.qa.PostSend(&SendWR{ID: 2, Flags: FlagSignaled, Inline: []byte("hi"), AH: ahAC}))
 	collect(t, p.cqa, 2, 5*time.Second)
 	collect(t, cqc, 1, time.Second)
 
 	p.b.dev.Close() // b is gone
 	start := time.Now()
 	for i := range 5 {
-		p.qa.PostSend(&SendWR{ID: 10 + uint64(i), Flags: FlagSignaled, Inline: []byte("lost"), AH: p.ahAB})
+		mustPost(t, p.qa.PostSend(&SendWR{ID: 10 + uint64(i), Flags: FlagSignaled, Inline: []byte("lost"), AH: p.ahAB}))
 	}
 	for _, wc := range collect(t, p.cqa, 5, 5*time.Second) {
 		if wc.Status != RetryExceededError {
@@ -345,8 +345,8 @@ func TestRDPeerGone(t *testing.T) {
 	}
 	t.Logf("gave up after %v", time.Since(start).Round(time.Millisecond))
 	// c is still served.
-	qc.PostRecv(&RecvWR{ID: 2, SGL: []SGE{c.mr.SGE(0, 10)}})
-	p.qa.PostSend(&SendWR{ID: 20, Flags: FlagSignaled, Inline: []byte("still"), AH: ahAC})
+	mustPost(t, qc.PostRecv(&RecvWR{ID: 2, SGL: []SGE{c.mr.SGE(0, 10)}}))
+	mustPost(t, p.qa.PostSend(&SendWR{ID: 20, Flags: FlagSignaled, Inline: []byte("still"), AH: ahAC}))
 	if wc := collect(t, p.cqa, 1, 5*time.Second)[0]; wc.ID != 20 || wc.Status != Success {
 		t.Fatalf("%+v", wc)
 	}
@@ -369,14 +369,14 @@ func TestRDPeerRestart(t *testing.T) {
 	rd := RDConfig{Config: reliability.Config{InitialRTT: time.Millisecond, MaxRTO: 20 * time.Millisecond, MaxRetries: 100000}}
 	p := newRDPair(t, DeviceConfig{}, DeviceConfig{}, rd)
 	addr := p.b.sock.LocalAddr()
-	p.qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{p.b.mr.SGE(0, 10)}})
-	p.qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("one"), AH: p.ahAB})
+	mustPost(t, p.qb.PostRecv(&RecvWR{ID: 1, SGL: []SGE{p.b.mr.SGE(0, 10)}}))
+	mustPost(t, p.qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("one"), AH: p.ahAB}))
 	if wc := collect(t, p.cqa, 1, 5*time.Second)[0]; wc.Status != Success {
 		t.Fatalf("%+v", wc)
 	}
 	// Messages the old incarnation will never acknowledge: no receive
 	// posted (it is not ready), then it goes away.
-	p.qa.PostSend(&SendWR{ID: 2, Flags: FlagSignaled, Inline: []byte("two"), AH: p.ahAB})
+	mustPost(t, p.qa.PostSend(&SendWR{ID: 2, Flags: FlagSignaled, Inline: []byte("two"), AH: p.ahAB}))
 	notReady := p.b.dev.Stats()
 	eventually(t, "the old incarnation refusing the Send", func() bool { return notReady.RDNotReady.Load() > 0 })
 	p.b.dev.Close()
@@ -386,14 +386,14 @@ func TestRDPeerRestart(t *testing.T) {
 	if qb2.QPN() != p.qb.QPN() {
 		t.Skipf("the new QP got number %d, not %d", qb2.QPN(), p.qb.QPN())
 	}
-	qb2.PostRecv(&RecvWR{ID: 9, SGL: []SGE{b2.mr.SGE(0, 10)}})
+	mustPost(t, qb2.PostRecv(&RecvWR{ID: 9, SGL: []SGE{b2.mr.SGE(0, 10)}}))
 	if wc := collect(t, p.cqa, 1, time.Minute)[0]; wc.ID != 2 || wc.Status != RemoteAbortedError {
 		t.Fatalf("in flight across the restart: %+v", wc)
 	}
 	if err := checkRDAccounting(p.qa); err != nil {
 		t.Fatal(err)
 	}
-	p.qa.PostSend(&SendWR{ID: 3, Flags: FlagSignaled, Inline: []byte("three"), AH: p.ahAB})
+	mustPost(t, p.qa.PostSend(&SendWR{ID: 3, Flags: FlagSignaled, Inline: []byte("three"), AH: p.ahAB}))
 	if wc := collect(t, p.cqa, 1, time.Minute)[0]; wc.ID != 3 || wc.Status != Success {
 		t.Fatalf("after the restart: %+v", wc)
 	}
@@ -413,7 +413,7 @@ func TestRDDeregisterInFlight(t *testing.T) {
 	qa, cqa := rdQPOn(t, a, rd)
 	src, _ := a.pd.RegisterMemory(make([]byte, 100), AccessLocalWrite)
 	nobody, _ := a.pd.CreateAH(a.sock.LocalAddr(), 999) // no such QP: never answered
-	qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, SGL: []SGE{src.SGE(0, 100)}, AH: nobody})
+	mustPost(t, qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, SGL: []SGE{src.SGE(0, 100)}, AH: nobody}))
 	if err := src.Deregister(); !errors.Is(err, ErrBusy) {
 		t.Fatalf("deregistering a region an unacknowledged WR uses: %v", err)
 	}
@@ -479,13 +479,13 @@ func TestRDAndUDShareASocket(t *testing.T) {
 			rdb, cqb := rdQPOn(t, b, RDConfig{})
 			const n = 100
 			for i := range n {
-				b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*100, 100)}})
-				rdb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(500000+i*100, 100)}})
+				mustPost(t, b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*100, 100)}}))
+				mustPost(t, rdb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(500000+i*100, 100)}}))
 			}
 			udAH, rdAH := a.ah(b, b.qp), a.ah(b, rdb)
 			for i := range n {
-				a.qp.PostSend(&SendWR{Inline: []byte{'u', byte(i)}, AH: udAH})
-				rda.PostSend(&SendWR{ID: uint64(i), Flags: FlagSignaled, Inline: []byte{'r', byte(i)}, AH: rdAH})
+				mustPost(t, a.qp.PostSend(&SendWR{Inline: []byte{'u', byte(i)}, AH: udAH}))
+				mustPost(t, rda.PostSend(&SendWR{ID: uint64(i), Flags: FlagSignaled, Inline: []byte{'r', byte(i)}, AH: rdAH}))
 			}
 			for i, wc := range collect(t, cqb, n, 5*time.Second) {
 				if wc.ID != uint64(i) || wc.QPN != rdb.QPN() || string(b.buf[500000+i*100:500000+i*100+2]) != string([]byte{'r', byte(i)}) {
@@ -510,9 +510,9 @@ func TestRDIdleReclaim(t *testing.T) {
 	rd := RDConfig{IdleTimeout: time.Hour}
 	p := newRDPair(t, DeviceConfig{}, DeviceConfig{}, rd)
 	for i := range 2 {
-		p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*10, 10)}})
+		mustPost(t, p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*10, 10)}}))
 	}
-	p.qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("one"), AH: p.ahAB})
+	mustPost(t, p.qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("one"), AH: p.ahAB}))
 	collect(t, p.cqa, 1, time.Minute)
 	collect(t, p.cqb, 1, time.Minute)
 	if peersOf(p.qa) != 1 || peersOf(p.qb) != 1 {
@@ -526,7 +526,7 @@ func TestRDIdleReclaim(t *testing.T) {
 	if p.a.dev.Stats().RDPeersReclaimed.Load() == 0 || p.b.dev.Stats().RDPeersReclaimed.Load() == 0 {
 		t.Fatal("not counted")
 	}
-	p.qa.PostSend(&SendWR{ID: 2, Flags: FlagSignaled, Inline: []byte("two"), AH: p.ahAB})
+	mustPost(t, p.qa.PostSend(&SendWR{ID: 2, Flags: FlagSignaled, Inline: []byte("two"), AH: p.ahAB}))
 	if wc := collect(t, p.cqa, 1, 5*time.Second)[0]; wc.Status != Success {
 		t.Fatalf("%+v", wc)
 	}

@@ -38,7 +38,7 @@ func TestRDTrains(t *testing.T) {
 				RemoteSTag: region.STag(), RemoteTO: region.Addr()}); err != nil {
 				t.Fatal(err)
 			}
-			p.qb.PostRecv(&RecvWR{ID: 7, SGL: []SGE{p.b.mr.SGE(0, 64)}})
+			mustPost(t, p.qb.PostRecv(&RecvWR{ID: 7, SGL: []SGE{p.b.mr.SGE(0, 64)}}))
 			if err := p.qa.PostSend(&SendWR{ID: 2, Opcode: OpWriteImm, Flags: FlagSignaled, Imm: 0xfeed, SGL: []SGE{p.a.mr.SGE(1000, 99999)}, AH: p.ahAB,
 				RemoteSTag: region.STag(), RemoteTO: region.Addr() + size}); err != nil {
 				t.Fatal(err)

@@ -151,7 +151,7 @@ func BenchmarkRDSendAtPeers(b *testing.B) {
 			fillRDPeers(b, qy, peers, time.Now())
 			const depth = 64
 			for i := range depth {
-				qy.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{y.mr.SGE(4096*i, 4096)}})
+				mustPost(b, qy.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{y.mr.SGE(4096*i, 4096)}}))
 			}
 			wr := SendWR{Flags: FlagSignaled, SGL: []SGE{x.mr.SGE(0, 64)}, AH: x.ah(y, qy)}
 			recv := RecvWR{SGL: make([]SGE, 1)}
@@ -345,7 +345,7 @@ func TestRDChurnAtCap(t *testing.T) {
 	qs, cqs := rdQPFor(t, srv, RDConfig{MaxPeers: maxPeers, IdleTimeout: time.Hour,
 		Config: reliability.Config{RNRRetries: -1, RNRDelay: time.Millisecond, MaxRTO: 20 * time.Millisecond}})
 	for i := range nodes * perNode * rounds {
-		qs.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{srv.mr.SGE(i*8, 8)}})
+		mustPost(t, qs.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{srv.mr.SGE(i*8, 8)}}))
 	}
 	type client struct {
 		n  *node
@@ -425,7 +425,7 @@ func TestRDChurnAtCap(t *testing.T) {
 	}
 	// The pinned peers take their Sends at last: Success, once.
 	for _, i := range pinned {
-		cs[i].q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{cs[i].n.mr.SGE(0, 8)}})
+		mustPost(t, cs[i].q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{cs[i].n.mr.SGE(0, 8)}}))
 	}
 	for _, wc := range collect(t, cqs, len(pinned), 10*time.Second) {
 		if wc.Status != Success || wc.ID < 1000 {
@@ -455,7 +455,7 @@ func TestRDSpoofedContactFlood(t *testing.T) {
 	qc, cqc := rdQPFor(t, cl, RDConfig{})
 	const sends, flood = 2000, 100000
 	for i := range sends {
-		qs.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{srv.mr.SGE(i*8, 8)}})
+		mustPost(t, qs.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{srv.mr.SGE(i*8, 8)}}))
 	}
 	var before runtime.MemStats
 	runtime.GC()
@@ -584,15 +584,15 @@ func TestRDIdlePeerLetsGoOfItsRing(t *testing.T) {
 		return n
 	}
 	for i := range 2 {
-		p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*8, 8)}})
+		mustPost(t, p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i*8, 8)}}))
 	}
-	p.qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("one"), AH: p.ahAB})
+	mustPost(t, p.qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("one"), AH: p.ahAB}))
 	if wc := collect(t, p.cqa, 1, 10*time.Second)[0]; wc.Status != Success || slots() <= 0 {
 		t.Fatalf("%+v, %d slots", wc, slots())
 	}
 	eventually(t, "the idle peer's ring let go of", func() bool { return slots() == 0 })
 	restarts := p.b.dev.Stats().RDPeerRestarts.Load() + p.a.dev.Stats().RDPeerRestarts.Load()
-	p.qa.PostSend(&SendWR{ID: 2, Flags: FlagSignaled, Inline: []byte("two"), AH: p.ahAB})
+	mustPost(t, p.qa.PostSend(&SendWR{ID: 2, Flags: FlagSignaled, Inline: []byte("two"), AH: p.ahAB}))
 	if wc := collect(t, p.cqa, 1, 10*time.Second)[0]; wc.Status != Success || slots() <= 0 {
 		t.Fatalf("%+v, %d slots", wc, slots())
 	}

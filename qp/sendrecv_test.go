@@ -122,10 +122,10 @@ func TestQPsShareOneSocket(t *testing.T) {
 	if q2.QPN() == b.qp.QPN() || q2.Socket() != b.qp.Socket() {
 		t.Fatal("QPs should share the socket with distinct numbers")
 	}
-	b.qp.PostRecv(&RecvWR{ID: 1, SGL: []SGE{b.mr.SGE(0, 100)}})
-	q2.PostRecv(&RecvWR{ID: 2, SGL: []SGE{b.mr.SGE(100, 100)}})
-	a.qp.PostSend(&SendWR{Inline: []byte("to qp2"), AH: a.ah(b, q2)})
-	a.qp.PostSend(&SendWR{Inline: []byte("to qp1"), AH: a.ah(b, b.qp)})
+	mustPost(t, b.qp.PostRecv(&RecvWR{ID: 1, SGL: []SGE{b.mr.SGE(0, 100)}}))
+	mustPost(t, q2.PostRecv(&RecvWR{ID: 2, SGL: []SGE{b.mr.SGE(100, 100)}}))
+	mustPost(t, a.qp.PostSend(&SendWR{Inline: []byte("to qp2"), AH: a.ah(b, q2)}))
+	mustPost(t, a.qp.PostSend(&SendWR{Inline: []byte("to qp1"), AH: a.ah(b, b.qp)}))
 	r1, r2 := waitWC(t, b.cq, 1)[0], waitWC(t, cq2, 1)[0]
 	if r1.ID != 1 || string(b.buf[0:r1.Len]) != "to qp1" || r2.ID != 2 || string(b.buf[100:100+r2.Len]) != "to qp2" {
 		t.Fatalf("misrouted: %+v %+v", r1, r2)
@@ -140,8 +140,8 @@ func TestIPv6(t *testing.T) {
 		t.Fatalf("IPv6 MaxMessage %d", max)
 	}
 	fill(a.buf[:max], 5)
-	b.qp.PostRecv(&RecvWR{ID: 1, SGL: []SGE{b.mr.SGE(0, max)}})
-	a.qp.PostSend(&SendWR{SGL: []SGE{a.mr.SGE(0, max)}, AH: a.ah(b, b.qp)})
+	mustPost(t, b.qp.PostRecv(&RecvWR{ID: 1, SGL: []SGE{b.mr.SGE(0, max)}}))
+	mustPost(t, a.qp.PostSend(&SendWR{SGL: []SGE{a.mr.SGE(0, max)}, AH: a.ah(b, b.qp)}))
 	rc := waitWC(t, b.cq, 1)[0]
 	if rc.Status != Success || int(rc.Len) != max || !bytes.Equal(a.buf[:max], b.buf[:max]) || !rc.Source.Addr().Is6() {
 		t.Fatalf("IPv6 receive %+v", rc)
@@ -156,19 +156,19 @@ func TestNoCRC(t *testing.T) {
 	checking := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
 	fill(a.buf[:30000], 1)
 	for i := range 20 { // enough back to back for batches that land directly
-		b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*30000, 30000)}})
+		mustPost(t, b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*30000, 30000)}}))
 	}
 	ah := a.ah(b, b.qp)
 	for range 20 {
-		a.qp.PostSend(&SendWR{SGL: []SGE{a.mr.SGE(0, 30000)}, AH: ah})
+		mustPost(t, a.qp.PostSend(&SendWR{SGL: []SGE{a.mr.SGE(0, 30000)}, AH: ah}))
 	}
 	for i, wc := range waitWC(t, b.cq, 20) {
 		if wc.Status != Success || wc.Len != 30000 || !bytes.Equal(b.buf[i*30000:(i+1)*30000], a.buf[:30000]) {
 			t.Fatalf("%d: %+v", i, wc)
 		}
 	}
-	checking.qp.PostRecv(&RecvWR{SGL: []SGE{checking.mr.SGE(0, 100)}})
-	a.qp.PostSend(&SendWR{Inline: []byte("unchecked"), AH: a.ah(checking, checking.qp)})
+	mustPost(t, checking.qp.PostRecv(&RecvWR{SGL: []SGE{checking.mr.SGE(0, 100)}}))
+	mustPost(t, a.qp.PostSend(&SendWR{Inline: []byte("unchecked"), AH: a.ah(checking, checking.qp)}))
 	eventually(t, "the zero trailer counted as a CRC error", func() bool { return checking.dev.Stats().RxBadCRC.Load() == 1 })
 	quiet(t, checking.cq)
 }

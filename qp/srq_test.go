@@ -486,7 +486,7 @@ func srqRC(t *testing.T, l SRQLimits, depth int) (a, b *rcSide, srq *SRQ) {
 func TestSRQEventsRC(t *testing.T) {
 	a, b, srq := srqRC(t, SRQLimits{Hard: 1}, 8)
 	for i := range 4 {
-		srq.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*64, 64)}})
+		mustPost(t, srq.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*64, 64)}}))
 	}
 	if err := srq.Arm(4); err != nil {
 		t.Fatal(err)
@@ -498,7 +498,7 @@ func TestSRQEventsRC(t *testing.T) {
 		t.Fatalf("watermark event %v", e)
 	}
 	eventually(t, "the first Send delivered", func() bool { return b.dev.Stats().RxDelivered.Load() == 1 })
-	a.q.PostSend(&SendWR{ID: 2, Inline: []byte("second")})
+	mustPost(t, a.q.PostSend(&SendWR{ID: 2, Inline: []byte("second")}))
 	e := nextEvent(t, b.dev, AsyncSRQOverdraft)
 	if e.QP != b.q || e.SRQ != srq {
 		t.Fatalf("overdraft event %v", e)
@@ -609,7 +609,7 @@ func TestSRQSizeClasses(t *testing.T) {
 	}
 	// Longer than every class: the largest class, too small for it.
 	post(202, 16384, 8192)
-	a.qp.PostSend(&SendWR{SGL: []SGE{a.mr.SGE(0, 9000)}, AH: ah})
+	mustPost(t, a.qp.PostSend(&SendWR{SGL: []SGE{a.mr.SGE(0, 9000)}, AH: ah}))
 	if wc := waitWC(t, b.rcq, 1)[0]; wc.ID != 202 || wc.Status != LocalLengthError {
 		t.Fatalf("a message longer than every class: %+v", wc)
 	}
@@ -666,8 +666,8 @@ func TestSRQSizeClassesRC(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 2 {
-		srq.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*64, 64)}})
-		srq.PostRecv(&RecvWR{ID: uint64(100 + i), SGL: []SGE{b.mr.SGE(4096+i*4096, 4096)}})
+		mustPost(t, srq.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*64, 64)}}))
+		mustPost(t, srq.PostRecv(&RecvWR{ID: uint64(100 + i), SGL: []SGE{b.mr.SGE(4096+i*4096, 4096)}}))
 	}
 	raw, _ := srqRCServer(t, b, srq, SRQLimits{})
 	raw.sendFPDU(1, 0, true, []byte("small"))
@@ -694,7 +694,7 @@ func TestRCFlushesSendInProgress(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			srq.PostRecv(&RecvWR{ID: 7, SGL: []SGE{b.mr.SGE(0, 4096)}})
+			mustPost(t, srq.PostRecv(&RecvWR{ID: 7, SGL: []SGE{b.mr.SGE(0, 4096)}}))
 			raw, q := srqRCServer(t, b, srq, SRQLimits{Hard: 1})
 			raw.sendFPDU(1, 0, false, []byte("the first half"))
 			eventually(t, "the receive taken", func() bool { return srq.Held() == 1 })
@@ -870,8 +870,8 @@ func TestSRQTakeAllocs(t *testing.T) {
 	q := b.newQP(QPAttr{Type: UD, SendCQ: b.cq, RecvCQ: b.rcq, SRQ: b.srq,
 		SRQLimits: SRQLimits{Soft: 10, Hard: 20, Peer: 5, Reserve: 2}})
 	for i := range 8 {
-		b.srq.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*64, 64)}})
-		b.srq.PostRecv(&RecvWR{ID: uint64(100 + i), SGL: []SGE{b.mr.SGE(4096+i*1024, 1024)}})
+		mustPost(t, b.srq.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*64, 64)}}))
+		mustPost(t, b.srq.PostRecv(&RecvWR{ID: uint64(100 + i), SGL: []SGE{b.mr.SGE(4096+i*1024, 1024)}}))
 	}
 	srcs := []netip.AddrPort{netip.MustParseAddrPort("127.0.0.2:1"), netip.MustParseAddrPort("127.0.0.3:1")}
 	var w recvWQE

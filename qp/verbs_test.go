@@ -81,8 +81,8 @@ func TestLocalErrors(t *testing.T) {
 	quiet(t, a.cq)
 
 	t.Run("receive too small", func(t *testing.T) {
-		b.qp.PostRecv(&RecvWR{ID: 1, SGL: []SGE{b.mr.SGE(0, 4)}})
-		a.qp.PostSend(&SendWR{Inline: []byte("longer than four"), AH: ah})
+		mustPost(t, b.qp.PostRecv(&RecvWR{ID: 1, SGL: []SGE{b.mr.SGE(0, 4)}}))
+		mustPost(t, a.qp.PostSend(&SendWR{Inline: []byte("longer than four"), AH: ah}))
 		wc := waitWC(t, b.cq, 1)[0]
 		if wc.Status != LocalLengthError || wc.ID != 1 {
 			t.Fatalf("%+v", wc)
@@ -90,22 +90,22 @@ func TestLocalErrors(t *testing.T) {
 	})
 	t.Run("receive into memory without local write", func(t *testing.T) {
 		ro, _ := b.pd.RegisterMemory(make([]byte, 64), 0) // read-only
-		b.qp.PostRecv(&RecvWR{ID: 2, SGL: []SGE{ro.SGE(0, 64)}})
-		a.qp.PostSend(&SendWR{Inline: []byte("x"), AH: ah})
+		mustPost(t, b.qp.PostRecv(&RecvWR{ID: 2, SGL: []SGE{ro.SGE(0, 64)}}))
+		mustPost(t, a.qp.PostSend(&SendWR{Inline: []byte("x"), AH: ah}))
 		if wc := waitWC(t, b.cq, 1)[0]; wc.Status != LocalProtectionError {
 			t.Fatalf("%+v", wc)
 		}
 	})
 	t.Run("deregistered receive buffer", func(t *testing.T) {
 		m, _ := b.pd.RegisterMemory(make([]byte, 64), AccessLocalWrite)
-		b.qp.PostRecv(&RecvWR{ID: 3, SGL: []SGE{m.SGE(0, 64)}})
+		mustPost(t, b.qp.PostRecv(&RecvWR{ID: 3, SGL: []SGE{m.SGE(0, 64)}}))
 		if err := m.Deregister(); err != nil {
 			t.Fatal(err)
 		}
 		if err := m.Deregister(); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("second Deregister: %v", err)
 		}
-		a.qp.PostSend(&SendWR{Inline: []byte("x"), AH: ah})
+		mustPost(t, a.qp.PostSend(&SendWR{Inline: []byte("x"), AH: ah}))
 		if wc := waitWC(t, b.cq, 1)[0]; wc.Status != LocalProtectionError {
 			t.Fatalf("%+v", wc)
 		}
@@ -190,7 +190,7 @@ func TestStateMachine(t *testing.T) {
 		t.Fatalf("RTR without a socket: %v", err)
 	}
 	q.Modify(ModifyAttr{State: StateInit, Socket: n.sock})
-	q.PostRecv(&RecvWR{ID: 42, SGL: []SGE{n.mr.SGE(0, 10)}}) // allowed in INIT
+	mustPost(t, q.PostRecv(&RecvWR{ID: 42, SGL: []SGE{n.mr.SGE(0, 10)}})) // allowed in INIT
 	if err := q.Modify(ModifyAttr{State: StateRTR}); err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +210,7 @@ func TestStateMachine(t *testing.T) {
 	if wc := waitWC(t, n.cq, 1)[0]; wc.ID != 42 || wc.Status != WRFlushError {
 		t.Fatalf("flush: %+v", wc)
 	}
-	q.PostRecv(&RecvWR{ID: 43})
+	mustPost(t, q.PostRecv(&RecvWR{ID: 43}))
 	if wc := waitWC(t, n.cq, 1)[0]; wc.ID != 43 || wc.Status != WRFlushError {
 		t.Fatalf("post in ERROR: %+v", wc)
 	}
@@ -233,11 +233,11 @@ func TestCQ(t *testing.T) {
 		small, _ := b.dev.CreateCQ(2)
 		q := b.newQP(QPAttr{Type: UD, SendCQ: small, RecvCQ: small})
 		for i := range 4 {
-			q.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(0, 10)}})
+			mustPost(t, q.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(0, 10)}}))
 		}
 		ah2 := a.ah(b, q)
 		for range 4 {
-			a.qp.PostSend(&SendWR{Inline: []byte("x"), AH: ah2})
+			mustPost(t, a.qp.PostSend(&SendWR{Inline: []byte("x"), AH: ah2}))
 		}
 		e := nextEvent(t, b.dev, AsyncCQOverflow)
 		if e.CQ != small || !small.Overflowed() {
@@ -264,16 +264,16 @@ func TestCQ(t *testing.T) {
 	t.Run("notification: solicited only", func(t *testing.T) {
 		b.cq.RequestNotify(true)
 		for i := range 2 {
-			b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(0, 10)}})
+			mustPost(t, b.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(0, 10)}}))
 		}
-		a.qp.PostSend(&SendWR{Inline: []byte("plain"), AH: ah})
+		mustPost(t, a.qp.PostSend(&SendWR{Inline: []byte("plain"), AH: ah}))
 		waitWC(t, b.cq, 1)
 		select {
 		case <-b.cq.C():
 			t.Fatal("notified for an unsolicited completion")
 		case <-time.After(30 * time.Millisecond):
 		}
-		a.qp.PostSend(&SendWR{Inline: []byte("urgent"), Flags: FlagSolicited, AH: ah})
+		mustPost(t, a.qp.PostSend(&SendWR{Inline: []byte("urgent"), Flags: FlagSolicited, AH: ah}))
 		select {
 		case <-b.cq.C():
 		case <-time.After(3 * time.Second):
@@ -309,7 +309,7 @@ func TestSRQ(t *testing.T) {
 		t.Fatal("PostRecv on a QP with an SRQ")
 	}
 	for i := range 40 {
-		srq.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*100, 100)}})
+		mustPost(t, srq.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*100, 100)}}))
 	}
 	if err := srq.Arm(30); err != nil {
 		t.Fatal(err)
@@ -318,7 +318,7 @@ func TestSRQ(t *testing.T) {
 	// counted, and reported once.
 	ahF := a.ah(b, flooded)
 	for range 20 {
-		a.qp.PostSend(&SendWR{Inline: []byte("flood"), AH: ahF})
+		mustPost(t, a.qp.PostSend(&SendWR{Inline: []byte("flood"), AH: ahF}))
 	}
 	e := nextEvent(t, b.dev, AsyncSRQOverdraft)
 	if e.QP != flooded {
@@ -334,7 +334,7 @@ func TestSRQ(t *testing.T) {
 	// The other QP still gets receives.
 	ahQ := a.ah(b, quietQP)
 	for range 3 {
-		a.qp.PostSend(&SendWR{Inline: []byte("quiet"), AH: ahQ})
+		mustPost(t, a.qp.PostSend(&SendWR{Inline: []byte("quiet"), AH: ahQ}))
 	}
 	if e := nextEvent(t, b.dev, AsyncSRQLimit); e.SRQ != srq {
 		t.Fatal("limit event for the wrong SRQ")
@@ -350,13 +350,13 @@ func TestSRQ(t *testing.T) {
 		t.Fatalf("quiet QP got %d, SRQ holds %d", nq, srq.Len())
 	}
 	// Polling released the flooded QP's 8 receives: it can receive again.
-	a.qp.PostSend(&SendWR{Inline: []byte("again"), AH: ahF})
+	mustPost(t, a.qp.PostSend(&SendWR{Inline: []byte("again"), AH: ahF}))
 	if wc := waitWC(t, cq, 1)[0]; wc.QPN != flooded.QPN() || wc.Status != Success {
 		t.Fatalf("%+v", wc)
 	}
 	// The watermark fires once per arming.
 	for range 5 {
-		a.qp.PostSend(&SendWR{Inline: []byte("more"), AH: ahQ})
+		mustPost(t, a.qp.PostSend(&SendWR{Inline: []byte("more"), AH: ahQ}))
 	}
 	waitWC(t, cq, 5)
 	select {
@@ -376,7 +376,7 @@ func TestErrorMessages(t *testing.T) {
 	ah := a.ah(b, reporter)
 	// At least 24 bytes: the 46-byte error message is no larger than the
 	// datagram that draws it (docs/wire.md §6.2).
-	a.qp.PostSend(&SendWR{Inline: []byte("nobody listens to this message"), AH: ah})
+	mustPost(t, a.qp.PostSend(&SendWR{Inline: []byte("nobody listens to this message"), AH: ah}))
 	e := nextEvent(t, a.dev, AsyncRemoteError)
 	if e.QP != a.qp || e.Code != udiwarp.DDPUntaggedNoBuffer || e.MSN != 1 || e.SourceQPN != reporter.QPN() || e.Source != b.sock.LocalAddr() {
 		t.Fatalf("error event %v %+v", e, e)
@@ -385,7 +385,7 @@ func TestErrorMessages(t *testing.T) {
 		t.Fatal("an error message moved the QP")
 	}
 	// Without ReportErrors the source hears nothing.
-	a.qp.PostSend(&SendWR{Inline: []byte("silent"), AH: a.ah(b, b.qp)})
+	mustPost(t, a.qp.PostSend(&SendWR{Inline: []byte("silent"), AH: a.ah(b, b.qp)}))
 	select {
 	case e := <-a.dev.Events():
 		t.Fatalf("unexpected %v", e)
@@ -409,7 +409,7 @@ func TestAddressHandles(t *testing.T) {
 
 func TestCloseFlushesAndStops(t *testing.T) {
 	n := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
-	n.qp.PostRecv(&RecvWR{ID: 5, SGL: []SGE{n.mr.SGE(0, 10)}})
+	mustPost(t, n.qp.PostRecv(&RecvWR{ID: 5, SGL: []SGE{n.mr.SGE(0, 10)}}))
 	if err := n.dev.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -84,7 +84,7 @@ func TestWriteRecordValidityMap(t *testing.T) {
 	b, region, q := wrTarget(t, writerecord.Config{}, RecordMap)
 	vm := region.TrackValidity(0)
 	fill(a.buf[:5000], 2)
-	a.qp.PostSend(&SendWR{Opcode: OpWriteRecord, SGL: []SGE{a.mr.SGE(0, 5000)}, AH: a.ah(b, q), RemoteSTag: region.STag(), RemoteTO: region.Addr() + 100})
+	mustPost(t, a.qp.PostSend(&SendWR{Opcode: OpWriteRecord, SGL: []SGE{a.mr.SGE(0, 5000)}, AH: a.ah(b, q), RemoteSTag: region.STag(), RemoteTO: region.Addr() + 100}))
 	eventually(t, "the map to show the message", func() bool { return vm.Valid(100, 5000) })
 	if vm.Valid(99, 1) || vm.Valid(5100, 1) || !bytes.Equal(region.Bytes()[100:5100], a.buf[:5000]) {
 		t.Fatal("map or bytes wrong")
@@ -282,7 +282,7 @@ func TestAggregateWriteRecords(t *testing.T) {
 	b, region, q := wrTarget(t, writerecord.Config{}, RecordCQ)
 	ah := a.ah(b, q)
 	for _, off := range []int{0, 1000, 3000, 3500} {
-		a.qp.PostSend(&SendWR{Opcode: OpWriteRecord, SGL: []SGE{a.mr.SGE(off, 500)}, AH: ah, RemoteSTag: region.STag(), RemoteTO: region.Addr() + uint64(off)})
+		mustPost(t, a.qp.PostSend(&SendWR{Opcode: OpWriteRecord, SGL: []SGE{a.mr.SGE(off, 500)}, AH: ah, RemoteSTag: region.STag(), RemoteTO: region.Addr() + uint64(off)}))
 	}
 	wcs := waitWC(t, b.cq, 4)
 	m := validitymap.New(0)

@@ -88,7 +88,8 @@ func (p *rawRCPeer) credit(t *testing.T, grant uint32) {
 // readStream reads the socket's data messages until its FIN, the
 // connection's end or the deadline: the stream's bytes and whether the
 // FIN came.
-func (p *rawRCPeer) readStream(deadline time.Time) (got []byte, fin bool) {
+func (p *rawRCPeer) readStream(t *testing.T, deadline time.Time) (got []byte, fin bool) {
+	t.Helper()
 	wcs := make([]qp.WorkCompletion, 16)
 	buf := p.mr.Bytes()
 	for time.Now().Before(deadline) {
@@ -110,7 +111,9 @@ func (p *rawRCPeer) readStream(deadline time.Time) (got []byte, fin bool) {
 				case rcFIN:
 					return got, true
 				}
-				p.q.PostRecv(&qp.RecvWR{ID: wc.ID, SGL: []qp.SGE{p.mr.SGE(int(wc.ID)*rawPeerSlot, rawPeerSlot)}})
+				if err := p.q.PostRecv(&qp.RecvWR{ID: wc.ID, SGL: []qp.SGE{p.mr.SGE(int(wc.ID)*rawPeerSlot, rawPeerSlot)}}); err != nil {
+					t.Fatalf("repost receive %d: %v", wc.ID, err)
+				}
 			}
 		}
 	}
@@ -215,7 +218,7 @@ func TestRCConnCloseUnreadInput(t *testing.T) {
 			t.Fatal("Close neither returned nor read")
 		}
 	}
-	got, fin := p.readStream(deadline)
+	got, fin := p.readStream(t, deadline)
 	if !returned {
 		cerr = <-closeErr
 	}

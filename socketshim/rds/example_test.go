@@ -22,8 +22,11 @@ func Example() {
 
 	// Client: the RDMA request, with a cookie for buf.
 	buf := make([]byte, 64)
-	client.SendMsg([]byte("send me the greeting"), server.LocalAddr(),
-		rds.MapControl{Buf: buf, Flags: rds.UseOnce})
+	if _, err := client.SendMsg([]byte("send me the greeting"), server.LocalAddr(),
+		rds.MapControl{Buf: buf, Flags: rds.UseOnce}); err != nil {
+		fmt.Println(err)
+		return
+	}
 
 	// Server: the request brings the cookie.
 	n, from, ctrl, _ := server.RecvMsg(msg)
@@ -32,13 +35,16 @@ func Example() {
 
 	// Server: the RDMA Write and its ACK, atomically.
 	data := []byte("hello, zerocopy")
-	server.SendMsg([]byte("done"), from, rds.ArgsControl{
+	if _, err := server.SendMsg([]byte("done"), from, rds.ArgsControl{
 		Cookie: cookie,
 		Remote: rds.Range{Offset: 0, Len: uint64(len(data))},
 		Local:  [][]byte{data},
 		Flags:  rds.ReadWrite | rds.NotifyMe,
 		Token:  42,
-	})
+	}); err != nil {
+		fmt.Println(err)
+		return
+	}
 
 	// Client: the ACK means the data is in place.
 	n, _, _, _ = client.RecvMsg(msg)
