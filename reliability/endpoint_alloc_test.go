@@ -116,7 +116,9 @@ func TestEndpointSteadyStateAllocs(t *testing.T) {
 	k := PeerKey{tB, 1}
 	step := func() {
 		for range 4 {
-			a.Post(p.now, k, 1, 1, 0)
+			if _, err := a.Post(p.now, k, 1, 1, 0); err != nil {
+				t.Fatal(err)
+			}
 		}
 		p.run()
 		p.now = p.now.Add(2 * time.Millisecond) // the receiver's delayed ack
@@ -148,15 +150,20 @@ func BenchmarkEndpointPeerMemory(b *testing.B) {
 		p := newLPair(EndpointConfig{Config: Config{Congestion: CongestionNone}})
 		a := p.eps[tA]
 		k := PeerKey{tB, 1}
-		a.Post(p.now, k, 0, 1, 0)
+		if _, err := a.Post(p.now, k, 0, 1, 0); err != nil {
+			b.Fatal(err)
+		}
 		p.run() // contact, and one message
 		w := a.Config().Window
 		p.net.drop = true
 		runtime.GC()
 		runtime.ReadMemStats(&before)
-		a.Post(p.now, k, 1, uint32(w), 0)
+		_, err := a.Post(p.now, k, 1, uint32(w), 0)
 		runtime.GC()
 		runtime.ReadMemStats(&after)
+		if err != nil {
+			b.Fatal(err)
+		}
 		if pi, _ := a.Info(k); pi.InFlight != w {
 			b.Fatalf("%d in flight, want %d", pi.InFlight, w)
 		}

@@ -131,14 +131,18 @@ func TestEndpointNewGapIsNotStalled(t *testing.T) {
 	p.settle(50 * time.Millisecond)
 	// B talks to A for longer than IdleTimeout; A sends B nothing.
 	for i := range 8 {
-		b.Post(p.now, p.key(tA), uint64(100+i), 1, 0)
+		if _, err := b.Post(p.now, p.key(tA), uint64(100+i), 1, 0); err != nil {
+			t.Fatal(err)
+		}
 		p.settle(200 * time.Millisecond)
 	}
 	if b.Peers() != 1 {
 		t.Fatalf("B forgot A while talking to it: %d peers", b.Peers())
 	}
 	// A sends two segments; the first is held back, the second arrives.
-	a.Post(p.now, p.key(tB), 2, 2, 0)
+	if _, err := a.Post(p.now, p.key(tB), 2, 2, 0); err != nil {
+		t.Fatal(err)
+	}
 	fs := p.take()
 	if len(fs) != 2 {
 		t.Fatalf("%d frames, want 2", len(fs))
@@ -171,7 +175,9 @@ func TestEndpointRefusedOpeningStaysShut(t *testing.T) {
 	p := newTPair(t, cfg)
 	a, b := p.eps[tA], p.eps[tB]
 	// A opens; B answers its Hello statelessly.
-	a.Post(p.now, p.key(tB), 1, 1, 0)
+	if _, err := a.Post(p.now, p.key(tB), 1, 1, 0); err != nil {
+		t.Fatal(err)
+	}
 	for _, f := range p.take() { // Hello
 		p.deliver(f)
 	}
@@ -185,7 +191,9 @@ func TestEndpointRefusedOpeningStaysShut(t *testing.T) {
 	// Meanwhile A restarted on the same address and opened another
 	// session with B, which B took.
 	p.add(tA, cfg)
-	p.eps[tA].Post(p.now, p.key(tB), 7, 1, 0)
+	if _, err := p.eps[tA].Post(p.now, p.key(tB), 7, 1, 0); err != nil {
+		t.Fatal(err)
+	}
 	p.settle(20 * time.Millisecond)
 	if p.host[tB].delivered[7<<8] != 1 {
 		t.Fatal("the second session did not deliver")
@@ -220,8 +228,12 @@ func TestEndpointStaleOpeningDoesNotEndNewerSession(t *testing.T) {
 	cfg := EndpointConfig{Config: Config{Congestion: CongestionNone}}
 	p := newTPair(t, cfg)
 	h := p.eps[tB]
-	h.Post(p.now, p.key(tA), 11, 1, 0) // H's Hello to C
-	p.eps[tA].Post(p.now, p.key(tB), 1, 1, 0)
+	if _, err := h.Post(p.now, p.key(tA), 11, 1, 0); err != nil { // H's Hello to C
+		t.Fatal(err)
+	}
+	if _, err := p.eps[tA].Post(p.now, p.key(tB), 1, 1, 0); err != nil {
+		t.Fatal(err)
+	}
 	hellos := p.take()
 	if len(hellos) != 2 || hellos[0].typ != Hello || hellos[1].typ != Hello {
 		t.Fatalf("want two Hellos, got %d frames", len(hellos))

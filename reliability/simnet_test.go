@@ -571,7 +571,11 @@ func (s *simnet) churn(n *simNode) {
 	s.nextID++
 	m := &simMsg{id: s.nextID, from: n, to: to, fromInc: n.inc, nseg: 1, size: 32, postedAt: s.now, atomic: true, delivered: make([]int, 1)}
 	s.msgs[m.id] = m
-	n.ep.Post(s.now, PeerKey{to.addr, to.qpn}, m, 1, 0)
+	w, err := n.ep.Post(s.now, PeerKey{to.addr, to.qpn}, m, 1, 0)
+	if err != nil {
+		m.completed, m.err, m.doneAt = true, err, s.now
+	}
+	m.ticket = w
 }
 
 // replay: a hostile peer sends again one of its own session-opening

@@ -13,11 +13,11 @@ import (
 
 // postVerbs are the methods that post work and return an error: qp's
 // (*QP).PostSend, (*QP).PostRecv and (*SRQ).PostRecv, PostSRQRecv should
-// one be added, and socketshim/rds's (*Socket).SendMsg, which posts a
-// send. Calls are matched by the method's name, not its receiver's type,
+// one be added, socketshim/rds's (*Socket).SendMsg, which posts a send,
+// and reliability's (*Endpoint).Post, which posts a message. Calls are matched by the method's name, not its receiver's type,
 // so a method of another type with one of these names is held to the
 // same rule.
-var postVerbs = []string{"PostSend", "PostRecv", "PostSRQRecv", "SendMsg"}
+var postVerbs = []string{"PostSend", "PostRecv", "PostSRQRecv", "SendMsg", "Post"}
 
 // ignoredMark begins the comment that lets an assignment of a posting
 // verb's error to _ stand. See TestPostResultsChecked.
@@ -183,7 +183,7 @@ func f(q, s *QP, wr *SendWR, rwr *RecvWR) {
 	err := q.PostRecv(rwr)
 	n, err = s.SendMsg(nil, addr)
 	_ = q.Modify(attr)
-	q.Post(wr)
+	q.Modify(wr)
 	PostSend(wr)
 	_, _ = s.SendMsg(nil, addr) // error ignored: the peer may be gone
 	_ = q.PostRecv(rwr)
