@@ -272,6 +272,11 @@ func TestRDAckLazily(t *testing.T) {
 			mustPost(t, p.qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("open"), AH: p.ahAB}))
 			collect(t, p.cqa, 1, 10*time.Second)
 			collect(t, p.cqb, 1, 10*time.Second)
+			// a's Send completed on b's standalone ack, which b's engine
+			// counts into the device's stats as it lets go of the QP,
+			// maybe after a completed: wait for it to be counted, or the
+			// count below would take it for an ack of the request.
+			eventually(t, "b's ack of the opening Send to be counted", func() bool { return p.b.dev.Stats().RDAcksSent.Load() >= 1 })
 			acks := p.b.dev.Stats().RDAcksSent.Load()
 			flags := FlagSignaled
 			if lazy {
