@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/udiwarp/udiwarp/qp"
-	"github.com/udiwarp/udiwarp/socketshim/internal/shim"
+	"github.com/udiwarp/udiwarp/internal/shim"
 )
 
 // busyWithin bounds how long a busy-poll call may take to see what

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/udiwarp/udiwarp/qp"
-	"github.com/udiwarp/udiwarp/socketshim/internal/shim"
+	"github.com/udiwarp/udiwarp/internal/shim"
 )
 
 // ShimQPN is the QP number a PacketConn's QP has: each PacketConn opens

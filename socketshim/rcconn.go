@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/udiwarp/udiwarp/qp"
-	"github.com/udiwarp/udiwarp/socketshim/internal/shim"
+	"github.com/udiwarp/udiwarp/internal/shim"
 )
 
 // RC sockets: a byte stream (net.Conn) over an RC queue pair (TCP + MPA),

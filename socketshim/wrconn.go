@@ -15,7 +15,7 @@ import (
 
 	"github.com/udiwarp/udiwarp/qp"
 	"github.com/udiwarp/udiwarp/reliability"
-	"github.com/udiwarp/udiwarp/socketshim/internal/shim"
+	"github.com/udiwarp/udiwarp/internal/shim"
 	"github.com/udiwarp/udiwarp/validitymap"
 	"github.com/udiwarp/udiwarp/writerecord"
 )

@@ -34,7 +34,7 @@ import (
 
 	"github.com/udiwarp/udiwarp/qp"
 	"github.com/udiwarp/udiwarp/socketshim"
-	"github.com/udiwarp/udiwarp/socketshim/internal/shim"
+	"github.com/udiwarp/udiwarp/internal/shim"
 	"golang.org/x/sys/unix"
 )
 
