@@ -1,0 +1,1565 @@
+// udiwarp's libfabric provider: the C front that owns libfabric's ABI
+// (built against libfabric 1.17's headers, FI_VERSION(1, 17)) over the Go
+// engine, libudiwarp_fi_engine.so (../engine), which it dlopen()s from its
+// own directory (or $UDIWARP_FI_ENGINE) when the first domain opens, so
+// that a program that only lists providers never starts a Go runtime.
+//
+// Endpoint types: FI_EP_DGRAM on udiwarp's UD queue pairs, FI_MSG with
+// FI_SOURCE. Each endpoint is a UDP socket this file opens, binds, waits
+// on and closes; the engine runs a UD QP over it (qp.Device.BindFD) that
+// answers to a fixed QP number, so an endpoint's address is its socket's
+// (FI_SOCKADDR_IN or FI_SOCKADDR_IN6) and is what fi_getname returns.
+//
+// Progress is FI_PROGRESS_MANUAL: reading a completion queue reads the
+// sockets of the endpoints bound to it (udwf_poll), as libfabric's own udp
+// provider does; no thread of the provider's runs while the program does
+// not call it. A CQ's wait object (FI_WAIT_FD, FI_WAIT_UNSPEC) is an epoll
+// descriptor over those sockets; fi_cq_sread waits on it.
+//
+// What is not here yet: FI_EP_RDM (RD queue pairs), FI_EP_MSG (RC),
+// tagged messages, RMA, atomics, counters, multicast: see docs/libfabric.md.
+
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <ifaddrs.h>
+#include <limits.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_atomic.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_collective.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>
+#include <rdma/providers/fi_prov.h>
+
+#define EXPORT __attribute__((visibility("default")))
+#define UDW_NAME "udiwarp"
+#define UDW_VERSION FI_VERSION(0, 1)
+#define UDW_FI_VERSION FI_VERSION(1, 17)
+
+// The largest message of one datagram: IPv4's largest UDP payload, 65,507
+// bytes, less DDP's untagged header (18) and the CRC (4). The engine's
+// udwf_max_msg says the same; a test holds the two together.
+#define UDW_MAX_MSG (65507 - 18 - 4)
+#define UDW_TX_SIZE 256
+#define UDW_RX_SIZE 256
+#define UDW_POLL_BATCH 64
+
+// ---- the engine -----------------------------------------------------------
+
+struct udwf_comp {
+	uint64_t ctx;
+	uint64_t len;
+	uint64_t olen;
+	uint64_t data;
+	uint32_t recv;
+	int32_t err;
+	uint32_t has_data;
+	uint32_t srclen;
+	uint8_t src[28];
+	uint8_t pad[4];
+};
+
+static struct {
+	pthread_once_t once;
+	int err; // 0, or the -FI_ errno of a failed load
+	int (*init)(void);
+	long long (*ah)(void *sa, int salen);
+	void (*ah_free)(long long i);
+	long long (*ep_open)(int fd, int tx, int rx, int maxmsg);
+	int (*ep_close)(long long h);
+	int (*send)(long long h, void *buf, size_t n, long long ah, uint64_t ctx, int signaled, int has_data, uint64_t data);
+	int (*recv)(long long h, void *buf, size_t n, uint64_t ctx);
+	int (*poll)(long long h, struct udwf_comp *out, int n);
+	int (*max_msg)(void);
+} eng = {.once = PTHREAD_ONCE_INIT};
+
+static struct fi_provider udw_prov;
+
+#define WARN(...) fprintf(stderr, "libfabric udiwarp: " __VA_ARGS__)
+
+// onstack gives every signal handler the program has installed
+// SA_ONSTACK: the Go runtime runs a thread that calls into the engine on
+// a goroutine stack of a few KiB and gives it an alternate signal stack,
+// which a handler uses only with the flag (os/signal, "Go programs that
+// use cgo"). The runtime adds it to the handlers it finds when it loads;
+// this adds it to those installed since (MPI installs its own).
+static void onstack(void) {
+	for (int sig = 1; sig < NSIG; sig++) {
+		struct sigaction sa;
+		if (sig == SIGKILL || sig == SIGSTOP || sigaction(sig, NULL, &sa) != 0) continue;
+		if (sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN || (sa.sa_flags & SA_ONSTACK)) continue;
+		sa.sa_flags |= SA_ONSTACK;
+		sigaction(sig, &sa, NULL);
+	}
+}
+
+static void load_engine(void) {
+	const char *path = getenv("UDIWARP_FI_ENGINE");
+	char buf[PATH_MAX];
+	if (!path || !*path) {
+		Dl_info di;
+		if (!dladdr((void *)load_engine, &di) || !di.dli_fname) {
+			WARN("cannot find the engine: set UDIWARP_FI_ENGINE\n");
+			eng.err = -FI_ENOENT;
+			return;
+		}
+		snprintf(buf, sizeof buf, "%s", di.dli_fname);
+		char *slash = strrchr(buf, '/');
+		size_t off = slash ? (size_t)(slash - buf + 1) : 0;
+		snprintf(buf + off, sizeof buf - off, "libudiwarp_fi_engine.so");
+		path = buf;
+	}
+	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!h) {
+		WARN("cannot load the engine: %s\n", dlerror());
+		eng.err = -FI_ENOENT;
+		return;
+	}
+	eng.init = dlsym(h, "udwf_init");
+	eng.ah = dlsym(h, "udwf_ah");
+	eng.ah_free = dlsym(h, "udwf_ah_free");
+	eng.ep_open = dlsym(h, "udwf_ep_open");
+	eng.ep_close = dlsym(h, "udwf_ep_close");
+	eng.send = dlsym(h, "udwf_send");
+	eng.recv = dlsym(h, "udwf_recv");
+	eng.poll = dlsym(h, "udwf_poll");
+	eng.max_msg = dlsym(h, "udwf_max_msg");
+	if (!eng.init || !eng.ah || !eng.ah_free || !eng.ep_open || !eng.ep_close || !eng.send || !eng.recv || !eng.poll ||
+	    !eng.max_msg) {
+		WARN("the engine %s is incomplete\n", path);
+		eng.err = -FI_ENOSYS;
+		return;
+	}
+	if (eng.max_msg() != UDW_MAX_MSG) {
+		WARN("the engine carries %d-byte messages, this front %d: a mismatched build\n", eng.max_msg(), UDW_MAX_MSG);
+		eng.err = -FI_EOTHER;
+		return;
+	}
+	int r = eng.init();
+	if (r < 0) {
+		WARN("the engine cannot start: %s\n", strerror(-r));
+		eng.err = -FI_EOTHER;
+		return;
+	}
+	onstack();
+}
+
+static int engine(void) {
+	pthread_once(&eng.once, load_engine);
+	return eng.err;
+}
+
+// fierr turns the engine's -errno into libfabric's (the same numbers for
+// the errno values; FI_EAGAIN is EAGAIN).
+static int fierr(int r) { return r; }
+
+// ---- getinfo --------------------------------------------------------------
+
+#define UDW_DGRAM_CAPS (FI_MSG | FI_SEND | FI_RECV | FI_SOURCE)
+#define UDW_DGRAM_TX_CAPS (FI_MSG | FI_SEND)
+#define UDW_DGRAM_RX_CAPS (FI_MSG | FI_RECV | FI_SOURCE)
+
+// sa_len is the length of a struct sockaddr_in or sockaddr_in6, 0 for
+// any other family.
+static size_t sa_len(const struct sockaddr *sa) {
+	if (!sa) return 0;
+	switch (sa->sa_family) {
+	case AF_INET: return sizeof(struct sockaddr_in);
+	case AF_INET6: return sizeof(struct sockaddr_in6);
+	}
+	return 0;
+}
+
+static uint32_t fmt_of(const struct sockaddr *sa) {
+	return sa && sa->sa_family == AF_INET6 ? FI_SOCKADDR_IN6 : FI_SOCKADDR_IN;
+}
+
+// hints_fit says whether hints ask for nothing a DGRAM endpoint lacks.
+static int hints_fit(const struct fi_info *hints) {
+	if (!hints) return 1;
+	if (hints->caps & ~(uint64_t)(UDW_DGRAM_CAPS | FI_LOCAL_COMM | FI_REMOTE_COMM)) return 0;
+	if (hints->ep_attr) {
+		if (hints->ep_attr->type != FI_EP_UNSPEC && hints->ep_attr->type != FI_EP_DGRAM) return 0;
+		if (hints->ep_attr->max_msg_size > UDW_MAX_MSG) return 0;
+		if (hints->ep_attr->protocol != FI_PROTO_UNSPEC && hints->ep_attr->protocol != FI_PROTO_UDP) return 0;
+	}
+	if (hints->domain_attr) {
+		if (hints->domain_attr->name && strcmp(hints->domain_attr->name, "") == 0) return 0;
+		if (hints->domain_attr->av_type != FI_AV_UNSPEC && hints->domain_attr->av_type != FI_AV_MAP &&
+		    hints->domain_attr->av_type != FI_AV_TABLE)
+			return 0;
+		if (hints->domain_attr->cq_data_size > 0) return 0;
+	}
+	if (hints->fabric_attr && hints->fabric_attr->name && strcmp(hints->fabric_attr->name, UDW_NAME)) return 0;
+	if (hints->tx_attr && (hints->tx_attr->caps & ~(uint64_t)(UDW_DGRAM_TX_CAPS | FI_LOCAL_COMM | FI_REMOTE_COMM))) return 0;
+	if (hints->rx_attr && (hints->rx_attr->caps & ~(uint64_t)(UDW_DGRAM_RX_CAPS | FI_LOCAL_COMM | FI_REMOTE_COMM))) return 0;
+	if (hints->addr_format != FI_FORMAT_UNSPEC && hints->addr_format != FI_SOCKADDR_IN &&
+	    hints->addr_format != FI_SOCKADDR_IN6 && hints->addr_format != FI_SOCKADDR)
+		return 0;
+	return 1;
+}
+
+// dgram_info makes the fi_info of a DGRAM endpoint on interface ifname
+// (the domain's name) bound to src (NULL: any address), to dest when set.
+static struct fi_info *dgram_info(const struct fi_info *hints, const char *ifname, const struct sockaddr *src,
+				  const struct sockaddr *dest) {
+	struct fi_info *fi = fi_allocinfo();
+	if (!fi) return NULL;
+	fi->caps = UDW_DGRAM_CAPS;
+	if (hints && hints->caps) fi->caps = hints->caps & UDW_DGRAM_CAPS;
+	if (!(fi->caps & (FI_SEND | FI_RECV))) fi->caps |= FI_SEND | FI_RECV;
+	fi->caps |= FI_MSG;
+	fi->mode = 0;
+	fi->addr_format = fmt_of(src ? src : dest);
+	if (src) {
+		fi->src_addrlen = sa_len(src);
+		fi->src_addr = malloc(fi->src_addrlen);
+		if (!fi->src_addr) goto fail;
+		memcpy(fi->src_addr, src, fi->src_addrlen);
+	}
+	if (dest) {
+		fi->dest_addrlen = sa_len(dest);
+		fi->dest_addr = malloc(fi->dest_addrlen);
+		if (!fi->dest_addr) goto fail;
+		memcpy(fi->dest_addr, dest, fi->dest_addrlen);
+	}
+	fi->tx_attr->caps = fi->caps & UDW_DGRAM_TX_CAPS;
+	fi->tx_attr->mode = 0;
+	fi->tx_attr->op_flags = 0;
+	fi->tx_attr->msg_order = FI_ORDER_NONE;
+	fi->tx_attr->comp_order = FI_ORDER_NONE;
+	// Every send is copied before the call returns: inject takes all.
+	fi->tx_attr->inject_size = UDW_MAX_MSG;
+	fi->tx_attr->size = UDW_TX_SIZE;
+	fi->tx_attr->iov_limit = 1;
+	fi->tx_attr->rma_iov_limit = 0;
+	fi->rx_attr->caps = fi->caps & UDW_DGRAM_RX_CAPS;
+	fi->rx_attr->mode = 0;
+	fi->rx_attr->op_flags = 0;
+	fi->rx_attr->msg_order = FI_ORDER_NONE;
+	fi->rx_attr->comp_order = FI_ORDER_NONE;
+	fi->rx_attr->total_buffered_recv = 0;
+	fi->rx_attr->size = UDW_RX_SIZE;
+	fi->rx_attr->iov_limit = 1;
+	fi->ep_attr->type = FI_EP_DGRAM;
+	fi->ep_attr->protocol = FI_PROTO_UDP;
+	fi->ep_attr->protocol_version = 1;
+	fi->ep_attr->max_msg_size = UDW_MAX_MSG;
+	fi->ep_attr->msg_prefix_size = 0;
+	fi->ep_attr->max_order_raw_size = 0;
+	fi->ep_attr->max_order_war_size = 0;
+	fi->ep_attr->max_order_waw_size = 0;
+	fi->ep_attr->mem_tag_format = 0;
+	fi->ep_attr->tx_ctx_cnt = 1;
+	fi->ep_attr->rx_ctx_cnt = 1;
+	fi->domain_attr->name = strdup(ifname);
+	fi->domain_attr->threading = FI_THREAD_SAFE;
+	fi->domain_attr->control_progress = FI_PROGRESS_MANUAL;
+	fi->domain_attr->data_progress = FI_PROGRESS_MANUAL;
+	fi->domain_attr->resource_mgmt = FI_RM_ENABLED;
+	fi->domain_attr->av_type = FI_AV_UNSPEC;
+	if (hints && hints->domain_attr && hints->domain_attr->av_type != FI_AV_UNSPEC)
+		fi->domain_attr->av_type = hints->domain_attr->av_type;
+	fi->domain_attr->mr_mode = 0; // any buffer: the engine copies
+	fi->domain_attr->mr_key_size = sizeof(uint64_t);
+	fi->domain_attr->cq_data_size = 0;
+	fi->domain_attr->cq_cnt = 1024;
+	fi->domain_attr->ep_cnt = 1024;
+	fi->domain_attr->tx_ctx_cnt = 1024;
+	fi->domain_attr->rx_ctx_cnt = 1024;
+	fi->domain_attr->max_ep_tx_ctx = 1;
+	fi->domain_attr->max_ep_rx_ctx = 1;
+	fi->domain_attr->mr_iov_limit = 1;
+	fi->domain_attr->mr_cnt = 65536;
+	fi->fabric_attr->name = strdup(UDW_NAME);
+	fi->fabric_attr->prov_version = UDW_VERSION;
+	fi->fabric_attr->api_version = UDW_FI_VERSION;
+	if (!fi->domain_attr->name || !fi->fabric_attr->name) goto fail;
+	return fi;
+fail:
+	fi_freeinfo(fi);
+	return NULL;
+}
+
+// resolve fills ss with node:service (NULL node: the wildcard address of
+// family fam), returning 0 or -FI_ENODATA.
+static int resolve(const char *node, const char *service, int fam, int passive, struct sockaddr_storage *ss) {
+	struct addrinfo hints = {.ai_family = fam, .ai_socktype = SOCK_DGRAM, .ai_flags = passive ? AI_PASSIVE : 0}, *res;
+	if (getaddrinfo(node, service ? service : "0", &hints, &res) != 0) return -FI_ENODATA;
+	memcpy(ss, res->ai_addr, res->ai_addrlen);
+	freeaddrinfo(res);
+	return 0;
+}
+
+// ifname_of names the interface holding addr ("lo", "veth0"), or "udiwarp"
+// for the wildcard address.
+static void ifname_of(const struct sockaddr *addr, char *name, size_t n) {
+	snprintf(name, n, "%s", UDW_NAME);
+	struct ifaddrs *ifs;
+	if (!addr || getifaddrs(&ifs) != 0) return;
+	for (struct ifaddrs *i = ifs; i; i = i->ifa_next) {
+		if (!i->ifa_addr || i->ifa_addr->sa_family != addr->sa_family) continue;
+		if (addr->sa_family == AF_INET &&
+		    ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr == ((const struct sockaddr_in *)addr)->sin_addr.s_addr) {
+			snprintf(name, n, "%s", i->ifa_name);
+			break;
+		}
+		if (addr->sa_family == AF_INET6 && !memcmp(&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr,
+							   &((const struct sockaddr_in6 *)addr)->sin6_addr, sizeof(struct in6_addr))) {
+			snprintf(name, n, "%s", i->ifa_name);
+			break;
+		}
+	}
+	freeifaddrs(ifs);
+}
+
+static void append(struct fi_info **head, struct fi_info **tail, struct fi_info *fi) {
+	if (!*head)
+		*head = fi;
+	else
+		(*tail)->next = fi;
+	*tail = fi;
+}
+
+static int udw_getinfo(uint32_t version, const char *node, const char *service, uint64_t flags, const struct fi_info *hints,
+		       struct fi_info **info) {
+	(void)version;
+	*info = NULL;
+	if (!hints_fit(hints)) return -FI_ENODATA;
+	int fam = AF_UNSPEC;
+	if (hints && hints->addr_format == FI_SOCKADDR_IN) fam = AF_INET;
+	if (hints && hints->addr_format == FI_SOCKADDR_IN6) fam = AF_INET6;
+	struct sockaddr_storage src, dst;
+	const struct sockaddr *srcp = NULL, *dstp = NULL;
+	if (node || service) {
+		int r = resolve(node, service, fam == AF_UNSPEC ? AF_INET : fam, (flags & FI_SOURCE) != 0, (flags & FI_SOURCE) ? &src : &dst);
+		if (r) return r;
+		if (flags & FI_SOURCE)
+			srcp = (struct sockaddr *)&src;
+		else
+			dstp = (struct sockaddr *)&dst;
+	}
+	if (hints && hints->src_addr && sa_len(hints->src_addr)) srcp = hints->src_addr;
+	if (hints && hints->dest_addr && sa_len(hints->dest_addr)) dstp = hints->dest_addr;
+	if (srcp && dstp && srcp->sa_family != dstp->sa_family) return -FI_ENODATA;
+	struct fi_info *head = NULL, *tail = NULL;
+	const char *want = hints && hints->domain_attr ? hints->domain_attr->name : NULL;
+	if (srcp) {
+		char name[IF_NAMESIZE + 8];
+		ifname_of(srcp, name, sizeof name);
+		if (want && strcmp(want, name)) return -FI_ENODATA;
+		struct fi_info *fi = dgram_info(hints, name, srcp, dstp);
+		if (!fi) return -FI_ENOMEM;
+		*info = fi;
+		return 0;
+	}
+	// No source given: one fi_info per address of every interface that is
+	// up, the family's (IPv4 unless asked), other interfaces first and
+	// loopback last, as libfabric's udp provider lists them: an endpoint
+	// bound to an interface's address is reachable there, which the
+	// wildcard address, as fi_getname would return it, is not.
+	struct ifaddrs *ifs;
+	if (getifaddrs(&ifs) != 0) return -FI_ENODATA;
+	for (int pass = 0; pass < 2; pass++) {
+		for (struct ifaddrs *i = ifs; i; i = i->ifa_next) {
+			if (!i->ifa_addr || !(i->ifa_flags & IFF_UP)) continue;
+			int f = i->ifa_addr->sa_family;
+			if (f != AF_INET && f != AF_INET6) continue;
+			if (fam == AF_UNSPEC ? f != AF_INET : f != fam) continue;
+			if (dstp && f != dstp->sa_family) continue;
+			if (((i->ifa_flags & IFF_LOOPBACK) != 0) != (pass == 1)) continue;
+			if (f == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr)) continue;
+			if (want && strcmp(want, i->ifa_name)) continue;
+			struct sockaddr_storage a;
+			memcpy(&a, i->ifa_addr, sa_len(i->ifa_addr));
+			if (f == AF_INET)
+				((struct sockaddr_in *)&a)->sin_port = 0;
+			else
+				((struct sockaddr_in6 *)&a)->sin6_port = 0;
+			struct fi_info *fi = dgram_info(hints, i->ifa_name, (struct sockaddr *)&a, dstp);
+			if (!fi) {
+				freeifaddrs(ifs);
+				fi_freeinfo(head);
+				return -FI_ENOMEM;
+			}
+			append(&head, &tail, fi);
+		}
+	}
+	freeifaddrs(ifs);
+	if (!head) return -FI_ENODATA;
+	*info = head;
+	return 0;
+}
+
+// ---- stubs ----------------------------------------------------------------
+
+// Every member of an ops table is called by libfabric's inline wrappers
+// without a check, so each is a function: these refuse what the provider
+// does not do (libfabric's own fi_no_* are not exported to providers).
+static int no_bind(struct fid *f, struct fid *b, uint64_t fl) { (void)f, (void)b, (void)fl; return -FI_ENOSYS; }
+static int no_control(struct fid *f, int c, void *a) { (void)f, (void)c, (void)a; return -FI_ENOSYS; }
+static int no_ops_open(struct fid *f, const char *n, uint64_t fl, void **o, void *c) {
+	(void)f, (void)n, (void)fl, (void)o, (void)c;
+	return -FI_ENOSYS;
+}
+static int no_tostr(const struct fid *f, char *b, size_t l) { (void)f, (void)b, (void)l; return -FI_ENOSYS; }
+static int no_ops_set(struct fid *f, const char *n, uint64_t fl, void *o, void *c) {
+	(void)f, (void)n, (void)fl, (void)o, (void)c;
+	return -FI_ENOSYS;
+}
+
+// enosys stands for the members of tables the provider leaves empty
+// (tagged, RMA, atomic, collective) whose capabilities fi_getinfo never
+// offers: returning an int or ssize_t from registers, it serves every
+// signature of those tables, as the x86-64 and AArch64 calling
+// conventions let a callee ignore its arguments.
+static ssize_t enosys(void) { return -FI_ENOSYS; }
+#define ENOSYS_AS(type) ((type)(void (*)(void))enosys)
+
+// ---- fabric, domain, EQ ---------------------------------------------------
+
+struct udw_fabric {
+	struct fid_fabric f;
+};
+
+struct udw_domain {
+	struct fid_domain d;
+	struct udw_fabric *fab;
+	struct fi_info *info;
+	atomic_int refs;
+};
+
+struct udw_eq {
+	struct fid_eq e;
+};
+
+static int fabric_close(struct fid *fid) {
+	free(container_of(fid, struct udw_fabric, f.fid));
+	return 0;
+}
+
+static int eq_close(struct fid *fid) {
+	free(container_of(fid, struct udw_eq, e.fid));
+	return 0;
+}
+
+// An EQ reports connection events, which a DGRAM endpoint has none of.
+static ssize_t eq_read(struct fid_eq *eq, uint32_t *ev, void *buf, size_t len, uint64_t flags) {
+	(void)eq, (void)ev, (void)buf, (void)len, (void)flags;
+	return -FI_EAGAIN;
+}
+static ssize_t eq_readerr(struct fid_eq *eq, struct fi_eq_err_entry *buf, uint64_t flags) {
+	(void)eq, (void)buf, (void)flags;
+	return -FI_EAGAIN;
+}
+static ssize_t eq_write(struct fid_eq *eq, uint32_t ev, const void *buf, size_t len, uint64_t flags) {
+	(void)eq, (void)ev, (void)buf, (void)len, (void)flags;
+	return -FI_ENOSYS;
+}
+static ssize_t eq_sread(struct fid_eq *eq, uint32_t *ev, void *buf, size_t len, int timeout, uint64_t flags) {
+	(void)eq, (void)ev, (void)buf, (void)len, (void)flags;
+	if (timeout > 0) usleep((useconds_t)timeout * 1000);
+	return -FI_EAGAIN;
+}
+static const char *eq_strerror(struct fid_eq *eq, int prov_errno, const void *err_data, char *buf, size_t len) {
+	(void)eq, (void)err_data;
+	const char *s = strerror(prov_errno);
+	if (buf && len) snprintf(buf, len, "%s", s);
+	return buf && len ? buf : s;
+}
+
+static struct fi_ops eq_fi_ops = {.size = sizeof(struct fi_ops), .close = eq_close, .bind = no_bind, .control = no_control,
+				  .ops_open = no_ops_open, .tostr = no_tostr, .ops_set = no_ops_set};
+static struct fi_ops_eq eq_ops = {.size = sizeof(struct fi_ops_eq), .read = eq_read, .readerr = eq_readerr, .write = eq_write,
+				  .sread = eq_sread, .strerror = eq_strerror};
+
+static int eq_open(struct fid_fabric *fabric, struct fi_eq_attr *attr, struct fid_eq **eq, void *context) {
+	(void)attr;
+	struct udw_eq *q = calloc(1, sizeof *q);
+	if (!q) return -FI_ENOMEM;
+	q->e.fid.fclass = FI_CLASS_EQ;
+	q->e.fid.context = context;
+	q->e.fid.ops = &eq_fi_ops;
+	q->e.ops = &eq_ops;
+	(void)fabric;
+	*eq = &q->e;
+	return 0;
+}
+
+static int domain_open(struct fid_fabric *fabric, struct fi_info *info, struct fid_domain **dom, void *context);
+static int fabric_passive_ep(struct fid_fabric *f, struct fi_info *i, struct fid_pep **p, void *c) {
+	(void)f, (void)i, (void)p, (void)c;
+	return -FI_ENOSYS;
+}
+static int fabric_wait_open(struct fid_fabric *f, struct fi_wait_attr *a, struct fid_wait **w) {
+	(void)f, (void)a, (void)w;
+	return -FI_ENOSYS;
+}
+static int fabric_trywait(struct fid_fabric *f, struct fid **fids, int count);
+static int fabric_domain2(struct fid_fabric *f, struct fi_info *i, struct fid_domain **d, uint64_t flags, void *c) {
+	if (flags) return -FI_EINVAL;
+	return domain_open(f, i, d, c);
+}
+
+static struct fi_ops fabric_fi_ops = {.size = sizeof(struct fi_ops), .close = fabric_close, .bind = no_bind, .control = no_control,
+				      .ops_open = no_ops_open, .tostr = no_tostr, .ops_set = no_ops_set};
+static struct fi_ops_fabric fabric_ops = {.size = sizeof(struct fi_ops_fabric), .domain = domain_open,
+					  .passive_ep = fabric_passive_ep, .eq_open = eq_open, .wait_open = fabric_wait_open,
+					  .trywait = fabric_trywait, .domain2 = fabric_domain2};
+
+static int udw_fabric(struct fi_fabric_attr *attr, struct fid_fabric **fabric, void *context) {
+	if (attr && attr->name && strcmp(attr->name, UDW_NAME)) return -FI_ENODATA;
+	struct udw_fabric *f = calloc(1, sizeof *f);
+	if (!f) return -FI_ENOMEM;
+	f->f.fid.fclass = FI_CLASS_FABRIC;
+	f->f.fid.context = context;
+	f->f.fid.ops = &fabric_fi_ops;
+	f->f.ops = &fabric_ops;
+	f->f.api_version = UDW_FI_VERSION;
+	*fabric = &f->f;
+	return 0;
+}
+
+// ---- address vectors ------------------------------------------------------
+
+struct av_entry {
+	struct sockaddr_storage sa;
+	socklen_t len;
+	long long ah; // the engine's address handle; -1: a free entry
+};
+
+struct udw_av {
+	struct fid_av a;
+	pthread_mutex_t mu;
+	enum fi_av_type type;
+	struct av_entry *e;
+	size_t n, cap;
+	// A hash of the entries' addresses (index + 1; 0 empty), for FI_SOURCE.
+	uint32_t *hash;
+	size_t hcap;
+};
+
+static uint64_t sa_hash(const struct sockaddr *sa, socklen_t len) {
+	uint64_t h = 1469598103934665603ull;
+	const unsigned char *p = (const unsigned char *)sa;
+	for (socklen_t i = 0; i < len; i++) h = (h ^ p[i]) * 1099511628211ull;
+	return h;
+}
+
+// sa_same compares two addresses by family, address and port.
+static int sa_same(const struct sockaddr *a, const struct sockaddr *b) {
+	if (a->sa_family != b->sa_family) return 0;
+	if (a->sa_family == AF_INET) {
+		const struct sockaddr_in *x = (const void *)a, *y = (const void *)b;
+		return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
+	}
+	const struct sockaddr_in6 *x = (const void *)a, *y = (const void *)b;
+	return x->sin6_port == y->sin6_port && !memcmp(&x->sin6_addr, &y->sin6_addr, sizeof x->sin6_addr);
+}
+
+// canon copies sa with nothing but family, address and port, so that
+// equal addresses hash equal.
+static socklen_t canon(const struct sockaddr *sa, struct sockaddr_storage *out) {
+	memset(out, 0, sizeof *out);
+	if (sa->sa_family == AF_INET) {
+		struct sockaddr_in *o = (void *)out;
+		const struct sockaddr_in *i = (const void *)sa;
+		o->sin_family = AF_INET, o->sin_port = i->sin_port, o->sin_addr = i->sin_addr;
+		return sizeof *o;
+	}
+	struct sockaddr_in6 *o = (void *)out;
+	const struct sockaddr_in6 *i = (const void *)sa;
+	o->sin6_family = AF_INET6, o->sin6_port = i->sin6_port, o->sin6_addr = i->sin6_addr;
+	return sizeof *o;
+}
+
+static void av_rehash(struct udw_av *av) {
+	size_t cap = av->hcap ? av->hcap : 64;
+	while (cap < 2 * av->n + 2) cap *= 2;
+	uint32_t *h = calloc(cap, sizeof *h);
+	if (!h) return; // FI_SOURCE lookups fall back to a scan
+	for (size_t i = 0; i < av->n; i++) {
+		if (av->e[i].ah < 0) continue;
+		size_t k = sa_hash((struct sockaddr *)&av->e[i].sa, av->e[i].len) & (cap - 1);
+		while (h[k]) k = (k + 1) & (cap - 1);
+		h[k] = (uint32_t)(i + 1);
+	}
+	free(av->hash);
+	av->hash = h, av->hcap = cap;
+}
+
+// av_find returns the fi_addr of sa in av, or FI_ADDR_NOTAVAIL.
+static fi_addr_t av_find(struct udw_av *av, const struct sockaddr *sa) {
+	struct sockaddr_storage c;
+	socklen_t len = canon(sa, &c);
+	fi_addr_t r = FI_ADDR_NOTAVAIL;
+	pthread_mutex_lock(&av->mu);
+	if (av->hash) {
+		size_t k = sa_hash((struct sockaddr *)&c, len) & (av->hcap - 1);
+		for (; av->hash[k]; k = (k + 1) & (av->hcap - 1)) {
+			size_t i = av->hash[k] - 1;
+			if (av->e[i].ah >= 0 && sa_same((struct sockaddr *)&av->e[i].sa, sa)) {
+				r = i;
+				break;
+			}
+		}
+	} else {
+		for (size_t i = 0; i < av->n; i++)
+			if (av->e[i].ah >= 0 && sa_same((struct sockaddr *)&av->e[i].sa, sa)) {
+				r = i;
+				break;
+			}
+	}
+	pthread_mutex_unlock(&av->mu);
+	return r;
+}
+
+// av_ah returns the engine's address handle for fi_addr, or -1.
+static long long av_ah(struct udw_av *av, fi_addr_t a) {
+	if (!av) return -1;
+	pthread_mutex_lock(&av->mu);
+	long long ah = a < av->n ? av->e[a].ah : -1;
+	pthread_mutex_unlock(&av->mu);
+	return ah;
+}
+
+static int av_insert(struct fid_av *fav, const void *addr, size_t count, fi_addr_t *fi_addr, uint64_t flags, void *context) {
+	(void)context;
+	struct udw_av *av = container_of(fav, struct udw_av, a);
+	if (flags & ~(uint64_t)FI_MORE) return -FI_EBADFLAGS;
+	int r = engine();
+	if (r) return r;
+	const char *p = addr;
+	int ok = 0;
+	pthread_mutex_lock(&av->mu);
+	for (size_t k = 0; k < count; k++) {
+		const struct sockaddr *sa = (const void *)p;
+		size_t len = sa_len(sa);
+		fi_addr_t out = FI_ADDR_NOTAVAIL;
+		long long ah = len ? eng.ah((void *)sa, (int)len) : -FI_EINVAL;
+		if (ah >= 0) {
+			if (av->n == av->cap) {
+				size_t cap = av->cap ? 2 * av->cap : 64;
+				struct av_entry *e = realloc(av->e, cap * sizeof *e);
+				if (!e) {
+					eng.ah_free(ah);
+					ah = -FI_ENOMEM;
+				} else {
+					av->e = e, av->cap = cap;
+				}
+			}
+			if (ah >= 0) {
+				struct av_entry *e = &av->e[av->n];
+				e->len = canon(sa, &e->sa);
+				e->ah = ah;
+				out = av->n++;
+				ok++;
+				if (av->n * 2 + 2 > av->hcap)
+					av_rehash(av);
+				else {
+					size_t h = sa_hash((struct sockaddr *)&e->sa, e->len) & (av->hcap - 1);
+					while (av->hash[h]) h = (h + 1) & (av->hcap - 1);
+					av->hash[h] = (uint32_t)(out + 1);
+				}
+			}
+		}
+		if (fi_addr) fi_addr[k] = out;
+		p += len ? len : sizeof(struct sockaddr_in);
+	}
+	pthread_mutex_unlock(&av->mu);
+	return ok;
+}
+
+static int av_insertsvc(struct fid_av *fav, const char *node, const char *service, fi_addr_t *fi_addr, uint64_t flags,
+			void *context) {
+	struct sockaddr_storage ss;
+	int r = resolve(node, service, AF_UNSPEC, 0, &ss);
+	if (r) return r;
+	return av_insert(fav, &ss, 1, fi_addr, flags, context);
+}
+
+static int av_insertsym(struct fid_av *a, const char *n, size_t nc, const char *s, size_t sc, fi_addr_t *fa, uint64_t fl, void *c) {
+	(void)a, (void)n, (void)nc, (void)s, (void)sc, (void)fa, (void)fl, (void)c;
+	return -FI_ENOSYS;
+}
+
+static int av_remove(struct fid_av *fav, fi_addr_t *fi_addr, size_t count, uint64_t flags) {
+	struct udw_av *av = container_of(fav, struct udw_av, a);
+	if (flags) return -FI_EBADFLAGS;
+	pthread_mutex_lock(&av->mu);
+	for (size_t k = 0; k < count; k++) {
+		fi_addr_t a = fi_addr[k];
+		if (a < av->n && av->e[a].ah >= 0) {
+			eng.ah_free(av->e[a].ah);
+			av->e[a].ah = -1;
+		}
+	}
+	av_rehash(av);
+	pthread_mutex_unlock(&av->mu);
+	return 0;
+}
+
+static int av_lookup(struct fid_av *fav, fi_addr_t fi_addr, void *addr, size_t *addrlen) {
+	struct udw_av *av = container_of(fav, struct udw_av, a);
+	pthread_mutex_lock(&av->mu);
+	if (fi_addr >= av->n || av->e[fi_addr].ah < 0) {
+		pthread_mutex_unlock(&av->mu);
+		return -FI_ENOENT;
+	}
+	size_t len = av->e[fi_addr].len;
+	memcpy(addr, &av->e[fi_addr].sa, len < *addrlen ? len : *addrlen);
+	pthread_mutex_unlock(&av->mu);
+	*addrlen = len;
+	return 0;
+}
+
+static const char *av_straddr(struct fid_av *fav, const void *addr, char *buf, size_t *len) {
+	(void)fav;
+	const struct sockaddr *sa = addr;
+	char host[INET6_ADDRSTRLEN] = "?";
+	unsigned port = 0;
+	if (sa->sa_family == AF_INET) {
+		inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, host, sizeof host);
+		port = ntohs(((const struct sockaddr_in *)sa)->sin_port);
+	} else if (sa->sa_family == AF_INET6) {
+		inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, host, sizeof host);
+		port = ntohs(((const struct sockaddr_in6 *)sa)->sin6_port);
+	}
+	int n = snprintf(buf, *len, sa->sa_family == AF_INET6 ? "udiwarp://[%s]:%u" : "udiwarp://%s:%u", host, port);
+	*len = (size_t)n + 1;
+	return buf;
+}
+
+static int av_close(struct fid *fid) {
+	struct udw_av *av = container_of(fid, struct udw_av, a.fid);
+	for (size_t i = 0; i < av->n; i++)
+		if (av->e[i].ah >= 0) eng.ah_free(av->e[i].ah);
+	free(av->e);
+	free(av->hash);
+	pthread_mutex_destroy(&av->mu);
+	free(av);
+	return 0;
+}
+
+static int av_bind(struct fid *fid, struct fid *bfid, uint64_t flags) {
+	(void)fid, (void)bfid, (void)flags;
+	return -FI_ENOSYS; // no EQ: inserts complete at once (no FI_EVENT)
+}
+
+static struct fi_ops av_fi_ops = {.size = sizeof(struct fi_ops), .close = av_close, .bind = av_bind, .control = no_control,
+				  .ops_open = no_ops_open, .tostr = no_tostr, .ops_set = no_ops_set};
+static struct fi_ops_av av_ops = {.size = sizeof(struct fi_ops_av), .insert = av_insert, .insertsvc = av_insertsvc,
+				  .insertsym = av_insertsym, .remove = av_remove, .lookup = av_lookup, .straddr = av_straddr,
+				  .av_set = ENOSYS_AS(int (*)(struct fid_av *, struct fi_av_set_attr *, struct fid_av_set **, void *))};
+
+static int av_open(struct fid_domain *dom, struct fi_av_attr *attr, struct fid_av **fav, void *context) {
+	(void)dom;
+	if (attr->flags & ~(uint64_t)0) return -FI_EBADFLAGS;
+	if (attr->name || attr->rx_ctx_bits) return -FI_ENOSYS;
+	struct udw_av *av = calloc(1, sizeof *av);
+	if (!av) return -FI_ENOMEM;
+	pthread_mutex_init(&av->mu, NULL);
+	av->type = attr->type == FI_AV_UNSPEC ? FI_AV_TABLE : attr->type;
+	attr->type = av->type;
+	av->a.fid.fclass = FI_CLASS_AV;
+	av->a.fid.context = context;
+	av->a.fid.ops = &av_fi_ops;
+	av->a.ops = &av_ops;
+	av_rehash(av);
+	*fav = &av->a;
+	return 0;
+}
+
+// ---- completion queues ----------------------------------------------------
+
+struct cq_entry {
+	struct fi_cq_tagged_entry e;
+	fi_addr_t src;
+	int err;
+	size_t olen;
+};
+
+struct udw_ep;
+
+struct udw_cq {
+	struct fid_cq c;
+	pthread_mutex_t mu;
+	enum fi_cq_format format;
+	enum fi_wait_obj wait;
+	int epfd; // the wait object: the bound endpoints' sockets
+	struct cq_entry *ring;
+	size_t cap, head, count;
+	struct udw_ep **eps;
+	size_t neps;
+	struct fi_cq_err_entry err; // the error readerr returns
+	int has_err;
+};
+
+struct udw_ep {
+	struct fid_ep ep;
+	struct udw_domain *dom;
+	struct fi_info *info;
+	int fd;
+	long long h; // the engine's endpoint, once enabled
+	struct udw_cq *txcq, *rxcq;
+	struct udw_av *av;
+	uint64_t tx_sel, rx_sel; // FI_SELECTIVE_COMPLETION of each side
+	int enabled;
+};
+
+static size_t entry_size(enum fi_cq_format f) {
+	switch (f) {
+	case FI_CQ_FORMAT_CONTEXT: return sizeof(struct fi_cq_entry);
+	case FI_CQ_FORMAT_MSG: return sizeof(struct fi_cq_msg_entry);
+	case FI_CQ_FORMAT_DATA: return sizeof(struct fi_cq_data_entry);
+	case FI_CQ_FORMAT_TAGGED: return sizeof(struct fi_cq_tagged_entry);
+	default: return 0;
+	}
+}
+
+// cq_push queues e; the caller holds the CQ's lock. A full queue drops
+// the oldest? No: the ring grows (libfabric's resource management keeps
+// what was posted within the queue's size; growing keeps a completion
+// rather than losing it).
+static void cq_push(struct udw_cq *cq, const struct cq_entry *e) {
+	if (cq->count == cq->cap) {
+		size_t cap = cq->cap * 2;
+		struct cq_entry *r = malloc(cap * sizeof *r);
+		if (!r) return;
+		for (size_t i = 0; i < cq->count; i++) r[i] = cq->ring[(cq->head + i) % cq->cap];
+		free(cq->ring);
+		cq->ring = r, cq->cap = cap, cq->head = 0;
+	}
+	cq->ring[(cq->head + cq->count) % cq->cap] = *e;
+	cq->count++;
+}
+
+// progress polls every endpoint bound to cq: their completions go to
+// their own CQs (a send's to its TX CQ, a receive's to its RX CQ, cq or
+// another). The caller holds cq's lock; another CQ's is taken to push.
+static void progress(struct udw_cq *cq) {
+	struct udwf_comp comps[UDW_POLL_BATCH];
+	for (size_t k = 0; k < cq->neps; k++) {
+		struct udw_ep *ep = cq->eps[k];
+		if (!ep->enabled) continue;
+		int n = eng.poll(ep->h, comps, UDW_POLL_BATCH);
+		for (int i = 0; i < n; i++) {
+			struct udwf_comp *c = &comps[i];
+			struct udw_cq *to = c->recv ? ep->rxcq : ep->txcq;
+			if (!to) continue;
+			struct cq_entry e = {0};
+			e.e.op_context = (void *)(uintptr_t)c->ctx;
+			e.e.flags = c->recv ? (FI_MSG | FI_RECV) : (FI_MSG | FI_SEND);
+			e.e.len = c->len;
+			if (c->has_data) e.e.data = c->data, e.e.flags |= FI_REMOTE_CQ_DATA;
+			e.err = c->err;
+			e.olen = c->olen;
+			e.src = FI_ADDR_NOTAVAIL;
+			if (c->recv && ep->av && (ep->info->caps & FI_SOURCE) && c->srclen)
+				e.src = av_find(ep->av, (struct sockaddr *)c->src);
+			if (to != cq) pthread_mutex_lock(&to->mu);
+			cq_push(to, &e);
+			if (to != cq) pthread_mutex_unlock(&to->mu);
+		}
+	}
+}
+
+static void write_entry(struct udw_cq *cq, void *buf, const struct cq_entry *e) {
+	switch (cq->format) {
+	case FI_CQ_FORMAT_CONTEXT: ((struct fi_cq_entry *)buf)->op_context = e->e.op_context; break;
+	case FI_CQ_FORMAT_MSG: {
+		struct fi_cq_msg_entry *m = buf;
+		m->op_context = e->e.op_context, m->flags = e->e.flags, m->len = e->e.len;
+		break;
+	}
+	case FI_CQ_FORMAT_DATA: {
+		struct fi_cq_data_entry *d = buf;
+		d->op_context = e->e.op_context, d->flags = e->e.flags, d->len = e->e.len, d->buf = NULL, d->data = e->e.data;
+		break;
+	}
+	default: *(struct fi_cq_tagged_entry *)buf = e->e;
+	}
+}
+
+static ssize_t cq_readfrom(struct fid_cq *fcq, void *buf, size_t count, fi_addr_t *src_addr) {
+	struct udw_cq *cq = container_of(fcq, struct udw_cq, c);
+	pthread_mutex_lock(&cq->mu);
+	if (cq->has_err) {
+		pthread_mutex_unlock(&cq->mu);
+		return -FI_EAVAIL;
+	}
+	if (cq->count < count) progress(cq);
+	size_t n = 0, sz = entry_size(cq->format);
+	while (n < count && cq->count > 0) {
+		struct cq_entry *e = &cq->ring[cq->head];
+		if (e->err) {
+			// An error stops the read here: readerr returns it.
+			cq->err = (struct fi_cq_err_entry){.op_context = e->e.op_context, .flags = e->e.flags, .len = e->e.len,
+							   .olen = e->olen, .err = e->err == EMSGSIZE ? FI_ETRUNC : e->err == ECANCELED ? FI_ECANCELED : FI_EIO,
+							   .prov_errno = e->err};
+			cq->has_err = 1;
+			cq->head = (cq->head + 1) % cq->cap, cq->count--;
+			break;
+		}
+		write_entry(cq, (char *)buf + n * sz, e);
+		if (src_addr) src_addr[n] = e->src;
+		cq->head = (cq->head + 1) % cq->cap, cq->count--;
+		n++;
+	}
+	int err = cq->has_err;
+	pthread_mutex_unlock(&cq->mu);
+	if (n) return (ssize_t)n;
+	return err ? -FI_EAVAIL : -FI_EAGAIN;
+}
+
+static ssize_t cq_read(struct fid_cq *cq, void *buf, size_t count) { return cq_readfrom(cq, buf, count, NULL); }
+
+static ssize_t cq_readerr(struct fid_cq *fcq, struct fi_cq_err_entry *buf, uint64_t flags) {
+	(void)flags;
+	struct udw_cq *cq = container_of(fcq, struct udw_cq, c);
+	pthread_mutex_lock(&cq->mu);
+	if (!cq->has_err) {
+		pthread_mutex_unlock(&cq->mu);
+		return -FI_EAGAIN;
+	}
+	// The caller's err_data is kept (API >= 1.5: it may offer a buffer);
+	// this provider has none to give.
+	void *data = buf->err_data;
+	size_t dsize = buf->err_data_size;
+	*buf = cq->err;
+	buf->err_data = data, buf->err_data_size = 0;
+	(void)dsize;
+	cq->has_err = 0;
+	pthread_mutex_unlock(&cq->mu);
+	return 1;
+}
+
+// wait_ready waits up to timeout ms (< 0: for ever) for a bound socket to
+// be readable.
+static void wait_ready(struct udw_cq *cq, int timeout) {
+	struct epoll_event ev[8];
+	epoll_wait(cq->epfd, ev, 8, timeout);
+}
+
+static ssize_t cq_sreadfrom(struct fid_cq *fcq, void *buf, size_t count, fi_addr_t *src_addr, const void *cond, int timeout) {
+	(void)cond;
+	struct udw_cq *cq = container_of(fcq, struct udw_cq, c);
+	if (cq->wait == FI_WAIT_NONE) return -FI_ENOSYS;
+	struct timespec start;
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	for (;;) {
+		ssize_t r = cq_readfrom(fcq, buf, count, src_addr);
+		if (r != -FI_EAGAIN) return r;
+		int left = timeout;
+		if (timeout >= 0) {
+			struct timespec now;
+			clock_gettime(CLOCK_MONOTONIC, &now);
+			long ms = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000;
+			if (ms >= timeout) return -FI_EAGAIN;
+			left = (int)(timeout - ms);
+		}
+		wait_ready(cq, left);
+	}
+}
+
+static ssize_t cq_sread(struct fid_cq *cq, void *buf, size_t count, const void *cond, int timeout) {
+	return cq_sreadfrom(cq, buf, count, NULL, cond, timeout);
+}
+
+static int cq_signal(struct fid_cq *cq) {
+	(void)cq;
+	return -FI_ENOSYS;
+}
+
+static const char *cq_strerror(struct fid_cq *cq, int prov_errno, const void *err_data, char *buf, size_t len) {
+	(void)cq, (void)err_data;
+	const char *s = strerror(prov_errno);
+	if (buf && len) snprintf(buf, len, "%s", s);
+	return buf && len ? buf : s;
+}
+
+static int cq_close(struct fid *fid) {
+	struct udw_cq *cq = container_of(fid, struct udw_cq, c.fid);
+	if (cq->neps) return -FI_EBUSY;
+	if (cq->epfd >= 0) close(cq->epfd);
+	free(cq->ring);
+	free(cq->eps);
+	pthread_mutex_destroy(&cq->mu);
+	free(cq);
+	return 0;
+}
+
+static int cq_control(struct fid *fid, int command, void *arg) {
+	struct udw_cq *cq = container_of(fid, struct udw_cq, c.fid);
+	switch (command) {
+	case FI_GETWAIT:
+		if (cq->wait != FI_WAIT_FD) return -FI_ENODATA;
+		*(int *)arg = cq->epfd;
+		return 0;
+	case FI_GETWAITOBJ:
+		*(enum fi_wait_obj *)arg = cq->wait;
+		return 0;
+	}
+	return -FI_ENOSYS;
+}
+
+static struct fi_ops cq_fi_ops = {.size = sizeof(struct fi_ops), .close = cq_close, .bind = no_bind, .control = cq_control,
+				  .ops_open = no_ops_open, .tostr = no_tostr, .ops_set = no_ops_set};
+static struct fi_ops_cq cq_ops = {.size = sizeof(struct fi_ops_cq), .read = cq_read, .readfrom = cq_readfrom,
+				  .readerr = cq_readerr, .sread = cq_sread, .sreadfrom = cq_sreadfrom, .signal = cq_signal,
+				  .strerror = cq_strerror};
+
+static int cq_open(struct fid_domain *dom, struct fi_cq_attr *attr, struct fid_cq **fcq, void *context) {
+	(void)dom;
+	if (attr->flags & ~(uint64_t)FI_AFFINITY) return -FI_EBADFLAGS;
+	enum fi_cq_format fmt = attr->format == FI_CQ_FORMAT_UNSPEC ? FI_CQ_FORMAT_CONTEXT : attr->format;
+	if (!entry_size(fmt)) return -FI_ENOSYS;
+	enum fi_wait_obj w = attr->wait_obj == FI_WAIT_UNSPEC ? FI_WAIT_FD : attr->wait_obj;
+	if (w != FI_WAIT_NONE && w != FI_WAIT_FD) return -FI_ENOSYS;
+	if (attr->wait_cond != FI_CQ_COND_NONE) return -FI_ENOSYS;
+	struct udw_cq *cq = calloc(1, sizeof *cq);
+	if (!cq) return -FI_ENOMEM;
+	pthread_mutex_init(&cq->mu, NULL);
+	cq->format = fmt;
+	cq->wait = w;
+	cq->cap = attr->size ? attr->size : 1024;
+	cq->ring = calloc(cq->cap, sizeof *cq->ring);
+	cq->epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (!cq->ring || cq->epfd < 0) {
+		if (cq->epfd >= 0) close(cq->epfd);
+		free(cq->ring);
+		free(cq);
+		return -FI_ENOMEM;
+	}
+	cq->c.fid.fclass = FI_CLASS_CQ;
+	cq->c.fid.context = context;
+	cq->c.fid.ops = &cq_fi_ops;
+	cq->c.ops = &cq_ops;
+	*fcq = &cq->c;
+	return 0;
+}
+
+static int cq_add_ep(struct udw_cq *cq, struct udw_ep *ep) {
+	pthread_mutex_lock(&cq->mu);
+	for (size_t i = 0; i < cq->neps; i++)
+		if (cq->eps[i] == ep) {
+			pthread_mutex_unlock(&cq->mu);
+			return 0;
+		}
+	struct udw_ep **e = realloc(cq->eps, (cq->neps + 1) * sizeof *e);
+	if (!e) {
+		pthread_mutex_unlock(&cq->mu);
+		return -FI_ENOMEM;
+	}
+	cq->eps = e;
+	cq->eps[cq->neps++] = ep;
+	struct epoll_event ev = {.events = EPOLLIN, .data.ptr = ep};
+	epoll_ctl(cq->epfd, EPOLL_CTL_ADD, ep->fd, &ev);
+	pthread_mutex_unlock(&cq->mu);
+	return 0;
+}
+
+static void cq_remove_ep(struct udw_cq *cq, struct udw_ep *ep) {
+	pthread_mutex_lock(&cq->mu);
+	for (size_t i = 0; i < cq->neps; i++)
+		if (cq->eps[i] == ep) {
+			cq->eps[i] = cq->eps[--cq->neps];
+			epoll_ctl(cq->epfd, EPOLL_CTL_DEL, ep->fd, NULL);
+			break;
+		}
+	pthread_mutex_unlock(&cq->mu);
+}
+
+static int fabric_trywait(struct fid_fabric *f, struct fid **fids, int count) {
+	(void)f;
+	for (int i = 0; i < count; i++) {
+		if (fids[i]->fclass != FI_CLASS_CQ) return -FI_ENOSYS;
+		struct udw_cq *cq = container_of(fids[i], struct udw_cq, c.fid);
+		pthread_mutex_lock(&cq->mu);
+		if (!cq->count && !cq->has_err) progress(cq);
+		int busy = cq->count || cq->has_err;
+		pthread_mutex_unlock(&cq->mu);
+		if (busy) return -FI_EAGAIN;
+	}
+	return 0;
+}
+
+// ---- memory registration --------------------------------------------------
+
+// A registration only names memory: every send is copied and every
+// receive lands in the engine's own buffers, so no key ever travels.
+struct udw_mr {
+	struct fid_mr m;
+};
+
+static int mr_close(struct fid *fid) {
+	free(container_of(fid, struct udw_mr, m.fid));
+	return 0;
+}
+
+static struct fi_ops mr_fi_ops = {.size = sizeof(struct fi_ops), .close = mr_close, .bind = no_bind, .control = no_control,
+				  .ops_open = no_ops_open, .tostr = no_tostr, .ops_set = no_ops_set};
+
+static atomic_ullong mr_keys = 1;
+
+static int mr_regattr(struct fid *fid, const struct fi_mr_attr *attr, uint64_t flags, struct fid_mr **mr) {
+	(void)fid;
+	if (flags) return -FI_EBADFLAGS;
+	if (attr->iov_count > 1) return -FI_EINVAL;
+	struct udw_mr *m = calloc(1, sizeof *m);
+	if (!m) return -FI_ENOMEM;
+	m->m.fid.fclass = FI_CLASS_MR;
+	m->m.fid.context = attr->context;
+	m->m.fid.ops = &mr_fi_ops;
+	m->m.mem_desc = m;
+	m->m.key = atomic_fetch_add(&mr_keys, 1);
+	*mr = &m->m;
+	return 0;
+}
+
+static int mr_regv(struct fid *fid, const struct iovec *iov, size_t count, uint64_t access, uint64_t offset, uint64_t key,
+		   uint64_t flags, struct fid_mr **mr, void *context) {
+	struct fi_mr_attr a = {.mr_iov = iov, .iov_count = count, .access = access, .offset = offset, .requested_key = key,
+			       .context = context};
+	return mr_regattr(fid, &a, flags, mr);
+}
+
+static int mr_reg(struct fid *fid, const void *buf, size_t len, uint64_t access, uint64_t offset, uint64_t key,
+		  uint64_t flags, struct fid_mr **mr, void *context) {
+	struct iovec v = {.iov_base = (void *)buf, .iov_len = len};
+	return mr_regv(fid, &v, 1, access, offset, key, flags, mr, context);
+}
+
+static struct fi_ops_mr mr_ops = {.size = sizeof(struct fi_ops_mr), .reg = mr_reg, .regv = mr_regv, .regattr = mr_regattr};
+
+// ---- endpoints ------------------------------------------------------------
+
+static int ep_enable(struct udw_ep *ep) {
+	if (ep->enabled) return 0;
+	if (!ep->txcq || !ep->rxcq) return -FI_ENOCQ;
+	if (!ep->av) return -FI_ENOAV;
+	int r = engine();
+	if (r) return r;
+	long long h = eng.ep_open(ep->fd, (int)ep->info->tx_attr->size, (int)ep->info->rx_attr->size, UDW_MAX_MSG);
+	if (h < 0) return fierr((int)h);
+	ep->h = h;
+	ep->enabled = 1;
+	onstack();
+	return 0;
+}
+
+static int ep_close(struct fid *fid) {
+	struct udw_ep *ep = container_of(fid, struct udw_ep, ep.fid);
+	if (ep->txcq) cq_remove_ep(ep->txcq, ep);
+	if (ep->rxcq && ep->rxcq != ep->txcq) cq_remove_ep(ep->rxcq, ep);
+	if (ep->enabled) eng.ep_close(ep->h);
+	close(ep->fd);
+	fi_freeinfo(ep->info);
+	free(ep);
+	return 0;
+}
+
+static int ep_bind(struct fid *fid, struct fid *bfid, uint64_t flags) {
+	struct udw_ep *ep = container_of(fid, struct udw_ep, ep.fid);
+	if (ep->enabled) return -FI_EOPBADSTATE;
+	switch (bfid->fclass) {
+	case FI_CLASS_AV:
+		ep->av = container_of(bfid, struct udw_av, a.fid);
+		return 0;
+	case FI_CLASS_EQ:
+		return 0; // no connection events on a DGRAM endpoint
+	case FI_CLASS_CQ: {
+		struct udw_cq *cq = container_of(bfid, struct udw_cq, c.fid);
+		if (flags & ~(uint64_t)(FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION)) return -FI_EBADFLAGS;
+		if (flags & FI_TRANSMIT) {
+			ep->txcq = cq;
+			ep->tx_sel = flags & FI_SELECTIVE_COMPLETION;
+		}
+		if (flags & FI_RECV) {
+			ep->rxcq = cq;
+			ep->rx_sel = flags & FI_SELECTIVE_COMPLETION;
+		}
+		return cq_add_ep(cq, ep);
+	}
+	}
+	return -FI_ENOSYS;
+}
+
+static int ep_control(struct fid *fid, int command, void *arg) {
+	struct udw_ep *ep = container_of(fid, struct udw_ep, ep.fid);
+	switch (command) {
+	case FI_ENABLE: return ep_enable(ep);
+	case FI_GETOPSFLAG:
+	case FI_SETOPSFLAG: (void)arg; return -FI_ENOSYS;
+	}
+	return -FI_ENOSYS;
+}
+
+static struct fi_ops ep_fi_ops = {.size = sizeof(struct fi_ops), .close = ep_close, .bind = ep_bind, .control = ep_control,
+				  .ops_open = no_ops_open, .tostr = no_tostr, .ops_set = no_ops_set};
+
+static ssize_t ep_cancel(fid_t fid, void *context) {
+	(void)fid, (void)context;
+	return -FI_ENOENT;
+}
+static int ep_getopt(fid_t fid, int level, int name, void *val, size_t *len) {
+	(void)fid;
+	if (level != FI_OPT_ENDPOINT) return -FI_ENOPROTOOPT;
+	if (name == FI_OPT_MIN_MULTI_RECV && val && len && *len >= sizeof(size_t)) return -FI_ENOPROTOOPT;
+	return -FI_ENOPROTOOPT;
+}
+static int ep_setopt(fid_t fid, int level, int name, const void *val, size_t len) {
+	(void)fid, (void)name, (void)val, (void)len;
+	if (level != FI_OPT_ENDPOINT) return -FI_ENOPROTOOPT;
+	return -FI_ENOPROTOOPT;
+}
+static int ep_tx_ctx(struct fid_ep *s, int i, struct fi_tx_attr *a, struct fid_ep **t, void *c) {
+	(void)s, (void)i, (void)a, (void)t, (void)c;
+	return -FI_ENOSYS;
+}
+static int ep_rx_ctx(struct fid_ep *s, int i, struct fi_rx_attr *a, struct fid_ep **r, void *c) {
+	(void)s, (void)i, (void)a, (void)r, (void)c;
+	return -FI_ENOSYS;
+}
+static ssize_t ep_size_left(struct fid_ep *ep) {
+	(void)ep;
+	return -FI_ENOSYS;
+}
+
+static struct fi_ops_ep ep_ops = {.size = sizeof(struct fi_ops_ep), .cancel = ep_cancel, .getopt = ep_getopt, .setopt = ep_setopt,
+				  .tx_ctx = ep_tx_ctx, .rx_ctx = ep_rx_ctx, .rx_size_left = ep_size_left, .tx_size_left = ep_size_left};
+
+static int ep_getname(fid_t fid, void *addr, size_t *addrlen) {
+	struct udw_ep *ep = container_of(fid, struct udw_ep, ep.fid);
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof ss;
+	if (getsockname(ep->fd, (struct sockaddr *)&ss, &len) != 0) return -errno;
+	size_t need = len;
+	if (*addrlen < need) {
+		*addrlen = need;
+		return -FI_ETOOSMALL;
+	}
+	memcpy(addr, &ss, need);
+	*addrlen = need;
+	return 0;
+}
+static int cm_setname(fid_t f, void *a, size_t l) {
+	(void)f, (void)a, (void)l;
+	return -FI_ENOSYS;
+}
+static int cm_getpeer(struct fid_ep *e, void *a, size_t *l) {
+	(void)e, (void)a, (void)l;
+	return -FI_ENOSYS;
+}
+static int cm_connect(struct fid_ep *e, const void *a, const void *p, size_t l) {
+	(void)e, (void)a, (void)p, (void)l;
+	return -FI_ENOSYS;
+}
+static int cm_listen(struct fid_pep *p) {
+	(void)p;
+	return -FI_ENOSYS;
+}
+static int cm_accept(struct fid_ep *e, const void *p, size_t l) {
+	(void)e, (void)p, (void)l;
+	return -FI_ENOSYS;
+}
+static int cm_reject(struct fid_pep *pe, fid_t h, const void *p, size_t l) {
+	(void)pe, (void)h, (void)p, (void)l;
+	return -FI_ENOSYS;
+}
+static int cm_shutdown(struct fid_ep *e, uint64_t f) {
+	(void)e, (void)f;
+	return -FI_ENOSYS;
+}
+static int cm_join(struct fid_ep *e, const void *a, uint64_t f, struct fid_mc **m, void *c) {
+	(void)e, (void)a, (void)f, (void)m, (void)c;
+	return -FI_ENOSYS;
+}
+
+static struct fi_ops_cm cm_ops = {.size = sizeof(struct fi_ops_cm), .setname = cm_setname, .getname = ep_getname,
+				  .getpeer = cm_getpeer, .connect = cm_connect, .listen = cm_listen, .accept = cm_accept,
+				  .reject = cm_reject, .shutdown = cm_shutdown, .join = cm_join};
+
+// do_send sends one buffer to dest; signaled says whether a completion
+// follows.
+static ssize_t do_send(struct udw_ep *ep, const void *buf, size_t len, fi_addr_t dest, void *context, int signaled) {
+	if (!ep->enabled) return -FI_EOPBADSTATE;
+	if (len > UDW_MAX_MSG) return -FI_EMSGSIZE;
+	if (len && !buf) return -FI_EINVAL;
+	long long ah = av_ah(ep->av, dest);
+	if (ah < 0) return -FI_EINVAL; // not an address of the endpoint's AV
+	int r = eng.send(ep->h, (void *)buf, len, ah, (uint64_t)(uintptr_t)context, signaled, 0, 0);
+	if (r == -EAGAIN) {
+		// The send queue is full of completions nobody read: progress
+		// so that a caller spinning on FI_EAGAIN makes some.
+		pthread_mutex_lock(&ep->txcq->mu);
+		progress(ep->txcq);
+		pthread_mutex_unlock(&ep->txcq->mu);
+		return -FI_EAGAIN;
+	}
+	return fierr(r);
+}
+
+static ssize_t do_recv(struct udw_ep *ep, void *buf, size_t len, void *context) {
+	if (!ep->enabled) return -FI_EOPBADSTATE;
+	if (len && !buf) return -FI_EINVAL;
+	int r = eng.recv(ep->h, buf, len, (uint64_t)(uintptr_t)context);
+	return r == -EAGAIN ? -FI_EAGAIN : fierr(r);
+}
+
+static ssize_t msg_recv(struct fid_ep *fep, void *buf, size_t len, void *desc, fi_addr_t src, void *context) {
+	(void)desc, (void)src;
+	return do_recv(container_of(fep, struct udw_ep, ep), buf, len, context);
+}
+
+static ssize_t msg_recvv(struct fid_ep *fep, const struct iovec *iov, void **desc, size_t count, fi_addr_t src, void *context) {
+	(void)desc, (void)src;
+	if (count > 1) return -FI_EINVAL;
+	return do_recv(container_of(fep, struct udw_ep, ep), count ? iov[0].iov_base : NULL, count ? iov[0].iov_len : 0, context);
+}
+
+static ssize_t msg_recvmsg(struct fid_ep *fep, const struct fi_msg *msg, uint64_t flags) {
+	if (flags & ~(uint64_t)(FI_COMPLETION | FI_MULTI_RECV)) return -FI_EBADFLAGS;
+	if (flags & FI_MULTI_RECV) return -FI_ENOSYS;
+	return msg_recvv(fep, msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context);
+}
+
+static ssize_t msg_send(struct fid_ep *fep, const void *buf, size_t len, void *desc, fi_addr_t dest, void *context) {
+	(void)desc;
+	struct udw_ep *ep = container_of(fep, struct udw_ep, ep);
+	return do_send(ep, buf, len, dest, context, 1);
+}
+
+static ssize_t msg_sendv(struct fid_ep *fep, const struct iovec *iov, void **desc, size_t count, fi_addr_t dest, void *context) {
+	(void)desc;
+	if (count > 1) return -FI_EINVAL;
+	struct udw_ep *ep = container_of(fep, struct udw_ep, ep);
+	return do_send(ep, count ? iov[0].iov_base : NULL, count ? iov[0].iov_len : 0, dest, context, 1);
+}
+
+static ssize_t msg_sendmsg(struct fid_ep *fep, const struct fi_msg *msg, uint64_t flags) {
+	struct udw_ep *ep = container_of(fep, struct udw_ep, ep);
+	if (flags & ~(uint64_t)(FI_COMPLETION | FI_INJECT | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE | FI_DELIVERY_COMPLETE |
+				FI_REMOTE_CQ_DATA))
+		return -FI_EBADFLAGS;
+	if (flags & FI_REMOTE_CQ_DATA) return -FI_ENOSYS; // UD carries no immediate data
+	if (msg->iov_count > 1) return -FI_EINVAL;
+	int signaled = !ep->tx_sel || (flags & FI_COMPLETION);
+	return do_send(ep, msg->iov_count ? msg->msg_iov[0].iov_base : NULL, msg->iov_count ? msg->msg_iov[0].iov_len : 0,
+		       msg->addr, msg->context, signaled);
+}
+
+static ssize_t msg_inject(struct fid_ep *fep, const void *buf, size_t len, fi_addr_t dest) {
+	return do_send(container_of(fep, struct udw_ep, ep), buf, len, dest, NULL, 0);
+}
+
+static ssize_t msg_senddata(struct fid_ep *e, const void *b, size_t l, void *d, uint64_t data, fi_addr_t a, void *c) {
+	(void)e, (void)b, (void)l, (void)d, (void)data, (void)a, (void)c;
+	return -FI_ENOSYS;
+}
+
+static ssize_t msg_injectdata(struct fid_ep *e, const void *b, size_t l, uint64_t data, fi_addr_t a) {
+	(void)e, (void)b, (void)l, (void)data, (void)a;
+	return -FI_ENOSYS;
+}
+
+static struct fi_ops_msg msg_ops = {.size = sizeof(struct fi_ops_msg), .recv = msg_recv, .recvv = msg_recvv,
+				    .recvmsg = msg_recvmsg, .send = msg_send, .sendv = msg_sendv, .sendmsg = msg_sendmsg,
+				    .inject = msg_inject, .senddata = msg_senddata, .injectdata = msg_injectdata};
+
+// The tables of what a DGRAM endpoint does not offer (fi_getinfo never
+// returns FI_TAGGED, FI_RMA or FI_ATOMIC for it).
+static struct fi_ops_tagged tagged_ops = {
+	.size = sizeof(struct fi_ops_tagged),
+	.recv = ENOSYS_AS(ssize_t(*)(struct fid_ep *, void *, size_t, void *, fi_addr_t, uint64_t, uint64_t, void *)),
+	.recvv = ENOSYS_AS(ssize_t(*)(struct fid_ep *, const struct iovec *, void **, size_t, fi_addr_t, uint64_t, uint64_t, void *)),
+	.recvmsg = ENOSYS_AS(ssize_t(*)(struct fid_ep *, const struct fi_msg_tagged *, uint64_t)),
+	.send = ENOSYS_AS(ssize_t(*)(struct fid_ep *, const void *, size_t, void *, fi_addr_t, uint64_t, void *)),
+	.sendv = ENOSYS_AS(ssize_t(*)(struct fid_ep *, const struct iovec *, void **, size_t, fi_addr_t, uint64_t, void *)),
+	.sendmsg = ENOSYS_AS(ssize_t(*)(struct fid_ep *, const struct fi_msg_tagged *, uint64_t)),
+	.inject = ENOSYS_AS(ssize_t(*)(struct fid_ep *, const void *, size_t, fi_addr_t, uint64_t)),
+	.senddata = ENOSYS_AS(ssize_t(*)(struct fid_ep *, const void *, size_t, void *, uint64_t, fi_addr_t, uint64_t, void *)),
+	.injectdata = ENOSYS_AS(ssize_t(*)(struct fid_ep *, const void *, size_t, uint64_t, fi_addr_t, uint64_t)),
+};
+
+static struct fi_ops_rma rma_ops = {
+	.size = sizeof(struct fi_ops_rma),
+	.read = ENOSYS_AS(ssize_t(*)(struct fid_ep *, void *, size_t, void *, fi_addr_t, uint64_t, uint64_t, void *)),
+	.readv = ENOSYS_AS(ssize_t(*)(struct fid_ep *, const struct iovec *, void **, size_t, fi_addr_t, uint64_t, uint64_t, void *)),
+	.readmsg = ENOSYS_AS(ssize_t(*)(struct fid_ep *, const struct fi_msg_rma *, uint64_t)),
+	.write = ENOSYS_AS(ssize_t(*)(struct fid_ep *, const void *, size_t, void *, fi_addr_t, uint64_t, uint64_t, void *)),
+	.writev = ENOSYS_AS(ssize_t(*)(struct fid_ep *, const struct iovec *, void **, size_t, fi_addr_t, uint64_t, uint64_t, void *)),
+	.writemsg = ENOSYS_AS(ssize_t(*)(struct fid_ep *, const struct fi_msg_rma *, uint64_t)),
+	.inject = ENOSYS_AS(ssize_t(*)(struct fid_ep *, const void *, size_t, fi_addr_t, uint64_t, uint64_t)),
+	.writedata = ENOSYS_AS(ssize_t(*)(struct fid_ep *, const void *, size_t, void *, uint64_t, fi_addr_t, uint64_t, uint64_t, void *)),
+	.injectdata = ENOSYS_AS(ssize_t(*)(struct fid_ep *, const void *, size_t, uint64_t, fi_addr_t, uint64_t, uint64_t)),
+};
+
+typedef ssize_t (*atomic_fn)(void);
+static struct fi_ops_atomic atomic_ops;
+static struct fi_ops_collective collective_ops;
+
+// fill_enosys points every member of an ops table after its size at
+// enosys: the atomic and collective tables, whose signatures are many.
+static void fill_enosys(void *table, size_t size) {
+	*(size_t *)table = size;
+	void (**fns)(void) = (void (**)(void))((char *)table + sizeof(size_t));
+	for (size_t i = 0; i < (size - sizeof(size_t)) / sizeof(void (*)(void)); i++) fns[i] = (void (*)(void))enosys;
+}
+
+static int ep_open(struct fid_domain *fdom, struct fi_info *info, struct fid_ep **fep, void *context) {
+	struct udw_domain *dom = container_of(fdom, struct udw_domain, d);
+	if (!info || !info->ep_attr || info->ep_attr->type != FI_EP_DGRAM) return -FI_ENOPROTOOPT;
+	if (info->ep_attr->max_msg_size > UDW_MAX_MSG) return -FI_EINVAL;
+	struct udw_ep *ep = calloc(1, sizeof *ep);
+	if (!ep) return -FI_ENOMEM;
+	ep->dom = dom;
+	ep->info = fi_dupinfo(info);
+	if (!ep->info) {
+		free(ep);
+		return -FI_ENOMEM;
+	}
+	if (ep->info->tx_attr->size == 0 || ep->info->tx_attr->size > 65536) ep->info->tx_attr->size = UDW_TX_SIZE;
+	if (ep->info->rx_attr->size == 0 || ep->info->rx_attr->size > 65536) ep->info->rx_attr->size = UDW_RX_SIZE;
+	const struct sockaddr *src = info->src_addr;
+	int fam = src ? src->sa_family : (info->addr_format == FI_SOCKADDR_IN6 ? AF_INET6 : AF_INET);
+	ep->fd = socket(fam, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (ep->fd < 0) {
+		int e = errno;
+		fi_freeinfo(ep->info);
+		free(ep);
+		return -e;
+	}
+	struct sockaddr_storage any = {0};
+	any.ss_family = (sa_family_t)fam;
+	const struct sockaddr *bind_to = src ? src : (struct sockaddr *)&any;
+	if (bind(ep->fd, bind_to, (socklen_t)sa_len(bind_to)) != 0) {
+		int e = errno;
+		close(ep->fd);
+		fi_freeinfo(ep->info);
+		free(ep);
+		return -e;
+	}
+	ep->ep.fid.fclass = FI_CLASS_EP;
+	ep->ep.fid.context = context;
+	ep->ep.fid.ops = &ep_fi_ops;
+	ep->ep.ops = &ep_ops;
+	ep->ep.cm = &cm_ops;
+	ep->ep.msg = &msg_ops;
+	ep->ep.tagged = &tagged_ops;
+	ep->ep.rma = &rma_ops;
+	ep->ep.atomic = &atomic_ops;
+	ep->ep.collective = &collective_ops;
+	*fep = &ep->ep;
+	return 0;
+}
+
+static int ep_open2(struct fid_domain *d, struct fi_info *i, struct fid_ep **e, uint64_t flags, void *c) {
+	if (flags) return -FI_EBADFLAGS;
+	return ep_open(d, i, e, c);
+}
+
+// ---- domain ---------------------------------------------------------------
+
+static int domain_close(struct fid *fid) {
+	struct udw_domain *d = container_of(fid, struct udw_domain, d.fid);
+	fi_freeinfo(d->info);
+	free(d);
+	return 0;
+}
+
+static struct fi_ops domain_fi_ops = {.size = sizeof(struct fi_ops), .close = domain_close, .bind = no_bind,
+				      .control = no_control, .ops_open = no_ops_open, .tostr = no_tostr, .ops_set = no_ops_set};
+
+static int dom_scalable_ep(struct fid_domain *d, struct fi_info *i, struct fid_ep **e, void *c) {
+	(void)d, (void)i, (void)e, (void)c;
+	return -FI_ENOSYS;
+}
+static int dom_cntr_open(struct fid_domain *d, struct fi_cntr_attr *a, struct fid_cntr **cn, void *c) {
+	(void)d, (void)a, (void)cn, (void)c;
+	return -FI_ENOSYS;
+}
+static int dom_poll_open(struct fid_domain *d, struct fi_poll_attr *a, struct fid_poll **p) {
+	(void)d, (void)a, (void)p;
+	return -FI_ENOSYS;
+}
+static int dom_stx_ctx(struct fid_domain *d, struct fi_tx_attr *a, struct fid_stx **s, void *c) {
+	(void)d, (void)a, (void)s, (void)c;
+	return -FI_ENOSYS;
+}
+static int dom_srx_ctx(struct fid_domain *d, struct fi_rx_attr *a, struct fid_ep **e, void *c) {
+	(void)d, (void)a, (void)e, (void)c;
+	return -FI_ENOSYS;
+}
+static int dom_query_atomic(struct fid_domain *d, enum fi_datatype t, enum fi_op o, struct fi_atomic_attr *a, uint64_t f) {
+	(void)d, (void)t, (void)o, (void)a, (void)f;
+	return -FI_ENOSYS;
+}
+static int dom_query_collective(struct fid_domain *d, enum fi_collective_op o, struct fi_collective_attr *a, uint64_t f) {
+	(void)d, (void)o, (void)a, (void)f;
+	return -FI_ENOSYS;
+}
+
+static struct fi_ops_domain domain_ops = {.size = sizeof(struct fi_ops_domain), .av_open = av_open, .cq_open = cq_open,
+					  .endpoint = ep_open, .scalable_ep = dom_scalable_ep, .cntr_open = dom_cntr_open,
+					  .poll_open = dom_poll_open, .stx_ctx = dom_stx_ctx, .srx_ctx = dom_srx_ctx,
+					  .query_atomic = dom_query_atomic, .query_collective = dom_query_collective,
+					  .endpoint2 = ep_open2};
+
+static int domain_open(struct fid_fabric *fabric, struct fi_info *info, struct fid_domain **dom, void *context) {
+	int r = engine();
+	if (r) return r;
+	struct udw_domain *d = calloc(1, sizeof *d);
+	if (!d) return -FI_ENOMEM;
+	d->fab = container_of(fabric, struct udw_fabric, f);
+	d->info = fi_dupinfo(info);
+	d->d.fid.fclass = FI_CLASS_DOMAIN;
+	d->d.fid.context = context;
+	d->d.fid.ops = &domain_fi_ops;
+	d->d.ops = &domain_ops;
+	d->d.mr = &mr_ops;
+	*dom = &d->d;
+	return 0;
+}
+
+// ---- the provider -----------------------------------------------------------
+
+static void udw_cleanup(void) {}
+
+static struct fi_provider udw_prov = {
+	.version = UDW_VERSION,
+	.fi_version = UDW_FI_VERSION,
+	.name = UDW_NAME,
+	.getinfo = udw_getinfo,
+	.fabric = udw_fabric,
+	.cleanup = udw_cleanup,
+};
+
+EXPORT struct fi_provider *fi_prov_ini(void) {
+	fill_enosys(&atomic_ops, sizeof atomic_ops);
+	fill_enosys(&collective_ops, sizeof collective_ops);
+	return &udw_prov;
+}
