@@ -212,6 +212,10 @@ static int hints_fit(const struct fi_info *hints) {
 		    hints->domain_attr->av_type != FI_AV_TABLE)
 			return 0;
 		if (hints->domain_attr->cq_data_size > 0) return 0;
+		// Progress is the caller's (FI_PROGRESS_MANUAL): a program that
+		// needs the provider to progress on its own finds no match.
+		if (hints->domain_attr->data_progress == FI_PROGRESS_AUTO) return 0;
+		if (hints->domain_attr->control_progress == FI_PROGRESS_AUTO) return 0;
 	}
 	if (hints->fabric_attr && hints->fabric_attr->name && strcmp(hints->fabric_attr->name, UDW_NAME)) return 0;
 	if (hints->tx_attr && (hints->tx_attr->caps & ~(uint64_t)(UDW_DGRAM_TX_CAPS | FI_LOCAL_COMM | FI_REMOTE_COMM))) return 0;
@@ -479,6 +483,8 @@ static ssize_t eq_write(struct fid_eq *eq, uint32_t ev, const void *buf, size_t 
 	(void)eq, (void)ev, (void)buf, (void)len, (void)flags;
 	return -FI_ENOSYS;
 }
+// sread: no event will come; it waits out a timeout given, and returns
+// at once for one of -1 (for ever), which would never return.
 static ssize_t eq_sread(struct fid_eq *eq, uint32_t *ev, void *buf, size_t len, int timeout, uint64_t flags) {
 	(void)eq, (void)ev, (void)buf, (void)len, (void)flags;
 	if (timeout > 0) usleep((useconds_t)timeout * 1000);

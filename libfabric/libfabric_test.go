@@ -1,0 +1,246 @@
+package libfabric_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/udiwarp/udiwarp/internal/netnstest"
+)
+
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildErr  error
+	buildSkip string
+)
+
+// built compiles the provider, its engine and the test programs once per
+// test binary, or skips the test saying what is missing.
+func built(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		if _, err := exec.LookPath("gcc"); err != nil {
+			buildSkip = "gcc is not installed: the provider's front is C (apt-get install gcc)"
+			return
+		}
+		if _, err := os.Stat("/usr/include/rdma/providers/fi_prov.h"); err != nil {
+			buildSkip = "libfabric's headers are not installed (apt-get install libfabric-dev)"
+			return
+		}
+		dir, err := os.MkdirTemp("", "udiwarp-libfabric-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		buildDir = dir
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		prov := filepath.Join(dir, "prov")
+		if err := os.Mkdir(prov, 0o755); err != nil {
+			buildErr = err
+			return
+		}
+		steps := [][]string{
+			{"gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-fvisibility=hidden", "-o", filepath.Join(prov, "libudiwarp-fi.so"), "c/udiwarp_fi.c", "-ldl", "-lpthread"},
+			{"go", "build", "-buildmode=c-shared", "-o", filepath.Join(prov, "libudiwarp_fi_engine.so"), "./engine"},
+			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(dir, "badinput"), "testdata/badinput.c", "-lfabric"},
+		}
+		for _, s := range steps {
+			cmd := exec.CommandContext(ctx, s[0], s[1:]...)
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				buildErr = fmt.Errorf("%s: %v\n%s", strings.Join(s, " "), err, out)
+				return
+			}
+		}
+	})
+	if buildSkip != "" {
+		t.Skip(buildSkip)
+	}
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return buildDir
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
+
+// need skips the test unless every program is installed.
+func need(t *testing.T, progs ...string) {
+	t.Helper()
+	for _, p := range progs {
+		if _, err := exec.LookPath(p); err != nil {
+			t.Skipf("%s is not installed (Debian: apt-get install libfabric-bin)", p)
+		}
+	}
+}
+
+// fabric runs a libfabric program with the provider on its path (in
+// namespace ns when not empty), killed with the test process.
+func fabric(ctx context.Context, dir, ns string, args ...string) *exec.Cmd {
+	if ns != "" {
+		args = append([]string{"ip", "netns", "exec", ns}, args...)
+	}
+	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
+	cmd.Env = append(os.Environ(), "FI_PROVIDER_PATH="+filepath.Join(dir, "prov"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	return cmd
+}
+
+// TestInfo: fi_info lists the provider's DGRAM endpoint, with its
+// capabilities, at each interface address (loopback's among them), and
+// libfabric's own reliability layer over it as an RDM endpoint.
+func TestInfo(t *testing.T) {
+	dir := built(t)
+	need(t, "fi_info")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := fabric(ctx, dir, "", "fi_info", "-p", "udiwarp", "-v").CombinedOutput()
+	if err != nil {
+		t.Fatalf("fi_info -p udiwarp -v: %v\n%s", err, out)
+	}
+	s := string(out)
+	for _, want := range []string{"prov_name: udiwarp", "type: FI_EP_DGRAM", "FI_MSG", "FI_SOURCE", "name: lo", "FI_SOCKADDR_IN",
+		"max_msg_size: 65485", "data_progress: FI_PROGRESS_MANUAL"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("fi_info -p udiwarp -v lacks %q:\n%s", want, s)
+		}
+	}
+	out, err = fabric(ctx, dir, "", "fi_info", "-p", "udiwarp;ofi_rxd").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "type: FI_EP_RDM") {
+		t.Errorf("fi_info -p 'udiwarp;ofi_rxd': %v\n%s", err, out)
+	}
+}
+
+var port atomic.Int32
+
+func init() { port.Store(int32(47000 + os.Getpid()%1000)) }
+
+// pingpong runs fi_pingpong's server (in ns server, or here) and client
+// (in ns client, to host) with args, checking every byte (-c), and
+// returns the client's rows by size.
+func pingpong(t *testing.T, dir, serverNS, clientNS, host string, args ...string) map[string]string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p := fmt.Sprint(port.Add(1))
+	srvArgs := append([]string{"fi_pingpong", "-c", "-B", p}, args...)
+	srv := fabric(ctx, dir, serverNS, srvArgs...)
+	var srvOut bytes.Buffer
+	srv.Stdout, srv.Stderr = &srvOut, &srvOut
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Wait()
+	// The client retries its control connection until the server listens.
+	var out []byte
+	var err error
+	for range 50 {
+		cliArgs := append(append([]string{"fi_pingpong", "-c", "-P", p}, args...), host)
+		out, err = fabric(ctx, dir, clientNS, cliArgs...).CombinedOutput()
+		if err == nil || !bytes.Contains(out, []byte("connect")) || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond) // the server is not listening yet
+	}
+	if err != nil {
+		t.Fatalf("fi_pingpong %v: %v\n%s\nserver:\n%s", args, err, out, srvOut.String())
+	}
+	if err := srv.Wait(); err != nil {
+		t.Fatalf("fi_pingpong server %v: %v\n%s", args, err, srvOut.String())
+	}
+	rows := map[string]string{}
+	row := regexp.MustCompile(`(?m)^(\d+[km]?)\s+(\S+)\s+=(\S+)\s.*$`)
+	for _, m := range row.FindAllStringSubmatch(string(out), -1) {
+		if m[2] != m[3] {
+			t.Errorf("size %s: %s sent, %s acknowledged", m[1], m[2], m[3])
+		}
+		rows[m[1]] = m[0]
+	}
+	t.Logf("fi_pingpong %v:\n%s", args, out)
+	return rows
+}
+
+// TestPingpong: fi_pingpong runs unmodified over the provider at every
+// size it takes, checking every byte it receives: DGRAM endpoints (64 B
+// to 4 KiB: fi_pingpong's next size, 64 KiB, is over one datagram), and
+// RDM endpoints of libfabric's reliability layer over them (to 1 MiB).
+func TestPingpong(t *testing.T) {
+	dir := built(t)
+	need(t, "fi_pingpong")
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		sizes []string
+	}{
+		{"dgram", []string{"-p", "udiwarp", "-e", "dgram", "-I", "100"}, []string{"64", "256", "1k", "4k"}},
+		{"rxd", []string{"-p", "udiwarp;ofi_rxd", "-e", "rdm", "-I", "20"}, []string{"64", "256", "1k", "4k", "64k", "1m"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rows := pingpong(t, dir, "", "", "127.0.0.1", tc.args...)
+			for _, s := range tc.sizes {
+				if rows[s] == "" {
+					t.Errorf("no row for %s bytes: %v", s, rows)
+				}
+			}
+		})
+	}
+}
+
+// TestPingpongNamespaces: the server and the client are two hosts, two
+// network namespaces joined by a veth pair: each endpoint binds its
+// interface's address, which fi_getname returns and the other end's AV
+// takes.
+func TestPingpongNamespaces(t *testing.T) {
+	dir := built(t)
+	need(t, "fi_pingpong")
+	a := netnstest.New(t, "link set lo up")
+	n := netnstest.Seq()
+	va, vb := fmt.Sprintf("ufa%d", n), fmt.Sprintf("ufb%d", n)
+	b := netnstest.New(t, "link set lo up",
+		fmt.Sprintf("!ip link add %s netns NS type veth peer name %s netns %s", vb, va, a),
+		fmt.Sprintf("addr add 10.77.%d.2/24 dev %s", n%250, vb), fmt.Sprintf("link set %s up", vb),
+		fmt.Sprintf("!ip -n %s addr add 10.77.%d.1/24 dev %s", a, n%250, va), fmt.Sprintf("!ip -n %s link set %s up", a, va))
+	rows := pingpong(t, dir, a, b, fmt.Sprintf("10.77.%d.1", n%250), "-p", "udiwarp", "-e", "dgram", "-I", "100")
+	if rows["1k"] == "" {
+		t.Errorf("no 1 KiB row: %v", rows)
+	}
+}
+
+// TestBadInput: what a program gets wrong comes back as the libfabric
+// error a user expects, and the endpoint keeps working (testdata/
+// badinput.c: a send to an address not in the AV, over the largest
+// message, with a NULL buffer; a receive too small for what arrives,
+// FI_ETRUNC with the bytes cut; a send before fi_enable; then a message
+// that goes through).
+func TestBadInput(t *testing.T) {
+	dir := built(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := fabric(ctx, dir, "", filepath.Join(dir, "badinput")).CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil {
+		t.Fatalf("badinput: %v", err)
+	}
+	if !bytes.Contains(out, []byte("ok: all checks passed")) {
+		t.Fatal("badinput did not finish its checks")
+	}
+}
