@@ -387,7 +387,7 @@ func TestRDReceiverNotReady(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(20 * time.Millisecond)
+	eventually(t, "a refusal for want of a receive", func() bool { return p.b.dev.Stats().RDNotReady.Load() > 0 })
 	for i := range n {
 		p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i, 1)}})
 		if i%10 == 9 {
