@@ -11,6 +11,7 @@ import (
 	"github.com/udiwarp/udiwarp/internal/spoof"
 	"github.com/udiwarp/udiwarp/udiwarp"
 	"github.com/udiwarp/udiwarp/writerecord"
+	"golang.org/x/sys/unix"
 )
 
 // Issue 13, items 8 and 10: one check for every remote access, remote
@@ -126,7 +127,7 @@ func TestWriteRecordRevokedSTag(t *testing.T) {
 		t.Fatalf("a revoked region was written: %q", bytes.TrimRight(buf, "\x00"))
 	}
 	quiet(t, a.wrCQ)
-	quietPoll(t, a.rdCQ)
+	noCompletion(t, a.rdCQ) // the target answered all three RD requests: it handled them
 	if got := st.RxAccess.Load() - refused; got < 2 {
 		t.Fatalf("%d Write-Records refused for access, want 2", got)
 	}
@@ -354,16 +355,25 @@ func TestRCReadInvalidatedSource(t *testing.T) {
 	// and stalls with most of it unsent, whatever the machine's speed.
 	// (Polling a here, as this test first did, let a drain the whole
 	// response on a loaded machine before the invalidation.)
+	// The state to wait for: a's TCP window, which a advertises to b, is
+	// closed (tcpi_snd_wnd 0 on b's socket), so b holds the rest back.
 	st := b.dev.Stats()
-	eventually(t, "the response under way", func() bool { return st.TxBytes.Load() > 0 })
-	for last := uint64(0); ; {
-		time.Sleep(20 * time.Millisecond)
-		n := st.TxBytes.Load()
-		if n == last {
-			break
-		}
-		last = n
+	c := b.q.rc.Load()
+	raw, err := c.tc.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
 	}
+	eventually(t, "a's TCP window closed to b's response", func() bool {
+		var info *unix.TCPInfo
+		var ierr error
+		if err := raw.Control(func(fd uintptr) { info, ierr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil {
+			t.Fatal(err)
+		}
+		if ierr != nil {
+			t.Fatal(ierr)
+		}
+		return st.TxBytes.Load() > 0 && info.Snd_wnd == 0
+	})
 	if st.TxBytes.Load() >= size {
 		t.Skip("TCP took the whole response before the invalidation")
 	}

@@ -122,7 +122,13 @@ func TestBindFD(t *testing.T) {
 
 	// Without Progress nothing is read: the datagram waits in the kernel.
 	send(addrA, qa.QPN(), "to A")
-	time.Sleep(50 * time.Millisecond)
+	eventually(t, "the datagram waiting in the kernel", func() bool {
+		n, err := unix.IoctlGetInt(fdA, unix.SIOCINQ)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
 	if cqa.Poll(wc) != 0 || d.stats.RxDatagrams.Load() != 0 {
 		t.Fatal("a manual socket was read without Progress")
 	}

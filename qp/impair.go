@@ -53,7 +53,21 @@ type Impairment struct {
 	stopped bool
 
 	Dropped, Corrupted, Duplicated, Reordered, Delayed, Bursts, Spikes atomic.Uint64
+	// Passed counts the datagrams the link handed on: written to the
+	// socket on the way out, given to the reader on the way in; each copy
+	// of a duplicate, and a held or delayed one when it leaves. With
+	// Delaying, it tells a test what to wait for: the far side has read
+	// every datagram the link let through once nothing is delaying and
+	// its reads add up to Passed.
+	Passed   atomic.Uint64
+	delaying atomic.Int64
 }
+
+// Delaying is how many datagrams the link is delaying now: their delay
+// not yet run out, or run out and being handed on. (One held back behind
+// the next, Reorder, waits for that datagram, not for a time: it is not
+// counted.)
+func (im *Impairment) Delaying() int { return int(im.delaying.Load()) }
 
 // impaired is one datagram in the link, on its way out (sa is its
 // destination as the stack addressed it) or in (rx: its source, whether
@@ -170,9 +184,11 @@ func (im *Impairment) emitLocked(p *impaired, cur *impairLLP) {
 		im.Delayed.Add(1)
 	}
 	im.wg.Add(1)
+	im.delaying.Add(1)
 	var t *time.Timer
 	t = time.AfterFunc(delay, func() {
 		defer im.wg.Done()
+		defer im.delaying.Add(-1) // after out has counted it Passed
 		im.mu.Lock()
 		delete(im.timers, t)
 		stopped := im.stopped
@@ -186,13 +202,16 @@ func (im *Impairment) emitLocked(p *impaired, cur *impairLLP) {
 
 // out sends p on, or (rx) hands it to its socket's reader: at once
 // (now: in the read that passed it), or later, under the socket's
-// receive lock.
+// receive lock. What went on counts in Passed of the impairment that
+// passed it.
 func (p *impaired) out(later bool) {
 	w := p.w
 	switch {
 	case p.rx && later:
+		w.rx.Passed.Add(1)
 		w.s.deliverLate(p)
 	case p.rx:
+		w.rx.Passed.Add(1)
 		w.ready = append(w.ready, p)
 		w.nready.Store(int32(len(w.ready)))
 	default:
@@ -204,6 +223,9 @@ func (p *impaired) out(later bool) {
 		msg.SetIovlen(1)
 		for {
 			if _, err := w.lowerLayer.write(&msg); err != errSocketFull {
+				if err == nil {
+					w.tx.Passed.Add(1)
+				}
 				return
 			}
 			if w.lowerLayer.waitWritable() != nil {
@@ -221,6 +243,7 @@ func (im *Impairment) stop() {
 	for t := range im.timers {
 		if t.Stop() {
 			im.wg.Done()
+			im.delaying.Add(-1)
 		}
 		delete(im.timers, t)
 	}

@@ -46,11 +46,22 @@ func TestImpairedLink(t *testing.T) {
 		if err := a.qp.PostSend(&SendWR{ID: uint64(i), SGL: []SGE{a.mr.SGE(i*size, size)}, AH: ah}); err != nil {
 			t.Fatal(err)
 		}
+		if i%32 == 31 { // within the socket buffer however slow the receiver
+			eventually(t, "b reads the burst", func() bool { return linkRead(imp, b) })
+		}
 	}
-	// Wait until the delayed datagrams are all out and in.
-	time.Sleep(200 * time.Millisecond)
+	// b has handled every datagram the link let through (delayed ones
+	// included; one held back behind a next that never comes stays in):
+	// each completed or dropped under its reason.
+	eventually(t, "b handles every datagram the link let through", func() bool {
+		st := b.dev.Stats()
+		return linkRead(imp, b) && rxHandled(st) == st.RxDatagrams.Load()
+	})
 	wcs := make([]WorkCompletion, 2*n)
 	got := b.cq.Poll(wcs)
+	if c := completions(b.dev.Stats()); uint64(got) != c {
+		t.Fatalf("polled %d of the %d completions", got, c)
+	}
 	seen := map[uint32]int{}
 	order := []uint32{}
 	for _, wc := range wcs[:got] {
@@ -89,9 +100,42 @@ func TestImpairedLink(t *testing.T) {
 	if uint64(lost) < imp.Dropped.Load() {
 		t.Fatal("fewer messages lost than dropped")
 	}
+	imp.mu.Lock()
+	held := uint64(0)
+	if imp.held != nil {
+		held = 1
+	}
+	imp.mu.Unlock()
+	if in, out := uint64(n)+imp.Duplicated.Load(), imp.Passed.Load()+imp.Dropped.Load()+held; in != out {
+		t.Fatalf("the link took %d datagrams (duplicates counted) and passed, dropped or holds %d", in, out)
+	}
 	if a.qp.State() != StateRTS || b.qp.State() != StateRTS {
 		t.Fatal("a QP left RTS")
 	}
+}
+
+// linkRead reports whether n's device has read every datagram im let
+// through, with none on its way: nothing delaying, and n's reads add up
+// to what im passed (a test's only traffic through im goes to n).
+func linkRead(im *Impairment, n *node) bool {
+	return im.Delaying() == 0 && n.dev.Stats().RxDatagrams.Load() == im.Passed.Load()
+}
+
+// completions is how many work completions st's device's CQs took.
+func completions(st *Stats) uint64 {
+	var c uint64
+	for i := range st.Completions {
+		c += st.Completions[i].Load()
+	}
+	return c
+}
+
+// rxHandled is how many datagrams st's device has finished with: completed
+// (Completions counts one once it is in its CQ) or dropped under a reason
+// that completes nothing.
+func rxHandled(st *Stats) uint64 {
+	return completions(st) + st.RxTruncated.Load() + st.RxTooLong.Load() + st.RxBadCRC.Load() + st.RxBadVersion.Load() +
+		st.RxBadHeader.Load() + st.RxBadOpcode.Load() + st.RxUnknownQP.Load() + st.RxQPState.Load() + st.RxNoRecv.Load()
 }
 
 // TestDatamover sends through a slow link, so that the socket's small send

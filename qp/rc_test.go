@@ -159,7 +159,7 @@ func TestRCOperations(t *testing.T) {
 					t.Fatalf("read %d (%d bytes): what came back differs from what was written", i, n)
 				}
 			}
-			quietPoll(t, b.cq) // one-sided operations complete nothing at the target
+			marker(t, a.q, a.cq, nil, b.q, b.cq) // one-sided operations complete nothing at the target
 		})
 	}
 }

@@ -110,7 +110,19 @@ func TestRDUnvalidatedSources(t *testing.T) {
 	if replies > flood*3/4 || replies == 0 {
 		t.Fatalf("%d replies to %d frames", replies, flood)
 	}
-	quietPoll(t, cqb) // nothing injected
+	// Nothing injected: a validated peer's Send, sent after every frame
+	// above, takes receive 1, still posted, and is b's first completion.
+	a := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	qa, cqa := rdQPOn(t, a, RDConfig{})
+	if err := qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("valid"), AH: a.ah(b, qb)}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := collect(t, cqa, 1, 30*time.Second)[0]; wc.Status != Success {
+		t.Fatalf("the validated peer's Send: %+v", wc)
+	}
+	if wc := collect(t, cqb, 1, 30*time.Second)[0]; wc.ID != 1 || wc.Status != Success || wc.SourceQPN != qa.QPN() || string(b.buf[:5]) != "valid" {
+		t.Fatalf("b's first completion: %+v, %q; want the validated peer's Send", wc, b.buf[:5])
+	}
 }
 
 // TestRDSpoofedPeer: frames that claim a live peer's address and QP — a
@@ -186,7 +198,7 @@ func TestRDSpoofedPeer(t *testing.T) {
 	if n := b.dev.Stats().RDPeerRestarts.Load() + a.dev.Stats().RDPeerRestarts.Load(); n != 0 {
 		t.Fatalf("%d restarts from spoofed frames", n)
 	}
-	quietPoll(t, cqb) // nothing injected
+	noCompletion(t, cqb) // nothing injected: b read every spoofed frame (rxSettled above)
 	// The real exchange goes on, in order, undisturbed.
 	for i := 2; i <= 4; i++ {
 		mustPost(t, qa.PostSend(&SendWR{ID: uint64(i), Flags: FlagSignaled, Inline: []byte{byte('0' + i)}, AH: ah}))

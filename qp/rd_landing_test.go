@@ -3,6 +3,7 @@ package qp
 import (
 	"bytes"
 	"net"
+	"net/netip"
 	"syscall"
 	"testing"
 	"time"
@@ -381,7 +382,8 @@ func TestRDDirectPlacementSpoofed(t *testing.T) {
 			t.Fatalf("%+v", wc)
 		}
 	}
-	quietPoll(t, cqb) // nothing forged completed
+	// Nothing forged completed: b rejected each forged frame.
+	quietUntil(t, cqb, b.sock, "b rejecting the forged frames", func() bool { return b.dev.Stats().RDRejected.Load() >= 2*n })
 	st := b.dev.Stats()
 	t.Logf("landed %d, rejected %d", st.RxLanded.Load(), st.RDRejected.Load())
 	if st.RDRejected.Load() < 2*n {
@@ -395,7 +397,9 @@ func TestRDDirectPlacementSpoofed(t *testing.T) {
 // frames addressed to X (lookupQP prefers it), from a new session. A frame kept in q's
 // receive must not complete q2's: it is copied out and placed in q2's
 // receive, and q's receives stay posted. (Found by review: q2 completed
-// its own receive with q's WR ID and none of the bytes.)
+// its own receive with q's WR ID and none of the bytes.) The fix has two
+// guards, either of which passes this test:
+// TestRDDirectPlacementAliasMovedGuards pins each.
 func TestRDDirectPlacementAliasMoved(t *testing.T) {
 	a := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
 	b := newNode(t, DeviceConfig{Poll: PollBusy}, "udp4", "127.0.0.1:0")
@@ -474,10 +478,215 @@ func TestRDDirectPlacementAliasMoved(t *testing.T) {
 		}
 	}
 	collect(t, cqa2, n, 5*time.Second)
-	quietPoll(t, cq) // q's receives stay posted
+	noCompletion(t, cq) // q's receives stay posted: b handled and acknowledged every frame
 	if l := b.dev.Stats().RxLanded.Load(); l < 2 {
 		t.Fatalf("%d landed: the test did not land q2's frames anywhere", l)
 	}
+}
+
+// aliasMovedRig is TestRDDirectPlacementAliasMoved's situation, stopped
+// inside b's batch: q took number x on b's socket through Socket.Alias and
+// the socket guesses q's receives for its landings; q2, the device's own
+// QP numbered x, then came onto the socket, with receives (IDs 1000 on)
+// whose numbers run level with q's (ID 1 on). qa2, a new QP of a's, sent
+// one Send of size bytes to x, and b read it, holding the socket's
+// receive lock (held on return): it landed in q's receive ID 1, kept for
+// the RD engine (land, slot 0 of a batch of one).
+type aliasMovedRig struct {
+	a, b       *node
+	s          *Socket
+	q, q2, qa2 *QP
+	cq, cq2    *CQ
+	cqa2       *CQ
+	land       *landing
+	src        netip.AddrPort
+	size       int
+}
+
+func newAliasMovedRig(t *testing.T) *aliasMovedRig {
+	t.Helper()
+	const size = 3000
+	m := &aliasMovedRig{size: size}
+	m.a = newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	m.b = newNode(t, DeviceConfig{Poll: PollBusy}, "udp4", "127.0.0.1:0")
+	a, b := m.a, m.b
+	s2, err := b.dev.Bind("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	qa, cqa := rdQPOn(t, a, RDConfig{})
+	m.q, m.cq = rdQPOn(t, b, RDConfig{})
+	m.cq2, _ = b.dev.CreateCQ(8192)
+	m.q2, err = b.pd.CreateQP(QPAttr{Type: RD, SendCQ: m.cq2, RecvCQ: m.cq2, Caps: QPCaps{MaxSendWR: 4096, MaxRecvWR: 4096}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range []ModifyAttr{{State: StateInit, Socket: s2}, {State: StateRTR}, {State: StateRTS}} {
+		if err := m.q2.Modify(st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := m.q2.PostRecv(&RecvWR{ID: 999, SGL: []SGE{b.mr.SGE(900000, 10)}}); err != nil {
+		t.Fatal(err)
+	}
+	x := m.q2.QPN()
+	if err := b.sock.Alias(x, m.q); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 64 {
+		if err := m.q.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{b.mr.SGE(i*size, size)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ah, err := a.pd.CreateAH(b.sock.LocalAddr(), x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := qa.PostSend(&SendWR{ID: 100, Flags: FlagSignaled, SGL: []SGE{a.mr.SGE(0, size)}, AH: ah}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := spinWC(t, m.cq, 1)[0]; wc.Status != Success || wc.ID != 0 {
+		t.Fatalf("through the alias: %+v", wc)
+	}
+	collect(t, cqa, 1, 5*time.Second)
+	for _, st := range []ModifyAttr{{State: StateReset}, {State: StateInit, Socket: b.sock}, {State: StateRTR}, {State: StateRTS}} {
+		if err := m.q2.Modify(st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 64 {
+		if err := m.q2.PostRecv(&RecvWR{ID: uint64(1000 + i), SGL: []SGE{b.mr.SGE(400000+i*size, size)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.q.rqMu.Lock()
+	m.q2.rqMu.Lock()
+	level := m.q.rq.len() > 0 && m.q2.rq.len() > 0 && m.q.rq.front().seq == m.q2.rq.front().seq
+	m.q2.rqMu.Unlock()
+	m.q.rqMu.Unlock()
+	if !level {
+		t.Fatal("q2's next receive is not numbered as q's: the case would not show a receive completed with another QP's WR")
+	}
+	m.qa2, m.cqa2 = rdQPOn(t, a, RDConfig{})
+	ah2, err := a.pd.CreateAH(b.sock.LocalAddr(), x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(a.buf[size:2*size], 2)
+	base := a.dev.Stats().TxDatagrams.Load()
+	if err := m.qa2.PostSend(&SendWR{ID: 7, Flags: FlagSignaled, SGL: []SGE{a.mr.SGE(size, size)}, AH: ah2}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the frame to leave", func() bool { return a.dev.Stats().TxDatagrams.Load() > base })
+	// qa2's session opens first (Hello, Challenge): b reads one datagram
+	// at a time, each landing in q's receive 1, handles those as it would,
+	// and stops at the Send, kept there.
+	s := b.sock
+	m.s = s
+	deadline := time.Now().Add(30 * time.Second) // a bound only a hung test reaches
+	for {
+		s.rxMu.Lock()
+		for s.rx.read(1) && s.rx.n == 0 && time.Now().Before(deadline) {
+		}
+		if s.rx.kept > 0 || time.Now().After(deadline) {
+			break
+		}
+		s.rx.dispatch()
+		s.rxMu.Unlock()
+	}
+	if l := &s.rx.land[0]; s.rx.n != 1 || s.rx.kept != 1 || !l.keep || l.q != m.q || l.id != 1 {
+		s.rxMu.Unlock()
+		t.Fatalf("read %d, kept %d: slot 0 is not the Send kept in q's receive 1 (%v, %v, %d)", s.rx.n, s.rx.kept, l.keep, l.q == m.q, l.id)
+	}
+	m.land, m.src = &s.rx.land[0], s.rx.msgs[0].src
+	return m
+}
+
+// checkQ2 checks that q2's first completion is its own receive 1000, with
+// the bytes qa2 sent, and that qa2's Send completed.
+func (m *aliasMovedRig) checkQ2(t *testing.T) {
+	t.Helper()
+	size := m.size
+	if wc := spinWC(t, m.cq2, 1)[0]; wc.ID != 1000 || wc.Status != Success || int(wc.Len) != size ||
+		!bytes.Equal(m.b.buf[400000:400000+size], m.a.buf[size:2*size]) {
+		t.Fatalf("q2's receive: %+v (q's receives are 0 to 63, q2's 1000 on)", wc)
+	}
+	if c := collect(t, m.cqa2, 1, 5*time.Second)[0]; c.Status != Success || c.ID != 7 {
+		t.Fatalf("send: %+v", c)
+	}
+}
+
+// TestRDDirectPlacementAliasMovedGuards pins each of the two guards of
+// TestRDDirectPlacementAliasMoved's fix, which that test needs only one of
+// (it fails only with both gone): rdQP.receive copies a frame that landed
+// in another QP's receive out before its QP's engine sees it, and
+// rdQP.deliverLanded completes in place only a landing in its own QP's
+// receive. The second is a second line: while the first holds, the engine
+// is never handed another QP's landing, so its case hands it one, as the
+// engine would have been without the first.
+func TestRDDirectPlacementAliasMovedGuards(t *testing.T) {
+	// receive: q is reset while the frame is kept in its receive, which
+	// gives that receive back (its memory is the application's now). The
+	// frame is copied out for q2 before q2's engine runs, and the copy
+	// finds nothing to trust: the frame is as lost (RxQPState), and q2's
+	// engine never sees it; the retransmission fills q2's receive. Handed
+	// to q2's engine with the landing instead, it would be refused as
+	// receiver-not-ready (RDNotReady, an RNR to the sender), though q2
+	// has its receives posted.
+	t.Run("receive copies out", func(t *testing.T) {
+		m := newAliasMovedRig(t)
+		s := m.s
+		if err := m.q.Modify(ModifyAttr{State: StateReset}); err != nil {
+			s.rxMu.Unlock()
+			t.Fatal(err)
+		}
+		st := m.b.dev.Stats()
+		notReady, qpState := st.RDNotReady.Load(), st.RxQPState.Load()
+		s.rx.dispatch()
+		s.rxMu.Unlock()
+		if n, k := st.RDNotReady.Load()-notReady, st.RxQPState.Load()-qpState; n != 0 || k != 1 {
+			t.Fatalf("the frame whose receive q gave back: %d refused as receiver-not-ready (want 0), %d dropped for the QP's state (want 1)", n, k)
+		}
+		m.checkQ2(t)
+	})
+	// deliverLanded: q2's engine is handed q's landing, as rdQP.receive
+	// hands its own QP's (the test does receive's work without its
+	// copy-out). The frame is copied out of q's receive and completes
+	// q2's own, with its bytes; q's receive stays posted. (Found by
+	// review: q2 completed its receive with q's WR ID and none of the
+	// bytes.)
+	t.Run("deliverLanded", func(t *testing.T) {
+		m := newAliasMovedRig(t)
+		s, l, r := m.s, m.land, m.q2.rd
+		var h reliability.Header
+		if err := h.Parse(l.hdr[:l.hlen]); err != nil {
+			s.rxMu.Unlock()
+			t.Fatal(err)
+		}
+		now := time.Now()
+		r.lock(s)
+		r.now, r.src, r.rxData, r.rxSeq, r.rxHdr, r.land = now, m.src, true, h.Seq, h.Size, l
+		r.ep.ReceiveParsed(now, m.src, &h, l.hdr[:l.hlen])
+		r.land = nil
+		r.ep.EndBatch(now)
+		r.unlock(now)
+		if l.keep {
+			s.rx.letGo(l)
+		}
+		l.q, l.done, l.flat = nil, false, nil
+		s.rx.n = 0 // the batch is handled
+		s.rxMu.Unlock()
+		m.checkQ2(t)
+		m.q.rqMu.Lock()
+		n, front := m.q.rq.len(), uint64(0)
+		if n > 0 {
+			front = m.q.rq.front().id
+		}
+		m.q.rqMu.Unlock()
+		if n != 63 || front != 1 {
+			t.Fatalf("q's receives: %d posted from ID %d, want 63 from 1", n, front)
+		}
+	})
 }
 
 // TestRDDirectPlacementResetMidBatch: an RD frame is kept in receive R

@@ -55,7 +55,7 @@ func TestRDRead(t *testing.T) {
 	if wc := collect(t, p.cqa, 1, time.Second)[0]; wc.Status != LocalProtectionError {
 		t.Fatalf("%+v", wc)
 	}
-	quietPoll(t, p.cqb) // the responder completes nothing
+	noCompletion(t, p.cqb) // the responder completes nothing: it answered every Read
 }
 
 // TestRDReadIRD: a responder serves at most IRD Reads at once (responses

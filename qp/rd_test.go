@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/udiwarp/udiwarp/reliability"
+	"golang.org/x/sys/unix"
 )
 
 // rdPair is two nodes, each with an RD QP on its own CQ.
@@ -133,18 +134,111 @@ func TestRDWrite(t *testing.T) {
 			}
 		})
 	}
-	quietPoll(t, p.cqb) // RDMA Write consumes no receive and completes nothing at the target
+	noCompletion(t, p.cqb) // RDMA Write consumes no receive and completes nothing at the target (each acknowledged)
 }
 
-// quietPoll checks cq stays empty for a moment.
-func quietPoll(t *testing.T, cq *CQ) {
+// noCompletion checks that cq holds no completion. The caller has waited
+// for the state in which what must complete nothing would have completed
+// if it did: the answer to it came back (an ack, a response, a Challenge:
+// sent after it was handled), or the device's counter of it moved and
+// its batch is done (rxSettled), or quietUntil.
+func noCompletion(t *testing.T, cq *CQ) {
 	t.Helper()
 	var wc [1]WorkCompletion
-	for end := time.Now().Add(30 * time.Millisecond); time.Now().Before(end); time.Sleep(time.Millisecond) {
+	if cq.Poll(wc[:]) > 0 {
+		t.Fatalf("unexpected completion %+v", wc[0])
+	}
+}
+
+// quietUntil waits for handled, the state in which the datagrams that
+// must complete nothing on cq have been read by the device of s, then
+// lets the batch in hand finish (rxSettled) and checks that cq holds no
+// completion. It polls cq while it waits (a busy-polled device reads in
+// CQ.Poll), and any completion it finds fails the test too.
+func quietUntil(t *testing.T, cq *CQ, s *Socket, what string, handled func() bool) {
+	t.Helper()
+	var wc [1]WorkCompletion
+	eventually(t, what, func() bool {
 		if cq.Poll(wc[:]) > 0 {
 			t.Fatalf("unexpected completion %+v", wc[0])
 		}
+		return handled()
+	})
+	rxSettled(s)
+	noCompletion(t, cq)
+}
+
+// markerID is the WR ID of the marker's Send and receive.
+const markerID = 0x6d61726b
+
+// marker sends one Send from q (ah: its handle for to, RD) to a receive
+// posted now on to, and checks that it is the next completion on toCQ:
+// a reliable QP delivers in order, so what q sent before has been
+// handled, and whatever of it completed would be ahead of the marker. It
+// takes the marker's send completion from qCQ.
+func marker(t *testing.T, q *QP, qCQ *CQ, ah *AH, to *QP, toCQ *CQ) {
+	t.Helper()
+	src, err := q.pd.RegisterMemory([]byte("mark"), AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
 	}
+	dst, err := to.pd.RegisterMemory(make([]byte, 4), AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := to.PostRecv(&RecvWR{ID: markerID, SGL: []SGE{dst.SGE(0, 4)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.PostSend(&SendWR{ID: markerID, Flags: FlagSignaled, SGL: []SGE{src.SGE(0, 4)}, AH: ah}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := collect(t, qCQ, 1, 30*time.Second)[0]; wc.ID != markerID || wc.Status != Success {
+		t.Fatalf("the marker's Send: %+v", wc)
+	}
+	if wc := collect(t, toCQ, 1, 30*time.Second)[0]; wc.ID != markerID || wc.Status != Success || string(dst.Bytes()) != "mark" {
+		t.Fatalf("unexpected completion %+v: the marker's receive (ID %#x) should have been the next", wc, markerID)
+	}
+}
+
+// quietDrained is quietUntil for what from sent to: it waits until
+// nothing from sent is on its way to to (drained).
+func quietDrained(t *testing.T, cq *CQ, from, to *node) {
+	t.Helper()
+	quietUntil(t, cq, to.sock, "nothing on its way to "+to.sock.LocalAddr().String(), func() bool { return drained(t, from, to) })
+}
+
+// drained reports whether nothing from's device sent is on its way to
+// to's any more: from's send impairment delays none, to's socket holds
+// none unread, and to's receive impairment delays none and holds none
+// for a read. (Loopback hands a datagram to the receiving socket inside
+// sendmsg; one an impairment holds back behind the next, Reorder, stays
+// there.) quietUntil then lets the batch in hand finish. It does not
+// count datagrams, so other traffic and the socket buffer's drops do not
+// matter.
+func drained(t *testing.T, from, to *node) bool {
+	t.Helper()
+	if im := from.dev.cfg.Impair; im != nil && im.Delaying() != 0 {
+		return false
+	}
+	ll := to.sock.ll
+	if w, ok := ll.(*impairLLP); ok {
+		if w.rx != nil && (w.rx.Delaying() != 0 || w.nready.Load() != 0) {
+			return false
+		}
+		ll = w.lowerLayer
+	}
+	u, ok := ll.(*udpLLP)
+	if !ok {
+		t.Fatalf("drained: %T, not a UDP socket", ll)
+	}
+	queued, err := 0, error(nil)
+	if cerr := u.control(func(fd uintptr) { queued, err = unix.IoctlGetInt(int(fd), unix.SIOCINQ) }); cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatalf("drained: SIOCINQ: %v", err)
+	}
+	return queued == 0
 }
 
 func TestRDErrors(t *testing.T) {
@@ -271,7 +365,7 @@ func testRDImpaired(t *testing.T, imp func(seed uint64) *Impairment, rx bool) {
 			}
 		}
 	}
-	quietPoll(t, p.cqb) // nothing delivered twice
+	quietDrained(t, p.cqb, p.a, p.b) // nothing delivered twice
 	st := p.a.dev.Stats()
 	t.Logf("a: %d data frames, %d retransmissions; impairment dropped %d/%d (bursts %d/%d), duplicated %d/%d, corrupted %d/%d, spikes %d/%d",
 		st.RDDataSent.Load(), st.RDRetransmits.Load(), ia.Dropped.Load(), ib.Dropped.Load(), ia.Bursts.Load(), ib.Bursts.Load(),
@@ -293,7 +387,7 @@ func TestRDReceiverNotReady(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(20 * time.Millisecond)
+	eventually(t, "a refusal for want of a receive", func() bool { return p.b.dev.Stats().RDNotReady.Load() > 0 })
 	for i := range n {
 		mustPost(t, p.qb.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{p.b.mr.SGE(i, 1)}}))
 		if i%10 == 9 {

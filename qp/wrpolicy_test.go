@@ -38,11 +38,24 @@ func TestWriteRecordRegionLimits(t *testing.T) {
 	}
 	quiet(t, b.cq) // the other region's message waits for the QP's deadline
 
-	// Back to the QP's policy: an incomplete message is not recorded.
+	// Back to the QP's policy: an incomplete message is not recorded. Its
+	// deadline is the QP's (10 s), not the region's 20 ms: run a second
+	// from now, the deadlines leave it in progress; run at 11 s, they
+	// discard it, and the other region's, unrecorded.
 	region.SetWriteRecordLimits(nil)
+	placed, before := b.dev.Stats().RxWRPlaced.Load(), func() writerecord.Stats { st, _ := b.dev.WriteRecordStats(); return st }()
 	r.send(region.STag(), region.Addr()+4000, 2, msg, 0, 1000)
-	time.Sleep(40 * time.Millisecond)
-	quiet(t, b.cq)
+	eventually(t, "the segment placed", func() bool { return b.dev.Stats().RxWRPlaced.Load() > placed })
+	q.wrExpire(time.Now().Add(time.Second))
+	if st, _ := b.dev.WriteRecordStats(); st != before {
+		t.Fatalf("a second on: %+v, want %+v: a message ended", st, before)
+	}
+	noCompletion(t, b.cq)
+	q.wrExpire(time.Now().Add(11 * time.Second))
+	if st, _ := b.dev.WriteRecordStats(); st.Expired != before.Expired+2 || st.Partial != before.Partial {
+		t.Fatalf("past the QP's deadline: %+v; want both messages discarded", st)
+	}
+	noCompletion(t, b.cq)
 }
 
 // TestWriteRecordMSNWrap runs one source's MSNs across 2^32 at a target:

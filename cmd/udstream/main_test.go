@@ -126,6 +126,17 @@ func runCmd(args []string, stop <-chan struct{}) ended {
 	return ended{code, out.String(), errb.String()}
 }
 
+// listening waits until a socket on this host is bound to port (UDP) or
+// listens on it (TCP): the sender's, or a player's.
+func listening(t *testing.T, port int) {
+	t.Helper()
+	for end := time.Now().Add(30 * time.Second); !netnstest.UDPBound(0, port) && !netnstest.TCPListening(0, port); time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("nothing listens on port %d", port)
+		}
+	}
+}
+
 // pair runs a sender and then a receiver of transport over loopback and
 // returns both ends' results and the receiver's output file.
 func pair(t *testing.T, transport string, sendArgs, recvArgs []string) (s, r ended, rs recvStats, out string) {
@@ -137,7 +148,7 @@ func pair(t *testing.T, transport string, sendArgs, recvArgs []string) (s, r end
 	wg.Go(func() {
 		s = runCmd(append([]string{"send", "-t", transport, "-listen", addr, "-i", tsIn, "-speed", "8", "-json", "-q", "-wait", "20s"}, sendArgs...), nil)
 	})
-	time.Sleep(100 * time.Millisecond) // the sender listens first, as a server does
+	listening(t, port) // the sender listens first, as a server does
 	r = runCmd(append([]string{"recv", "-t", transport, "-from", addr, "-o", out, "-json", "-q", "-wait", "20s"}, recvArgs...), nil)
 	wg.Wait()
 	if r.stdout != "" {
@@ -301,7 +312,7 @@ func TestNotTSStreamsAsBytes(t *testing.T) {
 		wg.Go(func() {
 			s = runCmd([]string{"send", "-listen", addr, "-i", src, "-rate", "8000000", "-speed", "8", "-q", "-loss", loss, "-seed", "3"}, nil)
 		})
-		time.Sleep(100 * time.Millisecond)
+		listening(t, port)
 		r := runCmd([]string{"recv", "-from", addr, "-o", out, "-json", "-q", "-rate", "8000000"}, nil)
 		wg.Wait()
 		var rs recvStats
@@ -502,14 +513,14 @@ func TestVLC(t *testing.T) {
 			<-exited
 		}
 	}()
-	time.Sleep(500 * time.Millisecond) // VLC opens its UDP port
+	listening(t, player) // VLC opens its UDP port
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	var wg sync.WaitGroup
 	var s ended
 	wg.Go(func() {
 		s = runCmd([]string{"send", "-listen", addr, "-i", tsIn, "-speed", "2", "-q"}, nil)
 	})
-	time.Sleep(100 * time.Millisecond)
+	listening(t, port)
 	r := runCmd([]string{"recv", "-from", addr, "-o", fmt.Sprintf("udp://127.0.0.1:%d", player), "-q"}, nil)
 	wg.Wait()
 	if s.code != 0 || r.code != 0 {
@@ -567,7 +578,7 @@ func TestReceiverVanishes(t *testing.T) {
 		s = runCmd([]string{"send", "-listen", addr, "-i", tsIn, "-speed", "1", "-chunk", "1316", "-q"}, nil)
 	})
 	time.AfterFunc(800*time.Millisecond, func() { close(stop) })
-	time.Sleep(100 * time.Millisecond)
+	listening(t, port)
 	r := runCmd([]string{"recv", "-from", addr, "-o", filepath.Join(t.TempDir(), "out.ts"), "-q"}, stop)
 	wg.Wait()
 	if r.code != 1 || s.code != 1 || !strings.Contains(s.stderr, "stopped taking the stream") {
