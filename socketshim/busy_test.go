@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/udiwarp/udiwarp/qp"
 	"github.com/udiwarp/udiwarp/internal/shim"
+	"github.com/udiwarp/udiwarp/qp"
 )
 
 // busyWithin bounds how long a busy-poll call may take to see what

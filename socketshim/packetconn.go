@@ -13,8 +13,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/udiwarp/udiwarp/qp"
 	"github.com/udiwarp/udiwarp/internal/shim"
+	"github.com/udiwarp/udiwarp/qp"
 )
 
 // ShimQPN is the QP number a PacketConn's QP has: each PacketConn opens

@@ -13,8 +13,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/udiwarp/udiwarp/qp"
 	"github.com/udiwarp/udiwarp/internal/shim"
+	"github.com/udiwarp/udiwarp/qp"
 )
 
 // RC sockets: a byte stream (net.Conn) over an RC queue pair (TCP + MPA),

@@ -13,9 +13,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/udiwarp/udiwarp/internal/shim"
 	"github.com/udiwarp/udiwarp/qp"
 	"github.com/udiwarp/udiwarp/reliability"
-	"github.com/udiwarp/udiwarp/internal/shim"
 	"github.com/udiwarp/udiwarp/validitymap"
 	"github.com/udiwarp/udiwarp/writerecord"
 )

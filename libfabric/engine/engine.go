@@ -69,9 +69,9 @@ var engine struct {
 	dev  *qp.Device
 	pd   *qp.PD
 
-	ahMu  sync.Mutex
-	ahs   []*qp.AH // by index; nil: free
-	ahGen []uint32
+	ahMu   sync.Mutex
+	ahs    []*qp.AH // by index; nil: free
+	ahGen  []uint32
 	ahFree []int
 }
 

@@ -10,9 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/udiwarp/udiwarp/internal/shim"
 	"github.com/udiwarp/udiwarp/qp"
 	"github.com/udiwarp/udiwarp/reliability"
-	"github.com/udiwarp/udiwarp/internal/shim"
 )
 
 // QPN is the QP number of every Socket's RD QP: each Socket has its own

@@ -32,9 +32,9 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/udiwarp/udiwarp/internal/shim"
 	"github.com/udiwarp/udiwarp/qp"
 	"github.com/udiwarp/udiwarp/socketshim"
-	"github.com/udiwarp/udiwarp/internal/shim"
 	"golang.org/x/sys/unix"
 )
 
