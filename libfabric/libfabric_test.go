@@ -55,6 +55,7 @@ func built(t *testing.T) string {
 			{"gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-fvisibility=hidden", "-o", filepath.Join(prov, "libudiwarp-fi.so"), "c/udiwarp_fi.c", "-ldl", "-lpthread"},
 			{"go", "build", "-buildmode=c-shared", "-o", filepath.Join(prov, "libudiwarp_fi_engine.so"), "./engine"},
 			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(dir, "badinput"), "testdata/badinput.c", "-lfabric"},
+			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(dir, "mcast"), "testdata/mcast.c", "-lfabric"},
 		}
 		for _, s := range steps {
 			cmd := exec.CommandContext(ctx, s[0], s[1:]...)
@@ -242,5 +243,21 @@ func TestBadInput(t *testing.T) {
 	}
 	if !bytes.Contains(out, []byte("ok: all checks passed")) {
 		t.Fatal("badinput did not finish its checks")
+	}
+}
+
+// TestMulticast: fi_join on DGRAM endpoints (testdata/mcast.c), in a
+// namespace whose loopback routes multicast: two members receive what a
+// third endpoint sends to the group, named by FI_SOURCE, and one that
+// left receives no more.
+func TestMulticast(t *testing.T) {
+	dir := built(t)
+	ns := netnstest.New(t, "link set lo up multicast on", "route add 224.0.0.0/4 dev lo")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := fabric(ctx, dir, ns, filepath.Join(dir, "mcast"), fmt.Sprint(port.Add(1))).CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil || !bytes.Contains(out, []byte("ok: multicast")) {
+		t.Fatalf("mcast: %v", err)
 	}
 }

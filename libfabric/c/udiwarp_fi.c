@@ -94,6 +94,7 @@ static struct {
 	int (*recv)(long long h, void *buf, size_t n, uint64_t ctx);
 	int (*poll)(long long h, struct udwf_comp *out, int n);
 	int (*max_msg)(void);
+	int (*join)(long long h, void *sa, int salen, int join);
 } eng = {.once = PTHREAD_ONCE_INIT};
 
 static struct fi_provider udw_prov;
@@ -147,8 +148,9 @@ static void load_engine(void) {
 	eng.recv = dlsym(h, "udwf_recv");
 	eng.poll = dlsym(h, "udwf_poll");
 	eng.max_msg = dlsym(h, "udwf_max_msg");
+	eng.join = dlsym(h, "udwf_join");
 	if (!eng.init || !eng.ah || !eng.ah_free || !eng.ep_open || !eng.ep_close || !eng.send || !eng.recv || !eng.poll ||
-	    !eng.max_msg) {
+	    !eng.max_msg || !eng.join) {
 		WARN("the engine %s is incomplete\n", path);
 		eng.err = -FI_ENOSYS;
 		return;
@@ -178,9 +180,9 @@ static int fierr(int r) { return r; }
 
 // ---- getinfo --------------------------------------------------------------
 
-#define UDW_DGRAM_CAPS (FI_MSG | FI_SEND | FI_RECV | FI_SOURCE)
-#define UDW_DGRAM_TX_CAPS (FI_MSG | FI_SEND)
-#define UDW_DGRAM_RX_CAPS (FI_MSG | FI_RECV | FI_SOURCE)
+#define UDW_DGRAM_CAPS (FI_MSG | FI_SEND | FI_RECV | FI_SOURCE | FI_MULTICAST)
+#define UDW_DGRAM_TX_CAPS (FI_MSG | FI_SEND | FI_MULTICAST)
+#define UDW_DGRAM_RX_CAPS (FI_MSG | FI_RECV | FI_SOURCE | FI_MULTICAST)
 
 // sa_len is the length of a struct sockaddr_in or sockaddr_in6, 0 for
 // any other family.
@@ -456,8 +458,19 @@ struct udw_domain {
 	atomic_int refs;
 };
 
+// An EQ holds the events of the provider's control path: a DGRAM
+// endpoint's FI_JOIN_COMPLETE (fi_join). Events are copied in whole.
+struct eq_event {
+	uint32_t event;
+	struct fi_eq_entry entry;
+};
+
 struct udw_eq {
 	struct fid_eq e;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct eq_event *ring;
+	size_t cap, head, count;
 };
 
 static int fabric_close(struct fid *fid) {
@@ -466,29 +479,80 @@ static int fabric_close(struct fid *fid) {
 }
 
 static int eq_close(struct fid *fid) {
-	free(container_of(fid, struct udw_eq, e.fid));
+	struct udw_eq *q = container_of(fid, struct udw_eq, e.fid);
+	pthread_mutex_destroy(&q->mu);
+	pthread_cond_destroy(&q->cv);
+	free(q->ring);
+	free(q);
 	return 0;
 }
 
-// An EQ reports connection events, which a DGRAM endpoint has none of.
+// eq_post queues an event (the ring grows rather than lose one).
+static int eq_post(struct udw_eq *q, uint32_t event, const struct fi_eq_entry *entry) {
+	pthread_mutex_lock(&q->mu);
+	if (q->count == q->cap) {
+		size_t cap = q->cap ? 2 * q->cap : 16;
+		struct eq_event *r = malloc(cap * sizeof *r);
+		if (!r) {
+			pthread_mutex_unlock(&q->mu);
+			return -FI_ENOMEM;
+		}
+		for (size_t i = 0; i < q->count; i++) r[i] = q->ring[(q->head + i) % q->cap];
+		free(q->ring);
+		q->ring = r, q->cap = cap, q->head = 0;
+	}
+	q->ring[(q->head + q->count) % q->cap] = (struct eq_event){.event = event, .entry = *entry};
+	q->count++;
+	pthread_cond_broadcast(&q->cv);
+	pthread_mutex_unlock(&q->mu);
+	return 0;
+}
+
+// eq_take copies the next event out; the caller holds the lock.
+static ssize_t eq_take(struct udw_eq *q, uint32_t *ev, void *buf, size_t len, uint64_t flags) {
+	if (!q->count) return -FI_EAGAIN;
+	struct eq_event *e = &q->ring[q->head];
+	if (len < sizeof e->entry) return -FI_ETOOSMALL;
+	if (ev) *ev = e->event;
+	memcpy(buf, &e->entry, sizeof e->entry);
+	if (!(flags & FI_PEEK)) q->head = (q->head + 1) % q->cap, q->count--;
+	return sizeof e->entry;
+}
+
 static ssize_t eq_read(struct fid_eq *eq, uint32_t *ev, void *buf, size_t len, uint64_t flags) {
-	(void)eq, (void)ev, (void)buf, (void)len, (void)flags;
-	return -FI_EAGAIN;
+	struct udw_eq *q = container_of(eq, struct udw_eq, e);
+	pthread_mutex_lock(&q->mu);
+	ssize_t r = eq_take(q, ev, buf, len, flags);
+	pthread_mutex_unlock(&q->mu);
+	return r;
 }
 static ssize_t eq_readerr(struct fid_eq *eq, struct fi_eq_err_entry *buf, uint64_t flags) {
 	(void)eq, (void)buf, (void)flags;
-	return -FI_EAGAIN;
+	return -FI_EAGAIN; // no event of the provider's fails
 }
 static ssize_t eq_write(struct fid_eq *eq, uint32_t ev, const void *buf, size_t len, uint64_t flags) {
-	(void)eq, (void)ev, (void)buf, (void)len, (void)flags;
-	return -FI_ENOSYS;
+	(void)flags;
+	if (len < sizeof(struct fi_eq_entry)) return -FI_EINVAL;
+	int r = eq_post(container_of(eq, struct udw_eq, e), ev, buf);
+	return r ? r : (ssize_t)len;
 }
-// sread: no event will come; it waits out a timeout given, and returns
-// at once for one of -1 (for ever), which would never return.
 static ssize_t eq_sread(struct fid_eq *eq, uint32_t *ev, void *buf, size_t len, int timeout, uint64_t flags) {
-	(void)eq, (void)ev, (void)buf, (void)len, (void)flags;
-	if (timeout > 0) usleep((useconds_t)timeout * 1000);
-	return -FI_EAGAIN;
+	struct udw_eq *q = container_of(eq, struct udw_eq, e);
+	struct timespec end;
+	clock_gettime(CLOCK_REALTIME, &end);
+	if (timeout >= 0) {
+		end.tv_sec += timeout / 1000;
+		end.tv_nsec += (long)(timeout % 1000) * 1000000;
+		if (end.tv_nsec >= 1000000000) end.tv_sec++, end.tv_nsec -= 1000000000;
+	}
+	pthread_mutex_lock(&q->mu);
+	while (!q->count) {
+		int r = timeout < 0 ? pthread_cond_wait(&q->cv, &q->mu) : pthread_cond_timedwait(&q->cv, &q->mu, &end);
+		if (r == ETIMEDOUT) break;
+	}
+	ssize_t r = eq_take(q, ev, buf, len, flags);
+	pthread_mutex_unlock(&q->mu);
+	return r;
 }
 static const char *eq_strerror(struct fid_eq *eq, int prov_errno, const void *err_data, char *buf, size_t len) {
 	(void)eq, (void)err_data;
@@ -503,14 +567,20 @@ static struct fi_ops_eq eq_ops = {.size = sizeof(struct fi_ops_eq), .read = eq_r
 				  .sread = eq_sread, .strerror = eq_strerror};
 
 static int eq_open(struct fid_fabric *fabric, struct fi_eq_attr *attr, struct fid_eq **eq, void *context) {
-	(void)attr;
+	(void)fabric;
+	if (attr && attr->wait_obj != FI_WAIT_NONE && attr->wait_obj != FI_WAIT_UNSPEC && attr->wait_obj != FI_WAIT_MUTEX_COND)
+		return -FI_ENOSYS;
 	struct udw_eq *q = calloc(1, sizeof *q);
 	if (!q) return -FI_ENOMEM;
+	pthread_mutex_init(&q->mu, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_cond_init(&q->cv, &ca);
+	pthread_condattr_destroy(&ca);
 	q->e.fid.fclass = FI_CLASS_EQ;
 	q->e.fid.context = context;
 	q->e.fid.ops = &eq_fi_ops;
 	q->e.ops = &eq_ops;
-	(void)fabric;
 	*eq = &q->e;
 	return 0;
 }
@@ -832,6 +902,7 @@ struct udw_ep {
 	long long h; // the engine's endpoint, once enabled
 	struct udw_cq *txcq, *rxcq;
 	struct udw_av *av;
+	struct udw_eq *eq;
 	uint64_t tx_sel, rx_sel; // FI_SELECTIVE_COMPLETION of each side
 	int enabled;
 };
@@ -1195,8 +1266,9 @@ static int ep_bind(struct fid *fid, struct fid *bfid, uint64_t flags) {
 	case FI_CLASS_AV:
 		ep->av = container_of(bfid, struct udw_av, a.fid);
 		return 0;
-	case FI_CLASS_EQ:
-		return 0; // no connection events on a DGRAM endpoint
+	case FI_CLASS_EQ: // its events: fi_join's
+		ep->eq = container_of(bfid, struct udw_eq, e.fid);
+		return 0;
 	case FI_CLASS_CQ: {
 		struct udw_cq *cq = container_of(bfid, struct udw_cq, c.fid);
 		if (flags & ~(uint64_t)(FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION)) return -FI_EBADFLAGS;
@@ -1300,9 +1372,66 @@ static int cm_shutdown(struct fid_ep *e, uint64_t f) {
 	(void)e, (void)f;
 	return -FI_ENOSYS;
 }
-static int cm_join(struct fid_ep *e, const void *a, uint64_t f, struct fid_mc **m, void *c) {
-	(void)e, (void)a, (void)f, (void)m, (void)c;
-	return -FI_ENOSYS;
+// A multicast membership (fi_join): its fi_addr is the group's entry in
+// the endpoint's AV, to send to; fi_close ends it.
+struct udw_mc {
+	struct fid_mc mc;
+	struct udw_ep *ep;
+	struct sockaddr_storage group;
+	int member; // joined to receive (not FI_SEND only)
+};
+
+static int mc_close(struct fid *fid) {
+	struct udw_mc *m = container_of(fid, struct udw_mc, mc.fid);
+	if (m->member && m->ep->enabled) eng.join(m->ep->h, &m->group, (int)sa_len((struct sockaddr *)&m->group), 0);
+	fi_addr_t a = m->mc.fi_addr;
+	av_remove(&m->ep->av->a, &a, 1, 0);
+	free(m);
+	return 0;
+}
+
+static struct fi_ops mc_fi_ops = {.size = sizeof(struct fi_ops), .close = mc_close, .bind = no_bind, .control = no_control,
+				  .ops_open = no_ops_open, .tostr = no_tostr, .ops_set = no_ops_set};
+
+// cm_join joins the group at addr (a struct sockaddr_in or _in6 of a
+// multicast address and the port the members' sockets are bound to);
+// FI_JOIN_COMPLETE goes to the endpoint's EQ. With flags FI_SEND only,
+// the endpoint only sends to the group and is not a member.
+static int cm_join(struct fid_ep *fep, const void *addr, uint64_t flags, struct fid_mc **mc, void *context) {
+	struct udw_ep *ep = container_of(fep, struct udw_ep, ep);
+	if (!(ep->info->caps & FI_MULTICAST)) return -FI_EOPNOTSUPP;
+	if (flags & ~(uint64_t)(FI_SEND | FI_RECV)) return -FI_EBADFLAGS;
+	if (!ep->enabled) return -FI_EOPBADSTATE;
+	if (!ep->eq) return -FI_ENOEQ;
+	size_t len = sa_len(addr);
+	if (!len) return -FI_EINVAL;
+	int member = !(flags & FI_SEND) || (flags & FI_RECV);
+	if (member) {
+		int r = eng.join(ep->h, (void *)addr, (int)len, 1);
+		if (r) return r;
+	}
+	struct udw_mc *m = calloc(1, sizeof *m);
+	if (!m) return -FI_ENOMEM;
+	m->ep = ep, m->member = member;
+	memcpy(&m->group, addr, len);
+	fi_addr_t a;
+	if (av_insert(&ep->av->a, addr, 1, &a, 0, NULL) != 1) {
+		if (member) eng.join(ep->h, (void *)addr, (int)len, 0);
+		free(m);
+		return -FI_EINVAL;
+	}
+	m->mc.fid.fclass = FI_CLASS_MC;
+	m->mc.fid.context = context;
+	m->mc.fid.ops = &mc_fi_ops;
+	m->mc.fi_addr = a;
+	struct fi_eq_entry ev = {.fid = &m->mc.fid, .context = context};
+	int r = eq_post(ep->eq, FI_JOIN_COMPLETE, &ev);
+	if (r) {
+		mc_close(&m->mc.fid);
+		return r;
+	}
+	*mc = &m->mc;
+	return 0;
 }
 
 static struct fi_ops_cm cm_ops = {.size = sizeof(struct fi_ops_cm), .setname = cm_setname, .getname = ep_getname,
@@ -1459,6 +1588,10 @@ static int ep_open(struct fid_domain *fdom, struct fi_info *info, struct fid_ep 
 		free(ep);
 		return -e;
 	}
+	// Several endpoints may bind one port: the members of a multicast
+	// group are bound to the group's.
+	int one = 1;
+	setsockopt(ep->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
 	struct sockaddr_storage any = {0};
 	any.ss_family = (sa_family_t)fam;
 	const struct sockaddr *bind_to = src ? src : (struct sockaddr *)&any;

@@ -102,6 +102,8 @@ func errno(err error) C.longlong {
 		return -C.longlong(unix.EINVAL)
 	case errors.Is(err, qp.ErrTooMany):
 		return -C.longlong(unix.ENOSPC)
+	case errors.Is(err, qp.ErrNotFound):
+		return -C.longlong(unix.ENOENT)
 	}
 	return -C.longlong(unix.EIO)
 }
@@ -388,6 +390,33 @@ func udwf_recv(h C.longlong, buf unsafe.Pointer, n C.size_t, ctx C.uint64_t) C.i
 		return C.int(errno(err))
 	}
 	return 0
+}
+
+// udwf_join makes the endpoint a member of the multicast group sa names
+// (join non-zero) or ends its membership; the group's datagrams reach it
+// when its socket is bound to the group's port (and to the wildcard
+// address or the group's). It returns 0 or -errno (-EINVAL: not a
+// multicast group).
+//
+//export udwf_join
+func udwf_join(h C.longlong, sa unsafe.Pointer, salen C.int, join C.int) C.int {
+	e := lookup(h)
+	if e == nil {
+		return -C.int(unix.EBADF)
+	}
+	ap, ok := parseSockaddr(sa, salen)
+	if !ok || !ap.Addr().IsMulticast() {
+		return -C.int(unix.EINVAL)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return -C.int(unix.EBADF)
+	}
+	if join == 0 {
+		return C.int(errno(e.q.LeaveMulticast(ap.Addr())))
+	}
+	return C.int(errno(e.q.JoinMulticast(ap.Addr(), nil)))
 }
 
 // udwf_poll reads what the endpoint's socket holds and fills out (room
