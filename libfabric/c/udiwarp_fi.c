@@ -65,22 +65,19 @@
 #define UDW_MAX_MSG (65507 - 18 - 4)
 #define UDW_TX_SIZE 256
 #define UDW_RX_SIZE 256
+// RDM endpoints send eagerly, each message in a send slot until its peer
+// acknowledges it and into a receive slot of the peer's: 64 of each, of
+// the largest message.
+#define UDW_RDM_MAX_MSG 65536
+#define UDW_RDM_SIZE 64
+// FI_TAG_GENERIC of later libfabric versions: tags of 64 bits, any of
+// which a receive may ignore (Open MPI's MTL wants bit 63).
+#define UDW_TAG_FORMAT 0xAAAAAAAAAAAAAAAAull
 #define UDW_POLL_BATCH 64
 
 // ---- the engine -----------------------------------------------------------
 
-struct udwf_comp {
-	uint64_t ctx;
-	uint64_t len;
-	uint64_t olen;
-	uint64_t data;
-	uint32_t recv;
-	int32_t err;
-	uint32_t has_data;
-	uint32_t srclen;
-	uint8_t src[28];
-	uint8_t pad[4];
-};
+#include "../engine/udwf.h"
 
 static struct {
 	pthread_once_t once;
@@ -88,13 +85,17 @@ static struct {
 	int (*init)(void);
 	long long (*ah)(void *sa, int salen);
 	void (*ah_free)(long long i);
-	long long (*ep_open)(int fd, int tx, int rx, int maxmsg);
+	long long (*ep_open)(int fd, int rdm, int tx, int rx, int maxmsg);
 	int (*ep_close)(long long h);
 	int (*send)(long long h, void *buf, size_t n, long long ah, uint64_t ctx, int signaled, int has_data, uint64_t data);
 	int (*recv)(long long h, void *buf, size_t n, uint64_t ctx);
 	int (*poll)(long long h, struct udwf_comp *out, int n);
 	int (*max_msg)(void);
 	int (*join)(long long h, void *sa, int salen, int join);
+	int (*tsend)(long long h, void *buf, size_t n, long long ah, int tagged, uint64_t tag, int has_data, uint64_t data,
+		     uint64_t ctx, int signaled);
+	int (*trecv)(long long h, void *buf, size_t n, long long src, int tagged, uint64_t tag, uint64_t ignore, uint64_t ctx);
+	int (*cancel)(long long h, uint64_t ctx);
 } eng = {.once = PTHREAD_ONCE_INIT};
 
 static struct fi_provider udw_prov;
@@ -149,8 +150,11 @@ static void load_engine(void) {
 	eng.poll = dlsym(h, "udwf_poll");
 	eng.max_msg = dlsym(h, "udwf_max_msg");
 	eng.join = dlsym(h, "udwf_join");
+	eng.tsend = dlsym(h, "udwf_tsend");
+	eng.trecv = dlsym(h, "udwf_trecv");
+	eng.cancel = dlsym(h, "udwf_cancel");
 	if (!eng.init || !eng.ah || !eng.ah_free || !eng.ep_open || !eng.ep_close || !eng.send || !eng.recv || !eng.poll ||
-	    !eng.max_msg || !eng.join) {
+	    !eng.max_msg || !eng.join || !eng.tsend || !eng.trecv || !eng.cancel) {
 		WARN("the engine %s is incomplete\n", path);
 		eng.err = -FI_ENOSYS;
 		return;
@@ -183,6 +187,10 @@ static int fierr(int r) { return r; }
 #define UDW_DGRAM_CAPS (FI_MSG | FI_SEND | FI_RECV | FI_SOURCE | FI_MULTICAST)
 #define UDW_DGRAM_TX_CAPS (FI_MSG | FI_SEND | FI_MULTICAST)
 #define UDW_DGRAM_RX_CAPS (FI_MSG | FI_RECV | FI_SOURCE | FI_MULTICAST)
+#define UDW_RDM_CAPS (FI_MSG | FI_TAGGED | FI_SEND | FI_RECV | FI_SOURCE | FI_DIRECTED_RECV)
+#define UDW_RDM_TX_CAPS (FI_MSG | FI_TAGGED | FI_SEND)
+#define UDW_RDM_RX_CAPS (FI_MSG | FI_TAGGED | FI_RECV | FI_SOURCE | FI_DIRECTED_RECV)
+#define UDW_COMM (FI_LOCAL_COMM | FI_REMOTE_COMM)
 
 // sa_len is the length of a struct sockaddr_in or sockaddr_in6, 0 for
 // any other family.
@@ -199,45 +207,54 @@ static uint32_t fmt_of(const struct sockaddr *sa) {
 	return sa && sa->sa_family == AF_INET6 ? FI_SOCKADDR_IN6 : FI_SOCKADDR_IN;
 }
 
-// hints_fit says whether hints ask for nothing a DGRAM endpoint lacks.
-static int hints_fit(const struct fi_info *hints) {
+// hints_fit says whether hints ask for nothing an endpoint of type lacks
+// (FI_EP_DGRAM or FI_EP_RDM).
+static int hints_fit(const struct fi_info *hints, enum fi_ep_type type) {
+	int rdm = type == FI_EP_RDM;
+	uint64_t caps = (rdm ? UDW_RDM_CAPS : UDW_DGRAM_CAPS) | UDW_COMM;
+	uint64_t txcaps = (rdm ? UDW_RDM_TX_CAPS : UDW_DGRAM_TX_CAPS) | UDW_COMM;
+	uint64_t rxcaps = (rdm ? UDW_RDM_RX_CAPS : UDW_DGRAM_RX_CAPS) | UDW_COMM;
+	size_t max = rdm ? UDW_RDM_MAX_MSG : UDW_MAX_MSG;
 	if (!hints) return 1;
-	if (hints->caps & ~(uint64_t)(UDW_DGRAM_CAPS | FI_LOCAL_COMM | FI_REMOTE_COMM)) return 0;
+	if (hints->caps & ~caps) return 0;
 	if (hints->ep_attr) {
-		if (hints->ep_attr->type != FI_EP_UNSPEC && hints->ep_attr->type != FI_EP_DGRAM) return 0;
-		if (hints->ep_attr->max_msg_size > UDW_MAX_MSG) return 0;
-		if (hints->ep_attr->protocol != FI_PROTO_UNSPEC && hints->ep_attr->protocol != FI_PROTO_UDP) return 0;
+		if (hints->ep_attr->type != FI_EP_UNSPEC && hints->ep_attr->type != type) return 0;
+		if (hints->ep_attr->max_msg_size > max) return 0;
+		if (hints->ep_attr->protocol != FI_PROTO_UNSPEC && hints->ep_attr->protocol != (rdm ? FI_PROTO_IWARP_RDM : FI_PROTO_UDP))
+			return 0;
 	}
 	if (hints->domain_attr) {
-		if (hints->domain_attr->name && strcmp(hints->domain_attr->name, "") == 0) return 0;
 		if (hints->domain_attr->av_type != FI_AV_UNSPEC && hints->domain_attr->av_type != FI_AV_MAP &&
 		    hints->domain_attr->av_type != FI_AV_TABLE)
 			return 0;
-		if (hints->domain_attr->cq_data_size > 0) return 0;
+		if (hints->domain_attr->cq_data_size > (rdm ? 8u : 0u)) return 0;
 		// Progress is the caller's (FI_PROGRESS_MANUAL): a program that
 		// needs the provider to progress on its own finds no match.
 		if (hints->domain_attr->data_progress == FI_PROGRESS_AUTO) return 0;
 		if (hints->domain_attr->control_progress == FI_PROGRESS_AUTO) return 0;
 	}
 	if (hints->fabric_attr && hints->fabric_attr->name && strcmp(hints->fabric_attr->name, UDW_NAME)) return 0;
-	if (hints->tx_attr && (hints->tx_attr->caps & ~(uint64_t)(UDW_DGRAM_TX_CAPS | FI_LOCAL_COMM | FI_REMOTE_COMM))) return 0;
-	if (hints->rx_attr && (hints->rx_attr->caps & ~(uint64_t)(UDW_DGRAM_RX_CAPS | FI_LOCAL_COMM | FI_REMOTE_COMM))) return 0;
+	if (hints->tx_attr && (hints->tx_attr->caps & ~txcaps)) return 0;
+	if (hints->rx_attr && (hints->rx_attr->caps & ~rxcaps)) return 0;
 	if (hints->addr_format != FI_FORMAT_UNSPEC && hints->addr_format != FI_SOCKADDR_IN &&
 	    hints->addr_format != FI_SOCKADDR_IN6 && hints->addr_format != FI_SOCKADDR)
 		return 0;
 	return 1;
 }
 
-// dgram_info makes the fi_info of a DGRAM endpoint on interface ifname
-// (the domain's name) bound to src (NULL: any address), to dest when set.
-static struct fi_info *dgram_info(const struct fi_info *hints, const char *ifname, const struct sockaddr *src,
-				  const struct sockaddr *dest) {
+// ep_info makes the fi_info of an endpoint of type (FI_EP_DGRAM,
+// FI_EP_RDM) on interface ifname (the domain's name) bound to src (NULL:
+// any address), to dest when set.
+static struct fi_info *ep_info(const struct fi_info *hints, enum fi_ep_type type, const char *ifname,
+			       const struct sockaddr *src, const struct sockaddr *dest) {
+	int rdm = type == FI_EP_RDM;
+	uint64_t all = rdm ? UDW_RDM_CAPS : UDW_DGRAM_CAPS;
 	struct fi_info *fi = fi_allocinfo();
 	if (!fi) return NULL;
-	fi->caps = UDW_DGRAM_CAPS;
-	if (hints && hints->caps) fi->caps = hints->caps & UDW_DGRAM_CAPS;
+	fi->caps = all;
+	if (hints && hints->caps) fi->caps = hints->caps & (all | UDW_COMM);
 	if (!(fi->caps & (FI_SEND | FI_RECV))) fi->caps |= FI_SEND | FI_RECV;
-	fi->caps |= FI_MSG;
+	if (!(fi->caps & (FI_MSG | FI_TAGGED))) fi->caps |= FI_MSG;
 	fi->mode = 0;
 	fi->addr_format = fmt_of(src ? src : dest);
 	if (src) {
@@ -252,33 +269,34 @@ static struct fi_info *dgram_info(const struct fi_info *hints, const char *ifnam
 		if (!fi->dest_addr) goto fail;
 		memcpy(fi->dest_addr, dest, fi->dest_addrlen);
 	}
-	fi->tx_attr->caps = fi->caps & UDW_DGRAM_TX_CAPS;
+	fi->tx_attr->caps = fi->caps & (rdm ? UDW_RDM_TX_CAPS : UDW_DGRAM_TX_CAPS);
 	fi->tx_attr->mode = 0;
 	fi->tx_attr->op_flags = 0;
-	fi->tx_attr->msg_order = FI_ORDER_NONE;
+	// RD delivers each peer's messages in order.
+	fi->tx_attr->msg_order = rdm ? FI_ORDER_SAS : FI_ORDER_NONE;
 	fi->tx_attr->comp_order = FI_ORDER_NONE;
 	// Every send is copied before the call returns: inject takes all.
-	fi->tx_attr->inject_size = UDW_MAX_MSG;
-	fi->tx_attr->size = UDW_TX_SIZE;
+	fi->tx_attr->inject_size = rdm ? UDW_RDM_MAX_MSG : UDW_MAX_MSG;
+	fi->tx_attr->size = rdm ? UDW_RDM_SIZE : UDW_TX_SIZE;
 	fi->tx_attr->iov_limit = 1;
 	fi->tx_attr->rma_iov_limit = 0;
-	fi->rx_attr->caps = fi->caps & UDW_DGRAM_RX_CAPS;
+	fi->rx_attr->caps = fi->caps & (rdm ? UDW_RDM_RX_CAPS : UDW_DGRAM_RX_CAPS);
 	fi->rx_attr->mode = 0;
 	fi->rx_attr->op_flags = 0;
-	fi->rx_attr->msg_order = FI_ORDER_NONE;
+	fi->rx_attr->msg_order = rdm ? FI_ORDER_SAS : FI_ORDER_NONE;
 	fi->rx_attr->comp_order = FI_ORDER_NONE;
-	fi->rx_attr->total_buffered_recv = 0;
-	fi->rx_attr->size = UDW_RX_SIZE;
+	fi->rx_attr->total_buffered_recv = rdm ? (size_t)UDW_RDM_SIZE * UDW_RDM_MAX_MSG : 0;
+	fi->rx_attr->size = rdm ? UDW_RDM_SIZE : UDW_RX_SIZE;
 	fi->rx_attr->iov_limit = 1;
-	fi->ep_attr->type = FI_EP_DGRAM;
-	fi->ep_attr->protocol = FI_PROTO_UDP;
+	fi->ep_attr->type = type;
+	fi->ep_attr->protocol = rdm ? FI_PROTO_IWARP_RDM : FI_PROTO_UDP;
 	fi->ep_attr->protocol_version = 1;
-	fi->ep_attr->max_msg_size = UDW_MAX_MSG;
+	fi->ep_attr->max_msg_size = rdm ? UDW_RDM_MAX_MSG : UDW_MAX_MSG;
 	fi->ep_attr->msg_prefix_size = 0;
 	fi->ep_attr->max_order_raw_size = 0;
 	fi->ep_attr->max_order_war_size = 0;
 	fi->ep_attr->max_order_waw_size = 0;
-	fi->ep_attr->mem_tag_format = 0;
+	fi->ep_attr->mem_tag_format = rdm ? UDW_TAG_FORMAT : 0;
 	fi->ep_attr->tx_ctx_cnt = 1;
 	fi->ep_attr->rx_ctx_cnt = 1;
 	fi->domain_attr->name = strdup(ifname);
@@ -291,7 +309,7 @@ static struct fi_info *dgram_info(const struct fi_info *hints, const char *ifnam
 		fi->domain_attr->av_type = hints->domain_attr->av_type;
 	fi->domain_attr->mr_mode = 0; // any buffer: the engine copies
 	fi->domain_attr->mr_key_size = sizeof(uint64_t);
-	fi->domain_attr->cq_data_size = 0;
+	fi->domain_attr->cq_data_size = rdm ? 8 : 0;
 	fi->domain_attr->cq_cnt = 1024;
 	fi->domain_attr->ep_cnt = 1024;
 	fi->domain_attr->tx_ctx_cnt = 1024;
@@ -354,7 +372,13 @@ static int udw_getinfo(uint32_t version, const char *node, const char *service, 
 		       struct fi_info **info) {
 	(void)version;
 	*info = NULL;
-	if (!hints_fit(hints)) return -FI_ENODATA;
+	// The endpoint types the hints take, RDM first (the reliable one, for
+	// a program that takes the first entry).
+	enum fi_ep_type types[2];
+	int ntypes = 0;
+	if (hints_fit(hints, FI_EP_RDM)) types[ntypes++] = FI_EP_RDM;
+	if (hints_fit(hints, FI_EP_DGRAM)) types[ntypes++] = FI_EP_DGRAM;
+	if (!ntypes) return -FI_ENODATA;
 	int fam = AF_UNSPEC;
 	if (hints && hints->addr_format == FI_SOCKADDR_IN) fam = AF_INET;
 	if (hints && hints->addr_format == FI_SOCKADDR_IN6) fam = AF_INET6;
@@ -377,9 +401,15 @@ static int udw_getinfo(uint32_t version, const char *node, const char *service, 
 		char name[IF_NAMESIZE + 8];
 		ifname_of(srcp, name, sizeof name);
 		if (want && strcmp(want, name)) return -FI_ENODATA;
-		struct fi_info *fi = dgram_info(hints, name, srcp, dstp);
-		if (!fi) return -FI_ENOMEM;
-		*info = fi;
+		for (int t = 0; t < ntypes; t++) {
+			struct fi_info *fi = ep_info(hints, types[t], name, srcp, dstp);
+			if (!fi) {
+				fi_freeinfo(head);
+				return -FI_ENOMEM;
+			}
+			append(&head, &tail, fi);
+		}
+		*info = head;
 		return 0;
 	}
 	// No source given: one fi_info per address of every interface that is
@@ -405,13 +435,15 @@ static int udw_getinfo(uint32_t version, const char *node, const char *service, 
 				((struct sockaddr_in *)&a)->sin_port = 0;
 			else
 				((struct sockaddr_in6 *)&a)->sin6_port = 0;
-			struct fi_info *fi = dgram_info(hints, i->ifa_name, (struct sockaddr *)&a, dstp);
-			if (!fi) {
-				freeifaddrs(ifs);
-				fi_freeinfo(head);
-				return -FI_ENOMEM;
+			for (int t = 0; t < ntypes; t++) {
+				struct fi_info *fi = ep_info(hints, types[t], i->ifa_name, (struct sockaddr *)&a, dstp);
+				if (!fi) {
+					freeifaddrs(ifs);
+					fi_freeinfo(head);
+					return -FI_ENOMEM;
+				}
+				append(&head, &tail, fi);
 			}
-			append(&head, &tail, fi);
 		}
 	}
 	freeifaddrs(ifs);
@@ -905,6 +937,7 @@ struct udw_ep {
 	struct udw_eq *eq;
 	uint64_t tx_sel, rx_sel; // FI_SELECTIVE_COMPLETION of each side
 	int enabled;
+	int rdm; // an FI_EP_RDM endpoint (an RD QP), else FI_EP_DGRAM (UD)
 };
 
 static size_t entry_size(enum fi_cq_format f) {
@@ -949,8 +982,9 @@ static void progress(struct udw_cq *cq) {
 			if (!to) continue;
 			struct cq_entry e = {0};
 			e.e.op_context = (void *)(uintptr_t)c->ctx;
-			e.e.flags = c->recv ? (FI_MSG | FI_RECV) : (FI_MSG | FI_SEND);
+			e.e.flags = (c->tagged ? FI_TAGGED : FI_MSG) | (c->recv ? FI_RECV : FI_SEND);
 			e.e.len = c->len;
+			e.e.tag = c->tag;
 			if (c->has_data) e.e.data = c->data, e.e.flags |= FI_REMOTE_CQ_DATA;
 			e.err = c->err;
 			e.olen = c->olen;
@@ -1240,7 +1274,8 @@ static int ep_enable(struct udw_ep *ep) {
 	if (!ep->av) return -FI_ENOAV;
 	int r = engine();
 	if (r) return r;
-	long long h = eng.ep_open(ep->fd, (int)ep->info->tx_attr->size, (int)ep->info->rx_attr->size, UDW_MAX_MSG);
+	long long h = eng.ep_open(ep->fd, ep->rdm, (int)ep->info->tx_attr->size, (int)ep->info->rx_attr->size,
+				  ep->rdm ? UDW_RDM_MAX_MSG : UDW_MAX_MSG);
 	if (h < 0) return fierr((int)h);
 	ep->h = h;
 	ep->enabled = 1;
@@ -1299,9 +1334,12 @@ static int ep_control(struct fid *fid, int command, void *arg) {
 static struct fi_ops ep_fi_ops = {.size = sizeof(struct fi_ops), .close = ep_close, .bind = ep_bind, .control = ep_control,
 				  .ops_open = no_ops_open, .tostr = no_tostr, .ops_set = no_ops_set};
 
+// cancel: a receive of an RDM endpoint still waiting for its message
+// completes with FI_ECANCELED; anything else cannot be cancelled.
 static ssize_t ep_cancel(fid_t fid, void *context) {
-	(void)fid, (void)context;
-	return -FI_ENOENT;
+	struct udw_ep *ep = container_of(fid, struct udw_ep, ep.fid);
+	if (!ep->enabled || !ep->rdm) return -FI_ENOENT;
+	return eng.cancel(ep->h, (uint64_t)(uintptr_t)context) ? 0 : -FI_ENOENT;
 }
 static int ep_getopt(fid_t fid, int level, int name, void *val, size_t *len) {
 	(void)fid;
@@ -1525,6 +1563,147 @@ static struct fi_ops_msg msg_ops = {.size = sizeof(struct fi_ops_msg), .recv = m
 				    .recvmsg = msg_recvmsg, .send = msg_send, .sendv = msg_sendv, .sendmsg = msg_sendmsg,
 				    .inject = msg_inject, .senddata = msg_senddata, .injectdata = msg_injectdata};
 
+// ---- RDM: messages and tagged messages, matched by the engine ----------
+
+// src_ah is the engine's handle for a receive's source: -1 for any (no
+// FI_DIRECTED_RECV, or FI_ADDR_UNSPEC), -2 for an fi_addr the AV never
+// gave.
+static long long src_ah(struct udw_ep *ep, fi_addr_t src) {
+	if (!(ep->info->caps & FI_DIRECTED_RECV) || src == FI_ADDR_UNSPEC) return -1;
+	long long ah = av_ah(ep->av, src);
+	return ah < 0 ? -2 : ah;
+}
+
+static ssize_t rdm_send(struct udw_ep *ep, const void *buf, size_t len, fi_addr_t dest, int tagged, uint64_t tag, int has_data,
+			uint64_t data, void *context, int signaled) {
+	if (!ep->enabled) return -FI_EOPBADSTATE;
+	if (len > UDW_RDM_MAX_MSG) return -FI_EMSGSIZE;
+	if (len && !buf) return -FI_EINVAL;
+	long long ah = av_ah(ep->av, dest);
+	if (ah < 0) return -FI_EINVAL;
+	int r = eng.tsend(ep->h, (void *)buf, len, ah, tagged, tag, has_data, data, (uint64_t)(uintptr_t)context, signaled);
+	if (r == -EAGAIN) {
+		// Every send slot waits for its peer's acknowledgement, which
+		// only reading the CQ takes in: progress, for a caller that spins
+		// on FI_EAGAIN.
+		pthread_mutex_lock(&ep->txcq->mu);
+		progress(ep->txcq);
+		pthread_mutex_unlock(&ep->txcq->mu);
+		return -FI_EAGAIN;
+	}
+	return fierr(r);
+}
+
+static ssize_t rdm_recv(struct udw_ep *ep, void *buf, size_t len, fi_addr_t src, int tagged, uint64_t tag, uint64_t ignore,
+			void *context) {
+	if (!ep->enabled) return -FI_EOPBADSTATE;
+	if (len && !buf) return -FI_EINVAL;
+	long long ah = src_ah(ep, src);
+	if (ah == -2) return -FI_EINVAL;
+	int r = eng.trecv(ep->h, buf, len, ah, tagged, tag, ignore, (uint64_t)(uintptr_t)context);
+	return r == -EAGAIN ? -FI_EAGAIN : fierr(r);
+}
+
+#define RDM_EP(fep) container_of(fep, struct udw_ep, ep)
+#define SEND_FLAGS                                                                                                     \
+	(FI_COMPLETION | FI_INJECT | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE | FI_DELIVERY_COMPLETE | FI_REMOTE_CQ_DATA)
+
+static int signaled(struct udw_ep *ep, uint64_t flags) { return !ep->tx_sel || (flags & FI_COMPLETION); }
+
+static ssize_t rmsg_recv(struct fid_ep *fep, void *buf, size_t len, void *desc, fi_addr_t src, void *context) {
+	(void)desc;
+	return rdm_recv(RDM_EP(fep), buf, len, src, 0, 0, 0, context);
+}
+static ssize_t rmsg_recvv(struct fid_ep *fep, const struct iovec *iov, void **desc, size_t count, fi_addr_t src, void *context) {
+	(void)desc;
+	if (count > 1) return -FI_EINVAL;
+	return rdm_recv(RDM_EP(fep), count ? iov[0].iov_base : NULL, count ? iov[0].iov_len : 0, src, 0, 0, 0, context);
+}
+static ssize_t rmsg_recvmsg(struct fid_ep *fep, const struct fi_msg *msg, uint64_t flags) {
+	if (flags & ~(uint64_t)FI_COMPLETION) return -FI_EBADFLAGS;
+	return rmsg_recvv(fep, msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context);
+}
+static ssize_t rmsg_send(struct fid_ep *fep, const void *buf, size_t len, void *desc, fi_addr_t dest, void *context) {
+	(void)desc;
+	return rdm_send(RDM_EP(fep), buf, len, dest, 0, 0, 0, 0, context, 1);
+}
+static ssize_t rmsg_sendv(struct fid_ep *fep, const struct iovec *iov, void **desc, size_t count, fi_addr_t dest, void *context) {
+	(void)desc;
+	if (count > 1) return -FI_EINVAL;
+	return rdm_send(RDM_EP(fep), count ? iov[0].iov_base : NULL, count ? iov[0].iov_len : 0, dest, 0, 0, 0, 0, context, 1);
+}
+static ssize_t rmsg_sendmsg(struct fid_ep *fep, const struct fi_msg *msg, uint64_t flags) {
+	struct udw_ep *ep = RDM_EP(fep);
+	if (flags & ~(uint64_t)SEND_FLAGS) return -FI_EBADFLAGS;
+	if (msg->iov_count > 1) return -FI_EINVAL;
+	return rdm_send(ep, msg->iov_count ? msg->msg_iov[0].iov_base : NULL, msg->iov_count ? msg->msg_iov[0].iov_len : 0,
+			msg->addr, 0, 0, (flags & FI_REMOTE_CQ_DATA) != 0, msg->data, msg->context, signaled(ep, flags));
+}
+static ssize_t rmsg_inject(struct fid_ep *fep, const void *buf, size_t len, fi_addr_t dest) {
+	return rdm_send(RDM_EP(fep), buf, len, dest, 0, 0, 0, 0, NULL, 0);
+}
+static ssize_t rmsg_senddata(struct fid_ep *fep, const void *buf, size_t len, void *desc, uint64_t data, fi_addr_t dest, void *context) {
+	(void)desc;
+	return rdm_send(RDM_EP(fep), buf, len, dest, 0, 0, 1, data, context, 1);
+}
+static ssize_t rmsg_injectdata(struct fid_ep *fep, const void *buf, size_t len, uint64_t data, fi_addr_t dest) {
+	return rdm_send(RDM_EP(fep), buf, len, dest, 0, 0, 1, data, NULL, 0);
+}
+
+static struct fi_ops_msg rdm_msg_ops = {.size = sizeof(struct fi_ops_msg), .recv = rmsg_recv, .recvv = rmsg_recvv,
+					.recvmsg = rmsg_recvmsg, .send = rmsg_send, .sendv = rmsg_sendv, .sendmsg = rmsg_sendmsg,
+					.inject = rmsg_inject, .senddata = rmsg_senddata, .injectdata = rmsg_injectdata};
+
+static ssize_t tag_recv(struct fid_ep *fep, void *buf, size_t len, void *desc, fi_addr_t src, uint64_t tag, uint64_t ignore,
+			void *context) {
+	(void)desc;
+	return rdm_recv(RDM_EP(fep), buf, len, src, 1, tag, ignore, context);
+}
+static ssize_t tag_recvv(struct fid_ep *fep, const struct iovec *iov, void **desc, size_t count, fi_addr_t src, uint64_t tag,
+			 uint64_t ignore, void *context) {
+	(void)desc;
+	if (count > 1) return -FI_EINVAL;
+	return rdm_recv(RDM_EP(fep), count ? iov[0].iov_base : NULL, count ? iov[0].iov_len : 0, src, 1, tag, ignore, context);
+}
+static ssize_t tag_recvmsg(struct fid_ep *fep, const struct fi_msg_tagged *msg, uint64_t flags) {
+	// FI_PEEK and FI_CLAIM (MPI's probe) are not offered yet.
+	if (flags & (FI_PEEK | FI_CLAIM | FI_DISCARD)) return -FI_ENOSYS;
+	if (flags & ~(uint64_t)FI_COMPLETION) return -FI_EBADFLAGS;
+	return tag_recvv(fep, msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->tag, msg->ignore, msg->context);
+}
+static ssize_t tag_send(struct fid_ep *fep, const void *buf, size_t len, void *desc, fi_addr_t dest, uint64_t tag, void *context) {
+	(void)desc;
+	return rdm_send(RDM_EP(fep), buf, len, dest, 1, tag, 0, 0, context, 1);
+}
+static ssize_t tag_sendv(struct fid_ep *fep, const struct iovec *iov, void **desc, size_t count, fi_addr_t dest, uint64_t tag,
+			 void *context) {
+	(void)desc;
+	if (count > 1) return -FI_EINVAL;
+	return rdm_send(RDM_EP(fep), count ? iov[0].iov_base : NULL, count ? iov[0].iov_len : 0, dest, 1, tag, 0, 0, context, 1);
+}
+static ssize_t tag_sendmsg(struct fid_ep *fep, const struct fi_msg_tagged *msg, uint64_t flags) {
+	struct udw_ep *ep = RDM_EP(fep);
+	if (flags & ~(uint64_t)SEND_FLAGS) return -FI_EBADFLAGS;
+	if (msg->iov_count > 1) return -FI_EINVAL;
+	return rdm_send(ep, msg->iov_count ? msg->msg_iov[0].iov_base : NULL, msg->iov_count ? msg->msg_iov[0].iov_len : 0,
+			msg->addr, 1, msg->tag, (flags & FI_REMOTE_CQ_DATA) != 0, msg->data, msg->context, signaled(ep, flags));
+}
+static ssize_t tag_inject(struct fid_ep *fep, const void *buf, size_t len, fi_addr_t dest, uint64_t tag) {
+	return rdm_send(RDM_EP(fep), buf, len, dest, 1, tag, 0, 0, NULL, 0);
+}
+static ssize_t tag_senddata(struct fid_ep *fep, const void *buf, size_t len, void *desc, uint64_t data, fi_addr_t dest,
+			    uint64_t tag, void *context) {
+	(void)desc;
+	return rdm_send(RDM_EP(fep), buf, len, dest, 1, tag, 1, data, context, 1);
+}
+static ssize_t tag_injectdata(struct fid_ep *fep, const void *buf, size_t len, uint64_t data, fi_addr_t dest, uint64_t tag) {
+	return rdm_send(RDM_EP(fep), buf, len, dest, 1, tag, 1, data, NULL, 0);
+}
+
+static struct fi_ops_tagged rdm_tagged_ops = {.size = sizeof(struct fi_ops_tagged), .recv = tag_recv, .recvv = tag_recvv,
+					      .recvmsg = tag_recvmsg, .send = tag_send, .sendv = tag_sendv, .sendmsg = tag_sendmsg,
+					      .inject = tag_inject, .senddata = tag_senddata, .injectdata = tag_injectdata};
+
 // The tables of what a DGRAM endpoint does not offer (fi_getinfo never
 // returns FI_TAGGED, FI_RMA or FI_ATOMIC for it).
 static struct fi_ops_tagged tagged_ops = {
@@ -1567,18 +1746,21 @@ static void fill_enosys(void *table, size_t size) {
 
 static int ep_open(struct fid_domain *fdom, struct fi_info *info, struct fid_ep **fep, void *context) {
 	struct udw_domain *dom = container_of(fdom, struct udw_domain, d);
-	if (!info || !info->ep_attr || info->ep_attr->type != FI_EP_DGRAM) return -FI_ENOPROTOOPT;
-	if (info->ep_attr->max_msg_size > UDW_MAX_MSG) return -FI_EINVAL;
+	if (!info || !info->ep_attr || (info->ep_attr->type != FI_EP_DGRAM && info->ep_attr->type != FI_EP_RDM)) return -FI_ENOPROTOOPT;
+	int rdm = info->ep_attr->type == FI_EP_RDM;
+	if (info->ep_attr->max_msg_size > (rdm ? UDW_RDM_MAX_MSG : UDW_MAX_MSG)) return -FI_EINVAL;
 	struct udw_ep *ep = calloc(1, sizeof *ep);
 	if (!ep) return -FI_ENOMEM;
 	ep->dom = dom;
+	ep->rdm = rdm;
 	ep->info = fi_dupinfo(info);
 	if (!ep->info) {
 		free(ep);
 		return -FI_ENOMEM;
 	}
-	if (ep->info->tx_attr->size == 0 || ep->info->tx_attr->size > 65536) ep->info->tx_attr->size = UDW_TX_SIZE;
-	if (ep->info->rx_attr->size == 0 || ep->info->rx_attr->size > 65536) ep->info->rx_attr->size = UDW_RX_SIZE;
+	size_t deflt = rdm ? UDW_RDM_SIZE : UDW_TX_SIZE, most = rdm ? 1024 : 65536;
+	if (ep->info->tx_attr->size == 0 || ep->info->tx_attr->size > most) ep->info->tx_attr->size = deflt;
+	if (ep->info->rx_attr->size == 0 || ep->info->rx_attr->size > most) ep->info->rx_attr->size = deflt;
 	const struct sockaddr *src = info->src_addr;
 	int fam = src ? src->sa_family : (info->addr_format == FI_SOCKADDR_IN6 ? AF_INET6 : AF_INET);
 	ep->fd = socket(fam, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -1607,8 +1789,8 @@ static int ep_open(struct fid_domain *fdom, struct fi_info *info, struct fid_ep 
 	ep->ep.fid.ops = &ep_fi_ops;
 	ep->ep.ops = &ep_ops;
 	ep->ep.cm = &cm_ops;
-	ep->ep.msg = &msg_ops;
-	ep->ep.tagged = &tagged_ops;
+	ep->ep.msg = rdm ? &rdm_msg_ops : &msg_ops;
+	ep->ep.tagged = rdm ? &rdm_tagged_ops : &tagged_ops;
 	ep->ep.rma = &rma_ops;
 	ep->ep.atomic = &atomic_ops;
 	ep->ep.collective = &collective_ops;

@@ -16,24 +16,7 @@
 package main
 
 /*
-#include <stdint.h>
-
-// A completion handed to the C side: the operation's context, the bytes
-// it moved, whether it was a receive, its error (0, or a positive errno:
-// EMSGSIZE for a message cut to the buffer posted, its full length in
-// olen), and for a receive its source as a struct sockaddr (srclen bytes).
-struct udwf_comp {
-	uint64_t ctx;
-	uint64_t len;
-	uint64_t olen;
-	uint64_t data;
-	uint32_t recv;
-	int32_t  err;
-	uint32_t has_data;
-	uint32_t srclen;
-	uint8_t  src[28];
-	uint8_t  pad[4];
-};
+#include "udwf.h"
 */
 import "C"
 
@@ -69,10 +52,10 @@ var engine struct {
 	dev  *qp.Device
 	pd   *qp.PD
 
-	ahMu   sync.Mutex
-	ahs    []*qp.AH // by index; nil: free
-	ahGen  []uint32
-	ahFree []int
+	ahMu    sync.Mutex
+	ahs     []*qp.AH // by index; nil: free
+	ahAddrs []netip.AddrPort
+	ahFree  []int
 }
 
 func start() error {
@@ -149,9 +132,11 @@ func udwf_ah(sa unsafe.Pointer, salen C.int) C.longlong {
 			return -C.longlong(unix.ENOSPC)
 		}
 		engine.ahs = append(engine.ahs, nil)
+		engine.ahAddrs = append(engine.ahAddrs, netip.AddrPort{})
 		i = len(engine.ahs) - 1
 	}
 	engine.ahs[i] = ah
+	engine.ahAddrs[i] = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	return C.longlong(i)
 }
 
@@ -176,6 +161,16 @@ func ahOf(i C.longlong) *qp.AH {
 	return engine.ahs[i]
 }
 
+// ahAddr is the address of handle i (the zero AddrPort for none).
+func ahAddr(i C.longlong) netip.AddrPort {
+	engine.ahMu.Lock()
+	defer engine.ahMu.Unlock()
+	if i < 0 || int(i) >= len(engine.ahs) || engine.ahs[i] == nil {
+		return netip.AddrPort{}
+	}
+	return engine.ahAddrs[i]
+}
+
 // An ep is one endpoint: its socket, QP, CQs and receive slots.
 type ep struct {
 	mu   sync.Mutex // the C side may call from any thread
@@ -191,6 +186,8 @@ type ep struct {
 	posted []recvOf
 	wcs    []qp.WorkCompletion
 	closed bool
+	// RDM endpoints (RD QPs): the send slots, and tag matching.
+	rdm *rdmState
 }
 
 type recvOf struct {
@@ -221,11 +218,12 @@ func lookup(h C.longlong) *ep {
 
 // udwf_ep_open runs an endpoint over fd, a bound UDP socket the caller
 // keeps (and closes after udwf_ep_close), with txDepth sends and rxDepth
-// receives outstanding at most, messages of at most maxMsg bytes. It
+// receives outstanding at most, messages of at most maxMsg bytes: a DGRAM
+// endpoint on a UD QP (rdm 0), or an RDM endpoint on an RD QP (rdm 1). It
 // returns the endpoint's handle (> 0) or -errno.
 //
 //export udwf_ep_open
-func udwf_ep_open(fd C.int, txDepth, rxDepth, maxMsg C.int) C.longlong {
+func udwf_ep_open(fd C.int, rdm C.int, txDepth, rxDepth, maxMsg C.int) C.longlong {
 	if err := start(); err != nil {
 		return errno(err)
 	}
@@ -233,7 +231,11 @@ func udwf_ep_open(fd C.int, txDepth, rxDepth, maxMsg C.int) C.longlong {
 		return -C.longlong(unix.EINVAL)
 	}
 	e := &ep{}
-	if err := e.open(int(fd), int(txDepth), int(rxDepth), int(maxMsg)); err != nil {
+	open := e.open
+	if rdm != 0 {
+		open = e.openRDM
+	}
+	if err := open(int(fd), int(txDepth), int(rxDepth), int(maxMsg)); err != nil {
 		e.close()
 		return errno(err)
 	}
@@ -303,6 +305,9 @@ func (e *ep) close() {
 	if e.mr != nil {
 		e.mr.Deregister()
 	}
+	if e.rdm != nil && e.rdm.tx != nil {
+		e.rdm.tx.Deregister()
+	}
 }
 
 // udwf_ep_close closes the endpoint: what was posted is dropped without
@@ -361,6 +366,9 @@ func udwf_send(h C.longlong, buf unsafe.Pointer, n C.size_t, ah C.longlong, ctx 
 	if e.closed {
 		return -C.int(unix.EBADF)
 	}
+	if e.rdm != nil {
+		return -C.int(unix.EINVAL) // an RDM endpoint sends with udwf_tsend
+	}
 	err := e.q.PostSend(&wr)
 	runtime.KeepAlive(buf)
 	return C.int(errno(err))
@@ -379,6 +387,9 @@ func udwf_recv(h C.longlong, buf unsafe.Pointer, n C.size_t, ctx C.uint64_t) C.i
 	defer e.mu.Unlock()
 	if e.closed {
 		return -C.int(unix.EBADF)
+	}
+	if e.rdm != nil {
+		return -C.int(unix.EINVAL) // an RDM endpoint receives with udwf_trecv
 	}
 	i, ok := e.free.Take()
 	if !ok {
@@ -438,6 +449,9 @@ func udwf_poll(h C.longlong, out *C.struct_udwf_comp, n C.int) C.int {
 	}
 	e.s.Progress(64)
 	comps := unsafe.Slice(out, int(n))
+	if e.rdm != nil {
+		return C.int(e.pollRDM(comps))
+	}
 	k := 0
 	for _, cq := range []*qp.CQ{e.scq, e.rcq} {
 		for k < len(comps) {

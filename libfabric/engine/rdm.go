@@ -1,0 +1,357 @@
+//go:build cgo && linux
+
+package main
+
+/*
+#include "udwf.h"
+*/
+import "C"
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"slices"
+	"unsafe"
+
+	"github.com/udiwarp/udiwarp/internal/shim"
+	"github.com/udiwarp/udiwarp/qp"
+	"golang.org/x/sys/unix"
+)
+
+// An RDM endpoint is an RD QP: reliable, in order per peer, messages of
+// up to maxMsg bytes sent eagerly. Each message is an RD Send whose first
+// rdmHeader bytes are the provider's own: its tag (tagged messages), its
+// kind (an untagged message, a tagged one, with remote CQ data or not)
+// and that data, so that a receive matches by kind, tag and source here,
+// in the provider, as libfabric's FI_TAGGED asks. A message arrives into
+// one of the endpoint's receive slots; one that matches no posted receive
+// keeps its slot (an unexpected message) until a receive matching it is
+// posted, so that unexpected messages cost no memory beyond the slots:
+// with every slot held, the RD QP answers its peers receiver-not-ready
+// and they send again later.
+const rdmHeader = 24
+
+const (
+	kindMsg    = 1 // an untagged message (fi_send), for fi_recv
+	kindTagged = 2 // a tagged message (fi_tsend), for fi_trecv
+	kindData   = 4 // carries remote CQ data
+)
+
+type rdmState struct {
+	tx      *qp.MR // the send slots: header and bytes, until the peer acknowledges them
+	txFree  shim.Slots
+	txCtx   []txOf
+	posted  []rdmRecv  // receives waiting for a message, in the order posted
+	unexp   []unexpMsg // messages waiting for a receive, in the order they came
+	ready   []C.struct_udwf_comp
+	maxMsg  int
+	rxDepth int
+}
+
+type txOf struct {
+	ctx    uint64
+	report bool // the caller asked for a completion
+}
+
+// An rdmRecv is a receive the caller posted: its buffer, and what it
+// takes (kind, tag under ignore, source: the zero AddrPort for any).
+type rdmRecv struct {
+	buf         unsafe.Pointer
+	len         int
+	ctx         uint64
+	tagged      bool
+	tag, ignore uint64
+	src         netip.AddrPort
+}
+
+// An unexpMsg is a message that came before its receive: it keeps its slot.
+type unexpMsg struct {
+	slot int
+	n    int // its bytes, after the header
+	kind byte
+	tag  uint64
+	data uint64
+	src  netip.AddrPort
+}
+
+func (e *ep) openRDM(fd, txDepth, rxDepth, maxMsg int) error {
+	var err error
+	if e.s, err = engine.dev.BindFD(fd); err != nil {
+		return err
+	}
+	e.slot = rdmHeader + maxMsg
+	if e.scq, err = engine.dev.CreateCQ(txDepth); err != nil {
+		return err
+	}
+	if e.rcq, err = engine.dev.CreateCQ(rxDepth); err != nil {
+		return err
+	}
+	attr := qp.QPAttr{Type: qp.RD, SendCQ: e.scq, RecvCQ: e.rcq,
+		Caps: qp.QPCaps{MaxSendWR: txDepth, MaxRecvWR: rxDepth, MaxSendSGE: 1, MaxRecvSGE: 1}}
+	if e.q, err = engine.pd.CreateQP(attr); err != nil {
+		return err
+	}
+	if err := e.q.Activate(e.s); err != nil {
+		return err
+	}
+	if err := e.s.Alias(EndpointQPN, e.q); err != nil {
+		return err
+	}
+	if e.mr, err = engine.pd.RegisterMemory(make([]byte, rxDepth*e.slot), qp.AccessLocalWrite); err != nil {
+		return err
+	}
+	r := &rdmState{maxMsg: maxMsg, rxDepth: rxDepth, txFree: shim.NewSlots(txDepth), txCtx: make([]txOf, txDepth)}
+	if r.tx, err = engine.pd.RegisterMemory(make([]byte, txDepth*e.slot), 0); err != nil {
+		return err
+	}
+	e.rdm = r
+	e.wcs = make([]qp.WorkCompletion, 64)
+	// Every slot is posted at once, and again as soon as its message is
+	// taken: the slots are the endpoint's whole receive buffering.
+	for i := range rxDepth {
+		if err := e.q.PostRecv(&qp.RecvWR{ID: uint64(i), SGL: []qp.SGE{e.mr.SGE(i*e.slot, e.slot)}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// udwf_tsend sends n bytes at buf to address handle ah as a tagged
+// message (tagged non-zero, with tag) or an untagged one, with 8 bytes of
+// remote CQ data when hasData is set; a completion with ctx follows, once
+// the peer acknowledged it, when signaled is set. It returns 0 or -errno:
+// -EAGAIN when every send slot is in flight, -EMSGSIZE over the largest
+// message.
+//
+//export udwf_tsend
+func udwf_tsend(h C.longlong, buf unsafe.Pointer, n C.size_t, ah C.longlong, tagged C.int, tag C.uint64_t, hasData C.int, data C.uint64_t, ctx C.uint64_t, signaled C.int) C.int {
+	e := lookup(h)
+	if e == nil || e.rdm == nil {
+		return -C.int(unix.EBADF)
+	}
+	a := ahOf(ah)
+	if a == nil {
+		return -C.int(unix.EINVAL)
+	}
+	r := e.rdm
+	if int(n) > r.maxMsg {
+		return -C.int(unix.EMSGSIZE)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return -C.int(unix.EBADF)
+	}
+	i, ok := r.txFree.Take()
+	if !ok {
+		return -C.int(unix.EAGAIN)
+	}
+	b := r.tx.Bytes()[i*e.slot : (i+1)*e.slot]
+	kind := byte(kindMsg)
+	if tagged != 0 {
+		kind = kindTagged
+	}
+	if hasData != 0 {
+		kind |= kindData
+	}
+	clear(b[:rdmHeader])
+	b[0] = kind
+	binary.LittleEndian.PutUint64(b[8:], uint64(tag))
+	binary.LittleEndian.PutUint64(b[16:], uint64(data))
+	if n > 0 {
+		copy(b[rdmHeader:], unsafe.Slice((*byte)(buf), int(n)))
+	}
+	r.txCtx[i] = txOf{ctx: uint64(ctx), report: signaled != 0}
+	// Always signaled at the QP: the slot is free only once the peer has
+	// acknowledged the message (RD keeps it as the retransmit source).
+	wr := qp.SendWR{ID: uint64(i), AH: a, Opcode: qp.OpSend, Flags: qp.FlagSignaled,
+		SGL: []qp.SGE{r.tx.SGE(i*e.slot, rdmHeader+int(n))}}
+	if err := e.q.PostSend(&wr); err != nil {
+		r.txFree.Put(i)
+		return C.int(errno(err))
+	}
+	return 0
+}
+
+// udwf_trecv posts a receive of up to n bytes into buf: of a tagged
+// message (tagged non-zero) whose tag equals tag in the bits ignore
+// leaves clear, or of an untagged one; from the endpoint of address
+// handle src, or any (src < 0). A message that came before it and
+// matches completes it at once (its completion is in the next poll). It
+// returns 0 or -errno.
+//
+//export udwf_trecv
+func udwf_trecv(h C.longlong, buf unsafe.Pointer, n C.size_t, src C.longlong, tagged C.int, tag, ignore C.uint64_t, ctx C.uint64_t) C.int {
+	e := lookup(h)
+	if e == nil || e.rdm == nil {
+		return -C.int(unix.EBADF)
+	}
+	rv := rdmRecv{buf: buf, len: int(n), ctx: uint64(ctx), tagged: tagged != 0, tag: uint64(tag), ignore: uint64(ignore)}
+	if src >= 0 {
+		if rv.src = ahAddr(src); !rv.src.IsValid() {
+			return -C.int(unix.EINVAL)
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return -C.int(unix.EBADF)
+	}
+	r := e.rdm
+	for k, m := range r.unexp {
+		if rv.matches(m.kind, m.tag, m.src) {
+			r.unexp = slices.Delete(r.unexp, k, k+1)
+			var c C.struct_udwf_comp
+			e.deliver(&rv, m, &c)
+			r.ready = append(r.ready, c)
+			return 0
+		}
+	}
+	if len(r.posted) >= 4*r.rxDepth {
+		return -C.int(unix.EAGAIN)
+	}
+	r.posted = append(r.posted, rv)
+	return 0
+}
+
+func (rv *rdmRecv) matches(kind byte, tag uint64, src netip.AddrPort) bool {
+	if rv.tagged != (kind&kindTagged != 0) {
+		return false
+	}
+	if rv.tagged && (tag&^rv.ignore) != (rv.tag&^rv.ignore) {
+		return false
+	}
+	return !rv.src.IsValid() || rv.src == src
+}
+
+// deliver copies message m into receive rv, fills c, and posts m's slot
+// again.
+func (e *ep) deliver(rv *rdmRecv, m unexpMsg, c *C.struct_udwf_comp) {
+	*c = C.struct_udwf_comp{recv: 1, ctx: C.uint64_t(rv.ctx), tag: C.uint64_t(m.tag)}
+	if m.kind&kindTagged != 0 {
+		c.tagged = 1
+	}
+	n := min(m.n, rv.len)
+	off := m.slot*e.slot + rdmHeader
+	if n > 0 {
+		copy(unsafe.Slice((*byte)(rv.buf), n), e.mr.Bytes()[off:off+n])
+	}
+	c.len = C.uint64_t(n)
+	if m.n > rv.len {
+		c.err, c.olen = C.int32_t(unix.EMSGSIZE), C.uint64_t(m.n-rv.len)
+	}
+	if m.kind&kindData != 0 {
+		c.has_data, c.data = 1, C.uint64_t(m.data)
+	}
+	var l C.int = 28
+	putSockaddr(unsafe.Pointer(&c.src[0]), &l, m.src, e.s.LocalAddr().Addr().Is6())
+	c.srclen = C.uint32_t(l)
+	e.repost(m.slot)
+}
+
+func (e *ep) repost(slot int) {
+	// The slot is the endpoint's own and was just taken: posting it again
+	// fails only with the QP (closed, in error), whose completions say so.
+	_ = e.q.PostRecv(&qp.RecvWR{ID: uint64(slot), SGL: []qp.SGE{e.mr.SGE(slot*e.slot, e.slot)}})
+}
+
+// pollRDM fills comps with the endpoint's completions: sends the peer
+// acknowledged, receives matched now or at their posting. Caller holds
+// e.mu.
+func (e *ep) pollRDM(comps []C.struct_udwf_comp) int {
+	r := e.rdm
+	k := copy(comps, r.ready)
+	r.ready = r.ready[:copy(r.ready, r.ready[k:])]
+	for k < len(comps) {
+		got := e.scq.Poll(e.wcs)
+		if got == 0 {
+			break
+		}
+		for _, wc := range e.wcs[:got] {
+			i := int(wc.ID)
+			t := r.txCtx[i]
+			r.txFree.Put(i)
+			if !t.report && wc.Status == qp.Success {
+				continue
+			}
+			c := C.struct_udwf_comp{ctx: C.uint64_t(t.ctx), len: C.uint64_t(max(int(wc.Len)-rdmHeader, 0))}
+			if wc.Status != qp.Success {
+				c.err = C.int32_t(unix.EIO)
+			}
+			if k < len(comps) {
+				comps[k] = c
+				k++
+			} else {
+				r.ready = append(r.ready, c)
+			}
+		}
+	}
+	for {
+		got := e.rcq.Poll(e.wcs)
+		if got == 0 {
+			break
+		}
+		for _, wc := range e.wcs[:got] {
+			slot := int(wc.ID)
+			if wc.Status != qp.Success || wc.Len < rdmHeader {
+				// A flushed receive (the QP is going), or a message too
+				// short to be the provider's: nothing to deliver.
+				if wc.Status == qp.Success {
+					e.repost(slot)
+				}
+				continue
+			}
+			b := e.mr.Bytes()[slot*e.slot:]
+			m := unexpMsg{slot: slot, n: int(wc.Len) - rdmHeader, kind: b[0], tag: binary.LittleEndian.Uint64(b[8:]),
+				data: binary.LittleEndian.Uint64(b[16:]), src: netip.AddrPortFrom(wc.Source.Addr().Unmap(), wc.Source.Port())}
+			matched := false
+			for j := range r.posted {
+				if r.posted[j].matches(m.kind, m.tag, m.src) {
+					rv := r.posted[j]
+					r.posted = slices.Delete(r.posted, j, j+1)
+					var c C.struct_udwf_comp
+					e.deliver(&rv, m, &c)
+					if k < len(comps) {
+						comps[k] = c
+						k++
+					} else {
+						r.ready = append(r.ready, c)
+					}
+					matched = true
+					break
+				}
+			}
+			if !matched {
+				r.unexp = append(r.unexp, m)
+			}
+		}
+	}
+	return k
+}
+
+// udwf_cancel cancels the receive posted with ctx, if it is still
+// waiting: 1 (its completion, ECANCELED, is in the next poll), 0 if none
+// is.
+//
+//export udwf_cancel
+func udwf_cancel(h C.longlong, ctx C.uint64_t) C.int {
+	e := lookup(h)
+	if e == nil || e.rdm == nil {
+		return 0
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	r := e.rdm
+	for j, rv := range r.posted {
+		if rv.ctx == uint64(ctx) {
+			r.posted = slices.Delete(r.posted, j, j+1)
+			c := C.struct_udwf_comp{recv: 1, ctx: C.uint64_t(rv.ctx), err: C.int32_t(unix.ECANCELED)}
+			if rv.tagged {
+				c.tagged = 1
+			}
+			r.ready = append(r.ready, c)
+			return 1
+		}
+	}
+	return 0
+}

@@ -1,0 +1,29 @@
+// The engine's half of the interface the C front (../c/udiwarp_fi.c)
+// calls: what crosses from Go to C in each batch of completions. Both
+// sides include this one definition.
+#ifndef UDWF_H
+#define UDWF_H
+#include <stddef.h>
+#include <stdint.h>
+
+// A completion: the operation's context, the bytes it moved, whether it
+// was a receive (and of a tagged message, with its tag), its error (0, or
+// a positive errno: EMSGSIZE for a message cut to the buffer posted, the
+// bytes cut in olen; ECANCELED; EIO), its remote CQ data, and for a
+// receive its source as a struct sockaddr (srclen bytes).
+struct udwf_comp {
+	uint64_t ctx;
+	uint64_t len;
+	uint64_t olen;
+	uint64_t data;
+	uint64_t tag;
+	uint32_t recv;
+	int32_t err;
+	uint32_t has_data;
+	uint32_t srclen;
+	uint32_t tagged;
+	uint32_t pad0;
+	uint8_t src[28];
+	uint8_t pad[4];
+};
+#endif
