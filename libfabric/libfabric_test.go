@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,6 +57,7 @@ func built(t *testing.T) string {
 			{"go", "build", "-buildmode=c-shared", "-o", filepath.Join(prov, "libudiwarp_fi_engine.so"), "./engine"},
 			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(dir, "badinput"), "testdata/badinput.c", "-lfabric"},
 			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(dir, "mcast"), "testdata/mcast.c", "-lfabric"},
+			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(dir, "rdm"), "testdata/rdm.c", "-lfabric"},
 		}
 		for _, s := range steps {
 			cmd := exec.CommandContext(ctx, s[0], s[1:]...)
@@ -93,14 +95,26 @@ func need(t *testing.T, progs ...string) {
 	}
 }
 
+// native hides libfabric's utility providers, which list their layers
+// over ours ("udiwarp;ofi_rxd") ahead of our own entries: a program that
+// takes the first udiwarp entry then gets the native endpoint.
+const native = "FI_PROVIDER=^ofi_rxd,ofi_rxm,ofi_mrail"
+
 // fabric runs a libfabric program with the provider on its path (in
-// namespace ns when not empty), killed with the test process.
+// namespace ns when not empty), killed with the test process. An
+// argument of the form NAME=VALUE before the program is an environment
+// variable.
 func fabric(ctx context.Context, dir, ns string, args ...string) *exec.Cmd {
+	env := append(os.Environ(), "FI_PROVIDER_PATH="+filepath.Join(dir, "prov"))
+	for len(args) > 0 && strings.Contains(args[0], "=") {
+		env = append(env, args[0])
+		args = args[1:]
+	}
 	if ns != "" {
 		args = append([]string{"ip", "netns", "exec", ns}, args...)
 	}
 	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
-	cmd.Env = append(os.Environ(), "FI_PROVIDER_PATH="+filepath.Join(dir, "prov"))
+	cmd.Env = env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	return cmd
@@ -143,7 +157,12 @@ func pingpong(t *testing.T, dir, serverNS, clientNS, host string, args ...string
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	p := fmt.Sprint(port.Add(1))
-	srvArgs := append([]string{"fi_pingpong", "-c", "-B", p}, args...)
+	var env []string
+	for len(args) > 0 && strings.Contains(args[0], "=") {
+		env = append(env, args[0])
+		args = args[1:]
+	}
+	srvArgs := append(append(slices.Clone(env), "fi_pingpong", "-c", "-B", p), args...)
 	srv := fabric(ctx, dir, serverNS, srvArgs...)
 	var srvOut bytes.Buffer
 	srv.Stdout, srv.Stderr = &srvOut, &srvOut
@@ -155,7 +174,7 @@ func pingpong(t *testing.T, dir, serverNS, clientNS, host string, args ...string
 	var out []byte
 	var err error
 	for range 50 {
-		cliArgs := append(append([]string{"fi_pingpong", "-c", "-P", p}, args...), host)
+		cliArgs := append(append(append(slices.Clone(env), "fi_pingpong", "-c", "-P", p), args...), host)
 		out, err = fabric(ctx, dir, clientNS, cliArgs...).CombinedOutput()
 		if err == nil || !bytes.Contains(out, []byte("connect")) || ctx.Err() != nil {
 			break
@@ -182,8 +201,10 @@ func pingpong(t *testing.T, dir, serverNS, clientNS, host string, args ...string
 
 // TestPingpong: fi_pingpong runs unmodified over the provider at every
 // size it takes, checking every byte it receives: DGRAM endpoints (64 B
-// to 4 KiB: fi_pingpong's next size, 64 KiB, is over one datagram), and
-// RDM endpoints of libfabric's reliability layer over them (to 1 MiB).
+// to 4 KiB: fi_pingpong's next size, 64 KiB, is over one datagram); the
+// native RDM endpoints, untagged and tagged (to 64 KiB, their largest
+// message); and RDM endpoints of libfabric's reliability layer over the
+// DGRAM ones (to 1 MiB).
 func TestPingpong(t *testing.T) {
 	dir := built(t)
 	need(t, "fi_pingpong")
@@ -193,6 +214,8 @@ func TestPingpong(t *testing.T) {
 		sizes []string
 	}{
 		{"dgram", []string{"-p", "udiwarp", "-e", "dgram", "-I", "100"}, []string{"64", "256", "1k", "4k"}},
+		{"rdm", []string{native, "-p", "udiwarp", "-e", "rdm", "-I", "100"}, []string{"64", "256", "1k", "4k", "64k"}},
+		{"rdm-tagged", []string{native, "-p", "udiwarp", "-e", "rdm", "-m", "tagged", "-I", "100"}, []string{"64", "256", "1k", "4k", "64k"}},
 		{"rxd", []string{"-p", "udiwarp;ofi_rxd", "-e", "rdm", "-I", "20"}, []string{"64", "256", "1k", "4k", "64k", "1m"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -201,6 +224,11 @@ func TestPingpong(t *testing.T) {
 				if rows[s] == "" {
 					t.Errorf("no row for %s bytes: %v", s, rows)
 				}
+			}
+			// The native RDM endpoint carries 64 KiB at most, ofi_rxd
+			// more: a 1 MiB row says which one ran.
+			if native := tc.args[0] == native; tc.name != "dgram" && native == (rows["1m"] != "") {
+				t.Errorf("native %v, but a 1 MiB row %q: the wrong endpoint ran", native, rows["1m"])
 			}
 		})
 	}
@@ -259,5 +287,22 @@ func TestMulticast(t *testing.T) {
 	t.Logf("%s", out)
 	if err != nil || !bytes.Contains(out, []byte("ok: multicast")) {
 		t.Fatalf("mcast: %v", err)
+	}
+}
+
+// TestRDM: what the native RDM endpoint promises, from libfabric's side
+// (testdata/rdm.c): tag matching of unexpected and posted receives under
+// ignore bits, untagged and tagged kept apart, FI_DIRECTED_RECV,
+// FI_REMOTE_CQ_DATA, FI_SOURCE, FI_ETRUNC, fi_cancel, bad addresses and
+// sizes refused, and more unexpected messages than receive slots: the
+// sender held back, nothing lost, every message in order.
+func TestRDM(t *testing.T) {
+	dir := built(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := fabric(ctx, dir, "", native, filepath.Join(dir, "rdm")).CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil || !bytes.Contains(out, []byte("ok: rdm")) {
+		t.Fatalf("rdm: %v", err)
 	}
 }

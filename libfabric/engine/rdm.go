@@ -15,6 +15,7 @@ import (
 
 	"github.com/udiwarp/udiwarp/internal/shim"
 	"github.com/udiwarp/udiwarp/qp"
+	"github.com/udiwarp/udiwarp/reliability"
 	"golang.org/x/sys/unix"
 )
 
@@ -86,8 +87,14 @@ func (e *ep) openRDM(fd, txDepth, rxDepth, maxMsg int) error {
 	if e.rcq, err = engine.dev.CreateCQ(rxDepth); err != nil {
 		return err
 	}
+	// A receiver without a free slot answers receiver-not-ready; its
+	// sender waits and sends again for as long as that lasts, never
+	// failing the message (libfabric's FI_RM_ENABLED: the provider keeps
+	// a sender from overrunning its peer's receives, and a slow receiver
+	// is not an error).
 	attr := qp.QPAttr{Type: qp.RD, SendCQ: e.scq, RecvCQ: e.rcq,
-		Caps: qp.QPCaps{MaxSendWR: txDepth, MaxRecvWR: rxDepth, MaxSendSGE: 1, MaxRecvSGE: 1}}
+		Caps: qp.QPCaps{MaxSendWR: txDepth, MaxRecvWR: rxDepth, MaxSendSGE: 1, MaxRecvSGE: 1},
+		RD:   qp.RDConfig{Config: reliability.Config{RNRRetries: -1}}}
 	if e.q, err = engine.pd.CreateQP(attr); err != nil {
 		return err
 	}
