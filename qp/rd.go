@@ -1171,7 +1171,14 @@ func (r *rdQP) deliverSendPart(s *Socket, p *rdPeer, seq uint32, seg udiwarp.Seg
 		if x.w == nil {
 			x.w = new(recvWQE)
 		}
-		if q.takeRecv(x.w, len(seg.Payload), src) != recvTaken {
+		// A Send of several segments: its length is not known until its
+		// last, so a size-classed SRQ gives it a receive of its largest
+		// class, not one the first segment alone would fit.
+		n := len(seg.Payload)
+		if !seg.Control.Last() {
+			n = -1
+		}
+		if q.takeRecv(x.w, n, src) != recvTaken {
 			return false // the engine counts it
 		}
 		s.rx.evict(q, x.w.seq)

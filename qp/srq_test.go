@@ -1,6 +1,7 @@
 package qp
 
 import (
+	"bytes"
 	"errors"
 	"net/netip"
 	"testing"
@@ -918,5 +919,64 @@ func TestSRQPeerEventsShareRemoteRoom(t *testing.T) {
 	}
 	if got := b.dev.Stats().RemoteEventsDropped.Load(); got != uint64(2*eventQueueLen-peer) {
 		t.Fatalf("%d dropped", got)
+	}
+}
+
+// TestRDSendTakesClassByLength: an RD Send of several segments takes a
+// receive of a size-classed SRQ's largest class (its length is not known
+// until its last segment), not one its first segment alone would fit,
+// which left it a LocalLengthError (found by the libfabric provider,
+// whose 1 MiB messages took a 64 KiB receive); a one-segment Send still
+// takes the smallest that holds it.
+func TestRDSendTakesClassByLength(t *testing.T) {
+	a := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	b := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")
+	qa, cqa := rdQPOn(t, a, RDConfig{})
+	// The small class holds one datagram's segment: a receive the first
+	// segment of a larger Send would fit.
+	small := b.sock.rdMaxSend() + 100
+	srq, err := b.pd.CreateSRQEx(SRQAttr{MaxSGE: 1, Classes: []SRQClass{{Size: small, Depth: 2}, {Size: 256 << 10, Depth: 2}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cqb, err := b.dev.CreateCQ(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qb := b.newQP(QPAttr{Type: RD, SendCQ: cqb, RecvCQ: cqb, SRQ: srq})
+	rx, err := b.pd.RegisterMemory(make([]byte, 2*small+2*(256<<10)), AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		mustPost(t, srq.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{rx.SGE(i*small, small)}}))
+		mustPost(t, srq.PostRecv(&RecvWR{ID: uint64(100 + i), SGL: []SGE{rx.SGE(2*small+i*(256<<10), 256<<10)}}))
+	}
+	const big = 200000 // several datagrams
+	msg := make([]byte, big)
+	for i := range msg {
+		msg[i] = byte(i * 7)
+	}
+	ah := a.ah(b, qb)
+	tx, err := a.pd.RegisterMemory(msg, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustPost(t, qa.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, SGL: []SGE{tx.SGE(0, 1000)}, AH: ah}))
+	mustPost(t, qa.PostSend(&SendWR{ID: 2, Flags: FlagSignaled, SGL: []SGE{tx.SGE(0, big)}, AH: ah}))
+	for _, wc := range collect(t, cqa, 2, 10*time.Second) {
+		if wc.Status != Success {
+			t.Fatalf("send %+v", wc)
+		}
+	}
+	wcs := collect(t, cqb, 2, 10*time.Second)
+	if wcs[0].Status != Success || wcs[0].ID != 0 || wcs[0].Len != 1000 {
+		t.Errorf("the one-segment Send: %+v (want a small receive, ID 0)", wcs[0])
+	}
+	if wcs[1].Status != Success || wcs[1].ID != 100 || wcs[1].Len != big {
+		t.Fatalf("the %d-byte Send: %+v (want the 256 KiB receive 100)", big, wcs[1])
+	}
+	if got := rx.Bytes()[2*small : 2*small+big]; !bytes.Equal(got, msg) {
+		t.Error("the large Send's bytes differ")
 	}
 }
