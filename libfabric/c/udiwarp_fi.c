@@ -68,7 +68,8 @@
 // RDM endpoints send eagerly, each message in a send slot until its peer
 // acknowledges it and into a receive slot of the peer's: 64 of each, of
 // the largest message.
-#define UDW_RDM_MAX_MSG 65536
+#define UDW_RDM_MAX_MSG (8 << 20)
+#define UDW_RDM_INJECT 65536
 #define UDW_RDM_SIZE 64
 // FI_TAG_GENERIC of later libfabric versions: tags of 64 bits, any of
 // which a receive may ignore (Open MPI's MTL wants bit 63).
@@ -96,6 +97,8 @@ static struct {
 		     uint64_t ctx, int signaled);
 	int (*trecv)(long long h, void *buf, size_t n, long long src, int tagged, uint64_t tag, uint64_t ignore, uint64_t ctx);
 	int (*cancel)(long long h, uint64_t ctx);
+	int (*tpeek)(long long h, long long src, int tagged, uint64_t tag, uint64_t ignore, uint64_t ctx, int claim, int discard);
+	int (*tclaim)(long long h, void *buf, size_t n, uint64_t ctx, int discard);
 } eng = {.once = PTHREAD_ONCE_INIT};
 
 static struct fi_provider udw_prov;
@@ -153,8 +156,11 @@ static void load_engine(void) {
 	eng.tsend = dlsym(h, "udwf_tsend");
 	eng.trecv = dlsym(h, "udwf_trecv");
 	eng.cancel = dlsym(h, "udwf_cancel");
+	eng.tpeek = dlsym(h, "udwf_tpeek");
+	eng.tclaim = dlsym(h, "udwf_tclaim");
 	if (!eng.init || !eng.ah || !eng.ah_free || !eng.ep_open || !eng.ep_close || !eng.send || !eng.recv || !eng.poll ||
-	    !eng.max_msg || !eng.join || !eng.tsend || !eng.trecv || !eng.cancel) {
+	    !eng.max_msg || !eng.join || !eng.tsend || !eng.trecv || !eng.cancel ||
+	    !eng.tpeek || !eng.tclaim) {
 		WARN("the engine %s is incomplete\n", path);
 		eng.err = -FI_ENOSYS;
 		return;
@@ -276,7 +282,7 @@ static struct fi_info *ep_info(const struct fi_info *hints, enum fi_ep_type type
 	fi->tx_attr->msg_order = rdm ? FI_ORDER_SAS : FI_ORDER_NONE;
 	fi->tx_attr->comp_order = FI_ORDER_NONE;
 	// Every send is copied before the call returns: inject takes all.
-	fi->tx_attr->inject_size = rdm ? UDW_RDM_MAX_MSG : UDW_MAX_MSG;
+	fi->tx_attr->inject_size = rdm ? UDW_RDM_INJECT : UDW_MAX_MSG;
 	fi->tx_attr->size = rdm ? UDW_RDM_SIZE : UDW_TX_SIZE;
 	fi->tx_attr->iov_limit = 1;
 	fi->tx_attr->rma_iov_limit = 0;
@@ -285,7 +291,7 @@ static struct fi_info *ep_info(const struct fi_info *hints, enum fi_ep_type type
 	fi->rx_attr->op_flags = 0;
 	fi->rx_attr->msg_order = rdm ? FI_ORDER_SAS : FI_ORDER_NONE;
 	fi->rx_attr->comp_order = FI_ORDER_NONE;
-	fi->rx_attr->total_buffered_recv = rdm ? (size_t)UDW_RDM_SIZE * UDW_RDM_MAX_MSG : 0;
+	fi->rx_attr->total_buffered_recv = rdm ? (size_t)UDW_RDM_SIZE * UDW_RDM_INJECT : 0;
 	fi->rx_attr->size = rdm ? UDW_RDM_SIZE : UDW_RX_SIZE;
 	fi->rx_attr->iov_limit = 1;
 	fi->ep_attr->type = type;
@@ -1029,7 +1035,8 @@ static ssize_t cq_readfrom(struct fid_cq *fcq, void *buf, size_t count, fi_addr_
 		if (e->err) {
 			// An error stops the read here: readerr returns it.
 			cq->err = (struct fi_cq_err_entry){.op_context = e->e.op_context, .flags = e->e.flags, .len = e->e.len,
-							   .olen = e->olen, .err = e->err == EMSGSIZE ? FI_ETRUNC : e->err == ECANCELED ? FI_ECANCELED : FI_EIO,
+							   .olen = e->olen,
+							   .err = e->err == EMSGSIZE ? FI_ETRUNC : e->err == ECANCELED ? FI_ECANCELED : e->err == ENOMSG ? FI_ENOMSG : FI_EIO,
 							   .prov_errno = e->err};
 			cq->has_err = 1;
 			cq->head = (cq->head + 1) % cq->cap, cq->count--;
@@ -1578,6 +1585,8 @@ static ssize_t rdm_send(struct udw_ep *ep, const void *buf, size_t len, fi_addr_
 			uint64_t data, void *context, int signaled) {
 	if (!ep->enabled) return -FI_EOPBADSTATE;
 	if (len > UDW_RDM_MAX_MSG) return -FI_EMSGSIZE;
+	// An inject (no context, no completion) is copied: at most inject_size.
+	if (!context && !signaled && len > UDW_RDM_INJECT) return -FI_EMSGSIZE;
 	if (len && !buf) return -FI_EINVAL;
 	long long ah = av_ah(ep->av, dest);
 	if (ah < 0) return -FI_EINVAL;
@@ -1665,10 +1674,28 @@ static ssize_t tag_recvv(struct fid_ep *fep, const struct iovec *iov, void **des
 	if (count > 1) return -FI_EINVAL;
 	return rdm_recv(RDM_EP(fep), count ? iov[0].iov_base : NULL, count ? iov[0].iov_len : 0, src, 1, tag, ignore, context);
 }
+// tag_recvmsg: a receive, or MPI's probes: FI_PEEK looks for a message
+// without taking it (its completion has its length, tag and data; none
+// found: an error completion, FI_ENOMSG), FI_PEEK | FI_CLAIM sets the
+// one found aside for a later FI_CLAIM receive with the same context,
+// FI_DISCARD drops it.
 static ssize_t tag_recvmsg(struct fid_ep *fep, const struct fi_msg_tagged *msg, uint64_t flags) {
-	// FI_PEEK and FI_CLAIM (MPI's probe) are not offered yet.
-	if (flags & (FI_PEEK | FI_CLAIM | FI_DISCARD)) return -FI_ENOSYS;
-	if (flags & ~(uint64_t)FI_COMPLETION) return -FI_EBADFLAGS;
+	struct udw_ep *ep = RDM_EP(fep);
+	if (flags & ~(uint64_t)(FI_COMPLETION | FI_PEEK | FI_CLAIM | FI_DISCARD)) return -FI_EBADFLAGS;
+	if (!ep->enabled) return -FI_EOPBADSTATE;
+	if ((flags & FI_DISCARD) && !(flags & (FI_PEEK | FI_CLAIM))) return -FI_EINVAL;
+	if (flags & FI_PEEK) {
+		long long ah = src_ah(ep, msg->addr);
+		if (ah == -2) return -FI_EINVAL;
+		return fierr(eng.tpeek(ep->h, ah, 1, msg->tag, msg->ignore, (uint64_t)(uintptr_t)msg->context, (flags & FI_CLAIM) != 0,
+				       (flags & FI_DISCARD) != 0));
+	}
+	if (flags & FI_CLAIM) {
+		if (msg->iov_count > 1) return -FI_EINVAL;
+		int r = eng.tclaim(ep->h, msg->iov_count ? msg->msg_iov[0].iov_base : NULL, msg->iov_count ? msg->msg_iov[0].iov_len : 0,
+				   (uint64_t)(uintptr_t)msg->context, (flags & FI_DISCARD) != 0);
+		return r == -ENOENT ? -FI_EINVAL : fierr(r);
+	}
 	return tag_recvv(fep, msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->tag, msg->ignore, msg->context);
 }
 static ssize_t tag_send(struct fid_ep *fep, const void *buf, size_t len, void *desc, fi_addr_t dest, uint64_t tag, void *context) {

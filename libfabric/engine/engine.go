@@ -305,8 +305,17 @@ func (e *ep) close() {
 	if e.mr != nil {
 		e.mr.Deregister()
 	}
-	if e.rdm != nil && e.rdm.tx != nil {
-		e.rdm.tx.Deregister()
+	if r := e.rdm; r != nil {
+		for _, mr := range []*qp.MR{r.tx, r.large} {
+			if mr != nil {
+				mr.Deregister()
+			}
+		}
+		for _, t := range r.txCtx {
+			if t.mr != nil {
+				t.mr.Deregister()
+			}
+		}
 	}
 }
 

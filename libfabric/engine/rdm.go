@@ -32,6 +32,18 @@ import (
 // and they send again later.
 const rdmHeader = 24
 
+// Messages up to eagerMax bytes are copied into a send slot (the send's
+// buffer is the caller's again at once: inject's semantics) and land in
+// one of the receiver's small slots; larger ones, up to the endpoint's
+// largest, are sent from the caller's own buffer, registered for the
+// send (its header from a send slot, a second SGE), and land in one of
+// the receiver's few large slots, which the RD QP picks by length (an
+// SRQ of two size classes, seed 004's pool).
+const (
+	eagerMax   = 65536
+	largeSlots = 4
+)
+
 const (
 	kindMsg    = 1 // an untagged message (fi_send), for fi_recv
 	kindTagged = 2 // a tagged message (fi_tsend), for fi_trecv
@@ -42,8 +54,12 @@ type rdmState struct {
 	tx      *qp.MR // the send slots: header and bytes, until the peer acknowledges them
 	txFree  shim.Slots
 	txCtx   []txOf
+	srq     *qp.SRQ
+	large   *qp.MR // the large receive slots
+	lslot   int    // bytes per large slot
 	posted  []rdmRecv  // receives waiting for a message, in the order posted
 	unexp   []unexpMsg // messages waiting for a receive, in the order they came
+	claimed map[uint64]unexpMsg // messages a peek claimed, by its context
 	ready   []C.struct_udwf_comp
 	maxMsg  int
 	rxDepth int
@@ -51,7 +67,8 @@ type rdmState struct {
 
 type txOf struct {
 	ctx    uint64
-	report bool // the caller asked for a completion
+	report bool   // the caller asked for a completion
+	mr     *qp.MR // a large message's buffer, registered for the send
 }
 
 // An rdmRecv is a receive the caller posted: its buffer, and what it
@@ -80,20 +97,30 @@ func (e *ep) openRDM(fd, txDepth, rxDepth, maxMsg int) error {
 	if e.s, err = engine.dev.BindFD(fd); err != nil {
 		return err
 	}
-	e.slot = rdmHeader + maxMsg
+	e.slot = rdmHeader + min(maxMsg, eagerMax)
 	if e.scq, err = engine.dev.CreateCQ(txDepth); err != nil {
 		return err
 	}
-	if e.rcq, err = engine.dev.CreateCQ(rxDepth); err != nil {
+	if e.rcq, err = engine.dev.CreateCQ(rxDepth + largeSlots); err != nil {
 		return err
 	}
+	r := &rdmState{maxMsg: maxMsg, rxDepth: rxDepth, txFree: shim.NewSlots(txDepth), txCtx: make([]txOf, txDepth)}
+	classes := []qp.SRQClass{{Size: e.slot, Depth: rxDepth}}
+	if maxMsg > eagerMax {
+		r.lslot = rdmHeader + maxMsg
+		classes = append(classes, qp.SRQClass{Size: r.lslot, Depth: largeSlots})
+	}
+	if r.srq, err = engine.pd.CreateSRQEx(qp.SRQAttr{Classes: classes, MaxSGE: 1}); err != nil {
+		return err
+	}
+	e.rdm = r
 	// A receiver without a free slot answers receiver-not-ready; its
 	// sender waits and sends again for as long as that lasts, never
 	// failing the message (libfabric's FI_RM_ENABLED: the provider keeps
 	// a sender from overrunning its peer's receives, and a slow receiver
 	// is not an error).
-	attr := qp.QPAttr{Type: qp.RD, SendCQ: e.scq, RecvCQ: e.rcq,
-		Caps: qp.QPCaps{MaxSendWR: txDepth, MaxRecvWR: rxDepth, MaxSendSGE: 1, MaxRecvSGE: 1},
+	attr := qp.QPAttr{Type: qp.RD, SendCQ: e.scq, RecvCQ: e.rcq, SRQ: r.srq,
+		Caps: qp.QPCaps{MaxSendWR: txDepth, MaxSendSGE: 2, MaxRecvSGE: 1},
 		RD:   qp.RDConfig{Config: reliability.Config{RNRRetries: -1}}}
 	if e.q, err = engine.pd.CreateQP(attr); err != nil {
 		return err
@@ -107,20 +134,43 @@ func (e *ep) openRDM(fd, txDepth, rxDepth, maxMsg int) error {
 	if e.mr, err = engine.pd.RegisterMemory(make([]byte, rxDepth*e.slot), qp.AccessLocalWrite); err != nil {
 		return err
 	}
-	r := &rdmState{maxMsg: maxMsg, rxDepth: rxDepth, txFree: shim.NewSlots(txDepth), txCtx: make([]txOf, txDepth)}
+	if r.lslot > 0 {
+		if r.large, err = engine.pd.RegisterMemory(make([]byte, largeSlots*r.lslot), qp.AccessLocalWrite); err != nil {
+			return err
+		}
+	}
 	if r.tx, err = engine.pd.RegisterMemory(make([]byte, txDepth*e.slot), 0); err != nil {
 		return err
 	}
-	e.rdm = r
 	e.wcs = make([]qp.WorkCompletion, 64)
 	// Every slot is posted at once, and again as soon as its message is
 	// taken: the slots are the endpoint's whole receive buffering.
-	for i := range rxDepth {
-		if err := e.q.PostRecv(&qp.RecvWR{ID: uint64(i), SGL: []qp.SGE{e.mr.SGE(i*e.slot, e.slot)}}); err != nil {
+	for i := range rxDepth + largeSlots*min(r.lslot, 1) {
+		if err := e.repost(i); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// A receive slot's number: the small slots first, then the large.
+func (e *ep) slotBytes(slot int) []byte {
+	r := e.rdm
+	if slot < r.rxDepth {
+		return e.mr.Bytes()[slot*e.slot : (slot+1)*e.slot]
+	}
+	l := slot - r.rxDepth
+	return r.large.Bytes()[l*r.lslot : (l+1)*r.lslot]
+}
+
+func (e *ep) repost(slot int) error {
+	r := e.rdm
+	sge := e.mr.SGE(slot*e.slot, e.slot)
+	if slot >= r.rxDepth {
+		l := slot - r.rxDepth
+		sge = r.large.SGE(l*r.lslot, r.lslot)
+	}
+	return r.srq.PostRecv(&qp.RecvWR{ID: uint64(slot), SGL: []qp.SGE{sge}})
 }
 
 // udwf_tsend sends n bytes at buf to address handle ah as a tagged
@@ -165,16 +215,32 @@ func udwf_tsend(h C.longlong, buf unsafe.Pointer, n C.size_t, ah C.longlong, tag
 	b[0] = kind
 	binary.LittleEndian.PutUint64(b[8:], uint64(tag))
 	binary.LittleEndian.PutUint64(b[16:], uint64(data))
-	if n > 0 {
-		copy(b[rdmHeader:], unsafe.Slice((*byte)(buf), int(n)))
+	t := txOf{ctx: uint64(ctx), report: signaled != 0}
+	sgl := []qp.SGE{r.tx.SGE(i*e.slot, rdmHeader+min(int(n), eagerMax))}
+	if int(n) <= eagerMax {
+		if n > 0 {
+			copy(b[rdmHeader:], unsafe.Slice((*byte)(buf), int(n)))
+		}
+	} else {
+		// The caller's buffer is the message's until its completion, as
+		// libfabric's fi_send promises: registered, not copied.
+		mr, err := engine.pd.RegisterMemory(unsafe.Slice((*byte)(buf), int(n)), 0)
+		if err != nil {
+			r.txFree.Put(i)
+			return C.int(errno(err))
+		}
+		t.mr = mr
+		sgl = []qp.SGE{r.tx.SGE(i*e.slot, rdmHeader), mr.SGE(0, int(n))}
 	}
-	r.txCtx[i] = txOf{ctx: uint64(ctx), report: signaled != 0}
+	r.txCtx[i] = t
 	// Always signaled at the QP: the slot is free only once the peer has
 	// acknowledged the message (RD keeps it as the retransmit source).
-	wr := qp.SendWR{ID: uint64(i), AH: a, Opcode: qp.OpSend, Flags: qp.FlagSignaled,
-		SGL: []qp.SGE{r.tx.SGE(i*e.slot, rdmHeader+int(n))}}
+	wr := qp.SendWR{ID: uint64(i), AH: a, Opcode: qp.OpSend, Flags: qp.FlagSignaled, SGL: sgl}
 	if err := e.q.PostSend(&wr); err != nil {
 		r.txFree.Put(i)
+		if t.mr != nil {
+			t.mr.Deregister()
+		}
 		return C.int(errno(err))
 	}
 	return 0
@@ -239,9 +305,8 @@ func (e *ep) deliver(rv *rdmRecv, m unexpMsg, c *C.struct_udwf_comp) {
 		c.tagged = 1
 	}
 	n := min(m.n, rv.len)
-	off := m.slot*e.slot + rdmHeader
 	if n > 0 {
-		copy(unsafe.Slice((*byte)(rv.buf), n), e.mr.Bytes()[off:off+n])
+		copy(unsafe.Slice((*byte)(rv.buf), n), e.slotBytes(m.slot)[rdmHeader:rdmHeader+n])
 	}
 	c.len = C.uint64_t(n)
 	if m.n > rv.len {
@@ -253,13 +318,9 @@ func (e *ep) deliver(rv *rdmRecv, m unexpMsg, c *C.struct_udwf_comp) {
 	var l C.int = 28
 	putSockaddr(unsafe.Pointer(&c.src[0]), &l, m.src, e.s.LocalAddr().Addr().Is6())
 	c.srclen = C.uint32_t(l)
-	e.repost(m.slot)
-}
-
-func (e *ep) repost(slot int) {
 	// The slot is the endpoint's own and was just taken: posting it again
-	// fails only with the QP (closed, in error), whose completions say so.
-	_ = e.q.PostRecv(&qp.RecvWR{ID: uint64(slot), SGL: []qp.SGE{e.mr.SGE(slot*e.slot, e.slot)}})
+	// fails only with the SRQ gone (the endpoint closing).
+	_ = e.repost(m.slot)
 }
 
 // pollRDM fills comps with the endpoint's completions: sends the peer
@@ -278,6 +339,9 @@ func (e *ep) pollRDM(comps []C.struct_udwf_comp) int {
 			i := int(wc.ID)
 			t := r.txCtx[i]
 			r.txFree.Put(i)
+			if t.mr != nil {
+				t.mr.Deregister()
+			}
 			if !t.report && wc.Status == qp.Success {
 				continue
 			}
@@ -304,11 +368,11 @@ func (e *ep) pollRDM(comps []C.struct_udwf_comp) int {
 				// A flushed receive (the QP is going), or a message too
 				// short to be the provider's: nothing to deliver.
 				if wc.Status == qp.Success {
-					e.repost(slot)
+					_ = e.repost(slot) // as in deliver
 				}
 				continue
 			}
-			b := e.mr.Bytes()[slot*e.slot:]
+			b := e.slotBytes(slot)
 			m := unexpMsg{slot: slot, n: int(wc.Len) - rdmHeader, kind: b[0], tag: binary.LittleEndian.Uint64(b[8:]),
 				data: binary.LittleEndian.Uint64(b[16:]), src: netip.AddrPortFrom(wc.Source.Addr().Unmap(), wc.Source.Port())}
 			matched := false
@@ -334,6 +398,97 @@ func (e *ep) pollRDM(comps []C.struct_udwf_comp) int {
 		}
 	}
 	return k
+}
+
+// udwf_tpeek looks for a message that came and that a receive of these
+// terms (as udwf_trecv's) would take, without taking it: found, its
+// completion (length, tag, data, source; no bytes) is in the next poll,
+// else a completion with ENOMSG is. With claim set, the message found is
+// set aside for the receive that names ctx with udwf_tclaim; with discard
+// set too, it is dropped instead. It returns 0 or -errno.
+//
+//export udwf_tpeek
+func udwf_tpeek(h C.longlong, src C.longlong, tagged C.int, tag, ignore C.uint64_t, ctx C.uint64_t, claim, discard C.int) C.int {
+	e := lookup(h)
+	if e == nil || e.rdm == nil {
+		return -C.int(unix.EBADF)
+	}
+	rv := rdmRecv{ctx: uint64(ctx), tagged: tagged != 0, tag: uint64(tag), ignore: uint64(ignore)}
+	if src >= 0 {
+		if rv.src = ahAddr(src); !rv.src.IsValid() {
+			return -C.int(unix.EINVAL)
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return -C.int(unix.EBADF)
+	}
+	r := e.rdm
+	e.s.Progress(64)
+	e.pollRDM(nil) // what came is in unexp (or matched a posted receive)
+	c := C.struct_udwf_comp{recv: 1, ctx: ctx, err: C.int32_t(unix.ENOMSG)}
+	if rv.tagged {
+		c.tagged = 1
+	}
+	for k, m := range r.unexp {
+		if !rv.matches(m.kind, m.tag, m.src) {
+			continue
+		}
+		c.err, c.len, c.tag = 0, C.uint64_t(m.n), C.uint64_t(m.tag)
+		if m.kind&kindData != 0 {
+			c.has_data, c.data = 1, C.uint64_t(m.data)
+		}
+		var l C.int = 28
+		putSockaddr(unsafe.Pointer(&c.src[0]), &l, m.src, e.s.LocalAddr().Addr().Is6())
+		c.srclen = C.uint32_t(l)
+		if claim != 0 {
+			r.unexp = slices.Delete(r.unexp, k, k+1)
+			if discard != 0 {
+				_ = e.repost(m.slot) // as in deliver
+				c.len = 0
+			} else {
+				if r.claimed == nil {
+					r.claimed = map[uint64]unexpMsg{}
+				}
+				r.claimed[uint64(ctx)] = m
+			}
+		}
+		break
+	}
+	r.ready = append(r.ready, c)
+	return 0
+}
+
+// udwf_tclaim receives into buf (n bytes) the message a peek claimed
+// for ctx (discard set: drops it): its completion, with ctx, is in the
+// next poll. It returns 0, or -ENOENT when no message is claimed for ctx.
+//
+//export udwf_tclaim
+func udwf_tclaim(h C.longlong, buf unsafe.Pointer, n C.size_t, ctx C.uint64_t, discard C.int) C.int {
+	e := lookup(h)
+	if e == nil || e.rdm == nil {
+		return -C.int(unix.EBADF)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	r := e.rdm
+	m, ok := r.claimed[uint64(ctx)]
+	if !ok {
+		return -C.int(unix.ENOENT)
+	}
+	delete(r.claimed, uint64(ctx))
+	rv := rdmRecv{buf: buf, len: int(n), ctx: uint64(ctx), tagged: m.kind&kindTagged != 0}
+	if discard != 0 {
+		rv.len = 0
+	}
+	var c C.struct_udwf_comp
+	e.deliver(&rv, m, &c)
+	if discard != 0 {
+		c.err, c.olen = 0, 0
+	}
+	r.ready = append(r.ready, c)
+	return 0
 }
 
 // udwf_cancel cancels the receive posted with ctx, if it is still

@@ -160,10 +160,45 @@ int main(void) {
 	      "cancel: %zd err %d", r, ee.err);
 	CHECK(fi_cancel(&b->ep->fid, (void *)21) == -FI_ENOENT, "cancelled twice");
 
+	// MPI's probes: FI_PEEK finds a message without taking it (FI_ENOMSG
+	// until it has come), FI_PEEK | FI_CLAIM sets it aside, so that a
+	// second peek no longer sees it, and FI_CLAIM receives it.
+	CHECK(fi_tsend(a->ep, "probe me", 9, NULL, a->peer[1], 0x77, (void *)6) == 0, "tsend 0x77");
+	struct iovec iov = {.iov_base = buf[1], .iov_len = 128};
+	struct fi_msg_tagged tm = {.msg_iov = &iov, .iov_count = 1, .addr = FI_ADDR_UNSPEC, .tag = 0x77, .context = (void *)30};
+	for (int found = 0, tries = 0; !found; tries++) {
+		CHECK(tries < 1000000, "the probed message never came");
+		CHECK(fi_trecvmsg(b->ep, &tm, FI_PEEK) == 0, "peek");
+		for (;;) {
+			CHECK(fi_cq_read(a->cq, &ce, 1) != -FI_EAVAIL, "a's send failed"); // a's progress
+			r = fi_cq_read(b->cq, &ce, 1);
+			if (r == 1) {
+				CHECK(ce.op_context == (void *)30 && ce.len == 9 && ce.tag == 0x77, "peek found: len %zu tag %#lx", ce.len, (unsigned long)ce.tag);
+				found = 1;
+				break;
+			}
+			if (r == -FI_EAVAIL) {
+				CHECK(fi_cq_readerr(b->cq, &ee, 0) == 1 && ee.err == FI_ENOMSG && ee.op_context == (void *)30, "peek: err %d", ee.err);
+				break;
+			}
+		}
+	}
+	tm.context = (void *)31;
+	CHECK(fi_trecvmsg(b->ep, &tm, FI_PEEK | FI_CLAIM) == 0, "peek and claim");
+	CHECK(next(b, &ce, NULL) == 1 && ce.op_context == (void *)31 && ce.len == 9, "claimed");
+	tm.context = (void *)32;
+	CHECK(fi_trecvmsg(b->ep, &tm, FI_PEEK) == 0, "peek after the claim");
+	CHECK(next(b, &ce, NULL) == -FI_EAVAIL && fi_cq_readerr(b->cq, &ee, 0) == 1 && ee.err == FI_ENOMSG, "a claimed message was seen again");
+	tm.context = (void *)31;
+	memset(buf[1], 0, 128);
+	CHECK(fi_trecvmsg(b->ep, &tm, FI_CLAIM) == 0, "claim");
+	CHECK(next(b, &ce, NULL) == 1 && ce.op_context == (void *)31 && ce.len == 9 && !strcmp(buf[1], "probe me"), "the claimed message");
+	CHECK(fi_trecvmsg(b->ep, &tm, FI_CLAIM) == -FI_EINVAL, "claimed twice");
+
 	// Bad input: an fi_addr the AV never gave, a message over the limit.
 	CHECK(fi_tsend(a->ep, buf[0], 8, NULL, a->peer[1] + 100, 1, NULL) == -FI_EINVAL, "tsend to an unknown fi_addr");
-	static char big[65537];
-	CHECK(fi_tsend(a->ep, big, sizeof big, NULL, a->peer[1], 1, NULL) == -FI_EMSGSIZE, "tsend over 64 KiB");
+	static char big[(8 << 20) + 1];
+	CHECK(fi_tsend(a->ep, big, sizeof big, NULL, a->peer[1], 1, NULL) == -FI_EMSGSIZE, "tsend over 8 MiB");
 	CHECK(fi_trecv(b->ep, buf[0], 8, NULL, b->peer[0] + 100, 1, 0, NULL) == -FI_EINVAL, "trecv from an unknown fi_addr");
 
 	// More unexpected messages than b's receive slots (64): the sender is
