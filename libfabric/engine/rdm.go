@@ -55,10 +55,10 @@ type rdmState struct {
 	txFree  shim.Slots
 	txCtx   []txOf
 	srq     *qp.SRQ
-	large   *qp.MR // the large receive slots
-	lslot   int    // bytes per large slot
-	posted  []rdmRecv  // receives waiting for a message, in the order posted
-	unexp   []unexpMsg // messages waiting for a receive, in the order they came
+	large   *qp.MR              // the large receive slots
+	lslot   int                 // bytes per large slot
+	posted  []rdmRecv           // receives waiting for a message, in the order posted
+	unexp   []unexpMsg          // messages waiting for a receive, in the order they came
 	claimed map[uint64]unexpMsg // messages a peek claimed, by its context
 	ready   []C.struct_udwf_comp
 	maxMsg  int
