@@ -120,28 +120,44 @@ func fabric(ctx context.Context, dir, ns string, args ...string) *exec.Cmd {
 	return cmd
 }
 
-// TestInfo: fi_info lists the provider's DGRAM endpoint, with its
-// capabilities, at each interface address (loopback's among them), and
-// libfabric's own reliability layer over it as an RDM endpoint.
+// TestInfo: fi_info lists the provider's RDM and DGRAM endpoints with
+// their capabilities, at each address of the interfaces that are up,
+// loopback only when asked for by name (-d lo) or when it is the only
+// one up (a namespace of its own); and libfabric's reliability layer over
+// the DGRAM endpoint as another RDM endpoint.
 func TestInfo(t *testing.T) {
 	dir := built(t)
 	need(t, "fi_info")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	out, err := fabric(ctx, dir, "", "fi_info", "-p", "udiwarp", "-v").CombinedOutput()
-	if err != nil {
-		t.Fatalf("fi_info -p udiwarp -v: %v\n%s", err, out)
+	info := func(ns string, args ...string) string {
+		t.Helper()
+		out, err := fabric(ctx, dir, ns, append([]string{"fi_info"}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("fi_info %v: %v\n%s", args, err, out)
+		}
+		return string(out)
 	}
-	s := string(out)
-	for _, want := range []string{"prov_name: udiwarp", "type: FI_EP_DGRAM", "FI_MSG", "FI_SOURCE", "name: lo", "FI_SOCKADDR_IN",
-		"max_msg_size: 65485", "data_progress: FI_PROGRESS_MANUAL"} {
+	s := info("", "-p", "udiwarp", "-d", "lo", "-v")
+	for _, want := range []string{"prov_name: udiwarp", "type: FI_EP_DGRAM", "type: FI_EP_RDM", "FI_MSG", "FI_TAGGED", "FI_DIRECTED_RECV",
+		"FI_SOURCE", "FI_MULTICAST", "name: lo", "FI_SOCKADDR_IN", "max_msg_size: 65485", "max_msg_size: 8388608",
+		"protocol: FI_PROTO_IWARP_RDM", "data_progress: FI_PROGRESS_MANUAL", "cq_data_size: 8"} {
 		if !strings.Contains(s, want) {
-			t.Errorf("fi_info -p udiwarp -v lacks %q:\n%s", want, s)
+			t.Errorf("fi_info -p udiwarp -d lo -v lacks %q:\n%s", want, s)
 		}
 	}
-	out, err = fabric(ctx, dir, "", "fi_info", "-p", "udiwarp;ofi_rxd").CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "type: FI_EP_RDM") {
-		t.Errorf("fi_info -p 'udiwarp;ofi_rxd': %v\n%s", err, out)
+	if s := info("", "-p", "udiwarp;ofi_rxd"); !strings.Contains(s, "type: FI_EP_RDM") {
+		t.Errorf("fi_info -p 'udiwarp;ofi_rxd':\n%s", s)
+	}
+	// A host with another interface up: loopback is not listed.
+	n := netnstest.New(t, "link set lo up", "link add uid0 type veth peer name uid1", "addr add 10.80.0.1/24 dev uid0",
+		"link set uid0 up", "link set uid1 up")
+	if s := info(n, "-p", "udiwarp"); !strings.Contains(s, "domain: uid0") || strings.Contains(s, "domain: lo") {
+		t.Errorf("a namespace with uid0 up lists:\n%s", s)
+	}
+	// Loopback alone: listed.
+	if s := info(netnstest.New(t, "link set lo up"), "-p", "udiwarp"); !strings.Contains(s, "domain: lo") {
+		t.Errorf("a namespace with only loopback up lists:\n%s", s)
 	}
 }
 
@@ -310,5 +326,106 @@ func TestRDM(t *testing.T) {
 	t.Logf("%s", out)
 	if err != nil || !bytes.Contains(out, []byte("ok: rdm")) {
 		t.Fatalf("rdm: %v", err)
+	}
+}
+
+// mpirun runs Open MPI's mpirun (in namespace ns when not empty) with the
+// ofi MTL over the native udiwarp RDM endpoint, verbose enough to name
+// the provider it chose, and returns its output.
+func mpirun(t *testing.T, dir, ns string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	full := append([]string{"mpirun", "--allow-run-as-root", "--oversubscribe",
+		"--mca", "pml", "cm", "--mca", "mtl", "ofi",
+		"--mca", "mtl_ofi_provider_include", "udiwarp", "--mca", "opal_common_ofi_provider_include", "udiwarp",
+		"--mca", "mtl_ofi_verbose", "10",
+		"-x", "FI_PROVIDER_PATH=" + filepath.Join(dir, "prov"), "-x", native}, args...)
+	out, err := fabric(ctx, dir, ns, full...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %v\n%s", full, err, out)
+	}
+	if !strings.Contains(string(out), "mtl:ofi:prov: udiwarp") {
+		t.Fatalf("Open MPI did not run over udiwarp:\n%s", out)
+	}
+	return string(out)
+}
+
+// needMPI skips the test unless Open MPI, NetPIPE and mpi4py are here.
+func needMPI(t *testing.T) {
+	t.Helper()
+	for _, p := range []string{"mpirun", "NPopenmpi"} {
+		if _, err := exec.LookPath(p); err != nil {
+			t.Skipf("%s is not installed (Debian: apt-get install openmpi-bin netpipe-openmpi python3-mpi4py)", p)
+		}
+	}
+	if exec.Command("/usr/bin/python3", "-c", "import mpi4py").Run() != nil {
+		t.Skip("mpi4py is not installed for /usr/bin/python3 (Debian: apt-get install python3-mpi4py)")
+	}
+}
+
+// TestOpenMPI: unmodified MPI programs over the native RDM endpoint, with
+// Open MPI's cm PML and ofi MTL (which chose udiwarp, its verbose output
+// says): NetPIPE's ping-pong from 1 byte to 1 MiB between two ranks, and
+// a python3-mpi4py program (point-to-point objects and buffers to 4 MiB,
+// a probe, collectives, reductions checked for their results) with two
+// ranks and with four.
+func TestOpenMPI(t *testing.T) {
+	dir := built(t)
+	needMPI(t)
+	t.Run("netpipe", func(t *testing.T) {
+		np := filepath.Join(t.TempDir(), "np.out")
+		mpirun(t, dir, "", "-np", "2", "NPopenmpi", "-u", "1048576", "-p", "0", "-n", "20", "-o", np)
+		b, err := os.ReadFile(np)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		if last := strings.Fields(lines[len(lines)-1]); len(lines) < 20 || len(last) < 3 || last[0] != "1048576" {
+			t.Fatalf("NetPIPE's output ends %q after %d sizes:\n%s", lines[len(lines)-1], len(lines), b)
+		}
+	})
+	for _, n := range []string{"2", "4"} {
+		t.Run("mpi4py-"+n, func(t *testing.T) {
+			out := mpirun(t, dir, "", "-np", n, "/usr/bin/python3", "testdata/mpi_check.py")
+			if !strings.Contains(out, "ok: "+n+" ranks") {
+				t.Fatalf("mpi_check.py:\n%s", out)
+			}
+		})
+	}
+}
+
+// TestOpenMPINamespaces: four ranks on two hosts, two network namespaces
+// joined by a veth pair, two ranks each: mpirun in the first starts its
+// daemons through testdata/nsrsh.sh (the namespaces' ssh), and each
+// rank's endpoint binds its namespace's veth address, the one entry
+// fi_getinfo lists there (loopback is left out where another interface
+// is up: Open MPI spreads ranks over a provider's entries, and one bound
+// to 127.0.0.1 could not be reached from the other host).
+func TestOpenMPINamespaces(t *testing.T) {
+	dir := built(t)
+	needMPI(t)
+	a := netnstest.New(t, "link set lo up")
+	n := netnstest.Seq()
+	va, vb := fmt.Sprintf("uma%d", n), fmt.Sprintf("umb%d", n)
+	b := netnstest.New(t, "link set lo up",
+		fmt.Sprintf("!ip link add %s netns NS type veth peer name %s netns %s", vb, va, a),
+		fmt.Sprintf("addr add 10.79.%d.2/24 dev %s", n%250, vb), fmt.Sprintf("link set %s up", vb),
+		fmt.Sprintf("!ip -n %s addr add 10.79.%d.1/24 dev %s", a, n%250, va), fmt.Sprintf("!ip -n %s link set %s up", a, va))
+	hosts := filepath.Join(t.TempDir(), "hosts")
+	if err := os.WriteFile(hosts, []byte(a+" slots=2\n"+b+" slots=2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	agent, err := filepath.Abs("testdata/nsrsh.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	script, err := filepath.Abs("testdata/mpi_check.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := mpirun(t, dir, a, "--hostfile", hosts, "-np", "4", "--mca", "plm_rsh_agent", agent, "/usr/bin/python3", script)
+	if !strings.Contains(out, "ok: 4 ranks") {
+		t.Fatalf("mpi_check.py:\n%s", out)
 	}
 }

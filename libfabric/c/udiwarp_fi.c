@@ -419,13 +419,16 @@ static int udw_getinfo(uint32_t version, const char *node, const char *service, 
 		return 0;
 	}
 	// No source given: one fi_info per address of every interface that is
-	// up, the family's (IPv4 unless asked), other interfaces first and
-	// loopback last, as libfabric's udp provider lists them: an endpoint
-	// bound to an interface's address is reachable there, which the
-	// wildcard address, as fi_getname would return it, is not.
+	// up, the family's (IPv4 unless asked): an endpoint bound to an
+	// interface's address is reachable there, which the wildcard address,
+	// as fi_getname would return it, is not. Loopback is listed only
+	// where no other interface is up, or when the hints name it (domain
+	// "lo"): a program that spreads its processes over the entries, as
+	// Open MPI does over entries of one provider, would otherwise bind
+	// some of them to 127.0.0.1, a name no other host can reach.
 	struct ifaddrs *ifs;
 	if (getifaddrs(&ifs) != 0) return -FI_ENODATA;
-	for (int pass = 0; pass < 2; pass++) {
+	for (int pass = 0; pass < 2 && !head; pass++) {
 		for (struct ifaddrs *i = ifs; i; i = i->ifa_next) {
 			if (!i->ifa_addr || !(i->ifa_flags & IFF_UP)) continue;
 			int f = i->ifa_addr->sa_family;
