@@ -102,9 +102,10 @@ func waitWC(t testing.TB, cq *CQ, k int) []WorkCompletion {
 }
 
 // sendQueueEmpty reports whether q's (UD) send queue is empty: every WR
-// posted to it has been sent or failed, and the completion it makes, if
-// any, is in its CQ (a WR leaves the queue after its completion, both
-// under sqMu, in the poster's goroutine or the datamover's).
+// posted to it (PostSend having returned) has been sent or failed, and
+// the completion it makes, if any, is in its CQ. A WR sent at once
+// completes in PostSend; a queued one leaves the queue after its
+// completion, both under sqMu.
 func sendQueueEmpty(q *QP) bool {
 	q.sqMu.Lock()
 	defer q.sqMu.Unlock()
