@@ -2,7 +2,6 @@ package qp
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -102,16 +101,15 @@ func waitWC(t testing.TB, cq *CQ, k int) []WorkCompletion {
 	return out
 }
 
-// quiet checks that cq stays empty for a moment.
-func quiet(t testing.TB, cq *CQ) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	if err := cq.Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		var wc [1]WorkCompletion
-		cq.Poll(wc[:])
-		t.Fatalf("unexpected completion %+v", wc[0])
-	}
+// sendQueueEmpty reports whether q's (UD) send queue is empty: every WR
+// posted to it (PostSend having returned) has been sent or failed, and
+// the completion it makes, if any, is in its CQ. A WR sent at once
+// completes in PostSend; a queued one leaves the queue after its
+// completion, both under sqMu.
+func sendQueueEmpty(q *QP) bool {
+	q.sqMu.Lock()
+	defer q.sqMu.Unlock()
+	return q.sq.len() == 0
 }
 
 func udiwarpSend(dstQP, srcQP uint32, payload []byte) []byte {

@@ -78,7 +78,10 @@ func TestLocalErrors(t *testing.T) {
 			}
 		})
 	}
-	quiet(t, a.cq)
+	// Posted nothing: the send queue is empty, and a WR taken and failed
+	// would have completed before it left it.
+	eventually(t, "a's send queue empty", func() bool { return sendQueueEmpty(a.qp) })
+	noCompletion(t, a.cq)
 
 	t.Run("receive too small", func(t *testing.T) {
 		mustPost(t, b.qp.PostRecv(&RecvWR{ID: 1, SGL: []SGE{b.mr.SGE(0, 4)}}))

@@ -73,7 +73,10 @@ func TestWriteRecordEndToEnd(t *testing.T) {
 				if !bytes.Equal(region.Bytes()[off:off+tc.size], a.buf[:tc.size]) {
 					t.Fatal("placed bytes differ")
 				}
-				quiet(t, b.cq) // one record per message, no more
+				// One record per message, no more: b has read every segment
+				// a sent (a's completion came after the last went) and
+				// handled it.
+				quietDrained(t, b.cq, a, b)
 			}
 		})
 	}
@@ -89,7 +92,9 @@ func TestWriteRecordValidityMap(t *testing.T) {
 	if vm.Valid(99, 1) || vm.Valid(5100, 1) || !bytes.Equal(region.Bytes()[100:5100], a.buf[:5000]) {
 		t.Fatal("map or bytes wrong")
 	}
-	quiet(t, b.cq) // RecordMap: no CQ entry
+	// RecordMap: no CQ entry. The map was filled where the entry would
+	// have been made; b has read and handled everything a sent.
+	quietDrained(t, b.cq, a, b)
 }
 
 // rawWR sends hand-built Write-Record segments, so a test decides exactly
@@ -151,8 +156,13 @@ func TestWriteRecordLossAndDeadline(t *testing.T) {
 			}
 			complete := slices.Contains(tc.send, 0) && slices.Contains(tc.send, 1) && slices.Contains(tc.send, 2) && slices.Contains(tc.send, 3)
 			if tc.valid == nil && !complete {
+				// Every segment read and handled, then the message ended at
+				// its deadline: the deadline's run counts it under the QP's
+				// lock (WriteRecordStats), where a record would be made.
+				eventually(t, "every segment read", func() bool { return b.dev.Stats().RxDatagrams.Load() >= uint64(len(tc.send)) })
+				rxSettled(b.sock)
 				eventually(t, "the incomplete message expired", func() bool { wr, _ := b.dev.WriteRecordStats(); return wr.Expired == 1 })
-				quiet(t, b.cq)
+				noCompletion(t, b.cq)
 				if b.dev.Stats().RxWRPartial.Load() != 0 || vm.Bytes() != 0 {
 					t.Fatal("a discarded message was recorded")
 				}
@@ -208,8 +218,12 @@ func TestWriteRecordSupersession(t *testing.T) {
 	if wc.MSN != 6 || wc.Partial || !bytes.Equal(region.Bytes()[:2000], newer) {
 		t.Fatalf("%+v", wc)
 	}
-	quiet(t, b.cq)
-	eventually(t, "the straggler counted", func() bool { return b.dev.Stats().RxWRStale.Load() == 1 })
+	// Nothing else recorded (message 5 discarded): b read and handled
+	// all four segments, the straggler counted as dropped.
+	quietUntil(t, b.cq, b.sock, "the four segments read", func() bool { return b.dev.Stats().RxDatagrams.Load() >= 4 })
+	if n := b.dev.Stats().RxWRStale.Load(); n != 1 {
+		t.Fatalf("%d stragglers counted, want 1", n)
+	}
 }
 
 func TestWriteRecordBadTarget(t *testing.T) {
@@ -235,8 +249,7 @@ func TestWriteRecordBadTarget(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			before := tc.counter()
 			r.send(tc.stag, tc.to, 1, msg, 0, len(msg))
-			eventually(t, "the drop counted", func() bool { return tc.counter() == before+1 })
-			quiet(t, b.cq)
+			quietUntil(t, b.cq, b.sock, "the drop counted", func() bool { return tc.counter() == before+1 })
 		})
 	}
 	if bytes.Contains(region.Bytes(), msg[:8]) || bytes.Contains(local.Bytes(), msg[:8]) || bytes.Contains(otherPD.Bytes(), msg[:8]) {
@@ -381,7 +394,9 @@ func TestRecordModeBits(t *testing.T) {
 				eventually(t, "the map to show the message", func() bool { return vm.Valid(0, 3000) })
 			}
 			if !tc.cq {
-				quiet(t, b.cq)
+				// The map was filled where the entry would have been made;
+				// b has read and handled everything a sent.
+				quietDrained(t, b.cq, a, b)
 			}
 			if !tc.vmap && vm.Bytes() != 0 {
 				t.Fatalf("the map holds %d bytes with %v", vm.Bytes(), tc.name)

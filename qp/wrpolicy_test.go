@@ -36,7 +36,20 @@ func TestWriteRecordRegionLimits(t *testing.T) {
 	if !bytes.Equal(region.Bytes()[:1000], msg[:1000]) || !bytes.Equal(region.Bytes()[2000:3000], msg[2000:]) {
 		t.Fatal("recorded bytes differ")
 	}
-	quiet(t, b.cq) // the other region's message waits for the QP's deadline
+	// The other region's message waits for the QP's deadline (10 s): once
+	// b has handled its segment, run the deadlines a second from now, and
+	// it is still in progress, neither recorded nor discarded.
+	eventually(t, "the three segments read", func() bool { return b.dev.Stats().RxDatagrams.Load() >= 3 })
+	rxSettled(b.sock)
+	if n := b.dev.Stats().RxWRPlaced.Load(); n != 3 {
+		t.Fatalf("%d segments placed, want 3", n)
+	}
+	was, _ := b.dev.WriteRecordStats()
+	q.wrExpire(time.Now().Add(time.Second))
+	if st, _ := b.dev.WriteRecordStats(); st != was || st.Partial != 1 || st.Expired != 0 {
+		t.Fatalf("a second on: %+v (was %+v): the other region's message ended", st, was)
+	}
+	noCompletion(t, b.cq)
 
 	// Back to the QP's policy: an incomplete message is not recorded. Its
 	// deadline is the QP's (10 s), not the region's 20 ms: run a second
@@ -88,8 +101,12 @@ func TestWriteRecordMSNWrap(t *testing.T) {
 	if wc := waitWC(t, b.cq, 1)[0]; wc.MSN != 1 || wc.Partial || !bytes.Equal(region.Bytes()[12000:14000], msgs[1]) {
 		t.Fatalf("%+v", wc)
 	}
-	quiet(t, b.cq)
-	eventually(t, "two stragglers dropped", func() bool { return b.dev.Stats().RxWRStale.Load() == 2 })
+	// Each complete message recorded once: b read and handled all nine
+	// segments, the two stragglers dropped.
+	quietUntil(t, b.cq, b.sock, "the nine segments read", func() bool { return b.dev.Stats().RxDatagrams.Load() >= 9 })
+	if n := b.dev.Stats().RxWRStale.Load(); n != 2 {
+		t.Fatalf("%d stragglers dropped, want 2", n)
+	}
 }
 
 // TestWriteRecordImpairedLink sends Write-Records through the impairment

@@ -167,7 +167,7 @@ func TestRCConnManySmall(t *testing.T) {
 	for i := range n {
 		want.Write(bytes.Repeat([]byte{byte(i)}, 1+i%9))
 	}
-	time.Sleep(100 * time.Millisecond) // the writer runs out of credits
+	waitFor(t, "the writer to run out of credits", func() bool { a.mu.Lock(); defer a.mu.Unlock(); return a.credits == 0 })
 	b.SetReadDeadline(time.Now().Add(30 * time.Second))
 	got, err := io.ReadAll(b)
 	if err != nil || !bytes.Equal(got, want.Bytes()) {
@@ -212,7 +212,7 @@ func TestRCConnDeadlinesAndClose(t *testing.T) {
 		defer wg.Done()
 		_, werr = b.Write(make([]byte, 1<<20))
 	}()
-	time.Sleep(50 * time.Millisecond)
+	parked.Wait(t, "(*RCConn).Write") // blocked on credits: Close is tested on it
 	start = time.Now()
 	b.Close()
 	wg.Wait()

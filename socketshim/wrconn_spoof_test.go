@@ -238,6 +238,9 @@ func TestWRConnSpoofedHelloFlood(t *testing.T) {
 	exchange(t, v, r, 0, 3)
 }
 
+// lastID is the WR ID of a flood's last record, the one signaled.
+const lastID = 0x6c617374
+
 // TestWRConnCreditOverrun: a validated peer that writes far more records
 // than its credits allow (its stack posts them straight, thousands in a
 // burst, while the reader reads nothing) neither overflows the receiver's
@@ -271,6 +274,9 @@ func TestWRConnCreditOverrun(t *testing.T) {
 		binary.BigEndian.PutUint64(hdr[:], seq)
 		wr := qp.SendWR{ID: inlineID, Opcode: qp.OpWriteRecord, AH: ah, RemoteSTag: tx.stag,
 			RemoteTO: tx.base + seq%uint64(tx.slots)*uint64(tx.size) + 8, Inline: hdr[:]}
+		if i == n-1 {
+			wr.ID, wr.Flags = lastID, qp.FlagSignaled // completes after every earlier send
+		}
 		for {
 			err := m.pc.q.PostSend(&wr)
 			if err == nil {
@@ -283,16 +289,29 @@ func TestWRConnCreditOverrun(t *testing.T) {
 			time.Sleep(50 * time.Microsecond)
 		}
 	}
-	// Let the flood land (what the kernel kept of it).
-	rx := v.Device().Stats().RxDatagrams.Load()
-	for {
-		time.Sleep(50 * time.Millisecond)
-		now := v.Device().Stats().RxDatagrams.Load()
-		if now == rx {
-			break
+	// The flood has landed (what the kernel kept of it): the last
+	// record's send completed, after every earlier one's (loopback queued
+	// each at v as it was sent, or dropped it), and v has read and handled
+	// all its socket holds.
+	wcs := make([]qp.WorkCompletion, 16)
+	for sent := false; !sent; {
+		k := m.pc.scq.Poll(wcs)
+		for _, wc := range wcs[:k] {
+			sent = sent || wc.ID == lastID
+			if wc.ID < uint64(m.o.SendSlots) {
+				m.pc.free.Put(int(wc.ID)) // as reapNow does
+			}
 		}
-		rx = now
+		if k == 0 {
+			if time.Since(start) > time.Minute {
+				t.Fatal("the flood's last record never completed")
+			}
+			time.Sleep(time.Millisecond)
+		}
 	}
+	for v.pc.sock.Progress(256) > 0 {
+	}
+	rx := v.Device().Stats().RxDatagrams.Load()
 	if v.pc.rcq.Overflowed() {
 		t.Fatalf("the receive CQ overflowed (%d completions refused)", v.pc.rcq.Dropped())
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -140,7 +141,7 @@ func TestWRConnFastWriter(t *testing.T) {
 		}
 	}()
 	buf := make([]byte, 70000)
-	time.Sleep(50 * time.Millisecond) // the writer fills the ring and waits
+	waitFor(t, "the writer to fill the ring and wait", func() bool { return a.Stats().Probes.Load() > 0 }) // it probes as it begins to wait
 	for i := range n {
 		if i%500 == 0 {
 			time.Sleep(10 * time.Millisecond)
@@ -182,11 +183,10 @@ func TestWRConnLoss(t *testing.T) {
 	}()
 	buf := make([]byte, 1<<18)
 	got, last := 0, -1
-	for {
-		b.SetReadDeadline(time.Now().Add(time.Second))
+	read := func() error {
 		k, _, err := b.ReadFrom(buf)
 		if err != nil {
-			break
+			return err
 		}
 		j, ok := checkRecord(buf[:k])
 		if !ok || j <= last {
@@ -194,8 +194,44 @@ func TestWRConnLoss(t *testing.T) {
 		}
 		last = j
 		got++
+		return nil
 	}
+	// The reads (which give the writer its credits) end once the writer
+	// is done and b has handled all it sent: the last write returned when
+	// its send completed, after every earlier one's (the writer's loss
+	// drops datagrams at once, and loopback queues the others at b as
+	// they are sent), and b's socket has nothing left to read. The bound
+	// only ends a hung test.
+	b.SetReadDeadline(time.Now().Add(60 * time.Second))
+	stop, ended := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(ended)
+		select {
+		case <-done:
+		case <-stop:
+			return
+		}
+		for b.pc.sock.Progress(64) > 0 {
+		}
+		b.SetReadDeadline(time.Now().Add(-time.Second))
+	}()
+	for read() == nil {
+	}
+	close(stop)
+	<-ended
 	<-done
+	// Then the whole records b has queued, none of which the deadline
+	// let the reads take.
+	b.poll()
+	b.mu.Lock()
+	left := len(b.rq) - b.rqHead
+	b.mu.Unlock()
+	b.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for range left {
+		if err := read(); err != nil {
+			t.Fatalf("a queued record: %v", err)
+		}
+	}
 	t.Logf("%d of %d records whole; writer: %d dropped, %d probes; reader: %d re-keys, %d discarded, stack partial/complete %d/%d",
 		got, n, a.Stats().Dropped.Load(), a.Stats().Probes.Load(), b.Stats().Rekeys.Load(), b.Stats().Discarded.Load(),
 		b.Device().Stats().RxWRPartial.Load(), b.Device().Stats().RxWRComplete.Load())
@@ -244,7 +280,8 @@ func TestWRConnDeadlinesAndClose(t *testing.T) {
 	wg.Add(2)
 	go func() { defer wg.Done(); _, _, rerr = a.ReadFrom(buf) }()
 	go func() { defer wg.Done(); _, werr = a.WriteTo([]byte("x"), silent.LocalAddr()) }()
-	time.Sleep(30 * time.Millisecond)
+	parked.Wait(t, "(*WRConn).ReadFrom") // both blocked: Close is tested on them
+	parked.Wait(t, "(*WRConn).WriteToUDPAddrPort")
 	start = time.Now()
 	a.Close()
 	wg.Wait()
@@ -464,9 +501,24 @@ func TestWRConnPartialReadFrom(t *testing.T) {
 	const n, size = 100, 20000
 	done := writeRecords(t, a, b, n, size)
 	buf := make([]byte, 1<<16)
-	got := 0
+	// The reads end once every record is accounted for, returned whole or
+	// passed over and counted (each of the 20 segments of a record is lost
+	// alone, never all); the bound only ends a hung test.
+	var whole atomic.Uint64
+	b.SetReadDeadline(time.Now().Add(30 * time.Second))
+	stop, ended := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(ended)
+		for whole.Load()+b.Stats().Discarded.Load() < n {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+		b.SetReadDeadline(time.Now().Add(-time.Second))
+	}()
 	for {
-		b.SetReadDeadline(time.Now().Add(time.Second))
 		k, _, err := b.ReadFrom(buf)
 		if err != nil {
 			break
@@ -474,10 +526,12 @@ func TestWRConnPartialReadFrom(t *testing.T) {
 		if _, ok := checkRecord(buf[:k]); !ok || k != size {
 			t.Fatalf("ReadFrom returned %d bytes that are not a whole record", k)
 		}
-		got++
+		whole.Add(1)
 	}
+	close(stop)
+	<-ended
 	<-done
-	if d := b.Stats().Discarded.Load(); got == 0 || got == n || uint64(got)+d < n {
+	if got, d := int(whole.Load()), b.Stats().Discarded.Load(); got == 0 || got == n || uint64(got)+d < n {
 		t.Fatalf("%d whole of %d, %d discarded; reader %+v; device partial %d complete %d superseded-or-stale %d", got, n, d, statsOf(b), b.Device().Stats().RxWRPartial.Load(), b.Device().Stats().RxWRComplete.Load(), b.Device().Stats().RxWRStale.Load())
 	}
 }

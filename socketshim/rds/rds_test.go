@@ -23,9 +23,6 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // wait bounds every blocking call of the tests.
 const wait = 5 * time.Second
 
-// quiet is how long a test listens to be sure nothing arrives.
-const quiet = 300 * time.Millisecond
-
 func open(t *testing.T, network, addr string, o *Options) *Socket {
 	t.Helper()
 	if o == nil {
@@ -101,14 +98,44 @@ func note(t *testing.T, s *Socket, token uint32, st Status, peer netip.AddrPort)
 	}
 }
 
-// nothing expects no message or notification for a while.
-func nothing(t *testing.T, s *Socket) {
+// nothingQueued expects no message or notification waiting for s now
+// (RecvMsg under a deadline passed already returns what is queued, or
+// the timeout). The caller waited for the state in which what must not
+// be there would be: ended, or BadMessages counted.
+func nothingQueued(t *testing.T, s *Socket) {
 	t.Helper()
-	s.SetReadDeadline(time.Now().Add(quiet))
+	s.SetReadDeadline(time.Now().Add(-time.Second))
 	b := make([]byte, 4096)
 	n, from, ctrl, err := s.RecvMsg(b)
 	if !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("got %q from %v with %+v (err %v), want nothing", b[:n], from, ctrl, err)
+	}
+}
+
+// ended waits until s has ended ops RDMA operations in all (Stats): an
+// operation's notification, if it makes one, is queued as it ends.
+func ended(t *testing.T, s *Socket, ops uint64) {
+	t.Helper()
+	for end := time.Now().Add(wait); s.Stats().Operations < ops; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("%d operations ended, want %d", s.Stats().Operations, ops)
+		}
+	}
+}
+
+// marker sends a message from from to to and expects it to be the next
+// thing to reads: RD delivers one peer's messages in the order they
+// were posted, and RecvMsg returns queued notifications first, so no
+// message from posted before it (an ACK that must not come: posted, if
+// at all, by the time its operation ended, which the caller saw) and no
+// notification is waiting ahead of it.
+func marker(t *testing.T, from, to *Socket) {
+	t.Helper()
+	if _, err := from.SendMsg([]byte("marker"), to.LocalAddr()); err != nil {
+		t.Fatal(err)
+	}
+	if src, ctrl := recvMsg(t, to, "marker"); src != from.LocalAddr() || len(ctrl) != 0 {
+		t.Fatalf("the marker from %v with %+v, want from %v without controls", src, ctrl, from.LocalAddr())
 	}
 }
 
@@ -314,7 +341,7 @@ func TestInvalidate(t *testing.T) {
 	}
 	write(t, server, client, "flushed", c, 0, NotifyMe, 2, []byte("y"))
 	note(t, server, 2, StatusRemoteError, peer)
-	nothing(t, client)
+	marker(t, server, client)
 	if buf[0] != 'x' {
 		t.Fatal("an invalidated mapping was written")
 	}
@@ -325,7 +352,7 @@ func TestInvalidate(t *testing.T) {
 	}
 	write(t, server, client, "freed", c, 0, NotifyMe, 3, []byte("z"))
 	note(t, server, 3, StatusRemoteError, peer)
-	nothing(t, client)
+	marker(t, server, client)
 
 	// UseOnce|Invalidate: the ACK from one server invalidates it at once,
 	// so a second server that knows the cookie is refused by the client.
@@ -340,7 +367,7 @@ func TestInvalidate(t *testing.T) {
 	}
 	write(t, other, client, "from other", c, 0, NotifyMe, 5, []byte("2"))
 	note(t, other, 5, StatusRemoteError, peer)
-	nothing(t, client)
+	marker(t, other, client)
 	if buf[0] != '1' {
 		t.Fatal("an invalidated mapping was written")
 	}
@@ -376,7 +403,7 @@ func TestRemoteErrors(t *testing.T) {
 	note(t, server, 3, StatusRemoteError, peer)
 	write(t, server, client, "unknown", makeCookie(0x12345678, 0), 0, NotifyMe, 4, []byte("a"))
 	note(t, server, 4, StatusRemoteError, peer)
-	nothing(t, client)
+	marker(t, server, client)
 	// The region rejected the tagged segments itself.
 	if st := client.Device().Stats(); st.RxBounds.Load() == 0 {
 		t.Fatal("the client's device counted no bounds fault")
@@ -407,7 +434,8 @@ func TestNotifyAndRecvErr(t *testing.T) {
 	// Off, no NotifyMe: nothing, success or failure.
 	ok(0, 1, "ok1")
 	bad(0, 2)
-	nothing(t, server)
+	ended(t, server, 2)
+	nothingQueued(t, server)
 	// On: failures notify without NotifyMe; successes do not.
 	server.SetRecvErr(true)
 	if !server.RecvErr() {
@@ -421,15 +449,17 @@ func TestNotifyAndRecvErr(t *testing.T) {
 	note(t, server, 5, StatusRemoteError, peer)
 	ok(NotifyMe, 6, "ok6")
 	note(t, server, 6, StatusSuccess, peer)
-	nothing(t, server)
+	ended(t, server, 6)
+	nothingQueued(t, server)
 	// Off again, NotifyMe alone: both outcomes notify.
 	server.SetRecvErr(false)
 	bad(NotifyMe, 7)
 	note(t, server, 7, StatusRemoteError, peer)
 	ok(NotifyMe, 8, "ok8")
 	note(t, server, 8, StatusSuccess, peer)
-	nothing(t, server)
-	nothing(t, client)
+	ended(t, server, 8)
+	nothingQueued(t, server)
+	marker(t, server, client)
 	// Several queued notifications come in one RecvMsg, in order.
 	for i := range uint32(3) {
 		bad(NotifyMe, 10+i)
@@ -575,7 +605,7 @@ func TestErrors(t *testing.T) {
 	is(err, ErrMappingLimit, syscall.EAGAIN)
 	_, err = client.SendMsg([]byte("never"), to, MapControl{Buf: buf})
 	is(err, ErrMappingLimit, syscall.EAGAIN)
-	nothing(t, server)
+	marker(t, client, server)
 	if err := client.FreeMR(c3, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -672,7 +702,7 @@ func TestFreeMRWhileInUse(t *testing.T) {
 		t.Fatalf("the RDMA's outcome was in before FreeMR returned (%d bytes, %+v, %v): FreeMR waited for it", n, ctrl, err)
 	}
 	note(t, server, 1, StatusRemoteError, client.LocalAddr())
-	nothing(t, client)
+	marker(t, server, client)
 	if !bytes.Equal(buf, make([]byte, 4096)) {
 		t.Fatal("the buffer was written after FreeMR returned")
 	}
@@ -724,7 +754,7 @@ func TestCancel(t *testing.T) {
 		t.Fatalf("notifications %+v, want %+v", got, want)
 	}
 	recvMsg(t, client, "after")
-	nothing(t, client)
+	marker(t, server, client)
 }
 
 // Close with an operation in flight: it returns at once, the ACK never
@@ -740,7 +770,12 @@ func TestCloseCancels(t *testing.T) {
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("Close took %v", d)
 	}
-	nothing(t, client)
+	// The ACK never arrives: it never left. The server's device is
+	// closed, its counters final, and the one Data frame it sent (its
+	// retransmissions aside) is the RDMA Write's.
+	if st := server.Device().Stats(); st.RDDataSent.Load()-st.RDRetransmits.Load() != 1 {
+		t.Fatalf("the server sent %d Data frames (%d of them again), want the RDMA Write's alone", st.RDDataSent.Load(), st.RDRetransmits.Load())
+	}
 	var oe *net.OpError
 	if err := server.Close(); !errors.As(err, &oe) || !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("second Close: %v", err)
@@ -859,7 +894,14 @@ func TestTruncateAndForeign(t *testing.T) {
 	if wc[0].Status != qp.Success {
 		t.Fatalf("foreign send: %v", wc[0].Status)
 	}
-	nothing(t, server)
+	// The socket took the foreign Send and dropped it, counted: what it
+	// would have made of it is queued by then.
+	for end := time.Now().Add(wait); server.Stats().BadMessages == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the foreign Send was not counted: stats %+v", server.Stats())
+		}
+	}
+	nothingQueued(t, server)
 	if st := server.Stats(); st.BadMessages != 1 {
 		t.Fatalf("stats %+v", st)
 	}
@@ -906,7 +948,7 @@ func TestReadRemoteError(t *testing.T) {
 		t.Fatal(err)
 	}
 	note(t, server, 1, StatusRemoteError, peer)
-	nothing(t, client)
+	marker(t, server, client)
 	if !bytes.Equal(sink, make([]byte, 20)) {
 		t.Fatal("a refused Read wrote the sink")
 	}
@@ -917,7 +959,7 @@ func TestReadRemoteError(t *testing.T) {
 		t.Fatal(err)
 	}
 	note(t, server, 2, StatusRemoteError, peer)
-	nothing(t, client)
+	marker(t, server, client)
 }
 
 // A client that reads late: messages and ACKs past its receive depth wait
@@ -930,7 +972,13 @@ func TestSlowReader(t *testing.T) {
 	for i := range 10 {
 		write(t, server, client, "m"+string(rune('0'+i)), c, uint64(i*8), NotifyMe, uint32(i), bytes.Repeat([]byte{byte('a' + i)}, 8))
 	}
-	time.Sleep(100 * time.Millisecond) // the client's two receives are long taken
+	// The client's two receives are taken: it refused a message for want
+	// of a receive (receiver not ready), which the server retries.
+	for end := time.Now().Add(wait); client.dev.Stats().RDNotReady.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the client never ran out of receives")
+		}
+	}
 	for i := range 10 {
 		recvMsg(t, client, "m"+string(rune('0'+i)))
 		if buf[i*8] != byte('a'+i) {
@@ -999,7 +1047,7 @@ func TestConcurrent(t *testing.T) {
 				t.Fatalf("client %d: ACK %d without its data", i, k)
 			}
 		}
-		nothing(t, cl)
+		marker(t, server, cl) // no ACK twice
 	}
 }
 
@@ -1045,7 +1093,7 @@ func TestAtomicUnderLoss(t *testing.T) {
 		}
 		recvMsg(t, server, "next")
 	}
-	nothing(t, client)
+	marker(t, server, client) // no bad operation's ACK
 }
 
 // FREE_MR with Invalidate while a peer's RDMA Read of the mapping is in
@@ -1077,7 +1125,7 @@ func TestFreeMRInvalidateDuringRead(t *testing.T) {
 	note(t, server, 1, StatusRemoteError, peer)
 	write(t, server, client, "after", c, 0, NotifyMe, 2, []byte("zz"))
 	note(t, server, 2, StatusRemoteError, peer)
-	nothing(t, client)
+	marker(t, server, client)
 	if !bytes.Equal(buf, orig) {
 		t.Fatal("an invalidated mapping was written")
 	}
