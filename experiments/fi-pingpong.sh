@@ -4,10 +4,13 @@
 # server pinned to CPU 1 and the client to CPU 0, loopback, busy-polled
 # CQs (fi_pingpong's own), one-way µs per transfer (fi_pingpong's
 # usec/xfer: elapsed / iterations / 2, a mean: it prints nothing else).
-# Pairs, each against its baseline in the same round, the order of the
-# two reversed every other round:
-#   udiwarp        -e dgram   against  udp        -e dgram
-#   udiwarp;ofi_rxd -e rdm    against  udp;ofi_rxd -e rdm
+# Each against its baseline in the same round, the order reversed every
+# other round:
+#   udiwarp          -e dgram  against  udp          -e dgram
+#   udiwarp (native) -e rdm    against  udp;ofi_rxd  -e rdm  (udiwarp's RD
+#                              endpoint, FI_PROVIDER hiding the utility
+#                              providers)
+#   udiwarp;ofi_rxd  -e rdm    against  udp;ofi_rxd  -e rdm
 # Both providers on loopback (FI_UDP_IFACE=lo; udiwarp's domain lo).
 # Figures per cell: the median over the rounds of each run's mean, the
 # ratio of those medians to the baseline's, and every run's mean.
@@ -15,7 +18,7 @@
 # stderr; raw outputs kept under $OUT.
 #
 # Environment: ROUNDS (5), FI_N iterations per run (20000), DGRAM_SIZES
-# ("64 256 1024 4096"), RDM_SIZES ("64 1024 4096 65536"), OUT (a new
+# ("64 256 1024 4096"), RDM_SIZES ("64 1024 4096"), OUT (a new
 # temporary directory). Needs fi_pingpong (libfabric-bin), libfabric-dev,
 # gcc, Go, taskset. Run it alone on a quiet machine.
 set -euo pipefail
@@ -24,7 +27,7 @@ cd "$(dirname "$0")/.."
 rounds=${ROUNDS:-5}
 fi_n=${FI_N:-20000}
 dgram_sizes=${DGRAM_SIZES:-"64 256 1024 4096"}
-rdm_sizes=${RDM_SIZES:-"64 1024 4096 65536"}
+rdm_sizes=${RDM_SIZES:-"64 1024 4096"}
 out=${OUT:-$(mktemp -d /tmp/fi-pingpong.XXXXXX)}
 mkdir -p "$out"
 export FI_UDP_IFACE=lo
@@ -43,14 +46,15 @@ export FI_PROVIDER_PATH="$out/prov"
 port=47592
 # run PROVIDER EP SIZE ROUND: one fi_pingpong pair; appends a data line.
 run() {
-  local prov=$1 ep=$2 size=$3 r=$4 dom=() base mean
+  local prov=$1 ep=$2 size=$3 r=$4 dom=() base mean env=()
   [[ $prov == udiwarp* ]] && dom=(-d lo)
+  [[ $prov == udiwarp && $ep == rdm ]] && env=(FI_PROVIDER='^ofi_rxd,ofi_rxm,ofi_mrail')
   base="$out/$(echo "$prov" | tr ';' '+')-$ep-$size-$r"
   port=$((port + 1))
-  taskset -c 1 timeout --foreground 600 fi_pingpong -p "$prov" "${dom[@]}" -e "$ep" -I "$fi_n" -S "$size" -B "$port" >"$base.server" 2>&1 &
+  env "${env[@]}" taskset -c 1 timeout --foreground 600 fi_pingpong -p "$prov" "${dom[@]}" -e "$ep" -I "$fi_n" -S "$size" -B "$port" >"$base.server" 2>&1 &
   local spid=$!
   for _ in $(seq 100); do ss -ltn "sport = :$port" | grep -q LISTEN && break; sleep 0.05; done
-  taskset -c 0 timeout --foreground 600 fi_pingpong -p "$prov" "${dom[@]}" -e "$ep" -I "$fi_n" -S "$size" -P "$port" 127.0.0.1 >"$base.client" 2>&1 || true
+  env "${env[@]}" taskset -c 0 timeout --foreground 600 fi_pingpong -p "$prov" "${dom[@]}" -e "$ep" -I "$fi_n" -S "$size" -P "$port" 127.0.0.1 >"$base.client" 2>&1 || true
   wait "$spid" || true
   mean=$(awk -v s="$size" 'NR > 1 && ($1 == s || $1 == s/1024 "k") {print $7}' "$base.client" | tail -1)
   if [ -z "$mean" ]; then
@@ -69,8 +73,8 @@ for r in $(seq "$rounds"); do
     else run udiwarp dgram "$size" "$r"; run udp dgram "$size" "$r"; fi
   done
   for size in $rdm_sizes; do
-    if [ $((r % 2)) = 1 ]; then run "udp;ofi_rxd" rdm "$size" "$r"; run "udiwarp;ofi_rxd" rdm "$size" "$r"
-    else run "udiwarp;ofi_rxd" rdm "$size" "$r"; run "udp;ofi_rxd" rdm "$size" "$r"; fi
+    if [ $((r % 2)) = 1 ]; then run "udp;ofi_rxd" rdm "$size" "$r"; run udiwarp rdm "$size" "$r"; run "udiwarp;ofi_rxd" rdm "$size" "$r"
+    else run "udiwarp;ofi_rxd" rdm "$size" "$r"; run udiwarp rdm "$size" "$r"; run "udp;ofi_rxd" rdm "$size" "$r"; fi
   done
 done
 
@@ -89,10 +93,11 @@ awk '
     for (i = 1; i <= n; i++) {
       split(order[i], f, SUBSEP)
       m = median(runs[order[i]])
-      base = f[1]; sub(/^udiwarp/, "udp", base)
+      base = (f[2] == "rdm") ? "udp;ofi_rxd" : "udp"
       bm = median(runs[base SUBSEP f[2] SUBSEP f[3]])
       ratio = (f[1] == base) ? "1.00x (baseline)" : sprintf("%.2fx of %s", m / bm, base)
-      printf "| %s | %s | %s | %.2f | %s | %s |\n", f[1], f[2], f[3], m, ratio, runs[order[i]]
+      name = (f[1] == "udiwarp" && f[2] == "rdm") ? "udiwarp (native RD)" : f[1]
+      printf "| %s | %s | %s | %.2f | %s | %s |\n", name, f[2], f[3], m, ratio, runs[order[i]]
     }
   }' "$out/data"
 log "== raw outputs in $out"
