@@ -204,18 +204,12 @@ func pingpong(t *testing.T, dir, serverNS, clientNS, host string, args ...string
 		t.Fatalf("fi_pingpong server %v: %v\n%s", args, err, srvOut.String())
 	}
 	rows := map[string]string{}
-	if m := regexp.MustCompile(`protocol: (FI_PROTO_\w+)`).FindStringSubmatch(string(out)); m != nil {
-		rows["protocol"] = m[1]
-	}
 	row := regexp.MustCompile(`(?m)^(\d+[km]?)\s+(\S+)\s+=(\S+)\s.*$`)
 	for _, m := range row.FindAllStringSubmatch(string(out), -1) {
 		if m[2] != m[3] {
 			t.Errorf("size %s: %s sent, %s acknowledged", m[1], m[2], m[3])
 		}
 		rows[m[1]] = m[0]
-	}
-	if i := bytes.Index(out, []byte("bytes   #sent")); i >= 0 {
-		out = out[i:] // the table, not -v's dump of its fi_info
 	}
 	t.Logf("fi_pingpong %v:\n%s", args, out)
 	return rows
@@ -226,8 +220,10 @@ func pingpong(t *testing.T, dir, serverNS, clientNS, host string, args ...string
 // to 4 KiB: fi_pingpong's next size, 64 KiB, is over one datagram); the
 // native RDM endpoints, untagged and tagged (64 B to 1 MiB: eager copies
 // to 64 KiB, the caller's registered buffer above); and RDM endpoints of
-// libfabric's reliability layer over the DGRAM ones (to 1 MiB). Its -v
-// output names the protocol of the endpoint it ran.
+// libfabric's reliability layer over the DGRAM ones (to 1 MiB). The
+// native runs hide libfabric's utility providers (native): the only RDM
+// endpoint left is ours. (fi_pingpong's -v would say which ran, but it
+// also prints in its polling loops, gigabytes a run.)
 func TestPingpong(t *testing.T) {
 	dir := built(t)
 	need(t, "fi_pingpong")
@@ -236,10 +232,10 @@ func TestPingpong(t *testing.T) {
 		args  []string
 		sizes []string
 	}{
-		{"dgram", []string{"-p", "udiwarp", "-e", "dgram", "-I", "100", "-v"}, []string{"64", "256", "1k", "4k"}},
-		{"rdm", []string{native, "-p", "udiwarp", "-e", "rdm", "-I", "20", "-v"}, []string{"64", "256", "1k", "4k", "64k", "1m"}},
-		{"rdm-tagged", []string{native, "-p", "udiwarp", "-e", "rdm", "-m", "tagged", "-I", "20", "-v"}, []string{"64", "256", "1k", "4k", "64k", "1m"}},
-		{"rxd", []string{"-p", "udiwarp;ofi_rxd", "-e", "rdm", "-I", "20", "-v"}, []string{"64", "256", "1k", "4k", "64k", "1m"}},
+		{"dgram", []string{"-p", "udiwarp", "-e", "dgram", "-I", "100"}, []string{"64", "256", "1k", "4k"}},
+		{"rdm", []string{native, "-p", "udiwarp", "-e", "rdm", "-I", "20"}, []string{"64", "256", "1k", "4k", "64k", "1m"}},
+		{"rdm-tagged", []string{native, "-p", "udiwarp", "-e", "rdm", "-m", "tagged", "-I", "20"}, []string{"64", "256", "1k", "4k", "64k", "1m"}},
+		{"rxd", []string{"-p", "udiwarp;ofi_rxd", "-e", "rdm", "-I", "20"}, []string{"64", "256", "1k", "4k", "64k", "1m"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rows := pingpong(t, dir, "", "", "127.0.0.1", tc.args...)
@@ -247,10 +243,6 @@ func TestPingpong(t *testing.T) {
 				if rows[s] == "" {
 					t.Errorf("no row for %s bytes: %v", s, rows)
 				}
-			}
-			want := map[string]string{"dgram": "FI_PROTO_UDP", "rdm": "FI_PROTO_IWARP_RDM", "rdm-tagged": "FI_PROTO_IWARP_RDM", "rxd": "FI_PROTO_RXD"}[tc.name]
-			if !strings.Contains(rows["protocol"], want) {
-				t.Errorf("the endpoint that ran is %q, want %s", rows["protocol"], want)
 			}
 		})
 	}
