@@ -42,6 +42,16 @@ const rdmHeader = 24
 const (
 	eagerMax   = 65536
 	largeSlots = 4
+	// unexpBudget bounds the bytes of unexpected messages an endpoint
+	// copies out of their slots. A message that waits in its slot keeps
+	// the slot from the next message, and a receive the program posts
+	// only after the one it waits for may then never be matched (MPI's
+	// collectives: the four large slots held by messages of a later step,
+	// the message of this step refused for ever); copied out, the slot
+	// takes the next message. Past the budget, messages keep their slots
+	// and their senders are held back: what a peer can make an endpoint
+	// hold is this budget and the slots.
+	unexpBudget = 64 << 20
 )
 
 const (
@@ -63,6 +73,7 @@ type rdmState struct {
 	ready   []C.struct_udwf_comp
 	maxMsg  int
 	rxDepth int
+	copied  int // bytes of unexpected messages copied out of their slots
 }
 
 type txOf struct {
@@ -82,9 +93,11 @@ type rdmRecv struct {
 	src         netip.AddrPort
 }
 
-// An unexpMsg is a message that came before its receive: it keeps its slot.
+// An unexpMsg is a message that came before its receive: in its slot, or
+// copied out (buf, slot -1).
 type unexpMsg struct {
 	slot int
+	buf  []byte
 	n    int // its bytes, after the header
 	kind byte
 	tag  uint64
@@ -306,7 +319,11 @@ func (e *ep) deliver(rv *rdmRecv, m unexpMsg, c *C.struct_udwf_comp) {
 	}
 	n := min(m.n, rv.len)
 	if n > 0 {
-		copy(unsafe.Slice((*byte)(rv.buf), n), e.slotBytes(m.slot)[rdmHeader:rdmHeader+n])
+		src := m.buf
+		if src == nil {
+			src = e.slotBytes(m.slot)[rdmHeader:]
+		}
+		copy(unsafe.Slice((*byte)(rv.buf), n), src[:n])
 	}
 	c.len = C.uint64_t(n)
 	if m.n > rv.len {
@@ -318,8 +335,17 @@ func (e *ep) deliver(rv *rdmRecv, m unexpMsg, c *C.struct_udwf_comp) {
 	var l C.int = 28
 	putSockaddr(unsafe.Pointer(&c.src[0]), &l, m.src, e.s.LocalAddr().Addr().Is6())
 	c.srclen = C.uint32_t(l)
-	// The slot is the endpoint's own and was just taken: posting it again
-	// fails only with the SRQ gone (the endpoint closing).
+	e.release(m)
+}
+
+// release gives back what message m held: its slot (posted again: it is
+// the endpoint's own and was just taken, so that fails only with the SRQ
+// gone, the endpoint closing), or its copy's share of the budget.
+func (e *ep) release(m unexpMsg) {
+	if m.buf != nil {
+		e.rdm.copied -= len(m.buf)
+		return
+	}
 	_ = e.repost(m.slot)
 }
 
@@ -393,6 +419,12 @@ func (e *ep) pollRDM(comps []C.struct_udwf_comp) int {
 				}
 			}
 			if !matched {
+				if r.copied+m.n <= unexpBudget {
+					m.buf = slices.Clone(b[rdmHeader : rdmHeader+m.n])
+					r.copied += m.n
+					_ = e.repost(slot) // as in release
+					m.slot = -1
+				}
 				r.unexp = append(r.unexp, m)
 			}
 		}
@@ -445,7 +477,7 @@ func udwf_tpeek(h C.longlong, src C.longlong, tagged C.int, tag, ignore C.uint64
 		if claim != 0 {
 			r.unexp = slices.Delete(r.unexp, k, k+1)
 			if discard != 0 {
-				_ = e.repost(m.slot) // as in deliver
+				e.release(m)
 				c.len = 0
 			} else {
 				if r.claimed == nil {
