@@ -529,39 +529,19 @@ func udwf_max_msg() C.int {
 	return C.int(65507 - udiwarp.DDPUntaggedHeaderSize - udiwarp.CRCSize)
 }
 
-// parseSockaddr reads a struct sockaddr_in or sockaddr_in6.
+// parseSockaddr reads a struct sockaddr_in or sockaddr_in6 (shim.ParseSockaddr).
 func parseSockaddr(p unsafe.Pointer, n C.int) (netip.AddrPort, bool) {
 	if p == nil || n < 2 {
 		return netip.AddrPort{}, false
 	}
-	b := unsafe.Slice((*byte)(p), int(n))
-	fam := uint16(b[0]) | uint16(b[1])<<8
-	switch {
-	case fam == unix.AF_INET && n >= 16:
-		return netip.AddrPortFrom(netip.AddrFrom4([4]byte(b[4:8])), uint16(b[2])<<8|uint16(b[3])), true
-	case fam == unix.AF_INET6 && n >= 28:
-		return netip.AddrPortFrom(netip.AddrFrom16([16]byte(b[8:24])).Unmap(), uint16(b[2])<<8|uint16(b[3])), true
-	}
-	return netip.AddrPort{}, false
+	return shim.ParseSockaddr(unsafe.Slice((*byte)(p), int(n)))
 }
 
-// putSockaddr writes ap as the socket's family does (an IPv4 source as
-// ::ffff:a.b.c.d on an IPv6 socket), cut to *n bytes, and sets *n to
-// the full length.
+// putSockaddr writes ap as the socket's family does, cut to *n bytes, and
+// sets *n to the full length (shim.PutSockaddr).
 func putSockaddr(p unsafe.Pointer, n *C.int, ap netip.AddrPort, v6 bool) {
-	var b [28]byte
-	l := 16
-	if v6 || ap.Addr().Is6() {
-		l = 28
-		b[0], b[1] = byte(unix.AF_INET6), 0
-		a := ap.Addr().As16()
-		copy(b[8:24], a[:])
-	} else {
-		b[0], b[1] = byte(unix.AF_INET), 0
-		a := ap.Addr().As4()
-		copy(b[4:8], a[:])
+	if p == nil || n == nil {
+		return
 	}
-	b[2], b[3] = byte(ap.Port()>>8), byte(ap.Port())
-	copy(unsafe.Slice((*byte)(p), int(max(*n, 0))), b[:l])
-	*n = C.int(l)
+	*n = C.int(shim.PutSockaddr(unsafe.Slice((*byte)(p), int(max(*n, 0))), ap, v6))
 }

@@ -272,12 +272,11 @@ func udwf_trecv(h C.longlong, buf unsafe.Pointer, n C.size_t, src C.longlong, ta
 	if e == nil || e.rdm == nil {
 		return -C.int(unix.EBADF)
 	}
-	rv := rdmRecv{buf: buf, len: int(n), ctx: uint64(ctx), tagged: tagged != 0, tag: uint64(tag), ignore: uint64(ignore)}
-	if src >= 0 {
-		if rv.src = ahAddr(src); !rv.src.IsValid() {
-			return -C.int(unix.EINVAL)
-		}
+	rv, ok := recvTerms(src, tagged, tag, ignore, ctx)
+	if !ok {
+		return -C.int(unix.EINVAL)
 	}
+	rv.buf, rv.len = buf, int(n)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -298,6 +297,18 @@ func udwf_trecv(h C.longlong, buf unsafe.Pointer, n C.size_t, src C.longlong, ta
 	}
 	r.posted = append(r.posted, rv)
 	return 0
+}
+
+// recvTerms is what a receive (or a peek) of these terms takes; false for
+// a source handle the process does not hold.
+func recvTerms(src C.longlong, tagged C.int, tag, ignore, ctx C.uint64_t) (rdmRecv, bool) {
+	rv := rdmRecv{ctx: uint64(ctx), tagged: tagged != 0, tag: uint64(tag), ignore: uint64(ignore)}
+	if src >= 0 {
+		if rv.src = ahAddr(src); !rv.src.IsValid() {
+			return rv, false
+		}
+	}
+	return rv, true
 }
 
 func (rv *rdmRecv) matches(kind byte, tag uint64, src netip.AddrPort) bool {
@@ -445,11 +456,9 @@ func udwf_tpeek(h C.longlong, src C.longlong, tagged C.int, tag, ignore C.uint64
 	if e == nil || e.rdm == nil {
 		return -C.int(unix.EBADF)
 	}
-	rv := rdmRecv{ctx: uint64(ctx), tagged: tagged != 0, tag: uint64(tag), ignore: uint64(ignore)}
-	if src >= 0 {
-		if rv.src = ahAddr(src); !rv.src.IsValid() {
-			return -C.int(unix.EINVAL)
-		}
+	rv, ok := recvTerms(src, tagged, tag, ignore, ctx)
+	if !ok {
+		return -C.int(unix.EINVAL)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -26,15 +26,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_tagged.h>
 
-#define CHECK(cond, ...)                                                                                                       \
-	do {                                                                                                                   \
-		if (!(cond)) {                                                                                                 \
-			printf("FAIL %s:%d: ", __FILE__, __LINE__);                                                            \
-			printf(__VA_ARGS__);                                                                                   \
-			printf("\n");                                                                                          \
-			exit(1);                                                                                               \
-		}                                                                                                              \
-	} while (0)
+#include "check.h"
 
 struct end {
 	struct fid_ep *ep;
