@@ -117,6 +117,73 @@ func MPARequestNeed(fd int) (int, error) {
 	}
 }
 
+// PeekMPARequest returns the private data of the whole MPA Request
+// waiting on fd, a TCP socket the caller accepted, reading nothing
+// (MSG_PEEK) and never waiting: so that a listener can show it to the
+// application (libfabric's FI_CONNREQ) before AcceptFD or RejectFD
+// answers it. ErrMPAIncomplete: it has not all arrived (MPARequestNeed
+// says how much it needs); the other errors are MPARequestNeed's.
+func PeekMPARequest(fd int) ([]byte, error) {
+	var b [udiwarp.MPAFrameHeaderSize + udiwarp.MaxMPAPrivateData]byte
+	for {
+		n, _, err := unix.Recvfrom(fd, b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return nil, ErrMPAIncomplete
+		case err != nil:
+			return nil, err
+		case n == 0:
+			return nil, io.EOF
+		}
+		if k := min(n, len(mpaRequestKey)); string(b[:k]) != mpaRequestKey[:k] {
+			return nil, ErrNotMPA
+		}
+		m, fn, _, err := udiwarp.ParseMPAFrame(b[:n])
+		if err != nil {
+			return nil, err
+		}
+		if fn == 0 {
+			return nil, ErrMPAIncomplete
+		}
+		return append([]byte(nil), m.PrivateData()...), nil
+	}
+}
+
+// RejectFD refuses the connection on fd, a TCP socket the caller
+// accepted: it reads the peer's MPA Request (waiting at most timeout for
+// all of it) and answers with a Reply with R set carrying privateData,
+// in the Request's revision, as RCRequest.Reject does; the initiator's
+// ConnectFD or Connect returns a *RejectError with it. The caller closes
+// fd.
+func RejectFD(fd int, privateData []byte, timeout time.Duration) error {
+	if timeout <= 0 {
+		timeout = 5 * time.Second
+	}
+	s := fdStream{fd: fd, deadline: time.Now().Add(timeout)}
+	if err := s.awaitRequest(); err != nil {
+		return err
+	}
+	req, _, err := readMPAFrame(s)
+	if err != nil {
+		return err
+	}
+	if req.Reply() {
+		return fmt.Errorf("%w: an MPA Reply where a Request was due", ErrNotMPA)
+	}
+	f := udiwarp.MPAFrameFields{Reply: true, Reject: true, Revision: req.Revision(), PrivateData: privateData}
+	if f.Revision >= udiwarp.MPARevision2 {
+		f.Enhanced = true
+	}
+	b, err := udiwarp.AppendMPAFrame(nil, &f)
+	if err != nil {
+		return err
+	}
+	_, err = s.Write(b)
+	return err
+}
+
 func (q *QP) checkFD(cfg *RCConfig) error {
 	if q.typ != RC {
 		return fmt.Errorf("%w: an RC connection on a %v QP", ErrInvalidAttr, q.typ)

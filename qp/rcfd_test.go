@@ -336,3 +336,53 @@ func TestAcceptFDNonBlocking(t *testing.T) {
 		t.Fatalf("a bogus header: %v", err)
 	}
 }
+
+// A listener that shows the application the initiator's private data
+// before answering (libfabric's FI_CONNREQ): PeekMPARequest reads
+// nothing, so AcceptFD still finds the whole Request; RejectFD refuses
+// with private data that ConnectFD returns in its *RejectError.
+func TestPeekAndRejectFD(t *testing.T) {
+	a, b := newRCSide(t, DeviceConfig{}), newRCSide(t, DeviceConfig{})
+	ca, cb := tcpFDs(t)
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.q.ConnectFD(ca, RCConfig{PrivateData: []byte("may I")})
+		done <- err
+	}()
+	var pd []byte
+	eventually(t, "the whole Request", func() bool {
+		var err error
+		pd, err = PeekMPARequest(cb)
+		if err != nil && !errors.Is(err, ErrMPAIncomplete) {
+			t.Fatal(err)
+		}
+		return err == nil
+	})
+	if string(pd) != "may I" {
+		t.Fatalf("PeekMPARequest: %q", pd)
+	}
+	if again, err := PeekMPARequest(cb); string(again) != "may I" || err != nil {
+		t.Fatalf("a second peek: %q, %v", again, err)
+	}
+	if err := RejectFD(cb, []byte("not now"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	var rej *RejectError
+	if err := <-done; !errors.As(err, &rej) || string(rej.PrivateData) != "not now" {
+		t.Fatalf("ConnectFD of a rejected Request: %v", err)
+	}
+	if b.q.State() != StateInit {
+		t.Fatalf("the responder's QP is in %v", b.q.State())
+	}
+
+	// Not MPA: the peek says so and reads nothing.
+	ca, cb = tcpFDs(t)
+	unix.Write(ca, []byte("GET / HTTP/1.0\r\n\r\n"))
+	eventually(t, "the bytes queued", func() bool {
+		n, _, _ := unix.Recvfrom(cb, make([]byte, 64), unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		return n > 0
+	})
+	if _, err := PeekMPARequest(cb); !errors.Is(err, ErrNotMPA) {
+		t.Fatalf("PeekMPARequest of HTTP: %v", err)
+	}
+}
