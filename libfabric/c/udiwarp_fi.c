@@ -22,12 +22,14 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <errno.h>
 #include <ifaddrs.h>
 #include <limits.h>
 #include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -37,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -74,6 +77,13 @@
 // FI_TAG_GENERIC of later libfabric versions: tags of 64 bits, any of
 // which a receive may ignore (Open MPI's MTL wants bit 63).
 #define UDW_TAG_FORMAT 0xAAAAAAAAAAAAAAAAull
+// MSG endpoints are RC queue pairs on TCP: a message of up to 64 KiB is
+// copied at the call, a larger one sent from the caller's buffer.
+#define UDW_MSG_MAX_MSG ((size_t)1 << 30)
+#define UDW_MSG_INJECT 65536
+// The connection data of fi_connect, fi_accept and fi_reject travels as
+// MPA private data (at most 512 bytes, less revision 2's IRD/ORD word).
+#define UDW_CM_DATA 256
 #define UDW_POLL_BATCH 64
 
 // ---- the engine -----------------------------------------------------------
@@ -99,6 +109,14 @@ static struct {
 	int (*cancel)(long long h, uint64_t ctx);
 	int (*tpeek)(long long h, long long src, int tagged, uint64_t tag, uint64_t ignore, uint64_t ctx, int claim, int discard);
 	int (*tclaim)(long long h, void *buf, size_t n, uint64_t ctx, int discard);
+	long long (*msg_open)(int fd, int tx, int rx);
+	int (*msg_connect)(long long h, const void *pd, int pdlen, void *out, int *outlen);
+	int (*msg_accept)(long long h, const void *pd, int pdlen, void *out, int *outlen);
+	int (*mpa_peek)(int fd, void *out, int *outlen);
+	int (*mpa_reject)(int fd, const void *pd, int pdlen);
+	int (*msend)(long long h, void *buf, size_t n, uint64_t ctx, int signaled);
+	int (*mrecv)(long long h, void *buf, size_t n, uint64_t ctx);
+	int (*msg_ended)(long long h);
 } eng = {.once = PTHREAD_ONCE_INIT};
 
 static struct fi_provider udw_prov;
@@ -158,9 +176,18 @@ static void load_engine(void) {
 	eng.cancel = dlsym(h, "udwf_cancel");
 	eng.tpeek = dlsym(h, "udwf_tpeek");
 	eng.tclaim = dlsym(h, "udwf_tclaim");
+	eng.msg_open = dlsym(h, "udwf_msg_open");
+	eng.msg_connect = dlsym(h, "udwf_msg_connect");
+	eng.msg_accept = dlsym(h, "udwf_msg_accept");
+	eng.mpa_peek = dlsym(h, "udwf_mpa_peek");
+	eng.mpa_reject = dlsym(h, "udwf_mpa_reject");
+	eng.msend = dlsym(h, "udwf_msend");
+	eng.mrecv = dlsym(h, "udwf_mrecv");
+	eng.msg_ended = dlsym(h, "udwf_msg_ended");
 	if (!eng.init || !eng.ah || !eng.ah_free || !eng.ep_open || !eng.ep_close || !eng.send || !eng.recv || !eng.poll ||
 	    !eng.max_msg || !eng.join || !eng.tsend || !eng.trecv || !eng.cancel ||
-	    !eng.tpeek || !eng.tclaim) {
+	    !eng.tpeek || !eng.tclaim || !eng.msg_open || !eng.msg_connect || !eng.msg_accept || !eng.mpa_peek ||
+	    !eng.mpa_reject || !eng.msend || !eng.mrecv || !eng.msg_ended) {
 		WARN("the engine %s is incomplete\n", path);
 		eng.err = -FI_ENOSYS;
 		return;
@@ -196,7 +223,27 @@ static int fierr(int r) { return r; }
 #define UDW_RDM_CAPS (FI_MSG | FI_TAGGED | FI_SEND | FI_RECV | FI_SOURCE | FI_DIRECTED_RECV)
 #define UDW_RDM_TX_CAPS (FI_MSG | FI_TAGGED | FI_SEND)
 #define UDW_RDM_RX_CAPS (FI_MSG | FI_TAGGED | FI_RECV | FI_SOURCE | FI_DIRECTED_RECV)
+#define UDW_MSG_CAPS (FI_MSG | FI_SEND | FI_RECV)
+#define UDW_MSG_TX_CAPS (FI_MSG | FI_SEND)
+#define UDW_MSG_RX_CAPS (FI_MSG | FI_RECV)
 #define UDW_COMM (FI_LOCAL_COMM | FI_REMOTE_COMM)
+
+// What each endpoint type offers.
+static uint64_t caps_of(enum fi_ep_type t) {
+	return t == FI_EP_RDM ? UDW_RDM_CAPS : t == FI_EP_MSG ? UDW_MSG_CAPS : UDW_DGRAM_CAPS;
+}
+static uint64_t tx_caps_of(enum fi_ep_type t) {
+	return t == FI_EP_RDM ? UDW_RDM_TX_CAPS : t == FI_EP_MSG ? UDW_MSG_TX_CAPS : UDW_DGRAM_TX_CAPS;
+}
+static uint64_t rx_caps_of(enum fi_ep_type t) {
+	return t == FI_EP_RDM ? UDW_RDM_RX_CAPS : t == FI_EP_MSG ? UDW_MSG_RX_CAPS : UDW_DGRAM_RX_CAPS;
+}
+static size_t max_msg_of(enum fi_ep_type t) {
+	return t == FI_EP_RDM ? UDW_RDM_MAX_MSG : t == FI_EP_MSG ? UDW_MSG_MAX_MSG : UDW_MAX_MSG;
+}
+static uint32_t proto_of(enum fi_ep_type t) {
+	return t == FI_EP_RDM ? FI_PROTO_IWARP_RDM : t == FI_EP_MSG ? FI_PROTO_IWARP : FI_PROTO_UDP;
+}
 
 // sa_len is the length of a struct sockaddr_in or sockaddr_in6, 0 for
 // any other family.
@@ -217,17 +264,15 @@ static uint32_t fmt_of(const struct sockaddr *sa) {
 // (FI_EP_DGRAM or FI_EP_RDM).
 static int hints_fit(const struct fi_info *hints, enum fi_ep_type type) {
 	int rdm = type == FI_EP_RDM;
-	uint64_t caps = (rdm ? UDW_RDM_CAPS : UDW_DGRAM_CAPS) | UDW_COMM;
-	uint64_t txcaps = (rdm ? UDW_RDM_TX_CAPS : UDW_DGRAM_TX_CAPS) | UDW_COMM;
-	uint64_t rxcaps = (rdm ? UDW_RDM_RX_CAPS : UDW_DGRAM_RX_CAPS) | UDW_COMM;
-	size_t max = rdm ? UDW_RDM_MAX_MSG : UDW_MAX_MSG;
+	uint64_t caps = caps_of(type) | UDW_COMM;
+	uint64_t txcaps = tx_caps_of(type) | UDW_COMM;
+	uint64_t rxcaps = rx_caps_of(type) | UDW_COMM;
 	if (!hints) return 1;
 	if (hints->caps & ~caps) return 0;
 	if (hints->ep_attr) {
 		if (hints->ep_attr->type != FI_EP_UNSPEC && hints->ep_attr->type != type) return 0;
-		if (hints->ep_attr->max_msg_size > max) return 0;
-		if (hints->ep_attr->protocol != FI_PROTO_UNSPEC && hints->ep_attr->protocol != (rdm ? FI_PROTO_IWARP_RDM : FI_PROTO_UDP))
-			return 0;
+		if (hints->ep_attr->max_msg_size > max_msg_of(type)) return 0;
+		if (hints->ep_attr->protocol != FI_PROTO_UNSPEC && hints->ep_attr->protocol != proto_of(type)) return 0;
 	}
 	if (hints->domain_attr) {
 		if (hints->domain_attr->av_type != FI_AV_UNSPEC && hints->domain_attr->av_type != FI_AV_MAP &&
@@ -253,8 +298,8 @@ static int hints_fit(const struct fi_info *hints, enum fi_ep_type type) {
 // any address), to dest when set.
 static struct fi_info *ep_info(const struct fi_info *hints, enum fi_ep_type type, const char *ifname,
 			       const struct sockaddr *src, const struct sockaddr *dest) {
-	int rdm = type == FI_EP_RDM;
-	uint64_t all = rdm ? UDW_RDM_CAPS : UDW_DGRAM_CAPS;
+	int rdm = type == FI_EP_RDM, msg = type == FI_EP_MSG;
+	uint64_t all = caps_of(type);
 	struct fi_info *fi = fi_allocinfo();
 	if (!fi) return NULL;
 	fi->caps = all;
@@ -275,29 +320,29 @@ static struct fi_info *ep_info(const struct fi_info *hints, enum fi_ep_type type
 		if (!fi->dest_addr) goto fail;
 		memcpy(fi->dest_addr, dest, fi->dest_addrlen);
 	}
-	fi->tx_attr->caps = fi->caps & (rdm ? UDW_RDM_TX_CAPS : UDW_DGRAM_TX_CAPS);
+	fi->tx_attr->caps = fi->caps & tx_caps_of(type);
 	fi->tx_attr->mode = 0;
 	fi->tx_attr->op_flags = 0;
-	// RD delivers each peer's messages in order.
-	fi->tx_attr->msg_order = rdm ? FI_ORDER_SAS : FI_ORDER_NONE;
+	// RD delivers each peer's messages in order, RC (TCP) its stream.
+	fi->tx_attr->msg_order = rdm || msg ? FI_ORDER_SAS : FI_ORDER_NONE;
 	fi->tx_attr->comp_order = FI_ORDER_NONE;
 	// Every send is copied before the call returns: inject takes all.
-	fi->tx_attr->inject_size = rdm ? UDW_RDM_INJECT : UDW_MAX_MSG;
+	fi->tx_attr->inject_size = rdm ? UDW_RDM_INJECT : msg ? UDW_MSG_INJECT : UDW_MAX_MSG;
 	fi->tx_attr->size = rdm ? UDW_RDM_SIZE : UDW_TX_SIZE;
 	fi->tx_attr->iov_limit = 1;
 	fi->tx_attr->rma_iov_limit = 0;
-	fi->rx_attr->caps = fi->caps & (rdm ? UDW_RDM_RX_CAPS : UDW_DGRAM_RX_CAPS);
+	fi->rx_attr->caps = fi->caps & rx_caps_of(type);
 	fi->rx_attr->mode = 0;
 	fi->rx_attr->op_flags = 0;
-	fi->rx_attr->msg_order = rdm ? FI_ORDER_SAS : FI_ORDER_NONE;
+	fi->rx_attr->msg_order = rdm || msg ? FI_ORDER_SAS : FI_ORDER_NONE;
 	fi->rx_attr->comp_order = FI_ORDER_NONE;
 	fi->rx_attr->total_buffered_recv = rdm ? (size_t)UDW_RDM_SIZE * UDW_RDM_INJECT : 0;
 	fi->rx_attr->size = rdm ? UDW_RDM_SIZE : UDW_RX_SIZE;
 	fi->rx_attr->iov_limit = 1;
 	fi->ep_attr->type = type;
-	fi->ep_attr->protocol = rdm ? FI_PROTO_IWARP_RDM : FI_PROTO_UDP;
+	fi->ep_attr->protocol = proto_of(type);
 	fi->ep_attr->protocol_version = 1;
-	fi->ep_attr->max_msg_size = rdm ? UDW_RDM_MAX_MSG : UDW_MAX_MSG;
+	fi->ep_attr->max_msg_size = max_msg_of(type);
 	fi->ep_attr->msg_prefix_size = 0;
 	fi->ep_attr->max_order_raw_size = 0;
 	fi->ep_attr->max_order_war_size = 0;
@@ -380,10 +425,11 @@ static int udw_getinfo(uint32_t version, const char *node, const char *service, 
 	*info = NULL;
 	// The endpoint types the hints take, RDM first (the reliable one, for
 	// a program that takes the first entry).
-	enum fi_ep_type types[2];
+	enum fi_ep_type types[3];
 	int ntypes = 0;
 	if (hints_fit(hints, FI_EP_RDM)) types[ntypes++] = FI_EP_RDM;
 	if (hints_fit(hints, FI_EP_DGRAM)) types[ntypes++] = FI_EP_DGRAM;
+	if (hints_fit(hints, FI_EP_MSG)) types[ntypes++] = FI_EP_MSG;
 	if (!ntypes) return -FI_ENODATA;
 	int fam = AF_UNSPEC;
 	if (hints && hints->addr_format == FI_SOCKADDR_IN) fam = AF_INET;
@@ -500,18 +546,37 @@ struct udw_domain {
 };
 
 // An EQ holds the events of the provider's control path: a DGRAM
-// endpoint's FI_JOIN_COMPLETE (fi_join). Events are copied in whole.
+// endpoint's FI_JOIN_COMPLETE (fi_join); an MSG endpoint's FI_CONNREQ
+// (on its passive endpoint's EQ), FI_CONNECTED and FI_SHUTDOWN, with the
+// connection data that came with them, and a failed connection's error
+// entry (fi_eq_readerr: FI_ECONNREFUSED, the rejecting peer's data in
+// err_data). Events are copied in whole.
 struct eq_event {
 	uint32_t event;
-	struct fi_eq_entry entry;
+	size_t len; // bytes of u a read returns
+	int err;    // an error entry: errent, for fi_eq_readerr
+	struct fi_eq_err_entry errent;
+	size_t errdata_len;
+	uint8_t errdata[UDW_CM_DATA];
+	union {
+		struct fi_eq_entry e;
+		struct fi_eq_cm_entry cm;
+		uint8_t raw[sizeof(struct fi_eq_cm_entry) + UDW_CM_DATA];
+	} u;
 };
+
+struct udw_ep;
 
 struct udw_eq {
 	struct fid_eq e;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
+	int efd; // written at each event: what fi_eq_sread polls beside the MSG endpoints
 	struct eq_event *ring;
 	size_t cap, head, count;
+	struct udw_ep **msg; // the connected MSG endpoints bound to it, whose end it reports
+	size_t nmsg;
+	uint8_t errdata[UDW_CM_DATA]; // the last error entry's data, for a reader that gave no buffer
 };
 
 static int fabric_close(struct fid *fid) {
@@ -521,15 +586,18 @@ static int fabric_close(struct fid *fid) {
 
 static int eq_close(struct fid *fid) {
 	struct udw_eq *q = container_of(fid, struct udw_eq, e.fid);
+	if (q->nmsg) return -FI_EBUSY;
 	pthread_mutex_destroy(&q->mu);
 	pthread_cond_destroy(&q->cv);
+	close(q->efd);
 	free(q->ring);
+	free(q->msg);
 	free(q);
 	return 0;
 }
 
-// eq_post queues an event (the ring grows rather than lose one).
-static int eq_post(struct udw_eq *q, uint32_t event, const struct fi_eq_entry *entry) {
+// eq_push queues an event (the ring grows rather than lose one).
+static int eq_push(struct udw_eq *q, const struct eq_event *ev) {
 	pthread_mutex_lock(&q->mu);
 	if (q->count == q->cap) {
 		size_t cap = q->cap ? 2 * q->cap : 16;
@@ -542,58 +610,121 @@ static int eq_post(struct udw_eq *q, uint32_t event, const struct fi_eq_entry *e
 		free(q->ring);
 		q->ring = r, q->cap = cap, q->head = 0;
 	}
-	q->ring[(q->head + q->count) % q->cap] = (struct eq_event){.event = event, .entry = *entry};
+	q->ring[(q->head + q->count) % q->cap] = *ev;
 	q->count++;
 	pthread_cond_broadcast(&q->cv);
 	pthread_mutex_unlock(&q->mu);
+	uint64_t one = 1;
+	ssize_t w = write(q->efd, &one, sizeof one);
+	(void)w;
 	return 0;
+}
+
+static int eq_post(struct udw_eq *q, uint32_t event, const struct fi_eq_entry *entry) {
+	struct eq_event ev = {.event = event, .len = sizeof ev.u.e};
+	ev.u.e = *entry;
+	return eq_push(q, &ev);
+}
+
+// eq_post_cm queues a connection event for fid with data (len bytes).
+static int eq_post_cm(struct udw_eq *q, uint32_t event, struct fid *fid, struct fi_info *info, const void *data, size_t len) {
+	struct eq_event ev = {.event = event};
+	if (len > UDW_CM_DATA) len = UDW_CM_DATA;
+	ev.u.cm.fid = fid;
+	ev.u.cm.info = info;
+	if (len) memcpy(ev.u.cm.data, data, len);
+	ev.len = sizeof ev.u.cm + len;
+	return eq_push(q, &ev);
+}
+
+// eq_post_err queues an error entry for fid: err a positive errno, data
+// (len bytes) the peer's (a rejecting peer's connection data).
+static int eq_post_err(struct udw_eq *q, struct fid *fid, void *context, int err, const void *data, size_t len) {
+	struct eq_event ev = {.event = 0, .err = 1};
+	if (len > UDW_CM_DATA) len = UDW_CM_DATA;
+	ev.errent.fid = fid;
+	ev.errent.context = context;
+	ev.errent.err = err;
+	ev.errent.prov_errno = err;
+	if (len) memcpy(ev.errdata, data, len);
+	ev.errdata_len = len;
+	return eq_push(q, &ev);
 }
 
 // eq_take copies the next event out; the caller holds the lock.
 static ssize_t eq_take(struct udw_eq *q, uint32_t *ev, void *buf, size_t len, uint64_t flags) {
 	if (!q->count) return -FI_EAGAIN;
 	struct eq_event *e = &q->ring[q->head];
-	if (len < sizeof e->entry) return -FI_ETOOSMALL;
+	if (e->err) return -FI_EAVAIL;
+	if (len < e->len) return -FI_ETOOSMALL;
 	if (ev) *ev = e->event;
-	memcpy(buf, &e->entry, sizeof e->entry);
+	memcpy(buf, &e->u, e->len);
+	ssize_t n = (ssize_t)e->len;
 	if (!(flags & FI_PEEK)) q->head = (q->head + 1) % q->cap, q->count--;
-	return sizeof e->entry;
+	return n;
 }
+
+static void eq_check_ends(struct udw_eq *q);
 
 static ssize_t eq_read(struct fid_eq *eq, uint32_t *ev, void *buf, size_t len, uint64_t flags) {
 	struct udw_eq *q = container_of(eq, struct udw_eq, e);
+	eq_check_ends(q);
 	pthread_mutex_lock(&q->mu);
 	ssize_t r = eq_take(q, ev, buf, len, flags);
 	pthread_mutex_unlock(&q->mu);
 	return r;
 }
 static ssize_t eq_readerr(struct fid_eq *eq, struct fi_eq_err_entry *buf, uint64_t flags) {
-	(void)eq, (void)buf, (void)flags;
-	return -FI_EAGAIN; // no event of the provider's fails
+	struct udw_eq *q = container_of(eq, struct udw_eq, e);
+	pthread_mutex_lock(&q->mu);
+	if (!q->count || !q->ring[q->head].err) {
+		pthread_mutex_unlock(&q->mu);
+		return -FI_EAGAIN;
+	}
+	struct eq_event *e = &q->ring[q->head];
+	void *data = buf->err_data;
+	size_t room = buf->err_data_size;
+	*buf = e->errent;
+	// API >= 1.5: a caller's buffer takes the data; without one it points
+	// at the EQ's own copy, good until the next readerr.
+	if (data && room) {
+		size_t n = e->errdata_len < room ? e->errdata_len : room;
+		memcpy(data, e->errdata, n);
+		buf->err_data = data, buf->err_data_size = n;
+	} else {
+		memcpy(q->errdata, e->errdata, e->errdata_len);
+		buf->err_data = e->errdata_len ? q->errdata : NULL, buf->err_data_size = e->errdata_len;
+	}
+	if (!(flags & FI_PEEK)) q->head = (q->head + 1) % q->cap, q->count--;
+	pthread_mutex_unlock(&q->mu);
+	return sizeof *buf;
 }
 static ssize_t eq_write(struct fid_eq *eq, uint32_t ev, const void *buf, size_t len, uint64_t flags) {
 	(void)flags;
-	if (len < sizeof(struct fi_eq_entry)) return -FI_EINVAL;
-	int r = eq_post(container_of(eq, struct udw_eq, e), ev, buf);
+	struct eq_event e = {.event = ev, .len = len};
+	if (len < sizeof(struct fi_eq_entry) || len > sizeof e.u) return -FI_EINVAL;
+	memcpy(&e.u, buf, len);
+	int r = eq_push(container_of(eq, struct udw_eq, e), &e);
 	return r ? r : (ssize_t)len;
 }
+static int eq_wait(struct udw_eq *q, int timeout);
 static ssize_t eq_sread(struct fid_eq *eq, uint32_t *ev, void *buf, size_t len, int timeout, uint64_t flags) {
 	struct udw_eq *q = container_of(eq, struct udw_eq, e);
-	struct timespec end;
-	clock_gettime(CLOCK_REALTIME, &end);
-	if (timeout >= 0) {
-		end.tv_sec += timeout / 1000;
-		end.tv_nsec += (long)(timeout % 1000) * 1000000;
-		if (end.tv_nsec >= 1000000000) end.tv_sec++, end.tv_nsec -= 1000000000;
+	struct timespec start;
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	for (;;) {
+		ssize_t r = eq_read(eq, ev, buf, len, flags);
+		if (r != -FI_EAGAIN) return r;
+		int left = timeout;
+		if (timeout >= 0) {
+			struct timespec now;
+			clock_gettime(CLOCK_MONOTONIC, &now);
+			long ms = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000;
+			if (ms >= timeout) return -FI_EAGAIN;
+			left = (int)(timeout - ms);
+		}
+		eq_wait(q, left);
 	}
-	pthread_mutex_lock(&q->mu);
-	while (!q->count) {
-		int r = timeout < 0 ? pthread_cond_wait(&q->cv, &q->mu) : pthread_cond_timedwait(&q->cv, &q->mu, &end);
-		if (r == ETIMEDOUT) break;
-	}
-	ssize_t r = eq_take(q, ev, buf, len, flags);
-	pthread_mutex_unlock(&q->mu);
-	return r;
 }
 static const char *eq_strerror(struct fid_eq *eq, int prov_errno, const void *err_data, char *buf, size_t len) {
 	(void)eq, (void)err_data;
@@ -613,6 +744,11 @@ static int eq_open(struct fid_fabric *fabric, struct fi_eq_attr *attr, struct fi
 		return -FI_ENOSYS;
 	struct udw_eq *q = calloc(1, sizeof *q);
 	if (!q) return -FI_ENOMEM;
+	q->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (q->efd < 0) {
+		free(q);
+		return -FI_ENOMEM;
+	}
 	pthread_mutex_init(&q->mu, NULL);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
@@ -627,10 +763,7 @@ static int eq_open(struct fid_fabric *fabric, struct fi_eq_attr *attr, struct fi
 }
 
 static int domain_open(struct fid_fabric *fabric, struct fi_info *info, struct fid_domain **dom, void *context);
-static int fabric_passive_ep(struct fid_fabric *f, struct fi_info *i, struct fid_pep **p, void *c) {
-	(void)f, (void)i, (void)p, (void)c;
-	return -FI_ENOSYS;
-}
+static int fabric_passive_ep(struct fid_fabric *f, struct fi_info *info, struct fid_pep **p, void *context);
 static int fabric_wait_open(struct fid_fabric *f, struct fi_wait_attr *a, struct fid_wait **w) {
 	(void)f, (void)a, (void)w;
 	return -FI_ENOSYS;
@@ -947,7 +1080,19 @@ struct udw_ep {
 	uint64_t tx_sel, rx_sel; // FI_SELECTIVE_COMPLETION of each side
 	int enabled;
 	int rdm; // an FI_EP_RDM endpoint (an RD QP), else FI_EP_DGRAM (UD)
+	// MSG endpoints (FI_EP_MSG: an RC QP on a TCP socket).
+	int msg;
+	int cm;			 // where its connection is: CM_IDLE ... CM_ENDED
+	atomic_int ended;	 // FI_SHUTDOWN reported
+	int on_eq;		 // in eq->msg
+	pthread_t connector;	 // fi_connect's: connect(), then MPA's exchange
+	int connecting;		 // connector to be joined
+	struct sockaddr_storage peer;
+	size_t cm_len;
+	uint8_t cm_data[UDW_CM_DATA];
 };
+
+enum { CM_IDLE, CM_CONNECTING, CM_ACCEPTING, CM_CONNECTED, CM_ENDED };
 
 static size_t entry_size(enum fi_cq_format f) {
 	switch (f) {
@@ -975,6 +1120,10 @@ static void cq_push(struct udw_cq *cq, const struct cq_entry *e) {
 	cq->ring[(cq->head + cq->count) % cq->cap] = *e;
 	cq->count++;
 }
+
+static void msg_check_end(struct udw_ep *ep);
+static void msg_eq_remove(struct udw_ep *ep);
+static int cm_data_size_opt(int level, int name, void *val, size_t *len);
 
 // progress polls every endpoint bound to cq: their completions go to
 // their own CQs (a send's to its TX CQ, a receive's to its RX CQ, cq or
@@ -1004,6 +1153,7 @@ static void progress(struct udw_cq *cq) {
 			cq_push(to, &e);
 			if (to != cq) pthread_mutex_unlock(&to->mu);
 		}
+		if (ep->msg) msg_check_end(ep);
 	}
 }
 
@@ -1281,11 +1431,13 @@ static struct fi_ops_mr mr_ops = {.size = sizeof(struct fi_ops_mr), .reg = mr_re
 static int ep_enable(struct udw_ep *ep) {
 	if (ep->enabled) return 0;
 	if (!ep->txcq || !ep->rxcq) return -FI_ENOCQ;
-	if (!ep->av) return -FI_ENOAV;
+	if (!ep->av && !ep->msg) return -FI_ENOAV;
+	if (ep->msg && !ep->eq) return -FI_ENOEQ;
 	int r = engine();
 	if (r) return r;
-	long long h = eng.ep_open(ep->fd, ep->rdm, (int)ep->info->tx_attr->size, (int)ep->info->rx_attr->size,
-				  ep->rdm ? UDW_RDM_MAX_MSG : UDW_MAX_MSG);
+	long long h = ep->msg ? eng.msg_open(ep->fd, (int)ep->info->tx_attr->size, (int)ep->info->rx_attr->size)
+			      : eng.ep_open(ep->fd, ep->rdm, (int)ep->info->tx_attr->size, (int)ep->info->rx_attr->size,
+					    ep->rdm ? UDW_RDM_MAX_MSG : UDW_MAX_MSG);
 	if (h < 0) return fierr((int)h);
 	ep->h = h;
 	ep->enabled = 1;
@@ -1297,6 +1449,11 @@ static int ep_close(struct fid *fid) {
 	struct udw_ep *ep = container_of(fid, struct udw_ep, ep.fid);
 	if (ep->txcq) cq_remove_ep(ep->txcq, ep);
 	if (ep->rxcq && ep->rxcq != ep->txcq) cq_remove_ep(ep->rxcq, ep);
+	if (ep->connecting) {
+		shutdown(ep->fd, SHUT_RDWR); // the connector's wait ends
+		pthread_join(ep->connector, NULL);
+	}
+	if (ep->msg && ep->eq) msg_eq_remove(ep);
 	if (ep->enabled) eng.ep_close(ep->h);
 	close(ep->fd);
 	fi_freeinfo(ep->info);
@@ -1352,7 +1509,7 @@ static ssize_t ep_cancel(fid_t fid, void *context) {
 	return eng.cancel(ep->h, (uint64_t)(uintptr_t)context) ? 0 : -FI_ENOENT;
 }
 static int ep_getopt(fid_t fid, int level, int name, void *val, size_t *len) {
-	(void)fid;
+	if (container_of(fid, struct udw_ep, ep.fid)->msg) return cm_data_size_opt(level, name, val, len);
 	if (level != FI_OPT_ENDPOINT) return -FI_ENOPROTOOPT;
 	if (name == FI_OPT_MIN_MULTI_RECV && val && len && *len >= sizeof(size_t)) return -FI_ENOPROTOOPT;
 	return -FI_ENOPROTOOPT;
@@ -1392,34 +1549,479 @@ static int ep_getname(fid_t fid, void *addr, size_t *addrlen) {
 	*addrlen = need;
 	return 0;
 }
+// ---- MSG endpoints: connections -----------------------------------------
+//
+// An MSG endpoint is an RC queue pair on a TCP socket of this file's:
+// fi_connect connects it and runs MPA's exchange, carrying the
+// connection data as MPA private data, on a thread of its own (so that
+// fi_connect returns at once and two processes may connect to each other
+// at the same time), then posts FI_CONNECTED, or an error entry
+// (FI_ECONNREFUSED, with a rejecting peer's data), to the endpoint's EQ.
+// A passive endpoint listens on a TCP socket bound when it is made (so
+// fi_getname names it before fi_listen); fi_listen starts its thread,
+// which accepts connections and, once a connection's whole MPA Request
+// is there, posts FI_CONNREQ with the initiator's data and an fi_info
+// whose handle names the connection; fi_endpoint on that fi_info and
+// fi_accept answer it (FI_CONNECTED follows), fi_reject refuses it. The
+// end of a connection (the peer's fi_shutdown or close, or a failure) is
+// FI_SHUTDOWN on the endpoint's EQ, reported once, when a read of the EQ
+// or of a CQ finds it.
+
+// A connection a passive endpoint accepted, waiting for fi_accept or
+// fi_reject: the handle of its FI_CONNREQ's fi_info.
+struct udw_connreq {
+	struct fid fid;
+	int fd;
+};
+
+static int connreq_close(struct fid *fid) {
+	struct udw_connreq *c = container_of(fid, struct udw_connreq, fid);
+	if (c->fd >= 0) close(c->fd);
+	free(c);
+	return 0;
+}
+static struct fi_ops connreq_fi_ops = {.size = sizeof(struct fi_ops), .close = connreq_close, .bind = no_bind,
+				       .control = no_control, .ops_open = no_ops_open, .tostr = no_tostr, .ops_set = no_ops_set};
+
+// At most this many accepted connections wait for their MPA Request at
+// once; past it the oldest is dropped (anyone may connect and send
+// nothing). One that has sent nothing whole for UDW_CONNREQ_WAIT ms is
+// dropped too.
+#define UDW_PENDING 64
+#define UDW_CONNREQ_WAIT 10000
+
+struct udw_pep {
+	struct fid_pep p;
+	struct fi_info *info;
+	int fd;
+	struct udw_eq *eq;
+	pthread_t thr;
+	int listening;
+	int stop[2]; // a pipe: the thread's end
+};
+
+static void set_nodelay(int fd) {
+	int one = 1;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+static long long now_ms(void) {
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+// connreq_post makes the FI_CONNREQ of the connection on fd, whose
+// Request carried data (len bytes); 0 or -errno (the caller closes fd).
+static int connreq_post(struct udw_pep *pep, int fd, const void *data, size_t len) {
+	struct udw_connreq *c = calloc(1, sizeof *c);
+	if (!c) return -FI_ENOMEM;
+	struct fi_info *info = fi_dupinfo(pep->info);
+	if (!info) {
+		free(c);
+		return -FI_ENOMEM;
+	}
+	c->fid.fclass = FI_CLASS_CONNREQ;
+	c->fid.ops = &connreq_fi_ops;
+	c->fd = fd;
+	info->handle = &c->fid;
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof ss;
+	free(info->src_addr), info->src_addr = NULL, info->src_addrlen = 0;
+	free(info->dest_addr), info->dest_addr = NULL, info->dest_addrlen = 0;
+	if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0 && (info->src_addr = malloc(sl))) {
+		memcpy(info->src_addr, &ss, sl);
+		info->src_addrlen = sl;
+	}
+	sl = sizeof ss;
+	if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0 && (info->dest_addr = malloc(sl))) {
+		memcpy(info->dest_addr, &ss, sl);
+		info->dest_addrlen = sl;
+	}
+	int r = eq_post_cm(pep->eq, FI_CONNREQ, &pep->p.fid, info, data, len);
+	if (r) {
+		c->fd = -1; // the caller's to close
+		connreq_close(&c->fid);
+		fi_freeinfo(info);
+	}
+	return r;
+}
+
+// pep_run accepts connections and posts each one's FI_CONNREQ once its
+// whole MPA Request has come, until the stop pipe is written.
+static void *pep_run(void *arg) {
+	struct udw_pep *pep = arg;
+	int fds[UDW_PENDING];
+	long long since[UDW_PENDING];
+	int n = 0;
+	for (;;) {
+		struct pollfd p[2 + UDW_PENDING];
+		p[0] = (struct pollfd){.fd = pep->stop[0], .events = POLLIN};
+		p[1] = (struct pollfd){.fd = pep->fd, .events = POLLIN};
+		for (int i = 0; i < n; i++) p[2 + i] = (struct pollfd){.fd = fds[i], .events = POLLIN};
+		int r = poll(p, 2 + n, n ? 1000 : -1);
+		if (r < 0 && errno != EINTR) break;
+		if (p[0].revents) break;
+		long long now = now_ms();
+		// What waits: a whole Request (FI_CONNREQ), not yet (stay), or
+		// anything else (dropped).
+		for (int i = n - 1; i >= 0; i--) {
+			int keep = 0;
+			if (r > 0 && p[2 + i].revents) {
+				uint8_t data[UDW_CM_DATA + 8];
+				int len = sizeof data;
+				int k = eng.mpa_peek(fds[i], data, &len);
+				if (k == 0 && len <= UDW_CM_DATA && connreq_post(pep, fds[i], data, (size_t)len) == 0) {
+					fds[i] = fds[--n], since[i] = since[n];
+					continue;
+				}
+				keep = k == -EAGAIN;
+			} else {
+				keep = 1;
+			}
+			if (keep && now - since[i] < UDW_CONNREQ_WAIT) continue;
+			close(fds[i]);
+			fds[i] = fds[--n], since[i] = since[n];
+		}
+		if (r > 0 && p[1].revents) {
+			int fd = accept4(pep->fd, NULL, NULL, SOCK_CLOEXEC);
+			if (fd >= 0) {
+				set_nodelay(fd);
+				if (n == UDW_PENDING) {
+					int old = 0;
+					for (int i = 1; i < n; i++)
+						if (since[i] < since[old]) old = i;
+					close(fds[old]);
+					fds[old] = fds[--n], since[old] = since[n];
+				}
+				fds[n] = fd, since[n] = now, n++;
+			}
+		}
+	}
+	for (int i = 0; i < n; i++) close(fds[i]);
+	return NULL;
+}
+
+static int pep_close(struct fid *fid) {
+	struct udw_pep *pep = container_of(fid, struct udw_pep, p.fid);
+	if (pep->listening) {
+		char c = 0;
+		ssize_t w = write(pep->stop[1], &c, 1);
+		(void)w;
+		pthread_join(pep->thr, NULL);
+	}
+	close(pep->stop[0]), close(pep->stop[1]);
+	close(pep->fd);
+	fi_freeinfo(pep->info);
+	free(pep);
+	return 0;
+}
+
+static int pep_bind(struct fid *fid, struct fid *bfid, uint64_t flags) {
+	(void)flags;
+	struct udw_pep *pep = container_of(fid, struct udw_pep, p.fid);
+	if (bfid->fclass != FI_CLASS_EQ) return -FI_EINVAL;
+	if (pep->listening) return -FI_EOPBADSTATE;
+	pep->eq = container_of(bfid, struct udw_eq, e.fid);
+	return 0;
+}
+
+static int cm_data_size_opt(int level, int name, void *val, size_t *len) {
+	if (level != FI_OPT_ENDPOINT || name != FI_OPT_CM_DATA_SIZE) return -FI_ENOPROTOOPT;
+	if (*len < sizeof(size_t)) {
+		*len = sizeof(size_t);
+		return -FI_ETOOSMALL;
+	}
+	*(size_t *)val = UDW_CM_DATA;
+	*len = sizeof(size_t);
+	return 0;
+}
+
+static int pep_getopt(fid_t fid, int level, int name, void *val, size_t *len) {
+	(void)fid;
+	return cm_data_size_opt(level, name, val, len);
+}
+static int pep_setopt(fid_t fid, int level, int name, const void *val, size_t len) {
+	(void)fid, (void)level, (void)name, (void)val, (void)len;
+	return -FI_ENOPROTOOPT;
+}
+
+static int sock_name(int fd, void *addr, size_t *addrlen) {
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof ss;
+	if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0) return -errno;
+	if (*addrlen < len) {
+		*addrlen = len;
+		return -FI_ETOOSMALL;
+	}
+	memcpy(addr, &ss, len);
+	*addrlen = len;
+	return 0;
+}
+
+static int pep_getname(fid_t fid, void *addr, size_t *addrlen) {
+	return sock_name(container_of(fid, struct udw_pep, p.fid)->fd, addr, addrlen);
+}
+
+// pep_setname binds the passive endpoint to addr instead (before
+// fi_listen).
+static int pep_setname(fid_t fid, void *addr, size_t addrlen) {
+	struct udw_pep *pep = container_of(fid, struct udw_pep, p.fid);
+	if (pep->listening) return -FI_EOPBADSTATE;
+	if (!sa_len(addr) || addrlen < sa_len(addr)) return -FI_EINVAL;
+	int fd = socket(((struct sockaddr *)addr)->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0) return -errno;
+	int one = 1;
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	if (bind(fd, addr, (socklen_t)sa_len(addr)) != 0) {
+		int e = errno;
+		close(fd);
+		return -e;
+	}
+	close(pep->fd);
+	pep->fd = fd;
+	return 0;
+}
+
+static int cm_listen(struct fid_pep *p) {
+	struct udw_pep *pep = container_of(p, struct udw_pep, p);
+	if (pep->listening) return -FI_EOPBADSTATE;
+	if (!pep->eq) return -FI_ENOEQ;
+	int r = engine(); // the thread reads MPA Requests with it
+	if (r) return r;
+	if (listen(pep->fd, 128) != 0) return -errno;
+	if (pthread_create(&pep->thr, NULL, pep_run, pep) != 0) return -FI_ENOMEM;
+	pep->listening = 1;
+	return 0;
+}
+
+static int cm_reject(struct fid_pep *p, fid_t handle, const void *param, size_t len) {
+	(void)p;
+	if (!handle || handle->fclass != FI_CLASS_CONNREQ) return -FI_EINVAL;
+	if (len > UDW_CM_DATA) return -FI_EINVAL;
+	struct udw_connreq *c = container_of(handle, struct udw_connreq, fid);
+	int r = eng.mpa_reject(c->fd, param, (int)len);
+	connreq_close(&c->fid);
+	return r ? -FI_EOTHER : 0;
+}
+
+static struct fi_ops pep_fi_ops = {.size = sizeof(struct fi_ops), .close = pep_close, .bind = pep_bind, .control = no_control,
+				   .ops_open = no_ops_open, .tostr = no_tostr, .ops_set = no_ops_set};
+static struct fi_ops_ep pep_ep_ops;
+static struct fi_ops_cm pep_cm_ops;
+
+static int fabric_passive_ep(struct fid_fabric *f, struct fi_info *info, struct fid_pep **p, void *context) {
+	(void)f;
+	if (!info || !info->ep_attr || info->ep_attr->type != FI_EP_MSG) return -FI_EINVAL;
+	struct udw_pep *pep = calloc(1, sizeof *pep);
+	if (!pep) return -FI_ENOMEM;
+	pep->info = fi_dupinfo(info);
+	if (!pep->info || pipe2(pep->stop, O_CLOEXEC) != 0) {
+		fi_freeinfo(pep->info);
+		free(pep);
+		return -FI_ENOMEM;
+	}
+	const struct sockaddr *src = info->src_addr;
+	struct sockaddr_storage any = {0};
+	any.ss_family = AF_INET;
+	if (!sa_len(src)) src = (struct sockaddr *)&any;
+	pep->fd = -1;
+	int r = pep_setname(&pep->p.fid, (void *)src, sa_len(src));
+	if (r) {
+		close(pep->stop[0]), close(pep->stop[1]);
+		fi_freeinfo(pep->info);
+		free(pep);
+		return r;
+	}
+	pep->p.fid.fclass = FI_CLASS_PEP;
+	pep->p.fid.context = context;
+	pep->p.fid.ops = &pep_fi_ops;
+	pep->p.ops = &pep_ep_ops;
+	pep->p.cm = &pep_cm_ops;
+	*p = &pep->p;
+	return 0;
+}
+
+// msg_eq_add puts a connected MSG endpoint on its EQ's list, whose end
+// the EQ's reads report.
+static void msg_eq_add(struct udw_ep *ep) {
+	struct udw_eq *q = ep->eq;
+	pthread_mutex_lock(&q->mu);
+	struct udw_ep **m = realloc(q->msg, (q->nmsg + 1) * sizeof *m);
+	if (m) {
+		q->msg = m;
+		q->msg[q->nmsg++] = ep;
+		ep->on_eq = 1;
+	}
+	pthread_mutex_unlock(&q->mu);
+}
+
+static void msg_eq_remove(struct udw_ep *ep) {
+	struct udw_eq *q = ep->eq;
+	if (!ep->on_eq) return;
+	pthread_mutex_lock(&q->mu);
+	for (size_t i = 0; i < q->nmsg; i++)
+		if (q->msg[i] == ep) {
+			q->msg[i] = q->msg[--q->nmsg];
+			break;
+		}
+	ep->on_eq = 0;
+	pthread_mutex_unlock(&q->mu);
+}
+
+// msg_report_end posts the endpoint's FI_SHUTDOWN, once.
+static void msg_report_end(struct udw_ep *ep) {
+	int no = 0;
+	if (!atomic_compare_exchange_strong(&ep->ended, &no, 1)) return;
+	eq_post_cm(ep->eq, FI_SHUTDOWN, &ep->ep.fid, NULL, NULL, 0);
+}
+
+// msg_check_end reports the end of a connection the engine has read to
+// its end (a CQ's progress).
+static void msg_check_end(struct udw_ep *ep) {
+	if (ep->cm == CM_CONNECTED && !atomic_load(&ep->ended) && eng.msg_ended(ep->h)) msg_report_end(ep);
+}
+
+// eq_check_ends reports the end of the connections of q's endpoints:
+// the engine read it, or the socket holds nothing but its end.
+static void eq_check_ends(struct udw_eq *q) {
+	pthread_mutex_lock(&q->mu);
+	size_t n = q->nmsg;
+	struct udw_ep *eps[64];
+	if (n > 64) n = 64;
+	memcpy(eps, q->msg, n * sizeof *eps);
+	pthread_mutex_unlock(&q->mu);
+	for (size_t i = 0; i < n; i++) {
+		struct udw_ep *ep = eps[i];
+		if (atomic_load(&ep->ended)) continue;
+		char c;
+		ssize_t k = recv(ep->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+		if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR) || eng.msg_ended(ep->h)) msg_report_end(ep);
+	}
+}
+
+// eq_wait waits up to timeout ms (< 0: for ever) for an event, or for a
+// connection of the EQ's endpoints to end.
+static int eq_wait(struct udw_eq *q, int timeout) {
+	struct pollfd p[1 + 64];
+	int n = 1;
+	p[0] = (struct pollfd){.fd = q->efd, .events = POLLIN};
+	pthread_mutex_lock(&q->mu);
+	for (size_t i = 0; i < q->nmsg && n < 1 + 64; i++)
+		if (!atomic_load(&q->msg[i]->ended)) p[n++] = (struct pollfd){.fd = q->msg[i]->fd, .events = POLLRDHUP};
+	pthread_mutex_unlock(&q->mu);
+	int r = poll(p, (nfds_t)n, timeout);
+	uint64_t v;
+	ssize_t k = read(q->efd, &v, sizeof v);
+	(void)k;
+	return r;
+}
+
+// msg_connector connects the endpoint's socket and runs MPA's exchange,
+// then posts FI_CONNECTED or the error.
+static void *msg_connector(void *arg) {
+	struct udw_ep *ep = arg;
+	int err = 0;
+	uint8_t peer[UDW_CM_DATA];
+	int plen = 0;
+	if (connect(ep->fd, (struct sockaddr *)&ep->peer, (socklen_t)sa_len((struct sockaddr *)&ep->peer)) != 0) {
+		err = errno;
+	} else {
+		set_nodelay(ep->fd);
+		plen = sizeof peer;
+		int r = eng.msg_connect(ep->h, ep->cm_data, (int)ep->cm_len, peer, &plen);
+		if (r) err = -r;
+	}
+	if (err) {
+		ep->cm = CM_ENDED;
+		atomic_store(&ep->ended, 1);
+		if (err == ECONNABORTED || err == ETIMEDOUT || err == EPROTO) err = FI_ECONNREFUSED;
+		eq_post_err(ep->eq, &ep->ep.fid, ep->ep.fid.context, err, peer, err == ECONNREFUSED ? (size_t)plen : 0);
+		return NULL;
+	}
+	ep->cm = CM_CONNECTED;
+	msg_eq_add(ep);
+	eq_post_cm(ep->eq, FI_CONNECTED, &ep->ep.fid, NULL, peer, (size_t)plen);
+	return NULL;
+}
+
+static int ep_enable(struct udw_ep *ep);
+
+static int cm_connect(struct fid_ep *fep, const void *addr, const void *param, size_t len) {
+	struct udw_ep *ep = container_of(fep, struct udw_ep, ep);
+	if (!ep->msg) return -FI_EOPNOTSUPP;
+	if (len > UDW_CM_DATA) return -FI_EINVAL;
+	if (!sa_len(addr) && !(ep->info->dest_addr && (addr = ep->info->dest_addr))) return -FI_EINVAL;
+	if (!sa_len(addr)) return -FI_EINVAL;
+	if (!ep->eq) return -FI_ENOEQ;
+	if (!ep->enabled) {
+		int r = ep_enable(ep);
+		if (r) return r;
+	}
+	if (ep->cm != CM_IDLE) return -FI_EOPBADSTATE;
+	memcpy(&ep->peer, addr, sa_len(addr));
+	if (len) memcpy(ep->cm_data, param, len);
+	ep->cm_len = len;
+	ep->cm = CM_CONNECTING;
+	if (pthread_create(&ep->connector, NULL, msg_connector, ep) != 0) {
+		ep->cm = CM_IDLE;
+		return -FI_ENOMEM;
+	}
+	ep->connecting = 1;
+	return 0;
+}
+
+static int cm_accept(struct fid_ep *fep, const void *param, size_t len) {
+	struct udw_ep *ep = container_of(fep, struct udw_ep, ep);
+	if (!ep->msg) return -FI_EOPNOTSUPP;
+	if (len > UDW_CM_DATA) return -FI_EINVAL;
+	if (!ep->eq) return -FI_ENOEQ;
+	if (!ep->enabled) {
+		int r = ep_enable(ep);
+		if (r) return r;
+	}
+	if (ep->cm != CM_ACCEPTING) return -FI_EOPBADSTATE;
+	uint8_t peer[UDW_CM_DATA];
+	int plen = sizeof peer;
+	int r = eng.msg_accept(ep->h, param, (int)len, peer, &plen);
+	if (r) {
+		ep->cm = CM_ENDED;
+		return r == -EPROTO ? -FI_ECONNABORTED : r;
+	}
+	ep->cm = CM_CONNECTED;
+	msg_eq_add(ep);
+	return eq_post_cm(ep->eq, FI_CONNECTED, &ep->ep.fid, NULL, NULL, 0);
+}
+
+static int cm_shutdown(struct fid_ep *fep, uint64_t flags) {
+	(void)flags;
+	struct udw_ep *ep = container_of(fep, struct udw_ep, ep);
+	if (!ep->msg) return -FI_EOPNOTSUPP;
+	if (ep->cm != CM_CONNECTED) return -FI_EOPBADSTATE;
+	shutdown(ep->fd, SHUT_RDWR);
+	return 0;
+}
+
 static int cm_setname(fid_t f, void *a, size_t l) {
 	(void)f, (void)a, (void)l;
 	return -FI_ENOSYS;
 }
-static int cm_getpeer(struct fid_ep *e, void *a, size_t *l) {
-	(void)e, (void)a, (void)l;
-	return -FI_ENOSYS;
+
+static int cm_getpeer(struct fid_ep *fep, void *addr, size_t *addrlen) {
+	struct udw_ep *ep = container_of(fep, struct udw_ep, ep);
+	if (!ep->msg) return -FI_EOPNOTSUPP;
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof ss;
+	if (getpeername(ep->fd, (struct sockaddr *)&ss, &len) != 0) return -FI_ENOTCONN;
+	if (*addrlen < len) {
+		*addrlen = len;
+		return -FI_ETOOSMALL;
+	}
+	memcpy(addr, &ss, len);
+	*addrlen = len;
+	return 0;
 }
-static int cm_connect(struct fid_ep *e, const void *a, const void *p, size_t l) {
-	(void)e, (void)a, (void)p, (void)l;
-	return -FI_ENOSYS;
-}
-static int cm_listen(struct fid_pep *p) {
-	(void)p;
-	return -FI_ENOSYS;
-}
-static int cm_accept(struct fid_ep *e, const void *p, size_t l) {
-	(void)e, (void)p, (void)l;
-	return -FI_ENOSYS;
-}
-static int cm_reject(struct fid_pep *pe, fid_t h, const void *p, size_t l) {
-	(void)pe, (void)h, (void)p, (void)l;
-	return -FI_ENOSYS;
-}
-static int cm_shutdown(struct fid_ep *e, uint64_t f) {
-	(void)e, (void)f;
-	return -FI_ENOSYS;
-}
+
 // A multicast membership (fi_join): its fi_addr is the group's entry in
 // the endpoint's AV, to send to; fi_close ends it.
 struct udw_mc {
@@ -1573,6 +2175,90 @@ static struct fi_ops_msg msg_ops = {.size = sizeof(struct fi_ops_msg), .recv = m
 				    .recvmsg = msg_recvmsg, .send = msg_send, .sendv = msg_sendv, .sendmsg = msg_sendmsg,
 				    .inject = msg_inject, .senddata = msg_senddata, .injectdata = msg_injectdata};
 
+// ---- MSG: messages on a connection ---------------------------------------
+
+#define MSG_EP(fep) container_of(fep, struct udw_ep, ep)
+#define SEND_FLAGS                                                                                                     \
+	(FI_COMPLETION | FI_INJECT | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE | FI_DELIVERY_COMPLETE | FI_REMOTE_CQ_DATA)
+
+static ssize_t msg_progress_eagain(struct udw_ep *ep) {
+	// The send queue is full of completions nobody read: progress, for a
+	// caller that spins on FI_EAGAIN.
+	if (ep->txcq) {
+		pthread_mutex_lock(&ep->txcq->mu);
+		progress(ep->txcq);
+		pthread_mutex_unlock(&ep->txcq->mu);
+	}
+	return -FI_EAGAIN;
+}
+
+static ssize_t cm_send(struct udw_ep *ep, const void *buf, size_t len, void *context, int signaled) {
+	if (!ep->enabled) return -FI_EOPBADSTATE;
+	if (ep->cm != CM_CONNECTED) return -FI_ENOTCONN;
+	if (len > UDW_MSG_MAX_MSG) return -FI_EMSGSIZE;
+	if (!context && !signaled && len > UDW_MSG_INJECT) return -FI_EMSGSIZE;
+	if (len && !buf) return -FI_EINVAL;
+	int r = eng.msend(ep->h, (void *)buf, len, (uint64_t)(uintptr_t)context, signaled);
+	if (r == -EAGAIN) return msg_progress_eagain(ep);
+	if (r == -ENOTCONN) return -FI_ENOTCONN;
+	return r;
+}
+
+static ssize_t cm_recv(struct udw_ep *ep, void *buf, size_t len, void *context) {
+	if (!ep->enabled) return -FI_EOPBADSTATE;
+	if (len > UDW_MSG_MAX_MSG) return -FI_EINVAL;
+	if (len && !buf) return -FI_EINVAL;
+	int r = eng.mrecv(ep->h, buf, len, (uint64_t)(uintptr_t)context);
+	return r == -EAGAIN ? -FI_EAGAIN : r;
+}
+
+static ssize_t cmsg_recv(struct fid_ep *fep, void *buf, size_t len, void *desc, fi_addr_t src, void *context) {
+	(void)desc, (void)src;
+	return cm_recv(MSG_EP(fep), buf, len, context);
+}
+static ssize_t cmsg_recvv(struct fid_ep *fep, const struct iovec *iov, void **desc, size_t count, fi_addr_t src, void *context) {
+	(void)desc, (void)src;
+	if (count > 1) return -FI_EINVAL;
+	return cm_recv(MSG_EP(fep), count ? iov[0].iov_base : NULL, count ? iov[0].iov_len : 0, context);
+}
+static ssize_t cmsg_recvmsg(struct fid_ep *fep, const struct fi_msg *msg, uint64_t flags) {
+	if (flags & ~(uint64_t)FI_COMPLETION) return -FI_EBADFLAGS;
+	return cmsg_recvv(fep, msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context);
+}
+static ssize_t cmsg_send(struct fid_ep *fep, const void *buf, size_t len, void *desc, fi_addr_t dest, void *context) {
+	(void)desc, (void)dest;
+	return cm_send(MSG_EP(fep), buf, len, context, 1);
+}
+static ssize_t cmsg_sendv(struct fid_ep *fep, const struct iovec *iov, void **desc, size_t count, fi_addr_t dest, void *context) {
+	(void)desc, (void)dest;
+	if (count > 1) return -FI_EINVAL;
+	return cm_send(MSG_EP(fep), count ? iov[0].iov_base : NULL, count ? iov[0].iov_len : 0, context, 1);
+}
+static ssize_t cmsg_sendmsg(struct fid_ep *fep, const struct fi_msg *msg, uint64_t flags) {
+	struct udw_ep *ep = MSG_EP(fep);
+	if (flags & ~(uint64_t)SEND_FLAGS) return -FI_EBADFLAGS;
+	if (flags & FI_REMOTE_CQ_DATA) return -FI_EOPNOTSUPP;
+	if (msg->iov_count > 1) return -FI_EINVAL;
+	return cm_send(ep, msg->iov_count ? msg->msg_iov[0].iov_base : NULL, msg->iov_count ? msg->msg_iov[0].iov_len : 0,
+		       msg->context, !ep->tx_sel || (flags & FI_COMPLETION));
+}
+static ssize_t cmsg_inject(struct fid_ep *fep, const void *buf, size_t len, fi_addr_t dest) {
+	(void)dest;
+	return cm_send(MSG_EP(fep), buf, len, NULL, 0);
+}
+static ssize_t cmsg_senddata(struct fid_ep *e, const void *b, size_t l, void *d, uint64_t data, fi_addr_t a, void *c) {
+	(void)e, (void)b, (void)l, (void)d, (void)data, (void)a, (void)c;
+	return -FI_EOPNOTSUPP; // cq_data_size 0
+}
+static ssize_t cmsg_injectdata(struct fid_ep *e, const void *b, size_t l, uint64_t data, fi_addr_t a) {
+	(void)e, (void)b, (void)l, (void)data, (void)a;
+	return -FI_EOPNOTSUPP;
+}
+
+static struct fi_ops_msg cm_msg_ops = {.size = sizeof(struct fi_ops_msg), .recv = cmsg_recv, .recvv = cmsg_recvv,
+				       .recvmsg = cmsg_recvmsg, .send = cmsg_send, .sendv = cmsg_sendv, .sendmsg = cmsg_sendmsg,
+				       .inject = cmsg_inject, .senddata = cmsg_senddata, .injectdata = cmsg_injectdata};
+
 // ---- RDM: messages and tagged messages, matched by the engine ----------
 
 // src_ah is the engine's handle for a receive's source: -1 for any (no
@@ -1617,8 +2303,6 @@ static ssize_t rdm_recv(struct udw_ep *ep, void *buf, size_t len, fi_addr_t src,
 }
 
 #define RDM_EP(fep) container_of(fep, struct udw_ep, ep)
-#define SEND_FLAGS                                                                                                     \
-	(FI_COMPLETION | FI_INJECT | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE | FI_DELIVERY_COMPLETE | FI_REMOTE_CQ_DATA)
 
 static int signaled(struct udw_ep *ep, uint64_t flags) { return !ep->tx_sel || (flags & FI_COMPLETION); }
 
@@ -1774,9 +2458,66 @@ static void fill_enosys(void *table, size_t size) {
 	for (size_t i = 0; i < (size - sizeof(size_t)) / sizeof(void (*)(void)); i++) fns[i] = (void (*)(void))enosys;
 }
 
+// msg_ep_open makes an MSG endpoint: on the connection of info's handle
+// (an FI_CONNREQ's, for fi_accept), or on a TCP socket of its own, bound
+// to info's source address, for fi_connect.
+static int msg_ep_open(struct udw_domain *dom, struct fi_info *info, struct fid_ep **fep, void *context) {
+	if (info->ep_attr->max_msg_size > UDW_MSG_MAX_MSG) return -FI_EINVAL;
+	struct udw_connreq *creq = NULL;
+	if (info->handle) {
+		if (info->handle->fclass != FI_CLASS_CONNREQ) return -FI_EINVAL;
+		creq = container_of(info->handle, struct udw_connreq, fid);
+		if (creq->fd < 0) return -FI_EINVAL;
+	}
+	struct udw_ep *ep = calloc(1, sizeof *ep);
+	if (!ep) return -FI_ENOMEM;
+	ep->dom = dom;
+	ep->msg = 1;
+	ep->info = fi_dupinfo(info);
+	if (!ep->info) {
+		free(ep);
+		return -FI_ENOMEM;
+	}
+	ep->info->handle = NULL;
+	if (ep->info->tx_attr->size == 0 || ep->info->tx_attr->size > 65536) ep->info->tx_attr->size = UDW_TX_SIZE;
+	if (ep->info->rx_attr->size == 0 || ep->info->rx_attr->size > 65536) ep->info->rx_attr->size = UDW_RX_SIZE;
+	if (creq) {
+		ep->fd = creq->fd;
+		creq->fd = -1;
+		connreq_close(&creq->fid);
+		info->handle = NULL;
+		ep->cm = CM_ACCEPTING;
+	} else {
+		const struct sockaddr *src = info->src_addr;
+		int fam = sa_len(src) ? src->sa_family : info->dest_addr && sa_len(info->dest_addr) ? ((struct sockaddr *)info->dest_addr)->sa_family : AF_INET;
+		ep->fd = socket(fam, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (ep->fd < 0 || (sa_len(src) && bind(ep->fd, src, (socklen_t)sa_len(src)) != 0)) {
+			int e = errno;
+			if (ep->fd >= 0) close(ep->fd);
+			fi_freeinfo(ep->info);
+			free(ep);
+			return -e;
+		}
+	}
+	ep->ep.fid.fclass = FI_CLASS_EP;
+	ep->ep.fid.context = context;
+	ep->ep.fid.ops = &ep_fi_ops;
+	ep->ep.ops = &ep_ops;
+	ep->ep.cm = &cm_ops;
+	ep->ep.msg = &cm_msg_ops;
+	ep->ep.tagged = &tagged_ops;
+	ep->ep.rma = &rma_ops;
+	ep->ep.atomic = &atomic_ops;
+	ep->ep.collective = &collective_ops;
+	*fep = &ep->ep;
+	return 0;
+}
+
 static int ep_open(struct fid_domain *fdom, struct fi_info *info, struct fid_ep **fep, void *context) {
 	struct udw_domain *dom = container_of(fdom, struct udw_domain, d);
-	if (!info || !info->ep_attr || (info->ep_attr->type != FI_EP_DGRAM && info->ep_attr->type != FI_EP_RDM)) return -FI_ENOPROTOOPT;
+	if (!info || !info->ep_attr) return -FI_ENOPROTOOPT;
+	if (info->ep_attr->type == FI_EP_MSG) return msg_ep_open(dom, info, fep, context);
+	if (info->ep_attr->type != FI_EP_DGRAM && info->ep_attr->type != FI_EP_RDM) return -FI_ENOPROTOOPT;
 	int rdm = info->ep_attr->type == FI_EP_RDM;
 	if (info->ep_attr->max_msg_size > (rdm ? UDW_RDM_MAX_MSG : UDW_MAX_MSG)) return -FI_EINVAL;
 	struct udw_ep *ep = calloc(1, sizeof *ep);
@@ -1910,6 +2651,11 @@ static struct fi_provider udw_prov = {
 };
 
 EXPORT struct fi_provider *fi_prov_ini(void) {
+	fill_enosys(&pep_ep_ops, sizeof pep_ep_ops);
+	pep_ep_ops.getopt = pep_getopt, pep_ep_ops.setopt = pep_setopt;
+	fill_enosys(&pep_cm_ops, sizeof pep_cm_ops);
+	pep_cm_ops.setname = pep_setname, pep_cm_ops.getname = pep_getname, pep_cm_ops.listen = cm_listen,
+	pep_cm_ops.reject = cm_reject;
 	fill_enosys(&atomic_ops, sizeof atomic_ops);
 	fill_enosys(&collective_ops, sizeof collective_ops);
 	return &udw_prov;

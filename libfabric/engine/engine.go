@@ -188,6 +188,8 @@ type ep struct {
 	closed bool
 	// RDM endpoints (RD QPs): the send slots, and tag matching.
 	rdm *rdmState
+	// MSG endpoints (RC QPs on TCP sockets).
+	msg *msgState
 }
 
 type recvOf struct {
@@ -239,6 +241,13 @@ func udwf_ep_open(fd C.int, rdm C.int, txDepth, rxDepth, maxMsg C.int) C.longlon
 		e.close()
 		return errno(err)
 	}
+	return register(e)
+}
+
+// register enters e in the table of endpoints and returns its handle:
+// its index plus one, with the slot's generation above, so that a handle
+// of a closed endpoint finds nothing.
+func register(e *ep) C.longlong {
 	tabMu.Lock()
 	var i int
 	if k := len(freeH); k > 0 {
@@ -304,6 +313,18 @@ func (e *ep) close() {
 	}
 	if e.mr != nil {
 		e.mr.Deregister()
+	}
+	if m := e.msg; m != nil {
+		for _, t := range m.sends {
+			if t.mr != nil {
+				t.mr.Deregister()
+			}
+		}
+		for _, r := range m.recvs {
+			if r.mr != nil {
+				r.mr.Deregister()
+			}
+		}
 	}
 	if r := e.rdm; r != nil {
 		for _, mr := range []*qp.MR{r.tx, r.large} {
@@ -456,8 +477,11 @@ func udwf_poll(h C.longlong, out *C.struct_udwf_comp, n C.int) C.int {
 	if e.closed {
 		return -C.int(unix.EBADF)
 	}
-	e.s.Progress(64)
 	comps := unsafe.Slice(out, int(n))
+	if e.msg != nil {
+		return C.int(e.pollMsg(comps))
+	}
+	e.s.Progress(64)
 	if e.rdm != nil {
 		return C.int(e.pollRDM(comps))
 	}
