@@ -147,6 +147,12 @@ func TestInfo(t *testing.T) {
 			t.Errorf("fi_info -p udiwarp -d lo -v lacks %q:\n%s", want, s)
 		}
 	}
+	// RMA and atomics, with provider keys (fi_info's hints take them).
+	for _, want := range []string{"FI_RMA", "FI_ATOMIC", "FI_REMOTE_WRITE", "mr_mode: [ FI_MR_PROV_KEY ]", "mr_key_size: 4", "rma_iov_limit: 1"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("fi_info -p udiwarp -d lo -v lacks %q", want)
+		}
+	}
 	if s := info("", "-p", "udiwarp;ofi_rxd"); !strings.Contains(s, "type: FI_EP_RDM") {
 		t.Errorf("fi_info -p 'udiwarp;ofi_rxd':\n%s", s)
 	}

@@ -16,10 +16,10 @@
 //     calls;
 //   - errors: a wrong key, an offset past the region, a write to a
 //     read-only region, a wrong key for an atomic (error completions,
-//     FI_EACCES); a misaligned atomic, an fi_addr the AV never gave, a
-//     key wider than 32 bits (-FI_EINVAL); over the largest message or
-//     the inject size (-FI_EMSGSIZE); each followed by an operation that
-//     works.
+//     FI_EACCES), a word in a region that starts unaligned (FI_EINVAL);
+//     a misaligned atomic, an fi_addr the AV never gave, a key wider
+//     than 32 bits (-FI_EINVAL); over the largest message or the inject
+//     size (-FI_EMSGSIZE); each followed by an operation that works.
 // Prints "ok: rma" (a) and "ok: rma target" (b) and exits 0, or names
 // the check that failed.
 #include <stdint.h>
@@ -57,7 +57,7 @@ static fi_addr_t peer;
 
 // What b tells a: its regions' keys.
 struct keys {
-	uint64_t region, words, ro;
+	uint64_t region, words, ro, odd;
 };
 
 static struct fi_info *hints_with(uint64_t caps, int mr_mode) {
@@ -165,11 +165,14 @@ static int target(int sock) {
 	memset(region, 0, REGION);
 	fill(ro, 4096, 99);
 	words[0] = 100, words[1] = 5, words[2] = 7;
-	struct fid_mr *mr, *wmr, *romr;
+	struct fid_mr *mr, *wmr, *romr, *oddmr;
 	CHECK(fi_mr_reg(domain, region, REGION, FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &mr, NULL) == 0, "fi_mr_reg region");
 	CHECK(fi_mr_reg(domain, words, 64, FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &wmr, NULL) == 0, "fi_mr_reg words");
 	CHECK(fi_mr_reg(domain, ro, 4096, FI_REMOTE_READ, 0, 0, 0, &romr, NULL) == 0, "fi_mr_reg read-only");
-	struct keys k = {fi_mr_key(mr), fi_mr_key(wmr), fi_mr_key(romr)};
+	// A region that starts 4 bytes into a word: its offset 0 is no
+	// 8-byte-aligned word.
+	CHECK(fi_mr_reg(domain, (char *)words + 36, 16, FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &oddmr, NULL) == 0, "fi_mr_reg odd");
+	struct keys k = {fi_mr_key(mr), fi_mr_key(wmr), fi_mr_key(romr), fi_mr_key(oddmr)};
 	CHECK(k.region <= UINT32_MAX && k.words <= UINT32_MAX && k.ro <= UINT32_MAX && k.region != k.words, "keys %#lx %#lx %#lx",
 	      (unsigned long)k.region, (unsigned long)k.words, (unsigned long)k.ro);
 	char bye[8];
@@ -203,7 +206,7 @@ static int target(int sock) {
 	// a's atomics, seen from here.
 	CHECK(words[0] == 100 + 5 + 7 + 55 && words[1] == 2 && words[2] == 70, "b: words %lu %lu %lu", (unsigned long)words[0],
 	      (unsigned long)words[1], (unsigned long)words[2]);
-	CHECK(fi_close(&mr->fid) == 0 && fi_close(&wmr->fid) == 0 && fi_close(&romr->fid) == 0, "b: fi_close of the regions");
+	CHECK(fi_close(&mr->fid) == 0 && fi_close(&wmr->fid) == 0 && fi_close(&romr->fid) == 0 && fi_close(&oddmr->fid) == 0, "b: fi_close of the regions");
 	close_all();
 	printf("ok: rma target\n");
 	return 0;
@@ -330,6 +333,8 @@ static int initiator(int sock) {
 	failed((void *)42, FI_EACCES, FI_RMA | FI_WRITE);
 	CHECK(fi_fetch_atomic(ep, &v, 1, NULL, &old, NULL, peer, 0, k.words ^ 0x100, FI_UINT64, FI_SUM, (void *)43) == 0, "atomic, wrong key");
 	failed((void *)43, FI_EACCES, FI_ATOMIC | FI_READ);
+	CHECK(fi_fetch_atomic(ep, &v, 1, NULL, &old, NULL, peer, 0, k.odd, FI_UINT64, FI_SUM, (void *)45) == 0, "atomic, unaligned word");
+	failed((void *)45, FI_EINVAL, FI_ATOMIC | FI_READ);
 	CHECK(fi_read(ep, dst, 4096, NULL, peer, 0, k.ro, (void *)44) == 0, "fi_read of the read-only region");
 	done((void *)44, FI_RMA | FI_READ);
 	unsigned char want_ro[4096];
