@@ -9,8 +9,10 @@
 // A completion: the operation's context, the bytes it moved, whether it
 // was a receive (and of a tagged message, with its tag), its error (0, or
 // a positive errno: EMSGSIZE for a message cut to the buffer posted, the
-// bytes cut in olen; ECANCELED; EIO), its remote CQ data, and for a
-// receive its source as a struct sockaddr (srclen bytes).
+// bytes cut in olen; ECANCELED; EIO; for RMA and atomics EACCES, EINVAL,
+// EREMOTEIO: the target refused its access, found it invalid, or could
+// not carry it out), its remote CQ data, for a receive its source as a
+// struct sockaddr (srclen bytes), and what it completes (op).
 struct udwf_comp {
 	uint64_t ctx;
 	uint64_t len;
