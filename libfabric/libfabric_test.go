@@ -58,6 +58,7 @@ func built(t *testing.T) string {
 			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(dir, "badinput"), "testdata/badinput.c", "-lfabric"},
 			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(dir, "mcast"), "testdata/mcast.c", "-lfabric"},
 			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(dir, "rdm"), "testdata/rdm.c", "-lfabric"},
+			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(dir, "rma"), "testdata/rma.c", "-lfabric"},
 		}
 		for _, s := range steps {
 			cmd := exec.CommandContext(ctx, s[0], s[1:]...)
@@ -144,6 +145,12 @@ func TestInfo(t *testing.T) {
 		"protocol: FI_PROTO_IWARP_RDM", "data_progress: FI_PROGRESS_MANUAL", "cq_data_size: 8"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("fi_info -p udiwarp -d lo -v lacks %q:\n%s", want, s)
+		}
+	}
+	// RMA and atomics, with provider keys (fi_info's hints take them).
+	for _, want := range []string{"FI_RMA", "FI_ATOMIC", "FI_REMOTE_WRITE", "mr_mode: [ FI_MR_PROV_KEY ]", "mr_key_size: 4", "rma_iov_limit: 1"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("fi_info -p udiwarp -d lo -v lacks %q", want)
 		}
 	}
 	if s := info("", "-p", "udiwarp;ofi_rxd"); !strings.Contains(s, "type: FI_EP_RDM") {
@@ -318,6 +325,27 @@ func TestRDM(t *testing.T) {
 	t.Logf("%s", out)
 	if err != nil || !bytes.Contains(out, []byte("ok: rdm")) {
 		t.Fatalf("rdm: %v", err)
+	}
+}
+
+// TestRMA: RMA and atomics on the native RDM endpoint, from libfabric's
+// side, between two processes (testdata/rma.c): what fi_getinfo offers
+// for each mr_mode; fi_write and fi_read back, 64 B and 1 MiB, every
+// byte compared; fi_inject_write; fi_writedata and fi_inject_writedata,
+// their data in the target's completions; FetchAdd and CmpSwap as
+// fi_fetch_atomic, fi_atomic and fi_compare_atomic (FI_SUM,
+// FI_ATOMIC_READ, FI_CSWAP, 64-bit words), checked at both ends;
+// fi_query_atomic and the valid calls; a wrong key, an offset past the
+// region and a read-only region as error completions (FI_EACCES), bad
+// arguments refused at the call, and operations that work after them.
+func TestRMA(t *testing.T) {
+	dir := built(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := fabric(ctx, dir, "", native, filepath.Join(dir, "rma")).CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil || !bytes.Contains(out, []byte("ok: rma\n")) || !bytes.Contains(out, []byte("ok: rma target")) {
+		t.Fatalf("rma: %v", err)
 	}
 }
 

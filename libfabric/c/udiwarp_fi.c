@@ -78,9 +78,11 @@
 // which a receive may ignore (Open MPI's MTL wants bit 63).
 #define UDW_TAG_FORMAT 0xAAAAAAAAAAAAAAAAull
 // MSG endpoints are RC queue pairs on TCP: a message of up to 64 KiB is
-// copied at the call, a larger one sent from the caller's buffer.
+// copied at the call, a larger one sent from the caller's buffer;
+// inject_size says 16 KiB, what ofi_rxm over it can take (its eager
+// buffers' size).
 #define UDW_MSG_MAX_MSG ((size_t)1 << 30)
-#define UDW_MSG_INJECT 65536
+#define UDW_MSG_INJECT 16384
 // The connection data of fi_connect, fi_accept and fi_reject travels as
 // MPA private data (at most 512 bytes, less revision 2's IRD/ORD word).
 #define UDW_CM_DATA 256
@@ -117,6 +119,12 @@ static struct {
 	int (*msend)(long long h, void *buf, size_t n, uint64_t ctx, int signaled);
 	int (*mrecv)(long long h, void *buf, size_t n, uint64_t ctx);
 	int (*msg_ended)(long long h);
+	long long (*mr_reg)(void *buf, size_t n, int remote_read, int remote_write);
+	int (*mr_dereg)(uint32_t stag);
+	int (*rma)(long long h, int op, void *buf, size_t n, long long ah, uint32_t key, uint64_t to, int has_data, uint64_t data,
+		   uint64_t ctx, int signaled);
+	int (*atomic)(long long h, int op, long long ah, uint32_t key, uint64_t to, uint64_t operand, uint64_t compare, void *result,
+		      uint64_t ctx, int signaled);
 } eng = {.once = PTHREAD_ONCE_INIT};
 
 static struct fi_provider udw_prov;
@@ -184,10 +192,15 @@ static void load_engine(void) {
 	eng.msend = dlsym(h, "udwf_msend");
 	eng.mrecv = dlsym(h, "udwf_mrecv");
 	eng.msg_ended = dlsym(h, "udwf_msg_ended");
+	eng.mr_reg = dlsym(h, "udwf_mr_reg");
+	eng.mr_dereg = dlsym(h, "udwf_mr_dereg");
+	eng.rma = dlsym(h, "udwf_rma");
+	eng.atomic = dlsym(h, "udwf_atomic");
 	if (!eng.init || !eng.ah || !eng.ah_free || !eng.ep_open || !eng.ep_close || !eng.send || !eng.recv || !eng.poll ||
 	    !eng.max_msg || !eng.join || !eng.tsend || !eng.trecv || !eng.cancel ||
 	    !eng.tpeek || !eng.tclaim || !eng.msg_open || !eng.msg_connect || !eng.msg_accept || !eng.mpa_peek ||
-	    !eng.mpa_reject || !eng.msend || !eng.mrecv || !eng.msg_ended) {
+	    !eng.mpa_reject || !eng.msend || !eng.mrecv || !eng.msg_ended || !eng.mr_reg || !eng.mr_dereg || !eng.rma ||
+	    !eng.atomic) {
 		WARN("the engine %s is incomplete\n", path);
 		eng.err = -FI_ENOSYS;
 		return;
@@ -227,6 +240,34 @@ static int fierr(int r) { return r; }
 #define UDW_MSG_TX_CAPS (FI_MSG | FI_SEND)
 #define UDW_MSG_RX_CAPS (FI_MSG | FI_RECV)
 #define UDW_COMM (FI_LOCAL_COMM | FI_REMOTE_COMM)
+// RMA and atomics, on the RDM endpoint when the program takes the
+// provider's keys (rma_ok).
+#define UDW_RMA_CAPS (FI_RMA | FI_ATOMIC | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE)
+#define UDW_RMA_TX_CAPS (FI_RMA | FI_ATOMIC | FI_READ | FI_WRITE)
+#define UDW_RMA_RX_CAPS (FI_RMA | FI_ATOMIC | FI_REMOTE_READ | FI_REMOTE_WRITE)
+
+// rma_ok says whether hints let the RDM endpoint offer RMA and atomics.
+// A region's key is its STag, which the provider picks (at random) and
+// the target's tagged offsets are zero-based (docs/wire.md 4.4): the
+// program must take FI_MR_PROV_KEY, and the address a peer passes is an
+// offset into the region (no FI_MR_VIRT_ADDR, which a program that
+// offers it must then do without). mr_mode 0 (FI_MR_UNSPEC: since 1.5
+// the default, "scalable" registration, keys the program picks),
+// FI_MR_SCALABLE (the same) and FI_MR_BASIC (virtual addresses) cannot
+// be met; a program that asks for neither FI_RMA nor FI_ATOMIC gets
+// what it got before, whatever its mr_mode.
+static int rma_ok(const struct fi_info *hints) {
+	if (!hints || !hints->domain_attr) return 1;
+	int m = hints->domain_attr->mr_mode;
+	if (m == FI_MR_UNSPEC || m == FI_MR_BASIC || m == FI_MR_SCALABLE) return 0;
+	return (m & FI_MR_PROV_KEY) != 0;
+}
+
+// RMA on an RDM endpoint (RD) and on an MSG one (RC); atomics on RDM
+// only (ofi_rxm, which layers RDM over MSG, carries its own).
+static uint64_t rma_caps_of(enum fi_ep_type t) {
+	return t == FI_EP_RDM ? UDW_RMA_CAPS : t == FI_EP_MSG ? UDW_RMA_CAPS & ~(uint64_t)FI_ATOMIC : 0;
+}
 
 // What each endpoint type offers.
 static uint64_t caps_of(enum fi_ep_type t) {
@@ -267,6 +308,7 @@ static int hints_fit(const struct fi_info *hints, enum fi_ep_type type) {
 	uint64_t caps = caps_of(type) | UDW_COMM;
 	uint64_t txcaps = tx_caps_of(type) | UDW_COMM;
 	uint64_t rxcaps = rx_caps_of(type) | UDW_COMM;
+	if ((rdm || type == FI_EP_MSG) && rma_ok(hints)) caps |= rma_caps_of(type), txcaps |= rma_caps_of(type) & UDW_RMA_TX_CAPS, rxcaps |= rma_caps_of(type) & UDW_RMA_RX_CAPS;
 	if (!hints) return 1;
 	if (hints->caps & ~caps) return 0;
 	if (hints->ep_attr) {
@@ -300,6 +342,7 @@ static struct fi_info *ep_info(const struct fi_info *hints, enum fi_ep_type type
 			       const struct sockaddr *src, const struct sockaddr *dest) {
 	int rdm = type == FI_EP_RDM, msg = type == FI_EP_MSG;
 	uint64_t all = caps_of(type);
+	if ((rdm || msg) && rma_ok(hints)) all |= rma_caps_of(type);
 	struct fi_info *fi = fi_allocinfo();
 	if (!fi) return NULL;
 	fi->caps = all;
@@ -331,6 +374,10 @@ static struct fi_info *ep_info(const struct fi_info *hints, enum fi_ep_type type
 	fi->tx_attr->size = rdm ? UDW_RDM_SIZE : UDW_TX_SIZE;
 	fi->tx_attr->iov_limit = 1;
 	fi->tx_attr->rma_iov_limit = 0;
+	if (fi->caps & (FI_RMA | FI_ATOMIC)) {
+		fi->tx_attr->caps |= fi->caps & UDW_RMA_TX_CAPS;
+		fi->tx_attr->rma_iov_limit = 1; // one local buffer, one remote range
+	}
 	fi->rx_attr->caps = fi->caps & rx_caps_of(type);
 	fi->rx_attr->mode = 0;
 	fi->rx_attr->op_flags = 0;
@@ -339,6 +386,7 @@ static struct fi_info *ep_info(const struct fi_info *hints, enum fi_ep_type type
 	fi->rx_attr->total_buffered_recv = rdm ? (size_t)UDW_RDM_SIZE * UDW_RDM_INJECT : 0;
 	fi->rx_attr->size = rdm ? UDW_RDM_SIZE : UDW_RX_SIZE;
 	fi->rx_attr->iov_limit = 1;
+	fi->rx_attr->caps |= fi->caps & UDW_RMA_RX_CAPS;
 	fi->ep_attr->type = type;
 	fi->ep_attr->protocol = proto_of(type);
 	fi->ep_attr->protocol_version = 1;
@@ -360,6 +408,11 @@ static struct fi_info *ep_info(const struct fi_info *hints, enum fi_ep_type type
 		fi->domain_attr->av_type = hints->domain_attr->av_type;
 	fi->domain_attr->mr_mode = 0; // any buffer: the engine copies
 	fi->domain_attr->mr_key_size = sizeof(uint64_t);
+	if (fi->caps & (FI_RMA | FI_ATOMIC)) {
+		// A key is a region's STag, the provider's (rma_ok).
+		fi->domain_attr->mr_mode = FI_MR_PROV_KEY;
+		fi->domain_attr->mr_key_size = sizeof(uint32_t);
+	}
 	fi->domain_attr->cq_data_size = rdm ? 8 : 0;
 	fi->domain_attr->cq_cnt = 1024;
 	fi->domain_attr->ep_cnt = 1024;
@@ -1124,6 +1177,18 @@ static void cq_push(struct udw_cq *cq, const struct cq_entry *e) {
 static void msg_check_end(struct udw_ep *ep);
 static void msg_eq_remove(struct udw_ep *ep);
 static int cm_data_size_opt(int level, int name, void *val, size_t *len);
+// op_flags are the completion flags of an RMA or atomic completion
+// (struct udwf_comp's op), as fi_cq(3) gives them.
+static uint64_t op_flags(uint32_t op) {
+	switch (op) {
+	case UDWF_OP_WRITE: return FI_RMA | FI_WRITE;
+	case UDWF_OP_READ: return FI_RMA | FI_READ;
+	case UDWF_OP_ATOMIC: return FI_ATOMIC | FI_WRITE;
+	case UDWF_OP_FETCH: return FI_ATOMIC | FI_READ;
+	case UDWF_OP_REMOTE_WRITE: return FI_RMA | FI_REMOTE_WRITE;
+	}
+	return 0;
+}
 
 // progress polls every endpoint bound to cq: their completions go to
 // their own CQs (a send's to its TX CQ, a receive's to its RX CQ, cq or
@@ -1141,6 +1206,7 @@ static void progress(struct udw_cq *cq) {
 			struct cq_entry e = {0};
 			e.e.op_context = (void *)(uintptr_t)c->ctx;
 			e.e.flags = (c->tagged ? FI_TAGGED : FI_MSG) | (c->recv ? FI_RECV : FI_SEND);
+			if (c->op) e.e.flags = op_flags(c->op);
 			e.e.len = c->len;
 			e.e.tag = c->tag;
 			if (c->has_data) e.e.data = c->data, e.e.flags |= FI_REMOTE_CQ_DATA;
@@ -1189,7 +1255,9 @@ static ssize_t cq_readfrom(struct fid_cq *fcq, void *buf, size_t count, fi_addr_
 			// An error stops the read here: readerr returns it.
 			cq->err = (struct fi_cq_err_entry){.op_context = e->e.op_context, .flags = e->e.flags, .len = e->e.len,
 							   .olen = e->olen,
-							   .err = e->err == EMSGSIZE ? FI_ETRUNC : e->err == ECANCELED ? FI_ECANCELED : e->err == ENOMSG ? FI_ENOMSG : FI_EIO,
+							   .err = e->err == EMSGSIZE ? FI_ETRUNC : e->err == ECANCELED ? FI_ECANCELED : e->err == ENOMSG ? FI_ENOMSG
+							      : e->err == EACCES ? FI_EACCES : e->err == EREMOTEIO ? FI_EREMOTEIO
+							      : e->err == EINVAL ? FI_EINVAL : FI_EIO,
 							   .prov_errno = e->err};
 			cq->has_err = 1;
 			cq->head = (cq->head + 1) % cq->cap, cq->count--;
@@ -1382,12 +1450,17 @@ static int fabric_trywait(struct fid_fabric *f, struct fid **fids, int count) {
 
 // A registration only names memory: every send is copied and every
 // receive lands in the engine's own buffers, so no key ever travels.
+// One with remote access (FI_REMOTE_READ, FI_REMOTE_WRITE) is a region
+// of the engine's, for peers' RMA and atomics: its key is its STag.
 struct udw_mr {
 	struct fid_mr m;
+	int remote; // registered with the engine, as STag key
 };
 
 static int mr_close(struct fid *fid) {
-	free(container_of(fid, struct udw_mr, m.fid));
+	struct udw_mr *m = container_of(fid, struct udw_mr, m.fid);
+	if (m->remote) eng.mr_dereg((uint32_t)m->m.key);
+	free(m);
 	return 0;
 }
 
@@ -1396,9 +1469,13 @@ static struct fi_ops mr_fi_ops = {.size = sizeof(struct fi_ops), .close = mr_clo
 
 static atomic_ullong mr_keys = 1;
 
+// OFI_MR_NOCACHE: what ofi_rxm passes its core for a registration it
+// does not want cached (libfabric's ofi_mr.h); nothing here caches.
+#define UDW_MR_NOCACHE (1ULL << 60)
+
 static int mr_regattr(struct fid *fid, const struct fi_mr_attr *attr, uint64_t flags, struct fid_mr **mr) {
 	(void)fid;
-	if (flags) return -FI_EBADFLAGS;
+	if (flags & ~UDW_MR_NOCACHE) return -FI_EBADFLAGS;
 	if (attr->iov_count > 1) return -FI_EINVAL;
 	struct udw_mr *m = calloc(1, sizeof *m);
 	if (!m) return -FI_ENOMEM;
@@ -1407,6 +1484,20 @@ static int mr_regattr(struct fid *fid, const struct fi_mr_attr *attr, uint64_t f
 	m->m.fid.ops = &mr_fi_ops;
 	m->m.mem_desc = m;
 	m->m.key = atomic_fetch_add(&mr_keys, 1);
+	if (attr->access & (FI_REMOTE_READ | FI_REMOTE_WRITE)) {
+		// Peers read it (FI_REMOTE_READ), write it and run atomics on
+		// its 64-bit words (FI_REMOTE_WRITE), naming it by its STag.
+		int r = attr->iov_count != 1 || !attr->mr_iov[0].iov_base || !attr->mr_iov[0].iov_len ? -FI_EINVAL : engine();
+		long long k = r ? r
+				: eng.mr_reg(attr->mr_iov[0].iov_base, attr->mr_iov[0].iov_len, (attr->access & FI_REMOTE_READ) != 0,
+					     (attr->access & FI_REMOTE_WRITE) != 0);
+		if (k < 0) {
+			free(m);
+			return fierr((int)k);
+		}
+		m->m.key = (uint64_t)k;
+		m->remote = 1;
+	}
 	*mr = &m->m;
 	return 0;
 }
@@ -1856,16 +1947,28 @@ static void msg_eq_add(struct udw_ep *ep) {
 	pthread_mutex_unlock(&q->mu);
 }
 
+// msg_eq_remove takes a closing MSG endpoint off its EQ: off the list,
+// and its events that nobody read yet out of the queue (a program that
+// closes an endpoint frees what its events would name: ofi_rxm's
+// connections).
 static void msg_eq_remove(struct udw_ep *ep) {
 	struct udw_eq *q = ep->eq;
-	if (!ep->on_eq) return;
 	pthread_mutex_lock(&q->mu);
-	for (size_t i = 0; i < q->nmsg; i++)
+	for (size_t i = 0; ep->on_eq && i < q->nmsg; i++)
 		if (q->msg[i] == ep) {
 			q->msg[i] = q->msg[--q->nmsg];
 			break;
 		}
 	ep->on_eq = 0;
+	size_t kept = 0;
+	for (size_t i = 0; i < q->count; i++) {
+		struct eq_event *e = &q->ring[(q->head + i) % q->cap];
+		struct fid *f = e->err ? e->errent.fid : e->u.e.fid;
+		if (f == &ep->ep.fid) continue;
+		q->ring[(q->head + kept) % q->cap] = *e;
+		kept++;
+	}
+	q->count = kept;
 	pthread_mutex_unlock(&q->mu);
 }
 
@@ -2418,6 +2521,250 @@ static struct fi_ops_tagged rdm_tagged_ops = {.size = sizeof(struct fi_ops_tagge
 					      .recvmsg = tag_recvmsg, .send = tag_send, .sendv = tag_sendv, .sendmsg = tag_sendmsg,
 					      .inject = tag_inject, .senddata = tag_senddata, .injectdata = tag_injectdata};
 
+// ---- RDM: RMA and atomics, on the engine's memory regions -------------------
+
+// A peer's region is named by its key, its STag (32 bits: mr_key_size 4),
+// and an offset into it (no FI_MR_VIRT_ADDR). One local buffer, one
+// remote range (iov_limit, rma_iov_limit 1), of up to max_msg_size; an
+// atomic is one 64-bit word (count 1).
+#define RMA_FLAGS (FI_COMPLETION | FI_INJECT | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE | FI_DELIVERY_COMPLETE | FI_MORE)
+
+// rma_again makes progress for a caller that will spin on -FI_EAGAIN
+// (every send slot waits for its peer, which only reading the CQ hears).
+static ssize_t rma_again(struct udw_ep *ep) {
+	pthread_mutex_lock(&ep->txcq->mu);
+	progress(ep->txcq);
+	pthread_mutex_unlock(&ep->txcq->mu);
+	return -FI_EAGAIN;
+}
+
+// rdm_rma writes len bytes at buf into the region of key at offset addr
+// of dest (read: reads them from there into buf), with remote CQ data
+// when has_data is set; inject: no completion, at most inject_size.
+static ssize_t rdm_rma(struct udw_ep *ep, int read, void *buf, size_t len, fi_addr_t dest, uint64_t addr, uint64_t key, int has_data,
+		       uint64_t data, void *context, int signaled, int inject) {
+	if (!ep->enabled) return -FI_EOPBADSTATE;
+	if (!(ep->info->caps & FI_RMA)) return -FI_EOPNOTSUPP;
+	if (ep->msg) {
+		// An MSG endpoint's peer is its connection's: dest is ignored.
+		if (ep->cm != CM_CONNECTED) return -FI_ENOTCONN;
+		if (has_data) return -FI_EOPNOTSUPP; // cq_data_size 0
+		if (len > UDW_MSG_MAX_MSG || (inject && len > UDW_MSG_INJECT)) return -FI_EMSGSIZE;
+	} else if (len > UDW_RDM_MAX_MSG || (inject && len > UDW_RDM_INJECT)) {
+		return -FI_EMSGSIZE;
+	}
+	if ((len && !buf) || key > UINT32_MAX) return -FI_EINVAL; // no key of this provider's is wider than 32 bits
+	long long ah = ep->msg ? -1 : av_ah(ep->av, dest);
+	if (ah < 0 && !ep->msg) return -FI_EINVAL;
+	int r = eng.rma(ep->h, read ? UDWF_OP_READ : UDWF_OP_WRITE, buf, len, ah, (uint32_t)key, addr, has_data, data,
+			(uint64_t)(uintptr_t)context, signaled);
+	return r == -EAGAIN ? rma_again(ep) : fierr(r);
+}
+
+// rma_msg checks an fi_msg_rma: one local buffer (or none) of the remote
+// range's length.
+static int rma_msg(const struct fi_msg_rma *msg, uint64_t flags, uint64_t allowed) {
+	if (flags & ~allowed) return -FI_EBADFLAGS;
+	if (msg->iov_count > 1 || msg->rma_iov_count != 1) return -FI_EINVAL;
+	return (msg->iov_count ? msg->msg_iov[0].iov_len : 0) == msg->rma_iov[0].len ? 0 : -FI_EINVAL;
+}
+
+static ssize_t rma_read(struct fid_ep *fep, void *buf, size_t len, void *desc, fi_addr_t src, uint64_t addr, uint64_t key,
+			void *context) {
+	(void)desc;
+	return rdm_rma(RDM_EP(fep), 1, buf, len, src, addr, key, 0, 0, context, 1, 0);
+}
+static ssize_t rma_readv(struct fid_ep *fep, const struct iovec *iov, void **desc, size_t count, fi_addr_t src, uint64_t addr,
+			 uint64_t key, void *context) {
+	(void)desc;
+	if (count > 1) return -FI_EINVAL;
+	return rdm_rma(RDM_EP(fep), 1, count ? iov[0].iov_base : NULL, count ? iov[0].iov_len : 0, src, addr, key, 0, 0, context, 1, 0);
+}
+static ssize_t rma_readmsg(struct fid_ep *fep, const struct fi_msg_rma *msg, uint64_t flags) {
+	struct udw_ep *ep = RDM_EP(fep);
+	int r = rma_msg(msg, flags, RMA_FLAGS & ~(uint64_t)FI_INJECT);
+	if (r) return r;
+	return rdm_rma(ep, 1, msg->iov_count ? msg->msg_iov[0].iov_base : NULL, msg->rma_iov[0].len, msg->addr, msg->rma_iov[0].addr,
+		       msg->rma_iov[0].key, 0, 0, msg->context, signaled(ep, flags), 0);
+}
+static ssize_t rma_write(struct fid_ep *fep, const void *buf, size_t len, void *desc, fi_addr_t dest, uint64_t addr, uint64_t key,
+			 void *context) {
+	(void)desc;
+	return rdm_rma(RDM_EP(fep), 0, (void *)buf, len, dest, addr, key, 0, 0, context, 1, 0);
+}
+static ssize_t rma_writev(struct fid_ep *fep, const struct iovec *iov, void **desc, size_t count, fi_addr_t dest, uint64_t addr,
+			  uint64_t key, void *context) {
+	(void)desc;
+	if (count > 1) return -FI_EINVAL;
+	return rdm_rma(RDM_EP(fep), 0, count ? iov[0].iov_base : NULL, count ? iov[0].iov_len : 0, dest, addr, key, 0, 0, context, 1, 0);
+}
+static ssize_t rma_writemsg(struct fid_ep *fep, const struct fi_msg_rma *msg, uint64_t flags) {
+	struct udw_ep *ep = RDM_EP(fep);
+	int r = rma_msg(msg, flags, RMA_FLAGS | FI_REMOTE_CQ_DATA);
+	if (r) return r;
+	return rdm_rma(ep, 0, msg->iov_count ? msg->msg_iov[0].iov_base : NULL, msg->rma_iov[0].len, msg->addr, msg->rma_iov[0].addr,
+		       msg->rma_iov[0].key, (flags & FI_REMOTE_CQ_DATA) != 0, msg->data, msg->context, signaled(ep, flags),
+		       (flags & FI_INJECT) != 0);
+}
+static ssize_t rma_inject(struct fid_ep *fep, const void *buf, size_t len, fi_addr_t dest, uint64_t addr, uint64_t key) {
+	return rdm_rma(RDM_EP(fep), 0, (void *)buf, len, dest, addr, key, 0, 0, NULL, 0, 1);
+}
+static ssize_t rma_writedata(struct fid_ep *fep, const void *buf, size_t len, void *desc, uint64_t data, fi_addr_t dest, uint64_t addr,
+			     uint64_t key, void *context) {
+	(void)desc;
+	return rdm_rma(RDM_EP(fep), 0, (void *)buf, len, dest, addr, key, 1, data, context, 1, 0);
+}
+static ssize_t rma_injectdata(struct fid_ep *fep, const void *buf, size_t len, uint64_t data, fi_addr_t dest, uint64_t addr,
+			      uint64_t key) {
+	return rdm_rma(RDM_EP(fep), 0, (void *)buf, len, dest, addr, key, 1, data, NULL, 0, 1);
+}
+
+static struct fi_ops_rma rdm_rma_ops = {.size = sizeof(struct fi_ops_rma), .read = rma_read, .readv = rma_readv,
+					.readmsg = rma_readmsg, .write = rma_write, .writev = rma_writev, .writemsg = rma_writemsg,
+					.inject = rma_inject, .writedata = rma_writedata, .injectdata = rma_injectdata};
+
+// The atomics of RFC 7306 on one 64-bit word: FetchAdd (FI_SUM, and
+// FI_ATOMIC_READ as an add of 0) and CmpSwap (FI_CSWAP), of FI_UINT64
+// or FI_INT64 (two's complement: the same add and compare).
+enum { ATOMIC_BASE, ATOMIC_FETCH, ATOMIC_COMPARE };
+
+static int atomic_valid(enum fi_datatype dt, enum fi_op op, int kind, size_t *count) {
+	if (dt != FI_UINT64 && dt != FI_INT64) return -FI_EOPNOTSUPP;
+	switch (kind) {
+	case ATOMIC_BASE:
+		if (op != FI_SUM) return -FI_EOPNOTSUPP;
+		break;
+	case ATOMIC_FETCH:
+		if (op != FI_SUM && op != FI_ATOMIC_READ) return -FI_EOPNOTSUPP;
+		break;
+	default:
+		if (op != FI_CSWAP) return -FI_EOPNOTSUPP;
+	}
+	if (count) *count = 1;
+	return 0;
+}
+
+// rdm_atomic runs op on the word at offset addr of the region of key at
+// dest: buf the operand, compare what FI_CSWAP compares with, result
+// where the original value goes (ATOMIC_FETCH, ATOMIC_COMPARE).
+static ssize_t rdm_atomic(struct udw_ep *ep, int kind, const void *buf, size_t count, const void *compare, void *result, fi_addr_t dest,
+			  uint64_t addr, uint64_t key, enum fi_datatype dt, enum fi_op op, void *context, int signaled) {
+	if (!ep->enabled) return -FI_EOPBADSTATE;
+	if (!(ep->info->caps & FI_ATOMIC)) return -FI_EOPNOTSUPP;
+	int r = atomic_valid(dt, op, kind, NULL);
+	if (r) return r;
+	// One word, 8-byte aligned at the target (an offset into a region
+	// whose start is aligned, as allocated memory is; else the target
+	// refuses it: an error completion, FI_EINVAL).
+	if (count != 1 || addr % 8 || key > UINT32_MAX) return -FI_EINVAL;
+	if ((op != FI_ATOMIC_READ && !buf) || (kind == ATOMIC_COMPARE && !compare) || (kind != ATOMIC_BASE && !result)) return -FI_EINVAL;
+	long long ah = av_ah(ep->av, dest);
+	if (ah < 0) return -FI_EINVAL;
+	uint64_t operand = 0, cmp = 0;
+	if (op != FI_ATOMIC_READ) memcpy(&operand, buf, sizeof operand);
+	if (kind == ATOMIC_COMPARE) memcpy(&cmp, compare, sizeof cmp);
+	r = eng.atomic(ep->h, kind == ATOMIC_COMPARE ? UDWF_ATOMIC_CSWAP : UDWF_ATOMIC_ADD, ah, (uint32_t)key, addr, operand, cmp,
+		       kind == ATOMIC_BASE ? NULL : result, (uint64_t)(uintptr_t)context, signaled);
+	return r == -EAGAIN ? rma_again(ep) : fierr(r);
+}
+
+// atomic_msg checks an fi_msg_atomic (and the result and compare ioc
+// counts, n of them): one operand, one word.
+static int atomic_msg(const struct fi_msg_atomic *msg, uint64_t flags, uint64_t allowed, size_t n1, size_t n2) {
+	if (flags & ~allowed) return -FI_EBADFLAGS;
+	if (msg->iov_count != 1 || msg->rma_iov_count != 1 || n1 != 1 || n2 != 1) return -FI_EINVAL;
+	return msg->msg_iov[0].count == msg->rma_iov[0].count ? 0 : -FI_EINVAL;
+}
+
+static ssize_t atomic_write(struct fid_ep *fep, const void *buf, size_t count, void *desc, fi_addr_t dest, uint64_t addr, uint64_t key,
+			    enum fi_datatype dt, enum fi_op op, void *context) {
+	(void)desc;
+	return rdm_atomic(RDM_EP(fep), ATOMIC_BASE, buf, count, NULL, NULL, dest, addr, key, dt, op, context, 1);
+}
+static ssize_t atomic_writev(struct fid_ep *fep, const struct fi_ioc *iov, void **desc, size_t count, fi_addr_t dest, uint64_t addr,
+			     uint64_t key, enum fi_datatype dt, enum fi_op op, void *context) {
+	(void)desc;
+	if (count != 1) return -FI_EINVAL;
+	return rdm_atomic(RDM_EP(fep), ATOMIC_BASE, iov[0].addr, iov[0].count, NULL, NULL, dest, addr, key, dt, op, context, 1);
+}
+static ssize_t atomic_writemsg(struct fid_ep *fep, const struct fi_msg_atomic *msg, uint64_t flags) {
+	struct udw_ep *ep = RDM_EP(fep);
+	int r = atomic_msg(msg, flags, RMA_FLAGS, 1, 1);
+	if (r) return r;
+	return rdm_atomic(ep, ATOMIC_BASE, msg->msg_iov[0].addr, msg->msg_iov[0].count, NULL, NULL, msg->addr, msg->rma_iov[0].addr,
+			  msg->rma_iov[0].key, msg->datatype, msg->op, msg->context, signaled(ep, flags));
+}
+static ssize_t atomic_inject(struct fid_ep *fep, const void *buf, size_t count, fi_addr_t dest, uint64_t addr, uint64_t key,
+			     enum fi_datatype dt, enum fi_op op) {
+	return rdm_atomic(RDM_EP(fep), ATOMIC_BASE, buf, count, NULL, NULL, dest, addr, key, dt, op, NULL, 0);
+}
+static ssize_t atomic_readwrite(struct fid_ep *fep, const void *buf, size_t count, void *desc, void *result, void *result_desc,
+				fi_addr_t dest, uint64_t addr, uint64_t key, enum fi_datatype dt, enum fi_op op, void *context) {
+	(void)desc, (void)result_desc;
+	return rdm_atomic(RDM_EP(fep), ATOMIC_FETCH, buf, count, NULL, result, dest, addr, key, dt, op, context, 1);
+}
+static ssize_t atomic_readwritev(struct fid_ep *fep, const struct fi_ioc *iov, void **desc, size_t count, struct fi_ioc *resultv,
+				 void **result_desc, size_t result_count, fi_addr_t dest, uint64_t addr, uint64_t key, enum fi_datatype dt,
+				 enum fi_op op, void *context) {
+	(void)desc, (void)result_desc;
+	if (count != 1 || result_count != 1 || resultv[0].count != iov[0].count) return -FI_EINVAL;
+	return rdm_atomic(RDM_EP(fep), ATOMIC_FETCH, iov[0].addr, iov[0].count, NULL, resultv[0].addr, dest, addr, key, dt, op, context, 1);
+}
+static ssize_t atomic_readwritemsg(struct fid_ep *fep, const struct fi_msg_atomic *msg, struct fi_ioc *resultv, void **result_desc,
+				   size_t result_count, uint64_t flags) {
+	(void)result_desc;
+	struct udw_ep *ep = RDM_EP(fep);
+	int r = atomic_msg(msg, flags, RMA_FLAGS & ~(uint64_t)FI_INJECT, result_count, 1);
+	if (r) return r;
+	if (resultv[0].count != msg->msg_iov[0].count) return -FI_EINVAL;
+	return rdm_atomic(ep, ATOMIC_FETCH, msg->msg_iov[0].addr, msg->msg_iov[0].count, NULL, resultv[0].addr, msg->addr,
+			  msg->rma_iov[0].addr, msg->rma_iov[0].key, msg->datatype, msg->op, msg->context, signaled(ep, flags));
+}
+static ssize_t atomic_compwrite(struct fid_ep *fep, const void *buf, size_t count, void *desc, const void *compare, void *compare_desc,
+				void *result, void *result_desc, fi_addr_t dest, uint64_t addr, uint64_t key, enum fi_datatype dt,
+				enum fi_op op, void *context) {
+	(void)desc, (void)compare_desc, (void)result_desc;
+	return rdm_atomic(RDM_EP(fep), ATOMIC_COMPARE, buf, count, compare, result, dest, addr, key, dt, op, context, 1);
+}
+static ssize_t atomic_compwritev(struct fid_ep *fep, const struct fi_ioc *iov, void **desc, size_t count, const struct fi_ioc *comparev,
+				 void **compare_desc, size_t compare_count, struct fi_ioc *resultv, void **result_desc, size_t result_count,
+				 fi_addr_t dest, uint64_t addr, uint64_t key, enum fi_datatype dt, enum fi_op op, void *context) {
+	(void)desc, (void)compare_desc, (void)result_desc;
+	if (count != 1 || compare_count != 1 || result_count != 1 || comparev[0].count != iov[0].count || resultv[0].count != iov[0].count)
+		return -FI_EINVAL;
+	return rdm_atomic(RDM_EP(fep), ATOMIC_COMPARE, iov[0].addr, iov[0].count, comparev[0].addr, resultv[0].addr, dest, addr, key, dt, op,
+			  context, 1);
+}
+static ssize_t atomic_compwritemsg(struct fid_ep *fep, const struct fi_msg_atomic *msg, const struct fi_ioc *comparev,
+				   void **compare_desc, size_t compare_count, struct fi_ioc *resultv, void **result_desc,
+				   size_t result_count, uint64_t flags) {
+	(void)compare_desc, (void)result_desc;
+	struct udw_ep *ep = RDM_EP(fep);
+	int r = atomic_msg(msg, flags, RMA_FLAGS & ~(uint64_t)FI_INJECT, result_count, compare_count);
+	if (r) return r;
+	if (resultv[0].count != msg->msg_iov[0].count || comparev[0].count != msg->msg_iov[0].count) return -FI_EINVAL;
+	return rdm_atomic(ep, ATOMIC_COMPARE, msg->msg_iov[0].addr, msg->msg_iov[0].count, comparev[0].addr, resultv[0].addr, msg->addr,
+			  msg->rma_iov[0].addr, msg->rma_iov[0].key, msg->datatype, msg->op, msg->context, signaled(ep, flags));
+}
+static int atomic_writevalid(struct fid_ep *fep, enum fi_datatype dt, enum fi_op op, size_t *count) {
+	(void)fep;
+	return atomic_valid(dt, op, ATOMIC_BASE, count);
+}
+static int atomic_readwritevalid(struct fid_ep *fep, enum fi_datatype dt, enum fi_op op, size_t *count) {
+	(void)fep;
+	return atomic_valid(dt, op, ATOMIC_FETCH, count);
+}
+static int atomic_compwritevalid(struct fid_ep *fep, enum fi_datatype dt, enum fi_op op, size_t *count) {
+	(void)fep;
+	return atomic_valid(dt, op, ATOMIC_COMPARE, count);
+}
+
+static struct fi_ops_atomic rdm_atomic_ops = {
+	.size = sizeof(struct fi_ops_atomic), .write = atomic_write, .writev = atomic_writev, .writemsg = atomic_writemsg,
+	.inject = atomic_inject, .readwrite = atomic_readwrite, .readwritev = atomic_readwritev, .readwritemsg = atomic_readwritemsg,
+	.compwrite = atomic_compwrite, .compwritev = atomic_compwritev, .compwritemsg = atomic_compwritemsg,
+	.writevalid = atomic_writevalid, .readwritevalid = atomic_readwritevalid, .compwritevalid = atomic_compwritevalid};
+
 // The tables of what a DGRAM endpoint does not offer (fi_getinfo never
 // returns FI_TAGGED, FI_RMA or FI_ATOMIC for it).
 static struct fi_ops_tagged tagged_ops = {
@@ -2506,7 +2853,7 @@ static int msg_ep_open(struct udw_domain *dom, struct fi_info *info, struct fid_
 	ep->ep.cm = &cm_ops;
 	ep->ep.msg = &cm_msg_ops;
 	ep->ep.tagged = &tagged_ops;
-	ep->ep.rma = &rma_ops;
+	ep->ep.rma = &rdm_rma_ops; // an MSG endpoint's RMA: the same calls, on its connection
 	ep->ep.atomic = &atomic_ops;
 	ep->ep.collective = &collective_ops;
 	*fep = &ep->ep;
@@ -2562,8 +2909,8 @@ static int ep_open(struct fid_domain *fdom, struct fi_info *info, struct fid_ep 
 	ep->ep.cm = &cm_ops;
 	ep->ep.msg = rdm ? &rdm_msg_ops : &msg_ops;
 	ep->ep.tagged = rdm ? &rdm_tagged_ops : &tagged_ops;
-	ep->ep.rma = &rma_ops;
-	ep->ep.atomic = &atomic_ops;
+	ep->ep.rma = rdm ? &rdm_rma_ops : &rma_ops;
+	ep->ep.atomic = rdm ? &rdm_atomic_ops : &atomic_ops;
 	ep->ep.collective = &collective_ops;
 	*fep = &ep->ep;
 	return 0;
@@ -2606,9 +2953,17 @@ static int dom_srx_ctx(struct fid_domain *d, struct fi_rx_attr *a, struct fid_ep
 	(void)d, (void)a, (void)e, (void)c;
 	return -FI_ENOSYS;
 }
+// dom_query_atomic: what the RDM endpoint's atomics carry out (atomic_valid),
+// one 8-byte word a call; none on tagged receive buffers.
 static int dom_query_atomic(struct fid_domain *d, enum fi_datatype t, enum fi_op o, struct fi_atomic_attr *a, uint64_t f) {
-	(void)d, (void)t, (void)o, (void)a, (void)f;
-	return -FI_ENOSYS;
+	(void)d;
+	if (f & ~(uint64_t)(FI_FETCH_ATOMIC | FI_COMPARE_ATOMIC | FI_TAGGED)) return -FI_EBADFLAGS;
+	if ((f & FI_FETCH_ATOMIC) && (f & FI_COMPARE_ATOMIC)) return -FI_EINVAL;
+	if (f & FI_TAGGED) return -FI_EOPNOTSUPP;
+	int r = atomic_valid(t, o, f & FI_FETCH_ATOMIC ? ATOMIC_FETCH : f & FI_COMPARE_ATOMIC ? ATOMIC_COMPARE : ATOMIC_BASE,
+			     a ? &a->count : NULL);
+	if (!r && a) a->size = sizeof(uint64_t);
+	return r;
 }
 static int dom_query_collective(struct fid_domain *d, enum fi_collective_op o, struct fi_collective_attr *a, uint64_t f) {
 	(void)d, (void)o, (void)a, (void)f;

@@ -327,7 +327,7 @@ func (e *ep) close() {
 		}
 	}
 	if r := e.rdm; r != nil {
-		for _, mr := range []*qp.MR{r.tx, r.large} {
+		for _, mr := range []*qp.MR{r.tx, r.large, r.atom} {
 			if mr != nil {
 				mr.Deregister()
 			}

@@ -350,6 +350,12 @@ func (e *ep) pollMsg(comps []C.struct_udwf_comp) int {
 					c.err = C.int32_t(unix.ECANCELED)
 				}
 			}
+			if t.op != 0 {
+				c.op, c.len, c.err = C.uint32_t(t.op), C.uint64_t(t.n), rmaErr(wc.Status)
+				if wc.Status == qp.WRFlushError {
+					c.err = C.int32_t(unix.ECANCELED)
+				}
+			}
 			k++
 		}
 	}
@@ -381,4 +387,57 @@ func (e *ep) pollMsg(comps []C.struct_udwf_comp) int {
 		}
 	}
 	return k
+}
+
+// msgRMA writes n bytes at buf into the connection's peer's region of
+// STag key at offset to (UDWF_OP_WRITE), or reads them from there into
+// buf (UDWF_OP_READ): RDMA Write and Read on the RC QP, as udwf_rma on
+// an RDM endpoint. A write of up to msgInline bytes is copied; a larger
+// one, and every read, registers the caller's buffer for the operation.
+func (e *ep) msgRMA(op C.int, buf unsafe.Pointer, n C.size_t, key C.uint32_t, to C.uint64_t, ctx C.uint64_t, signaled C.int) C.int {
+	if (op != C.UDWF_OP_WRITE && op != C.UDWF_OP_READ) || (n > 0 && buf == nil) {
+		return -C.int(unix.EINVAL)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	m := e.msg
+	if e.closed {
+		return -C.int(unix.EBADF)
+	}
+	if !m.up {
+		return -C.int(unix.ENOTCONN)
+	}
+	m.nextID++
+	id := m.nextID
+	t := txOf{ctx: uint64(ctx), report: signaled != 0, op: uint32(op), n: int(n)}
+	wr := qp.SendWR{ID: id, Opcode: qp.OpWrite, Flags: qp.FlagSignaled, RemoteSTag: uint32(key), RemoteTO: uint64(to)}
+	var b []byte
+	if n > 0 {
+		b = unsafe.Slice((*byte)(buf), int(n))
+	}
+	var err error
+	switch {
+	case op == C.UDWF_OP_READ:
+		// The Read Responses are tagged writes into the caller's buffer.
+		if t.mr, err = engine.pd.RegisterMemory(b, qp.AccessLocalWrite|qp.AccessRemoteWrite); err != nil {
+			return C.int(errno(err))
+		}
+		wr.Opcode, wr.SGL = qp.OpRead, []qp.SGE{t.mr.SGE(0, int(n))}
+	case n == 0:
+	case int(n) <= msgInline:
+		wr.Inline = b
+	default:
+		if t.mr, err = engine.pd.RegisterMemory(b, 0); err != nil {
+			return C.int(errno(err))
+		}
+		wr.SGL = []qp.SGE{t.mr.SGE(0, int(n))}
+	}
+	if err := e.q.PostSend(&wr); err != nil {
+		if t.mr != nil {
+			t.mr.Deregister()
+		}
+		return C.int(errno(err))
+	}
+	m.sends[id] = t
+	return 0
 }

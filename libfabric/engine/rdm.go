@@ -66,6 +66,7 @@ type rdmState struct {
 	txCtx   []txOf
 	srq     *qp.SRQ
 	large   *qp.MR              // the large receive slots
+	atom    *qp.MR              // per send slot, the 8 bytes an atomic's original value lands in (rma.go)
 	lslot   int                 // bytes per large slot
 	posted  []rdmRecv           // receives waiting for a message, in the order posted
 	unexp   []unexpMsg          // messages waiting for a receive, in the order they came
@@ -80,6 +81,12 @@ type txOf struct {
 	ctx    uint64
 	report bool   // the caller asked for a completion
 	mr     *qp.MR // a large message's buffer, registered for the send
+	// RMA and atomics (rma.go): what the completion reports (UDWF_OP_*;
+	// 0 a message), its bytes, and where a fetching atomic's original
+	// value goes (from the endpoint's scratch word of the slot).
+	op     uint32
+	n      int
+	result unsafe.Pointer
 }
 
 // An rdmRecv is a receive the caller posted: its buffer, and what it
@@ -379,12 +386,18 @@ func (e *ep) pollRDM(comps []C.struct_udwf_comp) int {
 			if t.mr != nil {
 				t.mr.Deregister()
 			}
+			if t.op != 0 {
+				e.rmaDone(i, &t, &wc)
+			}
 			if !t.report && wc.Status == qp.Success {
 				continue
 			}
 			c := C.struct_udwf_comp{ctx: C.uint64_t(t.ctx), len: C.uint64_t(max(int(wc.Len)-rdmHeader, 0))}
 			if wc.Status != qp.Success {
 				c.err = C.int32_t(unix.EIO)
+			}
+			if t.op != 0 {
+				c.op, c.len, c.err = C.uint32_t(t.op), C.uint64_t(t.n), rmaErr(wc.Status)
 			}
 			if k < len(comps) {
 				comps[k] = c
@@ -401,6 +414,11 @@ func (e *ep) pollRDM(comps []C.struct_udwf_comp) int {
 		}
 		for _, wc := range e.wcs[:got] {
 			slot := int(wc.ID)
+			if wc.WithImm {
+				// No message: a peer's RMA write with remote CQ data (rma.go).
+				e.remoteWrite(slot, &wc, comps, &k)
+				continue
+			}
 			if wc.Status != qp.Success || wc.Len < rdmHeader {
 				// A flushed receive (the QP is going), or a message too
 				// short to be the provider's: nothing to deliver.

@@ -9,8 +9,10 @@
 // A completion: the operation's context, the bytes it moved, whether it
 // was a receive (and of a tagged message, with its tag), its error (0, or
 // a positive errno: EMSGSIZE for a message cut to the buffer posted, the
-// bytes cut in olen; ECANCELED; EIO), its remote CQ data, and for a
-// receive its source as a struct sockaddr (srclen bytes).
+// bytes cut in olen; ECANCELED; EIO; for RMA and atomics EACCES, EINVAL,
+// EREMOTEIO: the target refused its access, found it invalid, or could
+// not carry it out), its remote CQ data, for a receive its source as a
+// struct sockaddr (srclen bytes), and what it completes (op).
 struct udwf_comp {
 	uint64_t ctx;
 	uint64_t len;
@@ -22,8 +24,19 @@ struct udwf_comp {
 	uint32_t has_data;
 	uint32_t srclen;
 	uint32_t tagged;
-	uint32_t pad0;
+	uint32_t op; // 0: a message; else what RMA or atomic (UDWF_OP_*)
 	uint8_t src[28];
 	uint8_t pad[4];
 };
+
+// What a completion is for besides a message (struct udwf_comp's op).
+#define UDWF_OP_WRITE 1        // an RMA write the endpoint initiated (udwf_rma)
+#define UDWF_OP_READ 2         // an RMA read it initiated
+#define UDWF_OP_ATOMIC 3       // an atomic whose original value nobody asked for (fi_atomic)
+#define UDWF_OP_FETCH 4        // an atomic that fetched it (fi_fetch_atomic, fi_compare_atomic)
+#define UDWF_OP_REMOTE_WRITE 5 // at the target: a peer's write with remote CQ data (data)
+
+// The atomics udwf_atomic carries out on a peer's 64-bit word.
+#define UDWF_ATOMIC_ADD 1   // RFC 7306 FetchAdd
+#define UDWF_ATOMIC_CSWAP 2 // RFC 7306 CmpSwap
 #endif
