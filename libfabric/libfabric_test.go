@@ -58,6 +58,7 @@ func built(t *testing.T) string {
 			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(dir, "badinput"), "testdata/badinput.c", "-lfabric"},
 			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(dir, "mcast"), "testdata/mcast.c", "-lfabric"},
 			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(dir, "rdm"), "testdata/rdm.c", "-lfabric"},
+			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(dir, "msg"), "testdata/msg.c", "-lfabric"},
 			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(dir, "rma"), "testdata/rma.c", "-lfabric"},
 		}
 		for _, s := range steps {
@@ -153,8 +154,20 @@ func TestInfo(t *testing.T) {
 			t.Errorf("fi_info -p udiwarp -d lo -v lacks %q", want)
 		}
 	}
-	if s := info("", "-p", "udiwarp;ofi_rxd"); !strings.Contains(s, "type: FI_EP_RDM") {
-		t.Errorf("fi_info -p 'udiwarp;ofi_rxd':\n%s", s)
+	// MSG endpoints: RC, RMA without atomics (ofi_rxm carries its own).
+	m := info("", "-p", "udiwarp", "-d", "lo", "-t", "FI_EP_MSG", "-v")
+	for _, want := range []string{"type: FI_EP_MSG", "protocol: FI_PROTO_IWARP", "FI_RMA", "FI_REMOTE_READ", "inject_size: 16384"} {
+		if !strings.Contains(m, want) {
+			t.Errorf("fi_info -p udiwarp -t FI_EP_MSG lacks %q:\n%s", want, m)
+		}
+	}
+	if strings.Contains(m, "FI_ATOMIC") || strings.Contains(m, "FI_EP_RDM") {
+		t.Errorf("fi_info -p udiwarp -t FI_EP_MSG lists atomics or RDM:\n%s", m)
+	}
+	for _, p := range []string{"udiwarp;ofi_rxd", "udiwarp;ofi_rxm"} {
+		if s := info("", "-p", p); !strings.Contains(s, "type: FI_EP_RDM") {
+			t.Errorf("fi_info -p %q:\n%s", p, s)
+		}
 	}
 	// A host with another interface up: loopback is not listed.
 	n := netnstest.New(t, "link set lo up", "link add uid0 type veth peer name uid1", "addr add 10.80.0.1/24 dev uid0",
@@ -243,6 +256,11 @@ func TestPingpong(t *testing.T) {
 		{"rdm", []string{native, "-p", "udiwarp", "-e", "rdm", "-I", "20"}, []string{"64", "256", "1k", "4k", "64k", "1m"}},
 		{"rdm-tagged", []string{native, "-p", "udiwarp", "-e", "rdm", "-m", "tagged", "-I", "20"}, []string{"64", "256", "1k", "4k", "64k", "1m"}},
 		{"rxd", []string{"-p", "udiwarp;ofi_rxd", "-e", "rdm", "-I", "20"}, []string{"64", "256", "1k", "4k", "64k", "1m"}},
+		// MSG endpoints: RC over TCP and MPA, connected with fi_connect
+		// and fi_accept; and ofi_rxm's RDM over them (its rendezvous,
+		// over 128 KiB, is an RDMA Read on the connection).
+		{"msg", []string{"-p", "udiwarp", "-e", "msg", "-I", "20"}, []string{"64", "256", "1k", "4k", "64k", "1m"}},
+		{"rxm", []string{"-p", "udiwarp;ofi_rxm", "-e", "rdm", "-I", "20"}, []string{"64", "256", "1k", "4k", "64k", "1m"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rows := pingpong(t, dir, "", "", "127.0.0.1", tc.args...)
@@ -269,9 +287,11 @@ func TestPingpongNamespaces(t *testing.T) {
 		fmt.Sprintf("!ip link add %s netns NS type veth peer name %s netns %s", vb, va, a),
 		fmt.Sprintf("addr add 10.77.%d.2/24 dev %s", n%250, vb), fmt.Sprintf("link set %s up", vb),
 		fmt.Sprintf("!ip -n %s addr add 10.77.%d.1/24 dev %s", a, n%250, va), fmt.Sprintf("!ip -n %s link set %s up", a, va))
-	rows := pingpong(t, dir, a, b, fmt.Sprintf("10.77.%d.1", n%250), "-p", "udiwarp", "-e", "dgram", "-I", "100")
-	if rows["1k"] == "" {
-		t.Errorf("no 1 KiB row: %v", rows)
+	for _, ep := range []string{"dgram", "msg"} {
+		rows := pingpong(t, dir, a, b, fmt.Sprintf("10.77.%d.1", n%250), "-p", "udiwarp", "-e", ep, "-I", "100")
+		if rows["1k"] == "" {
+			t.Errorf("%s: no 1 KiB row: %v", ep, rows)
+		}
 	}
 }
 
@@ -308,6 +328,24 @@ func TestMulticast(t *testing.T) {
 	t.Logf("%s", out)
 	if err != nil || !bytes.Contains(out, []byte("ok: multicast")) {
 		t.Fatalf("mcast: %v", err)
+	}
+}
+
+// TestMSG: what the MSG endpoints promise (testdata/msg.c): connection
+// data both ways, FI_CONNREQ/FI_CONNECTED/FI_SHUTDOWN, fi_reject's data
+// in the initiator's error entry, FI_ECONNREFUSED, sends before the
+// connection refused, messages to 1 MiB and RDMA Write and Read with
+// every byte checked, an endpoint's unread events gone with it, and a
+// listener that strangers (bytes that are no MPA Request, more idle
+// connections than it keeps) do not stop.
+func TestMSG(t *testing.T) {
+	dir := built(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := fabric(ctx, dir, "", filepath.Join(dir, "msg")).CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil || !bytes.Contains(out, []byte("ok: msg")) {
+		t.Fatalf("msg: %v", err)
 	}
 }
 

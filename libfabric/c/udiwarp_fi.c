@@ -2101,6 +2101,9 @@ static int cm_shutdown(struct fid_ep *fep, uint64_t flags) {
 	struct udw_ep *ep = container_of(fep, struct udw_ep, ep);
 	if (!ep->msg) return -FI_EOPNOTSUPP;
 	if (ep->cm != CM_CONNECTED) return -FI_EOPBADSTATE;
+	// The peer's EQ says FI_SHUTDOWN; this one's does not (the program
+	// knows).
+	atomic_store(&ep->ended, 1);
 	shutdown(ep->fd, SHUT_RDWR);
 	return 0;
 }
