@@ -392,19 +392,27 @@ func TestRMA(t *testing.T) {
 // the provider it chose, and returns its output.
 func mpirun(t *testing.T, dir, ns string, args ...string) string {
 	t.Helper()
+	return mpirunOver(t, dir, ns, "udiwarp", native, args...)
+}
+
+// mpirunOver runs mpirun as mpirun does, over provider prov (its
+// libfabric name, as mtl_ofi_verbose prints it) with hide, the
+// FI_PROVIDER setting that leaves it the first match.
+func mpirunOver(t *testing.T, dir, ns, prov, hide string, args ...string) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	full := append([]string{"mpirun", "--allow-run-as-root", "--oversubscribe",
 		"--mca", "pml", "cm", "--mca", "mtl", "ofi",
-		"--mca", "mtl_ofi_provider_include", "udiwarp", "--mca", "opal_common_ofi_provider_include", "udiwarp",
+		"--mca", "mtl_ofi_provider_include", prov, "--mca", "opal_common_ofi_provider_include", prov,
 		"--mca", "mtl_ofi_verbose", "10",
-		"-x", "FI_PROVIDER_PATH=" + filepath.Join(dir, "prov"), "-x", native}, args...)
+		"-x", "FI_PROVIDER_PATH=" + filepath.Join(dir, "prov"), "-x", hide}, args...)
 	out, err := fabric(ctx, dir, ns, full...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("%v: %v\n%s", full, err, out)
 	}
-	if !strings.Contains(string(out), "mtl:ofi:prov: udiwarp") {
-		t.Fatalf("Open MPI did not run over udiwarp:\n%s", out)
+	if !strings.Contains(string(out), "mtl:ofi:prov: "+prov+"\n") {
+		t.Fatalf("Open MPI did not run over %s:\n%s", prov, out)
 	}
 	return string(out)
 }
@@ -447,6 +455,25 @@ func TestOpenMPI(t *testing.T) {
 	})
 	t.Run("mpi4py", func(t *testing.T) {
 		out := mpirun(t, dir, "", "-np", "2", "/usr/bin/python3", "testdata/mpi_check.py")
+		if !strings.Contains(out, "ok: 2 ranks") {
+			t.Fatalf("mpi_check.py:\n%s", out)
+		}
+	})
+	// The connection-oriented side of seed 003's comparison: ofi_rxm's
+	// RDM over the MSG endpoints (RC), one connection per peer.
+	t.Run("rxm", func(t *testing.T) {
+		rxm := "FI_PROVIDER=^ofi_rxd,ofi_mrail"
+		np := filepath.Join(t.TempDir(), "np.out")
+		mpirunOver(t, dir, "", "udiwarp;ofi_rxm", rxm, "-np", "2", "NPopenmpi", "-u", "1048576", "-p", "0", "-n", "20", "-o", np)
+		b, err := os.ReadFile(np)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		if last := strings.Fields(lines[len(lines)-1]); len(lines) < 20 || len(last) < 3 || last[0] != "1048576" {
+			t.Fatalf("NetPIPE's output ends %q after %d sizes:\n%s", lines[len(lines)-1], len(lines), b)
+		}
+		out := mpirunOver(t, dir, "", "udiwarp;ofi_rxm", rxm, "-np", "2", "/usr/bin/python3", "testdata/mpi_check.py")
 		if !strings.Contains(out, "ok: 2 ranks") {
 			t.Fatalf("mpi_check.py:\n%s", out)
 		}
