@@ -13,7 +13,7 @@ import (
 
 // docs are the documents whose fenced sh blocks a reader runs.
 var docs = []string{"README.md", "docs/preload.md", "docs/sockets.md", "docs/udperf.md", "docs/udstream.md", "docs/verbs.md",
-	"docs/wire.md", "experiments/README.md"}
+	"docs/wire.md", "docs/libfabric.md", "experiments/README.md"}
 
 // A command is run by the test as written (in the module's root, or in
 // a scratch directory with what it reads made first), or not, for the
@@ -76,6 +76,18 @@ var commands = map[string]command{
 	"./udperf server -addr :18515":                                                                                                            {why: remote},
 	"tc qdisc replace dev eth1 root netem loss 1%":                                                                                            {why: remote},
 	"sudo go run ./experiments -server 192.0.2.10 -dev eth1 -only fig17,fig18,fig-rdma-loss":                                                  {why: remote},
+	"apt-get install libfabric-dev libfabric-bin gcc":                                                                                         {why: "installs packages: .ci/run installs them"},
+	"make -C libfabric":                                                                {run: true, needs: []string{"gcc", "fi_info", "make"}},
+	"export FI_PROVIDER_PATH=$PWD/libfabric":                                           {why: "sets the shell's environment for the lines after it"},
+	"fi_info -p udiwarp":                                                               {why: "needs FI_PROVIDER_PATH from the line before: libfabric's TestInfo runs it so"},
+	"fi_pingpong -p udiwarp -e dgram":                                                  {why: "a server that waits for its client: libfabric's TestPingpong runs each pair"},
+	"fi_pingpong -p udiwarp -e dgram HOST_A":                                           {why: remote},
+	`fi_pingpong -p "udiwarp;ofi_rxd" -e rdm HOST_A`:                                   {why: remote},
+	"fi_pingpong -p udiwarp -e msg HOST_A":                                             {why: remote},
+	`fi_pingpong -p "udiwarp;ofi_rxm" -e rdm HOST_A`:                                   {why: remote},
+	"FI_PROVIDER='^ofi_rxd,ofi_rxm,ofi_mrail' fi_pingpong -p udiwarp -e rdm -m tagged": {why: "a server that waits for its client: libfabric's TestPingpong runs the pair (rdm-tagged)"},
+	"mpirun --allow-run-as-root -np 2 --mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include udiwarp --mca opal_common_ofi_provider_include udiwarp -x FI_PROVIDER_PATH=$PWD/libfabric -x FI_PROVIDER='^ofi_rxd,ofi_rxm,ofi_mrail' NPopenmpi -u 1048576":             {why: "libfabric's TestOpenMPI runs it, with fewer repetitions and the provider Open MPI chose checked"},
+	"mpirun --allow-run-as-root -np 2 --mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include 'udiwarp;ofi_rxm' --mca opal_common_ofi_provider_include 'udiwarp;ofi_rxm' -x FI_PROVIDER_PATH=$PWD/libfabric -x FI_PROVIDER='^ofi_rxd,ofi_mrail' NPopenmpi -u 1048576": {why: "libfabric's TestOpenMPI/rxm runs it, with fewer repetitions and the provider Open MPI chose checked"},
 }
 
 var fence = regexp.MustCompile("(?s)```(?:sh|bash|shell)\n(.*?)```")

@@ -331,6 +331,23 @@ int main(void) {
 	uint32_t e;
 	CHECK(fi_eq_read(eq, &e, ev, sizeof ev, 0) == -FI_EAGAIN, "an event of a stranger's");
 	for (int i = 0; i < nf; i++) close(fds[i]);
+
+	// An RDMA Write to a key the target never gave ends the connection
+	// (RFC 5040's Terminate): FI_SHUTDOWN for both ends.
+	char junk[64] = {0};
+	CHECK(fi_write(c.ep, junk, sizeof junk, NULL, 0, 0, 0x12345678, junk) == 0, "fi_write to a bad key");
+	int ended = 0;
+	for (long spin = 0; ended != 3 && spin < 50000000; spin++) {
+		struct fi_cq_data_entry ce;
+		struct fi_cq_err_entry err = {0};
+		if (fi_cq_read(c.cq, &ce, 1) == -FI_EAVAIL) fi_cq_readerr(c.cq, &err, 0);
+		if (fi_cq_read(s.cq, &ce, 1) == -FI_EAVAIL) fi_cq_readerr(s.cq, &err, 0);
+		if (fi_eq_read(eq, &e, ev, sizeof ev, 0) > 0) {
+			CHECK(e == FI_SHUTDOWN, "event %u after a bad key", e);
+			ended |= cm->fid == &c.ep->fid ? 1 : cm->fid == &s.ep->fid ? 2 : 0;
+		}
+	}
+	CHECK(ended == 3, "FI_SHUTDOWN after a bad key: %d", ended);
 	close_end(&c);
 	close_end(&s);
 
