@@ -267,3 +267,58 @@ func TestBindFDRefuses(t *testing.T) {
 		t.Fatalf("BindFD on a closed device: %v", err)
 	}
 }
+
+// A manual socket's Progress lends its read as many pooled buffers as the
+// last read needed, doubling while reads fill them: a poll of an idle
+// socket lends one (not limit: a spinning program's poll would cost a
+// pool round trip per slot), a burst is read in growing batches with
+// nothing lost, and an idle poll brings it back to one.
+func TestManualProgressLends(t *testing.T) {
+	d, err := Open(DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	fd, addr := udpFD(t)
+	s, err := d.BindFD(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := s.Progress(64); n != 0 || s.rx.lendN != 1 {
+		t.Fatalf("an idle poll read %d and lends %d next", n, s.rx.lendN)
+	}
+	out, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(out)
+	to := &unix.SockaddrInet4{Port: int(addr.Port()), Addr: addr.Addr().As4()}
+	const burst = 12
+	for range burst {
+		if err := unix.Sendto(out, []byte("not a DDP segment"), 0, to); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var reads []int
+	total := 0
+	for end := time.Now().Add(5 * time.Second); total < burst; {
+		if time.Now().After(end) {
+			t.Fatalf("read %d of %d datagrams: %v", total, burst, reads)
+		}
+		lend := max(s.rx.lendN, 1)
+		n := s.Progress(64)
+		if n > lend {
+			t.Fatalf("a read of %d datagrams with %d buffers lent", n, lend)
+		}
+		if n > 0 {
+			reads = append(reads, n)
+			total += n
+		}
+	}
+	if reads[0] != 1 || len(reads) < 3 {
+		t.Fatalf("the burst was read %v: want 1 first, then growing batches", reads)
+	}
+	if n := s.Progress(64); n != 0 || s.rx.lendN != 1 {
+		t.Fatalf("an idle poll after the burst read %d and lends %d next", n, s.rx.lendN)
+	}
+}

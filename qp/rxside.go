@@ -24,6 +24,9 @@ type rxSide struct {
 	bufs [][]byte
 	land []landing // direct placement into posted receives, per slot
 	n    int       // datagrams the last read returned
+	// lendN is how many slots a manual socket's next Progress lends a
+	// buffer (Socket.Progress).
+	lendN int
 	// landWR says the landed slots are Write-Record segments.
 	landWR bool
 	// landQP is the QP the last Send was for: batch receives land in its

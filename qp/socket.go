@@ -160,10 +160,23 @@ func (s *Socket) Progress(limit int) int {
 	defer s.rxMu.Unlock()
 	r := &s.rx
 	vlen := min(limit, len(r.msgs))
+	if s.manual {
+		// A manual socket lends each slot it reads into a pooled buffer
+		// for the call: as many as the last read needed, doubling while
+		// reads fill them, so that the poll of a program spinning on an
+		// idle socket lends one buffer, not limit (a pool's Get and Put
+		// cost more than the empty read).
+		vlen = min(vlen, max(r.lendN, 1))
+	}
 	r.lend(vlen)
 	defer r.giveBack(vlen)
 	if !r.read(vlen) {
 		return 0
+	}
+	if got := r.n; s.manual && got >= vlen {
+		r.lendN = min(2*vlen, len(r.msgs))
+	} else if s.manual {
+		r.lendN = max(got, 1)
 	}
 	r.dispatch()
 	return max(r.n, 0)
