@@ -322,3 +322,39 @@ func TestManualProgressLends(t *testing.T) {
 		t.Fatalf("an idle poll after the burst read %d and lends %d next", n, s.rx.lendN)
 	}
 }
+
+// A manual socket that was read keeps its first slot's buffer between
+// reads (no pool round trip per poll), within the process's budget, and
+// lets it go when it closes, by its own Close or its device's.
+func TestManualProgressKeepsFirstBuffer(t *testing.T) {
+	before := firstBufs.Load()
+	for _, byDevice := range []bool{false, true} {
+		d, err := Open(DeviceConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fd, _ := udpFD(t)
+		s, err := d.BindFD(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Progress(8)
+		kept := s.rx.first
+		if kept == nil || firstBufs.Load() != before+1 {
+			t.Fatalf("after a poll: kept %v, %d kept in the process (%d before)", kept != nil, firstBufs.Load(), before)
+		}
+		s.Progress(8)
+		if s.rx.first != kept {
+			t.Fatal("a second poll changed the kept buffer")
+		}
+		if byDevice {
+			d.Close()
+		} else {
+			s.Close()
+			d.Close()
+		}
+		if s.rx.first != nil || firstBufs.Load() != before {
+			t.Fatalf("closed (by its device: %v): %d kept in the process (%d before)", byDevice, firstBufs.Load(), before)
+		}
+	}
+}

@@ -189,6 +189,11 @@ func (d *Device) Close() error {
 	d.mu.Unlock()
 	for s := range socks { // in any order
 		s.close()
+		if s.manual {
+			s.rxMu.Lock() // once a reader in flight has finished
+			s.rx.dropFirst()
+			s.rxMu.Unlock()
+		}
 	}
 	d.rc.close()
 	d.wg.Wait()

@@ -143,6 +143,7 @@ func (s *Socket) Close() error {
 	s.close()
 	s.rxMu.Lock() // once a reader in flight has finished
 	s.rx.n = 0
+	s.rx.dropFirst()
 	s.rxMu.Unlock()
 	return nil
 }
