@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"image/color"
 	"math"
 	"os"
 	"path/filepath"
@@ -61,7 +62,7 @@ func (c *chart) series(k int, label string, xys plotter.XYs, errs plotter.YError
 	if err != nil {
 		return err
 	}
-	col := plotutil.Color(k)
+	col := seriesColor(k)
 	line.Color, marks.Color = col, col
 	marks.Shape = plotutil.Shape(k)
 	c.Add(line, marks)
@@ -84,6 +85,17 @@ func (c *chart) series(k int, label string, xys plotter.XYs, errs plotter.YError
 		}
 	}
 	return nil
+}
+
+// seriesColor is series k's colour: gonum's seven soft colours, then its
+// seven dark ones, so that up to fourteen lines differ in colour and not
+// only in their marks (fi-pingpong draws nine).
+func seriesColor(k int) color.Color {
+	n := len(plotutil.SoftColors)
+	if (k/n)%2 == 1 {
+		return plotutil.DarkColors[k%n]
+	}
+	return plotutil.SoftColors[k%n]
 }
 
 // tickAtData ticks the x axis at the x values drawn, labelled by label,

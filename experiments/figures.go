@@ -20,6 +20,9 @@ type figure struct {
 	Series    []series
 	// Panels cut a size figure into small, medium and large plots (FIG 15).
 	Panels [][2]float64
+	// LogY draws the y axis on a log scale (latencies over sizes that span
+	// decades, in one plot); memory per peer always is.
+	LogY bool
 	// Seed is what seed 003 published for it, and Differs why ours may
 	// not look the same, for the report.
 	Seed, Differs string

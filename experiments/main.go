@@ -58,6 +58,8 @@ type options struct {
 	dev    string
 	udperf string
 	replot string
+	// plot: a shell experiment's results directory to draw (scripts.go).
+	plot string
 	// SIPp experiment: clients, transports, prebuilt preload libraries.
 	sippClients, sippTransports, preload string
 	sippRate                             int
@@ -90,10 +92,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.bneckTCPTime, "bottleneck-tcp-time", 0, "bottleneck: how long RD and TCP share it (default 20 s, 3 s with -quick)")
 	fs.StringVar(&o.bneckTCPCC, "bottleneck-tcp-cc", "", "bottleneck: the TCP flow's congestion control, iperf3 -C (cubic, bbr, reno; default: the host's)")
 	fs.StringVar(&o.replot, "replot", "", "remake the plots and report.md of results `DIR` from its runs.json, measuring nothing")
+	fs.StringVar(&o.plot, "plot", "", "draw the figures of a shell experiment's results `DIR` (fi-pingpong.sh, mpi-netpipe.sh, mpi-memory.sh) from its runs.csv, as PNG and SVG beside it, measuring nothing")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: go run ./experiments [-quick] [-loss auto|netem|nft|inproc] [-only IDs] [-server HOST -dev IF]\n\n")
 		fs.PrintDefaults()
 		fmt.Fprintf(stderr, "\nfigures: %s\n", strings.Join(figureIDs(), ", "))
+		fmt.Fprintf(stderr, "figures of the shell experiments (-plot DIR): %s\n", strings.Join(scriptFigureIDs(), ", "))
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -104,6 +108,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "experiments: unexpected argument %q\n", fs.Arg(0))
 		return 2
+	}
+	if o.plot != "" {
+		if err := plotScripts(o.plot, stdout); err != nil {
+			fmt.Fprintf(stderr, "experiments: -plot: %v\n", err)
+			return 1
+		}
+		return 0
 	}
 	if o.rounds == 0 {
 		o.rounds = 3

@@ -140,7 +140,7 @@ func plotFigure(dir string, f *figure, rows []row) ([]plotted, error) {
 		// process gave pages back). Such a median is left out of the plot
 		// (the table has it); an error bar stops at half the smallest
 		// positive value.
-		logY := f.Test == "memory"
+		logY := f.Test == "memory" || f.LogY
 		floor := math.Inf(1)
 		for _, r := range rows {
 			if v := r.num("value"); r.str("figure") == f.ID && v > 0 {
@@ -178,7 +178,8 @@ func plotFigure(dir string, f *figure, rows []row) ([]plotted, error) {
 		}
 		p.Y.Min = 0 // goodput and latency from zero: the eye reads ratios
 		if logY {
-			// Bytes per peer span two decades (UD's to RC's): a log scale.
+			// Bytes per peer span two decades (UD's to RC's), and the
+			// latencies of a LogY figure more: a log scale.
 			p.Y.Scale = plot.LogScale{}
 			p.Y.Tick.Marker = logTicks{}
 			p.Y.Min = floor
