@@ -4,20 +4,29 @@
 // own directory (or $UDIWARP_FI_ENGINE) when the first domain opens, so
 // that a program that only lists providers never starts a Go runtime.
 //
-// Endpoint types: FI_EP_DGRAM on udiwarp's UD queue pairs, FI_MSG with
-// FI_SOURCE. Each endpoint is a UDP socket this file opens, binds, waits
-// on and closes; the engine runs a UD QP over it (qp.Device.BindFD) that
+// Endpoint types (docs/libfabric.md): FI_EP_DGRAM on udiwarp's UD queue
+// pairs (FI_MSG, FI_SOURCE, FI_MULTICAST); FI_EP_RDM on RD queue pairs
+// (FI_MSG, FI_TAGGED matched in the engine, FI_RMA and FI_ATOMIC on the
+// stack's memory regions); FI_EP_MSG on RC queue pairs over TCP and MPA
+// (FI_MSG, FI_RMA; connections with passive endpoints and an EQ). A
+// DGRAM or RDM endpoint is a UDP socket this file opens, binds, waits on
+// and closes; the engine runs a QP over it (qp.Device.BindFD) that
 // answers to a fixed QP number, so an endpoint's address is its socket's
-// (FI_SOCKADDR_IN or FI_SOCKADDR_IN6) and is what fi_getname returns.
+// (FI_SOCKADDR_IN or FI_SOCKADDR_IN6) and is what fi_getname returns. An
+// MSG endpoint is a TCP socket of this file's, run by the engine as an
+// RC QP on that descriptor (qp.QP.ConnectFD, AcceptFD).
 //
 // Progress is FI_PROGRESS_MANUAL: reading a completion queue reads the
 // sockets of the endpoints bound to it (udwf_poll), as libfabric's own udp
-// provider does; no thread of the provider's runs while the program does
-// not call it. A CQ's wait object (FI_WAIT_FD, FI_WAIT_UNSPEC) is an epoll
-// descriptor over those sockets; fi_cq_sread waits on it.
+// provider does. A CQ's wait object (FI_WAIT_FD, FI_WAIT_UNSPEC) is an epoll
+// descriptor over those sockets; fi_cq_sread waits on it. Besides the
+// Go runtime's threads (where the device's timer sends RD's
+// retransmissions and delayed acks), this file starts a thread for an
+// MSG endpoint while it connects (fi_connect returns at once) and one for
+// a passive endpoint while it listens.
 //
-// What is not here yet: FI_EP_RDM (RD queue pairs), FI_EP_MSG (RC),
-// tagged messages, RMA, atomics, counters, multicast: see docs/libfabric.md.
+// What is not here: counters, scalable endpoints, shared contexts,
+// collectives; remote CQ data and atomics on MSG endpoints.
 
 #define _GNU_SOURCE
 #include <arpa/inet.h>

@@ -256,6 +256,13 @@ func udwf_tsend(h C.longlong, buf unsafe.Pointer, n C.size_t, ah C.longlong, tag
 	// Always signaled at the QP: the slot is free only once the peer has
 	// acknowledged the message (RD keeps it as the retransmit source).
 	wr := qp.SendWR{ID: uint64(i), AH: a, Opcode: qp.OpSend, Flags: qp.FlagSignaled, SGL: sgl}
+	if signaled == 0 {
+		// An inject: nobody waits for its completion, so the peer's ack
+		// may ride on its next message to us (a reply, in request and
+		// response traffic) or come after its ack delay, instead of
+		// costing each side a system call now (qp.FlagAckLazily).
+		wr.Flags |= qp.FlagAckLazily
+	}
 	if err := e.q.PostSend(&wr); err != nil {
 		r.txFree.Put(i)
 		if t.mr != nil {
