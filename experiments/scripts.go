@@ -34,7 +34,7 @@ func scriptFigures() []*figure {
 	return []*figure{
 		{
 			ID: "fi-pingpong", Title: "fi_pingpong over udiwarp beside libfabric's own providers (issue 34)", Test: "lat",
-			XLabel: "message size (bytes)", YLabel: "one-way latency (µs, fi_pingpong usec/xfer)", LogY: true,
+			XLabel: "message size (bytes)", YLabel: "one-way latency (µs a transfer, first exchange left out)", LogY: true,
 			Series: []series{
 				{Label: "udiwarp -e dgram"},
 				{Label: "udp -e dgram"},
