@@ -49,15 +49,19 @@ mpi_need "${transports[@]}"
   die "mpi4py is not installed for $python (Debian: apt-get install python3-mpi4py)"
 for n in $ranks; do [[ $n =~ ^[0-9]+$ && $n -ge 2 && $n -le 64 ]] || die "RANKS: '$n' is not a count of ranks from 2 to 64"; done
 
-log "== building the provider into $out/prov"
-mpi_build_provider "$out/prov"
+# The provider, built from this tree, is loaded from a copy outside $OUT
+# (which may be a results directory to commit), removed at the end.
+provdir=$(mktemp -d /tmp/udiwarp-prov.XXXXXX)
+trap "rm -rf '$provdir'" EXIT # expanded now: a function's local cannot stand in for it
+log "== building the provider into $provdir"
+mpi_build_provider "$provdir"
 
 echo "figure,series,x,round,value,unit,transport,ranks,rss_min_mib,rss_max_mib,hwm_mib,rss_before_mib,command" >"$out/runs.csv"
 : >"$out/data"
 run() { # run NAME RANKS ROUND
   local name=$1 n=$2 r=$3 base label cmd
   base="$out/$name-$n-$r"
-  mpi_set_args "$name" "$out/prov"
+  mpi_set_args "$name" "$provdir"
   cmd=(mpirun --allow-run-as-root --oversubscribe -np "$n" "${mpi_args[@]}" "$python" experiments/mpi-memory.py $sizes)
   if ! timeout -k 10 "$run_timeout" "${cmd[@]}" >"$base.log" 2>&1 || ! grep -q "^ok: $n ranks" "$base.log"; then
     log "   $name with $n ranks, round $r, failed (or ran over ${run_timeout}s): $base.log"; return

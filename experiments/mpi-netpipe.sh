@@ -53,14 +53,18 @@ mpi_need "${transports[@]}"
 command -v NPopenmpi >/dev/null || die "NPopenmpi is not installed (Debian: apt-get install netpipe-openmpi)"
 for m in $modes; do case $m in lat | bibw) ;; *) die "MODES: unknown mode '$m' (lat, bibw)" ;; esac; done
 
-log "== building the provider into $out/prov"
-mpi_build_provider "$out/prov"
+# The provider, built from this tree, is loaded from a copy outside $OUT
+# (which may be a results directory to commit), removed at the end.
+provdir=$(mktemp -d /tmp/udiwarp-prov.XXXXXX)
+trap "rm -rf '$provdir'" EXIT # expanded now: a function's local cannot stand in for it
+log "== building the provider into $provdir"
+mpi_build_provider "$provdir"
 
 echo "figure,series,x,round,value,unit,transport,repeats,command" >"$out/runs.csv"
 run() { # run NAME MODE ROUND
   local name=$1 mode=$2 r=$3 np=() base label fig
   base="$out/$name-$mode-$r"
-  mpi_set_args "$name" "$out/prov"
+  mpi_set_args "$name" "$provdir"
   np=(NPopenmpi -l 1 -u "$max_size" -p 0 -n "$repeats" -o "$base.np")
   [ "$mode" = bibw ] && np+=(-2 -a)
   rm -f "$base.np"

@@ -44,7 +44,7 @@ mpi_provider() {
 # mpi_set_args NAME PROVDIR: sets the array mpi_args, mpirun's options for
 # transport NAME, udiwarp's provider loaded from PROVDIR.
 mpi_set_args() {
-  local name=$1 provdir=$2 prov
+  local name=$1 dir=$2 prov
   prov=$(mpi_provider "$name")
   case $name in
     tcp-btl) mpi_args=(--mca pml ob1 --mca btl tcp,self) ;;
@@ -55,8 +55,8 @@ mpi_set_args() {
     *) echo "unknown transport '$name' (one of: $mpi_transports_all)" >&2; return 1 ;;
   esac
   case $name in
-    udiwarp) mpi_args+=(-x FI_PROVIDER_PATH="$provdir" -x FI_PROVIDER='^ofi_rxd,ofi_rxm,ofi_mrail') ;;
-    udiwarp-rxm) mpi_args+=(-x FI_PROVIDER_PATH="$provdir" -x FI_PROVIDER='^ofi_rxd,ofi_mrail') ;;
+    udiwarp) mpi_args+=(-x FI_PROVIDER_PATH="$dir" -x FI_PROVIDER='^ofi_rxd,ofi_rxm,ofi_mrail') ;;
+    udiwarp-rxm) mpi_args+=(-x FI_PROVIDER_PATH="$dir" -x FI_PROVIDER='^ofi_rxd,ofi_mrail') ;;
   esac
 }
 
