@@ -114,7 +114,12 @@ type lostPacket struct {
 // flowState is what the sender knows of its flow that the controllers
 // read: the packet size, the bytes in flight and the delivery counters.
 type flowState struct {
-	mss       int
+	mss int
+	// frame is the largest packet pushed, whatever its size: a burst
+	// (quantum) lets two of them go, as pacing's floor of two packets
+	// means, even where they are larger than MaxMSS (loopback's 64 KiB
+	// datagrams).
+	frame     int
 	inflight  int
 	delivered int64 // bytes delivered (acked) so far
 	lost      int64 // bytes declared lost so far
@@ -425,7 +430,7 @@ func (b *bbr) bdp(gain float64) int {
 // inflightTarget is the window for gain: the BDP times the gain plus
 // three bursts, for the acks and sends that come in quanta (§4.2.3.2).
 func (b *bbr) inflightTarget(gain float64) int {
-	t := b.bdp(gain) + 3*quantum(b.pacing, b.rtProp, b.f.mss)
+	t := b.bdp(gain) + 3*quantum(b.pacing, b.rtProp, b.f.mss, b.f.frame)
 	if b.filledPipe {
 		t += int(b.extraAcked.get())
 	}
@@ -1214,12 +1219,14 @@ func (r *newReno) bandwidth() float64      { return r.lastRate }
 func (r *newReno) minRTT() time.Duration   { return r.rtt.Min() }
 func (r *newReno) burstRTT() time.Duration { return r.rtt.Min() }
 
-// quantum is the burst pacing allows at rate (see maxBurstTime).
-func quantum(rate float64, minRTT time.Duration, mss int) int {
+// quantum is the burst pacing allows at rate (see maxBurstTime), and at
+// least two of the largest packets pushed (frame): a burst smaller than
+// one packet would pace each of them out alone, a timer wait apiece.
+func quantum(rate float64, minRTT time.Duration, mss, frame int) int {
 	burst := maxBurstTime
 	if minRTT > 0 {
 		burst = min(burst, minRTT/4)
 	}
 	q := int(rate * burst.Seconds())
-	return min(max(q, 2*mss), maxQuantum)
+	return max(min(max(q, 2*mss), maxQuantum), 2*frame)
 }

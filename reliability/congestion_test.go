@@ -263,3 +263,25 @@ func TestBBRHostDelayIsNoQueue(t *testing.T) {
 		}
 	}
 }
+
+// TestQuantumCoversLargeFrames: pacing's burst is at least two of the
+// largest packets pushed, even where they are larger than MaxMSS
+// (loopback's datagrams of up to 64 KiB): a quantum of two jumbo frames
+// (18,000 bytes) held the second of two 60,000-byte frames back for a
+// timer, and a 64 KiB RD Send on loopback, two frames, took milliseconds
+// instead of tens of microseconds (BENCHMARKS.md, issue 34).
+func TestQuantumCoversLargeFrames(t *testing.T) {
+	now := time.Unix(1, 0)
+	s := NewSender[int](Config{Congestion: CongestionBBR, Window: 1024})
+	s.Push(0, 60000, now)
+	if q := s.Quantum(); q < 2*60000 {
+		t.Fatalf("quantum %d after a 60,000-byte frame, want at least two such", q)
+	}
+	if at := s.SendAt(now); !at.IsZero() {
+		t.Fatalf("the second 60,000-byte frame of a burst waits until %v", at.Sub(now))
+	}
+	// The window floors still count in packets of at most MaxMSS.
+	if s.flow.mss != MaxMSS {
+		t.Fatalf("packet size %d, want MaxMSS", s.flow.mss)
+	}
+}

@@ -341,6 +341,7 @@ func (s *Sender[P]) sent(sl *slot[P], size int, now time.Time) {
 	sl.appLimited = s.flow.appLimited != 0
 	sl.txInflight, sl.lostBefore = s.flow.inflight, s.flow.lost
 	s.flow.mss = max(s.flow.mss, min(size, MaxMSS))
+	s.flow.frame = max(s.flow.frame, size)
 	if s.cc == nil {
 		return
 	}
@@ -377,7 +378,7 @@ func (s *Sender[P]) Quantum() int {
 	if s.cc == nil {
 		return maxQuantum
 	}
-	return quantum(s.cc.pacingRate(), s.cc.burstRTT(), s.flow.mss)
+	return quantum(s.cc.pacingRate(), s.cc.burstRTT(), s.flow.mss, s.flow.frame)
 }
 
 // SetAppLimited tells the sender its application has nothing more to
