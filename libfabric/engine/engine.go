@@ -185,6 +185,8 @@ type ep struct {
 	// its context.
 	posted []recvOf
 	wcs    []qp.WorkCompletion
+	swr    qp.SendWR // the work request a send fills (under mu)
+	sges   [2]qp.SGE // and its SGL
 	closed bool
 	// RDM endpoints (RD QPs): the send slots, and tag matching.
 	rdm *rdmState
@@ -381,13 +383,6 @@ func udwf_send(h C.longlong, buf unsafe.Pointer, n C.size_t, ah C.longlong, ctx 
 	if int(n) > e.slot {
 		return -C.int(unix.EMSGSIZE)
 	}
-	wr := qp.SendWR{ID: uint64(ctx), AH: a, Opcode: qp.OpSend}
-	if n > 0 {
-		wr.Inline = unsafe.Slice((*byte)(buf), int(n))
-	}
-	if signaled != 0 {
-		wr.Flags |= qp.FlagSignaled
-	}
 	if hasData != 0 {
 		return -C.int(unix.ENOSYS) // UD carries no immediate data (RFC 7306 is RD's and RC's)
 	}
@@ -399,7 +394,18 @@ func udwf_send(h C.longlong, buf unsafe.Pointer, n C.size_t, ah C.longlong, ctx 
 	if e.rdm != nil {
 		return -C.int(unix.EINVAL) // an RDM endpoint sends with udwf_tsend
 	}
-	err := e.q.PostSend(&wr)
+	// The endpoint's own work request, under its lock: one that escaped
+	// to the heap cost an allocation per send.
+	wr := &e.swr
+	*wr = qp.SendWR{ID: uint64(ctx), AH: a, Opcode: qp.OpSend}
+	if n > 0 {
+		wr.Inline = unsafe.Slice((*byte)(buf), int(n))
+	}
+	if signaled != 0 {
+		wr.Flags |= qp.FlagSignaled
+	}
+	err := e.q.PostSend(wr)
+	wr.Inline, wr.AH = nil, nil
 	runtime.KeepAlive(buf)
 	return C.int(errno(err))
 }

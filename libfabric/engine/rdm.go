@@ -236,7 +236,8 @@ func udwf_tsend(h C.longlong, buf unsafe.Pointer, n C.size_t, ah C.longlong, tag
 	binary.LittleEndian.PutUint64(b[8:], uint64(tag))
 	binary.LittleEndian.PutUint64(b[16:], uint64(data))
 	t := txOf{ctx: uint64(ctx), report: signaled != 0}
-	sgl := []qp.SGE{r.tx.SGE(i*e.slot, rdmHeader+min(int(n), eagerMax))}
+	e.sges[0] = r.tx.SGE(i*e.slot, rdmHeader+min(int(n), eagerMax))
+	sgl := e.sges[:1]
 	if int(n) <= eagerMax {
 		if n > 0 {
 			copy(b[rdmHeader:], unsafe.Slice((*byte)(buf), int(n)))
@@ -250,12 +251,15 @@ func udwf_tsend(h C.longlong, buf unsafe.Pointer, n C.size_t, ah C.longlong, tag
 			return C.int(errno(err))
 		}
 		t.mr = mr
-		sgl = []qp.SGE{r.tx.SGE(i*e.slot, rdmHeader), mr.SGE(0, int(n))}
+		e.sges[0], e.sges[1] = r.tx.SGE(i*e.slot, rdmHeader), mr.SGE(0, int(n))
+		sgl = e.sges[:2]
 	}
 	r.txCtx[i] = t
 	// Always signaled at the QP: the slot is free only once the peer has
 	// acknowledged the message (RD keeps it as the retransmit source).
-	wr := qp.SendWR{ID: uint64(i), AH: a, Opcode: qp.OpSend, Flags: qp.FlagSignaled, SGL: sgl}
+	wr := &e.swr
+	*wr = qp.SendWR{ID: uint64(i), AH: a, Opcode: qp.OpSend, Flags: qp.FlagSignaled, SGL: sgl}
+	defer func() { *wr = qp.SendWR{} }()
 	if signaled == 0 {
 		// An inject: nobody waits for its completion, so the peer's ack
 		// may ride on its next message to us (a reply, in request and
@@ -263,7 +267,7 @@ func udwf_tsend(h C.longlong, buf unsafe.Pointer, n C.size_t, ah C.longlong, tag
 		// costing each side a system call now (qp.FlagAckLazily).
 		wr.Flags |= qp.FlagAckLazily
 	}
-	if err := e.q.PostSend(&wr); err != nil {
+	if err := e.q.PostSend(wr); err != nil {
 		r.txFree.Put(i)
 		if t.mr != nil {
 			t.mr.Deregister()
