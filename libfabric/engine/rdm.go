@@ -114,7 +114,7 @@ type unexpMsg struct {
 
 func (e *ep) openRDM(fd, txDepth, rxDepth, maxMsg int) error {
 	var err error
-	if e.s, err = engine.dev.BindFD(fd); err != nil {
+	if err = e.bindFD(fd); err != nil {
 		return err
 	}
 	e.slot = rdmHeader + min(maxMsg, eagerMax)
