@@ -228,7 +228,7 @@ type RCListener struct {
 
 // handshakeLimits bound an RCListener's MPA exchanges in progress: a TCP
 // connection accepted whose MPA Request has not been read (or, read,
-// waits for room in the queue Next reads). Past either count a new
+// waits in the queue until Next takes it). Past either count a new
 // connection sheds the oldest exchange — of its own source address when
 // that address holds perAddr, else of all — as a TCP server under a SYN
 // flood drops its oldest half-open connections rather than refuse new
@@ -372,6 +372,11 @@ func (l *RCListener) leave(h *handshake) bool {
 	return l.leaveLocked(h)
 }
 
+// testHookQueued, when a test sets it, runs in a handshake's goroutine
+// once its request is queued: the window in which the request may be
+// the application's while the goroutine still runs.
+var testHookQueued func()
+
 // handshake reads an MPA Request (within the limits' timeout) and
 // queues it.
 func (l *RCListener) handshake(h *handshake) {
@@ -394,7 +399,7 @@ func (l *RCListener) handshake(h *handshake) {
 		return
 	}
 	c.SetDeadline(time.Time{})
-	r := &RCRequest{l: l, conn: c, req: append(udiwarp.MPAFrame(nil), m...), early: early}
+	r := &RCRequest{l: l, h: h, conn: c, req: append(udiwarp.MPAFrame(nil), m...), early: early}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -406,11 +411,13 @@ func (l *RCListener) handshake(h *handshake) {
 	l.mu.Unlock()
 	select {
 	case l.reqs <- r:
-		if !l.leave(h) {
-			// Shed as it was queued: its connection is closed, and Accept
-			// fails on it.
-			return
+		if testHookQueued != nil {
+			testHookQueued()
 		}
+		// Next takes it off the exchanges in progress (h), or finds it
+		// shed meanwhile. Taking it here, after the send, left a window
+		// in which a shed or Close closed a connection the application
+		// had already accepted: its peer saw a reset, its QP EBADF.
 	case <-h.shed:
 		r.drop()
 	case <-l.done:
@@ -421,13 +428,21 @@ func (l *RCListener) handshake(h *handshake) {
 
 // Next returns the next connection request.
 func (l *RCListener) Next(ctx context.Context) (*RCRequest, error) {
-	select {
-	case r := <-l.reqs:
-		return r, nil
-	case <-l.done:
-		return nil, ErrClosed
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	for {
+		select {
+		case r := <-l.reqs:
+			// Once off the exchanges in progress, nothing sheds it: it is
+			// the caller's. One shed as it was queued is closed already.
+			if !l.leave(r.h) {
+				r.drop()
+				continue
+			}
+			return r, nil
+		case <-l.done:
+			return nil, ErrClosed
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 }
 
@@ -460,6 +475,7 @@ func (l *RCListener) Close() error {
 // RCRequest is an incoming RC connection waiting for Accept or Reject.
 type RCRequest struct {
 	l     *RCListener
+	h     *handshake // its place among the exchanges in progress, until Next takes it
 	conn  *net.TCPConn
 	req   udiwarp.MPAFrame
 	early []byte

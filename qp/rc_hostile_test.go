@@ -464,3 +464,63 @@ func TestRCShortNonMPAClientRejectedAtOnce(t *testing.T) {
 		t.Fatalf("RCBadRequests %d", n)
 	}
 }
+
+// TestRCListenerCloseSparesAccepted: a request Next returned is the
+// application's: closing the listener (or shedding) while the exchange's
+// goroutine still runs leaves its accepted connection alone. The
+// goroutine used to take its exchange off the list only after queueing
+// the request, and a Close in between closed the connection under the
+// accepted QP (socketshim's nettest: "connection reset by peer" at both
+// ends, one run in forty).
+func TestRCListenerCloseSparesAccepted(t *testing.T) {
+	release := make(chan struct{})
+	testHookQueued = func() { <-release }
+	defer func() { testHookQueued = nil }()
+	srv, cli := newRCSide(t, DeviceConfig{}), newRCSide(t, DeviceConfig{})
+	l, err := srv.dev.ListenRC("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	connected := make(chan error, 1)
+	go func() { _, err := cli.q.Connect(ctx, l.Addr().String(), RCConfig{}); connected <- err }()
+	r, err := l.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.q.PostRecv(&RecvWR{ID: 7, SGL: []SGE{srv.mr.SGE(0, 64)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Accept(srv.q, RCConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-connected; err != nil {
+		t.Fatal(err)
+	}
+	// Close while the exchange's goroutine is held after queueing.
+	closed := make(chan struct{})
+	go func() { l.Close(); close(closed) }()
+	eventually(t, "the listener's exchanges ended", func() bool {
+		l.hsMu.Lock()
+		defer l.hsMu.Unlock()
+		return l.hsDone
+	})
+	close(release)
+	<-closed
+	if err := cli.q.PostSend(&SendWR{ID: 1, Flags: FlagSignaled, Inline: []byte("still here")}); err != nil {
+		t.Fatal(err)
+	}
+	wcs := make([]WorkCompletion, 4)
+	eventually(t, "the Send after the listener closed", func() bool {
+		for _, w := range wcs[:srv.cq.Poll(wcs)] {
+			if w.Status != Success {
+				t.Fatalf("the accepted connection after Close: %v", w.Status)
+			}
+			if w.Opcode == WCRecv {
+				return string(srv.buf[:w.Len]) == "still here"
+			}
+		}
+		return false
+	})
+}
