@@ -271,22 +271,8 @@ func replot(o options, stdout io.Writer) error {
 	o.quick = strings.HasSuffix(filepath.Clean(o.replot), "-quick")
 	figs := figures(o.quick)
 	for _, f := range figs {
-		f.X = nil
-		seen := map[float64]bool{}
 		var labels []string
-		for _, r := range rows {
-			if r.str("figure") != f.ID {
-				continue
-			}
-			if x := r.num("x"); !seen[x] {
-				seen[x] = true
-				f.X = append(f.X, x)
-			}
-			if !slices.Contains(labels, r.str("series")) {
-				labels = append(labels, r.str("series"))
-			}
-		}
-		slices.Sort(f.X)
+		f.X, labels = dataOf(f.ID, rows)
 		if f.External != nil {
 			f.Series = nil
 			for _, l := range labels {
@@ -303,6 +289,24 @@ func replot(o options, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "%s\n", filepath.Join(o.replot, "report.md"))
 	return nil
+}
+
+// dataOf returns what rows hold of figure id: its x values, sorted, and
+// its series' labels in the order they first come.
+func dataOf(id string, rows []row) (xs []float64, labels []string) {
+	for _, r := range rows {
+		if r.str("figure") != id {
+			continue
+		}
+		if x := r.num("x"); !slices.Contains(xs, x) {
+			xs = append(xs, x)
+		}
+		if l := r.str("series"); !slices.Contains(labels, l) {
+			labels = append(labels, l)
+		}
+	}
+	slices.Sort(xs)
+	return xs, labels
 }
 
 // moduleRoot is the directory of this module's go.mod.

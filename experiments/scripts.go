@@ -84,23 +84,15 @@ func plotScripts(dir string, stdout io.Writer) error {
 	}
 	drawn := 0
 	for _, f := range scriptFigures() {
-		seen := map[float64]bool{}
-		for _, r := range rows {
-			if r.str("figure") != f.ID {
-				continue
-			}
-			if x := r.num("x"); !seen[x] {
-				seen[x] = true
-				f.X = append(f.X, x)
-			}
-			if l := r.str("series"); !slices.ContainsFunc(f.Series, func(s series) bool { return s.Label == l }) {
+		var labels []string
+		if f.X, labels = dataOf(f.ID, rows); len(f.X) == 0 {
+			continue
+		}
+		for _, l := range labels {
+			if !slices.ContainsFunc(f.Series, func(s series) bool { return s.Label == l }) {
 				f.Series = append(f.Series, series{Label: l})
 			}
 		}
-		if len(f.X) == 0 {
-			continue
-		}
-		slices.Sort(f.X)
 		made, err := plotFigure(dir, f, rows)
 		if err != nil {
 			return fmt.Errorf("%s: %w", f.ID, err)

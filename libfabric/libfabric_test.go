@@ -417,6 +417,22 @@ func mpirunOver(t *testing.T, dir, ns, prov, hide string, args ...string) string
 	return string(out)
 }
 
+// netpipe runs NPopenmpi's ping-pong from 1 byte to 1 MiB between two
+// ranks through run (an mpirun) and checks that it reached 1 MiB.
+func netpipe(t *testing.T, run func(args ...string)) {
+	t.Helper()
+	np := filepath.Join(t.TempDir(), "np.out")
+	run("-np", "2", "NPopenmpi", "-u", "1048576", "-p", "0", "-n", "20", "-o", np)
+	b, err := os.ReadFile(np)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if last := strings.Fields(lines[len(lines)-1]); len(lines) < 20 || len(last) < 3 || last[0] != "1048576" {
+		t.Fatalf("NetPIPE's output ends %q after %d sizes:\n%s", lines[len(lines)-1], len(lines), b)
+	}
+}
+
 // needMPI skips the test unless Open MPI, NetPIPE and mpi4py are here.
 func needMPI(t *testing.T) {
 	t.Helper()
@@ -442,16 +458,7 @@ func TestOpenMPI(t *testing.T) {
 	dir := built(t)
 	needMPI(t)
 	t.Run("netpipe", func(t *testing.T) {
-		np := filepath.Join(t.TempDir(), "np.out")
-		mpirun(t, dir, "", "-np", "2", "NPopenmpi", "-u", "1048576", "-p", "0", "-n", "20", "-o", np)
-		b, err := os.ReadFile(np)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-		if last := strings.Fields(lines[len(lines)-1]); len(lines) < 20 || len(last) < 3 || last[0] != "1048576" {
-			t.Fatalf("NetPIPE's output ends %q after %d sizes:\n%s", lines[len(lines)-1], len(lines), b)
-		}
+		netpipe(t, func(args ...string) { mpirun(t, dir, "", args...) })
 	})
 	t.Run("mpi4py", func(t *testing.T) {
 		out := mpirun(t, dir, "", "-np", "2", "/usr/bin/python3", "testdata/mpi_check.py")
@@ -463,16 +470,7 @@ func TestOpenMPI(t *testing.T) {
 	// RDM over the MSG endpoints (RC), one connection per peer.
 	t.Run("rxm", func(t *testing.T) {
 		rxm := "FI_PROVIDER=^ofi_rxd,ofi_mrail"
-		np := filepath.Join(t.TempDir(), "np.out")
-		mpirunOver(t, dir, "", "udiwarp;ofi_rxm", rxm, "-np", "2", "NPopenmpi", "-u", "1048576", "-p", "0", "-n", "20", "-o", np)
-		b, err := os.ReadFile(np)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-		if last := strings.Fields(lines[len(lines)-1]); len(lines) < 20 || len(last) < 3 || last[0] != "1048576" {
-			t.Fatalf("NetPIPE's output ends %q after %d sizes:\n%s", lines[len(lines)-1], len(lines), b)
-		}
+		netpipe(t, func(args ...string) { mpirunOver(t, dir, "", "udiwarp;ofi_rxm", rxm, args...) })
 		out := mpirunOver(t, dir, "", "udiwarp;ofi_rxm", rxm, "-np", "2", "/usr/bin/python3", "testdata/mpi_check.py")
 		if !strings.Contains(out, "ok: 2 ranks") {
 			t.Fatalf("mpi_check.py:\n%s", out)

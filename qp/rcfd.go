@@ -96,25 +96,8 @@ var ErrMPAIncomplete = fmt.Errorf("qp: the MPA Request has not all arrived: %w",
 // error of package udiwarp: a Request that is bogus (a Reply's key, a
 // revision or private data length no Request has).
 func MPARequestNeed(fd int) (int, error) {
-	var b [udiwarp.MPAFrameHeaderSize + udiwarp.MaxMPAPrivateData]byte
-	for {
-		n, _, err := unix.Recvfrom(fd, b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		switch {
-		case err == unix.EINTR:
-			continue
-		case err == unix.EAGAIN:
-			n = 0
-		case err != nil:
-			return 0, err
-		case n == 0:
-			return 0, io.EOF
-		}
-		if k := min(n, len(mpaRequestKey)); string(b[:k]) != mpaRequestKey[:k] {
-			return 0, ErrNotMPA
-		}
-		_, _, need, err := udiwarp.ParseMPAFrame(b[:n])
-		return need, err
-	}
+	_, need, err := peekRequest(fd)
+	return need, err
 }
 
 // PeekMPARequest returns the private data of the whole MPA Request
@@ -124,6 +107,20 @@ func MPARequestNeed(fd int) (int, error) {
 // answers it. ErrMPAIncomplete: it has not all arrived (MPARequestNeed
 // says how much it needs); the other errors are MPARequestNeed's.
 func PeekMPARequest(fd int) ([]byte, error) {
+	m, need, err := peekRequest(fd)
+	switch {
+	case err != nil:
+		return nil, err
+	case need > 0:
+		return nil, ErrMPAIncomplete
+	}
+	return append([]byte(nil), m.PrivateData()...), nil
+}
+
+// peekRequest looks at what waits on fd without reading it or waiting:
+// the whole MPA Request (a copy), or else need, the bytes it needs in
+// all; the errors are MPARequestNeed's.
+func peekRequest(fd int) (m udiwarp.MPAFrame, need int, err error) {
 	var b [udiwarp.MPAFrameHeaderSize + udiwarp.MaxMPAPrivateData]byte
 	for {
 		n, _, err := unix.Recvfrom(fd, b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
@@ -131,23 +128,20 @@ func PeekMPARequest(fd int) ([]byte, error) {
 		case err == unix.EINTR:
 			continue
 		case err == unix.EAGAIN:
-			return nil, ErrMPAIncomplete
+			n = 0
 		case err != nil:
-			return nil, err
+			return nil, 0, err
 		case n == 0:
-			return nil, io.EOF
+			return nil, 0, io.EOF
 		}
 		if k := min(n, len(mpaRequestKey)); string(b[:k]) != mpaRequestKey[:k] {
-			return nil, ErrNotMPA
+			return nil, 0, ErrNotMPA
 		}
-		m, fn, _, err := udiwarp.ParseMPAFrame(b[:n])
-		if err != nil {
-			return nil, err
+		m, whole, need, err := udiwarp.ParseMPAFrame(b[:n])
+		if err != nil || whole == 0 {
+			return nil, need, err
 		}
-		if fn == 0 {
-			return nil, ErrMPAIncomplete
-		}
-		return append([]byte(nil), m.PrivateData()...), nil
+		return append(udiwarp.MPAFrame(nil), m...), 0, nil
 	}
 }
 

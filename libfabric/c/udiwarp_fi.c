@@ -659,15 +659,11 @@ static int eq_close(struct fid *fid) {
 }
 
 // eq_push queues an event (the ring grows rather than lose one).
-static int eq_push(struct udw_eq *q, const struct eq_event *ev) {
-	pthread_mutex_lock(&q->mu);
+static int eq_push_locked(struct udw_eq *q, const struct eq_event *ev) {
 	if (q->count == q->cap) {
 		size_t cap = q->cap ? 2 * q->cap : 16;
 		struct eq_event *r = malloc(cap * sizeof *r);
-		if (!r) {
-			pthread_mutex_unlock(&q->mu);
-			return -FI_ENOMEM;
-		}
+		if (!r) return -FI_ENOMEM;
 		for (size_t i = 0; i < q->count; i++) r[i] = q->ring[(q->head + i) % q->cap];
 		free(q->ring);
 		q->ring = r, q->cap = cap, q->head = 0;
@@ -675,11 +671,22 @@ static int eq_push(struct udw_eq *q, const struct eq_event *ev) {
 	q->ring[(q->head + q->count) % q->cap] = *ev;
 	q->count++;
 	pthread_cond_broadcast(&q->cv);
-	pthread_mutex_unlock(&q->mu);
+	return 0;
+}
+
+// eq_wake wakes a reader waiting in eq_wait.
+static void eq_wake(struct udw_eq *q) {
 	uint64_t one = 1;
 	ssize_t w = write(q->efd, &one, sizeof one);
 	(void)w;
-	return 0;
+}
+
+static int eq_push(struct udw_eq *q, const struct eq_event *ev) {
+	pthread_mutex_lock(&q->mu);
+	int r = eq_push_locked(q, ev);
+	pthread_mutex_unlock(&q->mu);
+	if (!r) eq_wake(q);
+	return r;
 }
 
 static int eq_post(struct udw_eq *q, uint32_t event, const struct fi_eq_entry *entry) {
@@ -689,13 +696,18 @@ static int eq_post(struct udw_eq *q, uint32_t event, const struct fi_eq_entry *e
 }
 
 // eq_post_cm queues a connection event for fid with data (len bytes).
-static int eq_post_cm(struct udw_eq *q, uint32_t event, struct fid *fid, struct fi_info *info, const void *data, size_t len) {
+static struct eq_event cm_event(uint32_t event, struct fid *fid, struct fi_info *info, const void *data, size_t len) {
 	struct eq_event ev = {.event = event};
 	if (len > UDW_CM_DATA) len = UDW_CM_DATA;
 	ev.u.cm.fid = fid;
 	ev.u.cm.info = info;
 	if (len) memcpy(ev.u.cm.data, data, len);
 	ev.len = sizeof ev.u.cm + len;
+	return ev;
+}
+
+static int eq_post_cm(struct udw_eq *q, uint32_t event, struct fid *fid, struct fi_info *info, const void *data, size_t len) {
+	struct eq_event ev = cm_event(event, fid, info, data, len);
 	return eq_push(q, &ev);
 }
 
@@ -769,6 +781,16 @@ static ssize_t eq_write(struct fid_eq *eq, uint32_t ev, const void *buf, size_t 
 	int r = eq_push(container_of(eq, struct udw_eq, e), &e);
 	return r ? r : (ssize_t)len;
 }
+// wait_left is what remains of a wait of timeout ms (< 0: for ever)
+// begun at start: -1 for ever, 0 once it has run out, else ms.
+static int wait_left(const struct timespec *start, int timeout) {
+	if (timeout < 0) return -1;
+	struct timespec now;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	long ms = (now.tv_sec - start->tv_sec) * 1000 + (now.tv_nsec - start->tv_nsec) / 1000000;
+	return ms >= timeout ? 0 : (int)(timeout - ms);
+}
+
 static int eq_wait(struct udw_eq *q, int timeout);
 static ssize_t eq_sread(struct fid_eq *eq, uint32_t *ev, void *buf, size_t len, int timeout, uint64_t flags) {
 	struct udw_eq *q = container_of(eq, struct udw_eq, e);
@@ -777,14 +799,8 @@ static ssize_t eq_sread(struct fid_eq *eq, uint32_t *ev, void *buf, size_t len, 
 	for (;;) {
 		ssize_t r = eq_read(eq, ev, buf, len, flags);
 		if (r != -FI_EAGAIN) return r;
-		int left = timeout;
-		if (timeout >= 0) {
-			struct timespec now;
-			clock_gettime(CLOCK_MONOTONIC, &now);
-			long ms = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000;
-			if (ms >= timeout) return -FI_EAGAIN;
-			left = (int)(timeout - ms);
-		}
+		int left = wait_left(&start, timeout);
+		if (!left) return -FI_EAGAIN;
 		eq_wait(q, left);
 	}
 }
@@ -1321,14 +1337,8 @@ static ssize_t cq_sreadfrom(struct fid_cq *fcq, void *buf, size_t count, fi_addr
 	for (;;) {
 		ssize_t r = cq_readfrom(fcq, buf, count, src_addr);
 		if (r != -FI_EAGAIN) return r;
-		int left = timeout;
-		if (timeout >= 0) {
-			struct timespec now;
-			clock_gettime(CLOCK_MONOTONIC, &now);
-			long ms = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000;
-			if (ms >= timeout) return -FI_EAGAIN;
-			left = (int)(timeout - ms);
-		}
+		int left = wait_left(&start, timeout);
+		if (!left) return -FI_EAGAIN;
 		wait_ready(cq, left);
 	}
 }
@@ -1635,19 +1645,21 @@ static ssize_t ep_size_left(struct fid_ep *ep) {
 static struct fi_ops_ep ep_ops = {.size = sizeof(struct fi_ops_ep), .cancel = ep_cancel, .getopt = ep_getopt, .setopt = ep_setopt,
 				  .tx_ctx = ep_tx_ctx, .rx_ctx = ep_rx_ctx, .rx_size_left = ep_size_left, .tx_size_left = ep_size_left};
 
-static int ep_getname(fid_t fid, void *addr, size_t *addrlen) {
-	struct udw_ep *ep = container_of(fid, struct udw_ep, ep.fid);
-	struct sockaddr_storage ss;
-	socklen_t len = sizeof ss;
-	if (getsockname(ep->fd, (struct sockaddr *)&ss, &len) != 0) return -errno;
-	size_t need = len;
-	if (*addrlen < need) {
-		*addrlen = need;
+// put_addr copies a socket address of len bytes into addr (room for
+// *addrlen): -FI_ETOOSMALL, with the length needed, when it does not fit.
+static int put_addr(const struct sockaddr_storage *ss, socklen_t len, void *addr, size_t *addrlen) {
+	if (*addrlen < len) {
+		*addrlen = len;
 		return -FI_ETOOSMALL;
 	}
-	memcpy(addr, &ss, need);
-	*addrlen = need;
+	memcpy(addr, ss, len);
+	*addrlen = len;
 	return 0;
+}
+
+static int sock_name(int fd, void *addr, size_t *addrlen);
+static int ep_getname(fid_t fid, void *addr, size_t *addrlen) {
+	return sock_name(container_of(fid, struct udw_ep, ep.fid)->fd, addr, addrlen);
 }
 // ---- MSG endpoints: connections -----------------------------------------
 //
@@ -1850,13 +1862,7 @@ static int sock_name(int fd, void *addr, size_t *addrlen) {
 	struct sockaddr_storage ss;
 	socklen_t len = sizeof ss;
 	if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0) return -errno;
-	if (*addrlen < len) {
-		*addrlen = len;
-		return -FI_ETOOSMALL;
-	}
-	memcpy(addr, &ss, len);
-	*addrlen = len;
-	return 0;
+	return put_addr(&ss, len, addr, addrlen);
 }
 
 static int pep_getname(fid_t fid, void *addr, size_t *addrlen) {
@@ -1997,32 +2003,41 @@ static void msg_check_end(struct udw_ep *ep) {
 // eq_check_ends reports the end of the connections of q's endpoints:
 // the engine read it, or the socket holds nothing but its end.
 static void eq_check_ends(struct udw_eq *q) {
+	// Under the EQ's lock: an endpoint on its list is not freed meanwhile
+	// (ep_close takes it off first).
+	int pushed = 0;
 	pthread_mutex_lock(&q->mu);
-	size_t n = q->nmsg;
-	struct udw_ep *eps[64];
-	if (n > 64) n = 64;
-	memcpy(eps, q->msg, n * sizeof *eps);
-	pthread_mutex_unlock(&q->mu);
-	for (size_t i = 0; i < n; i++) {
-		struct udw_ep *ep = eps[i];
+	for (size_t i = 0; i < q->nmsg; i++) {
+		struct udw_ep *ep = q->msg[i];
 		if (atomic_load(&ep->ended)) continue;
 		char c;
 		ssize_t k = recv(ep->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-		if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR) || eng.msg_ended(ep->h)) msg_report_end(ep);
+		int no = 0;
+		if ((k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR) || eng.msg_ended(ep->h)) &&
+		    atomic_compare_exchange_strong(&ep->ended, &no, 1)) {
+			struct eq_event ev = cm_event(FI_SHUTDOWN, &ep->ep.fid, NULL, NULL, 0);
+			pushed |= eq_push_locked(q, &ev) == 0;
+		}
 	}
+	pthread_mutex_unlock(&q->mu);
+	if (pushed) eq_wake(q);
 }
 
 // eq_wait waits up to timeout ms (< 0: for ever) for an event, or for a
 // connection of the EQ's endpoints to end.
 static int eq_wait(struct udw_eq *q, int timeout) {
-	struct pollfd p[1 + 64];
-	int n = 1;
-	p[0] = (struct pollfd){.fd = q->efd, .events = POLLIN};
 	pthread_mutex_lock(&q->mu);
-	for (size_t i = 0; i < q->nmsg && n < 1 + 64; i++)
-		if (!atomic_load(&q->msg[i]->ended)) p[n++] = (struct pollfd){.fd = q->msg[i]->fd, .events = POLLRDHUP};
+	struct pollfd *p = malloc((1 + q->nmsg) * sizeof *p);
+	int n = 0;
+	if (p) {
+		p[n++] = (struct pollfd){.fd = q->efd, .events = POLLIN};
+		for (size_t i = 0; i < q->nmsg; i++)
+			if (!atomic_load(&q->msg[i]->ended)) p[n++] = (struct pollfd){.fd = q->msg[i]->fd, .events = POLLRDHUP};
+	}
 	pthread_mutex_unlock(&q->mu);
-	int r = poll(p, (nfds_t)n, timeout);
+	struct pollfd one = {.fd = q->efd, .events = POLLIN};
+	int r = p ? poll(p, (nfds_t)n, timeout) : poll(&one, 1, timeout);
+	free(p);
 	uint64_t v;
 	ssize_t k = read(q->efd, &v, sizeof v);
 	(void)k;
@@ -2128,13 +2143,7 @@ static int cm_getpeer(struct fid_ep *fep, void *addr, size_t *addrlen) {
 	struct sockaddr_storage ss;
 	socklen_t len = sizeof ss;
 	if (getpeername(ep->fd, (struct sockaddr *)&ss, &len) != 0) return -FI_ENOTCONN;
-	if (*addrlen < len) {
-		*addrlen = len;
-		return -FI_ETOOSMALL;
-	}
-	memcpy(addr, &ss, len);
-	*addrlen = len;
-	return 0;
+	return put_addr(&ss, len, addr, addrlen);
 }
 
 // A multicast membership (fi_join): its fi_addr is the group's entry in

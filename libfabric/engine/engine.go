@@ -62,7 +62,7 @@ func start() error {
 	engine.once.Do(func() {
 		// Manual sockets only: every endpoint's socket is read where the
 		// C side polls its completion queue (FI_PROGRESS_MANUAL).
-		engine.dev, engine.err = qp.Open(qp.DeviceConfig{Poll: qp.PollEvent})
+		engine.dev, engine.err = qp.Open(qp.DeviceConfig{Poll: qp.PollEvent, RecvBuffer: recvBuffer, SendBuffer: sendBuffer})
 		if engine.err == nil {
 			engine.pd = engine.dev.AllocPD()
 		}
@@ -267,9 +267,17 @@ func register(e *ep) C.longlong {
 	return h
 }
 
+// The kernel buffers of the device's sockets and of the endpoints' (qp's
+// defaults: qp.DeviceConfig).
+const (
+	recvBuffer = 8 << 20
+	sendBuffer = 4 << 20
+)
+
 // bindFD runs the endpoint's socket as a manual socket of the device,
-// with the kernel buffers the device gives its own sockets (8 MiB to
-// receive, 4 MiB to send: qp.DeviceConfig): the socket is the provider's,
+// with the kernel buffers the device gives its own sockets (recvBuffer,
+// sendBuffer; BindFD leaves a socket's options as they are, and a
+// preloaded program's are its own): the socket is the provider's,
 // and with the default 208 KiB two of loopback's 64 KiB datagrams filled
 // it, so an RD message of a megabyte lost frames to the kernel at every
 // burst and waited for retransmissions (9.7 ms a transfer instead of
@@ -279,10 +287,10 @@ func (e *ep) bindFD(fd int) error {
 	if e.s, err = engine.dev.BindFD(fd); err != nil {
 		return err
 	}
-	if err := e.s.SetReadBuffer(8 << 20); err != nil {
+	if err := e.s.SetReadBuffer(recvBuffer); err != nil {
 		return err
 	}
-	return e.s.SetWriteBuffer(4 << 20)
+	return e.s.SetWriteBuffer(sendBuffer)
 }
 
 func (e *ep) open(fd, txDepth, rxDepth, maxMsg int) error {

@@ -218,41 +218,7 @@ func udwf_msend(h C.longlong, buf unsafe.Pointer, n C.size_t, ctx C.uint64_t, si
 	if e == nil || e.msg == nil {
 		return -C.int(unix.EBADF)
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	m := e.msg
-	if e.closed {
-		return -C.int(unix.EBADF)
-	}
-	if !m.up {
-		return -C.int(unix.ENOTCONN)
-	}
-	m.nextID++
-	id := m.nextID
-	wr := qp.SendWR{ID: id, Opcode: qp.OpSend, Flags: qp.FlagSignaled}
-	t := txOf{ctx: uint64(ctx), report: signaled != 0}
-	switch {
-	case n == 0:
-	case int(n) <= msgInline:
-		wr.Inline = unsafe.Slice((*byte)(buf), int(n))
-	default:
-		// The caller's buffer is the send's until its completion.
-		var err error
-		if t.mr, err = engine.pd.RegisterMemory(unsafe.Slice((*byte)(buf), int(n)), 0); err != nil {
-			return C.int(errno(err))
-		}
-		wr.SGL = []qp.SGE{t.mr.SGE(0, int(n))}
-	}
-	// Always signaled at the QP, reported only if asked: a registered
-	// buffer is let go at its completion.
-	if err := e.q.PostSend(&wr); err != nil {
-		if t.mr != nil {
-			t.mr.Deregister()
-		}
-		return C.int(errno(err))
-	}
-	m.sends[id] = t
-	return 0
+	return e.msgPost(0, buf, n, 0, 0, ctx, signaled)
 }
 
 // udwf_mrecv posts a receive of up to n bytes into buf (the caller's
@@ -392,10 +358,22 @@ func (e *ep) pollMsg(comps []C.struct_udwf_comp) int {
 // msgRMA writes n bytes at buf into the connection's peer's region of
 // STag key at offset to (UDWF_OP_WRITE), or reads them from there into
 // buf (UDWF_OP_READ): RDMA Write and Read on the RC QP, as udwf_rma on
-// an RDM endpoint. A write of up to msgInline bytes is copied; a larger
-// one, and every read, registers the caller's buffer for the operation.
+// an RDM endpoint.
 func (e *ep) msgRMA(op C.int, buf unsafe.Pointer, n C.size_t, key C.uint32_t, to C.uint64_t, ctx C.uint64_t, signaled C.int) C.int {
-	if (op != C.UDWF_OP_WRITE && op != C.UDWF_OP_READ) || (n > 0 && buf == nil) {
+	if op != C.UDWF_OP_WRITE && op != C.UDWF_OP_READ {
+		return -C.int(unix.EINVAL)
+	}
+	return e.msgPost(op, buf, n, key, to, ctx, signaled)
+}
+
+// msgPost posts a Send (op 0), an RDMA Write (UDWF_OP_WRITE) or an RDMA
+// Read (UDWF_OP_READ) of n bytes at buf on the connection. What it sends
+// of up to msgInline bytes is copied; a larger send, and every read,
+// registers the caller's buffer for the operation (the Read Responses
+// are tagged writes into it). Always signaled at the QP, reported only
+// if asked: a registered buffer is let go at its completion.
+func (e *ep) msgPost(op C.int, buf unsafe.Pointer, n C.size_t, key C.uint32_t, to C.uint64_t, ctx C.uint64_t, signaled C.int) C.int {
+	if n > 0 && buf == nil {
 		return -C.int(unix.EINVAL)
 	}
 	e.mu.Lock()
@@ -410,7 +388,10 @@ func (e *ep) msgRMA(op C.int, buf unsafe.Pointer, n C.size_t, key C.uint32_t, to
 	m.nextID++
 	id := m.nextID
 	t := txOf{ctx: uint64(ctx), report: signaled != 0, op: uint32(op), n: int(n)}
-	wr := qp.SendWR{ID: id, Opcode: qp.OpWrite, Flags: qp.FlagSignaled, RemoteSTag: uint32(key), RemoteTO: uint64(to)}
+	wr := qp.SendWR{ID: id, Opcode: qp.OpSend, Flags: qp.FlagSignaled}
+	if op != 0 {
+		wr.Opcode, wr.RemoteSTag, wr.RemoteTO = qp.OpWrite, uint32(key), uint64(to)
+	}
 	var b []byte
 	if n > 0 {
 		b = unsafe.Slice((*byte)(buf), int(n))
@@ -418,7 +399,6 @@ func (e *ep) msgRMA(op C.int, buf unsafe.Pointer, n C.size_t, key C.uint32_t, to
 	var err error
 	switch {
 	case op == C.UDWF_OP_READ:
-		// The Read Responses are tagged writes into the caller's buffer.
 		if t.mr, err = engine.pd.RegisterMemory(b, qp.AccessLocalWrite|qp.AccessRemoteWrite); err != nil {
 			return C.int(errno(err))
 		}
