@@ -1686,10 +1686,18 @@ struct udw_connreq {
 	int fd;
 };
 
+// At most UDW_CONNREQS connections of the process's listeners wait for
+// the program's fi_accept or fi_reject at once (each holds a socket and
+// an EQ event); a whole MPA Request past that is rejected at once, as a
+// listen backlog refuses what it cannot hold.
+#define UDW_CONNREQS 256
+static atomic_int connreqs;
+
 static int connreq_close(struct fid *fid) {
 	struct udw_connreq *c = container_of(fid, struct udw_connreq, fid);
 	if (c->fd >= 0) close(c->fd);
 	free(c);
+	atomic_fetch_sub(&connreqs, 1);
 	return 0;
 }
 static struct fi_ops connreq_fi_ops = {.size = sizeof(struct fi_ops), .close = connreq_close, .bind = no_bind,
@@ -1726,11 +1734,20 @@ static long long now_ms(void) {
 // connreq_post makes the FI_CONNREQ of the connection on fd, whose
 // Request carried data (len bytes); 0 or -errno (the caller closes fd).
 static int connreq_post(struct udw_pep *pep, int fd, const void *data, size_t len) {
+	if (atomic_fetch_add(&connreqs, 1) >= UDW_CONNREQS) {
+		atomic_fetch_sub(&connreqs, 1);
+		eng.mpa_reject(fd, NULL, 0);
+		return -FI_EBUSY;
+	}
 	struct udw_connreq *c = calloc(1, sizeof *c);
-	if (!c) return -FI_ENOMEM;
+	if (!c) {
+		atomic_fetch_sub(&connreqs, 1);
+		return -FI_ENOMEM;
+	}
 	struct fi_info *info = fi_dupinfo(pep->info);
 	if (!info) {
 		free(c);
+		atomic_fetch_sub(&connreqs, 1);
 		return -FI_ENOMEM;
 	}
 	c->fid.fclass = FI_CLASS_CONNREQ;

@@ -12,8 +12,9 @@
 //   - fi_reject with data: an error entry, FI_ECONNREFUSED, its data;
 //   - a connection to a port nobody listens on: FI_ECONNREFUSED;
 //   - strangers on the listening port (bytes that are no MPA Request,
-//     and more idle connections than the listener keeps) change nothing
-//     for the next real connection.
+//     more idle connections than the listener keeps, more whole Requests
+//     than may wait for the program: the rest are rejected) change
+//     nothing for the next real connection.
 // Usage: msg. Prints "ok: msg" when every check passed.
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -27,6 +28,7 @@
 #include <rdma/fi_rma.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -331,6 +333,50 @@ int main(void) {
 	uint32_t e;
 	CHECK(fi_eq_read(eq, &e, ev, sizeof ev, 0) == -FI_EAGAIN, "an event of a stranger's");
 	for (int i = 0; i < nf; i++) close(fds[i]);
+
+	// Connections whose MPA Request came but that the program has not
+	// accepted or rejected are bounded (UDW_CONNREQS, 256 in the
+	// process): past that a whole Request is rejected at once; once the
+	// program rejects the ones it holds, a real connection goes through.
+	{
+		enum { CAP = 256, OVER = 20 };
+		static const char req[20] = "MPA ID Req Frame\x40\x01\x00\x00"; // revision 1, CRC, no private data
+		static int sfd[CAP + OVER];
+		static fid_t held[CAP];
+		for (int i = 0; i < CAP + OVER; i++) {
+			sfd[i] = stranger(&name, NULL);
+			CHECK(write(sfd[i], req, sizeof req) == sizeof req, "a Request");
+		}
+		static char named[65536];
+		for (int i = 0; i < CAP; i++) {
+			CHECK(event(ev, sizeof ev, &len) == FI_CONNREQ, "not FI_CONNREQ");
+			held[i] = cm->info->handle;
+			named[ntohs(((struct sockaddr_in *)cm->info->dest_addr)->sin_port)] = 1;
+			fi_freeinfo(cm->info);
+		}
+		int refused = 0;
+		for (int i = 0; i < CAP + OVER; i++) {
+			struct sockaddr_in me;
+			socklen_t ml = sizeof me;
+			CHECK(getsockname(sfd[i], (struct sockaddr *)&me, &ml) == 0, "getsockname");
+			if (named[ntohs(me.sin_port)]) continue;
+			struct timeval tv = {.tv_sec = 10};
+			setsockopt(sfd[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+			char rep[64];
+			ssize_t k = read(sfd[i], rep, sizeof rep);
+			CHECK(k >= 20 && !memcmp(rep, "MPA ID Rep Frame", 16) && (rep[16] & 0x20), "a Request past the bound: %zd bytes, not a rejecting Reply", k);
+			refused++;
+		}
+		CHECK(refused == OVER, "%d Requests refused, want %d", refused, OVER);
+		CHECK(fi_eq_read(eq, &e, ev, sizeof ev, 0) == -FI_EAGAIN, "an event past the bound");
+		for (int i = 0; i < CAP; i++) CHECK(fi_reject(pep, held[i], NULL, 0) == 0, "fi_reject");
+		for (int i = 0; i < CAP + OVER; i++) close(sfd[i]);
+		struct end c2, s2;
+		connect_pair(pep, &name, namelen, &c2, &s2);
+		exchange(&c2, &s2, 100, 5);
+		close_end(&c2);
+		close_end(&s2);
+	}
 
 	// An RDMA Write to a key the target never gave ends the connection
 	// (RFC 5040's Terminate): FI_SHUTDOWN for both ends.
