@@ -140,4 +140,3 @@ func putUDPSegment(ctl []byte, size uint16) int {
 	binary.NativeEndian.PutUint16(ctl[unix.CmsgLen(0):], size)
 	return n
 }
-

@@ -207,8 +207,7 @@ func (p *impaired) out(later bool) {
 	case p.rx && later:
 		w.rx.Passed.Add(1)
 		m := p.msg
-		m.Bufs = [][]byte{p.b}
-		m.N = len(p.b)
+		m.Bufs, m.N, m.Addr = [][]byte{p.b}, len(p.b), p.addr
 		w.late(&m)
 	case p.rx:
 		w.rx.Passed.Add(1)
@@ -408,4 +407,21 @@ func (w *Impaired) Write(ms []Msg) (int, error) {
 		}
 	}
 	return len(ms), nil
+}
+
+// Holding reports whether datagrams the receive link let through are
+// still on their way to a read: delayed, or waiting for one.
+func (w *Impaired) Holding() bool {
+	return w.rx != nil && (w.rx.Delaying() != 0 || w.nready.Load() != 0)
+}
+
+// Inner returns the link the impairment wraps.
+func (w *Impaired) Inner() Link { return w.Link }
+
+// Holds reports whether the link holds a datagram back behind the next
+// one (Reorder): it has neither passed nor dropped it yet.
+func (im *Impairment) Holds() bool {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	return im.held != nil
 }

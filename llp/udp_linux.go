@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/udiwarp/udiwarp/internal/fduse"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,7 +26,7 @@ type UDP struct {
 	raw      syscall.RawConn
 	fd       atomic.Uintptr // used between acquire and release; moves only by SetFD
 	borrowed bool
-	fdUse
+	fduse.Use
 	local   netip.AddrPort
 	v6      bool
 	gro     bool        // UDP_GRO is on: a read may hold several datagrams
@@ -53,9 +54,13 @@ type mmsghdr struct {
 const (
 	maxUDPv4 = 65507
 	maxUDPv6 = 65527
-	// maxTxIov is the most buffers one Write call sends (a train of
-	// MaxTrain datagrams of header, payload and trailer takes 192).
+	// maxTxIov is the most buffers a Write of one Msg sends without
+	// taking an array from iovPool (a train of MaxTrain datagrams of
+	// header, payload and trailer takes 192), and of several Msgs in all.
 	maxTxIov = 256
+	// uioMaxIov is the kernel's limit on the buffers of one datagram or
+	// train (UIO_MAXIOV).
+	uioMaxIov = 1024
 	// maxTxBatch is the most datagrams one sendmmsg(2) carries.
 	maxTxBatch = 16
 )
@@ -171,10 +176,10 @@ func (u *UDP) Control(f func(fd uintptr)) error {
 	if !u.borrowed {
 		return u.raw.Control(f)
 	}
-	if !u.acquire() {
+	if !u.Acquire() {
 		return ErrClosed
 	}
-	defer u.release()
+	defer u.Release()
 	f(u.fd.Load())
 	return nil
 }
@@ -215,18 +220,16 @@ func (u *UDP) SetFD(fd int) error {
 	if !u.borrowed {
 		return fmt.Errorf("%w: the socket's descriptor is the link's own", ErrUnsupported)
 	}
-	u.fdMu.Lock()
-	defer u.fdMu.Unlock()
-	if u.closing.Load() {
+	u.Mu.Lock()
+	defer u.Mu.Unlock()
+	if u.Closing() {
 		return ErrClosed
 	}
 	// Calls from now on use the new descriptor; wait for those that may
 	// still use the old one (the caller closes it after this returns).
 	// Calls are non-blocking: the wait is short.
 	u.fd.Store(uintptr(fd))
-	for u.users.Load() != 0 {
-		runtime.Gosched()
-	}
+	u.Drain()
 	return nil
 }
 
@@ -234,12 +237,12 @@ func (u *UDP) SetFD(fd int) error {
 // of a second at a time so that Close is seen; ErrClosed once closed.
 func (u *UDP) pollWait(events int16) error {
 	for {
-		if !u.acquire() {
+		if !u.Acquire() {
 			return ErrClosed
 		}
 		p := [1]unix.PollFd{{Fd: int32(u.fd.Load()), Events: events}}
 		n, err := unix.Poll(p[:], 100)
-		u.release()
+		u.Release()
 		if err == nil && n == 1 {
 			return nil
 		}
@@ -261,10 +264,10 @@ func setIov(iov []unix.Iovec, bufs [][]byte) []unix.Iovec {
 }
 
 func (u *UDP) Read(ms []Msg) (int, error) {
-	if !u.acquire() {
+	if !u.Acquire() {
 		return 0, ErrClosed
 	}
-	defer u.release()
+	defer u.Release()
 	ctl := uint64(0)
 	info := u.pktinfo.Load()
 	if u.gro || info {
@@ -318,10 +321,10 @@ func (u *UDP) Read(ms []Msg) (int, error) {
 
 // Write sends ms: one sendmsg(2) for a single Msg, sendmmsg(2) for more.
 func (u *UDP) Write(ms []Msg) (int, error) {
-	if !u.acquire() {
+	if !u.Acquire() {
 		return 0, ErrClosed
 	}
-	defer u.release()
+	defer u.Release()
 	if len(ms) == 1 {
 		return u.writeOne(&ms[0])
 	}
@@ -336,16 +339,26 @@ func (u *UDP) Write(ms []Msg) (int, error) {
 	return sent, nil
 }
 
+var iovPool = sync.Pool{New: func() any { return new([uioMaxIov]unix.Iovec) }}
+
 func (u *UDP) writeOne(m *Msg) (int, error) {
-	var iov [maxTxIov]unix.Iovec
+	var stack [maxTxIov]unix.Iovec
 	var ctl [gsoCtlSize]byte
 	var msg unix.Msghdr
 	sa, ok := sockaddrFor(m.Addr, u.v6)
 	if !ok {
 		return 0, fmt.Errorf("llp: %v cannot be reached from an IPv4 socket", m.Addr)
 	}
-	if len(m.Bufs) > len(iov) {
-		return 0, fmt.Errorf("llp: %d buffers in one datagram, at most %d", len(m.Bufs), maxTxIov)
+	iov := stack[:]
+	switch {
+	case len(m.Bufs) > uioMaxIov && m.Segment > 0:
+		return 0, fmt.Errorf("%w: %d buffers in one train, at most %d", ErrTrainTooBig, len(m.Bufs), uioMaxIov)
+	case len(m.Bufs) > uioMaxIov:
+		return 0, fmt.Errorf("llp: %d buffers in one datagram, at most %d", len(m.Bufs), uioMaxIov)
+	case len(m.Bufs) > maxTxIov:
+		big := iovPool.Get().(*[uioMaxIov]unix.Iovec)
+		defer iovPool.Put(big)
+		iov = big[:]
 	}
 	n := len(setIov(iov[:0], m.Bufs))
 	msg.Name, msg.Namelen = &sa.raw[0], sa.len
@@ -356,6 +369,7 @@ func (u *UDP) writeOne(m *Msg) (int, error) {
 		msg.SetControllen(putUDPSegment(ctl[:], uint16(m.Segment)))
 	}
 	r, _, e := unix.RawSyscall(unix.SYS_SENDMSG, u.fd.Load(), uintptr(unsafe.Pointer(&msg)), unix.MSG_DONTWAIT)
+	runtime.KeepAlive(iov)
 	if e != 0 {
 		return 0, sendError(e, m.Segment > 0)
 	}
@@ -465,10 +479,10 @@ func (u *UDP) writable(fd uintptr) bool {
 
 // Close closes the link; a borrowed descriptor stays its caller's.
 func (u *UDP) Close() error {
-	u.fdMu.Lock()
-	already := u.closing.Load()
-	u.retire()
-	u.fdMu.Unlock()
+	u.Mu.Lock()
+	already := u.Closing()
+	u.Retire()
+	u.Mu.Unlock()
 	if u.borrowed || already {
 		return nil
 	}
@@ -500,36 +514,6 @@ func (u *UDP) SetsockoptInt(level, name, v int) error {
 		return err
 	}
 	return serr
-}
-
-// fdUse lets system calls use a descriptor directly while another
-// goroutine may close it: calls run between acquire and release, and
-// retire waits for those in flight before the descriptor is closed.
-type fdUse struct {
-	closing atomic.Bool
-	users   atomic.Int64
-	fdMu    sync.Mutex // SetFD against Close
-}
-
-// acquire reports whether the descriptor may be used; every true must be
-// paired with release.
-func (u *fdUse) acquire() bool {
-	u.users.Add(1)
-	if u.closing.Load() {
-		u.users.Add(-1)
-		return false
-	}
-	return true
-}
-
-func (u *fdUse) release() { u.users.Add(-1) }
-
-// retire refuses new calls and waits for those in flight to end.
-func (u *fdUse) retire() {
-	u.closing.Store(true)
-	for u.users.Load() != 0 {
-		runtime.Gosched()
-	}
 }
 
 // sockaddr is a destination in a socket's family, for a msghdr.

@@ -6,7 +6,6 @@ import (
 	"sync/atomic"
 
 	"github.com/udiwarp/udiwarp/udiwarp"
-	"golang.org/x/sys/unix"
 )
 
 // MulticastQPN is the destination QP number of a datagram sent to a
@@ -21,8 +20,6 @@ type AH struct {
 	pd   *PD
 	addr netip.AddrPort
 	qpn  uint32
-	sa4  unix.RawSockaddrInet4
-	sa6  unix.RawSockaddrInet6 // also used for IPv4 peers of an IPv6 socket
 	msn  atomic.Uint32
 }
 
@@ -43,21 +40,10 @@ func (pd *PD) CreateAH(addr netip.AddrPort, qpn uint32) (*AH, error) {
 	return ah, nil
 }
 
-// setAddr points ah at QP qpn at addr, with the socket addresses sendmsg
-// takes for it.
+// setAddr points ah at QP qpn at addr.
 func (ah *AH) setAddr(addr netip.AddrPort, qpn uint32) {
 	a := addr.Addr().Unmap()
 	ah.addr, ah.qpn = netip.AddrPortFrom(a, addr.Port()), qpn
-	port := addr.Port()
-	ah.sa4 = unix.RawSockaddrInet4{}
-	if a.Is4() {
-		ah.sa4.Family = unix.AF_INET
-		ah.sa4.Addr = a.As4()
-		ah.sa4.Port = port<<8 | port>>8
-	}
-	ah.sa6.Family = unix.AF_INET6
-	ah.sa6.Addr = netip.AddrFrom16(a.As16()).As16() // IPv4 peers as ::ffff:a.b.c.d
-	ah.sa6.Port = port<<8 | port>>8
 }
 
 // Addr returns the peer's address.

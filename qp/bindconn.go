@@ -3,8 +3,8 @@ package qp
 import (
 	"fmt"
 	"net"
-	"net/netip"
 
+	"github.com/udiwarp/udiwarp/llp"
 	"golang.org/x/sys/unix"
 )
 
@@ -54,26 +54,37 @@ func (d *Device) BindFD(fd int) (*Socket, error) {
 	if t, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE); err != nil || t != unix.SOCK_DGRAM {
 		return nil, fmt.Errorf("%w: descriptor %d is not a datagram socket", ErrInvalidAttr, fd)
 	}
-	var la netip.AddrPort
-	switch a := sa.(type) {
-	case *unix.SockaddrInet4:
-		la = netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port))
-	case *unix.SockaddrInet6:
-		la = netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port))
-	default:
-		return nil, fmt.Errorf("%w: descriptor %d is not a UDP socket", ErrInvalidAttr, fd)
+	if _, ok := sa.(*unix.SockaddrInet4); !ok {
+		if _, ok := sa.(*unix.SockaddrInet6); !ok {
+			return nil, fmt.Errorf("%w: descriptor %d is not a UDP socket", ErrInvalidAttr, fd)
+		}
 	}
-	if la.Port() == 0 {
-		return nil, fmt.Errorf("%w: descriptor %d is not bound", ErrInvalidAttr, fd)
+	u, err := llp.NewUDPFD(fd, d.cfg.RecvBatch)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidAttr, err)
 	}
-	s := initSocket(d, la)
-	s.manual = true
-	u := newFDLLP(fd, s.v6, d.cfg.RecvBatch)
-	s.udp, s.ll = u, u
-	if d.cfg.Impair != nil || d.cfg.ImpairRx != nil {
-		s.ll = newImpairLLP(s, u, d.cfg.Impair, d.cfg.ImpairRx)
-		s.noGSO.Store(d.cfg.Impair != nil)
-	}
-	s.rx.init(s, d.cfg.RecvBatch)
+	s := newLinkSocket(d, u, true)
 	return s, d.addSocket(s)
+}
+
+// BindLink makes l, a lower layer opened elsewhere (an AF_XDP socket,
+// llp.OpenXDP; an in-memory link, llp.MemNet), one of the device's
+// sockets, as Bind does for the kernel UDP sockets it opens: its datagram
+// QPs send and receive on it, and Close closes it. The wire is the same
+// whatever the link: a peer on another kind of link talks to it.
+func (d *Device) BindLink(l llp.Link) (*Socket, error) {
+	if l == nil {
+		return nil, fmt.Errorf("%w: no link", ErrInvalidAttr)
+	}
+	if d.closed.Load() {
+		return nil, ErrClosed
+	}
+	if la := l.LocalAddr(); !la.IsValid() || la.Port() == 0 {
+		return nil, fmt.Errorf("%w: the link has no local address", ErrInvalidAttr)
+	}
+	s := newLinkSocket(d, l, false)
+	if err := d.addSocket(s); err != nil {
+		return nil, err
+	}
+	return s, nil
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 	"weak"
 
+	"github.com/udiwarp/udiwarp/llp"
 	"github.com/udiwarp/udiwarp/udiwarp"
 	"golang.org/x/sys/unix"
 )
@@ -127,6 +128,11 @@ type Device struct {
 	srqs  []weak.Pointer[SRQ] // for Levels; an SRQ nobody holds any more drops out
 }
 
+// Impairment is a lossy link in software (llp.Impairment): a device runs
+// what it sends through DeviceConfig.Impair and what its sockets read
+// through DeviceConfig.ImpairRx.
+type Impairment = llp.Impairment
+
 // Open creates a device.
 func Open(cfg DeviceConfig) (*Device, error) {
 	cfg.fill()
@@ -135,8 +141,8 @@ func Open(cfg DeviceConfig) (*Device, error) {
 	}
 	for _, im := range []*Impairment{cfg.Impair, cfg.ImpairRx} {
 		if im != nil {
-			if err := im.validate(); err != nil {
-				return nil, err
+			if err := im.Start(); err != nil {
+				return nil, fmt.Errorf("%w: %w", ErrInvalidAttr, err)
 			}
 		}
 	}
@@ -204,7 +210,7 @@ func (d *Device) Close() error {
 	}
 	for _, im := range []*Impairment{d.cfg.Impair, d.cfg.ImpairRx} {
 		if im != nil {
-			im.stop()
+			im.Stop()
 		}
 	}
 	return nil

@@ -2,11 +2,12 @@ package qp
 
 import (
 	"fmt"
-	"github.com/udiwarp/udiwarp/internal/snapshot"
 	"net/netip"
 	"sync"
 	"sync/atomic"
 	"syscall"
+
+	"github.com/udiwarp/udiwarp/internal/snapshot"
 
 	"github.com/udiwarp/udiwarp/udiwarp"
 	"github.com/udiwarp/udiwarp/writerecord"

@@ -506,7 +506,7 @@ func (z *fzDev) waitHandled(t *testing.T, n int, self bool) {
 		z.sock.rxMu.Lock()
 		queued := 0
 		if self {
-			z.sock.udp.raw.Control(func(fd uintptr) { queued, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+			z.sock.udp.Control(func(fd uintptr) { queued, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
 		}
 		z.sock.rxMu.Unlock()
 		if queued == 0 {

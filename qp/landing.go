@@ -4,9 +4,9 @@ import (
 	"net/netip"
 	"unsafe"
 
+	"github.com/udiwarp/udiwarp/llp"
 	"github.com/udiwarp/udiwarp/reliability"
 	"github.com/udiwarp/udiwarp/udiwarp"
-	"golang.org/x/sys/unix"
 )
 
 // Direct placement. A batch receive normally lands each datagram in a
@@ -48,9 +48,9 @@ type landing struct {
 	seq  uint64 // the receive it landed in
 	id   uint64
 	hdr  [landHeaderMax]byte
-	hlen int // the header's size: untagged (Send), Write-Record, or RD's and untagged
-	n    int // the datagram's bytes, once read
-	iov  [maxSGE + 2]unix.Iovec
+	hlen int                // the header's size: untagged (Send), Write-Record, or RD's and untagged
+	n    int                // the datagram's bytes, once read
+	bufs [maxSGE + 2][]byte // what the read fills: header slot, SGEs, spare
 	segs [maxSGE][]byte
 	mrs  [maxSGE]*MR
 	nseg int
@@ -102,7 +102,7 @@ func (r *rxSide) prepareLanding(vlen int) int {
 			l.q = nil
 			break
 		}
-		r.msgs[k].iov = l.iov[:l.nseg+2]
+		r.msgs[k].Bufs = l.bufs[:l.nseg+2]
 	}
 	if k == 0 {
 		q.rqMu.Unlock()
@@ -125,26 +125,26 @@ func (r *rxSide) endLanding(k int) {
 	for i := 0; i < k; i++ {
 		l := &r.land[i]
 		m := &r.msgs[i]
-		l.n = m.n
+		l.n = m.N
 		if i < n {
-			merged := m.gro > 0 && m.n > m.gro // several datagrams: never complete in place
+			merged := m.Segment > 0 && m.N > m.Segment // several datagrams: never complete in place
 			switch {
 			case merged:
-				l.flat = l.flatten(m.n)
+				l.flat = l.flatten(m.N)
 			case q.typ == RD:
-				l.keep = r.keepRDLanding(l, m.n, m.trunc)
+				l.keep = r.keepRDLanding(l, m.N, m.Trunc)
 				if !l.keep {
-					l.flat = l.flatten(m.n)
+					l.flat = l.flatten(m.N)
 				}
-			case !r.completeLandingLocked(l, m.n, m.trunc, m.src):
-				l.flat = l.flatten(m.n)
+			case !r.completeLandingLocked(l, m.N, m.Trunc, m.Addr):
+				l.flat = l.flatten(m.N)
 			}
 		}
 		if l.keep {
 			r.kept++
 			continue // dispatch lets it go
 		}
-		l.release(m, r.own[i:i+1])
+		l.release(m, r.bufs[i:i+1])
 		if i >= n {
 			l.q = nil // nothing arrived in this slot
 		}
@@ -153,7 +153,7 @@ func (r *rxSide) endLanding(k int) {
 }
 
 // release unpins the slot's MRs and points it back at its own buffer.
-func (l *landing) release(m *rxMsg, own []unix.Iovec) {
+func (l *landing) release(m *llp.Msg, own [][]byte) {
 	l.unlockMRs()
 	l.reset(m, own)
 	l.keep = false
@@ -164,8 +164,7 @@ func (l *landing) release(m *rxMsg, own []unix.Iovec) {
 func (l *landing) bind(q *QP, w *recvWQE, hlen int, spare []byte) bool {
 	l.q, l.seq, l.id, l.nseg, l.room = q, w.seq, w.id, 0, 0
 	l.hlen = hlen
-	l.iov[0].Base = &l.hdr[0]
-	l.iov[0].SetLen(l.hlen)
+	l.bufs[0] = l.hdr[:l.hlen]
 	for i := 0; i < w.nsge; i++ {
 		m, buf, st := q.dev.resolve(q.pd, &w.sge[i], AccessLocalWrite)
 		if st != Success {
@@ -174,17 +173,12 @@ func (l *landing) bind(q *QP, w *recvWQE, hlen int, spare []byte) bool {
 			return false
 		}
 		l.mrs[l.nseg], l.segs[l.nseg] = m, buf
-		l.iov[1+l.nseg].Base = nil
-		if len(buf) > 0 {
-			l.iov[1+l.nseg].Base = &buf[0]
-		}
-		l.iov[1+l.nseg].SetLen(len(buf))
+		l.bufs[1+l.nseg] = buf
 		l.nseg++
 		l.room += len(buf)
 	}
 	l.tail = spare
-	l.iov[1+l.nseg].Base = &spare[0]
-	l.iov[1+l.nseg].SetLen(len(spare))
+	l.bufs[1+l.nseg] = spare
 	return true
 }
 
@@ -224,10 +218,11 @@ func (l *landing) unlockMRs() {
 }
 
 // reset points the slot back at its own buffer.
-func (l *landing) reset(m *rxMsg, own []unix.Iovec) {
+func (l *landing) reset(m *llp.Msg, own [][]byte) {
 	clear(l.segs[:l.nseg])
+	clear(l.bufs[:l.nseg+2])
 	l.nseg = 0
-	m.iov = own
+	m.Bufs = own
 }
 
 // data calls f on the bytes after the header, in order, n in all.
@@ -337,7 +332,7 @@ func (r *rxSide) rdLanded(l *landing, src netip.AddrPort) {
 // letGo unpins kept slot l's receive and points the slot back at its
 // own buffer.
 func (r *rxSide) letGo(l *landing) {
-	l.release(&r.msgs[l.idx], r.own[l.idx:l.idx+1])
+	l.release(&r.msgs[l.idx], r.bufs[l.idx:l.idx+1])
 	r.kept--
 }
 

@@ -87,7 +87,10 @@ func (q *QP) leaveAllGroups() {
 
 func (s *Socket) joinGroup(group netip.Addr, ifi *net.Interface) error {
 	ga := &net.UDPAddr{IP: group.AsSlice()}
-	pc, done, err := s.udp.packetConn()
+	if s.udp == nil {
+		return s.notSocket("joining " + group.String())
+	}
+	pc, done, err := s.udp.PacketConn()
 	if err != nil {
 		return fmt.Errorf("qp: joining %v: %w", group, err)
 	}
@@ -109,13 +112,16 @@ func (s *Socket) joinGroup(group netip.Addr, ifi *net.Interface) error {
 	if err != nil {
 		return fmt.Errorf("qp: joining %v: %w", group, err)
 	}
-	s.udp.pktinfo.Store(true)
+	s.udp.ReportDst()
 	return nil
 }
 
 func (s *Socket) leaveGroup(group netip.Addr) error {
 	ga := &net.UDPAddr{IP: group.AsSlice()}
-	pc, done, err := s.udp.packetConn()
+	if s.udp == nil {
+		return s.notSocket("leaving " + group.String())
+	}
+	pc, done, err := s.udp.PacketConn()
 	if err != nil {
 		return err
 	}
@@ -128,7 +134,10 @@ func (s *Socket) leaveGroup(group netip.Addr) error {
 
 // SetMulticastInterface chooses the interface multicast sends leave by.
 func (s *Socket) SetMulticastInterface(ifi *net.Interface) error {
-	pc, done, err := s.udp.packetConn()
+	if s.udp == nil {
+		return s.notSocket("IP_MULTICAST_IF")
+	}
+	pc, done, err := s.udp.PacketConn()
 	if err != nil {
 		return err
 	}

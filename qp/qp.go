@@ -3,11 +3,12 @@ package qp
 import (
 	"fmt"
 
-	"github.com/udiwarp/udiwarp/writerecord"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/udiwarp/udiwarp/writerecord"
 )
 
 // QPType is the transport service of a QP, the new input modifier of

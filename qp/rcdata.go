@@ -10,6 +10,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/udiwarp/udiwarp/internal/fduse"
 	"github.com/udiwarp/udiwarp/udiwarp"
 	"golang.org/x/sys/unix"
 )
@@ -136,10 +137,10 @@ type rcConn struct {
 	// stalled: a Send found no receive (WaitForRecv); its ULPDU waits in
 	// stallBuf, handled again by the next Progress, and nothing more is
 	// read meanwhile.
-	stalled  atomic.Bool
-	stallBuf []byte
-	eof      atomic.Bool // manual: the peer's FIN came; everything before it was handled
-	fdUse                // system calls on fd in flight, and closing
+	stalled   atomic.Bool
+	stallBuf  []byte
+	eof       atomic.Bool // manual: the peer's FIN came; everything before it was handled
+	fduse.Use             // system calls on fd in flight, and closing
 }
 
 // postRC queues a send WR on an RC QP and sends what TCP takes now.
@@ -365,11 +366,11 @@ func (c *rcConn) completeLocked() {
 // handed over less what is still in the socket's send queue (SIOCOUTQ).
 func (c *rcConn) ackedLocked() uint64 {
 	var out int
-	if c.acquire() {
+	if c.Acquire() {
 		if v, err := unix.IoctlGetInt(c.fd, unix.SIOCOUTQ); err == nil {
 			out = v
 		}
-		c.release()
+		c.Release()
 	}
 	return c.written - uint64(out)
 }
@@ -628,7 +629,7 @@ func (c *rcConn) write1(b []byte) (int, bool) {
 }
 
 func (c *rcConn) writev(niov int) (int, bool) {
-	if !c.acquire() {
+	if !c.Acquire() {
 		return 0, false
 	}
 	// sendmsg with MSG_DONTWAIT, not writev: a manual connection's
@@ -638,7 +639,7 @@ func (c *rcConn) writev(niov int) (int, bool) {
 	c.wmsg.Iov = &c.iov[0]
 	c.wmsg.SetIovlen(niov)
 	r, _, errno := unix.RawSyscall(unix.SYS_SENDMSG, uintptr(c.fd), uintptr(unsafe.Pointer(&c.wmsg)), unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
-	c.release()
+	c.Release()
 	n := int(r)
 	switch {
 	case errno == unix.EAGAIN:
@@ -684,14 +685,14 @@ func (c *rcConn) onReadable() {
 			return
 		}
 	}
-	for !c.closing.Load() && !c.eof.Load() {
+	for !c.Closing() && !c.eof.Load() {
 		c.rxRoom()
-		if !c.acquire() {
+		if !c.Acquire() {
 			return
 		}
 		buf := c.rx[len(c.rx):cap(c.rx)]
 		r, _, errno := unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(c.fd), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), unix.MSG_DONTWAIT, 0, 0)
-		c.release()
+		c.Release()
 		n := int(r)
 		if errno == unix.EAGAIN {
 			return
@@ -869,14 +870,14 @@ func (c *rcConn) addrs() (local, remote netip.AddrPort) {
 		}
 		return
 	}
-	if c.acquire() {
+	if c.Acquire() {
 		if sa, err := unix.Getsockname(c.fd); err == nil {
 			local = addrPortOf(sa)
 		}
 		if sa, err := unix.Getpeername(c.fd); err == nil {
 			remote = addrPortOf(sa)
 		}
-		c.release()
+		c.Release()
 	}
 	return
 }
@@ -1198,7 +1199,7 @@ func (c *rcConn) terminate(code udiwarp.ErrorCode, ddpHeader, rdmaHeader []byte,
 
 // lost handles the end of the TCP stream.
 func (c *rcConn) lost() {
-	if !c.closing.Load() {
+	if !c.Closing() {
 		c.q.dev.stats.RCConnectionsLost.Add(1)
 		c.q.dev.raise(AsyncEvent{Type: AsyncQPFatal, QP: c.q, Code: udiwarp.MPAConnectionLost})
 	}
@@ -1207,7 +1208,7 @@ func (c *rcConn) lost() {
 
 // fail moves the QP to ERROR (flushing every WR) and closes the connection.
 func (c *rcConn) fail() {
-	c.closing.Store(true)
+	c.Refuse()
 	c.q.toError()
 }
 
@@ -1243,11 +1244,11 @@ func (c *rcConn) flush() {
 // QP), so the reader does it, here; and flush, having set closing first,
 // does it when it gets rxMu, so one of them always does.
 func (c *rcConn) rxUnlock() {
-	if c.closing.Load() {
+	if c.Closing() {
 		c.flushCur()
 	}
 	c.rxMu.Unlock()
-	if c.closing.Load() && c.rxMu.TryLock() {
+	if c.Closing() && c.rxMu.TryLock() {
 		c.flushCur()
 		c.rxMu.Unlock()
 	}
@@ -1265,9 +1266,9 @@ func (c *rcConn) flushCur() {
 
 // shutdown takes the connection off the poller and closes it.
 func (c *rcConn) shutdown() {
-	c.closing.Store(true)
+	c.Refuse()
 	c.q.dev.rc.unregister(c)
-	c.retire()
+	c.Retire()
 	if c.tc != nil {
 		c.tc.Close()
 	} // a manual connection's descriptor is the caller's to close

@@ -598,7 +598,7 @@ func newAliasMovedRig(t *testing.T) *aliasMovedRig {
 		s.rxMu.Unlock()
 		t.Fatalf("read %d, kept %d: slot 0 is not the Send kept in q's receive 1 (%v, %v, %d)", s.rx.n, s.rx.kept, l.keep, l.q == m.q, l.id)
 	}
-	m.land, m.src = &s.rx.land[0], s.rx.msgs[0].src
+	m.land, m.src = &s.rx.land[0], s.rx.msgs[0].Addr
 	return m
 }
 

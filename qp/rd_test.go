@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/udiwarp/udiwarp/llp"
 	"github.com/udiwarp/udiwarp/reliability"
 	"golang.org/x/sys/unix"
 )
@@ -221,18 +222,18 @@ func drained(t *testing.T, from, to *node) bool {
 		return false
 	}
 	ll := to.sock.ll
-	if w, ok := ll.(*impairLLP); ok {
-		if w.rx != nil && (w.rx.Delaying() != 0 || w.nready.Load() != 0) {
+	if w, ok := ll.(*llp.Impaired); ok {
+		if w.Holding() {
 			return false
 		}
-		ll = w.lowerLayer
+		ll = w.Inner()
 	}
-	u, ok := ll.(*udpLLP)
+	u, ok := ll.(*llp.UDP)
 	if !ok {
 		t.Fatalf("drained: %T, not a UDP socket", ll)
 	}
 	queued, err := 0, error(nil)
-	if cerr := u.control(func(fd uintptr) { queued, err = unix.IoctlGetInt(int(fd), unix.SIOCINQ) }); cerr != nil {
+	if cerr := u.Control(func(fd uintptr) { queued, err = unix.IoctlGetInt(int(fd), unix.SIOCINQ) }); cerr != nil {
 		err = cerr
 	}
 	if err != nil {

@@ -3,8 +3,6 @@ package qp
 import (
 	"errors"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/udiwarp/udiwarp/reliability"
 	"github.com/udiwarp/udiwarp/udiwarp"
 )
@@ -34,9 +32,8 @@ type rdTrainCtx struct {
 	hdr    [maxGSOSegments][rdTrainHeader]byte
 	hlen   [maxGSOSegments]int
 	crc    [maxGSOSegments][udiwarp.CRCSize]byte
-	iov    [maxGSOSegments * (maxSGE + 2)]unix.Iovec
+	bufs   [maxGSOSegments * (maxSGE + 2)][]byte
 	pieces [maxSGE][]byte
-	ctl    [gsoCtlSize]byte
 }
 
 // SendTrain sends the frames of a train the engine numbered, segments
@@ -99,8 +96,7 @@ func (r *rdQP) SendTrain(fs []reliability.Frame[*rdWR, rdPeer]) error {
 		if sum {
 			crc = udiwarp.CRC32c(hdr)
 		}
-		g.iov[niov].Base = &g.hdr[i][0]
-		g.iov[niov].SetLen(len(hdr))
+		g.bufs[niov] = hdr
 		niov++
 		for left := int(n); left > 0; {
 			b := g.pieces[pi][po:]
@@ -108,8 +104,7 @@ func (r *rdQP) SendTrain(fs []reliability.Frame[*rdWR, rdPeer]) error {
 			if sum {
 				crc = udiwarp.UpdateCRC32c(crc, b)
 			}
-			g.iov[niov].Base = &b[0]
-			g.iov[niov].SetLen(len(b))
+			g.bufs[niov] = b
 			niov++
 			left -= len(b)
 			if po += len(b); po == len(g.pieces[pi]) {
@@ -117,19 +112,11 @@ func (r *rdQP) SendTrain(fs []reliability.Frame[*rdWR, rdPeer]) error {
 			}
 		}
 		udiwarp.PutCRC(g.crc[i][:], crc)
-		g.iov[niov].Base = &g.crc[i][0]
-		g.iov[niov].SetLen(udiwarp.CRCSize)
+		g.bufs[niov] = g.crc[i][:]
 		niov++
 	}
-	ctl := putUDPSegment(g.ctl[:], uint16(size))
-	t.msg.Iov = &g.iov[0]
-	t.msg.SetIovlen(niov)
-	t.msg.Control = &g.ctl[0]
-	t.msg.SetControllen(ctl)
-	t.setDest(s, &p.ah)
-	err := t.transmit(s)
-	t.msg.Iov, t.msg.Control = &t.iov[0], nil
-	t.msg.SetControllen(0)
+	err := t.transmitTrain(s, g.bufs[:niov], size, &p.ah)
+	clear(g.bufs[:niov])
 	t.release()
 	clear(g.pieces[:np])
 	switch {

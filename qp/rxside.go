@@ -5,8 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/udiwarp/udiwarp/llp"
 	"github.com/udiwarp/udiwarp/reliability"
-	"golang.org/x/sys/unix"
 )
 
 // rxSide is the receive side of a socket's datagram engines: it supplies
@@ -19,9 +19,8 @@ import (
 // given. Everything but landQP, landBig and rdHdr is under Socket.rxMu.
 type rxSide struct {
 	s    *Socket
-	msgs []rxMsg
-	own  []unix.Iovec // each slot's own buffer as one iovec
-	bufs [][]byte
+	msgs []llp.Msg
+	bufs [][]byte  // each slot's own buffer
 	land []landing // direct placement into posted receives, per slot
 	n    int       // datagrams the last read returned
 	// lendN is how many slots a manual socket's next Progress lends a
@@ -59,7 +58,7 @@ type rxSide struct {
 	// cur is the slot being delivered (for its control messages); held,
 	// a datagram the receive impairment delayed, delivered outside a read.
 	cur  int
-	held *impaired
+	held *llp.Msg
 	// left is how many bytes of replies the datagram being delivered may
 	// still draw (mayAnswer).
 	left int
@@ -72,13 +71,12 @@ type rxSide struct {
 
 func (r *rxSide) init(s *Socket, batch int) {
 	r.s = s
-	r.msgs = make([]rxMsg, batch)
-	r.own = make([]unix.Iovec, batch)
+	r.msgs = make([]llp.Msg, batch)
 	r.bufs = make([][]byte, batch)
 	r.land = make([]landing, batch)
 	for i := range batch {
 		r.land[i].idx = i
-		r.msgs[i].iov = r.own[i : i+1]
+		r.msgs[i].Bufs = r.bufs[i : i+1]
 		if !s.manual {
 			r.setBuf(i, make([]byte, 1<<16))
 		}
@@ -87,8 +85,6 @@ func (r *rxSide) init(s *Socket, batch int) {
 
 func (r *rxSide) setBuf(i int, b []byte) {
 	r.bufs[i] = b
-	r.own[i].Base = &b[0]
-	r.own[i].SetLen(len(b))
 }
 
 // rxBufs lends manual sockets their read buffers for the length of one
@@ -139,7 +135,6 @@ func (r *rxSide) giveBack(n int) {
 			rxBufs.Put(b)
 		}
 		r.bufs[i] = nil
-		r.own[i] = unix.Iovec{}
 	}
 }
 
@@ -176,7 +171,8 @@ func (r *rxSide) read(vlen int) bool {
 			vlen = landed // large datagrams: read no more than can land in place
 		}
 	}
-	n, ok := r.s.ll.read(r.msgs[:vlen])
+	n, err := r.s.ll.Read(r.msgs[:vlen])
+	ok := err == nil
 	r.n = n
 	if n > 0 {
 		r.reads++
@@ -227,14 +223,14 @@ func (r *rxSide) deliverSlot(i int) {
 		// ordinary path.
 		switch {
 		case l.keep: // (evicted meanwhile: copied out, l.flat)
-			r.rdLanded(l, m.src)
+			r.rdLanded(l, m.Addr)
 		case !l.done:
-			r.deliverSplit(l.flat, m.trunc || m.n > len(l.flat), m.gro, m.src)
+			r.deliverSplit(l.flat, m.Trunc || m.N > len(l.flat), m.Segment, m.Addr)
 		}
 		l.q, l.done, l.flat = nil, false, nil
 		return
 	}
-	r.deliverSplit(r.bufs[i][:min(m.n, len(r.bufs[i]))], m.trunc, m.gro, m.src)
+	r.deliverSplit(r.bufs[i][:min(m.N, len(r.bufs[i]))], m.Trunc, m.Segment, m.Addr)
 }
 
 // endBatch sends the acks RD QPs held for the end of the batch.
@@ -264,7 +260,7 @@ func (r *rxSide) deliverSplit(b []byte, truncated bool, gso int, src netip.AddrP
 
 // deliverLate delivers a datagram the receive impairment delayed, under
 // the socket's receive lock, unless the socket has closed.
-func (s *Socket) deliverLate(p *impaired) {
+func (s *Socket) deliverLate(m *llp.Msg) {
 	s.txMu.Lock()
 	closed := s.closed
 	s.txMu.Unlock()
@@ -273,16 +269,16 @@ func (s *Socket) deliverLate(p *impaired) {
 	}
 	s.rxMu.Lock()
 	defer s.rxMu.Unlock()
-	s.rx.held = p
-	s.dev.deliver(s, p.b, p.trunc, p.addr)
+	s.rx.held = m
+	s.dev.deliver(s, m.Bufs[0][:m.N], m.Trunc, m.Addr)
 	s.rx.held = nil
 }
 
 // rxDst returns the destination address of the datagram being delivered
-// and whether it is unicast (see pktinfoDst).
+// and whether it is unicast (llp.Msg.Dst).
 func (s *Socket) rxDst() (dst netip.Addr, unicast, ok bool) {
-	if p := s.rx.held; p != nil {
-		return pktinfoDst(p.ctl)
+	if m := s.rx.held; m != nil {
+		return m.Dst()
 	}
-	return pktinfoDst(s.rx.msgs[s.rx.cur].ctl)
+	return s.rx.msgs[s.rx.cur].Dst()
 }

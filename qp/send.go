@@ -1,10 +1,11 @@
 package qp
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
-	"unsafe"
 
+	"github.com/udiwarp/udiwarp/llp"
 	"github.com/udiwarp/udiwarp/udiwarp"
 	"golang.org/x/sys/unix"
 )
@@ -187,13 +188,14 @@ type sendWQE struct {
 	off    uint32
 }
 
-// txCtx builds one datagram at a time for its QP: header, iovecs over the
-// registered buffers, CRC trailer, and the sendmsg(2) call. The payload
-// leaves from the registered buffer in the same system call as the header.
+// txCtx builds one datagram at a time for its QP: header, buffers over
+// the registered memory, CRC trailer, and the lower layer's Write. The
+// payload leaves from the registered buffer in the same call as the
+// header (over a socket, the same sendmsg(2)).
 type txCtx struct {
 	q      *QP
-	msg    unix.Msghdr
-	iov    [maxSGE + 2]unix.Iovec
+	msg    [1]llp.Msg
+	bufs   [maxSGE + 2][]byte
 	hdr    [udiwarp.WriteRecordHeaderSize]byte
 	crc    [udiwarp.CRCSize]byte
 	mrs    [maxSGE]*MR
@@ -209,7 +211,7 @@ type txCtx struct {
 
 func (t *txCtx) init(q *QP) {
 	t.q = q
-	t.msg.Iov = &t.iov[0]
+	t.msg[0].Bufs = t.bufs[:0]
 }
 
 // build prepares the datagram of a send WR for socket s. On success the
@@ -253,8 +255,7 @@ func (t *txCtx) begin(hdr []byte) {
 	if t.sum {
 		t.sumv = udiwarp.CRC32c(hdr)
 	}
-	t.iov[0].Base = &hdr[0]
-	t.iov[0].SetLen(len(hdr))
+	t.bufs[0] = hdr
 	t.niov = 1
 }
 
@@ -263,8 +264,7 @@ func (t *txCtx) add(b []byte) {
 	if len(b) == 0 {
 		return
 	}
-	t.iov[t.niov].Base = &b[0]
-	t.iov[t.niov].SetLen(len(b))
+	t.bufs[t.niov] = b
 	t.niov++
 	if t.sum {
 		t.sumv = udiwarp.UpdateCRC32c(t.sumv, b)
@@ -289,21 +289,14 @@ func (t *txCtx) finish(s *Socket, ah *AH, payload int) {
 	t.length = payload
 	t.ah = ah
 	udiwarp.PutCRC(t.crc[:], t.sumv)
-	t.iov[t.niov].Base = &t.crc[0]
-	t.iov[t.niov].SetLen(udiwarp.CRCSize)
-	t.msg.SetIovlen(t.niov + 1)
-	t.setDest(s, ah)
+	t.bufs[t.niov] = t.crc[:]
+	t.msg[0].Bufs = t.bufs[:t.niov+1]
+	t.setDest(ah)
 }
 
-// setDest points the message at ah's address in the socket's family.
-func (t *txCtx) setDest(s *Socket, ah *AH) {
-	if s.v6 {
-		t.msg.Name = (*byte)(unsafe.Pointer(&ah.sa6))
-		t.msg.Namelen = unix.SizeofSockaddrInet6
-	} else {
-		t.msg.Name = (*byte)(unsafe.Pointer(&ah.sa4))
-		t.msg.Namelen = unix.SizeofSockaddrInet4
-	}
+// setDest points the message at ah's address.
+func (t *txCtx) setDest(ah *AH) {
+	t.msg[0].Addr = ah.addr
 }
 
 func (t *txCtx) release() {
@@ -319,19 +312,34 @@ func (t *txCtx) release() {
 // socket cannot take it now.
 func (t *txCtx) transmit(s *Socket) error {
 	d := s.dev
-	n, err := s.ll.write(&t.msg)
+	_, err := s.ll.Write(t.msg[:])
 	switch err {
 	case nil:
 		d.stats.TxDatagrams.Add(1)
-		d.stats.TxBytes.Add(uint64(n))
+		d.stats.TxBytes.Add(uint64(t.msg[0].N))
 		return nil
-	case errSocketFull, ErrClosed:
-		return err
+	case llp.ErrWouldBlock:
+		return errSocketFull
+	case llp.ErrClosed:
+		return ErrClosed
 	}
 	d.stats.TxErrors.Add(1)
-	if e, ok := err.(unix.Errno); ok {
+	if e := unix.Errno(0); errors.As(err, &e) {
 		d.stats.lastTxErrno.Store(uint32(e))
 	}
+	return err
+}
+
+// transmitTrain sends bufs as a train of size-byte datagrams to ah; it
+// counts the train as one datagram, as transmit does, for its caller to
+// add the rest. The single datagram's buffers are the context's again
+// when it returns.
+func (t *txCtx) transmitTrain(s *Socket, bufs [][]byte, size int, ah *AH) error {
+	m := &t.msg[0]
+	m.Bufs, m.Segment = bufs, size
+	t.setDest(ah)
+	err := t.transmit(s)
+	m.Bufs, m.Segment = t.bufs[:0], 0
 	return err
 }
 
@@ -523,7 +531,7 @@ func (s *Socket) datamover() {
 			more, full := q.eng.drain(s, moverChunk)
 			if full {
 				d.stats.TxParked.Add(1)
-				if err := s.ll.waitWritable(); err != nil {
+				if err := s.ll.WaitWritable(); err != nil {
 					return // closed
 				}
 			}

@@ -9,22 +9,25 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/udiwarp/udiwarp/llp"
 	"github.com/udiwarp/udiwarp/udiwarp"
 	"golang.org/x/sys/unix"
 )
 
-// Socket is a UDP socket a device owns: the lower-layer protocol of its
+// Socket is a UDP endpoint a device owns: the lower-layer protocol of its
 // datagram QPs. One socket serves many QPs, told apart by QP number.
 //
-// Its parts: ll, the lower layer (llp.go: batched reads into buffers the
-// caller supplies, writes without waiting, waits, close; the impairment
-// wraps it when the device has one); rx, the receive side that chooses
-// those buffers and hands each datagram to the engines (rxside.go); and
-// the datamover that serves the QPs with queued sends (send.go).
+// Its parts: ll, the lower layer (package llp: a kernel UDP socket, an
+// AF_XDP socket or an in-memory link, with batched reads into buffers
+// the caller supplies, writes without waiting, waits, close; the
+// impairment wraps it when the device has one); rx, the receive side that
+// chooses those buffers and hands each datagram to the engines
+// (rxside.go); and the datamover that serves the QPs with queued sends
+// (send.go).
 type Socket struct {
 	dev   *Device
-	ll    lowerLayer
-	udp   *udpLLP // ll, or what the impairment wraps
+	ll    llp.Link
+	udp   *llp.UDP // the kernel socket under ll, if it is one
 	local netip.AddrPort
 	v6    bool
 	// maxDatagram is the largest UDP payload the socket can send.
@@ -64,31 +67,35 @@ const maxUDPv4 = 65507
 const maxUDPv6 = 65527
 
 func newSocket(d *Device, conn *net.UDPConn) (*Socket, error) {
-	la := conn.LocalAddr().(*net.UDPAddr).AddrPort()
-	s := initSocket(d, la)
-	u, err := newUDPLLP(conn, s.v6, d.cfg.RecvBatch, d.cfg.RecvBuffer, d.cfg.SendBuffer)
+	u, err := llp.NewUDP(conn, d.cfg.RecvBatch, d.cfg.RecvBuffer, d.cfg.SendBuffer)
 	if err != nil {
-		return nil, fmt.Errorf("qp: sizing socket buffers: %w", err)
+		return nil, fmt.Errorf("qp: %w", err)
 	}
-	s.udp, s.ll = u, u
-	if d.cfg.Impair != nil || d.cfg.ImpairRx != nil {
-		s.ll = newImpairLLP(s, u, d.cfg.Impair, d.cfg.ImpairRx)
-		s.noGSO.Store(d.cfg.Impair != nil) // the impairment acts on each datagram
-	}
-	s.rx.init(s, d.cfg.RecvBatch)
-	return s, nil
+	return newLinkSocket(d, u, false), nil
 }
 
-func initSocket(d *Device, la netip.AddrPort) *Socket {
-	s := &Socket{dev: d, local: netip.AddrPortFrom(la.Addr().Unmap(), la.Port()),
+// newLinkSocket makes a socket over the link l (manual: read only by
+// Progress), behind the device's impairment if it has one.
+func newLinkSocket(d *Device, l llp.Link, manual bool) *Socket {
+	la := l.LocalAddr()
+	s := &Socket{dev: d, local: netip.AddrPortFrom(la.Addr().Unmap(), la.Port()), manual: manual,
 		txWake: make(chan struct{}, 1), txDone: make(chan struct{}), mcast: map[netip.Addr][]*QP{}}
 	s.v6 = la.Addr().Is6() && !la.Addr().Is4In6()
-	s.maxDatagram = maxUDPv4
-	if s.v6 {
-		s.maxDatagram = maxUDPv6
+	s.udp, _ = l.(*llp.UDP)
+	s.ll = l
+	if d.cfg.Impair != nil || d.cfg.ImpairRx != nil {
+		s.ll = llp.Impair(l, d.cfg.Impair, d.cfg.ImpairRx, llp.ImpairOptions{Batch: d.cfg.RecvBatch,
+			TxActed: &d.stats.TxImpaired, RxActed: &d.stats.RxImpaired, Late: s.deliverLate})
 	}
+	caps := s.ll.Caps()
+	s.maxDatagram = caps.MaxDatagram
+	s.noGSO.Store(caps.MaxTrain <= 1) // (the impairment acts on each datagram)
+	s.rx.init(s, d.cfg.RecvBatch)
 	return s
 }
+
+// Link returns what the socket runs on: its kind, and how it runs.
+func (s *Socket) Link() llp.Caps { return s.ll.Caps() }
 
 // LocalAddr returns the address the socket is bound to.
 func (s *Socket) LocalAddr() netip.AddrPort { return s.local }
@@ -118,7 +125,7 @@ func (s *Socket) close() {
 		close(s.txDone)
 	}
 	s.txMu.Unlock()
-	s.ll.close()
+	s.ll.Close()
 }
 
 // Close closes the socket alone, the device and its other sockets going
@@ -190,7 +197,16 @@ func (s *Socket) SetFD(fd int) error {
 	if fd < 0 {
 		return fmt.Errorf("%w: descriptor %d", ErrInvalidAttr, fd)
 	}
-	return s.udp.setFD(fd)
+	if s.udp == nil || !s.udp.Borrowed() {
+		return fmt.Errorf("%w: the socket's descriptor is the device's own (Bind, BindConn, BindLink)", ErrInvalidAttr)
+	}
+	if err := s.udp.SetFD(fd); err != nil {
+		if errors.Is(err, llp.ErrClosed) {
+			return ErrClosed
+		}
+		return err
+	}
+	return nil
 }
 
 // Alias makes the datagrams that arrive on this socket addressed to QP
@@ -238,7 +254,7 @@ func (s *Socket) lookupQP(qpn uint32) *QP {
 func (s *Socket) recvLoop() {
 	defer s.dev.wg.Done()
 	for {
-		if err := s.ll.waitReadable(); err != nil {
+		if err := s.ll.WaitReadable(); err != nil {
 			return // closed
 		}
 		s.rxMu.Lock()
@@ -291,16 +307,12 @@ var errSocketFull = errors.New("socket send buffer full")
 // sendNow sends one small datagram the stack built itself (an error
 // message) without waiting: dropped if the socket cannot take it now.
 func (s *Socket) sendNow(b []byte, to netip.AddrPort) {
-	sa, ok := sockaddrFor(to, s.v6)
-	if !ok || len(b) == 0 {
+	if len(b) == 0 {
 		return
 	}
-	iov := unix.Iovec{Base: &b[0]}
-	iov.SetLen(len(b))
-	msg := unix.Msghdr{Name: &sa.raw[0], Namelen: sa.len, Iov: &iov}
-	msg.SetIovlen(1)
-	if _, err := s.ll.write(&msg); err != nil {
-		if err != ErrClosed {
+	msg := [1]llp.Msg{{Bufs: [][]byte{b}, Addr: to}}
+	if _, err := s.ll.Write(msg[:]); err != nil {
+		if err != llp.ErrClosed {
 			s.dev.stats.TxErrors.Add(1)
 		}
 		return
@@ -311,12 +323,23 @@ func (s *Socket) sendNow(b []byte, to netip.AddrPort) {
 // SetReadBuffer sets the socket's kernel receive buffer (SO_RCVBUF, or
 // SO_RCVBUFFORCE where allowed), as net.UDPConn.SetReadBuffer does.
 func (s *Socket) SetReadBuffer(bytes int) error {
-	return s.udp.setBuffer(unix.SO_RCVBUFFORCE, unix.SO_RCVBUF, bytes)
+	if s.udp == nil {
+		return s.notSocket("SO_RCVBUF")
+	}
+	return s.udp.SetReadBuffer(bytes)
+}
+
+// notSocket is the error of an option only a kernel UDP socket has.
+func (s *Socket) notSocket(what string) error {
+	return fmt.Errorf("%w: %s: the socket's lower layer is %s, not a kernel UDP socket", ErrInvalidAttr, what, s.ll.Caps().Kind)
 }
 
 // SetWriteBuffer sets the socket's kernel send buffer.
 func (s *Socket) SetWriteBuffer(bytes int) error {
-	return s.udp.setBuffer(unix.SO_SNDBUFFORCE, unix.SO_SNDBUF, bytes)
+	if s.udp == nil {
+		return s.notSocket("SO_SNDBUF")
+	}
+	return s.udp.SetWriteBuffer(bytes)
 }
 
 // SetBroadcast allows (or forbids) sending to IPv4 broadcast addresses
@@ -331,7 +354,10 @@ func (s *Socket) SetBroadcast(on bool) error {
 	if on {
 		v = 1
 	}
-	if err := s.udp.setsockopt(unix.SOL_SOCKET, unix.SO_BROADCAST, v); err != nil {
+	if s.udp == nil {
+		return s.notSocket("SO_BROADCAST")
+	}
+	if err := s.udp.SetsockoptInt(unix.SOL_SOCKET, unix.SO_BROADCAST, v); err != nil {
 		return err
 	}
 	s.broadcast.Store(on)

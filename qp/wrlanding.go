@@ -113,13 +113,8 @@ func (r *rxSide) prepareWRLanding(vlen int) int {
 		l.room = int(n)
 		l.wrTO = g.mto + uint64(off)
 		l.tail = r.bufs[k]
-		l.iov[0].Base = &l.hdr[0]
-		l.iov[0].SetLen(l.hlen)
-		l.iov[1].Base = &l.segs[0][0]
-		l.iov[1].SetLen(int(n))
-		l.iov[2].Base = &l.tail[0]
-		l.iov[2].SetLen(len(l.tail))
-		r.msgs[k].iov = l.iov[:3]
+		l.bufs[0], l.bufs[1], l.bufs[2] = l.hdr[:l.hlen], l.segs[0], l.tail
+		r.msgs[k].Bufs = l.bufs[:3]
 		off += n
 	}
 	if k == 0 {
@@ -145,15 +140,15 @@ func (r *rxSide) endWRLanding(k int) {
 		l := &r.land[i]
 		m := &r.msgs[i]
 		if i < n {
-			merged := m.gro > 0 && m.n > m.gro
-			if !inPlace || merged || !r.placeLandedLocked(l, m.n, m.trunc, m.src) {
+			merged := m.Segment > 0 && m.N > m.Segment
+			if !inPlace || merged || !r.placeLandedLocked(l, m.N, m.Trunc, m.Addr) {
 				inPlace = false
-				l.flat = l.flatten(m.n)
-				l.strayLanded(m.n)
+				l.flat = l.flatten(m.N)
+				l.strayLanded(m.N)
 			}
 		}
 		l.unlockMRs()
-		l.reset(m, r.own[i:i+1])
+		l.reset(m, r.bufs[i:i+1])
 		if i >= n {
 			l.q = nil
 		}
