@@ -66,6 +66,20 @@ type DeviceConfig struct {
 	// whose applications agreed to rely on the UDP checksum alone (seed
 	// 003 leaves CRC settings to the ULP). Both ends must agree.
 	NoCRC bool
+	// Lower chooses what Bind opens under the datagram QPs: LowerUDP, a
+	// kernel UDP socket (the default), or LowerXDP, an AF_XDP socket on
+	// the interface that holds Bind's address (docs/llp.md). BindConn,
+	// BindFD and BindLink take what they are given.
+	Lower Lower
+	// XDP sets LowerXDP's link: its queue, UMEM frames, copy or zero-copy
+	// mode, and busy waits (on with PollBusy). Bind fills in the address,
+	// and the interface when it is empty.
+	XDP llp.XDPConfig
+	// LowerFallback: a Bind that cannot open LowerXDP (no root or
+	// CAP_NET_ADMIN and CAP_BPF, no AF_XDP in the kernel, a driver that
+	// refuses) opens a kernel UDP socket instead, and Socket.Link says
+	// why; without it, that Bind fails with the reason.
+	LowerFallback bool
 	// EventSpin is how long CQ.Wait polls the device itself, in the
 	// caller's goroutine, before it parks (event mode): a reply that comes
 	// back within it costs no wake-up. Default 50µs; negative disables.
@@ -244,6 +258,17 @@ func (d *Device) Bind(network, address string, opts ...BindOption) (*Socket, err
 	if d.closed.Load() {
 		return nil, ErrClosed
 	}
+	switch d.cfg.Lower {
+	case LowerXDP:
+		return d.bindXDP(network, address, opts)
+	case "", LowerUDP:
+		return d.bindUDP(network, address, opts)
+	}
+	return nil, fmt.Errorf("%w: lower layer %q (want %q or %q)", ErrInvalidAttr, d.cfg.Lower, LowerUDP, LowerXDP)
+}
+
+// bindUDP is Bind on a kernel UDP socket.
+func (d *Device) bindUDP(network, address string, opts []BindOption) (*Socket, error) {
 	var lc net.ListenConfig
 	for _, o := range opts {
 		o(&lc)

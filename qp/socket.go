@@ -53,6 +53,9 @@ type Socket struct {
 	mcast   map[netip.Addr][]*QP
 	closed  bool
 
+	// fallback says why the socket is a kernel UDP socket where the
+	// device asked for AF_XDP (DeviceConfig.LowerFallback).
+	fallback string
 	// manual: BindFD's socket, read only by Progress.
 	manual bool
 	alias  atomic.Pointer[socketAlias] // Alias
@@ -94,8 +97,15 @@ func newLinkSocket(d *Device, l llp.Link, manual bool) *Socket {
 	return s
 }
 
-// Link returns what the socket runs on: its kind, and how it runs.
-func (s *Socket) Link() llp.Caps { return s.ll.Caps() }
+// Link returns what the socket runs on: its kind, and how it runs
+// (where AF_XDP was asked for and could not open, Detail says why).
+func (s *Socket) Link() llp.Caps {
+	c := s.ll.Caps()
+	if s.fallback != "" {
+		c.Detail += " (AF_XDP refused: " + s.fallback + ")"
+	}
+	return c
+}
 
 // LocalAddr returns the address the socket is bound to.
 func (s *Socket) LocalAddr() netip.AddrPort { return s.local }
