@@ -457,7 +457,17 @@ func (x *XDP) openSocket(zc bool) error {
 	} else {
 		flags |= unix.XDP_COPY
 	}
-	if err := unix.Bind(fd, &unix.SockaddrXDP{Flags: flags, Ifindex: uint32(x.ifindex), QueueID: uint32(x.cfg.Queue)}); err != nil {
+	// The kernel releases a closed socket's hold on its queue in
+	// deferred work: a queue a link closed a moment ago may still be
+	// busy for some milliseconds. Wait up to a second.
+	for i := 0; i < 100; i++ {
+		err = unix.Bind(fd, &unix.SockaddrXDP{Flags: flags, Ifindex: uint32(x.ifindex), QueueID: uint32(x.cfg.Queue)})
+		if err != unix.EBUSY {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil {
 		mode := "copy"
 		if zc {
 			mode = "zero-copy"
@@ -501,6 +511,10 @@ func (x *XDP) teardown() {
 		x.xlink = nil
 	}
 	if x.objs != nil {
+		// The socket map holds the socket: out of it first, so that
+		// closing the socket frees the queue now rather than when the
+		// map goes.
+		x.objs.xsks.Delete(uint32(x.cfg.Queue))
 		x.objs.close()
 		x.objs = nil
 	}
