@@ -548,3 +548,41 @@ func TestXDPDetachAndStale(t *testing.T) {
 		t.Fatalf("program still attached (%d) after Close", a)
 	}
 }
+
+func TestXDPConcurrentWriters(t *testing.T) {
+	tn := newTestNet(t)
+	x := openTestXDP(t, tn.a, tn.ipA)
+	c := tn.peerUDP(t)
+	peer := c.LocalAddr().(*net.UDPAddr).AddrPort()
+	writeAll(t, x, []Msg{{Bufs: [][]byte{[]byte("first")}, Addr: peer}}) // resolves the neighbour
+	const writers, each = 4, 50
+	errs := make(chan error, writers)
+	for w := range writers {
+		go func() {
+			var err error
+			for i := 0; i < each && err == nil; i++ {
+				for try := 0; try < 100; try++ {
+					var n int
+					n, err = x.Write([]Msg{{Bufs: [][]byte{payload(10, w)}, Addr: peer}})
+					if n == 1 || !errors.Is(err, ErrWouldBlock) {
+						break
+					}
+					err = x.WaitWritable()
+				}
+			}
+			errs <- err
+		}()
+	}
+	for range writers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 100)
+	for i := range writers*each + 1 {
+		if _, _, err := c.ReadFromUDPAddrPort(buf); err != nil {
+			t.Fatalf("datagram %d: %v", i, err)
+		}
+	}
+}
