@@ -84,7 +84,7 @@ func forEachLink(t *testing.T, f func(t *testing.T, a, b Link)) {
 // readN reads until n datagrams have arrived (a GRO read counts as the
 // datagrams it holds), waiting in WaitReadable, and returns them with
 // their Msgs. It fails after 10 s.
-func readN(t *testing.T, l Link, n, bufSize int) ([][]byte, []Msg) {
+func readAll(t *testing.T, l Link, n, bufSize int) ([][]byte, []Msg) {
 	t.Helper()
 	var got [][]byte
 	var msgs []Msg
@@ -139,7 +139,7 @@ func waitReadable(t *testing.T, l Link) {
 	}
 }
 
-func payload(i, n int) []byte {
+func confPayload(i, n int) []byte {
 	b := make([]byte, n)
 	for k := range b {
 		b[k] = byte(i*7 + k)
@@ -157,7 +157,7 @@ func TestLinkBatches(t *testing.T) {
 		ms := make([]Msg, n)
 		want := make([][]byte, n)
 		for i := range ms {
-			want[i] = payload(i, (i*97)%max+1)
+			want[i] = confPayload(i, (i*97)%max+1)
 			p := want[i]
 			if i%3 == 0 && len(p) > 2 { // gathered from three pieces
 				ms[i].Bufs = [][]byte{p[:1], p[1 : len(p)/2], p[len(p)/2:]}
@@ -185,7 +185,7 @@ func TestLinkBatches(t *testing.T) {
 				t.Fatalf("datagram %d: Write says %d bytes sent, want %d", i, ms[i].N, len(want[i]))
 			}
 		}
-		got, msgs := readN(t, b, n, 2048)
+		got, msgs := readAll(t, b, n, 2048)
 		for i := range got {
 			if !bytes.Equal(got[i], want[i]) {
 				t.Fatalf("datagram %d: %d bytes, want %d", i, len(got[i]), len(want[i]))
@@ -206,7 +206,7 @@ func TestLinkBatches(t *testing.T) {
 // marked truncated, and the next datagram is whole.
 func TestLinkScatterAndTruncation(t *testing.T) {
 	forEachLink(t, func(t *testing.T, a, b Link) {
-		big, small := payload(1, 1000), payload(2, 10)
+		big, small := confPayload(1, 1000), confPayload(2, 10)
 		ms := []Msg{{Bufs: [][]byte{big}, Addr: b.LocalAddr()}, {Bufs: [][]byte{small}, Addr: b.LocalAddr()}}
 		if k, err := a.Write(ms); k != 2 || err != nil {
 			t.Fatalf("Write: %d, %v", k, err)
@@ -251,12 +251,12 @@ func TestLinkTrain(t *testing.T) {
 			t.Skipf("%s takes no trains", a.Caps().Kind)
 		}
 		const seg = 700
-		p := payload(3, 4*seg+123)
+		p := confPayload(3, 4*seg+123)
 		ms := []Msg{{Bufs: [][]byte{p[:100], p[100:]}, Segment: seg, Addr: b.LocalAddr()}}
 		if k, err := a.Write(ms); k != 1 || err != nil {
 			t.Fatalf("Write: %d, %v", k, err)
 		}
-		got, _ := readN(t, b, 5, 4096)
+		got, _ := readAll(t, b, 5, 4096)
 		for i, g := range got {
 			want := p[i*seg : min(len(p), (i+1)*seg)]
 			if !bytes.Equal(g, want) {
