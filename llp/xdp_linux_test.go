@@ -13,8 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-	"unsafe"
 
+	"github.com/udiwarp/udiwarp/internal/netnstest"
 	"go.uber.org/goleak"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
@@ -79,33 +79,11 @@ func newTestNet(t *testing.T) *testNet {
 	ipCmd(t, "-n", tn.ns, "link", "set", "lo", "up")
 	// A veth hands XDP the kernel's datagrams with their UDP checksum
 	// not yet filled in (CHECKSUM_PARTIAL): the peer computes them.
-	inNS(t, tn.ns, func() error { return txChecksumOff(tn.b) })
+	inNS(t, tn.ns, func() error { return netnstest.TxChecksumOff(tn.b) })
 	if err := XDPAvailable(tn.a); err != nil {
 		t.Skipf("XDP unavailable: %v", err)
 	}
 	return tn
-}
-
-// txChecksumOff is ethtool -K ifname tx off.
-func txChecksumOff(ifname string) error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	const ethtoolSTxCsum = 0x17
-	val := struct{ cmd, data uint32 }{ethtoolSTxCsum, 0}
-	var ifr struct {
-		name [unix.IFNAMSIZ]byte
-		data unsafe.Pointer
-		_    [16]byte
-	}
-	copy(ifr.name[:], ifname)
-	ifr.data = unsafe.Pointer(&val)
-	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr))); e != 0 {
-		return fmt.Errorf("ETHTOOL_STXCSUM %s: %w", ifname, e)
-	}
-	return nil
 }
 
 // inNS runs fn on an OS thread in namespace ns; the sockets fn opens
@@ -465,9 +443,9 @@ func TestXDPMalformed(t *testing.T) {
 	}
 	l3 := ethHdrLen
 	bad := [][]byte{
-		func() []byte { b := good(); b[l3+10] ^= 0x55; return b }(),                       // IP checksum
-		func() []byte { b := good(); b[len(b)-1] ^= 1; return b }(),                       // UDP checksum
-		func() []byte { b := good(); b[l3+ipv4HdrLen+5] += 2; return b }(),                // UDP length
+		func() []byte { b := good(); b[l3+10] ^= 0x55; return b }(),                      // IP checksum
+		func() []byte { b := good(); b[len(b)-1] ^= 1; return b }(),                      // UDP checksum
+		func() []byte { b := good(); b[l3+ipv4HdrLen+5] += 2; return b }(),               // UDP length
 		func() []byte { b := good(); b[l3+3] -= 2; fixIPv4Checksum(b[l3:]); return b }(), // IP length shorter than UDP's
 	}
 	sa := &unix.SockaddrLinklayer{Ifindex: ifindexB, Halen: 6}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -117,4 +118,30 @@ func inTable(pid, port int, proto, state string) bool {
 		}
 	}
 	return false
+}
+
+// TxChecksumOff is ethtool -K ifname tx off, for the namespace the
+// calling thread is in: a veth hands its peer the kernel's datagrams
+// with their UDP checksum not yet filled in (CHECKSUM_PARTIAL), which an
+// AF_XDP reader that checks checksums (llp's) must refuse; with it off,
+// the kernel computes them before they leave.
+func TxChecksumOff(ifname string) error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	const ethtoolSTxCsum = 0x17
+	val := struct{ cmd, data uint32 }{ethtoolSTxCsum, 0}
+	var ifr struct {
+		name [unix.IFNAMSIZ]byte
+		data unsafe.Pointer
+		_    [16]byte
+	}
+	copy(ifr.name[:], ifname)
+	ifr.data = unsafe.Pointer(&val)
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr))); e != 0 {
+		return fmt.Errorf("ETHTOOL_STXCSUM %s: %w", ifname, e)
+	}
+	return nil
 }
