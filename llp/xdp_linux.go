@@ -207,15 +207,15 @@ func openXDP(cfg XDPConfig) (_ *XDP, err error) {
 	}
 	switch {
 	case cfg.Frames < 64:
-		return nil, fmt.Errorf("Frames %d: at least 64", cfg.Frames)
+		return nil, fmt.Errorf("%d frames: at least 64", cfg.Frames)
 	case cfg.FrameSize != 2048 && cfg.FrameSize != 4096:
-		return nil, fmt.Errorf("FrameSize %d: 2048 or 4096", cfg.FrameSize)
+		return nil, fmt.Errorf("frame size %d: 2048 or 4096", cfg.FrameSize)
 	case cfg.Queue < 0:
-		return nil, fmt.Errorf("queue %d", cfg.Queue)
+		return nil, fmt.Errorf("queue %d: not a queue", cfg.Queue)
 	case cfg.ZeroCopy != "auto" && cfg.ZeroCopy != "copy" && cfg.ZeroCopy != "zerocopy":
 		return nil, fmt.Errorf("ZeroCopy %q: auto, copy or zerocopy", cfg.ZeroCopy)
 	case !cfg.Addr.Addr().IsValid() || cfg.Addr.Addr().IsUnspecified():
-		return nil, errors.New("Addr must name a local IP address")
+		return nil, errors.New("the address must be a local IP address")
 	}
 	ifi, err := net.InterfaceByName(cfg.Interface)
 	if err != nil {
