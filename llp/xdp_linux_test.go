@@ -39,7 +39,8 @@ var testNetSeq atomic.Int32
 type testNet struct {
 	ns       string
 	a, b     string
-	ipA, ipB netip.Addr
+	ipA, ipB   netip.Addr
+	ip6A, ip6B netip.Addr
 }
 
 func ipCmd(t *testing.T, args ...string) {
@@ -68,12 +69,16 @@ func newTestNet(t *testing.T) *testNet {
 		ipA: netip.AddrFrom4([4]byte{10, byte(100 + pid%100), byte(n), 1}),
 		ipB: netip.AddrFrom4([4]byte{10, byte(100 + pid%100), byte(n), 2}),
 	}
+	tn.ip6A = netip.MustParseAddr(fmt.Sprintf("fd00:%x:%x::1", pid, n))
+	tn.ip6B = netip.MustParseAddr(fmt.Sprintf("fd00:%x:%x::2", pid, n))
 	ipCmd(t, "netns", "add", tn.ns)
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", tn.ns).Run() })
 	ipCmd(t, "link", "add", tn.a, "type", "veth", "peer", "name", tn.b, "netns", tn.ns)
 	t.Cleanup(func() { exec.Command("ip", "link", "del", tn.a).Run() })
 	ipCmd(t, "addr", "add", tn.ipA.String()+"/24", "dev", tn.a)
+	ipCmd(t, "addr", "add", tn.ip6A.String()+"/64", "dev", tn.a, "nodad")
 	ipCmd(t, "link", "set", tn.a, "up")
+	ipCmd(t, "-n", tn.ns, "addr", "add", tn.ip6B.String()+"/64", "dev", tn.b, "nodad")
 	ipCmd(t, "-n", tn.ns, "addr", "add", tn.ipB.String()+"/24", "dev", tn.b)
 	ipCmd(t, "-n", tn.ns, "link", "set", tn.b, "up")
 	ipCmd(t, "-n", tn.ns, "link", "set", "lo", "up")
@@ -583,6 +588,41 @@ func TestXDPConcurrentWriters(t *testing.T) {
 	for i := range writers*each + 1 {
 		if _, _, err := c.ReadFromUDPAddrPort(buf); err != nil {
 			t.Fatalf("datagram %d: %v", i, err)
+		}
+	}
+}
+
+func TestXDPKernelPeerIPv6(t *testing.T) {
+	tn := newTestNet(t)
+	x := openTestXDP(t, tn.a, tn.ip6A)
+	if x.Caps().MaxDatagram != 1500-40-8 {
+		t.Fatalf("caps %+v", x.Caps())
+	}
+	var c *net.UDPConn
+	inNS(t, tn.ns, func() (err error) {
+		c, err = net.ListenUDP("udp6", &net.UDPAddr{IP: tn.ip6B.AsSlice()})
+		return err
+	})
+	defer c.Close()
+	peer := c.LocalAddr().(*net.UDPAddr).AddrPort()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, 2048)
+	for _, size := range []int{0, 1, 1000, x.Caps().MaxDatagram} {
+		p := payload(size, 6)
+		if _, err := c.WriteToUDPAddrPort(p, x.LocalAddr()); err != nil {
+			t.Fatal(err)
+		}
+		m := readN(t, x, 1, 2048)[0]
+		if m.N != size || !bytes.Equal(m.Bufs[0][:m.N], p) || m.Addr != peer {
+			t.Fatalf("size %d: got N=%d from %v", size, m.N, m.Addr)
+		}
+		if dst, uni, ok := m.Dst(); !ok || !uni || dst != tn.ip6A {
+			t.Fatalf("Dst %v %v %v", dst, uni, ok)
+		}
+		writeAll(t, x, []Msg{{Bufs: [][]byte{p}, Addr: peer}})
+		n, from, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil || n != size || !bytes.Equal(buf[:n], p) || from != x.LocalAddr() {
+			t.Fatalf("size %d: kernel read %d from %v: %v", size, n, from, err)
 		}
 	}
 }
