@@ -37,8 +37,8 @@ var testNetSeq atomic.Int32
 // testNet is a veth pair the test made: end a in the test's namespace
 // with ipA, end b in namespace ns with ipB.
 type testNet struct {
-	ns       string
-	a, b     string
+	ns         string
+	a, b       string
 	ipA, ipB   netip.Addr
 	ip6A, ip6B netip.Addr
 }
@@ -470,9 +470,9 @@ func TestXDPMalformed(t *testing.T) {
 	}
 	l3 := ethHdrLen
 	bad := [][]byte{
-		func() []byte { b := good(); b[l3+10] ^= 0x55; return b }(),                       // IP checksum
-		func() []byte { b := good(); b[len(b)-1] ^= 1; return b }(),                       // UDP checksum
-		func() []byte { b := good(); b[l3+ipv4HdrLen+5] += 2; return b }(),                // UDP length
+		func() []byte { b := good(); b[l3+10] ^= 0x55; return b }(),                      // IP checksum
+		func() []byte { b := good(); b[len(b)-1] ^= 1; return b }(),                      // UDP checksum
+		func() []byte { b := good(); b[l3+ipv4HdrLen+5] += 2; return b }(),               // UDP length
 		func() []byte { b := good(); b[l3+3] -= 2; fixIPv4Checksum(b[l3:]); return b }(), // IP length shorter than UDP's
 	}
 	sa := &unix.SockaddrLinklayer{Ifindex: ifindexB, Halen: 6}
@@ -625,4 +625,47 @@ func TestXDPKernelPeerIPv6(t *testing.T) {
 			t.Fatalf("size %d: kernel read %d from %v: %v", size, n, from, err)
 		}
 	}
+}
+
+func TestXDPModes(t *testing.T) {
+	tn := newTestNet(t)
+	if err := XDPAvailable("udwx-missing"); err == nil || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("XDPAvailable on a missing interface: %v", err)
+	}
+	a := netip.AddrPortFrom(tn.ipA, 0)
+	for _, bad := range []XDPConfig{
+		{Interface: tn.a}, // no address
+		{Interface: tn.a, Addr: netip.MustParseAddrPort("10.255.255.254:0")}, // not the interface's
+		{Interface: tn.a, Addr: a, ZeroCopy: "sometimes"},
+		{Interface: tn.a, Addr: a, Frames: 8},
+	} {
+		if x, err := OpenXDP(bad); err == nil {
+			x.Close()
+			t.Fatalf("OpenXDP(%+v) opened", bad)
+		}
+	}
+	// veth has no zero-copy: "zerocopy" fails, "copy" and "auto" run in
+	// copy mode.
+	x, err := OpenXDP(XDPConfig{Interface: tn.a, Addr: a, Frames: 128, ZeroCopy: "zerocopy"})
+	if err == nil {
+		t.Logf("zero-copy on veth: %s", x.Caps().Detail)
+		x.Close()
+	} else {
+		t.Logf("zerocopy refused: %v", err)
+	}
+	x, err = OpenXDP(XDPConfig{Interface: tn.a, Addr: a, Frames: 128, ZeroCopy: "copy", FrameSize: 2048})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := x.Caps().Detail; !strings.Contains(d, "copy mode") || !strings.Contains(d, "native XDP") {
+		t.Errorf("detail %q", d)
+	}
+	// A second link on the same interface: refused while the first holds it.
+	if y, err := OpenXDP(XDPConfig{Interface: tn.a, Addr: a, Frames: 128}); err == nil {
+		y.Close()
+		t.Error("a second link opened on the same interface")
+	} else {
+		t.Logf("second link: %v", err)
+	}
+	x.Close()
 }
