@@ -76,6 +76,12 @@ const (
 	xdpNeighProbePort = 9
 )
 
+// xdpForceGeneric makes OpenXDP attach in generic mode (tests).
+var xdpForceGeneric bool
+
+// xdpNeighMax bounds the next-hop cache; past it the cache starts over.
+const xdpNeighMax = 4096
+
 // ErrNoNeighbour is returned by an XDP link's Write when the next hop's
 // MAC address is not known yet: the datagram is dropped, and the kernel
 // has been made to resolve it (ARP or neighbour discovery), so a later
@@ -286,7 +292,11 @@ func openXDP(cfg XDPConfig) (_ *XDP, err error) {
 	if err = x.objs.ports.Put(key, uint32(1)); err != nil {
 		return nil, fmt.Errorf("ports map: %w", err)
 	}
-	x.xlink, err = link.AttachXDP(link.XDPOptions{Program: x.objs.prog, Interface: x.ifindex, Flags: link.XDPDriverMode})
+	// Native (driver) mode when the driver has it, else generic.
+	err = errors.ErrUnsupported
+	if !xdpForceGeneric {
+		x.xlink, err = link.AttachXDP(link.XDPOptions{Program: x.objs.prog, Interface: x.ifindex, Flags: link.XDPDriverMode})
+	}
 	x.native = err == nil
 	if err != nil {
 		x.xlink, err = link.AttachXDP(link.XDPOptions{Program: x.objs.prog, Interface: x.ifindex, Flags: link.XDPGenericMode})
@@ -825,6 +835,9 @@ func (x *XDP) resolve(dst netip.Addr) ([6]byte, error) {
 		}
 		x.st.txNoNeigh.Add(1)
 		return [6]byte{}, ErrNoNeighbour
+	}
+	if len(x.neigh) >= xdpNeighMax {
+		clear(x.neigh)
 	}
 	x.neigh[dst] = neighEntry{mac: mac, at: now}
 	return mac, nil

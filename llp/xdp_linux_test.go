@@ -669,3 +669,67 @@ func TestXDPModes(t *testing.T) {
 	}
 	x.Close()
 }
+
+func TestXDPGeneric(t *testing.T) {
+	tn := newTestNet(t)
+	xdpForceGeneric = true
+	defer func() { xdpForceGeneric = false }()
+	x := openTestXDP(t, tn.a, tn.ipA)
+	if d := x.Caps().Detail; !strings.Contains(d, "generic XDP") {
+		t.Fatalf("detail %q", d)
+	}
+	c := tn.peerUDP(t)
+	peer := c.LocalAddr().(*net.UDPAddr).AddrPort()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	p := payload(1200, 8)
+	if _, err := c.WriteToUDPAddrPort(p, x.LocalAddr()); err != nil {
+		t.Fatal(err)
+	}
+	if m := readN(t, x, 1, 2048)[0]; !bytes.Equal(m.Bufs[0][:m.N], p) || m.Addr != peer {
+		t.Fatalf("got %d bytes from %v", m.N, m.Addr)
+	}
+	writeAll(t, x, []Msg{{Bufs: [][]byte{p}, Addr: peer}})
+	buf := make([]byte, 2048)
+	if n, _, err := c.ReadFromUDPAddrPort(buf); err != nil || !bytes.Equal(buf[:n], p) {
+		t.Fatalf("kernel read %d: %v", n, err)
+	}
+	if s := x.Stats(); s.RxKernel != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+// A datagram that comes in on a queue no socket serves reaches the
+// port's kernel socket, and Read returns it all the same.
+func TestXDPOtherQueueFallback(t *testing.T) {
+	tn := newTestNet(t)
+	x := openTestXDP(t, tn.a, tn.ipA)
+	c := tn.peerUDP(t)
+	peer := c.LocalAddr().(*net.UDPAddr).AddrPort()
+	// As if the NIC steered the flow elsewhere: no socket for queue 0.
+	if err := x.objs.xsks.Delete(uint32(0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WriteToUDPAddrPort([]byte("via the kernel"), x.LocalAddr()); err != nil {
+		t.Fatal(err)
+	}
+	m := readN(t, x, 1, 100)[0]
+	if string(m.Bufs[0][:m.N]) != "via the kernel" || m.Addr != peer {
+		t.Fatalf("got %q from %v", m.Bufs[0][:m.N], m.Addr)
+	}
+	if dst, uni, ok := m.Dst(); !ok || !uni || dst != tn.ipA {
+		t.Fatalf("Dst %v %v %v", dst, uni, ok)
+	}
+	if s := x.Stats(); s.RxKernel != 1 || s.RxFrames != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	if err := x.objs.xsks.Put(uint32(0), uint32(x.xsk)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WriteToUDPAddrPort([]byte("via XDP"), x.LocalAddr()); err != nil {
+		t.Fatal(err)
+	}
+	m = readN(t, x, 1, 100)[0]
+	if string(m.Bufs[0][:m.N]) != "via XDP" || x.Stats().RxFrames != 1 {
+		t.Fatalf("got %q, stats %+v", m.Bufs[0][:m.N], x.Stats())
+	}
+}
