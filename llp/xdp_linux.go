@@ -642,7 +642,9 @@ func (x *XDP) Read(ms []Msg) (int, error) {
 // deliver checks a received frame and copies its payload into m.
 func (x *XDP) deliver(m *Msg, frame []byte) bool {
 	f, why := parseFrame(frame)
-	if why == dropNone && f.Dst != x.addr && !(f.Dst.Port() == x.addr.Port() && f.Dst.Addr().Unmap() == x.addr.Addr()) {
+	// Strictly the link's address: an IPv6 frame to the IPv4-mapped
+	// form of an IPv4 link's address is not ours.
+	if why == dropNone && f.Dst != x.addr {
 		why = dropNotOurs
 	}
 	if why != dropNone {
@@ -849,7 +851,11 @@ func (x *XDP) probe(hop netip.Addr) {
 	if hop.Is4() {
 		sa = &unix.SockaddrInet4{Port: xdpNeighProbePort, Addr: hop.As4()}
 	} else {
-		sa = &unix.SockaddrInet6{Port: xdpNeighProbePort, Addr: hop.As16()}
+		s6 := &unix.SockaddrInet6{Port: xdpNeighProbePort, Addr: hop.As16()}
+		if hop.IsLinkLocalUnicast() {
+			s6.ZoneId = uint32(x.ifindex) // a link-local gateway
+		}
+		sa = s6
 	}
 	unix.Sendto(x.udp, nil, unix.MSG_DONTWAIT, sa)
 }
