@@ -76,6 +76,12 @@ const (
 	xdpNeighProbePort = 9
 )
 
+// xdpForceGeneric makes OpenXDP attach in generic mode (tests).
+var xdpForceGeneric bool
+
+// xdpNeighMax bounds the next-hop cache; past it the cache starts over.
+const xdpNeighMax = 4096
+
 // ErrNoNeighbour is returned by an XDP link's Write when the next hop's
 // MAC address is not known yet: the datagram is dropped, and the kernel
 // has been made to resolve it (ARP or neighbour discovery), so a later
@@ -207,15 +213,15 @@ func openXDP(cfg XDPConfig) (_ *XDP, err error) {
 	}
 	switch {
 	case cfg.Frames < 64:
-		return nil, fmt.Errorf("Frames %d: at least 64", cfg.Frames)
+		return nil, fmt.Errorf("%d frames: at least 64", cfg.Frames)
 	case cfg.FrameSize != 2048 && cfg.FrameSize != 4096:
-		return nil, fmt.Errorf("FrameSize %d: 2048 or 4096", cfg.FrameSize)
+		return nil, fmt.Errorf("frame size %d: 2048 or 4096", cfg.FrameSize)
 	case cfg.Queue < 0:
-		return nil, fmt.Errorf("queue %d", cfg.Queue)
+		return nil, fmt.Errorf("queue %d: not a queue", cfg.Queue)
 	case cfg.ZeroCopy != "auto" && cfg.ZeroCopy != "copy" && cfg.ZeroCopy != "zerocopy":
 		return nil, fmt.Errorf("ZeroCopy %q: auto, copy or zerocopy", cfg.ZeroCopy)
 	case !cfg.Addr.Addr().IsValid() || cfg.Addr.Addr().IsUnspecified():
-		return nil, errors.New("Addr must name a local IP address")
+		return nil, errors.New("the address must be a local IP address")
 	}
 	ifi, err := net.InterfaceByName(cfg.Interface)
 	if err != nil {
@@ -286,7 +292,11 @@ func openXDP(cfg XDPConfig) (_ *XDP, err error) {
 	if err = x.objs.ports.Put(key, uint32(1)); err != nil {
 		return nil, fmt.Errorf("ports map: %w", err)
 	}
-	x.xlink, err = link.AttachXDP(link.XDPOptions{Program: x.objs.prog, Interface: x.ifindex, Flags: link.XDPDriverMode})
+	// Native (driver) mode when the driver has it, else generic.
+	err = errors.ErrUnsupported
+	if !xdpForceGeneric {
+		x.xlink, err = link.AttachXDP(link.XDPOptions{Program: x.objs.prog, Interface: x.ifindex, Flags: link.XDPDriverMode})
+	}
 	x.native = err == nil
 	if err != nil {
 		x.xlink, err = link.AttachXDP(link.XDPOptions{Program: x.objs.prog, Interface: x.ifindex, Flags: link.XDPGenericMode})
@@ -632,7 +642,9 @@ func (x *XDP) Read(ms []Msg) (int, error) {
 // deliver checks a received frame and copies its payload into m.
 func (x *XDP) deliver(m *Msg, frame []byte) bool {
 	f, why := parseFrame(frame)
-	if why == dropNone && f.Dst != x.addr && !(f.Dst.Port() == x.addr.Port() && f.Dst.Addr().Unmap() == x.addr.Addr()) {
+	// Strictly the link's address: an IPv6 frame to the IPv4-mapped
+	// form of an IPv4 link's address is not ours.
+	if why == dropNone && f.Dst != x.addr {
 		why = dropNotOurs
 	}
 	if why != dropNone {
@@ -826,6 +838,9 @@ func (x *XDP) resolve(dst netip.Addr) ([6]byte, error) {
 		x.st.txNoNeigh.Add(1)
 		return [6]byte{}, ErrNoNeighbour
 	}
+	if len(x.neigh) >= xdpNeighMax {
+		clear(x.neigh)
+	}
 	x.neigh[dst] = neighEntry{mac: mac, at: now}
 	return mac, nil
 }
@@ -836,7 +851,11 @@ func (x *XDP) probe(hop netip.Addr) {
 	if hop.Is4() {
 		sa = &unix.SockaddrInet4{Port: xdpNeighProbePort, Addr: hop.As4()}
 	} else {
-		sa = &unix.SockaddrInet6{Port: xdpNeighProbePort, Addr: hop.As16()}
+		s6 := &unix.SockaddrInet6{Port: xdpNeighProbePort, Addr: hop.As16()}
+		if hop.IsLinkLocalUnicast() {
+			s6.ZoneId = uint32(x.ifindex) // a link-local gateway
+		}
+		sa = s6
 	}
 	unix.Sendto(x.udp, nil, unix.MSG_DONTWAIT, sa)
 }

@@ -37,9 +37,10 @@ var testNetSeq atomic.Int32
 // testNet is a veth pair the test made: end a in the test's namespace
 // with ipA, end b in namespace ns with ipB.
 type testNet struct {
-	ns       string
-	a, b     string
-	ipA, ipB netip.Addr
+	ns         string
+	a, b       string
+	ipA, ipB   netip.Addr
+	ip6A, ip6B netip.Addr
 }
 
 func ipCmd(t *testing.T, args ...string) {
@@ -68,12 +69,16 @@ func newTestNet(t *testing.T) *testNet {
 		ipA: netip.AddrFrom4([4]byte{10, byte(100 + pid%100), byte(n), 1}),
 		ipB: netip.AddrFrom4([4]byte{10, byte(100 + pid%100), byte(n), 2}),
 	}
+	tn.ip6A = netip.MustParseAddr(fmt.Sprintf("fd00:%x:%x::1", pid, n))
+	tn.ip6B = netip.MustParseAddr(fmt.Sprintf("fd00:%x:%x::2", pid, n))
 	ipCmd(t, "netns", "add", tn.ns)
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", tn.ns).Run() })
 	ipCmd(t, "link", "add", tn.a, "type", "veth", "peer", "name", tn.b, "netns", tn.ns)
 	t.Cleanup(func() { exec.Command("ip", "link", "del", tn.a).Run() })
 	ipCmd(t, "addr", "add", tn.ipA.String()+"/24", "dev", tn.a)
+	ipCmd(t, "addr", "add", tn.ip6A.String()+"/64", "dev", tn.a, "nodad")
 	ipCmd(t, "link", "set", tn.a, "up")
+	ipCmd(t, "-n", tn.ns, "addr", "add", tn.ip6B.String()+"/64", "dev", tn.b, "nodad")
 	ipCmd(t, "-n", tn.ns, "addr", "add", tn.ipB.String()+"/24", "dev", tn.b)
 	ipCmd(t, "-n", tn.ns, "link", "set", tn.b, "up")
 	ipCmd(t, "-n", tn.ns, "link", "set", "lo", "up")
@@ -562,5 +567,147 @@ func TestXDPConcurrentWriters(t *testing.T) {
 		if _, _, err := c.ReadFromUDPAddrPort(buf); err != nil {
 			t.Fatalf("datagram %d: %v", i, err)
 		}
+	}
+}
+
+func TestXDPKernelPeerIPv6(t *testing.T) {
+	tn := newTestNet(t)
+	x := openTestXDP(t, tn.a, tn.ip6A)
+	if x.Caps().MaxDatagram != 1500-40-8 {
+		t.Fatalf("caps %+v", x.Caps())
+	}
+	var c *net.UDPConn
+	inNS(t, tn.ns, func() (err error) {
+		c, err = net.ListenUDP("udp6", &net.UDPAddr{IP: tn.ip6B.AsSlice()})
+		return err
+	})
+	defer c.Close()
+	peer := c.LocalAddr().(*net.UDPAddr).AddrPort()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, 2048)
+	for _, size := range []int{0, 1, 1000, x.Caps().MaxDatagram} {
+		p := payload(size, 6)
+		if _, err := c.WriteToUDPAddrPort(p, x.LocalAddr()); err != nil {
+			t.Fatal(err)
+		}
+		m := readN(t, x, 1, 2048)[0]
+		if m.N != size || !bytes.Equal(m.Bufs[0][:m.N], p) || m.Addr != peer {
+			t.Fatalf("size %d: got N=%d from %v", size, m.N, m.Addr)
+		}
+		if dst, uni, ok := m.Dst(); !ok || !uni || dst != tn.ip6A {
+			t.Fatalf("Dst %v %v %v", dst, uni, ok)
+		}
+		writeAll(t, x, []Msg{{Bufs: [][]byte{p}, Addr: peer}})
+		n, from, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil || n != size || !bytes.Equal(buf[:n], p) || from != x.LocalAddr() {
+			t.Fatalf("size %d: kernel read %d from %v: %v", size, n, from, err)
+		}
+	}
+}
+
+func TestXDPModes(t *testing.T) {
+	tn := newTestNet(t)
+	if err := XDPAvailable("udwx-missing"); err == nil || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("XDPAvailable on a missing interface: %v", err)
+	}
+	a := netip.AddrPortFrom(tn.ipA, 0)
+	for _, bad := range []XDPConfig{
+		{Interface: tn.a}, // no address
+		{Interface: tn.a, Addr: netip.MustParseAddrPort("10.255.255.254:0")}, // not the interface's
+		{Interface: tn.a, Addr: a, ZeroCopy: "sometimes"},
+		{Interface: tn.a, Addr: a, Frames: 8},
+	} {
+		if x, err := OpenXDP(bad); err == nil {
+			x.Close()
+			t.Fatalf("OpenXDP(%+v) opened", bad)
+		}
+	}
+	// veth has no zero-copy: "zerocopy" fails, "copy" and "auto" run in
+	// copy mode.
+	x, err := OpenXDP(XDPConfig{Interface: tn.a, Addr: a, Frames: 128, ZeroCopy: "zerocopy"})
+	if err == nil {
+		t.Logf("zero-copy on veth: %s", x.Caps().Detail)
+		x.Close()
+	} else {
+		t.Logf("zerocopy refused: %v", err)
+	}
+	x, err = OpenXDP(XDPConfig{Interface: tn.a, Addr: a, Frames: 128, ZeroCopy: "copy", FrameSize: 2048})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := x.Caps().Detail; !strings.Contains(d, "copy mode") || !strings.Contains(d, "native XDP") {
+		t.Errorf("detail %q", d)
+	}
+	// A second link on the same interface: refused while the first holds it.
+	if y, err := OpenXDP(XDPConfig{Interface: tn.a, Addr: a, Frames: 128}); err == nil {
+		y.Close()
+		t.Error("a second link opened on the same interface")
+	} else {
+		t.Logf("second link: %v", err)
+	}
+	x.Close()
+}
+
+func TestXDPGeneric(t *testing.T) {
+	tn := newTestNet(t)
+	xdpForceGeneric = true
+	defer func() { xdpForceGeneric = false }()
+	x := openTestXDP(t, tn.a, tn.ipA)
+	if d := x.Caps().Detail; !strings.Contains(d, "generic XDP") {
+		t.Fatalf("detail %q", d)
+	}
+	c := tn.peerUDP(t)
+	peer := c.LocalAddr().(*net.UDPAddr).AddrPort()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	p := payload(1200, 8)
+	if _, err := c.WriteToUDPAddrPort(p, x.LocalAddr()); err != nil {
+		t.Fatal(err)
+	}
+	if m := readN(t, x, 1, 2048)[0]; !bytes.Equal(m.Bufs[0][:m.N], p) || m.Addr != peer {
+		t.Fatalf("got %d bytes from %v", m.N, m.Addr)
+	}
+	writeAll(t, x, []Msg{{Bufs: [][]byte{p}, Addr: peer}})
+	buf := make([]byte, 2048)
+	if n, _, err := c.ReadFromUDPAddrPort(buf); err != nil || !bytes.Equal(buf[:n], p) {
+		t.Fatalf("kernel read %d: %v", n, err)
+	}
+	if s := x.Stats(); s.RxKernel != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+// A datagram that comes in on a queue no socket serves reaches the
+// port's kernel socket, and Read returns it all the same.
+func TestXDPOtherQueueFallback(t *testing.T) {
+	tn := newTestNet(t)
+	x := openTestXDP(t, tn.a, tn.ipA)
+	c := tn.peerUDP(t)
+	peer := c.LocalAddr().(*net.UDPAddr).AddrPort()
+	// As if the NIC steered the flow elsewhere: no socket for queue 0.
+	if err := x.objs.xsks.Delete(uint32(0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WriteToUDPAddrPort([]byte("via the kernel"), x.LocalAddr()); err != nil {
+		t.Fatal(err)
+	}
+	m := readN(t, x, 1, 100)[0]
+	if string(m.Bufs[0][:m.N]) != "via the kernel" || m.Addr != peer {
+		t.Fatalf("got %q from %v", m.Bufs[0][:m.N], m.Addr)
+	}
+	if dst, uni, ok := m.Dst(); !ok || !uni || dst != tn.ipA {
+		t.Fatalf("Dst %v %v %v", dst, uni, ok)
+	}
+	if s := x.Stats(); s.RxKernel != 1 || s.RxFrames != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	if err := x.objs.xsks.Put(uint32(0), uint32(x.xsk)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WriteToUDPAddrPort([]byte("via XDP"), x.LocalAddr()); err != nil {
+		t.Fatal(err)
+	}
+	m = readN(t, x, 1, 100)[0]
+	if string(m.Bufs[0][:m.N]) != "via XDP" || x.Stats().RxFrames != 1 {
+		t.Fatalf("got %q, stats %+v", m.Bufs[0][:m.N], x.Stats())
 	}
 }
