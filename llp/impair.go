@@ -270,6 +270,14 @@ type Impaired struct {
 	bufs    [][]byte
 	ready   []*impaired
 	nready  atomic.Int32
+	closed  atomic.Bool
+}
+
+// Close closes the inner link; Writes that would pass the send link
+// from then on say ErrClosed, as the inner link's own do.
+func (w *Impaired) Close() error {
+	w.closed.Store(true)
+	return w.Link.Close()
 }
 
 // ImpairOptions are what an Impaired link needs of its user.
@@ -390,6 +398,9 @@ func (w *Impaired) WaitReadable() error {
 func (w *Impaired) Write(ms []Msg) (int, error) {
 	if w.tx == nil {
 		return w.Link.Write(ms)
+	}
+	if w.closed.Load() {
+		return 0, ErrClosed
 	}
 	for i := range ms {
 		m := &ms[i]
