@@ -82,11 +82,17 @@ var xdpForceGeneric bool
 // xdpNeighMax bounds the next-hop cache; past it the cache starts over.
 const xdpNeighMax = 4096
 
+// xdpNeighWait is how long sends to a next hop the kernel is resolving
+// wait (Write says ErrWouldBlock, WaitWritable waits for the answer)
+// before they fail with ErrNoNeighbour: about the kernel's own ARP
+// retries (3 probes a second apart), during which it queues a socket's
+// datagrams.
+const xdpNeighWait = 3 * time.Second
+
 // ErrNoNeighbour is returned by an XDP link's Write when the next hop's
-// MAC address is not known yet: the datagram is dropped, and the kernel
-// has been made to resolve it (ARP or neighbour discovery), so a later
-// send to the same destination goes out.
-var ErrNoNeighbour = errors.New("llp: next hop's MAC address not yet resolved (datagram dropped; resolving)")
+// MAC address could not be resolved within xdpNeighWait: the datagram
+// is dropped (a later send tries again).
+var ErrNoNeighbour = errors.New("llp: xdp: next hop's MAC address not resolved (datagram dropped)")
 
 // XDP is a Link on an AF_XDP socket.
 type XDP struct {
@@ -129,6 +135,9 @@ type XDP struct {
 	txFree []uint64
 	ipID   uint16
 	neigh  map[netip.Addr]neighEntry
+	// unres are the destinations whose next hop the kernel is resolving,
+	// with when their sends stop waiting.
+	unres map[netip.Addr]time.Time
 
 	st struct {
 		rxFrames, rxKernel, txFrames, txKicks, txNoNeigh, txProbes atomic.Uint64
@@ -238,6 +247,7 @@ func openXDP(cfg XDPConfig) (_ *XDP, err error) {
 		cfg: cfg, ifindex: ifi.Index, ifname: ifi.Name, mtu: ifi.MTU, v6: ip.Is6(),
 		frameSize: cfg.FrameSize, xsk: -1, udp: -1, evfd: -1,
 		neigh: make(map[netip.Addr]neighEntry),
+		unres: make(map[netip.Addr]time.Time),
 	}
 	copy(x.mac[:], ifi.HardwareAddr)
 	defer func() {
@@ -802,8 +812,10 @@ func (x *XDP) reclaim() {
 }
 
 // resolve returns the MAC of dst's next hop: cached, else from the
-// kernel's neighbour table; if the kernel does not know it, a probe
-// datagram makes it resolve, and the send fails with ErrNoNeighbour.
+// kernel's neighbour table. If the kernel does not know it, a probe
+// datagram makes it resolve, and the send waits as a socket's would in
+// the kernel's queue: ErrWouldBlock (WaitWritable returns once the
+// answer is in) for up to xdpNeighWait, then ErrNoNeighbour.
 func (x *XDP) resolve(dst netip.Addr) ([6]byte, error) {
 	now := time.Now()
 	e, ok := x.neigh[dst]
@@ -835,14 +847,45 @@ func (x *XDP) resolve(dst netip.Addr) ([6]byte, error) {
 		if ok {
 			return e.mac, nil // the old MAC until the kernel knows better
 		}
+		until, waiting := x.unres[dst]
+		switch {
+		case !waiting && len(x.unres) < xdpNeighMax:
+			x.unres[dst] = now.Add(xdpNeighWait)
+			return [6]byte{}, ErrWouldBlock
+		case waiting && now.Before(until):
+			return [6]byte{}, ErrWouldBlock
+		}
+		delete(x.unres, dst)
 		x.st.txNoNeigh.Add(1)
 		return [6]byte{}, ErrNoNeighbour
 	}
+	delete(x.unres, dst)
 	if len(x.neigh) >= xdpNeighMax {
 		clear(x.neigh)
 	}
 	x.neigh[dst] = neighEntry{mac: mac, at: now}
 	return mac, nil
+}
+
+// resolvedAny reports whether a next hop being resolved is known now, or
+// its sends have waited long enough (their next Write fails).
+func (x *XDP) resolvedAny() bool {
+	now := time.Now()
+	for dst, until := range x.unres {
+		if now.After(until) {
+			return true
+		}
+		hop := dst
+		if _, gw, err := x.nl.routeGet(dst); err != nil {
+			return true // the next Write says why
+		} else if gw.IsValid() {
+			hop = gw.Unmap()
+		}
+		if _, _, known, err := x.nl.neighGet(x.ifindex, hop); err != nil || known {
+			return true
+		}
+	}
+	return false
 }
 
 func (x *XDP) probe(hop netip.Addr) {
@@ -926,6 +969,9 @@ func (x *XDP) WaitWritable() error {
 	ready := func() bool {
 		x.txMu.Lock()
 		defer x.txMu.Unlock()
+		if len(x.unres) > 0 && !x.resolvedAny() {
+			return false
+		}
 		x.reclaim()
 		if len(x.txFree) > 0 && x.tx.free() > 0 {
 			return true
