@@ -6,6 +6,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/udiwarp/udiwarp/llp"
 	"golang.org/x/sys/unix"
 )
 
@@ -106,44 +107,54 @@ func BenchmarkRoundTripCPU(b *testing.B) {
 		b.Run("size="+itoa(size)+"/mode=raw-udp-unconn", func(b *testing.B) { rawRoundTrip(b, size, false) })
 		b.Run("size="+itoa(size)+"/mode=ud-send", func(b *testing.B) {
 			cfg := DeviceConfig{Poll: PollBusy}
-			x := newNode(b, cfg, "udp4", "127.0.0.1:0")
-			y := newNode(b, cfg, "udp4", "127.0.0.1:0")
-			const depth = 64
-			for i := range depth {
-				mustPost(b, x.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{x.mr.SGE(4096*i, 4096)}}))
-				mustPost(b, y.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{y.mr.SGE(4096*i, 4096)}}))
-			}
-			toY := SendWR{SGL: []SGE{x.mr.SGE(1<<19, size)}, AH: x.ah(y, y.qp)}
-			toX := SendWR{SGL: []SGE{y.mr.SGE(1<<19, size)}, AH: y.ah(x, x.qp)}
-			wc := make([]WorkCompletion, 1)
-			recv := RecvWR{SGL: make([]SGE, 1)}
-			await := func(n *node) {
-				for k := 0; n.cq.Poll(wc) == 0; k++ {
-					if k > 1e6 {
-						b.Fatal("no completion")
-					}
-				}
-				if wc[0].Status != Success || int(wc[0].Len) != size {
-					b.Fatalf("%+v", wc[0])
-				}
-				recv.ID = wc[0].ID
-				recv.SGL[0] = n.mr.SGE(4096*int(wc[0].ID), 4096)
-				if err := n.qp.PostRecv(&recv); err != nil {
-					b.Fatal(err)
-				}
-			}
-			b.ReportAllocs()
-			for b.Loop() {
-				if err := x.qp.PostSend(&toY); err != nil {
-					b.Fatal(err)
-				}
-				await(y)
-				if err := y.qp.PostSend(&toX); err != nil {
-					b.Fatal(err)
-				}
-				await(x)
-			}
+			udRoundTrip(b, size, newNode(b, cfg, "udp4", "127.0.0.1:0"), newNode(b, cfg, "udp4", "127.0.0.1:0"))
 		})
+		// The stack alone: the same round trip over the in-memory link,
+		// no system call (issue 35's CPU target).
+		b.Run("size="+itoa(size)+"/mode=ud-send-mem", func(b *testing.B) {
+			cfg := DeviceConfig{Poll: PollBusy}
+			net := llp.NewMemNet()
+			udRoundTrip(b, size, newMemNode(b, cfg, net, "10.0.0.1:4791"), newMemNode(b, cfg, net, "10.0.0.2:4791"))
+		})
+	}
+}
+
+// udRoundTrip is BenchmarkRoundTripCPU's UD ping-pong between x and y.
+func udRoundTrip(b *testing.B, size int, x, y *node) {
+	const depth = 64
+	for i := range depth {
+		mustPost(b, x.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{x.mr.SGE(4096*i, 4096)}}))
+		mustPost(b, y.qp.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{y.mr.SGE(4096*i, 4096)}}))
+	}
+	toY := SendWR{SGL: []SGE{x.mr.SGE(1<<19, size)}, AH: x.ah(y, y.qp)}
+	toX := SendWR{SGL: []SGE{y.mr.SGE(1<<19, size)}, AH: y.ah(x, x.qp)}
+	wc := make([]WorkCompletion, 1)
+	recv := RecvWR{SGL: make([]SGE, 1)}
+	await := func(n *node) {
+		for k := 0; n.cq.Poll(wc) == 0; k++ {
+			if k > 1e6 {
+				b.Fatal("no completion")
+			}
+		}
+		if wc[0].Status != Success || int(wc[0].Len) != size {
+			b.Fatalf("%+v", wc[0])
+		}
+		recv.ID = wc[0].ID
+		recv.SGL[0] = n.mr.SGE(4096*int(wc[0].ID), 4096)
+		if err := n.qp.PostRecv(&recv); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := x.qp.PostSend(&toY); err != nil {
+			b.Fatal(err)
+		}
+		await(y)
+		if err := y.qp.PostSend(&toX); err != nil {
+			b.Fatal(err)
+		}
+		await(x)
 	}
 }
 

@@ -2,9 +2,11 @@ package qp
 
 import (
 	"context"
+	"net/netip"
 	"testing"
 	"time"
 
+	"github.com/udiwarp/udiwarp/llp"
 	"github.com/udiwarp/udiwarp/udiwarp"
 	"go.uber.org/goleak"
 )
@@ -47,6 +49,32 @@ func newNode(t testing.TB, cfg DeviceConfig, network, addr string, opts ...BindO
 	if err != nil {
 		t.Fatal(err)
 	}
+	return nodeOn(t, dev, sock)
+}
+
+// newMemNode is newNode on an in-memory link of net at addr.
+func newMemNode(t testing.TB, cfg DeviceConfig, net *llp.MemNet, addr string) *node {
+	t.Helper()
+	dev, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Close() })
+	l, err := net.Open(netip.MustParseAddrPort(addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock, err := dev.BindLink(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nodeOn(t, dev, sock)
+}
+
+// nodeOn is newNode's rest: a PD, a CQ, a 1 MiB MR and a UD QP on sock.
+func nodeOn(t testing.TB, dev *Device, sock *Socket) *node {
+	t.Helper()
+	var err error
 	n := &node{t: t, dev: dev, sock: sock, pd: dev.AllocPD(), buf: make([]byte, 1<<20)}
 	if n.cq, err = dev.CreateCQ(4096); err != nil {
 		t.Fatal(err)
