@@ -150,6 +150,11 @@ type Impairment = llp.Impairment
 // Open creates a device.
 func Open(cfg DeviceConfig) (*Device, error) {
 	cfg.fill()
+	switch cfg.Lower {
+	case "", LowerUDP, LowerXDP:
+	default:
+		return nil, fmt.Errorf("%w: lower layer %q (want %q or %q)", ErrInvalidAttr, cfg.Lower, LowerUDP, LowerXDP)
+	}
 	if cfg.Impair != nil && cfg.Impair == cfg.ImpairRx {
 		return nil, fmt.Errorf("%w: Impair and ImpairRx must be two Impairments (each direction draws its own)", ErrInvalidAttr)
 	}
@@ -258,13 +263,10 @@ func (d *Device) Bind(network, address string, opts ...BindOption) (*Socket, err
 	if d.closed.Load() {
 		return nil, ErrClosed
 	}
-	switch d.cfg.Lower {
-	case LowerXDP:
+	if d.cfg.Lower == LowerXDP {
 		return d.bindXDP(network, address, opts)
-	case "", LowerUDP:
-		return d.bindUDP(network, address, opts)
 	}
-	return nil, fmt.Errorf("%w: lower layer %q (want %q or %q)", ErrInvalidAttr, d.cfg.Lower, LowerUDP, LowerXDP)
+	return d.bindUDP(network, address, opts)
 }
 
 // bindUDP is Bind on a kernel UDP socket.
