@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,23 +77,55 @@ const (
 	xdpNeighProbePort = 9
 )
 
+// xdpReaderTick is how long (ms) WaitReadable parks at a time when no
+// datagram waits for its next hop.
+const xdpReaderTick = 20
+
 // xdpForceGeneric makes OpenXDP attach in generic mode (tests).
 var xdpForceGeneric bool
 
 // xdpNeighMax bounds the next-hop cache; past it the cache starts over.
 const xdpNeighMax = 4096
 
-// xdpNeighWait is how long sends to a next hop the kernel is resolving
-// wait (Write says ErrWouldBlock, WaitWritable waits for the answer)
-// before they fail with ErrNoNeighbour: about the kernel's own ARP
-// retries (3 probes a second apart), during which it queues a socket's
-// datagrams.
-const xdpNeighWait = 3 * time.Second
+// Datagrams to a next hop the kernel is resolving wait in the link, as a
+// socket's wait in the kernel's neighbour queue (unres_qlen): at most
+// xdpUnresPerHop per destination and xdpUnresMax in all, each for
+// xdpNeighWait (about the kernel's 3 ARP probes a second apart), then
+// they are dropped. Write takes them (a datagram to a host that never
+// answers is lost on the way, as on a socket); a full queue refuses
+// them with ErrNoNeighbour. The queue is bounded so that replies drawn
+// by spoofed sources (each a next hop nobody answers for) cost at most
+// this much, and never hold up datagrams to hosts that are known.
+const (
+	xdpNeighWait   = 3 * time.Second
+	xdpUnresPerHop = 3
+	xdpUnresMax    = 64
+	// The kernel's table is asked again for the waiting next hops at
+	// most every xdpUnresCheck while the newest waiting datagram is
+	// younger than xdpUnresFresh (a neighbour on the link answers within
+	// it), then every xdpUnresSlow: next hops that never answer (the
+	// sources a spoofer made up) cost a few lookups each, not a stream.
+	xdpUnresCheck = 200 * time.Microsecond
+	xdpUnresFresh = 5 * time.Millisecond
+	xdpUnresSlow  = 10 * time.Millisecond
+)
 
 // ErrNoNeighbour is returned by an XDP link's Write when the next hop's
-// MAC address could not be resolved within xdpNeighWait: the datagram
-// is dropped (a later send tries again).
-var ErrNoNeighbour = errors.New("llp: xdp: next hop's MAC address not resolved (datagram dropped)")
+// MAC address is not known and the datagrams waiting for next hops fill
+// the link's queue: the datagram is dropped.
+var ErrNoNeighbour = errors.New("llp: xdp: next hop's MAC address not resolved and the queue of datagrams waiting for next hops is full (datagram dropped)")
+
+// errResolving: the next hop is being resolved; the datagram may wait.
+var errResolving = errors.New("llp: xdp: resolving the next hop")
+
+// unresolved is a datagram waiting for its next hop's MAC address: a
+// copy of its bytes, its destination and train segment size.
+type unresolved struct {
+	dst   netip.AddrPort
+	b     []byte
+	seg   int
+	until time.Time
+}
 
 // XDP is a Link on an AF_XDP socket.
 type XDP struct {
@@ -135,9 +168,11 @@ type XDP struct {
 	txFree []uint64
 	ipID   uint16
 	neigh  map[netip.Addr]neighEntry
-	// unres are the destinations whose next hop the kernel is resolving,
-	// with when their sends stop waiting.
-	unres map[netip.Addr]time.Time
+	// unres are the datagrams waiting for their next hop's MAC address,
+	// oldest first; unresAt when the kernel's table was last asked.
+	unres   []unresolved
+	unresAt time.Time
+	nunres  atomic.Int32 // len(unres), for the reader's waits
 
 	st struct {
 		rxFrames, rxKernel, txFrames, txKicks, txNoNeigh, txProbes atomic.Uint64
@@ -247,7 +282,6 @@ func openXDP(cfg XDPConfig) (_ *XDP, err error) {
 		cfg: cfg, ifindex: ifi.Index, ifname: ifi.Name, mtu: ifi.MTU, v6: ip.Is6(),
 		frameSize: cfg.FrameSize, xsk: -1, udp: -1, evfd: -1,
 		neigh: make(map[netip.Addr]neighEntry),
-		unres: make(map[netip.Addr]time.Time),
 	}
 	copy(x.mac[:], ifi.HardwareAddr)
 	defer func() {
@@ -617,6 +651,7 @@ func (x *XDP) Read(ms []Msg) (int, error) {
 		return 0, ErrClosed
 	}
 	defer x.mu.RUnlock()
+	x.sendUnresolved() // a busy reader's turn to send them (WaitReadable)
 	x.rxMu.Lock()
 	defer x.rxMu.Unlock()
 	n := 0
@@ -703,14 +738,21 @@ func (x *XDP) Write(ms []Msg) (int, error) {
 	x.txMu.Lock()
 	defer x.txMu.Unlock()
 	x.reclaim()
-	sent, queued := 0, 0
+	queued := x.flushUnresolved(false)
+	sent := 0
 	var err error
 	for i := range ms {
 		m := &ms[i]
-		if err = x.queue(m); err != nil {
+		err = x.queue(m)
+		if err == errResolving {
+			err = x.hold(m)
+		} else if err == nil {
+			queued++
+		}
+		if err != nil {
 			break
 		}
-		queued++
+		m.N = m.Len()
 		sent++
 	}
 	if queued > 0 {
@@ -811,11 +853,97 @@ func (x *XDP) reclaim() {
 	}
 }
 
+// hold keeps a copy of m until its next hop resolves (unresolved).
+func (x *XDP) hold(m *Msg) error {
+	per := 0
+	for i := range x.unres {
+		if x.unres[i].dst.Addr() == m.Addr.Addr().Unmap() {
+			per++
+		}
+	}
+	if len(x.unres) >= xdpUnresMax || per >= xdpUnresPerHop {
+		x.st.txNoNeigh.Add(1)
+		return ErrNoNeighbour
+	}
+	x.unres = append(x.unres, unresolved{dst: netip.AddrPortFrom(m.Addr.Addr().Unmap(), m.Addr.Port()),
+		b: gather(nil, m.Bufs), seg: m.Segment, until: time.Now().Add(xdpNeighWait)})
+	x.nunres.Store(int32(len(x.unres)))
+	return nil
+}
+
+// Waiting is how many datagrams wait for their next hop's MAC address.
+// They leave with the link's next Read, Write or wait once it is known.
+func (x *XDP) Waiting() int { return int(x.nunres.Load()) }
+
+// sendUnresolved is flushUnresolved for a goroutine that is not writing
+// (a reader's or writer's wait): it submits what it queued.
+func (x *XDP) sendUnresolved() {
+	if x.nunres.Load() == 0 {
+		return
+	}
+	x.txMu.Lock()
+	defer x.txMu.Unlock()
+	if x.flushUnresolved(false) > 0 {
+		x.tx.submit()
+		x.kick()
+	}
+}
+
+// flushUnresolved puts on the TX ring the waiting datagrams whose next
+// hop is known now, drops those that waited too long, and returns how
+// many it queued (for the caller to submit). The kernel's table is asked
+// at most every xdpUnresCheck unless force.
+func (x *XDP) flushUnresolved(force bool) int {
+	if len(x.unres) == 0 {
+		return 0
+	}
+	now := time.Now()
+	every := xdpUnresSlow
+	if newest := x.unres[len(x.unres)-1]; newest.until.Sub(now) > xdpNeighWait-xdpUnresFresh {
+		every = xdpUnresCheck
+	}
+	if !force && now.Sub(x.unresAt) < every {
+		return 0
+	}
+	x.unresAt = now
+	queued := 0
+	keep := x.unres[:0]
+	// A next hop still unknown is asked for once a pass.
+	var unknown [xdpUnresMax]netip.Addr
+	nu := 0
+	for _, u := range x.unres {
+		if now.After(u.until) {
+			x.st.txNoNeigh.Add(1)
+			continue
+		}
+		if slices.Contains(unknown[:nu], u.dst.Addr()) {
+			keep = append(keep, u)
+			continue
+		}
+		m := Msg{Bufs: [][]byte{u.b}, Segment: u.seg, Addr: u.dst}
+		switch err := x.queue(&m); err {
+		case nil:
+			queued++
+		case errResolving:
+			unknown[nu] = u.dst.Addr()
+			nu++
+			keep = append(keep, u)
+		case ErrWouldBlock:
+			keep = append(keep, u)
+		default: // the route went, say: dropped
+			x.st.txNoNeigh.Add(1)
+		}
+	}
+	clear(x.unres[len(keep):])
+	x.unres = keep
+	x.nunres.Store(int32(len(keep)))
+	return queued
+}
+
 // resolve returns the MAC of dst's next hop: cached, else from the
 // kernel's neighbour table. If the kernel does not know it, a probe
-// datagram makes it resolve, and the send waits as a socket's would in
-// the kernel's queue: ErrWouldBlock (WaitWritable returns once the
-// answer is in) for up to xdpNeighWait, then ErrNoNeighbour.
+// datagram (the first time) makes it resolve, and the answer is
+// errResolving: the datagram waits (hold).
 func (x *XDP) resolve(dst netip.Addr) ([6]byte, error) {
 	now := time.Now()
 	e, ok := x.neigh[dst]
@@ -837,6 +965,15 @@ func (x *XDP) resolve(dst netip.Addr) ([6]byte, error) {
 	if err != nil {
 		return [6]byte{}, fmt.Errorf("llp: xdp: neighbour %v: %w", hop, err)
 	}
+	if !known && !ok {
+		if x.waitingFor(dst) {
+			return [6]byte{}, errResolving // probed when the first one came
+		}
+		if len(x.unres) >= xdpUnresMax {
+			x.st.txNoNeigh.Add(1)
+			return [6]byte{}, ErrNoNeighbour // no room to wait: no probe
+		}
+	}
 	if !known || state&nudStale != 0 {
 		// The kernel resolves (or, for a stale entry, confirms) a
 		// neighbour when it sends to it: the link's own frames bypass
@@ -847,19 +984,8 @@ func (x *XDP) resolve(dst netip.Addr) ([6]byte, error) {
 		if ok {
 			return e.mac, nil // the old MAC until the kernel knows better
 		}
-		until, waiting := x.unres[dst]
-		switch {
-		case !waiting && len(x.unres) < xdpNeighMax:
-			x.unres[dst] = now.Add(xdpNeighWait)
-			return [6]byte{}, ErrWouldBlock
-		case waiting && now.Before(until):
-			return [6]byte{}, ErrWouldBlock
-		}
-		delete(x.unres, dst)
-		x.st.txNoNeigh.Add(1)
-		return [6]byte{}, ErrNoNeighbour
+		return [6]byte{}, errResolving
 	}
-	delete(x.unres, dst)
 	if len(x.neigh) >= xdpNeighMax {
 		clear(x.neigh)
 	}
@@ -867,21 +993,10 @@ func (x *XDP) resolve(dst netip.Addr) ([6]byte, error) {
 	return mac, nil
 }
 
-// resolvedAny reports whether a next hop being resolved is known now, or
-// its sends have waited long enough (their next Write fails).
-func (x *XDP) resolvedAny() bool {
-	now := time.Now()
-	for dst, until := range x.unres {
-		if now.After(until) {
-			return true
-		}
-		hop := dst
-		if _, gw, err := x.nl.routeGet(dst); err != nil {
-			return true // the next Write says why
-		} else if gw.IsValid() {
-			hop = gw.Unmap()
-		}
-		if _, _, known, err := x.nl.neighGet(x.ifindex, hop); err != nil || known {
+// waitingFor reports whether a datagram to dst waits for its next hop.
+func (x *XDP) waitingFor(dst netip.Addr) bool {
+	for i := range x.unres {
+		if x.unres[i].dst.Addr() == dst {
 			return true
 		}
 	}
@@ -926,7 +1041,18 @@ func (x *XDP) WaitReadable() error {
 		{Fd: int32(x.xsk), Events: unix.POLLIN},
 		{Fd: int32(x.udp), Events: unix.POLLIN},
 	}
-	return x.poll(fds, -1, x.rxReady)
+	// The reader also sends the datagrams that wait for their next hop
+	// when it resolves, if no Write comes first: while any wait, it
+	// looks every millisecond; otherwise every xdpReaderTick, for those
+	// a Write left while it was parked.
+	ready := func() bool {
+		if x.rxReady() {
+			return true
+		}
+		x.sendUnresolved()
+		return false
+	}
+	return x.poll(fds, -2, ready)
 }
 
 func (x *XDP) rxReady() bool {
@@ -935,7 +1061,8 @@ func (x *XDP) rxReady() bool {
 
 // poll waits on fds (fds[0] the eventfd) until ready says so or one of
 // them is readable, with timeout ms per round (-1: none); ErrClosed once
-// the link is closed.
+// the link is closed. ms -2 is the reader's tick: 1 ms while datagrams
+// wait for their next hop, else xdpReaderTick.
 func (x *XDP) poll(fds []unix.PollFd, ms int, ready func() bool) error {
 	for {
 		if x.closed.Load() {
@@ -947,7 +1074,14 @@ func (x *XDP) poll(fds []unix.PollFd, ms int, ready func() bool) error {
 		for i := range fds {
 			fds[i].Revents = 0
 		}
-		n, err := unix.Poll(fds, ms)
+		wait := ms
+		if ms == -2 { // the reader's: see WaitReadable
+			wait = xdpReaderTick
+			if x.nunres.Load() > 0 {
+				wait = 1
+			}
+		}
+		n, err := unix.Poll(fds, wait)
 		if err != nil && err != unix.EINTR {
 			return err
 		}
@@ -969,8 +1103,9 @@ func (x *XDP) WaitWritable() error {
 	ready := func() bool {
 		x.txMu.Lock()
 		defer x.txMu.Unlock()
-		if len(x.unres) > 0 && !x.resolvedAny() {
-			return false
+		if x.nunres.Load() > 0 && x.flushUnresolved(false) > 0 {
+			x.tx.submit()
+			x.kick()
 		}
 		x.reclaim()
 		if len(x.txFree) > 0 && x.tx.free() > 0 {

@@ -142,6 +142,18 @@ func openTestXDP(t *testing.T, ifname string, ip netip.Addr) *XDP {
 // the ring is full.
 func writeAll(t *testing.T, x *XDP, ms []Msg) {
 	t.Helper()
+	defer func() {
+		// Datagrams waiting for their next hop leave with a later call on
+		// the link: wait for them to go.
+		for end := time.Now().Add(10 * time.Second); x.Waiting() > 0; {
+			if time.Now().After(end) {
+				t.Fatalf("%d datagrams still wait for their next hop after 10 s", x.Waiting())
+			}
+			if err := x.WaitWritable(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}()
 	for i := 0; len(ms) > 0; i++ {
 		n, err := x.Write(ms)
 		ms = ms[n:]
@@ -709,5 +721,71 @@ func TestXDPOtherQueueFallback(t *testing.T) {
 	m = readN(t, x, 1, 100)[0]
 	if string(m.Bufs[0][:m.N]) != "via XDP" || x.Stats().RxFrames != 1 {
 		t.Fatalf("got %q, stats %+v", m.Bufs[0][:m.N], x.Stats())
+	}
+}
+
+// TestXDPUnresolvedBounded: datagrams to next hops nobody answers for
+// (what a spoofer's made-up sources draw) wait in the link, at most
+// xdpUnresPerHop per destination and xdpUnresMax in all, and are
+// dropped after xdpNeighWait; past the bound a Write says
+// ErrNoNeighbour and probes no further; and a datagram to a known peer
+// goes out at once meanwhile.
+func TestXDPUnresolvedBounded(t *testing.T) {
+	tn := newTestNet(t)
+	x := openTestXDP(t, tn.a, tn.ipA)
+	c := tn.peerUDP(t)
+	to := func(host byte) netip.AddrPort {
+		a := tn.ipA.As4()
+		a[3] = host
+		return netip.AddrPortFrom(netip.AddrFrom4(a), 9999)
+	}
+	msg := func(dst netip.AddrPort) Msg { return Msg{Bufs: [][]byte{[]byte("x")}, Addr: dst} }
+	ms := []Msg{msg(to(50)), msg(to(50)), msg(to(50)), msg(to(50))}
+	if n, err := x.Write(ms); n != xdpUnresPerHop || !errors.Is(err, ErrNoNeighbour) {
+		t.Fatalf("four datagrams to one unknown next hop: %d taken, %v", n, err)
+	}
+	taken, refused := xdpUnresPerHop, 1
+	for h := 60; h < 60+xdpUnresMax+6; h++ {
+		switch _, err := x.Write([]Msg{msg(to(byte(h)))}); {
+		case err == nil:
+			taken++
+		case errors.Is(err, ErrNoNeighbour):
+			refused++
+		default:
+			t.Fatal(err)
+		}
+	}
+	if taken != xdpUnresMax || x.Waiting() != xdpUnresMax {
+		t.Fatalf("%d datagrams taken, %d waiting; want the bound, %d", taken, x.Waiting(), xdpUnresMax)
+	}
+	st := x.Stats()
+	if st.TxNeighProbes != uint64(xdpUnresMax-xdpUnresPerHop+1) {
+		t.Fatalf("%d probes for %d next hops that could wait", st.TxNeighProbes, xdpUnresMax-xdpUnresPerHop+1)
+	}
+	// A datagram to the known peer is not held up behind them.
+	peer := c.LocalAddr().(*net.UDPAddr).AddrPort()
+	writeKnown := []Msg{msg(peer)}
+	if _, err := c.WriteToUDPAddrPort([]byte("hi"), x.LocalAddr()); err != nil { // the kernel learns the peer
+		t.Fatal(err)
+	}
+	readN(t, x, 1, 64)
+	if n, err := x.Write(writeKnown); n != 1 || err != nil {
+		t.Fatalf("a datagram to the known peer: %d, %v", n, err)
+	}
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	buf := make([]byte, 64)
+	if n, _, err := c.ReadFromUDPAddrPort(buf); err != nil || n != 1 {
+		t.Fatalf("the known peer's datagram, behind %d waiting: %d, %v", x.Waiting(), n, err)
+	}
+	for end := time.Now().Add(10 * time.Second); x.Waiting() != 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("%d still wait 10 s later", x.Waiting())
+		}
+		if err := x.WaitWritable(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := x.Stats(); st.TxNoNeighbour != uint64(refused+xdpUnresMax) || st.TxFrames != 1 {
+		t.Fatalf("%d dropped for no next hop (want %d), %d frames sent (want 1)", st.TxNoNeighbour, refused+xdpUnresMax, st.TxFrames)
 	}
 }
