@@ -74,6 +74,9 @@ type Mem struct {
 	once  sync.Once
 	// Received and Sent count datagrams.
 	Received, Sent atomic.Uint64
+	// last is the link the last datagram went to: a ping-pong's peer is
+	// found without the network's lock.
+	last atomic.Pointer[Mem]
 }
 
 type memDatagram struct {
@@ -136,9 +139,7 @@ func (m *Mem) Write(ms []Msg) (int, error) {
 		if g.Segment == 0 && total > m.net.MaxDatagram || g.Segment > m.net.MaxDatagram {
 			return i, fmt.Errorf("llp: a %d-byte datagram, the network carries %d", max(total, g.Segment), m.net.MaxDatagram)
 		}
-		m.net.mu.Lock()
-		dst := m.net.links[netip.AddrPortFrom(g.Addr.Addr().Unmap(), g.Addr.Port())]
-		m.net.mu.Unlock()
+		dst := m.peer(g.Addr)
 		seg := total
 		if g.Segment > 0 {
 			seg = g.Segment
@@ -174,6 +175,21 @@ func (m *Mem) Write(ms []Msg) (int, error) {
 		g.N = total
 	}
 	return len(ms), nil
+}
+
+// peer finds the link open at addr, or nil.
+func (m *Mem) peer(addr netip.AddrPort) *Mem {
+	addr = netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port())
+	if p := m.last.Load(); p != nil && p.local == addr && !p.closed() {
+		return p
+	}
+	m.net.mu.Lock()
+	p := m.net.links[addr]
+	m.net.mu.Unlock()
+	if p != nil {
+		m.last.Store(p)
+	}
+	return p
 }
 
 func (m *Mem) queue(b *[]byte, src netip.AddrPort) bool {

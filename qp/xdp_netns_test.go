@@ -95,12 +95,15 @@ func TestXDPInterop(t *testing.T) {
 			mustPost(t, qt.PostRecv(&RecvWR{ID: uint64(i), SGL: []SGE{to.mr.SGE(i*slot, slot)}}))
 		}
 		fill(from.buf[:n*slot], 7)
+		// The Write first: the Sends' receives complete after it is
+		// placed (RD keeps a peer's order), so reading the region after
+		// them is ordered after its placement.
+		mustPost(t, qf.PostSend(&SendWR{ID: 999, Opcode: OpWrite, Flags: FlagSignaled, SGL: []SGE{from.mr.SGE(0, 256<<10)}, AH: ah,
+			RemoteSTag: region.STag(), RemoteTO: region.Addr()}))
 		for i := range n {
 			size := 1 + (i*797)%slot
 			mustPost(t, qf.PostSend(&SendWR{ID: uint64(i), Flags: FlagSignaled, SGL: []SGE{from.mr.SGE(i*slot, size)}, AH: ah}))
 		}
-		mustPost(t, qf.PostSend(&SendWR{ID: 999, Opcode: OpWrite, Flags: FlagSignaled, SGL: []SGE{from.mr.SGE(0, 256<<10)}, AH: ah,
-			RemoteSTag: region.STag(), RemoteTO: region.Addr()}))
 		for i, wc := range collect(t, cqt, n, 30*time.Second) {
 			size := 1 + (i*797)%slot
 			if wc.ID != uint64(i) || wc.Status != Success || int(wc.Len) != size || !bytes.Equal(to.buf[i*slot:i*slot+size], from.buf[i*slot:i*slot+size]) {
