@@ -481,8 +481,8 @@ type session struct {
 	llp         string
 	llpFallback bool
 	line        func(string) // prints a line about a run served
-	msgs    *msgReader
-	enc     *json.Encoder
+	msgs        *msgReader
+	enc         *json.Encoder
 }
 
 // send sends a message to the client, which must take it within
@@ -692,7 +692,7 @@ type endpoint struct {
 	to      uint64
 	credits int
 	slots   []perf.Region
-	link    llp.Caps // what the end runs on
+	link    llp.Caps                   // what the end runs on
 	stop    func(sent uint64) runReply // settle, then the figures
 	close   func()
 }
