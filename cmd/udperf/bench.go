@@ -251,7 +251,7 @@ func (f *benchFlags) configs(m perf.Mode) ([]perf.Config, error) {
 	if f.loss < 0 || f.loss >= 1 {
 		return nil, fmt.Errorf("-loss %v: want a probability in [0, 1)", f.loss)
 	}
-	if f.llp != perf.LLPUDP && f.llp != perf.LLPXDP {
+	if f.llp != "" && f.llp != perf.LLPUDP && f.llp != perf.LLPXDP {
 		return nil, fmt.Errorf("-llp %q: want udp or xdp", f.llp)
 	}
 	if !f.client && (f.llp == perf.LLPXDP || m == perf.ModeRawXDP) {

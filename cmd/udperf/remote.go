@@ -661,11 +661,11 @@ func runLine(req runRequest, done doneMsg, r runReply) string {
 	if req.Segment > 0 {
 		l += fmt.Sprintf(" mtu %d", req.Segment)
 	}
-	if r.Link != "" {
-		l += " on " + r.Link
-		if req.LLP == perf.LLPXDP && r.Link != perf.LLPXDP && req.Mode.TakesLLP() {
-			l += " (" + r.LinkDetail + ")" // a fallback says why
-		}
+	switch {
+	case r.Link == perf.LLPXDP:
+		l += " on xdp"
+	case req.LLP == perf.LLPXDP && req.Mode.TakesLLP():
+		l += " on " + r.Link + " (" + r.LinkDetail + ")" // a fallback says why
 	}
 	elsewhere := ""
 	if r.Foreign > 0 {
