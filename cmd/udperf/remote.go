@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -131,9 +132,10 @@ type runReply struct {
 // maxDetail bounds runReply.LinkDetail.
 const maxDetail = 400
 
+// clip cuts s to at most n bytes, on a character's boundary.
 func clip(s string, n int) string {
 	if len(s) > n {
-		return s[:n]
+		return strings.ToValidUTF8(s[:n], "")
 	}
 	return s
 }
