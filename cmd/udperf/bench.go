@@ -33,6 +33,8 @@ func maxSize(m perf.Mode) int {
 	switch m {
 	case perf.ModeUDSend, perf.ModeRDSend, perf.ModeRawUDP, perf.ModeRawUDPUnconnected:
 		return 32768 // one datagram; powers of two
+	case perf.ModeRawXDP:
+		return 1024 // one datagram within an Ethernet MTU (AF_XDP takes no fragments)
 	}
 	return 8 << 20
 }
@@ -58,6 +60,8 @@ type benchFlags struct {
 	rounds      int
 	json, csv   bool
 	metrics     string
+	llp         string // -llp: udp or xdp
+	llpFallback bool
 	collector   *metrics.Collector
 	cmd         *command // the command whose flags these are
 	client      bool     // udperf client's
@@ -104,6 +108,12 @@ func (f *benchFlags) register(c *command, name string) {
 	fs.BoolVar(&f.json, "json", false, "one JSON document on stdout, at the end (docs/udperf.md)")
 	fs.BoolVar(&f.csv, "csv", false, "CSV on stdout, a record per row as it is measured")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics at HOST:PORT/metrics while running")
+	llpHelp := "lower layer of the UD and RD modes' queue pairs: udp (kernel sockets) or xdp (AF_XDP on the interface holding the end's address; needs root; the server's end too)"
+	if name != "client" {
+		llpHelp = "lower layer of the UD and RD modes' queue pairs: udp; xdp is refused here (AF_XDP never attaches to loopback: use udperf server and client in two namespaces, experiments/xdp.sh)"
+	}
+	fs.StringVar(&f.llp, "llp", perf.LLPUDP, llpHelp)
+	fs.BoolVar(&f.llpFallback, "llp-fallback", false, "with -llp xdp: an end that cannot open AF_XDP runs on a kernel UDP socket instead, and says so on stderr")
 	c.perftestHabits(&f.poll)
 	if name == "client" {
 		c.notFor = clientNotFor
@@ -205,6 +215,7 @@ func (f *benchFlags) configs(m perf.Mode) ([]perf.Config, error) {
 			{f.all && c.set("s"), "-a and -s together: -a runs every size"},
 			{c.set("deadline") && !f.partial, "-deadline is the deadline of -partial: give both"},
 			{c.set("seed") && f.loss == 0, "-seed seeds the losses of -loss: give both"},
+			{f.llpFallback && f.llp != perf.LLPXDP, "-llp-fallback falls back from -llp xdp: give both"},
 		} {
 			if r.bad {
 				return nil, errors.New(r.why)
@@ -240,6 +251,16 @@ func (f *benchFlags) configs(m perf.Mode) ([]perf.Config, error) {
 	if f.loss < 0 || f.loss >= 1 {
 		return nil, fmt.Errorf("-loss %v: want a probability in [0, 1)", f.loss)
 	}
+	if f.llp != "" && f.llp != perf.LLPUDP && f.llp != perf.LLPXDP {
+		return nil, fmt.Errorf("-llp %q: want udp or xdp", f.llp)
+	}
+	if !f.client && (f.llp == perf.LLPXDP || m == perf.ModeRawXDP) {
+		what := "-llp xdp"
+		if m == perf.ModeRawXDP {
+			what = "raw-xdp"
+		}
+		return nil, fmt.Errorf("%s: %w", what, perf.ErrXDPLoopback)
+	}
 	sizes := []int{f.size}
 	if m.Atomic() && (f.cmd == nil || !f.cmd.set("s")) {
 		sizes = []int{perf.AtomicSize} // an atomic's word, whatever -s defaults to
@@ -266,6 +287,9 @@ func (f *benchFlags) configs(m perf.Mode) ([]perf.Config, error) {
 		c := perf.Config{Mode: m, Test: test, Poll: poll, Size: s, Iters: iters, Warmup: warmup(warm),
 			Duration: f.dur, Messages: messages, QPs: f.qps, Bidir: f.bidir, Segment: f.mtu, Loss: f.loss, Seed: f.seed, Partial: f.partial, Deadline: f.deadline, Rate: f.rate,
 			NoCRC: f.nocrc && (m.HasCRC() || f.modes == "")}
+		if f.llp == perf.LLPXDP && (m.TakesLLP() || f.modes == "") {
+			c.LLP, c.LLPFallback = f.llp, f.llpFallback
+		}
 		if err := checkConfig(c); err != nil {
 			return nil, err
 		}
@@ -359,6 +383,14 @@ type row struct {
 	NoCRC    bool    `json:"no_crc"`
 	Deadline float64 `json:"deadline_s"`
 	Bidir    bool    `json:"bidir"`
+	// The lower layer asked for (-llp xdp; absent: kernel sockets), and
+	// what each end ran on (udperf client: "udp", "xdp" or "tcp", with
+	// how; a fallback from AF_XDP says why).
+	LLP              string `json:"llp,omitempty"`
+	Link             string `json:"link,omitempty"`
+	LinkDetail       string `json:"link_detail,omitempty"`
+	ServerLink       string `json:"server_link,omitempty"`
+	ServerLinkDetail string `json:"server_link_detail,omitempty"`
 }
 
 func reliableMode(m string) bool {
@@ -368,7 +400,8 @@ func reliableMode(m string) bool {
 func rowOf(test string, r perf.Result) row {
 	c := r.Config
 	w := row{Mode: string(r.Mode), Test: test, Poll: c.Poll.String(), Bytes: r.Size,
-		QPs: max(c.QPs, 1), MTU: c.Segment, Loss: c.Loss, Rate: c.Rate, Seed: c.Seed, Partial: c.Partial, NoCRC: c.NoCRC, Deadline: c.Deadline.Seconds(), Bidir: c.Bidir}
+		QPs: max(c.QPs, 1), MTU: c.Segment, Loss: c.Loss, Rate: c.Rate, Seed: c.Seed, Partial: c.Partial, NoCRC: c.NoCRC, Deadline: c.Deadline.Seconds(), Bidir: c.Bidir,
+		LLP: c.LLP, Link: r.Link, LinkDetail: r.LinkDetail, ServerLink: r.PeerLink, ServerLinkDetail: r.PeerLinkDetail}
 	if r.Test == perf.TestLat {
 		warm := max(c.Warmup, 0)
 		w.N, w.Warmup = c.Iters, &warm

@@ -23,7 +23,10 @@ func usage(w io.Writer) {
   udperf compare -modes M1,M2 ...  several modes back to back, alternating, with ratios to M1
                                    (flags: udperf local -h; JSON schema: docs/udperf.md)
   udperf server [-addr :18515]     the far end of client runs (another process, host or namespace)
-  udperf client -addr HOST:PORT    a run or an -a sweep against a server, every mode (one session)
+  udperf client -addr HOST:PORT    a run or an -a sweep against a server, every mode (one session);
+                                   -llp xdp runs the UD and RD modes on AF_XDP at both ends, and
+                                   -mode raw-xdp is plain UDP on AF_XDP, that path's floor
+                                   (two namespaces or hosts, root; experiments/xdp.sh)
   udperf decode [-stream] HEX|-    check and describe a udiwarp datagram (or, with
                                    -stream, a DDP segment as MPA carries it); hex or
                                    a dump (xxd, od, tshark -x), "-" for stdin

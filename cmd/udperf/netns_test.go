@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -19,45 +18,8 @@ func TestServerClientNetns(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds udperf and two namespaces")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("network namespaces need root")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("network namespaces need iproute2's ip")
-	}
-	bin := filepath.Join(t.TempDir(), "udperf")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v: %s", err, out)
-	}
-	tag := fmt.Sprintf("udp%d", os.Getpid()%100000)
-	srv, cli := "udperf-s-"+tag, "udperf-c-"+tag
-	ipcmd := func(args ...string) error {
-		out, err := exec.Command("ip", args...).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-		}
-		return nil
-	}
-	for _, ns := range []string{srv, cli} {
-		if err := ipcmd("netns", "add", ns); err != nil {
-			t.Fatal(err) // as root with ip: a namespace that cannot be made fails
-		}
-		t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-	}
-	va, vb := "va"+tag, "vb"+tag
-	for _, c := range [][]string{
-		{"link", "add", va, "netns", srv, "type", "veth", "peer", "name", vb, "netns", cli},
-		{"-n", srv, "addr", "add", "10.211.7.1/24", "dev", va},
-		{"-n", cli, "addr", "add", "10.211.7.2/24", "dev", vb},
-		{"-n", srv, "link", "set", va, "up"},
-		{"-n", cli, "link", "set", vb, "up"},
-		{"-n", srv, "link", "set", "lo", "up"},
-		{"-n", cli, "link", "set", "lo", "up"},
-	} {
-		if err := ipcmd(c...); err != nil {
-			t.Fatalf("building the link: %v", err)
-		}
-	}
+	srv, cli, _, _ := netnsPair(t, fmt.Sprintf("udp%d", os.Getpid()%100000), "10.211.7")
+	bin := buildUdperf(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	server := exec.CommandContext(ctx, "ip", "netns", "exec", srv, bin, "server", "-addr", "10.211.7.1:18515")
@@ -107,6 +69,50 @@ func TestServerClientNetns(t *testing.T) {
 			}
 		})
 	}
+}
+
+// netnsPair makes two network namespaces joined by a veth pair, as two
+// hosts: the server's (srv, its end va holding NET.1/24) and the
+// client's (cli, vb with NET.2/24), named after tag; they are removed
+// when the test ends. It skips where namespaces cannot be made (not
+// root, no ip).
+func netnsPair(t *testing.T, tag, subnet string) (srv, cli, va, vb string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("network namespaces need root")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("network namespaces need iproute2's ip")
+	}
+	srv, cli = "udperf-s-"+tag, "udperf-c-"+tag
+	ipcmd := func(args ...string) error {
+		out, err := exec.Command("ip", args...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+		return nil
+	}
+	for _, ns := range []string{srv, cli} {
+		if err := ipcmd("netns", "add", ns); err != nil {
+			t.Fatal(err) // as root with ip: a namespace that cannot be made fails
+		}
+		t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	}
+	va, vb = "va"+tag, "vb"+tag
+	for _, c := range [][]string{
+		{"link", "add", va, "netns", srv, "type", "veth", "peer", "name", vb, "netns", cli},
+		{"-n", srv, "addr", "add", subnet + ".1/24", "dev", va},
+		{"-n", cli, "addr", "add", subnet + ".2/24", "dev", vb},
+		{"-n", srv, "link", "set", va, "up"},
+		{"-n", cli, "link", "set", vb, "up"},
+		{"-n", srv, "link", "set", "lo", "up"},
+		{"-n", cli, "link", "set", "lo", "up"},
+	} {
+		if err := ipcmd(c...); err != nil {
+			t.Fatalf("building the link: %v", err)
+		}
+	}
+	return srv, cli, va, vb
 }
 
 func errOut(err error) []byte {

@@ -10,12 +10,14 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/udiwarp/udiwarp/internal/perf"
+	"github.com/udiwarp/udiwarp/llp"
 	"github.com/udiwarp/udiwarp/metrics"
 	"github.com/udiwarp/udiwarp/qp"
 	"golang.org/x/sys/unix"
@@ -89,6 +91,11 @@ type runRequest struct {
 	// which must be on the control connection's host, and (UD, RD) its QP.
 	From string `json:"from"`
 	QPN  uint32 `json:"qpn,omitempty"`
+	// The lower layer of the server's end in the UD and RD modes (-llp:
+	// "" or udp, xdp), and whether it may fall back to a kernel socket
+	// (-llp-fallback). A server started with -llp uses its own.
+	LLP         string `json:"llp,omitempty"`
+	LLPFallback bool   `json:"llp_fallback,omitempty"`
 }
 
 type runReply struct {
@@ -114,6 +121,23 @@ type runReply struct {
 	// Foreign: datagrams, connections or completions the server dropped
 	// for coming from elsewhere than the request's From.
 	Foreign uint64 `json:"foreign,omitempty"`
+	// Link is what the server's end runs on ("udp", "xdp", "tcp"), with
+	// LinkDetail saying how (an AF_XDP link's mode and queue; a fallback's
+	// reason), at most maxDetail bytes: in the endpoint's answer and the
+	// figures.
+	Link       string `json:"link,omitempty"`
+	LinkDetail string `json:"link_detail,omitempty"`
+}
+
+// maxDetail bounds runReply.LinkDetail.
+const maxDetail = 400
+
+// clip cuts s to at most n bytes, on a character's boundary.
+func clip(s string, n int) string {
+	if len(s) > n {
+		return strings.ToValidUTF8(s[:n], "")
+	}
+	return s
 }
 
 // doneMsg ends a run: what the client sent (bw) and its figures, for the
@@ -138,7 +162,8 @@ func requestConfig(req runRequest) perf.Config {
 	}
 	return perf.Config{Mode: req.Mode, Test: test, Poll: pollOf(req.Poll), Size: req.Size, Duration: req.Duration, QPs: 1,
 		Iters: req.Trips, Warmup: -1,
-		Segment: req.Segment, Loss: req.Loss, Seed: req.Seed, Partial: req.Partial, Deadline: req.Deadline}
+		Segment: req.Segment, Loss: req.Loss, Seed: req.Seed, Partial: req.Partial, Deadline: req.Deadline,
+		LLP: req.LLP, LLPFallback: req.LLPFallback}
 }
 
 // trips is the round trips of a lat run, warm-up included.
@@ -183,16 +208,26 @@ func remoteCheck(c perf.Config) error {
 }
 
 func server(args []string, stdout, stderr io.Writer) int {
-	cmd := newCommand("server", "udperf server [-addr :18515] [-once] [-metrics HOST:PORT]",
+	cmd := newCommand("server", "udperf server [-addr :18515] [-once] [-llp udp|xdp] [-metrics HOST:PORT]",
 		"The far end of `udperf client` runs (another process, host or namespace): a line on stdout per run served.\nSIGINT or SIGTERM stops it (exit 0).")
 	fs := cmd.fs
 	addr := fs.String("addr", defaultControl, "control address to listen on")
 	once := fs.Bool("once", false, "serve one client session (a whole sweep), then exit")
+	llpName := fs.String("llp", "", "lower layer of the server's end in the UD and RD modes, whatever the client asks: udp or xdp (AF_XDP on the interface holding the control address; default: as each client's -llp asks)")
+	llpFallback := fs.Bool("llp-fallback", false, "with -llp xdp: an end that cannot open AF_XDP runs on a kernel UDP socket instead (said on stderr and in the client's server_link_detail)")
 	var f benchFlags // for -metrics
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics of the server's devices at HOST:PORT/metrics")
 	cmd.noDevice()
 	if code, ok := cmd.parse(args, stdout, stderr); !ok {
 		return code
+	}
+	switch {
+	case *llpName != "" && *llpName != perf.LLPUDP && *llpName != perf.LLPXDP:
+		fmt.Fprintf(stderr, "udperf server: -llp %q: want udp or xdp\n", *llpName)
+		return 2
+	case *llpFallback && *llpName != perf.LLPXDP:
+		fmt.Fprintln(stderr, "udperf server: -llp-fallback falls back from -llp xdp: give both")
+		return 2
 	}
 	stopMetrics, err := f.serveMetrics(stderr, "server")
 	if err != nil {
@@ -209,7 +244,20 @@ func server(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	fmt.Fprintf(stdout, "udperf server: control at %s\n", ln.Addr())
-	return serveOn(ctx, ln, serverOptions{once: *once, stdout: stdout, stderr: stderr, metrics: f.collector})
+	if *llpName == perf.LLPXDP {
+		// Said at once: a server that cannot open AF_XDP would refuse
+		// every UD and RD run (or fall back on each).
+		if ap, err := netip.ParseAddrPort(ln.Addr().String()); err == nil && !ap.Addr().IsUnspecified() {
+			if err := perf.XDPUsable(ap.Addr()); err != nil {
+				if !*llpFallback {
+					fmt.Fprintf(stderr, "udperf server: -llp xdp: %v (-llp-fallback serves over kernel sockets instead)\n", err)
+					return 1
+				}
+				fmt.Fprintf(stderr, "udperf server: -llp xdp: %v: falling back to kernel UDP sockets\n", err)
+			}
+		}
+	}
+	return serveOn(ctx, ln, serverOptions{once: *once, stdout: stdout, stderr: stderr, metrics: f.collector, llp: *llpName, llpFallback: *llpFallback})
 }
 
 // serverOptions are serveOn's.
@@ -217,6 +265,10 @@ type serverOptions struct {
 	once           bool      // serve one session that ran something, then return
 	stdout, stderr io.Writer // a line per run; errors
 	metrics        *metrics.Collector
+	// llp, when set, is the lower layer of every UD and RD end served,
+	// whatever the request asks (-llp), with llpFallback.
+	llp         string
+	llpFallback bool
 }
 
 // requestTimeout bounds how long a control connection may take to send
@@ -371,7 +423,7 @@ func serveOn(ctx context.Context, ln net.Listener, o serverOptions) int {
 			continue
 		}
 		backoff = 0
-		s := &session{c: c, running: &running, closing: &closing, metrics: o.metrics,
+		s := &session{c: c, running: &running, closing: &closing, metrics: o.metrics, llp: o.llp, llpFallback: o.llpFallback,
 			line: func(l string) { logf(o.stdout, "udperf server: %s %s\n", c.RemoteAddr(), l) }}
 		mu.Lock()
 		if closing.Load() { // shut between Accept and here
@@ -426,9 +478,13 @@ type session struct {
 	shed    atomic.Bool // closed for a newer connection (maxConns)
 	closing *atomic.Bool
 	metrics *metrics.Collector
-	line    func(string) // prints a line about a run served
-	msgs    *msgReader
-	enc     *json.Encoder
+	// llp: the server's -llp, which overrides the request's
+	// (serverOptions.llp).
+	llp         string
+	llpFallback bool
+	line        func(string) // prints a line about a run served
+	msgs        *msgReader
+	enc         *json.Encoder
 }
 
 // send sends a message to the client, which must take it within
@@ -524,19 +580,38 @@ func (s *session) run(req runRequest, cfg perf.Config) error {
 	if s.metrics != nil {
 		cfg.OnDevice = s.metrics.Adder("server")
 	}
+	if s.llp != "" && cfg.Mode.TakesLLP() {
+		cfg.LLP, cfg.LLPFallback = s.llp, s.llpFallback
+	}
 	host, _, _ := net.SplitHostPort(s.c.LocalAddr().String())
 	from, err := dataPeer(req.From, s.c.RemoteAddr())
 	if err != nil {
 		return s.send(runReply{Error: fmt.Sprintf("cannot serve %s %s %d B: %v", req.Mode, req.Test, req.Size, err)}) // the session goes on: the next request may be right
+	}
+	// AF_XDP that cannot open here (not root, loopback, ...) is refused in
+	// one line, or, with the fallback, not tried: the end runs on a
+	// kernel socket and says why.
+	refused := ""
+	if ha, err := netip.ParseAddr(host); err == nil && (cfg.Mode == perf.ModeRawXDP || cfg.XDP() && cfg.Mode.TakesLLP()) {
+		if err := perf.XDPUsable(ha); err != nil {
+			if cfg.Mode == perf.ModeRawXDP || !cfg.LLPFallback {
+				return s.send(runReply{Error: fmt.Sprintf("cannot serve %s %s %d B on AF_XDP: %v", req.Mode, req.Test, req.Size, err)})
+			}
+			cfg.LLP, cfg.LLPFallback, refused = perf.LLPUDP, false, err.Error()
+		}
 	}
 	ep, err := newEndpoint(req, cfg, host, from, s.closing.Load)
 	if err != nil {
 		s.send(runReply{Error: err.Error()})
 		return err
 	}
+	if refused != "" {
+		ep.link.Detail += " (AF_XDP refused: " + refused + ")"
+	}
 	release := sync.OnceFunc(ep.close)
 	defer release()
-	if err := s.send(runReply{Addr: ep.addr, QPN: ep.qpn, STag: ep.stag, TO: ep.to, Credits: ep.credits, Slots: ep.slots}); err != nil {
+	if err := s.send(runReply{Addr: ep.addr, QPN: ep.qpn, STag: ep.stag, TO: ep.to, Credits: ep.credits, Slots: ep.slots,
+		Link: ep.link.Kind, LinkDetail: clip(ep.link.Detail, maxDetail)}); err != nil {
 		return err
 	}
 	// The run lasts until the client says done (or goes away, or takes
@@ -552,6 +627,7 @@ func (s *session) run(req runRequest, cfg perf.Config) error {
 	// What is still on its way arrives (a reliable mode: all of it,
 	// however slowly, unless the server stops) before the count.
 	r := ep.stop(done.Sent)
+	r.Link, r.LinkDetail = ep.link.Kind, clip(ep.link.Detail, maxDetail)
 	release()
 	s.line(runLine(req, done, r))
 	return s.send(r)
@@ -587,6 +663,12 @@ func runLine(req runRequest, done doneMsg, r runReply) string {
 	if req.Segment > 0 {
 		l += fmt.Sprintf(" mtu %d", req.Segment)
 	}
+	switch {
+	case r.Link == perf.LLPXDP:
+		l += " on xdp"
+	case req.LLP == perf.LLPXDP && req.Mode.TakesLLP():
+		l += " on " + r.Link + " (" + r.LinkDetail + ")" // a fallback says why
+	}
 	elsewhere := ""
 	if r.Foreign > 0 {
 		elsewhere = fmt.Sprintf(", %d from elsewhere dropped", r.Foreign)
@@ -612,6 +694,7 @@ type endpoint struct {
 	to      uint64
 	credits int
 	slots   []perf.Region
+	link    llp.Caps                   // what the end runs on
 	stop    func(sent uint64) runReply // settle, then the figures
 	close   func()
 }
@@ -661,6 +744,29 @@ func newEndpoint(req runRequest, cfg perf.Config, host string, from netip.AddrPo
 			end.Sink(tally.NoteN)
 		})
 		ep.close = func() { stop.Store(true); pc.Close(); wg.Wait() }
+		ep.link = llp.Caps{Kind: "udp", Detail: "kernel UDP socket"}
+	case perf.ModeRawXDP:
+		// An AF_XDP socket on the interface holding host, answering and
+		// counting only the client's data end.
+		ha, err := netip.ParseAddr(host)
+		if err != nil {
+			return nil, err
+		}
+		l, err := perf.OpenXDPLink(netip.AddrPortFrom(ha, 0), poll)
+		if err != nil {
+			return nil, err
+		}
+		ep.addr, ep.link = l.LocalAddr().String(), l.Caps()
+		end := &perf.LinkEnd{Link: l, Poll: poll, Peer: from, From: from, Stop: &stop}
+		foreignOf = end.Foreign
+		wg.Go(func() {
+			if echo {
+				end.Echo()
+				return
+			}
+			end.Sink(tally.NoteN)
+		})
+		ep.close = func() { stop.Store(true); l.Close(); wg.Wait() }
 	case perf.ModeRawTCP:
 		ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 		if err != nil {
@@ -703,6 +809,7 @@ func newEndpoint(req runRequest, cfg perf.Config, host string, from netip.AddrPo
 			}
 			wg.Wait()
 		}
+		ep.link = llp.Caps{Kind: "tcp", Detail: "kernel TCP socket"}
 	default: // a queue-pair mode: the target half
 		network := "udp4"
 		if a, err := netip.ParseAddr(host); err == nil && a.Is6() && !a.Is4In6() {
@@ -717,6 +824,7 @@ func newEndpoint(req runRequest, cfg perf.Config, host string, from netip.AddrPo
 			return nil, err
 		}
 		o := e.Offer()
+		ep.link = e.Link()
 		ep.addr, ep.qpn, ep.stag, ep.to, ep.credits, ep.slots = o.Addr, o.QPN, o.Region.STag, o.Region.TO, o.Credits, o.Slots
 		peer := perf.Peer{Addr: from, QPN: req.QPN, Region: perf.Region{STag: req.STag, TO: req.TO}}
 		foreignOf = e.Foreign
@@ -734,8 +842,8 @@ func newEndpoint(req runRequest, cfg perf.Config, host string, from netip.AddrPo
 
 // remoteMaxSize is the largest message of a mode over server/client.
 func remoteMaxSize(m perf.Mode) int {
-	if m == perf.ModeUDSend || m == perf.ModeRawUDP || m == perf.ModeRawUDPUnconnected {
-		return 65000
+	if m == perf.ModeUDSend || m == perf.ModeRawUDP || m == perf.ModeRawUDPUnconnected || m == perf.ModeRawXDP {
+		return 65000 // raw-xdp: its link's MTU less the headers, checked by each end
 	}
 	return 8 << 20
 }
@@ -788,6 +896,7 @@ func client(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer sess.close()
+	sess.stderr = stderr
 	out := &printer{out: newSink(stdout, f.format(), f.test, false, newDocument("client", &f)), bar: newBar(stderr, len(runs))}
 	test := f.test
 	if test == "throughput" {
@@ -809,6 +918,22 @@ type clientSession struct {
 	msgs   *msgReader
 	enc    *json.Encoder
 	closed bool
+	// stderr takes the lines about a fallback from -llp xdp, each said
+	// once (warned).
+	stderr io.Writer
+	warned map[string]bool
+}
+
+// warn says line on stderr, once a session.
+func (s *clientSession) warn(line string) {
+	if s.stderr == nil || s.warned[line] {
+		return
+	}
+	if s.warned == nil {
+		s.warned = map[string]bool{}
+	}
+	s.warned[line] = true
+	fmt.Fprintln(s.stderr, "udperf client: "+line)
 }
 
 // dialSession connects to the server at addr and greets it; a peer that
@@ -870,7 +995,8 @@ func (s *clientSession) close() {
 func (s *clientSession) run(cfg perf.Config, test string) (perf.Result, error) {
 	s.c.SetDeadline(time.Now().Add(runLimit(test, cfg.Duration, trips(cfg))))
 	req := runRequest{Mode: cfg.Mode, Test: test, Size: cfg.Size, Poll: cfg.Poll.String(), Duration: cfg.Duration, Trips: trips(cfg),
-		Segment: cfg.Segment, Loss: cfg.Loss, Seed: cfg.Seed, Partial: cfg.Partial, Deadline: cfg.Deadline}
+		Segment: cfg.Segment, Loss: cfg.Loss, Seed: cfg.Seed, Partial: cfg.Partial, Deadline: cfg.Deadline,
+		LLP: cfg.LLP, LLPFallback: cfg.LLPFallback}
 	// The data end binds first, on the control connection's host, and the
 	// request names it: the server takes data from it alone.
 	host := s.c.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
@@ -880,9 +1006,36 @@ func (s *clientSession) run(cfg perf.Config, test string) (perf.Result, error) {
 	}
 	anyPort := netip.AddrPortFrom(host, 0)
 	req.From = anyPort.String()
+	refused := ""
+	if cfg.Mode == perf.ModeRawXDP || cfg.XDP() && cfg.Mode.TakesLLP() {
+		// AF_XDP on the interface of the control connection's host:
+		// refused in one line where it cannot open, unless -llp-fallback.
+		if err := perf.XDPUsable(host); err != nil {
+			switch {
+			case cfg.Mode == perf.ModeRawXDP:
+				return perf.Result{}, fmt.Errorf("raw-xdp: %w", err)
+			case !cfg.LLPFallback:
+				return perf.Result{}, fmt.Errorf("-llp xdp: %w (-llp-fallback runs over kernel sockets instead)", err)
+			}
+			s.warn(fmt.Sprintf("-llp xdp: %v: this end falls back to kernel UDP sockets", err))
+			refused = err.Error()
+		}
+	}
+	local := cfg // this end's: without AF_XDP where it cannot open
+	if refused != "" {
+		local.LLP, local.LLPFallback = perf.LLPUDP, false
+	}
 	var end *perf.End
 	var data *net.UDPConn
+	var link *llp.XDP
 	switch {
+	case cfg.Mode == perf.ModeRawXDP:
+		var err error
+		if link, err = perf.OpenXDPLink(anyPort, cfg.Poll); err != nil {
+			return perf.Result{}, err
+		}
+		defer link.Close()
+		req.From = link.LocalAddr().String()
 	case cfg.Mode == perf.ModeRawUDP || cfg.Mode == perf.ModeRawUDPUnconnected:
 		var err error
 		if data, err = net.ListenUDP(network, net.UDPAddrFromAddrPort(anyPort)); err != nil {
@@ -892,12 +1045,15 @@ func (s *clientSession) run(cfg perf.Config, test string) (perf.Result, error) {
 		req.From = data.LocalAddr().String()
 	case !plainMode(cfg.Mode):
 		var err error
-		if end, err = perf.OpenEnd(cfg, false, network, anyPort.String()); err != nil {
+		if end, err = perf.OpenEnd(local, false, network, anyPort.String()); err != nil {
 			return perf.Result{}, err
 		}
 		defer end.Close()
 		p := end.Peer(host)
 		req.From, req.QPN, req.STag, req.TO = p.Addr.String(), p.QPN, p.Region.STag, p.Region.TO
+		if c := end.Link(); local.XDP() && cfg.Mode.TakesLLP() && c.Kind != perf.LLPXDP {
+			s.warn("-llp xdp: this end runs on " + c.Kind + ": " + c.Detail)
+		}
 	}
 	if err := s.enc.Encode(req); err != nil {
 		return perf.Result{}, err
@@ -909,9 +1065,15 @@ func (s *clientSession) run(cfg perf.Config, test string) (perf.Result, error) {
 	if rep.Error != "" {
 		return perf.Result{}, errors.New("server: " + rep.Error)
 	}
+	if cfg.XDP() && cfg.Mode.TakesLLP() && rep.Link != "" && rep.Link != perf.LLPXDP {
+		s.warn("-llp xdp: the server's end runs on " + rep.Link + ": " + rep.LinkDetail)
+	}
 	var res perf.Result
 	var err error
-	if end != nil {
+	switch {
+	case link != nil:
+		res, err = driveLink(link, cfg, test, rep)
+	case end != nil:
 		res, err = driveEnd(end, cfg, test, rep)
 		// Keep driving a busy-polled device while the server settles
 		// (an RD sender's last acks).
@@ -920,8 +1082,21 @@ func (s *clientSession) run(cfg perf.Config, test string) (perf.Result, error) {
 		defer draining.Wait()
 		defer settled.Store(true)
 		draining.Go(func() { end.Drain(&settled) })
-	} else {
+	default:
 		res, err = drive(cfg, test, rep, data, host)
+	}
+	switch {
+	case link != nil:
+		res.Link, res.LinkDetail = link.Caps().Kind, link.Caps().Detail
+	case end != nil:
+		res.Link, res.LinkDetail = end.Link().Kind, end.Link().Detail
+		if refused != "" {
+			res.LinkDetail += " (AF_XDP refused: " + refused + ")"
+		}
+	case cfg.Mode == perf.ModeRawTCP:
+		res.Link = "tcp"
+	default:
+		res.Link = "udp"
 	}
 	done := doneMsg{Done: true, Sent: res.Sent, P50: res.Median, Avg: res.Avg, Gbps: res.Gbps, Mpps: res.Mpps}
 	encErr := s.enc.Encode(done)
@@ -938,6 +1113,7 @@ func (s *clientSession) run(cfg perf.Config, test string) (perf.Result, error) {
 		}
 		return perf.Result{}, fmt.Errorf("the server's figures: %w", err)
 	}
+	res.PeerLink, res.PeerLinkDetail = fin.Link, fin.LinkDetail
 	if cfg.Test == perf.TestBW && !cfg.Mode.InitiatorMeasured() {
 		res.Received, res.Partial, res.Gbps, res.Mpps = fin.Received, fin.Partial, fin.Gbps, fin.Mpps
 		if res.Sent > res.Received {
@@ -960,6 +1136,30 @@ func driveEnd(e *perf.End, cfg perf.Config, test string, rep runReply) (perf.Res
 		return perf.Summarize(cfg, ns), nil
 	}
 	return e.DriveBandwidth(cfg, o)
+}
+
+// driveLink runs the client's end of raw-xdp over l against the
+// server's link at rep.Addr: a ping-pong (lat) or a blast (bw).
+func driveLink(l *llp.XDP, cfg perf.Config, test string, rep runReply) (perf.Result, error) {
+	res := perf.Result{Config: cfg}
+	to, err := netip.ParseAddrPort(rep.Addr)
+	if err != nil {
+		return res, err
+	}
+	var stop, sending atomic.Bool
+	end := &perf.LinkEnd{Link: l, Poll: cfg.Poll, Peer: to, From: to, Stop: &stop, Rate: cfg.FlowRate()}
+	if test == "lat" {
+		ns, err := end.PingPong(cfg.Size, max(cfg.Warmup, 0), cfg.Iters)
+		if err != nil {
+			return res, fmt.Errorf("round trip %d: %w", len(ns)+max(cfg.Warmup, 0), err)
+		}
+		return perf.Summarize(cfg, ns), nil
+	}
+	sending.Store(true)
+	t := time.AfterFunc(cfg.Duration, func() { sending.Store(false) })
+	defer t.Stop()
+	res.Sent, err = end.Blast(cfg.Size, &sending, 0)
+	return res, err
 }
 
 // connectUDP connects c, a bound UDP socket, to the server's data end:

@@ -270,7 +270,8 @@ func TestControlMessagesFit(t *testing.T) {
 	from := "[fe80::ffff:ffff:ffff:ffff%" + strings.Repeat("z", 15) + "]:65535" // IFNAMSIZ-1
 	req := runRequest{Hello: protocol, Bye: true, Mode: perf.ModeRDWriteRecord, Test: "rate", Size: 8 << 20, Poll: "event",
 		Duration: maxRunDuration, Trips: maxTrips, Segment: maxSegment, Loss: math.Nextafter(1, 0), Seed: math.MaxUint64,
-		Partial: true, Deadline: maxDeadline, STag: math.MaxUint32, TO: math.MaxUint64, From: from, QPN: math.MaxUint32}
+		Partial: true, Deadline: maxDeadline, STag: math.MaxUint32, TO: math.MaxUint64, From: from, QPN: math.MaxUint32,
+		LLP: "xdp", LLPFallback: true}
 	for _, m := range perf.Modes() {
 		if len(m) > len(req.Mode) {
 			req.Mode = m
@@ -283,7 +284,7 @@ func TestControlMessagesFit(t *testing.T) {
 	}
 	rep := runReply{Udperf: protocol, Error: strings.Repeat("e", 300), Addr: from, QPN: math.MaxUint32, STag: math.MaxUint32, TO: math.MaxUint64,
 		Credits: math.MaxInt, Slots: slots, Received: math.MaxUint64, Partial: math.MaxUint64, ValidBytes: math.MaxUint64,
-		Gbps: big, Mpps: big, Foreign: math.MaxUint64}
+		Gbps: big, Mpps: big, Foreign: math.MaxUint64, Link: "xdp", LinkDetail: clip(strings.Repeat("\u00e9", maxDetail), maxDetail)}
 	done := doneMsg{Done: true, Sent: math.MaxUint64, P50: big, Avg: big, Gbps: big, Mpps: big}
 	for _, v := range []any{req, rep, done} {
 		b, err := json.Marshal(v)

@@ -1,6 +1,8 @@
 package perf
 
 import (
+	"errors"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -76,6 +78,16 @@ func TestCheckRefuses(t *testing.T) {
 		with(lat(ModeRawUDP), func(c *Config) { c.NoCRC = true }),
 		with(lat(ModeRCWrite), func(c *Config) { c.Poll = qp.PollEvent }),
 		with(lat(ModeRCWrite), func(c *Config) { c.Size = 0 }),
+		with(lat(ModeUDSend), func(c *Config) { c.LLP = "dpdk" }),
+		with(lat(ModeRawUDP), func(c *Config) { c.LLP = LLPXDP }),
+		with(bw(ModeRawUDPUnconnected), func(c *Config) { c.LLP = LLPXDP }),
+		with(lat(ModeRCSend), func(c *Config) { c.LLP = LLPXDP }),
+		with(lat(ModeRawTCP), func(c *Config) { c.LLP = LLPXDP }),
+		with(lat(ModeUDSend), func(c *Config) { c.LLPFallback = true }),
+		with(lat(ModeRawXDP), func(c *Config) { c.LLP, c.LLPFallback = LLPXDP, true }),
+		with(lat(ModeRawXDP), func(c *Config) { c.Loss = 0.1 }),
+		with(bw(ModeRawXDP), func(c *Config) { c.Segment = 1000 }),
+		with(lat(ModeRawXDP), func(c *Config) { c.NoCRC = true }),
 	} {
 		err := c.Check()
 		if err == nil {
@@ -100,10 +112,32 @@ func TestCheckRefuses(t *testing.T) {
 		with(lat(ModeRawUDPUnconnected), func(c *Config) { c.QPs = 2 }),
 		with(lat(ModeRawUDP), func(c *Config) { c.Size = 65507 }),
 		with(lat(ModeUDSend), func(c *Config) { c.Size = MaxSize(ModeUDSend) }),
+		with(lat(ModeUDSend), func(c *Config) { c.LLP = LLPXDP }),
+		with(bw(ModeRDWrite), func(c *Config) { c.LLP, c.LLPFallback, c.Segment = LLPXDP, true, 1400 }),
+		with(bw(ModeUDWriteRecord), func(c *Config) { c.LLP = LLPUDP }),
+		with(bw(ModeRawXDP), func(c *Config) { c.Rate = 1 }),
+		lat(ModeRawXDP),
 	} {
 		if err := c.Check(); err != nil {
 			t.Errorf("%+v: %v", c, err)
 		}
+	}
+}
+
+// TestXDPNotLocal: AF_XDP in one process (raw-xdp, or -llp xdp under a
+// queue-pair mode) is refused with the reason, before anything opens:
+// both ends would be on loopback, where AF_XDP never attaches.
+func TestXDPNotLocal(t *testing.T) {
+	for _, c := range []Config{
+		{Mode: ModeRawXDP, Test: TestLat, Poll: qp.PollBusy, Size: 64},
+		{Mode: ModeUDSend, Test: TestBW, Poll: qp.PollEvent, Size: 64, LLP: LLPXDP},
+	} {
+		if _, err := Run(c); !errors.Is(err, ErrXDPLoopback) {
+			t.Errorf("%s llp %q: %v, want ErrXDPLoopback", c.Mode, c.LLP, err)
+		}
+	}
+	if _, err := XDPInterface(netip.MustParseAddr("127.0.0.1")); err == nil || !strings.Contains(err.Error(), "loopback") {
+		t.Errorf("XDPInterface(127.0.0.1): %v", err)
 	}
 }
 

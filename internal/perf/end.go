@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/udiwarp/udiwarp/llp"
 	"github.com/udiwarp/udiwarp/qp"
 	"github.com/udiwarp/udiwarp/writerecord"
 )
@@ -287,6 +288,16 @@ func (e *End) Peer(host netip.Addr) Peer {
 		p.Addr, p.QPN = e.sock.LocalAddr(), e.q.QPN()
 	}
 	return p
+}
+
+// Link says what the end runs on: its socket's lower layer (kind
+// "udp" or "xdp", and how; a fallback from AF_XDP says why), or "tcp"
+// for RC.
+func (e *End) Link() llp.Caps {
+	if e.sock != nil {
+		return e.sock.Link()
+	}
+	return llp.Caps{Kind: "tcp", Detail: "RC: TCP + MPA"}
 }
 
 // Foreign is how many datagrams, completions or connections the target

@@ -70,6 +70,19 @@ const (
 	// a Write with Immediate back); bw counts the target's completions.
 	ModeRDWriteImm Mode = "rd-write-imm"
 	ModeRCWriteImm Mode = "rc-write-imm"
+	// ModeRawXDP is plain UDP over an AF_XDP socket with no stack above
+	// it (LinkEnd on llp.XDP): the floor of the AF_XDP path, as raw-udp
+	// is of the kernel socket's. It runs between two hosts or network
+	// namespaces only (udperf server and client): AF_XDP never attaches
+	// to loopback.
+	ModeRawXDP Mode = "raw-xdp"
+)
+
+// The lower layers a run's datagram queue pairs can run on
+// (Config.LLP).
+const (
+	LLPUDP = "udp" // kernel UDP sockets (the default)
+	LLPXDP = "xdp" // AF_XDP sockets (qp.LowerXDP)
 )
 
 func (m Mode) rc() bool {
@@ -145,13 +158,27 @@ type Config struct {
 	// and Bidir), whatever the mode and message size, so that modes of
 	// different sizes offer the same load (0: as fast as the sender can).
 	Rate float64
+	// LLP is the lower layer of the datagram queue-pair modes' devices
+	// (ud-*, rd-*): LLPUDP ("" too) or LLPXDP, AF_XDP on the interface
+	// that holds the end's address, polled busy with -poll busy. With
+	// LLPFallback a device that cannot open AF_XDP runs on a kernel
+	// socket instead (End.Link says so and why).
+	LLP         string
+	LLPFallback bool
 	// OnDevice, when set, is called with every device the run opens (for
 	// metrics).
 	OnDevice func(*qp.Device)
 }
 
+// XDP says the run asks for AF_XDP under its datagram queue pairs.
+func (c Config) XDP() bool { return c.LLP == LLPXDP }
+
 // openDevice opens a device for cfg's run.
 func openDevice(cfg Config, dc qp.DeviceConfig) (*qp.Device, error) {
+	if cfg.XDP() && cfg.Mode.takesLLP() {
+		dc.Lower, dc.LowerFallback = qp.LowerXDP, cfg.LLPFallback
+		dc.XDP.Busy = cfg.Poll == qp.PollBusy
+	}
 	d, err := qp.Open(dc)
 	if err == nil && cfg.OnDevice != nil {
 		cfg.OnDevice(d)
@@ -160,6 +187,10 @@ func openDevice(cfg Config, dc qp.DeviceConfig) (*qp.Device, error) {
 }
 
 var errStopped = errors.New("perf: stopped")
+
+// ErrXDPLoopback refuses AF_XDP in one process: both ends would be on
+// loopback, where AF_XDP never attaches.
+var ErrXDPLoopback = errors.New("AF_XDP never attaches to loopback, where one process runs both ends: run udperf server and client in two network namespaces or hosts (experiments/xdp.sh)")
 
 func (c *Config) fill() {
 	if c.Iters <= 0 {
@@ -194,6 +225,11 @@ type Result struct {
 	P99     float64
 	P999    float64
 
+	// The lower layer each end ran on (llp.Caps Kind: "udp", "xdp",
+	// "tcp") and, where known, how (its Detail): this end's (Link) and
+	// the far end's (Peer, as udperf server reports it).
+	Link, LinkDetail, PeerLink, PeerLinkDetail string
+
 	// Bandwidth: goodput at the receiver, and messages.
 	Gbps     float64
 	Mpps     float64
@@ -216,8 +252,8 @@ type Result struct {
 // segment, and have no limit of their own (0).
 func MaxSize(m Mode) int {
 	switch m {
-	case ModeRawUDP, ModeRawUDPUnconnected:
-		return maxUDPv4
+	case ModeRawUDP, ModeRawUDPUnconnected, ModeRawXDP:
+		return maxUDPv4 // raw-xdp: its link's MaxDatagram at run time (LinkEnd)
 	case ModeUDSend:
 		return maxUDPv4 - udiwarp.DDPUntaggedHeaderSize - udiwarp.CRCSize
 	}
@@ -230,7 +266,7 @@ const maxUDPv4 = 65507
 var (
 	knownModes = []Mode{ModeUDSend, ModeUDWriteRecord, ModeRDSend, ModeRDWrite, ModeRDRead, ModeRDWriteRecord,
 		ModeRCSend, ModeRCWrite, ModeRCRead, ModeRawUDP, ModeRawUDPUnconnected, ModeRawTCP,
-		ModeRDAtomic, ModeRCAtomic, ModeRDWriteImm, ModeRCWriteImm}
+		ModeRDAtomic, ModeRCAtomic, ModeRDWriteImm, ModeRCWriteImm, ModeRawXDP}
 	// multiQP: the modes that run Config.QPs pairs at once.
 	multiQP = []Mode{ModeUDSend, ModeRDSend, ModeRawUDP, ModeRawUDPUnconnected, ModeRawTCP}
 )
@@ -242,7 +278,17 @@ func Modes() []Mode { return slices.Clone(knownModes) }
 // can leave out: every mode but the plain-socket baselines.
 func (m Mode) HasCRC() bool { return !m.raw() }
 
-func (m Mode) raw() bool { return m == ModeRawUDP || m == ModeRawUDPUnconnected || m == ModeRawTCP }
+func (m Mode) raw() bool {
+	return m == ModeRawUDP || m == ModeRawUDPUnconnected || m == ModeRawTCP || m == ModeRawXDP
+}
+
+// takesLLP says m's queue pairs run on a datagram lower layer that
+// Config.LLP chooses: UD and RD. The plain-socket modes are their own
+// lower layer (raw-xdp is AF_XDP's), RC runs over TCP.
+func (m Mode) takesLLP() bool { return !m.raw() && !m.rc() }
+
+// TakesLLP is takesLLP for udperf: m runs on -llp's lower layer.
+func (m Mode) TakesLLP() bool { return m.takesLLP() }
 
 // Check says whether c's mode acts on every setting c has: nil, or an
 // error of one line naming the first setting the mode would ignore or
@@ -271,6 +317,9 @@ func (m Mode) raw() bool { return m == ModeRawUDP || m == ModeRawUDPUnconnected 
 //     modes.
 //   - Rate: the datagram modes' bandwidth runs (not RC, raw-tcp or the
 //     atomics), and not with Interval.
+//   - LLP: "", udp or xdp; xdp only for the UD and RD modes (raw-udp is
+//     the kernel socket's baseline, raw-xdp AF_XDP's; RC is TCP), and
+//     LLPFallback only with xdp.
 func (c Config) Check() error {
 	m := c.Mode
 	switch {
@@ -324,6 +373,14 @@ func (c Config) Check() error {
 		return errors.New("messages: a bw run's count (a lat run's is Iters)")
 	case c.NoCRC && m.raw():
 		return fmt.Errorf("no CRC: %s has none to skip", m)
+	case c.LLP != "" && c.LLP != LLPUDP && c.LLP != LLPXDP:
+		return fmt.Errorf("-llp %q: want udp or xdp", c.LLP)
+	case c.XDP() && (m == ModeRawUDP || m == ModeRawUDPUnconnected):
+		return fmt.Errorf("-llp xdp: %s is the kernel socket's baseline; AF_XDP's is raw-xdp", m)
+	case c.XDP() && (m.rc() || m == ModeRawTCP):
+		return fmt.Errorf("-llp xdp: %s runs over TCP (AF_XDP carries the datagram modes, ud-* and rd-*)", m)
+	case c.LLPFallback && (!c.XDP() || m == ModeRawXDP):
+		return errors.New("-llp-fallback: falls back from -llp xdp's queue pairs to kernel sockets: give -llp xdp (raw-xdp has no fallback: it is AF_XDP)")
 	}
 	return nil
 }
@@ -380,6 +437,8 @@ func run(cfg Config) (Result, error) {
 		return rawTCPLatency(cfg)
 	case cfg.Mode == ModeRawTCP && cfg.Test == TestBW:
 		return rawTCPBandwidth(cfg)
+	case cfg.Mode == ModeRawXDP || cfg.XDP():
+		return Result{}, ErrXDPLoopback
 	}
 	return qpRun(cfg) // every queue-pair mode: a target and an initiator (end.go)
 }
