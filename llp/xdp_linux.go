@@ -77,6 +77,10 @@ const (
 	xdpNeighProbePort = 9
 )
 
+// xdpKernelEvery: a busy reader looks at the port's kernel socket every
+// this many reads that did not fill their batch (Read).
+const xdpKernelEvery = 1024
+
 // xdpReaderTick is how long (ms) WaitReadable parks at a time when no
 // datagram waits for its next hop.
 const xdpReaderTick = 20
@@ -158,7 +162,11 @@ type XDP struct {
 	umem     []byte
 	ringMaps [][]byte
 
-	rxMu sync.Mutex // the receive side: rx and fill rings
+	rxMu sync.Mutex // the receive side: rx and fill rings, kernelPolls
+	// kernelReady: a wait saw the port's kernel socket readable;
+	// kernelPolls counts the reads since it was last looked at.
+	kernelReady atomic.Bool
+	kernelPolls int
 	rx   xdpRing
 	fill xdpRing
 
@@ -675,11 +683,21 @@ func (x *XDP) Read(ms []Msg) (int, error) {
 		x.fill.submit()
 	}
 	x.st.rxFrames.Add(uint64(n))
-	if x.fill.needWakeup() {
+	if n > 0 && x.fill.needWakeup() { // frames went back: the driver may wait for them
 		unix.Recvfrom(x.xsk, nil, unix.MSG_DONTWAIT)
 	}
-	for n < len(ms) && x.readKernel(&ms[n]) {
-		n++
+	// The port's kernel socket (datagrams steered to another queue) costs
+	// a system call to look at: looked at when a wait saw it readable,
+	// and every xdpKernelEvery empty reads of a busy reader that waits in
+	// no poll.
+	if n < len(ms) {
+		x.kernelPolls++
+		if x.kernelReady.Swap(false) || x.kernelPolls >= xdpKernelEvery {
+			x.kernelPolls = 0
+			for n < len(ms) && x.readKernel(&ms[n]) {
+				n++
+			}
+		}
 	}
 	return n, nil
 }
@@ -1052,6 +1070,11 @@ func (x *XDP) WaitReadable() error {
 		x.sendUnresolved()
 		return false
 	}
+	defer func() {
+		if fds[2].Revents != 0 {
+			x.kernelReady.Store(true)
+		}
+	}()
 	return x.poll(fds, -2, ready)
 }
 
