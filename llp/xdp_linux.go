@@ -176,6 +176,7 @@ type XDP struct {
 	txFree []uint64
 	ipID   uint16
 	neigh  map[netip.Addr]neighEntry
+	hot    hotNeigh
 	// unres are the datagrams waiting for their next hop's MAC address,
 	// oldest first; unresAt when the kernel's table was last asked.
 	unres   []unresolved
@@ -192,6 +193,20 @@ type neighEntry struct {
 	mac [6]byte
 	at  time.Time
 }
+
+// hotNeigh is the destination the link sent to last, with its next
+// hop's MAC: the next datagram to it takes neither the map nor the
+// clock (together a fifth of a small datagram's own cost here) but every
+// xdpNeighClock datagrams, when the entry's age is checked.
+type hotNeigh struct {
+	dst  netip.Addr
+	mac  [6]byte
+	uses uint32
+}
+
+// xdpNeighClock: a cached next hop's age is checked every this many
+// datagrams to the destination sent to last.
+const xdpNeighClock = 64
 
 var _ Link = (*XDP)(nil)
 
@@ -963,9 +978,14 @@ func (x *XDP) flushUnresolved(force bool) int {
 // datagram (the first time) makes it resolve, and the answer is
 // errResolving: the datagram waits (hold).
 func (x *XDP) resolve(dst netip.Addr) ([6]byte, error) {
+	if h := &x.hot; h.uses > 0 && h.dst == dst {
+		h.uses--
+		return h.mac, nil
+	}
 	now := time.Now()
 	e, ok := x.neigh[dst]
 	if ok && now.Sub(e.at) < xdpNeighTTL {
+		x.hot = hotNeigh{dst: dst, mac: e.mac, uses: xdpNeighClock}
 		return e.mac, nil
 	}
 	oif, gw, err := x.nl.routeGet(dst)
@@ -1008,6 +1028,7 @@ func (x *XDP) resolve(dst netip.Addr) ([6]byte, error) {
 		clear(x.neigh)
 	}
 	x.neigh[dst] = neighEntry{mac: mac, at: now}
+	x.hot = hotNeigh{dst: dst, mac: mac, uses: xdpNeighClock}
 	return mac, nil
 }
 

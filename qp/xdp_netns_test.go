@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"net/netip"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -180,4 +182,49 @@ func TestXDPInterop(t *testing.T) {
 	if st := xl.Stats(); st.TxNoNeighbour != 1 {
 		t.Fatalf("the datagram to nobody was not dropped: %+v", st)
 	}
+}
+
+// BenchmarkXDPRoundTrip is BenchmarkRoundTripCPU's UD ping-pong between
+// two devices on AF_XDP links in two namespaces joined by a veth pair,
+// busy polling, in one goroutine: the stack and the AF_XDP path, for
+// its CPU profile (the figures are experiments/xdp.sh's, two processes
+// on two cores).
+func BenchmarkXDPRoundTrip(b *testing.B) {
+	nsA := netnstest.New(b, "link set lo up")
+	nsB := netnstest.New(b, "link set lo up")
+	veth := fmt.Sprintf("udb%d", netnstest.Seq())
+	for _, c := range []struct{ ns, cmd string }{
+		{nsA, "link add " + veth + "a type veth peer name " + veth + "b netns " + nsB},
+		{nsA, "addr add 10.216.0.1/24 dev " + veth + "a"}, {nsA, "link set " + veth + "a up"},
+		{nsB, "addr add 10.216.0.2/24 dev " + veth + "b"}, {nsB, "link set " + veth + "b up"},
+	} {
+		if out, err := exec.Command("ip", append([]string{"-n", c.ns}, strings.Fields(c.cmd)...)...).CombinedOutput(); err != nil {
+			b.Fatalf("ip %s: %v: %s", c.cmd, err, out)
+		}
+	}
+	var x, y *node
+	cfg := DeviceConfig{Poll: PollBusy, Lower: LowerXDP, XDP: llp.XDPConfig{Frames: 1024}}
+	netnstest.In(b, nsA, func() {
+		if err := llp.XDPAvailable(veth + "a"); err != nil {
+			b.Skipf("AF_XDP unavailable here: %v", err)
+		}
+		x = newNode(b, cfg, "udp4", "10.216.0.1:0")
+	})
+	netnstest.In(b, nsB, func() { y = newNode(b, cfg, "udp4", "10.216.0.2:0") })
+	// Each end learns the other's MAC first: a datagram waiting for its
+	// next hop leaves with a later call on its link, and the ping-pong
+	// polls only the far end while it waits.
+	for _, p := range [][2]*node{{x, y}, {y, x}} {
+		l := p[0].sock.ll.(*llp.XDP)
+		if _, err := l.Write([]llp.Msg{{Bufs: [][]byte{{0}}, Addr: p[1].sock.LocalAddr()}}); err != nil {
+			b.Fatal(err)
+		}
+		for end := time.Now().Add(10 * time.Second); l.Waiting() > 0; time.Sleep(100 * time.Microsecond) {
+			if time.Now().After(end) {
+				b.Fatal("a next hop did not resolve in 10 s")
+			}
+			l.WaitWritable()
+		}
+	}
+	udRoundTrip(b, 64, x, y)
 }
