@@ -69,7 +69,11 @@ type Mem struct {
 	mu    sync.Mutex
 	q     []memDatagram // unread, oldest first
 	head  int
-	wake  chan struct{} // a datagram was queued
+	wake  chan struct{} // a datagram was queued while waiters > 0
+	// waiters counts the goroutines in WaitReadable: a datagram queued
+	// when none waits signals nobody (a busy reader's ping-pong pays no
+	// channel operation).
+	waiters atomic.Int32
 	done  chan struct{} // closed by Close
 	once  sync.Once
 	// Received and Sent count datagrams.
@@ -200,15 +204,21 @@ func (m *Mem) queue(b *[]byte, src netip.AddrPort) bool {
 	}
 	m.q = append(m.q, memDatagram{b, src})
 	m.mu.Unlock()
-	select {
-	case m.wake <- struct{}{}:
-	default:
+	if m.waiters.Load() > 0 {
+		select {
+		case m.wake <- struct{}{}:
+		default:
+		}
 	}
 	return true
 }
 
 func (m *Mem) WaitReadable() error {
+	m.waiters.Add(1)
+	defer m.waiters.Add(-1)
 	for {
+		// (waiters is raised before the queue is looked at: a datagram
+		// queued after the look finds it raised and signals.)
 		m.mu.Lock()
 		ready := m.head < len(m.q)
 		m.mu.Unlock()
