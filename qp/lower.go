@@ -60,9 +60,9 @@ func (d *Device) openXDP(ap netip.AddrPort) (*llp.XDP, error) {
 	cfg := d.cfg.XDP
 	cfg.Addr = ap
 	if cfg.Interface == "" {
-		ifi, err := interfaceOf(ap.Addr())
+		ifi, err := llp.InterfaceOf(ap.Addr())
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("qp: %w", err)
 		}
 		cfg.Interface = ifi
 	}
@@ -72,26 +72,4 @@ func (d *Device) openXDP(ap netip.AddrPort) (*llp.XDP, error) {
 		return nil, fmt.Errorf("qp: AF_XDP on %s: %w", cfg.Interface, err)
 	}
 	return l, nil
-}
-
-// interfaceOf names the interface that holds a.
-func interfaceOf(a netip.Addr) (string, error) {
-	ifs, err := net.Interfaces()
-	if err != nil {
-		return "", err
-	}
-	for _, ifi := range ifs {
-		addrs, err := ifi.Addrs()
-		if err != nil {
-			continue
-		}
-		for _, x := range addrs {
-			if p, ok := x.(*net.IPNet); ok {
-				if ip, ok := netip.AddrFromSlice(p.IP); ok && ip.Unmap() == a {
-					return ifi.Name, nil
-				}
-			}
-		}
-	}
-	return "", fmt.Errorf("%w: no interface holds %v", ErrInvalidAttr, a)
 }

@@ -21,7 +21,7 @@ func TestLowerXDPRefusedOrFallsBack(t *testing.T) {
 	if err == nil {
 		t.Fatalf("AF_XDP on loopback: a socket on %+v", s.Link())
 	}
-	if msg := err.Error(); strings.Contains(msg, "\n") || !strings.Contains(msg, "AF_XDP on lo") {
+	if msg := err.Error(); strings.Contains(msg, "\n") || !strings.Contains(msg, "never attaches to loopback") {
 		t.Fatalf("the reason: %q", msg)
 	}
 	if _, err := d.Bind("udp4", "0.0.0.0:0"); !errors.Is(err, ErrInvalidAttr) {
@@ -29,7 +29,7 @@ func TestLowerXDPRefusedOrFallsBack(t *testing.T) {
 	}
 
 	f := newNode(t, DeviceConfig{Lower: LowerXDP, LowerFallback: true}, "udp4", "127.0.0.1:0")
-	if c := f.sock.Link(); c.Kind != "udp" || !strings.Contains(c.Detail, "AF_XDP refused: qp: AF_XDP on lo") {
+	if c := f.sock.Link(); c.Kind != "udp" || !strings.Contains(c.Detail, "AF_XDP refused: qp: AF_XDP: 127.0.0.1 is a loopback address") {
 		t.Fatalf("the fallback socket: %+v", c)
 	}
 	g := newNode(t, DeviceConfig{}, "udp4", "127.0.0.1:0")

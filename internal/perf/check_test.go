@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/udiwarp/udiwarp/llp"
 	"github.com/udiwarp/udiwarp/qp"
 )
 
@@ -136,8 +137,8 @@ func TestXDPNotLocal(t *testing.T) {
 			t.Errorf("%s llp %q: %v, want ErrXDPLoopback", c.Mode, c.LLP, err)
 		}
 	}
-	if _, err := XDPInterface(netip.MustParseAddr("127.0.0.1")); err == nil || !strings.Contains(err.Error(), "loopback") {
-		t.Errorf("XDPInterface(127.0.0.1): %v", err)
+	if _, err := llp.InterfaceOf(netip.MustParseAddr("127.0.0.1")); err == nil || !strings.Contains(err.Error(), "loopback") {
+		t.Errorf("llp.InterfaceOf(127.0.0.1): %v", err)
 	}
 }
 

@@ -3,7 +3,6 @@ package perf
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"runtime"
 	"sync/atomic"
@@ -302,40 +301,10 @@ func (e *LinkEnd) Sink(got func(datagrams, bytes int)) error {
 	}
 }
 
-// XDPInterface names the interface that holds a, the one an AF_XDP end
-// on a attaches to; loopback is refused (AF_XDP never attaches there).
-func XDPInterface(a netip.Addr) (string, error) {
-	a = a.Unmap()
-	if a.IsLoopback() {
-		return "", fmt.Errorf("AF_XDP: %v is a loopback address, and AF_XDP never attaches to loopback (run the ends in two network namespaces or hosts)", a)
-	}
-	ifs, err := net.Interfaces()
-	if err != nil {
-		return "", err
-	}
-	for _, ifi := range ifs {
-		addrs, err := ifi.Addrs()
-		if err != nil {
-			continue
-		}
-		for _, x := range addrs {
-			if p, ok := x.(*net.IPNet); ok {
-				if ip, ok := netip.AddrFromSlice(p.IP); ok && ip.Unmap() == a {
-					if ifi.Flags&net.FlagLoopback != 0 {
-						return "", fmt.Errorf("AF_XDP: %v is on %s, a loopback interface, where AF_XDP never attaches", a, ifi.Name)
-					}
-					return ifi.Name, nil
-				}
-			}
-		}
-	}
-	return "", fmt.Errorf("AF_XDP: no interface holds %v", a)
-}
-
 // XDPUsable says, in one line, why an AF_XDP end on a cannot open (no
 // interface, loopback, llp.XDPAvailable's reasons), or nil.
 func XDPUsable(a netip.Addr) error {
-	ifname, err := XDPInterface(a)
+	ifname, err := llp.InterfaceOf(a)
 	if err != nil {
 		return err
 	}
@@ -350,7 +319,7 @@ func XDPUsable(a netip.Addr) error {
 // in WaitReadable when poll is busy.
 func OpenXDPLink(ap netip.AddrPort, poll qp.PollMode) (*llp.XDP, error) {
 	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-	ifname, err := XDPInterface(ap.Addr())
+	ifname, err := llp.InterfaceOf(ap.Addr())
 	if err != nil {
 		return nil, err
 	}
