@@ -74,8 +74,8 @@ type Mem struct {
 	// when none waits signals nobody (a busy reader's ping-pong pays no
 	// channel operation).
 	waiters atomic.Int32
-	done  chan struct{} // closed by Close
-	once  sync.Once
+	done    chan struct{} // closed by Close
+	once    sync.Once
 	// Received and Sent count datagrams.
 	Received, Sent atomic.Uint64
 	// last is the link the last datagram went to: a ping-pong's peer is

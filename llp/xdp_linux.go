@@ -167,8 +167,8 @@ type XDP struct {
 	// kernelPolls counts the reads since it was last looked at.
 	kernelReady atomic.Bool
 	kernelPolls int
-	rx   xdpRing
-	fill xdpRing
+	rx          xdpRing
+	fill        xdpRing
 
 	txMu   sync.Mutex // the send side: tx and completion rings, free frames, neighbours
 	tx     xdpRing

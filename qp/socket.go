@@ -66,8 +66,8 @@ type socketAlias struct {
 	q   *QP
 }
 
+// maxUDPv4 is the largest UDP payload over IPv4.
 const maxUDPv4 = 65507
-const maxUDPv6 = 65527
 
 func newSocket(d *Device, conn *net.UDPConn) (*Socket, error) {
 	u, err := llp.NewUDP(conn, d.cfg.RecvBatch, d.cfg.RecvBuffer, d.cfg.SendBuffer)
