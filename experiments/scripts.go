@@ -11,8 +11,8 @@ import (
 	"strconv"
 )
 
-// The figures of the shell experiments (issue 34): fi-pingpong.sh,
-// mpi-netpipe.sh and mpi-memory.sh measure, write runs.csv (a row per
+// The figures of the shell experiments (issues 34 and 35): fi-pingpong.sh,
+// mpi-netpipe.sh, mpi-memory.sh and xdp.sh measure, write runs.csv (a row per
 // run, the columns of lead) into their results directory, and then draw
 // it with `go run ./experiments -plot DIR`, which draws every figure below
 // that has rows there, through plotFigure: the chart of every other
@@ -31,6 +31,25 @@ func scriptFigures() []*figure {
 	mpiSeed := "Seed 003 compared MPI (MVAPICH-Aptus's hybrid UD/RC channel) over datagram-iWARP and over RC-iWARP, both " +
 		"software iWARP on 10 GbE: MPI over UD had the lower ping-pong latency (FIG 5) and the higher bidirectional " +
 		"bandwidth for most message sizes (FIG 6); it published the curves without numbers."
+	// xdp.sh's series, in one list for both figures so that a series has
+	// the same colour in each: the kernel socket's beside AF_XDP's.
+	xdp := []series{
+		{Label: "raw-udp (kernel sockets)"},
+		{Label: "raw-xdp (AF_XDP, no stack)"},
+		{Label: "UD Send, sockets"},
+		{Label: "UD Send, AF_XDP"},
+		{Label: "UD Write-Record, sockets"},
+		{Label: "UD Write-Record, AF_XDP"},
+		{Label: "RD Send, sockets"},
+		{Label: "RD Send, AF_XDP"},
+		{Label: "RD Write, sockets"},
+		{Label: "RD Write, AF_XDP"},
+	}
+	xdpDiffers := "Seed 003's FIG 15 and 16 ran between two hosts with NetEffect 10 GbE cards; ours is one VM's two cores (server on " +
+		"CPU 0, client on CPU 1, busy polling) and a veth pair between two network namespaces, MTU 1,500, where AF_XDP runs in " +
+		"copy mode (the veth has no zero-copy queues): every datagram is still copied into and out of the UMEM. An AF_XDP " +
+		"link takes no IP fragments, so UD Send and the raw modes stop at 1,400 B, and Write-Record and RD carry larger " +
+		"messages in 1,400-byte segments (-mtu 1400), over the kernel's sockets too, to compare like with like."
 	return []*figure{
 		{
 			ID: "fi-pingpong", Title: "fi_pingpong over udiwarp beside libfabric's own providers (issue 34)", Test: "lat",
@@ -71,6 +90,22 @@ func scriptFigures() []*figure {
 			ID: "mpi-memory-growth", Title: "What talking to every other rank added to a rank's memory (seed 003 FIG 8)", Test: "mpi-memory",
 			XLabel: "ranks (one host, every pair exchanging)", YLabel: "VmRSS growth per rank (MiB)",
 			Series: mpi[:3],
+		},
+		{
+			ID: "xdp-latency", Title: "Latency over a veth, AF_XDP beside kernel sockets (seed 003 FIG 15, issue 35)", Test: "lat",
+			XLabel: "message size (bytes)", YLabel: "latency, half round trip (µs, t_typical)",
+			Series: xdp,
+			Seed: "Seed 003 FIG 15: UD Send/Recv and UD Write-Record 27-28 µs under 128 B, RC about 33 µs (two hosts, 10 GbE " +
+				"NetEffect cards, software iWARP over the kernel's sockets).",
+			Differs: xdpDiffers,
+		},
+		{
+			ID: "xdp-goodput", Title: "Goodput over a veth, AF_XDP beside kernel sockets (seed 003 FIG 16, issue 35)", Test: "bw",
+			XLabel: "message size (bytes)", YLabel: "goodput at the server (Gb/s)",
+			Series: xdp,
+			Seed: "Seed 003 FIG 16: UD Send/Recv up to 33.4 % above RC Send/Recv (at 256 KB), UD Write-Record 256 % above RC RDMA " +
+				"Write at 512 KB (two hosts, 10 GbE NetEffect cards, software iWARP over the kernel's sockets).",
+			Differs: xdpDiffers,
 		},
 	}
 }

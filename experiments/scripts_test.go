@@ -36,6 +36,16 @@ mpi-memory,"udiwarp RDM (native)",2,1,32.1,MiB,udiwarp,,,"x"
 mpi-memory,"udiwarp RDM (native)",8,1,33.5,MiB,udiwarp,,,"x"
 mpi-memory-growth,"udiwarp RDM (native)",2,1,0.8,MiB,udiwarp,,,"x"
 mpi-memory-growth,"udiwarp RDM (native)",8,1,1.9,MiB,udiwarp,,,"x"
+xdp-latency,"raw-udp (kernel sockets)",64,1,9.8,us,raw-udp,udp,,"udperf client -poll busy -mode raw-udp -test lat -s 64 -n 20000 -w 2000"
+xdp-latency,"raw-xdp (AF_XDP, no stack)",64,1,2.9,us,raw-xdp,xdp,,"x"
+xdp-latency,"UD Send, AF_XDP",64,1,3.5,us,ud-send,xdp,,"x"
+xdp-latency,"UD Send, AF_XDP",1400,1,6.1,us,ud-send,xdp,,"x"
+xdp-latency,"RD Send, AF_XDP",4096,1,14.2,us,rd-send,xdp,,"x"
+xdp-latency,"RD Send, sockets",4096,1,31,us,rd-send,udp,,"x"
+xdp-goodput,"UD Write-Record, AF_XDP",1400,1,1.9,Gb/s,ud-wr,xdp,,"x"
+xdp-goodput,"UD Write-Record, AF_XDP",1048576,1,3.2,Gb/s,ud-wr,xdp,,"x"
+xdp-goodput,"RD Write, sockets",1400,1,0.9,Gb/s,rd-write,udp,,"x"
+xdp-goodput,"RD Write, sockets",1048576,1,2.4,Gb/s,rd-write,udp,,"x"
 `
 	if err := os.WriteFile(filepath.Join(dir, "runs.csv"), []byte(csv), 0o644); err != nil {
 		t.Fatal(err)
@@ -44,8 +54,8 @@ mpi-memory-growth,"udiwarp RDM (native)",8,1,1.9,MiB,udiwarp,,,"x"
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != 16 {
-		t.Errorf("%d rows, want 16 (the NaN run left out)", len(rows))
+	if len(rows) != 26 {
+		t.Errorf("%d rows, want 26 (the NaN run left out)", len(rows))
 	}
 	if r := rows[0]; r.str("series") != "udiwarp -e dgram" || r.num("x") != 64 || r.num("value") != 10.5 || !strings.Contains(r.str("command"), "ofi_rxd,ofi_rxm") {
 		t.Errorf("first row %v", r)
