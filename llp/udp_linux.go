@@ -54,10 +54,11 @@ type mmsghdr struct {
 const (
 	maxUDPv4 = 65507
 	maxUDPv6 = 65527
-	// maxTxIov is the most buffers a Write of one Msg sends without
-	// taking an array from iovPool (a train of MaxTrain datagrams of
-	// header, payload and trailer takes 192), and of several Msgs in all.
+	// maxTxIov is the most buffers a Write of several Msgs sends in all.
 	maxTxIov = 256
+	// smallIov is the most buffers a datagram sent alone takes from the
+	// stack: a header, the SGEs of a small send, the trailer.
+	smallIov = 20
 	// uioMaxIov is the kernel's limit on the buffers of one datagram or
 	// train (UIO_MAXIOV).
 	uioMaxIov = 1024
@@ -342,7 +343,9 @@ func (u *UDP) Write(ms []Msg) (int, error) {
 var iovPool = sync.Pool{New: func() any { return new([uioMaxIov]unix.Iovec) }}
 
 func (u *UDP) writeOne(m *Msg) (int, error) {
-	var stack [maxTxIov]unix.Iovec
+	// A datagram's few buffers fit an array on the stack (zeroed on every
+	// call, so kept small); a train's come from iovPool.
+	var stack [smallIov]unix.Iovec
 	var ctl [gsoCtlSize]byte
 	var msg unix.Msghdr
 	sa, ok := sockaddrFor(m.Addr, u.v6)
@@ -355,7 +358,7 @@ func (u *UDP) writeOne(m *Msg) (int, error) {
 		return 0, fmt.Errorf("%w: %d buffers in one train, at most %d", ErrTrainTooBig, len(m.Bufs), uioMaxIov)
 	case len(m.Bufs) > uioMaxIov:
 		return 0, fmt.Errorf("llp: %d buffers in one datagram, at most %d", len(m.Bufs), uioMaxIov)
-	case len(m.Bufs) > maxTxIov:
+	case len(m.Bufs) > smallIov:
 		big := iovPool.Get().(*[uioMaxIov]unix.Iovec)
 		defer iovPool.Put(big)
 		iov = big[:]
