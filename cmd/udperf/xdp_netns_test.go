@@ -47,7 +47,7 @@ func TestServerClientXDP(t *testing.T) {
 	defer cancel()
 	control := subnet + ".1:18516"
 	server := exec.CommandContext(ctx, "ip", "netns", "exec", srv, bin, "server", "-addr", control)
-	var sout, serr strings.Builder
+	var sout, serr lockedBuffer // the server process writes them while the test reads
 	server.Stdout, server.Stderr = &sout, &serr
 	if err := server.Start(); err != nil {
 		t.Fatal(err)
