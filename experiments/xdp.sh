@@ -8,7 +8,8 @@
 #   lat, 64 B:  raw-udp (kernel sockets), raw-xdp (plain UDP on AF_XDP,
 #               no stack: that path's floor), ud-send on udp and on xdp,
 #               rd-send on xdp, ud-wr on xdp
-#   bw, 1400 B: ud-send, ud-wr and rd-write, each on udp and on xdp
+#   bw, 1400 B: raw-udp and raw-xdp (the floor of each path), ud-send,
+#               ud-wr and rd-write, each on udp and on xdp
 #               (ud-wr and rd-write with -mtu 1400: an AF_XDP link takes
 #               no IP fragments, so every datagram fits the veth's MTU)
 #
@@ -54,7 +55,7 @@
 # Environment: ROUNDS (5), N lat round trips (20000), W warm-up (2000),
 # D a bw run's seconds (1), LAT_SIZES, BW_SIZES (above), SWEEP_N (5000,
 # or N if less), SWEEP_W (500, or W if less), SWEEP_D (D), PORT the
-# server's control port (18600). The defaults are 42 runs a round (12
+# server's control port (18600). The defaults are 44 runs a round (14
 # one-size, 30 of the sweeps), 40-50 s on two cores (each run costs some
 # 0.4 s besides its measurement: the client's start, the control
 # connection, the queue pairs and AF_XDP sockets): five rounds take about
@@ -175,6 +176,8 @@ cases=(
   "lat ud-send xdp 64"
   "lat rd-send xdp 64"
   "lat ud-wr xdp 64"
+  "bw raw-udp udp 1400"
+  "bw raw-xdp xdp 1400"
   "bw ud-send udp 1400"
   "bw ud-send xdp 1400"
   "bw ud-wr udp 1400 -mtu 1400"
@@ -356,7 +359,9 @@ detail=$(jq -r '.results[0].server_link_detail // "-"' "$out/r1-lat-ud-send-xdp.
       ratio("lat rd-send/xdp ÷ raw-udp", "lat rd-send xdp", "lat raw-udp udp")
       ratio("lat ud-send/xdp ÷ ud-send/udp", "lat ud-send xdp", "lat ud-send udp")
       ratio("lat raw-xdp ÷ raw-udp", "lat raw-xdp xdp", "lat raw-udp udp")
+      ratio("bw raw-xdp ÷ raw-udp (the floor)", "bw raw-xdp xdp", "bw raw-udp udp")
       ratio("bw ud-send goodput xdp ÷ udp", "bw ud-send xdp", "bw ud-send udp")
+      ratio("bw ud-send/xdp ÷ raw-xdp", "bw ud-send xdp", "bw raw-xdp xdp")
       ratio("bw ud-wr goodput xdp ÷ udp", "bw ud-wr xdp", "bw ud-wr udp")
       ratio("bw rd-write goodput xdp ÷ udp", "bw rd-write xdp", "bw rd-write udp")
     }' "$out/data"
