@@ -355,7 +355,7 @@ func testRDImpaired(t *testing.T, imp func(seed uint64) *Impairment, rx bool) {
 	done := collect(t, p.cqa, n+n/20, 20*time.Second)
 	for _, wc := range done {
 		if wc.Status != Success {
-			t.Fatalf("%+v", wc)
+			t.Fatalf("%+v\na: %+v\nb: %+v", wc, p.a.dev.Stats().Snapshot(), p.b.dev.Stats().Snapshot())
 		}
 		if wc.ID >= 1000 {
 			syncRD(p.qb)
