@@ -177,6 +177,12 @@ type XDP struct {
 	ipID   uint16
 	neigh  map[netip.Addr]neighEntry
 	hot    hotNeigh
+	// owed counts the frames on the TX ring that a deferred kick owes
+	// (kickSoon); lastKick, timerSet and kickTimer are under txMu.
+	owed      atomic.Int32
+	lastKick  time.Time
+	timerSet  bool
+	kickTimer *time.Timer
 	// unres are the datagrams waiting for their next hop's MAC address,
 	// oldest first; unresAt when the kernel's table was last asked.
 	unres   []unresolved
@@ -306,6 +312,8 @@ func openXDP(cfg XDPConfig) (_ *XDP, err error) {
 		frameSize: cfg.FrameSize, xsk: -1, udp: -1, evfd: -1,
 		neigh: make(map[netip.Addr]neighEntry),
 	}
+	x.kickTimer = time.AfterFunc(time.Hour, x.timerKick)
+	x.kickTimer.Stop()
 	copy(x.mac[:], ifi.HardwareAddr)
 	defer func() {
 		if err != nil {
@@ -627,6 +635,7 @@ func (x *XDP) enter() bool {
 func (x *XDP) Close() error {
 	x.once.Do(func() {
 		x.closed.Store(true)
+		x.kickTimer.Stop() // one running waits for x.mu below, then finds the link closed
 		var one [8]byte
 		one[0] = 1 // eventfd takes a native u64; any non-zero value wakes
 		unix.Write(x.evfd, one[:])
@@ -674,6 +683,7 @@ func (x *XDP) Read(ms []Msg) (int, error) {
 		return 0, ErrClosed
 	}
 	defer x.mu.RUnlock()
+	x.payKick()        // what close Writes left owed goes before the reader looks
 	x.sendUnresolved() // a busy reader's turn to send them (WaitReadable)
 	x.rxMu.Lock()
 	defer x.rxMu.Unlock()
@@ -790,9 +800,73 @@ func (x *XDP) Write(ms []Msg) (int, error) {
 	}
 	if queued > 0 {
 		x.tx.submit()
-		x.kick()
+		x.kickSoon(queued)
 	}
 	return sent, err
+}
+
+// Deferred kicks (busy links only). In copy mode every kick is a system
+// call that runs the whole transmit; a busy link whose Writes come close
+// together (a sender posting message after message) puts up to
+// xdpKickBatch frames on the ring for one kick, as raw-xdp's batches do.
+// A frame never waits long: the link's next Read, WaitReadable or
+// WaitWritable kicks what is owed (a busy reader calls Read within
+// microseconds), and a timer does after xdpKickDefer if none comes. A
+// Write that comes xdpKickDefer or more after the last kick kicks at once,
+// so a lone datagram (a ping-pong's, whose peer waits) pays nothing.
+const (
+	xdpKickBatch = 32
+	xdpKickDefer = 50 * time.Microsecond
+)
+
+// kickSoon kicks now, or, on a busy link between close Writes, leaves the
+// kick owed (under txMu).
+func (x *XDP) kickSoon(queued int) {
+	now := time.Now()
+	owed := x.owed.Add(int32(queued))
+	if !x.cfg.Busy || owed >= xdpKickBatch || now.Sub(x.lastKick) >= xdpKickDefer {
+		x.kickOwed(now)
+		return
+	}
+	if !x.timerSet {
+		x.timerSet = true
+		x.kickTimer.Reset(xdpKickDefer)
+	}
+}
+
+// kickOwed kicks, and the kick is no longer owed (under txMu).
+func (x *XDP) kickOwed(now time.Time) {
+	x.owed.Store(0)
+	x.lastKick = now
+	x.kick()
+}
+
+// payKick kicks what Writes left owed, if any (Read, the waits, the
+// timer).
+func (x *XDP) payKick() {
+	if x.owed.Load() == 0 {
+		return
+	}
+	x.txMu.Lock()
+	if x.owed.Load() > 0 {
+		x.kickOwed(time.Now())
+	}
+	x.txMu.Unlock()
+}
+
+// timerKick is the deferred kick's timer: it pays what no Read or wait
+// paid within xdpKickDefer.
+func (x *XDP) timerKick() {
+	if !x.enter() {
+		return
+	}
+	defer x.mu.RUnlock()
+	x.txMu.Lock()
+	x.timerSet = false
+	if x.owed.Load() > 0 {
+		x.kickOwed(time.Now())
+	}
+	x.txMu.Unlock()
 }
 
 // queue puts m's datagrams on the TX ring (not yet submitted).
@@ -918,7 +992,7 @@ func (x *XDP) sendUnresolved() {
 	defer x.txMu.Unlock()
 	if x.flushUnresolved(false) > 0 {
 		x.tx.submit()
-		x.kick()
+		x.kickOwed(time.Now())
 	}
 }
 
@@ -1064,6 +1138,7 @@ func (x *XDP) WaitReadable() error {
 		return ErrClosed
 	}
 	defer x.mu.RUnlock()
+	x.payKick()
 	if x.cfg.Busy {
 		start := time.Now()
 		for i := 0; ; i++ {
@@ -1085,6 +1160,7 @@ func (x *XDP) WaitReadable() error {
 	// looks every millisecond; otherwise every xdpReaderTick, for those
 	// a Write left while it was parked.
 	ready := func() bool {
+		x.payKick()
 		if x.rxReady() {
 			return true
 		}
@@ -1149,13 +1225,13 @@ func (x *XDP) WaitWritable() error {
 		defer x.txMu.Unlock()
 		if x.nunres.Load() > 0 && x.flushUnresolved(false) > 0 {
 			x.tx.submit()
-			x.kick()
+			x.kickOwed(time.Now())
 		}
 		x.reclaim()
 		if len(x.txFree) > 0 && x.tx.free() > 0 {
 			return true
 		}
-		x.kick() // copy mode sends, and completes, only when kicked
+		x.kickOwed(time.Now()) // copy mode sends, and completes, only when kicked
 		x.reclaim()
 		return len(x.txFree) > 0 && x.tx.free() > 0
 	}

@@ -789,3 +789,44 @@ func TestXDPUnresolvedBounded(t *testing.T) {
 		t.Fatalf("%d dropped for no next hop (want %d), %d frames sent (want 1)", st.TxNoNeighbour, refused+xdpUnresMax, st.TxFrames)
 	}
 }
+
+// TestXDPDeferredKick: on a busy link, Writes close together share a
+// kick (a sender's run of messages), and a frame left owed goes out with
+// no further call on the link: the timer kicks it.
+func TestXDPDeferredKick(t *testing.T) {
+	tn := newTestNet(t)
+	x, err := OpenXDP(XDPConfig{Interface: tn.a, Addr: netip.AddrPortFrom(tn.ipA, 0), Frames: 1024, Busy: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	c := tn.peerUDP(t)
+	peer := c.LocalAddr().(*net.UDPAddr).AddrPort()
+	writeAll(t, x, []Msg{{Bufs: [][]byte{[]byte("first")}, Addr: peer}}) // the next hop resolves
+	buf := make([]byte, 64)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, _, err := c.ReadFromUDPAddrPort(buf); err != nil {
+		t.Fatal(err)
+	}
+	const n = 200
+	before := x.Stats().TxKicks
+	for i := range n {
+		if _, err := x.Write([]Msg{{Bufs: [][]byte{{byte(i)}}, Addr: peer}}); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+	}
+	kicks := x.Stats().TxKicks - before
+	// Every datagram arrives with no further call on the link: the last
+	// ones by the timer's kick.
+	for i := range n {
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		k, _, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil || k != 1 || buf[0] != byte(i) {
+			t.Fatalf("datagram %d: %d bytes (%d), %v; %d kicks", i, k, buf[0], err, x.Stats().TxKicks-before)
+		}
+	}
+	if kicks > n/4 {
+		t.Fatalf("%d kicks for %d Writes in a row: not deferred", kicks, n)
+	}
+	t.Logf("%d Writes, %d kicks while writing, %d after", n, kicks, x.Stats().TxKicks-before-kicks)
+}
