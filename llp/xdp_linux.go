@@ -180,6 +180,7 @@ type XDP struct {
 	// owed counts the frames on the TX ring that a deferred kick owes
 	// (kickSoon); lastKick, timerSet and kickTimer are under txMu.
 	owed      atomic.Int32
+	rxAtWrite uint64 // the datagrams read when the last Write came
 	lastKick  time.Time
 	timerSet  bool
 	kickTimer *time.Timer
@@ -812,25 +813,36 @@ func (x *XDP) Write(ms []Msg) (int, error) {
 // A frame never waits long: the link's next Read, WaitReadable or
 // WaitWritable kicks what is owed (a busy reader calls Read within
 // microseconds), and a timer does after xdpKickDefer if none comes. A
-// Write that comes xdpKickDefer or more after the last kick kicks at once,
-// so a lone datagram (a ping-pong's, whose peer waits) pays nothing.
+// Write kicks at once when it comes xdpKickDefer or more after the last
+// kick, or when the link has read a datagram since the Write before it:
+// an answer (a ping-pong's, whose peer waits for it) is never deferred,
+// only a run of sends with nothing read between them.
 const (
 	xdpKickBatch = 32
 	xdpKickDefer = 50 * time.Microsecond
 )
+
+// xdpKickWindow and xdpKickTimer are xdpKickDefer as kickSoon uses it:
+// how close a Write must come to the last kick to be deferred, and how
+// long an owed kick waits for its timer (tests change them, to see the
+// batching and what pays a kick without depending on timing).
+var xdpKickWindow, xdpKickTimer = xdpKickDefer, xdpKickDefer
 
 // kickSoon kicks now, or, on a busy link between close Writes, leaves the
 // kick owed (under txMu).
 func (x *XDP) kickSoon(queued int) {
 	now := time.Now()
 	owed := x.owed.Add(int32(queued))
-	if !x.cfg.Busy || owed >= xdpKickBatch || now.Sub(x.lastKick) >= xdpKickDefer {
+	rx := x.st.rxFrames.Load() + x.st.rxKernel.Load()
+	answer := rx != x.rxAtWrite
+	x.rxAtWrite = rx
+	if !x.cfg.Busy || answer || owed >= xdpKickBatch || now.Sub(x.lastKick) >= xdpKickWindow {
 		x.kickOwed(now)
 		return
 	}
 	if !x.timerSet {
 		x.timerSet = true
-		x.kickTimer.Reset(xdpKickDefer)
+		x.kickTimer.Reset(xdpKickTimer)
 	}
 }
 

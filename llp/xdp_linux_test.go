@@ -808,6 +808,10 @@ func TestXDPDeferredKick(t *testing.T) {
 	if _, _, err := c.ReadFromUDPAddrPort(buf); err != nil {
 		t.Fatal(err)
 	}
+	// Every Write is close to the last kick, and the timer waits (both
+	// made long): only a full batch kicks while writing.
+	xdpKickWindow, xdpKickTimer = time.Hour, time.Hour
+	defer func() { xdpKickWindow, xdpKickTimer = xdpKickDefer, xdpKickDefer }()
 	const n = 200
 	before := x.Stats().TxKicks
 	for i := range n {
@@ -816,8 +820,18 @@ func TestXDPDeferredKick(t *testing.T) {
 		}
 	}
 	kicks := x.Stats().TxKicks - before
+	if o := x.owed.Load(); o != n%xdpKickBatch {
+		t.Fatalf("%d frames owed a kick after the run, want %d", o, n%xdpKickBatch)
+	}
 	// Every datagram arrives with no further call on the link: the last
-	// ones by the timer's kick.
+	// ones by the timer's kick (brought forward from its hour).
+	x.txMu.Lock()
+	armed := x.timerSet
+	x.kickTimer.Reset(time.Millisecond)
+	x.txMu.Unlock()
+	if !armed {
+		t.Fatal("frames owed a kick, and no timer armed to pay it")
+	}
 	for i := range n {
 		c.SetReadDeadline(time.Now().Add(10 * time.Second))
 		k, _, err := c.ReadFromUDPAddrPort(buf)
@@ -825,8 +839,31 @@ func TestXDPDeferredKick(t *testing.T) {
 			t.Fatalf("datagram %d: %d bytes (%d), %v; %d kicks", i, k, buf[0], err, x.Stats().TxKicks-before)
 		}
 	}
-	if kicks > n/4 {
-		t.Fatalf("%d kicks for %d Writes in a row: not deferred", kicks, n)
+	if kicks != n/xdpKickBatch {
+		t.Fatalf("%d kicks for %d Writes in a row, want one a batch of %d", kicks, n, xdpKickBatch)
 	}
 	t.Logf("%d Writes, %d kicks while writing, %d after", n, kicks, x.Stats().TxKicks-before-kicks)
+
+	// An answer is never deferred: a Write after the link read a
+	// datagram kicks at once. (The timer is long, so that only the Write
+	// itself can have kicked.)
+	x.Write([]Msg{{Bufs: [][]byte{{1}}, Addr: peer}})
+	x.Write([]Msg{{Bufs: [][]byte{{2}}, Addr: peer}})
+	if x.owed.Load() == 0 {
+		t.Fatal("a Write right after another kicked at once: the deferral under test did not happen")
+	}
+	if _, err := c.WriteToUDPAddrPort([]byte("ping"), x.LocalAddr()); err != nil {
+		t.Fatal(err)
+	}
+	readN(t, x, 1, 64) // pays the owed kick too
+	x.Write([]Msg{{Bufs: [][]byte{{3}}, Addr: peer}})
+	if o := x.owed.Load(); o != 0 {
+		t.Fatalf("the answer to a datagram read waits for a kick (%d owed)", o)
+	}
+	for want := byte(1); want <= 3; want++ {
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if k, _, err := c.ReadFromUDPAddrPort(buf); err != nil || k != 1 || buf[0] != want {
+			t.Fatalf("after the answer: %d bytes (%d), %v; want %d", k, buf[0], err, want)
+		}
+	}
 }
