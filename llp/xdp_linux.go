@@ -188,6 +188,10 @@ type XDP struct {
 	// oldest first; unresAt when the kernel's table was last asked.
 	unres   []unresolved
 	unresAt time.Time
+	// flushing: flushUnresolved is putting waiting datagrams on the ring
+	// (resolve then looks their next hop up; otherwise a datagram for a
+	// next hop others wait for queues behind them without a lookup).
+	flushing bool
 	nunres  atomic.Int32 // len(unres), for the reader's waits
 
 	st struct {
@@ -1025,6 +1029,8 @@ func (x *XDP) flushUnresolved(force bool) int {
 		return 0
 	}
 	x.unresAt = now
+	x.flushing = true
+	defer func() { x.flushing = false }()
 	queued := 0
 	keep := x.unres[:0]
 	// A next hop still unknown is asked for once a pass.
@@ -1068,6 +1074,11 @@ func (x *XDP) resolve(dst netip.Addr) ([6]byte, error) {
 		h.uses--
 		return h.mac, nil
 	}
+	if !x.flushing && len(x.unres) > 0 && x.waitingFor(dst) {
+		// Behind the datagrams that wait for the same next hop, in order,
+		// and with no netlink lookup of its own: the flush asks for them.
+		return [6]byte{}, errResolving
+	}
 	now := time.Now()
 	e, ok := x.neigh[dst]
 	if ok && now.Sub(e.at) < xdpNeighTTL {
@@ -1090,7 +1101,7 @@ func (x *XDP) resolve(dst netip.Addr) ([6]byte, error) {
 		return [6]byte{}, fmt.Errorf("llp: xdp: neighbour %v: %w", hop, err)
 	}
 	if !known && !ok {
-		if x.waitingFor(dst) {
+		if x.flushing {
 			return [6]byte{}, errResolving // probed when the first one came
 		}
 		if len(x.unres) >= xdpUnresMax {
