@@ -192,7 +192,7 @@ type XDP struct {
 	// (resolve then looks their next hop up; otherwise a datagram for a
 	// next hop others wait for queues behind them without a lookup).
 	flushing bool
-	nunres  atomic.Int32 // len(unres), for the reader's waits
+	nunres   atomic.Int32 // len(unres), for the reader's waits
 
 	st struct {
 		rxFrames, rxKernel, txFrames, txKicks, txNoNeigh, txProbes atomic.Uint64

@@ -59,6 +59,21 @@ func (c *nlConn) close() {
 	}
 }
 
+// requestAttrs is request for an answer of type want (at least minLen bytes)
+// whose attributes syscall.ParseNetlinkRouteAttr reads (a route, a link):
+// fn gets them; other answers, and ones that do not parse, are skipped.
+func (c *nlConn) requestAttrs(typ, want uint16, minLen int, body []byte, fn func([]syscall.NetlinkRouteAttr)) error {
+	return c.request(typ, 0, body, func(t uint16, data []byte) {
+		if t != want || len(data) < minLen {
+			return
+		}
+		attrs, err := syscall.ParseNetlinkRouteAttr(&syscall.NetlinkMessage{Header: syscall.NlMsghdr{Type: t}, Data: data})
+		if err == nil {
+			fn(attrs)
+		}
+	})
+}
+
 // request sends one message of type typ with body and calls fn with each
 // answering message's type and data, until the answer ends (an error or
 // acknowledgement, NLMSG_DONE, or a single reply to a non-dump request).
@@ -151,15 +166,7 @@ func (c *nlConn) routeGet(dst netip.Addr) (oif int, gw netip.Addr, err error) {
 	rt.Dst_len = uint8(dst.BitLen())
 	body = nlAttr(body, unix.RTA_DST, dst.AsSlice())
 	found := false
-	err = c.request(unix.RTM_GETROUTE, 0, body, func(typ uint16, data []byte) {
-		if typ != unix.RTM_NEWROUTE || len(data) < unix.SizeofRtMsg {
-			return
-		}
-		attrs, perr := syscall.ParseNetlinkRouteAttr(&syscall.NetlinkMessage{
-			Header: syscall.NlMsghdr{Type: typ}, Data: data})
-		if perr != nil {
-			return
-		}
+	err = c.requestAttrs(unix.RTM_GETROUTE, unix.RTM_NEWROUTE, unix.SizeofRtMsg, body, func(attrs []syscall.NetlinkRouteAttr) {
 		found = true
 		for _, a := range attrs {
 			switch a.Attr.Type {
@@ -245,15 +252,7 @@ func (c *nlConn) linkXDP(ifindex int) (attached uint8, progID uint32, err error)
 	ifi.Family = unix.AF_UNSPEC
 	ifi.Index = int32(ifindex)
 	found := false
-	err = c.request(unix.RTM_GETLINK, 0, body, func(typ uint16, data []byte) {
-		if typ != unix.RTM_NEWLINK {
-			return
-		}
-		attrs, perr := syscall.ParseNetlinkRouteAttr(&syscall.NetlinkMessage{
-			Header: syscall.NlMsghdr{Type: typ}, Data: data})
-		if perr != nil {
-			return
-		}
+	err = c.requestAttrs(unix.RTM_GETLINK, unix.RTM_NEWLINK, 0, body, func(attrs []syscall.NetlinkRouteAttr) {
 		found = true
 		for _, a := range attrs {
 			if a.Attr.Type&^unix.NLA_F_NESTED != unix.IFLA_XDP {

@@ -736,13 +736,7 @@ func newEndpoint(req runRequest, cfg perf.Config, host string, from netip.AddrPo
 		ep.addr = pc.LocalAddr().String()
 		end := &perf.UDPEnd{Conn: pc, Poll: poll, Unconnected: unconn, Peer: from, From: from, Stop: &stop}
 		foreignOf = end.Foreign
-		wg.Go(func() {
-			if echo {
-				end.Echo()
-				return
-			}
-			end.Sink(tally.NoteN)
-		})
+		wg.Go(func() { serveRaw(end, echo, tally.NoteN) })
 		ep.close = func() { stop.Store(true); pc.Close(); wg.Wait() }
 		ep.link = llp.Caps{Kind: "udp", Detail: "kernel UDP socket"}
 	case perf.ModeRawXDP:
@@ -759,13 +753,7 @@ func newEndpoint(req runRequest, cfg perf.Config, host string, from netip.AddrPo
 		ep.addr, ep.link = l.LocalAddr().String(), l.Caps()
 		end := &perf.LinkEnd{Link: l, Poll: poll, Peer: from, From: from, Stop: &stop}
 		foreignOf = end.Foreign
-		wg.Go(func() {
-			if echo {
-				end.Echo()
-				return
-			}
-			end.Sink(tally.NoteN)
-		})
+		wg.Go(func() { serveRaw(end, echo, tally.NoteN) })
 		ep.close = func() { stop.Store(true); l.Close(); wg.Wait() }
 	case perf.ModeRawTCP:
 		ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
@@ -1254,4 +1242,21 @@ func drive(cfg perf.Config, test string, rep runReply, data *net.UDPConn, host n
 	n, err := push()
 	res.Sent = n
 	return res, err
+}
+
+// rawEnd is a plain baseline's end, over a socket (perf.UDPEnd) or an
+// AF_XDP link (perf.LinkEnd).
+type rawEnd interface {
+	Echo() error
+	Sink(got func(datagrams, bytes int)) error
+}
+
+// serveRaw runs the server's side of a raw run: it echoes (lat) or counts
+// what arrives (bw), until its end is stopped.
+func serveRaw(end rawEnd, echo bool, got func(datagrams, bytes int)) {
+	if echo {
+		end.Echo()
+		return
+	}
+	end.Sink(got)
 }

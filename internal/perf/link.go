@@ -116,6 +116,19 @@ func writeAll(l llp.Link, ms []llp.Msg, w *linkWait) (int, error) {
 	return sent, nil
 }
 
+// read reads a batch into in, waiting while none is there.
+func (w *linkWait) read(in []llp.Msg) (int, error) {
+	for {
+		n, err := w.link.Read(in)
+		if err != nil || n > 0 {
+			return n, err
+		}
+		if err := w.idle(false); err != nil {
+			return 0, err
+		}
+	}
+}
+
 func (e *LinkEnd) lock() func() {
 	if e.Poll != qp.PollBusy {
 		return func() {}
@@ -140,15 +153,9 @@ func (e *LinkEnd) Echo() error {
 	}
 	w := &linkWait{link: e.Link, busy: e.Poll == qp.PollBusy, stop: stop}
 	for {
-		n, err := e.Link.Read(in)
+		n, err := w.read(in)
 		if err != nil {
 			return linkStopped(err, stop)
-		}
-		if n == 0 {
-			if err := w.idle(false); err != nil {
-				return linkStopped(err, stop)
-			}
-			continue
 		}
 		k := 0
 		for i := range in[:n] {
@@ -276,15 +283,9 @@ func (e *LinkEnd) Sink(got func(datagrams, bytes int)) error {
 	}
 	w := &linkWait{link: e.Link, busy: e.Poll == qp.PollBusy, stop: stop}
 	for {
-		n, err := e.Link.Read(in)
+		n, err := w.read(in)
 		if err != nil {
 			return linkStopped(err, stop)
-		}
-		if n == 0 {
-			if err := w.idle(false); err != nil {
-				return linkStopped(err, stop)
-			}
-			continue
 		}
 		k, b := 0, 0
 		for i := range in[:n] {
