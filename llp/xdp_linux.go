@@ -273,11 +273,18 @@ func pow2(n int) int {
 // CAP_NET_ADMIN, CAP_BPF and CAP_NET_RAW); XDPAvailable says why not.
 func OpenXDP(cfg XDPConfig) (*XDP, error) {
 	x, err := openXDP(cfg)
-	if err != nil {
+	switch {
+	case errors.Is(err, unix.EPERM):
+		return nil, fmt.Errorf("llp: xdp %s: %w (%w)", cfg.Interface, ErrXDPNotPermitted, err)
+	case err != nil:
 		return nil, fmt.Errorf("llp: xdp %s: %w", cfg.Interface, err)
 	}
 	return x, nil
 }
+
+// ErrXDPNotPermitted says what an AF_XDP link needs that the process does
+// not have (OpenXDP, XDPAvailable).
+var ErrXDPNotPermitted = errors.New("not permitted: AF_XDP needs root, or CAP_NET_RAW for the socket and CAP_BPF and CAP_NET_ADMIN for the XDP program")
 
 func openXDP(cfg XDPConfig) (_ *XDP, err error) {
 	if cfg.Frames == 0 {
@@ -1272,7 +1279,7 @@ func XDPAvailable(ifname string) error {
 	case errors.Is(err, unix.EAFNOSUPPORT):
 		return errors.New("the kernel lacks AF_XDP (CONFIG_XDP_SOCKETS)")
 	case errors.Is(err, unix.EPERM):
-		return errors.New("not root: an AF_XDP socket needs CAP_NET_RAW (and the program CAP_BPF and CAP_NET_ADMIN)")
+		return ErrXDPNotPermitted
 	case err != nil:
 		return fmt.Errorf("AF_XDP socket: %v", err)
 	}
@@ -1280,7 +1287,7 @@ func XDPAvailable(ifname string) error {
 	o, err := loadXDPProgram(1)
 	if err != nil {
 		if errors.Is(err, unix.EPERM) {
-			return errors.New("cannot load an XDP program: needs root or CAP_BPF and CAP_NET_ADMIN")
+			return ErrXDPNotPermitted
 		}
 		return fmt.Errorf("cannot load the XDP program: %v", err)
 	}
