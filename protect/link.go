@@ -1,0 +1,830 @@
+package protect
+
+import (
+	"crypto/ecdh"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/udiwarp/udiwarp/llp"
+	"github.com/udiwarp/udiwarp/reliability"
+	"github.com/udiwarp/udiwarp/udiwarp"
+)
+
+// Stats counts what a Link did; each counter is a pointer, so that the
+// device above can keep them among its own (Wrap fills those left nil).
+// Every datagram refused is counted once, under the reason it was
+// refused for.
+type Stats struct {
+	Sealed, Opened *atomic.Uint64
+	// Contacts: Hellos and Challenges sent in Contact envelopes.
+	Contacts *atomic.Uint64
+	// Sessions: keys installed from contacts (as opener or answerer);
+	// PSKPeers: receive keys installed from pre-shared keys.
+	Sessions, PSKPeers *atomic.Uint64
+	// KeyUpdates: receive keys moved to their next generation.
+	KeyUpdates *atomic.Uint64
+	// Refused datagrams, by reason.
+	AuthFailed     *atomic.Uint64 // a tag that did not verify (forged, changed, wrong keys)
+	Replayed       *atomic.Uint64 // a packet number seen before or older than the window
+	NoKey          *atomic.Uint64 // a key ID this end does not hold, and nothing to derive it from
+	Clear          *atomic.Uint64 // an unprotected frame (a Hello draws a Refuse besides)
+	BadEnvelope    *atomic.Uint64 // a malformed envelope, or a Contact's CRC wrong
+	ModeMismatch   *atomic.Uint64 // an envelope of another mode
+	Unsolicited    *atomic.Uint64 // a Challenge for no Hello of ours
+	Reflected      *atomic.Uint64 // a pre-shared-key datagram under one of our own key IDs
+	ContactLimited *atomic.Uint64 // contact work over ContactRate
+	PeersFull      *atomic.Uint64 // a new peer's keys over MaxPeers
+	RefusesSent    *atomic.Uint64 // Refuse answers to contacts of another mode
+	// TxNoKey: datagrams not sent for want of a key.
+	TxNoKey *atomic.Uint64
+}
+
+// fill points every nil counter at a fresh one.
+func (s *Stats) fill() {
+	for _, p := range []**atomic.Uint64{&s.Sealed, &s.Opened, &s.Contacts, &s.Sessions, &s.PSKPeers, &s.KeyUpdates,
+		&s.AuthFailed, &s.Replayed, &s.NoKey, &s.Clear, &s.BadEnvelope, &s.ModeMismatch, &s.Unsolicited,
+		&s.Reflected, &s.ContactLimited, &s.PeersFull, &s.RefusesSent, &s.TxNoKey} {
+		if *p == nil {
+			*p = new(atomic.Uint64)
+		}
+	}
+}
+
+// Refused is the sum of the refused datagrams.
+func (s *Stats) Refused() uint64 {
+	return s.AuthFailed.Load() + s.Replayed.Load() + s.NoKey.Load() + s.Clear.Load() + s.BadEnvelope.Load() +
+		s.ModeMismatch.Load() + s.Unsolicited.Load() + s.Reflected.Load() + s.ContactLimited.Load() + s.PeersFull.Load()
+}
+
+// Link protects the datagrams of the link under it (see the package
+// comment). Above it, frames travel as on today's wire with a zero CRC
+// trailer (the device runs without CRC: the tag replaces it).
+type Link struct {
+	inner llp.Link
+	cfg   Config
+	st    Stats
+
+	mu      sync.Mutex
+	recv    map[uint32]*recvSA         // by key ID
+	send    map[netip.AddrPort]*peerTx // the newest contact keys per peer
+	pskTx   map[netip.AddrPort]*sendSA // pre-shared-key senders per peer
+	ownPSK  map[uint32]bool            // key IDs our pre-shared-key senders use
+	peerPSK map[netip.AddrPort][]byte
+	hellos  map[helloKey]*opening // Hellos of ours awaiting their Challenge
+	horder  []helloKey            // in the order sent, to bound hellos
+	secret  [2][]byte             // answering keys: current, previous
+	turned  time.Time
+	bucket  float64 // contact work allowed now (ContactRate)
+	filled  time.Time
+
+	// Read side: one reader at a time.
+	rmsgs []llp.Msg
+	rbufs [][]byte
+	pend  []pending // datagrams read, not yet handed up
+	pnext int
+	rh    Header
+	rdh   reliability.Header
+
+	wpool sync.Pool
+}
+
+type helloKey struct {
+	dst   netip.AddrPort
+	token uint64
+}
+
+type opening struct {
+	priv  *ecdh.PrivateKey
+	qp    uint32 // the opener's (ours)
+	epoch uint32
+	at    time.Time
+}
+
+// peerTx is what we seal to a peer with: a contact's opener→answerer or
+// answerer→opener direction.
+type peerTx struct {
+	sa      *sendSA
+	initial []byte // the initial block, until the peer answers under the keys
+	rx      *recvSA
+}
+
+type pending struct {
+	b       []byte
+	src     netip.AddrPort
+	dst     netip.Addr
+	unicast bool
+	dstOK   bool
+}
+
+// maxHellos bounds the Hellos awaiting a Challenge.
+const maxHellos = 4096
+
+// Wrap protects inner under cfg; batch is the most datagrams one Read
+// asks the link under it for, and st the counters to count in.
+func Wrap(inner llp.Link, cfg Config, batch int, st Stats) (*Link, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	if cfg.Mode == None {
+		return nil, errors.New("protect: Wrap with mode none")
+	}
+	if cfg.KeyUpdateAfter == 0 {
+		cfg.KeyUpdateAfter = DefaultKeyUpdateAfter
+	}
+	if cfg.ContactRate <= 0 {
+		cfg.ContactRate = DefaultContactRate
+	}
+	if cfg.SecretLifetime <= 0 {
+		cfg.SecretLifetime = DefaultSecretLifetime
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	if cfg.MaxPeers <= 0 {
+		cfg.MaxPeers = DefaultMaxPeers
+	}
+	if cfg.Rand == nil {
+		cfg.Rand = rand.Reader
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	batch = max(batch, 1)
+	l := &Link{inner: inner, cfg: cfg, recv: map[uint32]*recvSA{}, send: map[netip.AddrPort]*peerTx{},
+		pskTx: map[netip.AddrPort]*sendSA{}, ownPSK: map[uint32]bool{}, peerPSK: map[netip.AddrPort][]byte{},
+		hellos: map[helloKey]*opening{}, rmsgs: make([]llp.Msg, batch), rbufs: make([][]byte, batch), st: st}
+	l.st.fill()
+	for a, k := range cfg.Peers {
+		l.peerPSK[unmap(a)] = append([]byte(nil), k...)
+	}
+	max := inner.Caps().MaxDatagram
+	for i := range l.rbufs {
+		l.rbufs[i] = make([]byte, max)
+		l.rmsgs[i].Bufs = [][]byte{l.rbufs[i]}
+	}
+	l.wpool.New = func() any { b := make([]byte, 0, max); return &b }
+	now := cfg.Now()
+	l.secret[0], l.secret[1] = l.random(32), l.random(32)
+	l.turned, l.filled, l.bucket = now, now, float64(cfg.ContactRate)
+	return l, nil
+}
+
+func unmap(a netip.AddrPort) netip.AddrPort { return netip.AddrPortFrom(a.Addr().Unmap(), a.Port()) }
+
+func (l *Link) random(n int) []byte {
+	b := make([]byte, n)
+	if _, err := io.ReadFull(l.cfg.Rand, b); err != nil {
+		panic("protect: no randomness: " + err.Error())
+	}
+	return b
+}
+
+// Stats returns the link's counters.
+func (l *Link) Stats() *Stats { return &l.st }
+
+// Mode is the link's mode.
+func (l *Link) Mode() Mode { return l.cfg.Mode }
+
+// SetPeerKey sets (or, with psk nil, removes) the pre-shared key for
+// peer: what UD and Write-Record to it are sealed with when no contact
+// gave keys, and what its contacts mix in.
+func (l *Link) SetPeerKey(peer netip.AddrPort, psk []byte) error {
+	if psk != nil && len(psk) < MinPSK {
+		return errors.New("protect: pre-shared key shorter than 16 bytes")
+	}
+	peer = unmap(peer)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if psk == nil {
+		delete(l.peerPSK, peer)
+	} else {
+		l.peerPSK[peer] = append([]byte(nil), psk...)
+	}
+	delete(l.pskTx, peer) // the next datagram keys afresh
+	return nil
+}
+
+// pskFor is the pre-shared key for peer, if any (l.mu held).
+func (l *Link) pskFor(peer netip.AddrPort) []byte {
+	if k, ok := l.peerPSK[peer]; ok {
+		return k
+	}
+	return l.cfg.PSK
+}
+
+// Sessions reports how many receive keys the link holds.
+func (l *Link) Sessions() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.recv)
+}
+
+// HasKeys reports whether the link can seal to peer now.
+func (l *Link) HasKeys(peer netip.AddrPort) bool {
+	peer = unmap(peer)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.send[peer] != nil || l.pskFor(peer) != nil
+}
+
+// Caps: the link under it, less the envelope, with no trains.
+func (l *Link) Caps() llp.Caps {
+	c := l.inner.Caps()
+	c.MaxDatagram -= MaxOverhead
+	c.MaxTrain, c.GRO = 1, false
+	c.Detail += ", protected (" + l.cfg.Mode.String() + ")"
+	return c
+}
+
+func (l *Link) LocalAddr() netip.AddrPort { return l.inner.LocalAddr() }
+func (l *Link) WaitWritable() error       { return l.inner.WaitWritable() }
+func (l *Link) Close() error              { return l.inner.Close() }
+
+// WaitReadable returns at once while datagrams read are waiting.
+func (l *Link) WaitReadable() error {
+	if l.pnext < len(l.pend) {
+		return nil
+	}
+	return l.inner.WaitReadable()
+}
+
+// tick turns the answering secret and refills the contact budget (l.mu
+// held).
+func (l *Link) tick(now time.Time) {
+	if now.Sub(l.turned) >= l.cfg.SecretLifetime {
+		l.secret[1], l.secret[0] = l.secret[0], l.random(32)
+		l.turned = now
+	}
+	for len(l.horder) > 0 {
+		k := l.horder[0]
+		if o := l.hellos[k]; o != nil && now.Sub(o.at) < 2*l.cfg.SecretLifetime {
+			break
+		}
+		delete(l.hellos, k)
+		l.horder = l.horder[1:]
+	}
+	if d := now.Sub(l.filled); d > 0 {
+		l.bucket = min(l.bucket+d.Seconds()*float64(l.cfg.ContactRate), float64(l.cfg.ContactRate))
+		l.filled = now
+	}
+}
+
+// spend takes n units of contact work from the budget (l.mu held).
+func (l *Link) spend(n float64) bool {
+	if l.bucket < n {
+		l.st.ContactLimited.Add(1)
+		return false
+	}
+	l.bucket -= n
+	return true
+}
+
+// ---- Write ----
+
+// Write seals each datagram (a frame with its zero CRC trailer) and
+// writes them in one batch below.
+func (l *Link) Write(ms []llp.Msg) (int, error) {
+	var out [64]llp.Msg
+	var bufs [64]*[]byte
+	var iov [64][1][]byte
+	done := 0
+	for done < len(ms) {
+		n, k := 0, 0
+		var werr error
+		for ; done+k < len(ms) && n < len(out); k++ {
+			m := &ms[done+k]
+			if m.Segment > 0 {
+				werr = llp.ErrTrains
+				break
+			}
+			bp := l.wpool.Get().(*[]byte)
+			b, err := l.seal((*bp)[:0], m)
+			if err != nil {
+				l.wpool.Put(bp)
+				werr = err
+				break
+			}
+			*bp = b
+			bufs[n], iov[n][0] = bp, b
+			out[n] = llp.Msg{Bufs: iov[n][:], Addr: m.Addr}
+			n++
+		}
+		w := 0
+		var err error
+		if n > 0 {
+			w, err = l.inner.Write(out[:n])
+		}
+		for i := range n {
+			l.wpool.Put(bufs[i])
+			iov[i][0] = nil
+		}
+		for i := range w {
+			ms[done+i].N = ms[done+i].Len()
+		}
+		done += w
+		if err != nil {
+			return done, err
+		}
+		if werr != nil {
+			return done, werr
+		}
+	}
+	return done, nil
+}
+
+// seal appends m's datagram, protected, to b.
+func (l *Link) seal(b []byte, m *llp.Msg) ([]byte, error) {
+	size, first := m.Len(), byte(0)
+	for _, p := range m.Bufs {
+		if len(p) > 0 {
+			first = p[0]
+			break
+		}
+	}
+	if size < udiwarp.MinDatagramSize {
+		return nil, ErrEnvelope
+	}
+	frame := size - CRCSize // the trailer above is zero: the tag replaces it
+	dst := unmap(m.Addr)
+	switch first & 3 {
+	case 3:
+		if t := reliability.Type(first >> 2); t == reliability.Hello || t == reliability.Challenge {
+			for _, p := range m.Bufs {
+				b = append(b, p...)
+			}
+			return l.contact(b[:frame], dst)
+		}
+	case 0: // a Refuse of ours: sent as it is
+		for _, p := range m.Bufs {
+			b = append(b, p...)
+		}
+		return udiwarp.SealDatagram(b[:frame], 0), nil
+	}
+	tx, initial := l.txFor(dst)
+	if tx == nil {
+		l.st.TxNoKey.Add(1)
+		return nil, ErrNoKey
+	}
+	pn, g := tx.take()
+	hs := HeaderSize
+	flags := g.phase()
+	if initial != nil {
+		hs += InitialSize
+		flags |= FlagInitial
+	}
+	if cap(b) < hs+size+TagSize {
+		b = make([]byte, 0, hs+size+TagSize)
+	}
+	b = b[:hs]
+	for _, p := range m.Bufs {
+		b = append(b, p...)
+	}
+	b = b[:hs+frame]
+	clear := frame
+	if l.cfg.Mode == AEAD {
+		clear = headerLen(b[hs:])
+	}
+	putHeader(b, KindSealed, l.cfg.Mode, flags, tx.keyID, pn, clear, initial)
+	var nonce [12]byte
+	g.nonce(pn, &nonce)
+	pt := b[hs+clear:]
+	g.aead.Seal(pt[:0], nonce[:], pt, b[:hs+clear])
+	l.st.Sealed.Add(1)
+	return b[:hs+frame+TagSize], nil
+}
+
+// txFor is the sender for dst, and the initial block to send with it
+// while the peer has not answered under the keys.
+func (l *Link) txFor(dst netip.AddrPort) (*sendSA, []byte) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if p := l.send[dst]; p != nil {
+		return p.sa, p.initial
+	}
+	if s := l.pskTx[dst]; s != nil {
+		return s, nil
+	}
+	psk := l.pskFor(dst)
+	if psk == nil {
+		return nil, nil
+	}
+	var id uint32
+	for id == 0 || l.ownPSK[id] {
+		id = binary.BigEndian.Uint32(l.random(4))
+	}
+	s := newSendSA(id, l.cfg.Mode, l.cfg.KeyUpdateAfter, pskSecret(psk, l.cfg.Mode, id))
+	l.pskTx[dst], l.ownPSK[id] = s, true
+	return s, nil
+}
+
+// headerLen is how much of a frame travels in clear under AEAD: the RD
+// header and the DDP header (the payload alone is encrypted).
+func headerLen(f []byte) int {
+	off := 0
+	if f[0]&3 == 3 {
+		var h reliability.Header
+		if h.Parse(f) != nil {
+			return len(f)
+		}
+		off = h.Size
+	}
+	if off >= len(f) {
+		return len(f)
+	}
+	c := udiwarp.DDPControl(f[off])
+	n := udiwarp.DDPUntaggedHeaderSize
+	switch {
+	case c.Tagged() && c.WriteRecord():
+		n = udiwarp.WriteRecordHeaderSize
+	case c.Tagged():
+		n = udiwarp.DDPTaggedHeaderSize
+	}
+	return min(off+n, len(f))
+}
+
+// contact sends an RD Hello or Challenge in a Contact envelope with our
+// share: a fresh key for a Hello (kept until its Challenge comes), the
+// derived one for a Challenge.
+func (l *Link) contact(frame []byte, dst netip.AddrPort) ([]byte, error) {
+	var h reliability.Header
+	if err := h.Parse(frame); err != nil {
+		return nil, err
+	}
+	var pub []byte
+	now := l.cfg.Now()
+	l.mu.Lock()
+	l.tick(now)
+	if h.Type == reliability.Hello {
+		k := helloKey{dst, h.Issued}
+		o := l.hellos[k]
+		if o == nil {
+			priv, err := ecdh.X25519().GenerateKey(l.cfg.Rand)
+			if err != nil {
+				l.mu.Unlock()
+				return nil, err
+			}
+			o = &opening{priv: priv, qp: h.SrcQPN, epoch: h.Epoch}
+			if len(l.horder) >= maxHellos {
+				delete(l.hellos, l.horder[0])
+				l.horder = l.horder[1:]
+			}
+			l.hellos[k] = o
+			l.horder = append(l.horder, k)
+		}
+		o.at = now
+		pub = o.priv.PublicKey().Bytes()
+	} else {
+		// Answering a Hello (h.Token echoes its token): the key is
+		// derived again when the opener's first sealed frame comes.
+		pub = answerKey(l.secret[0], dst, h.DstQPN, h.SrcQPN, h.Token).PublicKey().Bytes()
+	}
+	l.mu.Unlock()
+	out := make([]byte, HeaderSize+ShareSize, HeaderSize+ShareSize+len(frame)+CRCSize)
+	putHeader(out, KindContact, l.cfg.Mode, FlagShare, 0, 0, len(frame), pub)
+	out = append(out, frame...)
+	l.st.Contacts.Add(1)
+	return udiwarp.SealDatagram(out, 0), nil
+}
+
+// ---- Read ----
+
+// Read hands up the datagrams that open, each as its plain frame with a
+// zero CRC trailer, and answers or drops the rest.
+func (l *Link) Read(ms []llp.Msg) (int, error) {
+	if l.pnext == len(l.pend) {
+		l.pend, l.pnext = l.pend[:0], 0
+		n, err := l.inner.Read(l.rmsgs[:min(len(ms), len(l.rmsgs))])
+		if err != nil && n == 0 {
+			return 0, err
+		}
+		l.intake(n)
+	}
+	k := 0
+	for k < len(ms) && l.pnext < len(l.pend) {
+		p := &l.pend[l.pnext]
+		l.pnext++
+		m := &ms[k]
+		n := scatter(m.Bufs, p.b)
+		m.N, m.Trunc, m.Segment, m.Addr = n, n < len(p.b), 0, p.src
+		if p.dstOK {
+			m.SetDst(p.dst, p.unicast)
+		} else {
+			m.SetDst(netip.Addr{}, false)
+		}
+		k++
+	}
+	return k, nil
+}
+
+// intake opens the n datagrams the last read below returned, queueing
+// those to hand up.
+func (l *Link) intake(n int) {
+	now := l.cfg.Now()
+	l.mu.Lock()
+	l.tick(now)
+	l.mu.Unlock()
+	for i := range n {
+		m := &l.rmsgs[i]
+		if m.Trunc {
+			l.st.BadEnvelope.Add(1)
+			continue
+		}
+		dst, unicast, ok := m.Dst()
+		b := l.rbufs[i][:m.N]
+		seg := len(b)
+		if m.Segment > 0 && m.Segment < len(b) {
+			seg = m.Segment
+		}
+		for len(b) > 0 {
+			d := b[:min(seg, len(b))]
+			b = b[len(d):]
+			if f := l.open(d, unmap(m.Addr), dst, unicast && ok, now); f != nil {
+				l.pend = append(l.pend, pending{b: f, src: unmap(m.Addr), dst: dst, unicast: unicast, dstOK: ok})
+			}
+		}
+	}
+}
+
+// open returns the frame a datagram carries, opened, followed by a zero
+// CRC trailer (the device above checks none: the tag did), or nil when
+// it is refused (counted) or consumed here.
+func (l *Link) open(b []byte, src netip.AddrPort, dst netip.Addr, unicast bool, now time.Time) []byte {
+	if len(b) < udiwarp.MinDatagramSize {
+		l.st.BadEnvelope.Add(1)
+		return nil
+	}
+	switch b[0] & 3 {
+	case 0:
+	case 3:
+		// A Hello in clear: a peer of the plain wire opening contact.
+		var h reliability.Header
+		if h.Parse(b[:len(b)-CRCSize]) == nil && h.Type == reliability.Hello && unicast {
+			if _, err := udiwarp.OpenDatagram(b); err == nil {
+				l.refuse(&h, src, len(b))
+				return nil
+			}
+		}
+		l.st.Clear.Add(1)
+		return nil
+	default:
+		l.st.Clear.Add(1)
+		return nil
+	}
+	if b[0] == byte(KindRefuse)<<2 {
+		if _, err := udiwarp.OpenDatagram(b); err != nil {
+			l.st.BadEnvelope.Add(1)
+			return nil
+		}
+		return b // for the device: it names the QP
+	}
+	h := &l.rh
+	if err := h.Parse(b); err != nil {
+		l.st.BadEnvelope.Add(1)
+		return nil
+	}
+	if h.Mode != l.cfg.Mode {
+		l.st.ModeMismatch.Add(1)
+		if h.Kind == KindContact && unicast {
+			if f, err := udiwarp.OpenDatagram(b); err == nil && l.rdh.Parse(f[h.Size:]) == nil && l.rdh.Type == reliability.Hello {
+				l.refuse(&l.rdh, src, len(b))
+			}
+		}
+		return nil
+	}
+	if h.Kind == KindContact {
+		return l.openContact(b, h, src, unicast, now)
+	}
+	return l.openSealed(b, h, src, now)
+}
+
+// refuse answers a contact of another mode (h, a Hello, from src, in a
+// datagram of size bytes) with a Refuse no larger than it.
+func (l *Link) refuse(h *reliability.Header, src netip.AddrPort, size int) {
+	if size < RefuseSize || h.SrcQPN == 0 {
+		return
+	}
+	b := AppendRefuse(make([]byte, 0, RefuseSize), &Refusal{Mode: l.cfg.Mode, FromQP: h.SrcQPN, NameQP: h.DstQPN, Token: h.Issued})
+	b = udiwarp.SealDatagram(b, 0)
+	if n, _ := l.inner.Write([]llp.Msg{{Bufs: [][]byte{b}, Addr: src}}); n == 1 {
+		l.st.RefusesSent.Add(1)
+	}
+}
+
+// openContact takes a Hello or Challenge in a Contact envelope. A Hello
+// goes up as it is (the engine answers it without state, and our
+// Challenge gets its derived share on the way out); a Challenge that
+// answers a Hello of ours gives the contact's keys, installed before the
+// engine sees it.
+func (l *Link) openContact(b []byte, h *Header, src netip.AddrPort, unicast bool, now time.Time) []byte {
+	f, err := udiwarp.OpenDatagram(b)
+	if err != nil {
+		l.st.BadEnvelope.Add(1)
+		return nil
+	}
+	f = f[h.Size:]
+	up := b[h.Size:] // with its (checked) trailer
+	rh := &l.rdh
+	if rh.Parse(f) != nil || rh.Type != reliability.Hello && rh.Type != reliability.Challenge {
+		l.st.BadEnvelope.Add(1)
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if rh.Type == reliability.Hello {
+		// Our Challenge will cost an X25519 multiplication.
+		if !unicast || !l.spend(1) {
+			return nil
+		}
+		return up
+	}
+	o := l.hellos[helloKey{src, rh.Token}]
+	if o == nil || o.qp != rh.DstQPN {
+		l.st.Unsolicited.Add(1)
+		return nil
+	}
+	if !l.spend(1) {
+		return nil
+	}
+	peer, err := ecdh.X25519().NewPublicKey(h.Share)
+	if err != nil {
+		l.st.BadEnvelope.Add(1)
+		return nil
+	}
+	dh, err := o.priv.ECDH(peer)
+	if err != nil {
+		l.st.BadEnvelope.Add(1)
+		return nil
+	}
+	t := &transcript{mode: l.cfg.Mode, openerQP: o.qp, answerQP: rh.SrcQPN, openerEpoch: o.epoch,
+		helloToken: rh.Token, keyedTok: rh.Issued, openerShare: o.priv.PublicKey().Bytes(), ansShare: h.Share}
+	k := t.derive(dh, l.pskFor(src))
+	if r := l.recv[k.idOpen]; r == nil {
+		if len(l.recv) >= l.cfg.MaxPeers && !l.reclaim(now) {
+			l.st.PeersFull.Add(1)
+			return nil
+		}
+		rx := newRecvSA(k.idOpen, l.cfg.Mode, k.r2o, false)
+		rx.last.Store(now.UnixNano())
+		l.recv[k.idOpen] = rx
+		l.send[src] = &peerTx{sa: newSendSA(k.idAnswer, l.cfg.Mode, l.cfg.KeyUpdateAfter, k.o2r), initial: t.initialBlock(), rx: rx}
+		l.st.Sessions.Add(1)
+	}
+	return up
+}
+
+// openSealed opens a Sealed datagram in place and returns its frame.
+func (l *Link) openSealed(b []byte, h *Header, src netip.AddrPort, now time.Time) []byte {
+	l.mu.Lock()
+	r := l.recv[h.KeyID]
+	l.mu.Unlock()
+	if r == nil {
+		// Keys we do not hold: derived, installed only if it opens.
+		if !l.derive(b, h, src, now) {
+			return nil
+		}
+	} else {
+		if !r.win.check(h.PN) {
+			l.st.Replayed.Add(1)
+			return nil
+		}
+		g := r.genFor(h.PN, h.Flags&FlagPhase)
+		if g == nil || !openIn(g, b, h) {
+			l.st.AuthFailed.Add(1)
+			return nil
+		}
+		if g == r.next {
+			l.st.KeyUpdates.Add(1)
+		}
+		r.opened(g, h.PN)
+		r.win.mark(h.PN)
+		r.last.Store(now.UnixNano())
+		l.st.Opened.Add(1)
+		if h.Flags&FlagInitial == 0 {
+			l.mu.Lock()
+			if p := l.send[src]; p != nil && p.rx == r && p.initial != nil {
+				p.initial = nil // the peer answered under the keys: it holds them
+			}
+			l.mu.Unlock()
+		}
+	}
+	end := len(b) - TagSize
+	clear(b[end : end+CRCSize])
+	return b[h.Size : end+CRCSize]
+}
+
+// openIn opens b's frame in place under g.
+func openIn(g *gen, b []byte, h *Header) bool {
+	var nonce [12]byte
+	g.nonce(h.PN, &nonce)
+	ct := b[h.Size+h.ClearLen:]
+	_, err := g.aead.Open(ct[:0], nonce[:], ct, b[:h.Size+h.ClearLen])
+	return err == nil
+}
+
+// derive finds the keys of a Sealed datagram under a key ID we do not
+// hold — from its initial block (a contact we answered without state)
+// or from the pre-shared key of its source — and installs them if, and
+// only if, the datagram opens under them (it is open then).
+func (l *Link) derive(b []byte, h *Header, src netip.AddrPort, now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var r *recvSA
+	var tx *peerTx
+	if h.Flags&FlagInitial != 0 {
+		t := parseInitial(h.Share, l.cfg.Mode)
+		peer, err := ecdh.X25519().NewPublicKey(t.openerShare)
+		if err != nil {
+			l.st.BadEnvelope.Add(1)
+			return false
+		}
+		for _, sec := range l.secret {
+			if !l.spend(2) {
+				return false
+			}
+			priv := answerKey(sec, src, t.openerQP, t.answerQP, t.helloToken)
+			dh, err := priv.ECDH(peer)
+			if err != nil {
+				break
+			}
+			t.ansShare = priv.PublicKey().Bytes()
+			k := t.derive(dh, l.pskFor(src))
+			if k.idAnswer != h.KeyID {
+				continue
+			}
+			r = newRecvSA(k.idAnswer, l.cfg.Mode, k.o2r, false)
+			tx = &peerTx{sa: newSendSA(k.idOpen, l.cfg.Mode, l.cfg.KeyUpdateAfter, k.r2o), rx: r}
+			break
+		}
+	} else if psk := l.pskFor(src); psk != nil {
+		if l.ownPSK[h.KeyID] {
+			l.st.Reflected.Add(1)
+			return false
+		}
+		if !l.spend(0.05) {
+			return false
+		}
+		r = newRecvSA(h.KeyID, l.cfg.Mode, pskSecret(psk, l.cfg.Mode, h.KeyID), true)
+	}
+	if r == nil {
+		l.st.NoKey.Add(1)
+		return false
+	}
+	g := r.genFor(h.PN, h.Flags&FlagPhase)
+	if g == nil || !openIn(g, b, h) {
+		l.st.AuthFailed.Add(1)
+		return false
+	}
+	if len(l.recv) >= l.cfg.MaxPeers && !l.reclaim(now) {
+		l.st.PeersFull.Add(1)
+		return false
+	}
+	r.opened(g, h.PN)
+	r.win.mark(h.PN)
+	r.last.Store(now.UnixNano())
+	l.recv[r.keyID] = r
+	if tx != nil {
+		l.send[src] = tx
+		l.st.Sessions.Add(1)
+	} else {
+		l.st.PSKPeers.Add(1)
+	}
+	l.st.Opened.Add(1)
+	return true
+}
+
+// reclaim drops receive keys idle for IdleTimeout and reports whether
+// there is room for one more (l.mu held).
+func (l *Link) reclaim(now time.Time) bool {
+	idle := now.Add(-l.cfg.IdleTimeout).UnixNano()
+	for id, r := range l.recv {
+		if r.last.Load() < idle {
+			delete(l.recv, id)
+			for a, p := range l.send {
+				if p.rx == r {
+					delete(l.send, a)
+				}
+			}
+		}
+	}
+	return len(l.recv) < l.cfg.MaxPeers
+}
+
+// scatter copies b into bufs in order and returns how much fit.
+func scatter(bufs [][]byte, b []byte) int {
+	n := 0
+	for _, d := range bufs {
+		if len(b) == 0 {
+			break
+		}
+		k := copy(d, b)
+		b = b[k:]
+		n += k
+	}
+	return n
+}
