@@ -250,7 +250,7 @@ var statusLabel = [...]string{
 	qp.LocalProtectionError: "local_protection_error", qp.WRFlushError: "wr_flush_error", qp.RemoteAccessError: "remote_access_error",
 	qp.RemoteOperationError: "remote_operation_error", qp.RetryExceededError: "retry_exceeded_error", qp.GeneralError: "general_error",
 	qp.RemoteInvalidRequestError: "remote_invalid_request_error", qp.RNRRetryExceededError: "rnr_retry_exceeded_error",
-	qp.RemoteAbortedError: "remote_aborted_error",
+	qp.RemoteAbortedError: "remote_aborted_error", qp.ProtectionModeError: "protection_mode_error",
 }
 
 // eventLabel is an asynchronous event type as a label value.

@@ -86,9 +86,9 @@ const (
 	ShareSize  = 32
 	// InitialSize is the initial block of a Sealed envelope.
 	InitialSize = ShareSize + 8 + 8 + 4 + 4 + 4
-	TagSize    = 16
-	CRCSize    = 4
-	RefuseSize = 20 + CRCSize
+	TagSize     = 16
+	CRCSize     = 4
+	RefuseSize  = 20 + CRCSize
 	// Overhead is what a sealed datagram carries beyond the plain
 	// frame's CRC trailer: the header, and a tag four times the CRC's
 	// size.

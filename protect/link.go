@@ -128,7 +128,7 @@ const maxHellos = 4096
 // Wrap protects inner under cfg; batch is the most datagrams one Read
 // asks the link under it for, and st the counters to count in.
 func Wrap(inner llp.Link, cfg Config, batch int, st Stats) (*Link, error) {
-	if err := cfg.check(); err != nil {
+	if err := cfg.Check(); err != nil {
 		return nil, err
 	}
 	if cfg.Mode == None {
@@ -559,20 +559,11 @@ func (l *Link) open(b []byte, src netip.AddrPort, dst netip.Addr, unicast bool, 
 		l.st.BadEnvelope.Add(1)
 		return nil
 	}
-	switch b[0] & 3 {
-	case 0:
-	case 3:
-		// A Hello in clear: a peer of the plain wire opening contact.
-		var h reliability.Header
-		if h.Parse(b[:len(b)-CRCSize]) == nil && h.Type == reliability.Hello && unicast {
-			if _, err := udiwarp.OpenDatagram(b); err == nil {
-				l.refuse(&h, src, len(b))
-				return nil
-			}
+	if b[0]&3 != 0 {
+		// Unprotected: a Hello of a peer of today's wire draws a Refuse.
+		if unicast {
+			l.refuse(b, src)
 		}
-		l.st.Clear.Add(1)
-		return nil
-	default:
 		l.st.Clear.Add(1)
 		return nil
 	}
@@ -590,10 +581,8 @@ func (l *Link) open(b []byte, src netip.AddrPort, dst netip.Addr, unicast bool, 
 	}
 	if h.Mode != l.cfg.Mode {
 		l.st.ModeMismatch.Add(1)
-		if h.Kind == KindContact && unicast {
-			if f, err := udiwarp.OpenDatagram(b); err == nil && l.rdh.Parse(f[h.Size:]) == nil && l.rdh.Type == reliability.Hello {
-				l.refuse(&l.rdh, src, len(b))
-			}
+		if unicast {
+			l.refuse(b, src)
 		}
 		return nil
 	}
@@ -603,16 +592,13 @@ func (l *Link) open(b []byte, src netip.AddrPort, dst netip.Addr, unicast bool, 
 	return l.openSealed(b, h, src, now)
 }
 
-// refuse answers a contact of another mode (h, a Hello, from src, in a
-// datagram of size bytes) with a Refuse no larger than it.
-func (l *Link) refuse(h *reliability.Header, src netip.AddrPort, size int) {
-	if size < RefuseSize || h.SrcQPN == 0 {
-		return
-	}
-	b := AppendRefuse(make([]byte, 0, RefuseSize), &Refusal{Mode: l.cfg.Mode, FromQP: h.SrcQPN, NameQP: h.DstQPN, Token: h.Issued})
-	b = udiwarp.SealDatagram(b, 0)
-	if n, _ := l.inner.Write([]llp.Msg{{Bufs: [][]byte{b}, Addr: src}}); n == 1 {
-		l.st.RefusesSent.Add(1)
+// refuse answers datagram b from src with a Refuse, if it is a Hello
+// of another mode (RefuseFor).
+func (l *Link) refuse(b []byte, src netip.AddrPort) {
+	if r := RefuseFor(b, l.cfg.Mode); r != nil {
+		if n, _ := l.inner.Write([]llp.Msg{{Bufs: [][]byte{r}, Addr: src}}); n == 1 {
+			l.st.RefusesSent.Add(1)
+		}
 	}
 }
 

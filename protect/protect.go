@@ -130,7 +130,8 @@ const (
 	MinPSK = 16
 )
 
-func (c *Config) check() error {
+// Check reports what is wrong with c, if anything.
+func (c *Config) Check() error {
 	if c.Mode > AEAD {
 		return fmt.Errorf("protect: %v: want none, auth or aead", c.Mode)
 	}

@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 	"weak"
+
+	"github.com/udiwarp/udiwarp/protect"
 
 	"github.com/udiwarp/udiwarp/llp"
 	"github.com/udiwarp/udiwarp/udiwarp"
@@ -66,6 +69,14 @@ type DeviceConfig struct {
 	// whose applications agreed to rely on the UDP checksum alone (seed
 	// 003 leaves CRC settings to the ULP). Both ends must agree.
 	NoCRC bool
+	// Protect protects every datagram of the device's sockets (UD, RD,
+	// Write-Record): authenticated, or authenticated and encrypted, with
+	// keys agreed in RD's contact or pre-shared (package protect,
+	// docs/wire.md §12). The tag replaces the CRC32c: a protected device
+	// runs with NoCRC within. Both ends must run the same mode; RD
+	// contact with a peer of another mode fails at once with
+	// ProtectionModeError. The zero value is today's wire.
+	Protect protect.Config
 	// Lower chooses what Bind opens under the datagram QPs: LowerUDP, a
 	// kernel UDP socket (the default), or LowerXDP, an AF_XDP socket on
 	// the interface that holds Bind's address (docs/llp.md). BindConn,
@@ -122,6 +133,8 @@ type Device struct {
 
 	mu      sync.Mutex
 	sockets map[*Socket]struct{}
+	// peerKeys are the pre-shared keys SetPeerKey set, for sockets to come.
+	peerKeys map[netip.AddrPort][]byte
 	// socketList is a snapshot of the sockets a busy poller reads (every
 	// socket but the manual ones), remade when one comes or goes.
 	socketList atomic.Pointer[[]*Socket]
@@ -157,6 +170,12 @@ func Open(cfg DeviceConfig) (*Device, error) {
 	}
 	if cfg.Impair != nil && cfg.Impair == cfg.ImpairRx {
 		return nil, fmt.Errorf("%w: Impair and ImpairRx must be two Impairments (each direction draws its own)", ErrInvalidAttr)
+	}
+	if err := cfg.Protect.Check(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidAttr, err)
+	}
+	if cfg.Protect.Mode != protect.None {
+		cfg.NoCRC = true // the tag is the check
 	}
 	for _, im := range []*Impairment{cfg.Impair, cfg.ImpairRx} {
 		if im != nil {
@@ -318,6 +337,11 @@ func (d *Device) addSocket(s *Socket) error {
 		d.sockets = map[*Socket]struct{}{}
 	}
 	d.sockets[s] = struct{}{}
+	for peer, psk := range d.peerKeys {
+		if s.prot != nil {
+			s.prot.SetPeerKey(peer, psk)
+		}
+	}
 	if !s.manual {
 		d.relistLocked()
 	}

@@ -302,6 +302,29 @@ type Stats struct {
 	// (the sum of CQ.Dropped over the device's CQs).
 	CQDropped atomic.Uint64
 
+	// Protected segments (DeviceConfig.Protect, package protect): what
+	// was sealed and opened, the keys installed, and every datagram
+	// refused before the stack saw it, by reason.
+	ProtSealed         atomic.Uint64 // datagrams sealed
+	ProtOpened         atomic.Uint64 // datagrams opened (authenticated, replay-checked)
+	ProtContacts       atomic.Uint64 // Hellos and Challenges sent with an X25519 share
+	ProtSessions       atomic.Uint64 // keys installed from RD contacts
+	ProtPSKPeers       atomic.Uint64 // receive keys installed from pre-shared keys
+	ProtKeyUpdates     atomic.Uint64 // receive keys moved to their next generation
+	ProtAuthFailed     atomic.Uint64 // refused: the tag did not verify (forged, changed, wrong keys)
+	ProtReplayed       atomic.Uint64 // refused: packet number seen before or older than the window
+	ProtNoKey          atomic.Uint64 // refused: a key ID not held and not derivable
+	ProtClear          atomic.Uint64 // refused: an unprotected frame
+	ProtBadEnvelope    atomic.Uint64 // refused: malformed envelope
+	ProtModeMismatch   atomic.Uint64 // refused: an envelope of another mode
+	ProtUnsolicited    atomic.Uint64 // refused: a Challenge for no Hello of ours
+	ProtReflected      atomic.Uint64 // refused: our own pre-shared-key datagram sent back
+	ProtContactLimited atomic.Uint64 // refused: contact work over ContactRate
+	ProtPeersFull      atomic.Uint64 // refused: a new peer's keys over MaxPeers
+	ProtRefusesSent    atomic.Uint64 // Refuse answers to contacts of another mode
+	ProtRefused        atomic.Uint64 // Refuse answers received that ended a contact of ours
+	ProtTxNoKey        atomic.Uint64 // datagrams not sent for want of a key
+
 	lastTxErrno atomic.Uint32
 }
 

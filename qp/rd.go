@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/udiwarp/udiwarp/protect"
 	"github.com/udiwarp/udiwarp/reliability"
 	"github.com/udiwarp/udiwarp/udiwarp"
 	"github.com/udiwarp/udiwarp/writerecord"
@@ -716,9 +717,12 @@ func (r *rdQP) Complete(pp *rdPeerRef, w *rdWR, err error) {
 // rdErrStatus is the work completion status of an engine's failure.
 func rdErrStatus(err error) Status {
 	var re *reliability.RemoteError
+	var pe *protect.RefusedError
 	switch {
 	case errors.As(err, &re):
 		return rdStatus(re.Code)
+	case errors.As(err, &pe):
+		return ProtectionModeError
 	case errors.Is(err, reliability.ErrRNRRetryExceeded):
 		return RNRRetryExceededError
 	case errors.Is(err, reliability.ErrRetryExceeded):

@@ -99,9 +99,13 @@ func (d *Device) deliver(s *Socket, b []byte, truncated bool, src netip.AddrPort
 		st.countRx(err)
 		return
 	}
-	if t == udiwarp.FrameRD {
+	switch t {
+	case udiwarp.FrameRD:
 		st.RxRDFrames.Add(1)
 		d.deliverRD(s, b, src)
+		return
+	case udiwarp.FrameEnvelope:
+		d.deliverEnvelope(s, b, src)
 		return
 	}
 	parse := udiwarp.ParseUDFrame

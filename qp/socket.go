@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/udiwarp/udiwarp/protect"
+
 	"github.com/udiwarp/udiwarp/llp"
 	"github.com/udiwarp/udiwarp/udiwarp"
 	"golang.org/x/sys/unix"
@@ -32,7 +34,10 @@ type Socket struct {
 	v6    bool
 	// maxDatagram is the largest UDP payload the socket can send.
 	maxDatagram int
-	noGSO       atomic.Bool // the kernel refused UDP_SEGMENT once, or the impairment layer sees each datagram
+	// prot protects the socket's datagrams (DeviceConfig.Protect), nil
+	// for today's wire.
+	prot  *protect.Link
+	noGSO atomic.Bool // the kernel refused UDP_SEGMENT once, or the impairment layer sees each datagram
 	// gsoTooBig: a GSO send of segments this large (UDP payload bytes)
 	// failed with EMSGSIZE — the route's MTU is smaller, and the kernel
 	// does not fragment a GSO segment — so segments this large or larger
@@ -89,6 +94,20 @@ func newLinkSocket(d *Device, l llp.Link, manual bool) *Socket {
 	if d.cfg.Impair != nil || d.cfg.ImpairRx != nil {
 		s.ll = llp.Impair(l, d.cfg.Impair, d.cfg.ImpairRx, llp.ImpairOptions{Batch: d.cfg.RecvBatch,
 			TxActed: &d.stats.TxImpaired, RxActed: &d.stats.RxImpaired, Late: s.deliverLate})
+	}
+	if d.cfg.Protect.Mode != protect.None {
+		st := &d.stats
+		pl, err := protect.Wrap(s.ll, d.cfg.Protect, d.cfg.RecvBatch, protect.Stats{
+			Sealed: &st.ProtSealed, Opened: &st.ProtOpened, Contacts: &st.ProtContacts, Sessions: &st.ProtSessions,
+			PSKPeers: &st.ProtPSKPeers, KeyUpdates: &st.ProtKeyUpdates, AuthFailed: &st.ProtAuthFailed,
+			Replayed: &st.ProtReplayed, NoKey: &st.ProtNoKey, Clear: &st.ProtClear, BadEnvelope: &st.ProtBadEnvelope,
+			ModeMismatch: &st.ProtModeMismatch, Unsolicited: &st.ProtUnsolicited, Reflected: &st.ProtReflected,
+			ContactLimited: &st.ProtContactLimited, PeersFull: &st.ProtPeersFull, RefusesSent: &st.ProtRefusesSent,
+			TxNoKey: &st.ProtTxNoKey})
+		if err != nil {
+			panic(err) // Open checked the configuration
+		}
+		s.ll, s.prot = pl, pl
 	}
 	caps := s.ll.Caps()
 	s.maxDatagram = caps.MaxDatagram

@@ -119,4 +119,26 @@ type StatsSnapshot struct {
 	// CQDropped counts the completions CQs refused after overflowing
 	// (the sum of CQ.Dropped over the device's CQs).
 	CQDropped uint64
+	// Protected segments (DeviceConfig.Protect, package protect): what
+	// was sealed and opened, the keys installed, and every datagram
+	// refused before the stack saw it, by reason.
+	ProtSealed         uint64 // datagrams sealed
+	ProtOpened         uint64 // datagrams opened (authenticated, replay-checked)
+	ProtContacts       uint64 // Hellos and Challenges sent with an X25519 share
+	ProtSessions       uint64 // keys installed from RD contacts
+	ProtPSKPeers       uint64 // receive keys installed from pre-shared keys
+	ProtKeyUpdates     uint64 // receive keys moved to their next generation
+	ProtAuthFailed     uint64 // refused: the tag did not verify (forged, changed, wrong keys)
+	ProtReplayed       uint64 // refused: packet number seen before or older than the window
+	ProtNoKey          uint64 // refused: a key ID not held and not derivable
+	ProtClear          uint64 // refused: an unprotected frame
+	ProtBadEnvelope    uint64 // refused: malformed envelope
+	ProtModeMismatch   uint64 // refused: an envelope of another mode
+	ProtUnsolicited    uint64 // refused: a Challenge for no Hello of ours
+	ProtReflected      uint64 // refused: our own pre-shared-key datagram sent back
+	ProtContactLimited uint64 // refused: contact work over ContactRate
+	ProtPeersFull      uint64 // refused: a new peer's keys over MaxPeers
+	ProtRefusesSent    uint64 // Refuse answers to contacts of another mode
+	ProtRefused        uint64 // Refuse answers received that ended a contact of ours
+	ProtTxNoKey        uint64 // datagrams not sent for want of a key
 }

@@ -39,6 +39,10 @@ const (
 	// RemoteAbortedError: the peer restarted (a new epoch) while the WR
 	// was in flight; it may or may not have been carried out.
 	RemoteAbortedError
+	// ProtectionModeError: the RD peer refused contact because it
+	// protects its datagrams in another mode (DeviceConfig.Protect);
+	// nothing was sent to it.
+	ProtectionModeError
 )
 
 var statusNames = [...]string{
@@ -46,7 +50,7 @@ var statusNames = [...]string{
 	LocalProtectionError: "local protection error", WRFlushError: "WR flushed", RemoteAccessError: "remote access error",
 	RemoteOperationError: "remote operation error", RetryExceededError: "retry exceeded", GeneralError: "general error",
 	RemoteInvalidRequestError: "remote invalid request", RNRRetryExceededError: "receiver-not-ready retry exceeded",
-	RemoteAbortedError: "remote aborted (peer restarted)",
+	RemoteAbortedError: "remote aborted (peer restarted)", ProtectionModeError: "peer refused contact: protection modes differ",
 }
 
 func (s Status) String() string {

@@ -847,6 +847,23 @@ func (e *Endpoint[M, P]) ReceiveParsed(now time.Time, src netip.AddrPort, h *Hea
 	return nil
 }
 
+// Refused ends contact with the peer at (src, qpn) when the datagram
+// that refused it echoes the token of our Hello, which only a receiver
+// of the Hello knows: the peer will not talk to us (it protects its
+// datagrams in another mode, package protect). Every message to it ends
+// with err. It reports whether it ended one.
+func (e *Endpoint[M, P]) Refused(src netip.AddrPort, qpn uint32, token uint64, err error) bool {
+	p := e.peers[PeerKey{src, qpn}]
+	if p == nil || p.established || token == 0 || p.myToken != token {
+		return false
+	}
+	e.Stats.PeerFailures++
+	e.abort(p, err, true)
+	e.forget(p)
+	e.complete()
+	return true
+}
+
 // EndBatch sends the acks the frames of the batch just read made due,
 // one per peer (a Data frame sent back meanwhile may have carried it).
 func (e *Endpoint[M, P]) EndBatch(now time.Time) {

@@ -8,9 +8,12 @@ package udiwarp
 //	0b11  a reliable-datagram (RD) frame: the reliability header, then a
 //	      datagram-profile DDP segment (defined by package reliability)
 //	0b01  a standard DDP segment (DV = 1): belongs on MPA/TCP, rejected
-//	0b00  rejected
+//	0b00  a protection envelope (package protect, docs/wire.md §12): a
+//	      sealed frame, a contact with a key share, or a refusal; a first
+//	      byte of 0 is rejected
 //
-// So one socket carries UD and RD traffic, and nothing else is accepted.
+// So one socket carries UD, RD and protected traffic, and nothing else
+// is accepted.
 
 // FrameType is the kind of a udiwarp datagram.
 type FrameType uint8
@@ -18,6 +21,8 @@ type FrameType uint8
 const (
 	FrameUD FrameType = 2 // a bare datagram-profile DDP segment
 	FrameRD FrameType = 3 // a reliability header, then a DDP segment
+	// FrameEnvelope: a protection envelope (package protect).
+	FrameEnvelope FrameType = 0
 )
 
 func (t FrameType) String() string {
@@ -26,6 +31,8 @@ func (t FrameType) String() string {
 		return "UD"
 	case FrameRD:
 		return "RD"
+	case FrameEnvelope:
+		return "envelope"
 	}
 	return "invalid frame type"
 }
@@ -49,6 +56,11 @@ func Classify(b []byte) (FrameType, error) {
 	switch t := FrameType(b[0] & 3); t {
 	case FrameUD, FrameRD:
 		return t, nil
+	case FrameEnvelope:
+		if b[0] != 0 {
+			return t, nil
+		}
+		return 0, fieldErr("datagram", "frame type", 0, "2 (UD), 3 (RD) or an envelope's kind", ErrFrameType, DDPUntaggedInvalidVersion)
 	case DDPVersion:
 		return 0, fieldErr("datagram", "frame type (DV)", DDPVersion, "2 (UD) or 3 (RD); DV=1 segments travel only on MPA/TCP", ErrFrameType, DDPUntaggedInvalidVersion)
 	default:
