@@ -217,6 +217,8 @@ var (
 	events      = counter("async_events_total", "Asynchronous events raised, queued or not, by type.", "type")
 	cqDropped   = counter("completions_dropped_total", "Completions CQs refused after overflowing.", "")
 	eventsLost  = counter("async_events_dropped_total", "Asynchronous events not queued, by origin: the device's own (Events full) or a peer's (coalesced or over their share).", "origin")
+	protected   = counter("protected_datagrams_total", "Protected datagrams (qp.DeviceConfig.Protect), by event: sealed, opened, contacts (Hellos and Challenges sent with a key share), refuses_sent, refused_contacts (Refuse answers that ended a contact of ours), tx_no_key (not sent: no key for the peer).", "event")
+	protKeys    = counter("protected_keys_total", "Keys a protected device installed, by origin: session (an RD contact), psk (a pre-shared key), key_update (a receive key moved to its next generation).", "origin")
 	srqRecouped = counter("srq_recouped_receives_total", "Receives reserved for idle QPs that their SRQs recouped for others (qp.SRQLimits.Reserve).", "")
 
 	wrInProgress   = family{name: "udiwarp_write_record_in_progress", help: "Write-Record messages in progress at targets.", kind: prometheus.GaugeValue}
@@ -298,6 +300,26 @@ var table = func() []series {
 		s(&dropped, "rd_peer_cap", func(s *qp.Stats) uint64 { return s.RDRefused.Load() }),
 		s(&dropped, "rd_address_limit", func(s *qp.Stats) uint64 { return s.RDAddrLimited.Load() }),
 		s(&dropped, "rd_bad_ack", func(s *qp.Stats) uint64 { return s.RDBadAcks.Load() }),
+		s(&dropped, "protect_auth_failed", func(s *qp.Stats) uint64 { return s.ProtAuthFailed.Load() }),
+		s(&dropped, "protect_replayed", func(s *qp.Stats) uint64 { return s.ProtReplayed.Load() }),
+		s(&dropped, "protect_no_key", func(s *qp.Stats) uint64 { return s.ProtNoKey.Load() }),
+		s(&dropped, "protect_clear", func(s *qp.Stats) uint64 { return s.ProtClear.Load() }),
+		s(&dropped, "protect_bad_envelope", func(s *qp.Stats) uint64 { return s.ProtBadEnvelope.Load() }),
+		s(&dropped, "protect_mode_mismatch", func(s *qp.Stats) uint64 { return s.ProtModeMismatch.Load() }),
+		s(&dropped, "protect_unsolicited", func(s *qp.Stats) uint64 { return s.ProtUnsolicited.Load() }),
+		s(&dropped, "protect_reflected", func(s *qp.Stats) uint64 { return s.ProtReflected.Load() }),
+		s(&dropped, "protect_contact_limited", func(s *qp.Stats) uint64 { return s.ProtContactLimited.Load() }),
+		s(&dropped, "protect_peers_full", func(s *qp.Stats) uint64 { return s.ProtPeersFull.Load() }),
+		s(&dropped, "protect_wrong_source", func(s *qp.Stats) uint64 { return s.ProtWrongSource.Load() }),
+		s(&protected, "sealed", func(s *qp.Stats) uint64 { return s.ProtSealed.Load() }),
+		s(&protected, "opened", func(s *qp.Stats) uint64 { return s.ProtOpened.Load() }),
+		s(&protected, "contacts", func(s *qp.Stats) uint64 { return s.ProtContacts.Load() }),
+		s(&protected, "refuses_sent", func(s *qp.Stats) uint64 { return s.ProtRefusesSent.Load() }),
+		s(&protected, "refused_contacts", func(s *qp.Stats) uint64 { return s.ProtRefused.Load() }),
+		s(&protected, "tx_no_key", func(s *qp.Stats) uint64 { return s.ProtTxNoKey.Load() }),
+		s(&protKeys, "session", func(s *qp.Stats) uint64 { return s.ProtSessions.Load() }),
+		s(&protKeys, "psk", func(s *qp.Stats) uint64 { return s.ProtPSKPeers.Load() }),
+		s(&protKeys, "key_update", func(s *qp.Stats) uint64 { return s.ProtKeyUpdates.Load() }),
 		s(&dropped, "rd_duplicate", func(s *qp.Stats) uint64 { return s.RDDuplicates.Load() }),
 		s(&dropped, "rd_beyond_window", func(s *qp.Stats) uint64 { return s.RDBeyondWindow.Load() }),
 		s(&dropped, "rd_over_budget", func(s *qp.Stats) uint64 { return s.RDOverBudget.Load() }),

@@ -6,6 +6,7 @@ import (
 	"crypto/hkdf"
 	"crypto/sha256"
 	"encoding/binary"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 )
@@ -121,7 +122,8 @@ type recvSA struct {
 	next     *gen
 	firstCur uint64 // lowest packet number opened under cur
 	win      window
-	psk      bool // keyed by a pre-shared key (else a contact)
+	psk      bool           // keyed by a pre-shared key (else a contact)
+	peer     netip.AddrPort // the only source it opens from
 	// last is when a datagram last opened under it (unix ns), for idle
 	// reclamation.
 	last atomic.Int64

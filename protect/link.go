@@ -40,6 +40,7 @@ type Stats struct {
 	Reflected      *atomic.Uint64 // a pre-shared-key datagram under one of our own key IDs
 	ContactLimited *atomic.Uint64 // contact work over ContactRate
 	PeersFull      *atomic.Uint64 // a new peer's keys over MaxPeers
+	WrongSource    *atomic.Uint64 // a key ID from another address than the peer's it belongs to
 	RefusesSent    *atomic.Uint64 // Refuse answers to contacts of another mode
 	// TxNoKey: datagrams not sent for want of a key.
 	TxNoKey *atomic.Uint64
@@ -49,7 +50,7 @@ type Stats struct {
 func (s *Stats) fill() {
 	for _, p := range []**atomic.Uint64{&s.Sealed, &s.Opened, &s.Contacts, &s.Sessions, &s.PSKPeers, &s.KeyUpdates,
 		&s.AuthFailed, &s.Replayed, &s.NoKey, &s.Clear, &s.BadEnvelope, &s.ModeMismatch, &s.Unsolicited,
-		&s.Reflected, &s.ContactLimited, &s.PeersFull, &s.RefusesSent, &s.TxNoKey} {
+		&s.Reflected, &s.ContactLimited, &s.PeersFull, &s.WrongSource, &s.RefusesSent, &s.TxNoKey} {
 		if *p == nil {
 			*p = new(atomic.Uint64)
 		}
@@ -59,7 +60,8 @@ func (s *Stats) fill() {
 // Refused is the sum of the refused datagrams.
 func (s *Stats) Refused() uint64 {
 	return s.AuthFailed.Load() + s.Replayed.Load() + s.NoKey.Load() + s.Clear.Load() + s.BadEnvelope.Load() +
-		s.ModeMismatch.Load() + s.Unsolicited.Load() + s.Reflected.Load() + s.ContactLimited.Load() + s.PeersFull.Load()
+		s.ModeMismatch.Load() + s.Unsolicited.Load() + s.Reflected.Load() + s.ContactLimited.Load() + s.PeersFull.Load() +
+		s.WrongSource.Load()
 }
 
 // Link protects the datagrams of the link under it (see the package
@@ -656,6 +658,7 @@ func (l *Link) openContact(b []byte, h *Header, src netip.AddrPort, unicast bool
 			return nil
 		}
 		rx := newRecvSA(k.idOpen, l.cfg.Mode, k.r2o, false)
+		rx.peer = src
 		rx.last.Store(now.UnixNano())
 		l.recv[k.idOpen] = rx
 		l.send[src] = &peerTx{sa: newSendSA(k.idAnswer, l.cfg.Mode, l.cfg.KeyUpdateAfter, k.o2r), initial: t.initialBlock(), rx: rx}
@@ -675,6 +678,13 @@ func (l *Link) openSealed(b []byte, h *Header, src netip.AddrPort, now time.Time
 			return nil
 		}
 	} else {
+		if r.peer != src {
+			// Keys belong to the address they were agreed or first
+			// used with: an authentic datagram from elsewhere is a copy
+			// (a UD completion would name the forged source).
+			l.st.WrongSource.Add(1)
+			return nil
+		}
 		if !r.win.check(h.PN) {
 			l.st.Replayed.Add(1)
 			return nil
@@ -773,6 +783,7 @@ func (l *Link) derive(b []byte, h *Header, src netip.AddrPort, now time.Time) bo
 	r.opened(g, h.PN)
 	r.win.mark(h.PN)
 	r.last.Store(now.UnixNano())
+	r.peer = src
 	l.recv[r.keyID] = r
 	if tx != nil {
 		l.send[src] = tx

@@ -321,6 +321,7 @@ type Stats struct {
 	ProtReflected      atomic.Uint64 // refused: our own pre-shared-key datagram sent back
 	ProtContactLimited atomic.Uint64 // refused: contact work over ContactRate
 	ProtPeersFull      atomic.Uint64 // refused: a new peer's keys over MaxPeers
+	ProtWrongSource    atomic.Uint64 // refused: keys used from another address than their peer's
 	ProtRefusesSent    atomic.Uint64 // Refuse answers to contacts of another mode
 	ProtRefused        atomic.Uint64 // Refuse answers received that ended a contact of ours
 	ProtTxNoKey        atomic.Uint64 // datagrams not sent for want of a key

@@ -102,7 +102,7 @@ func newLinkSocket(d *Device, l llp.Link, manual bool) *Socket {
 			PSKPeers: &st.ProtPSKPeers, KeyUpdates: &st.ProtKeyUpdates, AuthFailed: &st.ProtAuthFailed,
 			Replayed: &st.ProtReplayed, NoKey: &st.ProtNoKey, Clear: &st.ProtClear, BadEnvelope: &st.ProtBadEnvelope,
 			ModeMismatch: &st.ProtModeMismatch, Unsolicited: &st.ProtUnsolicited, Reflected: &st.ProtReflected,
-			ContactLimited: &st.ProtContactLimited, PeersFull: &st.ProtPeersFull, RefusesSent: &st.ProtRefusesSent,
+			ContactLimited: &st.ProtContactLimited, PeersFull: &st.ProtPeersFull, WrongSource: &st.ProtWrongSource, RefusesSent: &st.ProtRefusesSent,
 			TxNoKey: &st.ProtTxNoKey})
 		if err != nil {
 			panic(err) // Open checked the configuration

@@ -138,6 +138,7 @@ type StatsSnapshot struct {
 	ProtReflected      uint64 // refused: our own pre-shared-key datagram sent back
 	ProtContactLimited uint64 // refused: contact work over ContactRate
 	ProtPeersFull      uint64 // refused: a new peer's keys over MaxPeers
+	ProtWrongSource    uint64 // refused: keys used from another address than their peer's
 	ProtRefusesSent    uint64 // Refuse answers to contacts of another mode
 	ProtRefused        uint64 // Refuse answers received that ended a contact of ours
 	ProtTxNoKey        uint64 // datagrams not sent for want of a key
