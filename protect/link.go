@@ -90,6 +90,7 @@ type Link struct {
 	rbufs [][]byte
 	pend  []pending // datagrams read, not yet handed up
 	pnext int
+	left  atomic.Int32 // len(pend) - pnext, for WaitReadable in another goroutine
 	rh    Header
 	rdh   reliability.Header
 
@@ -250,7 +251,7 @@ func (l *Link) Close() error              { return l.inner.Close() }
 
 // WaitReadable returns at once while datagrams read are waiting.
 func (l *Link) WaitReadable() error {
-	if l.pnext < len(l.pend) {
+	if l.left.Load() > 0 {
 		return nil
 	}
 	return l.inner.WaitReadable()
@@ -521,6 +522,7 @@ func (l *Link) Read(ms []llp.Msg) (int, error) {
 		}
 		k++
 	}
+	l.left.Store(int32(len(l.pend) - l.pnext))
 	return k, nil
 }
 
