@@ -374,6 +374,15 @@ func (l *Link) seal(b []byte, m *llp.Msg) ([]byte, error) {
 		l.st.TxNoKey.Add(1)
 		return nil, ErrNoKey
 	}
+	l.st.Sealed.Add(1)
+	return sealFrame(b, m.Bufs, size, tx, initial), nil
+}
+
+// sealFrame appends to b the Sealed datagram of the frame bufs hold
+// (size bytes with its zero trailer), under tx, with the initial block
+// when it is not nil.
+func sealFrame(b []byte, bufs [][]byte, size int, tx *sendSA, initial []byte) []byte {
+	frame := size - CRCSize
 	pn, g := tx.take()
 	hs := HeaderSize
 	flags := g.phase()
@@ -385,21 +394,20 @@ func (l *Link) seal(b []byte, m *llp.Msg) ([]byte, error) {
 		b = make([]byte, 0, hs+size+TagSize)
 	}
 	b = b[:hs]
-	for _, p := range m.Bufs {
+	for _, p := range bufs {
 		b = append(b, p...)
 	}
 	b = b[:hs+frame]
 	clear := frame
-	if l.cfg.Mode == AEAD {
+	if tx.mode == AEAD {
 		clear = headerLen(b[hs:])
 	}
-	putHeader(b, KindSealed, l.cfg.Mode, flags, tx.keyID, pn, clear, initial)
+	putHeader(b, KindSealed, tx.mode, flags, tx.keyID, pn, clear, initial)
 	var nonce [12]byte
 	g.nonce(pn, &nonce)
 	pt := b[hs+clear:]
 	g.aead.Seal(pt[:0], nonce[:], pt, b[:hs+clear])
-	l.st.Sealed.Add(1)
-	return b[:hs+frame+TagSize], nil
+	return b[:hs+frame+TagSize]
 }
 
 // txFor is the sender for dst, and the initial block to send with it

@@ -101,8 +101,8 @@ func TestWireDocExamples(t *testing.T) {
 	seen := map[string]bool{}
 	for _, m := range exampleRE.FindAllSubmatch(doc, -1) {
 		name := string(m[1])
-		if strings.HasPrefix(name, "rd-") {
-			continue // RD frames: package reliability checks them
+		if strings.HasPrefix(name, "rd-") || strings.HasPrefix(name, "prot-") {
+			continue // RD frames and protected segments: packages reliability and protect check them
 		}
 		want, ok := ex[name]
 		if !ok {

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"strings"
 
+	"github.com/udiwarp/udiwarp/protect"
 	"github.com/udiwarp/udiwarp/reliability"
 	"github.com/udiwarp/udiwarp/udiwarp"
 )
@@ -120,6 +122,9 @@ func decodeFrom(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		if t, err = udiwarp.Classify(b); err == nil && t == udiwarp.FrameRD {
 			return decodeRD(b, stdout, stderr)
 		}
+		if err == nil && t == udiwarp.FrameEnvelope {
+			return decodeEnvelope(b, stdout, stderr)
+		}
 		seg, err = udiwarp.ParseUDFrame(b)
 	}
 	if err != nil {
@@ -134,6 +139,66 @@ func decodeFrom(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			}
 			fmt.Fprintf(stderr, "a Terminate would report: %s (layer %d, etype %d, ecode %#02x)%s\n", code, code.Layer(), code.EType(), code.ECode(), note)
 		}
+		return 1
+	}
+	fmt.Fprintln(stdout, seg)
+	return 0
+}
+
+// decodeEnvelope describes a protection envelope (docs/wire.md §12): its
+// header, and the frame inside as far as it travels in clear.
+func decodeEnvelope(b []byte, stdout, stderr io.Writer) int {
+	if b[0] == byte(protect.KindRefuse)<<2 {
+		var r protect.Refusal
+		_, err := udiwarp.OpenDatagram(b)
+		if err == nil {
+			err = r.Parse(b)
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "Refuse: this side runs %v; the Hello of QP %d to QP %d (token %#016x) is refused\n", r.Mode, r.FromQP, r.NameQP, r.Token)
+		return 0
+	}
+	var h protect.Header
+	if err := h.Parse(b); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	if h.Kind == protect.KindContact {
+		f, err := udiwarp.OpenDatagram(b)
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "Contact (%v): X25519 share %x\n", h.Mode, h.Share)
+		return decodeRD(udiwarp.SealDatagram(append([]byte(nil), f[h.Size:]...), 0), stdout, stderr)
+	}
+	phase := 0
+	if h.Flags&protect.FlagPhase != 0 {
+		phase = 1
+	}
+	frame := b[h.Size : len(b)-protect.TagSize]
+	fmt.Fprintf(stdout, "Sealed (%v): key ID %#08x, packet number %d, key phase %d, %d of %d frame bytes in clear, tag %x\n",
+		h.Mode, h.KeyID, h.PN, phase, h.ClearLen, len(frame), b[len(b)-protect.TagSize:])
+	if h.Flags&protect.FlagInitial != 0 {
+		s := h.Share
+		fmt.Fprintf(stdout, "  initial block: opener share %x, Hello token %x, keyed token %x, QP %d -> QP %d, opener epoch %x\n",
+			s[:32], s[32:40], s[40:48], binary.BigEndian.Uint32(s[48:]), binary.BigEndian.Uint32(s[52:]), s[56:60])
+	}
+	if h.ClearLen < len(frame) {
+		fmt.Fprintf(stdout, "  frame (its headers; the payload, %d bytes, is encrypted): ", len(frame)-h.ClearLen)
+	} else {
+		fmt.Fprint(stdout, "  frame: ")
+	}
+	inner := append(append([]byte(nil), frame...), 0, 0, 0, 0)
+	if frame[0]&3 == 3 {
+		return decodeRD(udiwarp.SealDatagram(inner[:len(frame)], 0), stdout, stderr)
+	}
+	seg, err := udiwarp.ParseUDFrameNoCRC(inner)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
 		return 1
 	}
 	fmt.Fprintln(stdout, seg)
