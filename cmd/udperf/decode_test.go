@@ -54,6 +54,10 @@ func TestDecodeWireExamples(t *testing.T) {
 		{"rd-data", "", "RD Data: QP 6 -> QP 5"},
 		{"rd-ack", "", "RD Ack: QP 5 -> QP 6"},
 		{"read-request", "-stream", "RDMA Read Request DV=1 L QN=1 MSN=1 MO=0 sink=0x00000a01@0x7f0000001000 size=4096"},
+		{"prot-sealed-auth", "", "Sealed (auth): key ID 0x0a0b0c0d, packet number 5, key phase 0, 20 of 20 frame bytes in clear"},
+		{"prot-sealed-aead", "", "the payload, 2 bytes, is encrypted): Send DV=2 L dstQP=5 queue=send srcQP=6 MSN=1"},
+		{"prot-contact", "", "RD Hello: QP 6 -> QP 5"},
+		{"prot-refuse", "", "Refuse: this side runs aead; the Hello of QP 6 to QP 5"},
 	} {
 		t.Run(tc.example, func(t *testing.T) {
 			m := regexp.MustCompile("(?s)<!-- example: " + regexp.QuoteMeta(tc.example) + " -->\n```text\n.*?```\n").Find(doc)
