@@ -113,6 +113,14 @@ func (m *Msg) SetDst(dst netip.Addr, unicast bool) {
 	m.dst, m.unicast, m.dstOK = dst, unicast, dst.IsValid()
 }
 
+// SetDstFrom gives m the destination o has (Dst), as o has it: parsed
+// on demand from o's control messages, which stay o's link's until its
+// next Read. A link that wraps another (package protect) hands its
+// reads' destinations up this way without parsing them.
+func (m *Msg) SetDstFrom(o *Msg) {
+	m.ctl, m.dst, m.unicast, m.dstOK = o.ctl, o.dst, o.unicast, o.dstOK
+}
+
 // Len is the sum of the lengths of Bufs.
 func (m *Msg) Len() int {
 	n := 0

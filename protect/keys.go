@@ -124,6 +124,9 @@ type recvSA struct {
 	win      window
 	psk      bool           // keyed by a pre-shared key (else a contact)
 	peer     netip.AddrPort // the only source it opens from
+	// confirm is the opener's sender of the same contact, which sends
+	// the initial block until a datagram opens here.
+	confirm *peerTx
 	// last is when a datagram last opened under it (unix ns), for idle
 	// reclamation.
 	last atomic.Int64

@@ -73,10 +73,12 @@ type Link struct {
 	st    Stats
 
 	mu      sync.Mutex
-	recv    map[uint32]*recvSA         // by key ID
-	send    map[netip.AddrPort]*peerTx // the newest contact keys per peer
-	pskTx   map[netip.AddrPort]*sendSA // pre-shared-key senders per peer
-	ownPSK  map[uint32]bool            // key IDs our pre-shared-key senders use
+	recv map[uint32]*recvSA // by key ID; changed only by the reader, under mu
+	// tx is what each peer address is sealed to with: the newest contact
+	// keys, else a pre-shared key's sender. Writers read it without a
+	// lock; it is replaced whole, under mu.
+	tx      atomic.Pointer[map[netip.AddrPort]*peerTx]
+	ownPSK  map[uint32]bool // key IDs our pre-shared-key senders use
 	peerPSK map[netip.AddrPort][]byte
 	hellos  map[helloKey]*opening // Hellos of ours awaiting their Challenge
 	horder  []helloKey            // in the order sent, to bound hellos
@@ -90,11 +92,15 @@ type Link struct {
 	rbufs [][]byte
 	pend  []pending // datagrams read, not yet handed up
 	pnext int
+	reads  uint64
+	coarse time.Time
 	left  atomic.Int32 // len(pend) - pnext, for WaitReadable in another goroutine
 	rh    Header
 	rdh   reliability.Header
+	nonce [12]byte
 
-	wpool sync.Pool
+	wpool   sync.Pool // sealed datagrams' buffers
+	batches sync.Pool // *wbatch
 }
 
 type helloKey struct {
@@ -110,19 +116,32 @@ type opening struct {
 }
 
 // peerTx is what we seal to a peer with: a contact's opener→answerer or
-// answerer→opener direction.
+// answerer→opener direction, or a pre-shared key's sender (rx nil).
 type peerTx struct {
 	sa      *sendSA
-	initial []byte // the initial block, until the peer answers under the keys
+	initial atomic.Pointer[[]byte] // the initial block, until the peer answers under the keys
 	rx      *recvSA
 }
 
+// setTx makes p what dst is sealed to (nil: nothing); l.mu held.
+func (l *Link) setTx(dst netip.AddrPort, p *peerTx) {
+	old := *l.tx.Load()
+	m := make(map[netip.AddrPort]*peerTx, len(old)+1)
+	for a, q := range old {
+		m[a] = q
+	}
+	if p == nil {
+		delete(m, dst)
+	} else {
+		m[dst] = p
+	}
+	l.tx.Store(&m)
+}
+
 type pending struct {
-	b       []byte
-	src     netip.AddrPort
-	dst     netip.Addr
-	unicast bool
-	dstOK   bool
+	b   []byte
+	src netip.AddrPort
+	m   *llp.Msg // the read below it came in: its destination
 }
 
 // maxHellos bounds the Hellos awaiting a Challenge.
@@ -159,10 +178,10 @@ func Wrap(inner llp.Link, cfg Config, batch int, st Stats) (*Link, error) {
 		cfg.Now = time.Now
 	}
 	batch = max(batch, 1)
-	l := &Link{inner: inner, cfg: cfg, recv: map[uint32]*recvSA{}, send: map[netip.AddrPort]*peerTx{},
-		pskTx: map[netip.AddrPort]*sendSA{}, ownPSK: map[uint32]bool{}, peerPSK: map[netip.AddrPort][]byte{},
+	l := &Link{inner: inner, cfg: cfg, recv: map[uint32]*recvSA{}, ownPSK: map[uint32]bool{}, peerPSK: map[netip.AddrPort][]byte{},
 		hellos: map[helloKey]*opening{}, rmsgs: make([]llp.Msg, batch), rbufs: make([][]byte, batch), st: st}
 	l.st.fill()
+	l.tx.Store(&map[netip.AddrPort]*peerTx{})
 	for a, k := range cfg.Peers {
 		l.peerPSK[unmap(a)] = append([]byte(nil), k...)
 	}
@@ -171,7 +190,8 @@ func Wrap(inner llp.Link, cfg Config, batch int, st Stats) (*Link, error) {
 		l.rbufs[i] = make([]byte, max)
 		l.rmsgs[i].Bufs = [][]byte{l.rbufs[i]}
 	}
-	l.wpool.New = func() any { b := make([]byte, 0, max); return &b }
+	l.wpool.New = func() any { b := make([]byte, 0, max+TagSize+12); return &b }
+	l.batches.New = func() any { return new(wbatch) }
 	now := cfg.Now()
 	l.secret[0], l.secret[1] = l.random(32), l.random(32)
 	l.turned, l.filled, l.bucket = now, now, float64(cfg.ContactRate)
@@ -209,7 +229,9 @@ func (l *Link) SetPeerKey(peer netip.AddrPort, psk []byte) error {
 	} else {
 		l.peerPSK[peer] = append([]byte(nil), psk...)
 	}
-	delete(l.pskTx, peer) // the next datagram keys afresh
+	if p := (*l.tx.Load())[peer]; p != nil && p.rx == nil {
+		l.setTx(peer, nil) // the next datagram keys afresh
+	}
 	return nil
 }
 
@@ -225,7 +247,7 @@ func (l *Link) pskFor(peer netip.AddrPort) []byte {
 func (l *Link) Sessions() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.recv)
+	return len(l.recv) // (changed under l.mu)
 }
 
 // HasKeys reports whether the link can seal to peer now.
@@ -233,7 +255,7 @@ func (l *Link) HasKeys(peer netip.AddrPort) bool {
 	peer = unmap(peer)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.send[peer] != nil || l.pskFor(peer) != nil
+	return (*l.tx.Load())[peer] != nil || l.pskFor(peer) != nil
 }
 
 // Caps: the link under it, less the envelope, with no trains.
@@ -293,9 +315,9 @@ func (l *Link) spend(n float64) bool {
 // Write seals each datagram (a frame with its zero CRC trailer) and
 // writes them in one batch below.
 func (l *Link) Write(ms []llp.Msg) (int, error) {
-	var out [64]llp.Msg
-	var bufs [64]*[]byte
-	var iov [64][1][]byte
+	wb := l.batches.Get().(*wbatch)
+	defer l.batches.Put(wb)
+	out, bufs, iov := &wb.out, &wb.bufs, &wb.iov
 	done := 0
 	for done < len(ms) {
 		n, k := 0, 0
@@ -325,7 +347,7 @@ func (l *Link) Write(ms []llp.Msg) (int, error) {
 		}
 		for i := range n {
 			l.wpool.Put(bufs[i])
-			iov[i][0] = nil
+			bufs[i], iov[i][0], out[i].Bufs = nil, nil, nil
 		}
 		for i := range w {
 			ms[done+i].N = ms[done+i].Len()
@@ -339,6 +361,13 @@ func (l *Link) Write(ms []llp.Msg) (int, error) {
 		}
 	}
 	return done, nil
+}
+
+// wbatch is a Write's scratch: the batch handed to the link below.
+type wbatch struct {
+	out  [16]llp.Msg
+	bufs [16]*[]byte
+	iov  [16][1][]byte
 }
 
 // seal appends m's datagram, protected, to b.
@@ -390,8 +419,8 @@ func sealFrame(b []byte, bufs [][]byte, size int, tx *sendSA, initial []byte) []
 		hs += InitialSize
 		flags |= FlagInitial
 	}
-	if cap(b) < hs+size+TagSize {
-		b = make([]byte, 0, hs+size+TagSize)
+	if cap(b) < hs+size+TagSize+12 {
+		b = make([]byte, 0, hs+size+TagSize+12)
 	}
 	b = b[:hs]
 	for _, p := range bufs {
@@ -403,8 +432,8 @@ func sealFrame(b []byte, bufs [][]byte, size int, tx *sendSA, initial []byte) []
 		clear = headerLen(b[hs:])
 	}
 	putHeader(b, KindSealed, tx.mode, flags, tx.keyID, pn, clear, initial)
-	var nonce [12]byte
-	g.nonce(pn, &nonce)
+	nonce := (*[12]byte)(b[cap(b)-12 : cap(b)]) // past the tag: a nonce on the stack would escape
+	g.nonce(pn, nonce)
 	pt := b[hs+clear:]
 	g.aead.Seal(pt[:0], nonce[:], pt, b[:hs+clear])
 	return b[:hs+frame+TagSize]
@@ -413,13 +442,13 @@ func sealFrame(b []byte, bufs [][]byte, size int, tx *sendSA, initial []byte) []
 // txFor is the sender for dst, and the initial block to send with it
 // while the peer has not answered under the keys.
 func (l *Link) txFor(dst netip.AddrPort) (*sendSA, []byte) {
+	if p := (*l.tx.Load())[dst]; p != nil {
+		return p.sa, p.initialBlock()
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if p := l.send[dst]; p != nil {
-		return p.sa, p.initial
-	}
-	if s := l.pskTx[dst]; s != nil {
-		return s, nil
+	if p := (*l.tx.Load())[dst]; p != nil {
+		return p.sa, p.initialBlock()
 	}
 	psk := l.pskFor(dst)
 	if psk == nil {
@@ -430,8 +459,16 @@ func (l *Link) txFor(dst netip.AddrPort) (*sendSA, []byte) {
 		id = binary.BigEndian.Uint32(l.random(4))
 	}
 	s := newSendSA(id, l.cfg.Mode, l.cfg.KeyUpdateAfter, pskSecret(psk, l.cfg.Mode, id))
-	l.pskTx[dst], l.ownPSK[id] = s, true
+	l.ownPSK[id] = true
+	l.setTx(dst, &peerTx{sa: s})
 	return s, nil
+}
+
+func (p *peerTx) initialBlock() []byte {
+	if b := p.initial.Load(); b != nil {
+		return *b
+	}
+	return nil
 }
 
 // headerLen is how much of a frame travels in clear under AEAD: the RD
@@ -523,11 +560,7 @@ func (l *Link) Read(ms []llp.Msg) (int, error) {
 		m := &ms[k]
 		n := scatter(m.Bufs, p.b)
 		m.N, m.Trunc, m.Segment, m.Addr = n, n < len(p.b), 0, p.src
-		if p.dstOK {
-			m.SetDst(p.dst, p.unicast)
-		} else {
-			m.SetDst(netip.Addr{}, false)
-		}
+		m.SetDstFrom(p.m)
 		k++
 	}
 	l.left.Store(int32(len(l.pend) - l.pnext))
@@ -537,17 +570,19 @@ func (l *Link) Read(ms []llp.Msg) (int, error) {
 // intake opens the n datagrams the last read below returned, queueing
 // those to hand up.
 func (l *Link) intake(n int) {
-	now := l.cfg.Now()
-	l.mu.Lock()
-	l.tick(now)
-	l.mu.Unlock()
+	// A coarse clock for the idle reclaim: time.Now costs as much as a
+	// seal here, so a busy link reads it every 64 reads (the contact
+	// paths read it too).
+	if l.reads++; l.reads%64 == 1 {
+		l.coarse = l.cfg.Now()
+	}
+	now := l.coarse
 	for i := range n {
 		m := &l.rmsgs[i]
 		if m.Trunc {
 			l.st.BadEnvelope.Add(1)
 			continue
 		}
-		dst, unicast, ok := m.Dst()
 		b := l.rbufs[i][:m.N]
 		seg := len(b)
 		if m.Segment > 0 && m.Segment < len(b) {
@@ -556,8 +591,8 @@ func (l *Link) intake(n int) {
 		for len(b) > 0 {
 			d := b[:min(seg, len(b))]
 			b = b[len(d):]
-			if f := l.open(d, unmap(m.Addr), dst, unicast && ok, now); f != nil {
-				l.pend = append(l.pend, pending{b: f, src: unmap(m.Addr), dst: dst, unicast: unicast, dstOK: ok})
+			if f := l.open(d, unmap(m.Addr), m, now); f != nil {
+				l.pend = append(l.pend, pending{b: f, src: unmap(m.Addr), m: m})
 			}
 		}
 	}
@@ -566,14 +601,24 @@ func (l *Link) intake(n int) {
 // open returns the frame a datagram carries, opened, followed by a zero
 // CRC trailer (the device above checks none: the tag did), or nil when
 // it is refused (counted) or consumed here.
-func (l *Link) open(b []byte, src netip.AddrPort, dst netip.Addr, unicast bool, now time.Time) []byte {
+// unicast reports whether m was sent to a unicast address of ours (or
+// the link cannot tell): only such a datagram draws an answer.
+func unicast(m *llp.Msg) bool {
+	if m == nil {
+		return true
+	}
+	_, u, ok := m.Dst()
+	return u || !ok
+}
+
+func (l *Link) open(b []byte, src netip.AddrPort, m *llp.Msg, now time.Time) []byte {
 	if len(b) < udiwarp.MinDatagramSize {
 		l.st.BadEnvelope.Add(1)
 		return nil
 	}
 	if b[0]&3 != 0 {
 		// Unprotected: a Hello of a peer of today's wire draws a Refuse.
-		if unicast {
+		if unicast(m) {
 			l.refuse(b, src)
 		}
 		l.st.Clear.Add(1)
@@ -593,13 +638,13 @@ func (l *Link) open(b []byte, src netip.AddrPort, dst netip.Addr, unicast bool, 
 	}
 	if h.Mode != l.cfg.Mode {
 		l.st.ModeMismatch.Add(1)
-		if unicast {
+		if unicast(m) {
 			l.refuse(b, src)
 		}
 		return nil
 	}
 	if h.Kind == KindContact {
-		return l.openContact(b, h, src, unicast, now)
+		return l.openContact(b, h, src, unicast(m), now)
 	}
 	return l.openSealed(b, h, src, now)
 }
@@ -634,6 +679,9 @@ func (l *Link) openContact(b []byte, h *Header, src netip.AddrPort, unicast bool
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	now = l.cfg.Now()
+	l.coarse = now
+	l.tick(now)
 	if rh.Type == reliability.Hello {
 		// Our Challenge will cost an X25519 multiplication.
 		if !unicast || !l.spend(1) {
@@ -671,7 +719,11 @@ func (l *Link) openContact(b []byte, h *Header, src netip.AddrPort, unicast bool
 		rx.peer = src
 		rx.last.Store(now.UnixNano())
 		l.recv[k.idOpen] = rx
-		l.send[src] = &peerTx{sa: newSendSA(k.idAnswer, l.cfg.Mode, l.cfg.KeyUpdateAfter, k.o2r), initial: t.initialBlock(), rx: rx}
+		p := &peerTx{sa: newSendSA(k.idAnswer, l.cfg.Mode, l.cfg.KeyUpdateAfter, k.o2r), rx: rx}
+		ib := t.initialBlock()
+		p.initial.Store(&ib)
+		rx.confirm = p
+		l.setTx(src, p)
 		l.st.Sessions.Add(1)
 	}
 	return up
@@ -679,9 +731,7 @@ func (l *Link) openContact(b []byte, h *Header, src netip.AddrPort, unicast bool
 
 // openSealed opens a Sealed datagram in place and returns its frame.
 func (l *Link) openSealed(b []byte, h *Header, src netip.AddrPort, now time.Time) []byte {
-	l.mu.Lock()
-	r := l.recv[h.KeyID]
-	l.mu.Unlock()
+	r := l.recv[h.KeyID] // only the reader changes the map (derive, openContact, reclaim: all under Read)
 	if r == nil {
 		// Keys we do not hold: derived, installed only if it opens.
 		if !l.derive(b, h, src, now) {
@@ -700,7 +750,7 @@ func (l *Link) openSealed(b []byte, h *Header, src netip.AddrPort, now time.Time
 			return nil
 		}
 		g := r.genFor(h.PN, h.Flags&FlagPhase)
-		if g == nil || !openIn(g, b, h) {
+		if g == nil || !openIn(g, b, h, &l.nonce) {
 			l.st.AuthFailed.Add(1)
 			return nil
 		}
@@ -711,12 +761,9 @@ func (l *Link) openSealed(b []byte, h *Header, src netip.AddrPort, now time.Time
 		r.win.mark(h.PN)
 		r.last.Store(now.UnixNano())
 		l.st.Opened.Add(1)
-		if h.Flags&FlagInitial == 0 {
-			l.mu.Lock()
-			if p := l.send[src]; p != nil && p.rx == r && p.initial != nil {
-				p.initial = nil // the peer answered under the keys: it holds them
-			}
-			l.mu.Unlock()
+		if c := r.confirm; c != nil && h.Flags&FlagInitial == 0 {
+			c.initial.Store(nil) // the peer answered under the keys: it holds them
+			r.confirm = nil
 		}
 	}
 	end := len(b) - TagSize
@@ -724,10 +771,9 @@ func (l *Link) openSealed(b []byte, h *Header, src netip.AddrPort, now time.Time
 	return b[h.Size : end+CRCSize]
 }
 
-// openIn opens b's frame in place under g.
-func openIn(g *gen, b []byte, h *Header) bool {
-	var nonce [12]byte
-	g.nonce(h.PN, &nonce)
+// openIn opens b's frame in place under g, with nonce as scratch.
+func openIn(g *gen, b []byte, h *Header, nonce *[12]byte) bool {
+	g.nonce(h.PN, nonce)
 	ct := b[h.Size+h.ClearLen:]
 	_, err := g.aead.Open(ct[:0], nonce[:], ct, b[:h.Size+h.ClearLen])
 	return err == nil
@@ -740,6 +786,9 @@ func openIn(g *gen, b []byte, h *Header) bool {
 func (l *Link) derive(b []byte, h *Header, src netip.AddrPort, now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	now = l.cfg.Now()
+	l.coarse = now
+	l.tick(now)
 	var r *recvSA
 	var tx *peerTx
 	if h.Flags&FlagInitial != 0 {
@@ -782,7 +831,7 @@ func (l *Link) derive(b []byte, h *Header, src netip.AddrPort, now time.Time) bo
 		return false
 	}
 	g := r.genFor(h.PN, h.Flags&FlagPhase)
-	if g == nil || !openIn(g, b, h) {
+	if g == nil || !openIn(g, b, h, &l.nonce) {
 		l.st.AuthFailed.Add(1)
 		return false
 	}
@@ -796,7 +845,7 @@ func (l *Link) derive(b []byte, h *Header, src netip.AddrPort, now time.Time) bo
 	r.peer = src
 	l.recv[r.keyID] = r
 	if tx != nil {
-		l.send[src] = tx
+		l.setTx(src, tx)
 		l.st.Sessions.Add(1)
 	} else {
 		l.st.PSKPeers.Add(1)
@@ -812,9 +861,9 @@ func (l *Link) reclaim(now time.Time) bool {
 	for id, r := range l.recv {
 		if r.last.Load() < idle {
 			delete(l.recv, id)
-			for a, p := range l.send {
+			for a, p := range *l.tx.Load() {
 				if p.rx == r {
-					delete(l.send, a)
+					l.setTx(a, nil)
 				}
 			}
 		}

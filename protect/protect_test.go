@@ -128,15 +128,15 @@ func TestEveryByteCounts(t *testing.T) {
 			for _, bit := range []byte{0x01, 0x80} {
 				d := append([]byte(nil), wire...)
 				d[i] ^= bit
-				if f := b.open(d, a.LocalAddr(), netip.Addr{}, true, now); f != nil {
+				if f := b.open(d, a.LocalAddr(), nil, now); f != nil {
 					t.Fatalf("%v: byte %d ^ %#x: opened", m, i, bit)
 				}
 			}
 		}
-		if f := b.open(append([]byte(nil), wire...), a.LocalAddr(), netip.Addr{}, true, now); f == nil {
+		if f := b.open(append([]byte(nil), wire...), a.LocalAddr(), nil, now); f == nil {
 			t.Fatalf("%v: the original refused after the forgeries", m)
 		}
-		if f := b.open(append([]byte(nil), wire...), a.LocalAddr(), netip.Addr{}, true, now); f != nil {
+		if f := b.open(append([]byte(nil), wire...), a.LocalAddr(), nil, now); f != nil {
 			t.Fatalf("%v: the original opened twice", m)
 		}
 	}
@@ -160,8 +160,8 @@ func FuzzOpen(f *testing.F) {
 		if len(d) > 0 && d[0] == byte(KindContact)<<2 {
 			// A Contact with a right CRC goes up (a Hello for the engine):
 			// check only that nothing is installed.
-			b.open(d, a.LocalAddr(), netip.Addr{}, true, b.cfg.Now())
-		} else if fr := b.open(d, a.LocalAddr(), netip.Addr{}, true, b.cfg.Now()); fr != nil {
+			b.open(d, a.LocalAddr(), nil, b.cfg.Now())
+		} else if fr := b.open(d, a.LocalAddr(), nil, b.cfg.Now()); fr != nil {
 			t.Fatalf("a forged datagram opened: %x", d)
 		}
 		if b.Sessions() != 0 {
@@ -183,7 +183,7 @@ func FuzzHandshake(f *testing.F) {
 		putHeader(d, KindSealed, AEAD, FlagInitial, keyID, 0, 0, initial)
 		d = append(d, rest...)
 		b.bucket = 1e9 // the fuzzer, not the budget, decides
-		if fr := b.open(d, netip.MustParseAddrPort("10.0.0.9:9"), netip.Addr{}, true, b.cfg.Now()); fr != nil || b.Sessions() != 0 {
+		if fr := b.open(d, netip.MustParseAddrPort("10.0.0.9:9"), nil, b.cfg.Now()); fr != nil || b.Sessions() != 0 {
 			t.Fatalf("a forged opening installed keys: %x", d)
 		}
 	})

@@ -112,7 +112,7 @@ func TestWireDocProtExamples(t *testing.T) {
 		if err := h.Parse(b); err != nil {
 			t.Fatal(err)
 		}
-		if !openIn(newGen(0, exampleSecret()), b, &h) {
+		if !openIn(newGen(0, exampleSecret()), b, &h, new([12]byte)) {
 			t.Errorf("%s does not open under the example's secret", name)
 		}
 	}

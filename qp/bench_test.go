@@ -6,6 +6,8 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/udiwarp/udiwarp/protect"
+
 	"github.com/udiwarp/udiwarp/llp"
 	"golang.org/x/sys/unix"
 )
@@ -102,7 +104,7 @@ func BenchmarkReceivePath(b *testing.B) {
 // sendto/recvfrom (as a UD QP's socket must be). The difference between
 // them is exactly what the stack adds to busy-poll latency, twice.
 func BenchmarkRoundTripCPU(b *testing.B) {
-	for _, size := range []int{64, 1024} {
+	for _, size := range []int{64, 96, 1024} {
 		b.Run("size="+itoa(size)+"/mode=raw-udp", func(b *testing.B) { rawRoundTrip(b, size, true) })
 		b.Run("size="+itoa(size)+"/mode=raw-udp-unconn", func(b *testing.B) { rawRoundTrip(b, size, false) })
 		b.Run("size="+itoa(size)+"/mode=ud-send", func(b *testing.B) {
@@ -116,6 +118,18 @@ func BenchmarkRoundTripCPU(b *testing.B) {
 			net := llp.NewMemNet()
 			udRoundTrip(b, size, newMemNode(b, cfg, net, "10.0.0.1:4791"), newMemNode(b, cfg, net, "10.0.0.2:4791"))
 		})
+		// Protected (issue 36's cost): the same over the in-memory link
+		// and over sockets, with a pre-shared key.
+		for _, m := range []protect.Mode{protect.Auth, protect.AEAD} {
+			cfg := DeviceConfig{Poll: PollBusy, Protect: protect.Config{Mode: m, PSK: make([]byte, 16)}}
+			b.Run("size="+itoa(size)+"/mode=ud-send-mem+"+m.String(), func(b *testing.B) {
+				net := llp.NewMemNet()
+				udRoundTrip(b, size, newMemNode(b, cfg, net, "10.0.0.1:4791"), newMemNode(b, cfg, net, "10.0.0.2:4791"))
+			})
+			b.Run("size="+itoa(size)+"/mode=ud-send+"+m.String(), func(b *testing.B) {
+				udRoundTrip(b, size, newNode(b, cfg, "udp4", "127.0.0.1:0"), newNode(b, cfg, "udp4", "127.0.0.1:0"))
+			})
+		}
 	}
 }
 

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/udiwarp/udiwarp/internal/perf"
 	"github.com/udiwarp/udiwarp/metrics"
+	"github.com/udiwarp/udiwarp/protect"
 	"github.com/udiwarp/udiwarp/qp"
 	"golang.org/x/net/netutil"
 )
@@ -56,6 +59,9 @@ type benchFlags struct {
 	seed        uint64
 	partial     bool
 	nocrc       bool
+	protect     string // -protect: none, auth or aead
+	psk         string // -psk: hex
+	pskBytes    []byte // -psk, or drawn for this process
 	deadline    time.Duration
 	rounds      int
 	json, csv   bool
@@ -71,9 +77,11 @@ type benchFlags struct {
 // not act on (yet): refused when given, absent from `client -h`. The
 // server/client side removes a flag from here when it carries it.
 var clientNotFor = map[string]string{
-	"bidir": "it runs only in `udperf local` and `compare` for now",
-	"qps":   "server/client runs one QP (or socket) pair",
-	"nocrc": "it runs only in `udperf local` and `compare` for now",
+	"bidir":   "it runs only in `udperf local` and `compare` for now",
+	"qps":     "server/client runs one QP (or socket) pair",
+	"nocrc":   "it runs only in `udperf local` and `compare` for now",
+	"protect": "it runs only in `udperf local` and `compare` for now (the server's end would need the mode and key too)",
+	"psk":     "it runs only in `udperf local` and `compare` for now",
 }
 
 // register adds the measuring flags to c: name is "local", "compare" or
@@ -102,6 +110,8 @@ func (f *benchFlags) register(c *command, name string) {
 	fs.Float64Var(&f.rate, "rate", 0, "bw: pace the sender at this many `Gb/s` of payload, split over its flows, whatever the message size (0: unpaced)")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the impairment layer")
 	fs.BoolVar(&f.partial, "partial", false, "Write-Record: deliver partial messages at the deadline")
+	fs.StringVar(&f.protect, "protect", "none", "protect the UD and RD modes' datagrams: none, auth (authenticated, payload in clear) or aead (AES-128-GCM); in compare, a mode's own as MODE+auth or MODE+aead (docs/wire.md §12)")
+	fs.StringVar(&f.psk, "psk", "", "pre-shared key in hex (16 bytes or more) for protected UD and Write-Record (RD agrees keys in its contact); default: one drawn for the run (udperf local and compare), none (client and server: give both the same)")
 	fs.BoolVar(&f.nocrc, "nocrc", false, "no CRC32c: RC negotiates MPA without CRC (the C bit clear both ways), datagram segments carry none; plain-socket modes have none to skip (compare runs them as they are)")
 	f.deadline = 5 * time.Millisecond
 	fs.Var(secondsFlag{&f.deadline}, "deadline", "Write-Record deadline with -partial, in `seconds` or a Go duration (5ms)")
@@ -118,6 +128,33 @@ func (f *benchFlags) register(c *command, name string) {
 	if name == "client" {
 		c.notFor = clientNotFor
 	}
+}
+
+// protection is what -protect and -psk ask of mode m: in compare, the
+// modes without datagrams to protect run as they are (as -nocrc does).
+func (f *benchFlags) protection(m perf.Mode) (protect.Mode, []byte, error) {
+	pm, err := protect.ParseMode(f.protect)
+	if err != nil {
+		return pm, nil, fmt.Errorf("-protect: %w", err)
+	}
+	if pm != protect.None && !m.TakesLLP() && f.modes != "" {
+		pm = protect.None
+	}
+	if pm == protect.None {
+		return pm, nil, nil
+	}
+	if f.pskBytes == nil {
+		switch {
+		case f.psk != "":
+			if f.pskBytes, err = hex.DecodeString(f.psk); err != nil || len(f.pskBytes) < protect.MinPSK {
+				return pm, nil, fmt.Errorf("-psk: want %d or more bytes in hex", protect.MinPSK)
+			}
+		case !f.client:
+			f.pskBytes = make([]byte, 32)
+			rand.Read(f.pskBytes)
+		}
+	}
+	return pm, f.pskBytes, nil
 }
 
 // format is the output format -json and -csv ask for.
@@ -278,13 +315,17 @@ func (f *benchFlags) configs(m perf.Mode) ([]perf.Config, error) {
 	if test == perf.TestBW && f.cmd != nil && f.cmd.set("n") {
 		messages = f.iters
 	}
+	prot, psk, err := f.protection(m)
+	if err != nil {
+		return nil, err
+	}
 	var out []perf.Config
 	for _, s := range sizes {
 		iters, warm := f.iters, f.warmup
 		if f.all {
 			iters, warm = sweepIters(iters, s), sweepIters(warm, s)
 		}
-		c := perf.Config{Mode: m, Test: test, Poll: poll, Size: s, Iters: iters, Warmup: warmup(warm),
+		c := perf.Config{Mode: m, Test: test, Poll: poll, Size: s, Iters: iters, Warmup: warmup(warm), Protect: prot, PSK: psk,
 			Duration: f.dur, Messages: messages, QPs: f.qps, Bidir: f.bidir, Segment: f.mtu, Loss: f.loss, Seed: f.seed, Partial: f.partial, Deadline: f.deadline, Rate: f.rate,
 			NoCRC: f.nocrc && (m.HasCRC() || f.modes == "")}
 		if f.llp == perf.LLPXDP && (m.TakesLLP() || f.modes == "") {
@@ -381,6 +422,7 @@ type row struct {
 	Seed     uint64  `json:"seed"`
 	Partial  bool    `json:"partial"`
 	NoCRC    bool    `json:"no_crc"`
+	Protect  string  `json:"protect,omitempty"`
 	Deadline float64 `json:"deadline_s"`
 	Bidir    bool    `json:"bidir"`
 	// The lower layer asked for (-llp xdp; absent: kernel sockets), and
@@ -402,6 +444,10 @@ func rowOf(test string, r perf.Result) row {
 	w := row{Mode: string(r.Mode), Test: test, Poll: c.Poll.String(), Bytes: r.Size,
 		QPs: max(c.QPs, 1), MTU: c.Segment, Loss: c.Loss, Rate: c.Rate, Seed: c.Seed, Partial: c.Partial, NoCRC: c.NoCRC, Deadline: c.Deadline.Seconds(), Bidir: c.Bidir,
 		LLP: c.LLP, Link: r.Link, LinkDetail: r.LinkDetail, ServerLink: r.PeerLink, ServerLinkDetail: r.PeerLinkDetail}
+	if c.Protect != protect.None {
+		w.Mode += "+" + c.Protect.String()
+		w.Protect = c.Protect.String()
+	}
 	if r.Test == perf.TestLat {
 		warm := max(c.Warmup, 0)
 		w.N, w.Warmup = c.Iters, &warm
@@ -649,16 +695,30 @@ func finish(cmd string, stderr io.Writer, out sink, interrupted bool, runErr err
 // that modes whose natural sizes differ (ud-send@64000,ud-wr@524288) are
 // compared in one run.
 func parseModeSize(s string) (perf.Mode, int, error) {
-	name, sz, ok := strings.Cut(s, "@")
+	m, _, size, err := parseModeSpec(s)
+	return m, size, err
+}
+
+// parseModeSpec reads compare's MODE[+PROTECT][@SIZE]: -1 when no size
+// is given, and prot "" when no protection is.
+func parseModeSpec(s string) (perf.Mode, string, int, error) {
+	spec, sz, ok := strings.Cut(s, "@")
+	name, prot, _ := strings.Cut(spec, "+")
 	m, err := parseMode(name)
+	if err == nil && prot != "" {
+		var pm protect.Mode
+		if pm, err = protect.ParseMode(prot); err == nil && (pm == protect.None || !m.TakesLLP()) {
+			err = fmt.Errorf("%q: +auth or +aead protects a UD or RD mode's datagrams", s)
+		}
+	}
 	if err != nil || !ok {
-		return m, -1, err
+		return m, prot, -1, err
 	}
 	size, err := strconv.Atoi(sz)
 	if err != nil || size < 0 {
-		return m, -1, fmt.Errorf("%q: the size after @ is a number of bytes, 0 or more", s)
+		return m, prot, -1, fmt.Errorf("%q: the size after @ is a number of bytes, 0 or more", s)
 	}
-	return m, size, nil
+	return m, prot, size, nil
 }
 
 // compare is `udperf compare`.
@@ -679,11 +739,13 @@ func compare(args []string, stdout, stderr io.Writer) int {
 	}
 	var modes []perf.Mode
 	var sizes []int // a mode's own size (MODE@SIZE), or -1
+	var prots []string
 	for _, s := range strings.Split(f.modes, ",") {
-		m, size, err := parseModeSize(strings.TrimSpace(s))
+		m, prot, size, err := parseModeSpec(strings.TrimSpace(s))
 		if err != nil {
 			return fail(fmt.Errorf("-modes: %w", err))
 		}
+		prots = append(prots, prot)
 		if size >= 0 && f.all {
 			return fail(fmt.Errorf("-modes %s: a mode's own size and -a together: -a runs every size", s))
 		}
@@ -691,8 +753,14 @@ func compare(args []string, stdout, stderr io.Writer) int {
 	}
 	// Every mode must run every setting given: one that cannot is named.
 	byMode := make([][]perf.Config, len(modes))
+	global := f.protect
 	for i, m := range modes {
+		f.protect = global
+		if prots[i] != "" {
+			f.protect = prots[i]
+		}
 		cfgs, err := f.configs(m)
+		f.protect = global
 		if err == nil && sizes[i] >= 0 {
 			cfgs[0].Size = sizes[i]
 			err = checkConfig(cfgs[0])

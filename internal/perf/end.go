@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/udiwarp/udiwarp/protect"
+
 	"github.com/udiwarp/udiwarp/llp"
 	"github.com/udiwarp/udiwarp/qp"
 	"github.com/udiwarp/udiwarp/writerecord"
@@ -165,7 +167,8 @@ func OpenEnd(c Config, target bool, network, local string) (*End, error) {
 	m, size := c.Mode, c.Size
 	e := &End{mode: m, size: size, slot: max(size, 1), target: target, noCRC: c.NoCRC, lock: c.Poll == qp.PollBusy && c.QPs <= 1}
 	var err error
-	dc := qp.DeviceConfig{Poll: c.Poll, RecvBuffer: 32 << 20, NoCRC: c.NoCRC, Impair: impairmentOf(c, target)}
+	dc := qp.DeviceConfig{Poll: c.Poll, RecvBuffer: 32 << 20, NoCRC: c.NoCRC, Impair: impairmentOf(c, target),
+		Protect: protect.Config{Mode: c.Protect, PSK: c.PSK}}
 	if e.dev, err = openDevice(c, dc); err != nil {
 		return nil, err
 	}

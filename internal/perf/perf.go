@@ -22,6 +22,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/udiwarp/udiwarp/protect"
+
 	"github.com/udiwarp/udiwarp/qp"
 	"github.com/udiwarp/udiwarp/udiwarp"
 )
@@ -135,6 +137,11 @@ type Config struct {
 	QPs      int // concurrent QP pairs (or socket pairs, or connections)
 	// NoCRC runs the queue pairs without CRC32c (both ends agree).
 	NoCRC bool
+	// Protect protects the UD and RD modes' datagrams (auth or aead,
+	// qp.DeviceConfig.Protect), with PSK as the devices' pre-shared key
+	// (UD and Write-Record need one; RD agrees keys in its contact).
+	Protect protect.Mode
+	PSK     []byte
 	// Segment size of Write-Record and the RD one-sided modes (0: the
 	// socket's largest); loss applied by the sender's impairment layer (a
 	// probability; ud-wr and ud-send bandwidth) with its seed (RD modes:
@@ -373,6 +380,10 @@ func (c Config) Check() error {
 		return errors.New("messages: a bw run's count (a lat run's is Iters)")
 	case c.NoCRC && m.raw():
 		return fmt.Errorf("no CRC: %s has none to skip", m)
+	case c.Protect != protect.None && !m.takesLLP():
+		return fmt.Errorf("-protect %v: protects the UD and RD modes' datagrams, not %s", c.Protect, m)
+	case c.Protect != protect.None && c.NoCRC:
+		return errors.New("-protect and -nocrc together: a protected datagram's tag replaces the CRC")
 	case c.LLP != "" && c.LLP != LLPUDP && c.LLP != LLPXDP:
 		return fmt.Errorf("-llp %q: want udp or xdp", c.LLP)
 	case c.XDP() && (m == ModeRawUDP || m == ModeRawUDPUnconnected):
