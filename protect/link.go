@@ -72,7 +72,7 @@ type Link struct {
 	cfg   Config
 	st    Stats
 
-	mu      sync.Mutex
+	mu   sync.Mutex
 	recv map[uint32]*recvSA // by key ID; changed only by the reader, under mu
 	// tx is what each peer address is sealed to with: the newest contact
 	// keys, else a pre-shared key's sender. Writers read it without a
@@ -88,16 +88,16 @@ type Link struct {
 	filled  time.Time
 
 	// Read side: one reader at a time.
-	rmsgs []llp.Msg
-	rbufs [][]byte
-	pend  []pending // datagrams read, not yet handed up
-	pnext int
+	rmsgs  []llp.Msg
+	rbufs  [][]byte
+	pend   []pending // datagrams read, not yet handed up
+	pnext  int
 	reads  uint64
 	coarse time.Time
-	left  atomic.Int32 // len(pend) - pnext, for WaitReadable in another goroutine
-	rh    Header
-	rdh   reliability.Header
-	nonce [12]byte
+	left   atomic.Int32 // len(pend) - pnext, for WaitReadable in another goroutine
+	rh     Header
+	rdh    reliability.Header
+	nonce  [12]byte
 
 	wpool   sync.Pool // sealed datagrams' buffers
 	batches sync.Pool // *wbatch
@@ -644,7 +644,7 @@ func (l *Link) open(b []byte, src netip.AddrPort, m *llp.Msg, now time.Time) []b
 		return nil
 	}
 	if h.Kind == KindContact {
-		return l.openContact(b, h, src, unicast(m), now)
+		return l.openContact(b, h, src, unicast(m))
 	}
 	return l.openSealed(b, h, src, now)
 }
@@ -664,7 +664,7 @@ func (l *Link) refuse(b []byte, src netip.AddrPort) {
 // Challenge gets its derived share on the way out); a Challenge that
 // answers a Hello of ours gives the contact's keys, installed before the
 // engine sees it.
-func (l *Link) openContact(b []byte, h *Header, src netip.AddrPort, unicast bool, now time.Time) []byte {
+func (l *Link) openContact(b []byte, h *Header, src netip.AddrPort, unicast bool) []byte {
 	f, err := udiwarp.OpenDatagram(b)
 	if err != nil {
 		l.st.BadEnvelope.Add(1)
@@ -679,7 +679,7 @@ func (l *Link) openContact(b []byte, h *Header, src netip.AddrPort, unicast bool
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	now = l.cfg.Now()
+	now := l.cfg.Now()
 	l.coarse = now
 	l.tick(now)
 	if rh.Type == reliability.Hello {
@@ -734,7 +734,7 @@ func (l *Link) openSealed(b []byte, h *Header, src netip.AddrPort, now time.Time
 	r := l.recv[h.KeyID] // only the reader changes the map (derive, openContact, reclaim: all under Read)
 	if r == nil {
 		// Keys we do not hold: derived, installed only if it opens.
-		if !l.derive(b, h, src, now) {
+		if !l.derive(b, h, src) {
 			return nil
 		}
 	} else {
@@ -783,10 +783,10 @@ func openIn(g *gen, b []byte, h *Header, nonce *[12]byte) bool {
 // hold — from its initial block (a contact we answered without state)
 // or from the pre-shared key of its source — and installs them if, and
 // only if, the datagram opens under them (it is open then).
-func (l *Link) derive(b []byte, h *Header, src netip.AddrPort, now time.Time) bool {
+func (l *Link) derive(b []byte, h *Header, src netip.AddrPort) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	now = l.cfg.Now()
+	now := l.cfg.Now()
 	l.coarse = now
 	l.tick(now)
 	var r *recvSA

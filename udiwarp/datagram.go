@@ -9,8 +9,8 @@ package udiwarp
 //	      datagram-profile DDP segment (defined by package reliability)
 //	0b01  a standard DDP segment (DV = 1): belongs on MPA/TCP, rejected
 //	0b00  a protection envelope (package protect, docs/wire.md §12): a
-//	      sealed frame, a contact with a key share, or a refusal; a first
-//	      byte of 0 is rejected
+//	      sealed frame (first byte 0x04), a contact with a key share
+//	      (0x08), or a refusal (0x0c); any other first byte is rejected
 //
 // So one socket carries UD, RD and protected traffic, and nothing else
 // is accepted.
@@ -57,10 +57,10 @@ func Classify(b []byte) (FrameType, error) {
 	case FrameUD, FrameRD:
 		return t, nil
 	case FrameEnvelope:
-		if b[0] != 0 {
+		if k := b[0] >> 2; k >= 1 && k <= 3 { // Sealed, Contact, Refuse (package protect)
 			return t, nil
 		}
-		return 0, fieldErr("datagram", "frame type", 0, "2 (UD), 3 (RD) or an envelope's kind", ErrFrameType, DDPUntaggedInvalidVersion)
+		return 0, fieldErr("datagram", "frame type", uint64(b[0]), "2 (UD), 3 (RD) or an envelope (first byte 04, 08 or 0c)", ErrFrameType, DDPUntaggedInvalidVersion)
 	case DDPVersion:
 		return 0, fieldErr("datagram", "frame type (DV)", DDPVersion, "2 (UD) or 3 (RD); DV=1 segments travel only on MPA/TCP", ErrFrameType, DDPUntaggedInvalidVersion)
 	default:

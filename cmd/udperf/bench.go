@@ -133,7 +133,10 @@ func (f *benchFlags) register(c *command, name string) {
 // protection is what -protect and -psk ask of mode m: in compare, the
 // modes without datagrams to protect run as they are (as -nocrc does).
 func (f *benchFlags) protection(m perf.Mode) (protect.Mode, []byte, error) {
-	pm, err := protect.ParseMode(f.protect)
+	pm, err := protect.None, error(nil)
+	if f.protect != "" {
+		pm, err = protect.ParseMode(f.protect)
+	}
 	if err != nil {
 		return pm, nil, fmt.Errorf("-protect: %w", err)
 	}
@@ -688,15 +691,6 @@ func finish(cmd string, stderr io.Writer, out sink, interrupted bool, runErr err
 		return exitInterrupted
 	}
 	return 0
-}
-
-// parseModeSize parses a -modes entry of compare: MODE, or MODE@SIZE for
-// a mode measured at its own message size (size -1 when not given), so
-// that modes whose natural sizes differ (ud-send@64000,ud-wr@524288) are
-// compared in one run.
-func parseModeSize(s string) (perf.Mode, int, error) {
-	m, _, size, err := parseModeSpec(s)
-	return m, size, err
 }
 
 // parseModeSpec reads compare's MODE[+PROTECT][@SIZE]: -1 when no size
