@@ -77,11 +77,9 @@ type benchFlags struct {
 // not act on (yet): refused when given, absent from `client -h`. The
 // server/client side removes a flag from here when it carries it.
 var clientNotFor = map[string]string{
-	"bidir":   "it runs only in `udperf local` and `compare` for now",
-	"qps":     "server/client runs one QP (or socket) pair",
-	"nocrc":   "it runs only in `udperf local` and `compare` for now",
-	"protect": "it runs only in `udperf local` and `compare` for now (the server's end would need the mode and key too)",
-	"psk":     "it runs only in `udperf local` and `compare` for now",
+	"bidir": "it runs only in `udperf local` and `compare` for now",
+	"qps":   "server/client runs one QP (or socket) pair",
+	"nocrc": "it runs only in `udperf local` and `compare` for now",
 }
 
 // register adds the measuring flags to c: name is "local", "compare" or
@@ -155,6 +153,8 @@ func (f *benchFlags) protection(m perf.Mode) (protect.Mode, []byte, error) {
 		case !f.client:
 			f.pskBytes = make([]byte, 32)
 			rand.Read(f.pskBytes)
+		case !reliableMode(string(m)):
+			return pm, nil, fmt.Errorf("-protect %v: %s needs -psk, the same key as the server's -psk (RD modes agree keys in their contact)", pm, m)
 		}
 	}
 	return pm, f.pskBytes, nil

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"github.com/udiwarp/udiwarp/internal/perf"
 	"github.com/udiwarp/udiwarp/llp"
 	"github.com/udiwarp/udiwarp/metrics"
+	"github.com/udiwarp/udiwarp/protect"
 	"github.com/udiwarp/udiwarp/qp"
 	"golang.org/x/sys/unix"
 )
@@ -96,6 +98,16 @@ type runRequest struct {
 	// (-llp-fallback). A server started with -llp uses its own.
 	LLP         string `json:"llp,omitempty"`
 	LLPFallback bool   `json:"llp_fallback,omitempty"`
+	// Protect is the protection of the UD and RD modes' datagrams
+	// (-protect: "" or none, auth, aead). The key is never sent: the
+	// server's end uses the server's -psk (RD agrees keys in its
+	// contact and needs none).
+	Protect string `json:"protect,omitempty"`
+	// PSK says the client's end has a pre-shared key (-psk): the
+	// server's end then uses its own -psk (the same key, or nothing
+	// opens), else none (an RD contact mixes a key into its keys when
+	// either end has one: both must agree).
+	PSK bool `json:"psk,omitempty"`
 }
 
 type runReply struct {
@@ -160,10 +172,17 @@ func requestConfig(req runRequest) perf.Config {
 	if req.Test == "lat" {
 		test = perf.TestLat
 	}
+	prot := protect.None
+	if req.Protect != "" {
+		var err error
+		if prot, err = protect.ParseMode(req.Protect); err != nil {
+			prot = protect.Mode(255) // refused by perf.Config.Check, naming it
+		}
+	}
 	return perf.Config{Mode: req.Mode, Test: test, Poll: pollOf(req.Poll), Size: req.Size, Duration: req.Duration, QPs: 1,
 		Iters: req.Trips, Warmup: -1,
 		Segment: req.Segment, Loss: req.Loss, Seed: req.Seed, Partial: req.Partial, Deadline: req.Deadline,
-		LLP: req.LLP, LLPFallback: req.LLPFallback}
+		LLP: req.LLP, LLPFallback: req.LLPFallback, Protect: prot}
 }
 
 // trips is the round trips of a lat run, warm-up included.
@@ -217,6 +236,7 @@ func server(args []string, stdout, stderr io.Writer) int {
 	llpFallback := fs.Bool("llp-fallback", false, "with -llp xdp: an end that cannot open AF_XDP runs on a kernel UDP socket instead (said on stderr and in the client's server_link_detail)")
 	var f benchFlags // for -metrics
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics of the server's devices at HOST:PORT/metrics")
+	pskHex := fs.String("psk", "", "pre-shared key in hex (16 bytes or more) of the server's protected ends, when a client asks for -protect: UD and Write-Record need the client's -psk to be the same (RD agrees keys in its contact)")
 	cmd.noDevice()
 	if code, ok := cmd.parse(args, stdout, stderr); !ok {
 		return code
@@ -228,6 +248,14 @@ func server(args []string, stdout, stderr io.Writer) int {
 	case *llpFallback && *llpName != perf.LLPXDP:
 		fmt.Fprintln(stderr, "udperf server: -llp-fallback falls back from -llp xdp: give both")
 		return 2
+	}
+	var psk []byte
+	if *pskHex != "" {
+		var err error
+		if psk, err = hex.DecodeString(*pskHex); err != nil || len(psk) < protect.MinPSK {
+			fmt.Fprintf(stderr, "udperf server: -psk: want %d or more bytes in hex\n", protect.MinPSK)
+			return 2
+		}
 	}
 	stopMetrics, err := f.serveMetrics(stderr, "server")
 	if err != nil {
@@ -257,7 +285,7 @@ func server(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 	}
-	return serveOn(ctx, ln, serverOptions{once: *once, stdout: stdout, stderr: stderr, metrics: f.collector, llp: *llpName, llpFallback: *llpFallback})
+	return serveOn(ctx, ln, serverOptions{once: *once, stdout: stdout, stderr: stderr, metrics: f.collector, llp: *llpName, llpFallback: *llpFallback, psk: psk})
 }
 
 // serverOptions are serveOn's.
@@ -269,6 +297,8 @@ type serverOptions struct {
 	// whatever the request asks (-llp), with llpFallback.
 	llp         string
 	llpFallback bool
+	// psk is the pre-shared key of protected ends (-psk).
+	psk []byte
 }
 
 // requestTimeout bounds how long a control connection may take to send
@@ -423,7 +453,7 @@ func serveOn(ctx context.Context, ln net.Listener, o serverOptions) int {
 			continue
 		}
 		backoff = 0
-		s := &session{c: c, running: &running, closing: &closing, metrics: o.metrics, llp: o.llp, llpFallback: o.llpFallback,
+		s := &session{c: c, running: &running, closing: &closing, metrics: o.metrics, llp: o.llp, llpFallback: o.llpFallback, psk: o.psk,
 			line: func(l string) { logf(o.stdout, "udperf server: %s %s\n", c.RemoteAddr(), l) }}
 		mu.Lock()
 		if closing.Load() { // shut between Accept and here
@@ -482,6 +512,7 @@ type session struct {
 	// (serverOptions.llp).
 	llp         string
 	llpFallback bool
+	psk         []byte       // the server's -psk, for protected ends
 	line        func(string) // prints a line about a run served
 	msgs        *msgReader
 	enc         *json.Encoder
@@ -548,7 +579,17 @@ func (s *session) serve() (ran bool, err error) {
 			continue
 		}
 		cfg := requestConfig(req)
-		if err := remoteCheck(cfg); err != nil || (req.Test != "lat" && req.Test != "bw" && req.Test != "rate") {
+		if req.PSK {
+			cfg.PSK = s.psk
+		}
+		err := remoteCheck(cfg)
+		if err == nil && req.PSK && cfg.PSK == nil {
+			err = fmt.Errorf("-protect %v -psk: this server has no -psk", cfg.Protect)
+		}
+		if err == nil && cfg.Protect != protect.None && cfg.PSK == nil && !reliableMode(string(cfg.Mode)) {
+			err = fmt.Errorf("-protect %v: %s needs -psk at both ends (RD modes agree keys in their contact)", cfg.Protect, cfg.Mode)
+		}
+		if err != nil || (req.Test != "lat" && req.Test != "bw" && req.Test != "rate") {
 			if err == nil {
 				err = fmt.Errorf("test %q: want lat, bw or rate", req.Test)
 			}
@@ -985,6 +1026,9 @@ func (s *clientSession) run(cfg perf.Config, test string) (perf.Result, error) {
 	req := runRequest{Mode: cfg.Mode, Test: test, Size: cfg.Size, Poll: cfg.Poll.String(), Duration: cfg.Duration, Trips: trips(cfg),
 		Segment: cfg.Segment, Loss: cfg.Loss, Seed: cfg.Seed, Partial: cfg.Partial, Deadline: cfg.Deadline,
 		LLP: cfg.LLP, LLPFallback: cfg.LLPFallback}
+	if cfg.Protect != protect.None {
+		req.Protect, req.PSK = cfg.Protect.String(), cfg.PSK != nil
+	}
 	// The data end binds first, on the control connection's host, and the
 	// request names it: the server takes data from it alone.
 	host := s.c.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()

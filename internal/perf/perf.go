@@ -380,6 +380,8 @@ func (c Config) Check() error {
 		return errors.New("messages: a bw run's count (a lat run's is Iters)")
 	case c.NoCRC && m.raw():
 		return fmt.Errorf("no CRC: %s has none to skip", m)
+	case c.Protect > protect.AEAD:
+		return errors.New("-protect: want none, auth or aead")
 	case c.Protect != protect.None && !m.takesLLP():
 		return fmt.Errorf("-protect %v: protects the UD and RD modes' datagrams, not %s", c.Protect, m)
 	case c.Protect != protect.None && c.NoCRC:
