@@ -33,6 +33,9 @@ type gen struct {
 	secret [secretSize]byte
 	aead   cipher.AEAD
 	iv     [12]byte
+	// prev is the generation before (a sender's, while writers that drew
+	// their numbers under it may still seal), cleared one update later.
+	prev atomic.Pointer[gen]
 }
 
 func expand(secret []byte, label string, n int) []byte {
@@ -96,20 +99,34 @@ func newSendSA(keyID uint32, m Mode, every uint64, secret []byte) *sendSA {
 // take draws the next packet number and the generation it is sealed in.
 func (s *sendSA) take() (uint64, *gen) {
 	pn := s.pn.Add(1) - 1
+	return pn, s.genOf(pn)
+}
+
+// genOf is the generation packet number pn is sealed in, moving the
+// sender on when pn is the first of the next.
+func (s *sendSA) genOf(pn uint64) *gen {
 	want := pn / s.every
 	g := s.cur.Load()
 	for g.n < want {
 		s.mu.Lock()
 		if g = s.cur.Load(); g.n < want {
-			g = g.next()
-			s.cur.Store(g)
+			ng := g.next()
+			ng.prev.Store(g)
+			g.prev.Store(nil) // two back: no writer can still want it (but one stalled 2^23 datagrams long)
+			s.cur.Store(ng)
+			g = ng
 		}
 		s.mu.Unlock()
 	}
-	// (g.n > want: another writer moved on while this one drew its
-	// number; the number stays unique, so sealing under the newer key is
-	// safe.)
-	return pn, g
+	// Another writer moved on while this one drew its number: seal under
+	// the generation the number belongs to, so that the receiver, which
+	// tells generations apart by packet number and phase, finds it.
+	if g.n > want {
+		if p := g.prev.Load(); p != nil && p.n == want {
+			g = p
+		}
+	}
+	return g
 }
 
 // recvSA opens one direction: from the peer, under keyID. Only the

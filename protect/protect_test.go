@@ -207,3 +207,39 @@ func FuzzRefusal(f *testing.F) {
 func helloFrame() []byte {
 	return reliability.Append(nil, &reliability.Fields{Type: reliability.Hello, DstQPN: 6, SrcQPN: 5, Epoch: 1, Init: true, Issued: 0x1122334455667788})
 }
+
+// TestKeyUpdateStalledWriter: a writer that drew its packet number
+// before another moved the sender to the next generation seals under the
+// generation its number belongs to, and the receiver, which tells
+// generations apart by number and phase, opens both, in either order.
+// (Before, it sealed under the newer key, and the receiver tried the
+// other one: the datagram was lost.)
+func TestKeyUpdateStalledWriter(t *testing.T) {
+	x, y, _ := pair(t, AEAD, bytes.Repeat([]byte{7}, 16))
+	x.cfg.KeyUpdateAfter = 8
+	f := udSend([]byte("payload"))
+	if _, err := x.seal(nil, &llp.Msg{Bufs: [][]byte{f}, Addr: y.LocalAddr()}); err != nil { // keys the peer
+		t.Fatal(err)
+	}
+	tx, _ := x.txFor(y.LocalAddr())
+	tx.every = 8
+	late := tx.genOf(7)  // drawn before the update, sealed after it
+	first := tx.genOf(8) // the update
+	if first.n != 1 || tx.genOf(7) != late || late.n != 0 {
+		t.Fatalf("packet 7 sealed in generation %d after the update to %d", tx.genOf(7).n, first.n)
+	}
+	seal := func(pn uint64) []byte {
+		tx.pn.Store(pn)
+		d, err := x.seal(nil, &llp.Msg{Bufs: [][]byte{f}, Addr: y.LocalAddr()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	d8, d7 := seal(8), seal(7) // 7 after 8, as a stalled writer would
+	for _, d := range [][]byte{d8, d7} {
+		if y.open(d, x.LocalAddr(), nil, y.coarse) == nil {
+			t.Fatalf("datagram %x refused (auth failures: %d)", d[8:16], y.st.AuthFailed.Load())
+		}
+	}
+}
