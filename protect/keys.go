@@ -142,8 +142,14 @@ type recvSA struct {
 	psk      bool           // keyed by a pre-shared key (else a contact)
 	peer     netip.AddrPort // the only source it opens from
 	// confirm is the opener's sender of the same contact, which sends
-	// the initial block until a datagram opens here.
+	// the initial block, and seals only the contact's QP pair's frames
+	// (pending), until a datagram opens here.
 	confirm *peerTx
+	pending txKey
+	// secret0 is generation 0's secret; epoch the Link's PSK epoch it
+	// was checked at (pre-shared keys).
+	secret0 [secretSize]byte
+	epoch   uint64
 	// last is when a datagram last opened under it (unix ns), for idle
 	// reclamation.
 	last atomic.Int64
@@ -151,6 +157,7 @@ type recvSA struct {
 
 func newRecvSA(keyID uint32, m Mode, secret []byte, psk bool) *recvSA {
 	r := &recvSA{keyID: keyID, mode: m, cur: newGen(0, secret), psk: psk}
+	copy(r.secret0[:], secret)
 	r.next = r.cur.next()
 	return r
 }

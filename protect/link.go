@@ -1,6 +1,7 @@
 package protect
 
 import (
+	"bytes"
 	"crypto/ecdh"
 	"crypto/rand"
 	"encoding/binary"
@@ -77,15 +78,31 @@ type Link struct {
 	// tx is what each peer address is sealed to with: the newest contact
 	// keys, else a pre-shared key's sender. Writers read it without a
 	// lock; it is replaced whole, under mu.
-	tx      atomic.Pointer[map[netip.AddrPort]*peerTx]
+	tx      atomic.Pointer[map[txKey]*peerTx]
 	ownPSK  map[uint32]bool // key IDs our pre-shared-key senders use
 	peerPSK map[netip.AddrPort][]byte
 	hellos  map[helloKey]*opening // Hellos of ours awaiting their Challenge
 	horder  []helloKey            // in the order sent, to bound hellos
 	secret  [2][]byte             // answering keys: current, previous
-	turned  time.Time
-	bucket  float64 // contact work allowed now (ContactRate)
-	filled  time.Time
+	// used are the openings keys were derived for, under each secret:
+	// an opening is derived once (a replay of its first frame, once its
+	// keys were reclaimed, would open again and restart its packet
+	// numbers under the same key). When the current set is full the
+	// secret turns early, as RD's graveyard does.
+	used    [2]map[opening2]bool
+	perAddr map[netip.Addr]int // receive keys per peer address (MaxPerAddr)
+	// pskRx are each address's pre-shared-key receive keys, newest last:
+	// a sender moves to a new key ID every KeyUpdateAfter datagrams, and
+	// the receiver keeps the newest two. retired remembers the key IDs
+	// it dropped (at most maxRetired, oldest forgotten first), whose
+	// datagrams, replayed, must not derive them again.
+	pskRx    map[netip.AddrPort][]*recvSA
+	retired  map[retiredKey]bool
+	rorder   []retiredKey
+	pskEpoch atomic.Uint64 // SetPeerKey calls: PSK receive keys are checked again
+	turned   time.Time
+	bucket   float64 // contact work allowed now (ContactRate)
+	filled   time.Time
 
 	// Read side: one reader at a time.
 	rmsgs  []llp.Msg
@@ -102,6 +119,24 @@ type Link struct {
 	wpool   sync.Pool // sealed datagrams' buffers
 	batches sync.Pool // *wbatch
 }
+
+// opening2 names a contact as its answering side derives it.
+type opening2 struct {
+	src                netip.AddrPort
+	hello              uint64
+	openerQP, answerQP uint32
+}
+
+// MaxPerAddr bounds the receive keys one peer address may hold: one host
+// completing contacts (or a PSK holder's restarts) cannot fill MaxPeers.
+const MaxPerAddr = 64
+
+type retiredKey struct {
+	src   netip.AddrPort
+	keyID uint32
+}
+
+const maxRetired = 1 << 14
 
 type helloKey struct {
 	dst   netip.AddrPort
@@ -123,10 +158,21 @@ type peerTx struct {
 	rx      *recvSA
 }
 
-// setTx makes p what dst is sealed to (nil: nothing); l.mu held.
-func (l *Link) setTx(dst netip.AddrPort, p *peerTx) {
+// txKey names a sender: a peer address (qps 0: what everything to the
+// address is sealed with), or an RD contact still pending (qps: our QP
+// << 32 | the peer's), whose keys seal only that QP pair's frames until
+// a datagram from the peer opens under them. So a Challenge — which
+// carries no tag, and an on-path attacker can forge — never re-keys the
+// traffic of sessions that work.
+type txKey struct {
+	addr netip.AddrPort
+	qps  uint64
+}
+
+// setTx makes p what k is sealed to (nil: nothing); l.mu held.
+func (l *Link) setTx(dst txKey, p *peerTx) {
 	old := *l.tx.Load()
-	m := make(map[netip.AddrPort]*peerTx, len(old)+1)
+	m := make(map[txKey]*peerTx, len(old)+1)
 	for a, q := range old {
 		m[a] = q
 	}
@@ -179,9 +225,9 @@ func Wrap(inner llp.Link, cfg Config, batch int, st Stats) (*Link, error) {
 	}
 	batch = max(batch, 1)
 	l := &Link{inner: inner, cfg: cfg, recv: map[uint32]*recvSA{}, ownPSK: map[uint32]bool{}, peerPSK: map[netip.AddrPort][]byte{},
-		hellos: map[helloKey]*opening{}, rmsgs: make([]llp.Msg, batch), rbufs: make([][]byte, batch), st: st}
+		hellos: map[helloKey]*opening{}, perAddr: map[netip.Addr]int{}, pskRx: map[netip.AddrPort][]*recvSA{}, retired: map[retiredKey]bool{}, used: [2]map[opening2]bool{{}, {}}, rmsgs: make([]llp.Msg, batch), rbufs: make([][]byte, batch), st: st}
 	l.st.fill()
-	l.tx.Store(&map[netip.AddrPort]*peerTx{})
+	l.tx.Store(&map[txKey]*peerTx{})
 	for a, k := range cfg.Peers {
 		l.peerPSK[unmap(a)] = append([]byte(nil), k...)
 	}
@@ -229,9 +275,10 @@ func (l *Link) SetPeerKey(peer netip.AddrPort, psk []byte) error {
 	} else {
 		l.peerPSK[peer] = append([]byte(nil), psk...)
 	}
-	if p := (*l.tx.Load())[peer]; p != nil && p.rx == nil {
-		l.setTx(peer, nil) // the next datagram keys afresh
+	if p := (*l.tx.Load())[txKey{addr: peer}]; p != nil && p.rx == nil {
+		l.setTx(txKey{addr: peer}, nil) // the next datagram keys afresh
 	}
+	l.pskEpoch.Add(1) // receive keys from the old key are checked again (revoked)
 	return nil
 }
 
@@ -255,7 +302,7 @@ func (l *Link) HasKeys(peer netip.AddrPort) bool {
 	peer = unmap(peer)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return (*l.tx.Load())[peer] != nil || l.pskFor(peer) != nil
+	return (*l.tx.Load())[txKey{addr: peer}] != nil || l.pskFor(peer) != nil
 }
 
 // Caps: the link under it, less the envelope, with no trains.
@@ -282,9 +329,14 @@ func (l *Link) WaitReadable() error {
 // tick turns the answering secret and refills the contact budget (l.mu
 // held).
 func (l *Link) tick(now time.Time) {
-	if now.Sub(l.turned) >= l.cfg.SecretLifetime {
-		l.secret[1], l.secret[0] = l.secret[0], l.random(32)
+	switch d := now.Sub(l.turned); {
+	case d >= 2*l.cfg.SecretLifetime: // both gone: nothing of before can be derived
+		l.turn()
+		l.turn()
 		l.turned = now
+	case d >= l.cfg.SecretLifetime:
+		l.turn()
+		l.turned = l.turned.Add(l.cfg.SecretLifetime)
 	}
 	for len(l.horder) > 0 {
 		k := l.horder[0]
@@ -298,6 +350,13 @@ func (l *Link) tick(now time.Time) {
 		l.bucket = min(l.bucket+d.Seconds()*float64(l.cfg.ContactRate), float64(l.cfg.ContactRate))
 		l.filled = now
 	}
+}
+
+// turn draws a new answering secret; the one before it still derives,
+// the one before that is gone with the openings it derived (l.mu held).
+func (l *Link) turn() {
+	l.secret[1], l.secret[0] = l.secret[0], l.random(32)
+	l.used[1], l.used[0] = l.used[0], map[opening2]bool{}
 }
 
 // spend takes n units of contact work from the budget (l.mu held).
@@ -398,7 +457,13 @@ func (l *Link) seal(b []byte, m *llp.Msg) ([]byte, error) {
 		}
 		return udiwarp.SealDatagram(b[:frame], 0), nil
 	}
-	tx, initial := l.txFor(dst)
+	var qps uint64
+	if first&3 == 3 && len(m.Bufs[0]) >= 12 {
+		// An RD frame: the contact of its QP pair may have keys pending.
+		h := m.Bufs[0]
+		qps = uint64(binary.BigEndian.Uint32(h[8:]))<<32 | uint64(binary.BigEndian.Uint32(h[4:]))
+	}
+	tx, initial := l.txFor(dst, qps)
 	if tx == nil {
 		l.st.TxNoKey.Add(1)
 		return nil, ErrNoKey
@@ -441,28 +506,46 @@ func sealFrame(b []byte, bufs [][]byte, size int, tx *sendSA, initial []byte) []
 
 // txFor is the sender for dst, and the initial block to send with it
 // while the peer has not answered under the keys.
-func (l *Link) txFor(dst netip.AddrPort) (*sendSA, []byte) {
-	if p := (*l.tx.Load())[dst]; p != nil {
+func (l *Link) txFor(dst netip.AddrPort, qps uint64) (*sendSA, []byte) {
+	m := *l.tx.Load()
+	if qps != 0 {
+		if p := m[txKey{dst, qps}]; p != nil {
+			return p.sa, p.initialBlock()
+		}
+	}
+	if p := m[txKey{addr: dst}]; p != nil && (p.rx != nil || p.sa.pn.Load()&pskCounter < l.cfg.KeyUpdateAfter) {
 		return p.sa, p.initialBlock()
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if p := (*l.tx.Load())[dst]; p != nil {
+	if p := (*l.tx.Load())[txKey{addr: dst}]; p != nil && (p.rx != nil || p.sa.pn.Load()&pskCounter < l.cfg.KeyUpdateAfter) {
 		return p.sa, p.initialBlock()
 	}
 	psk := l.pskFor(dst)
 	if psk == nil {
 		return nil, nil
 	}
+	// A pre-shared key's sender: a fresh random key ID, and packet
+	// numbers that start at a random 32-bit salt << 32, so that two
+	// senders that drew the same key ID (the same key) still never use
+	// the same nonce; it moves to a new key ID before its counter
+	// reaches KeyUpdateAfter (a key update without generations, which a
+	// receiver that restarted could not follow).
 	var id uint32
 	for id == 0 || l.ownPSK[id] {
 		id = binary.BigEndian.Uint32(l.random(4))
 	}
-	s := newSendSA(id, l.cfg.Mode, l.cfg.KeyUpdateAfter, pskSecret(psk, l.cfg.Mode, id))
+	s := newSendSA(id, l.cfg.Mode, 1<<63, pskSecret(psk, l.cfg.Mode, id))
+	s.pn.Store(uint64(binary.BigEndian.Uint32(l.random(4))) << 32)
 	l.ownPSK[id] = true
-	l.setTx(dst, &peerTx{sa: s})
+	l.setTx(txKey{addr: dst}, &peerTx{sa: s})
 	return s, nil
 }
+
+// A pre-shared key's sender counts in the low 32 bits of its packet
+// numbers (KeyUpdateAfter is at most 2^32) and moves to a new key ID at
+// KeyUpdateAfter.
+const pskCounter = 1<<32 - 1
 
 func (p *peerTx) initialBlock() []byte {
 	if b := p.initial.Load(); b != nil {
@@ -529,7 +612,13 @@ func (l *Link) contact(frame []byte, dst netip.AddrPort) ([]byte, error) {
 		pub = o.priv.PublicKey().Bytes()
 	} else {
 		// Answering a Hello (h.Token echoes its token): the key is
-		// derived again when the opener's first sealed frame comes.
+		// derived again when the opener's first sealed frame comes. Every
+		// Challenge costs an X25519 multiplication, whatever drew it (a
+		// Hello, or a Data frame that found no session): budgeted.
+		if !l.spend(1) {
+			l.mu.Unlock()
+			return nil, ErrContactBudget
+		}
 		pub = answerKey(l.secret[0], dst, h.DstQPN, h.SrcQPN, h.Token).PublicKey().Bytes()
 	}
 	l.mu.Unlock()
@@ -683,17 +772,21 @@ func (l *Link) openContact(b []byte, h *Header, src netip.AddrPort, unicast bool
 	l.coarse = now
 	l.tick(now)
 	if rh.Type == reliability.Hello {
-		// Our Challenge will cost an X25519 multiplication.
-		if !unicast || !l.spend(1) {
+		if !unicast {
 			return nil
 		}
-		return up
+		return up // (its Challenge is budgeted on the way out)
 	}
-	o := l.hellos[helloKey{src, rh.Token}]
+	hk := helloKey{src, rh.Token}
+	o := l.hellos[hk]
 	if o == nil || o.qp != rh.DstQPN {
 		l.st.Unsolicited.Add(1)
 		return nil
 	}
+	// One Challenge per Hello: a copy, or a forgery after it, answers
+	// nothing (a resent Hello draws a Challenge the engine takes without
+	// new keys: the first one's stand).
+	delete(l.hellos, hk)
 	if !l.spend(1) {
 		return nil
 	}
@@ -711,19 +804,20 @@ func (l *Link) openContact(b []byte, h *Header, src netip.AddrPort, unicast bool
 		helloToken: rh.Token, keyedTok: rh.Issued, openerShare: o.priv.PublicKey().Bytes(), ansShare: h.Share}
 	k := t.derive(dh, l.pskFor(src))
 	if r := l.recv[k.idOpen]; r == nil {
-		if len(l.recv) >= l.cfg.MaxPeers && !l.reclaim(now) {
-			l.st.PeersFull.Add(1)
+		if !l.room(src, now) {
 			return nil
 		}
 		rx := newRecvSA(k.idOpen, l.cfg.Mode, k.r2o, false)
 		rx.peer = src
 		rx.last.Store(now.UnixNano())
-		l.recv[k.idOpen] = rx
+		l.install(rx)
+		// Pending: it seals this contact's QP pair's frames only, until
+		// the peer answers under it (openSealed promotes it then).
 		p := &peerTx{sa: newSendSA(k.idAnswer, l.cfg.Mode, l.cfg.KeyUpdateAfter, k.o2r), rx: rx}
 		ib := t.initialBlock()
 		p.initial.Store(&ib)
-		rx.confirm = p
-		l.setTx(src, p)
+		rx.confirm, rx.pending = p, txKey{src, uint64(o.qp)<<32 | uint64(rh.SrcQPN)}
+		l.setTx(rx.pending, p)
 		l.st.Sessions.Add(1)
 	}
 	return up
@@ -732,6 +826,9 @@ func (l *Link) openContact(b []byte, h *Header, src netip.AddrPort, unicast bool
 // openSealed opens a Sealed datagram in place and returns its frame.
 func (l *Link) openSealed(b []byte, h *Header, src netip.AddrPort, now time.Time) []byte {
 	r := l.recv[h.KeyID] // only the reader changes the map (derive, openContact, reclaim: all under Read)
+	if r != nil && r.psk && r.epoch != l.pskEpoch.Load() && !l.stillKeyed(r) {
+		r = nil // its pre-shared key was removed or replaced
+	}
 	if r == nil {
 		// Keys we do not hold: derived, installed only if it opens.
 		if !l.derive(b, h, src) {
@@ -762,8 +859,14 @@ func (l *Link) openSealed(b []byte, h *Header, src netip.AddrPort, now time.Time
 		r.last.Store(now.UnixNano())
 		l.st.Opened.Add(1)
 		if c := r.confirm; c != nil && h.Flags&FlagInitial == 0 {
-			c.initial.Store(nil) // the peer answered under the keys: it holds them
+			// The peer answered under the keys: it holds them. They seal
+			// everything to its address from now on.
+			c.initial.Store(nil)
 			r.confirm = nil
+			l.mu.Lock()
+			l.setTx(r.pending, nil)
+			l.setTx(txKey{addr: r.peer}, c)
+			l.mu.Unlock()
 		}
 	}
 	end := len(b) - TagSize
@@ -791,6 +894,8 @@ func (l *Link) derive(b []byte, h *Header, src netip.AddrPort) bool {
 	l.tick(now)
 	var r *recvSA
 	var tx *peerTx
+	usedIn := -1
+	var op opening2
 	if h.Flags&FlagInitial != 0 {
 		t := parseInitial(h.Share, l.cfg.Mode)
 		peer, err := ecdh.X25519().NewPublicKey(t.openerShare)
@@ -798,7 +903,15 @@ func (l *Link) derive(b []byte, h *Header, src netip.AddrPort) bool {
 			l.st.BadEnvelope.Add(1)
 			return false
 		}
-		for _, sec := range l.secret {
+		op = opening2{src, t.helloToken, t.openerQP, t.answerQP}
+		if l.used[0][op] || l.used[1][op] {
+			// Derived before: its keys were reclaimed since, and this is
+			// a copy of its first frame (a replay, or a retransmission
+			// too late). Never again: its packet numbers would restart.
+			l.st.Replayed.Add(1)
+			return false
+		}
+		for i, sec := range l.secret {
 			if !l.spend(2) {
 				return false
 			}
@@ -814,6 +927,7 @@ func (l *Link) derive(b []byte, h *Header, src netip.AddrPort) bool {
 			}
 			r = newRecvSA(k.idAnswer, l.cfg.Mode, k.o2r, false)
 			tx = &peerTx{sa: newSendSA(k.idOpen, l.cfg.Mode, l.cfg.KeyUpdateAfter, k.r2o), rx: r}
+			usedIn = i
 			break
 		}
 	} else if psk := l.pskFor(src); psk != nil {
@@ -821,10 +935,15 @@ func (l *Link) derive(b []byte, h *Header, src netip.AddrPort) bool {
 			l.st.Reflected.Add(1)
 			return false
 		}
-		if !l.spend(0.05) {
+		if l.retired[retiredKey{src, h.KeyID}] {
+			l.st.Replayed.Add(1) // a key ID its sender left behind: its datagrams are old
+			return false
+		}
+		if !l.spend(0.25) {
 			return false
 		}
 		r = newRecvSA(h.KeyID, l.cfg.Mode, pskSecret(psk, l.cfg.Mode, h.KeyID), true)
+		r.epoch = l.pskEpoch.Load()
 	}
 	if r == nil {
 		l.st.NoKey.Add(1)
@@ -835,40 +954,118 @@ func (l *Link) derive(b []byte, h *Header, src netip.AddrPort) bool {
 		l.st.AuthFailed.Add(1)
 		return false
 	}
-	if len(l.recv) >= l.cfg.MaxPeers && !l.reclaim(now) {
-		l.st.PeersFull.Add(1)
+	if !l.room(src, now) {
 		return false
 	}
 	r.opened(g, h.PN)
 	r.win.mark(h.PN)
 	r.last.Store(now.UnixNano())
 	r.peer = src
-	l.recv[r.keyID] = r
+	l.install(r)
+	if usedIn >= 0 {
+		l.used[usedIn][op] = true
+		if len(l.used[0]) >= l.cfg.MaxPeers {
+			l.turn() // full: the openings of two secrets ago can no longer be derived
+			l.turned = now
+		}
+	}
 	if tx != nil {
-		l.setTx(src, tx)
+		l.setTx(txKey{addr: src}, tx)
 		l.st.Sessions.Add(1)
 	} else {
 		l.st.PSKPeers.Add(1)
+		if ks := append(l.pskRx[src], r); len(ks) > 2 {
+			l.retire(ks[0])
+			l.pskRx[src] = ks[1:]
+		} else {
+			l.pskRx[src] = ks
+		}
 	}
 	l.st.Opened.Add(1)
 	return true
+}
+
+// room reports whether a receive key for src may be installed: under
+// MaxPerAddr for its address, and under MaxPeers once idle keys are
+// reclaimed (l.mu held).
+func (l *Link) room(src netip.AddrPort, now time.Time) bool {
+	if l.perAddr[src.Addr()] >= MaxPerAddr || len(l.recv) >= l.cfg.MaxPeers && !l.reclaim(now) {
+		l.st.PeersFull.Add(1)
+		return false
+	}
+	return true
+}
+
+// install adds r to the receive keys (l.mu held).
+func (l *Link) install(r *recvSA) {
+	l.recv[r.keyID] = r
+	l.perAddr[r.peer.Addr()]++
+}
+
+// remove drops r and whatever seals with its keys (l.mu held).
+func (l *Link) remove(r *recvSA) {
+	delete(l.recv, r.keyID)
+	if r.psk {
+		ks := l.pskRx[r.peer]
+		for i, k := range ks {
+			if k == r {
+				ks = append(ks[:i:i], ks[i+1:]...)
+				break
+			}
+		}
+		if len(ks) == 0 {
+			delete(l.pskRx, r.peer)
+		} else {
+			l.pskRx[r.peer] = ks
+		}
+	}
+	if l.perAddr[r.peer.Addr()]--; l.perAddr[r.peer.Addr()] <= 0 {
+		delete(l.perAddr, r.peer.Addr())
+	}
+	for k, p := range *l.tx.Load() {
+		if p.rx == r {
+			l.setTx(k, nil)
+		}
+	}
+}
+
+// retire drops pre-shared-key receive key r for good (l.mu held).
+func (l *Link) retire(r *recvSA) {
+	k := retiredKey{r.peer, r.keyID}
+	if len(l.rorder) >= maxRetired {
+		delete(l.retired, l.rorder[0])
+		l.rorder = l.rorder[1:]
+	}
+	l.retired[k] = true
+	l.rorder = append(l.rorder, k)
+	l.remove(r)
 }
 
 // reclaim drops receive keys idle for IdleTimeout and reports whether
 // there is room for one more (l.mu held).
 func (l *Link) reclaim(now time.Time) bool {
 	idle := now.Add(-l.cfg.IdleTimeout).UnixNano()
-	for id, r := range l.recv {
+	for _, r := range l.recv {
 		if r.last.Load() < idle {
-			delete(l.recv, id)
-			for a, p := range *l.tx.Load() {
-				if p.rx == r {
-					l.setTx(a, nil)
-				}
-			}
+			l.remove(r)
 		}
 	}
 	return len(l.recv) < l.cfg.MaxPeers
+}
+
+// stillKeyed reports whether PSK receive key r is still what its peer's
+// pre-shared key gives, after a SetPeerKey; if not it is dropped (the
+// reader, l.mu taken).
+func (l *Link) stillKeyed(r *recvSA) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	psk := l.pskFor(r.peer)
+	if psk != nil && bytes.Equal(pskSecret(psk, r.mode, r.keyID), r.secret0[:]) {
+		r.epoch = l.pskEpoch.Load()
+		return true
+	}
+	l.remove(r)
+	return false
 }
 
 // scatter copies b into bufs in order and returns how much fit.

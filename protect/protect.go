@@ -90,10 +90,12 @@ type Config struct {
 	// when no RD contact gave keys, and what that peer's contacts mix in.
 	Peers map[netip.AddrPort][]byte
 	// KeyUpdateAfter is how many datagrams one key seals before the
-	// sender moves to the next (a key update, flagged by the key phase
-	// bit). Default 1<<23, AES-GCM's confidentiality limit in RFC 9001
-	// §6.6; a nonce can never repeat (the packet number is 64 bits and
-	// never reused), this bounds what one key protects.
+	// sender moves to the next: a contact's keys to their next
+	// generation (flagged by the key phase bit), a pre-shared key's
+	// sender to a new key ID. Default 1<<23, AES-GCM's confidentiality
+	// limit in RFC 9001 §6.6, at most 2^32; a nonce never repeats (the
+	// packet number is never reused under a key), this bounds what one
+	// key protects.
 	KeyUpdateAfter uint64
 	// ContactRate bounds the X25519 operations per second spent on
 	// contact from sources not yet authenticated (a Hello costs one, an
@@ -135,6 +137,9 @@ func (c *Config) Check() error {
 	if c.Mode > AEAD {
 		return fmt.Errorf("protect: %v: want none, auth or aead", c.Mode)
 	}
+	if c.KeyUpdateAfter > 1<<32 {
+		return fmt.Errorf("protect: KeyUpdateAfter %d: at most 2^32", c.KeyUpdateAfter)
+	}
 	if c.PSK != nil && len(c.PSK) < MinPSK {
 		return fmt.Errorf("protect: pre-shared key of %d bytes: want %d or more", len(c.PSK), MinPSK)
 	}
@@ -157,6 +162,9 @@ var (
 	// ErrReplay: a datagram's packet number was seen before, or is older
 	// than the replay window.
 	ErrReplay = errors.New("protect: replayed datagram")
+	// ErrContactBudget: a Challenge not sent, the contact budget spent
+	// (Config.ContactRate).
+	ErrContactBudget = errors.New("protect: contact budget spent (ContactRate)")
 	// ErrEnvelope: a malformed envelope.
 	ErrEnvelope = errors.New("protect: malformed envelope")
 )

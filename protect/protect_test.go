@@ -221,7 +221,7 @@ func TestKeyUpdateStalledWriter(t *testing.T) {
 	if _, err := x.seal(nil, &llp.Msg{Bufs: [][]byte{f}, Addr: y.LocalAddr()}); err != nil { // keys the peer
 		t.Fatal(err)
 	}
-	tx, _ := x.txFor(y.LocalAddr())
+	tx, _ := x.txFor(y.LocalAddr(), 0)
 	tx.every = 8
 	late := tx.genOf(7)  // drawn before the update, sealed after it
 	first := tx.genOf(8) // the update
