@@ -32,9 +32,9 @@ func sealedInner(b []byte) (protect.Header, []byte, bool) {
 // counted under its reason, and the flow goes on.
 func TestProtectedAttacks(t *testing.T) {
 	sp := spoof.NewT(t)
-	tap := spoof.NewTap(t)
 	a := newNode(t, protCfg(protect.AEAD), "udp4", "127.0.0.1:0")
 	b := newNode(t, protCfg(protect.AEAD), "udp4", "127.0.0.1:0")
+	tap := spoof.NewTap(t, b.sock.LocalAddr().Port()) // before any traffic
 	qa, cqa := rdQPOn(t, a, RDConfig{})
 	qb, cqb := rdQPOn(t, b, RDConfig{})
 	ahAB := a.ah(b, qb)

@@ -22,7 +22,6 @@ import (
 // forgery answers nothing, is counted, and the flow goes on.
 func TestAttackForgedChallengeKillsSession(t *testing.T) {
 	sp := spoof.NewT(t)
-	tap := spoof.NewTap(t)
 	cfg := DeviceConfig{Protect: protect.Config{Mode: protect.AEAD, PSK: bytes.Repeat([]byte{3}, 16)}}
 	a := newNode(t, cfg, "udp4", "127.0.0.1:0")
 	b := newNode(t, cfg, "udp4", "127.0.0.1:0")
@@ -30,6 +29,7 @@ func TestAttackForgedChallengeKillsSession(t *testing.T) {
 	qb, cqb := rdQPOn(t, b, RDConfig{})
 	ahAB := a.ah(b, qb)
 	aaddr, baddr := a.sock.LocalAddr(), b.sock.LocalAddr()
+	tap := spoof.NewTap(t, baddr.Port()) // before any traffic
 	send := func(id uint64, limit time.Duration) bool {
 		t.Helper()
 		mustPost(t, qb.PostRecv(&RecvWR{ID: id, SGL: []SGE{b.mr.SGE(int(id%64)*200, 200)}}))

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 )
 
@@ -27,8 +28,11 @@ type Datagram struct {
 }
 
 // NewTap opens a Tap on lo for a test, skipping the test with the reason
-// when the process may not, and closes it when the test ends.
-func NewTap(tb testing.TB) *Tap {
+// when the process may not, and closes it when the test ends. It sees the
+// UDP datagrams to port only: the kernel filters the rest (a classic BPF
+// program), so the loopback traffic of tests running beside it cannot
+// overflow its buffer and drop what the test waits for.
+func NewTap(tb testing.TB, port uint16) *Tap {
 	tb.Helper()
 	lo, err := net.InterfaceByName("lo")
 	if err != nil {
@@ -42,6 +46,31 @@ func NewTap(tb testing.TB) *Tap {
 		}
 		tb.Fatal(err)
 	}
+	// IPv4, UDP, not a fragment, destination port: accept; else drop.
+	prog, err := bpf.Assemble([]bpf.Instruction{
+		bpf.LoadAbsolute{Off: 9, Size: 1},
+		bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: unix.IPPROTO_UDP, SkipTrue: 6},
+		bpf.LoadAbsolute{Off: 6, Size: 2},
+		bpf.JumpIf{Cond: bpf.JumpBitsSet, Val: 0x1fff, SkipTrue: 4},
+		bpf.LoadMemShift{Off: 0},
+		bpf.LoadIndirect{Off: 2, Size: 2},
+		bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: uint32(port), SkipTrue: 1},
+		bpf.RetConstant{Val: 1 << 18},
+		bpf.RetConstant{Val: 0},
+	})
+	if err != nil {
+		unix.Close(fd)
+		tb.Fatal(err)
+	}
+	filter := make([]unix.SockFilter, len(prog))
+	for i, in := range prog {
+		filter[i] = unix.SockFilter{Code: in.Op, Jt: in.Jt, Jf: in.Jf, K: in.K}
+	}
+	if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}); err != nil {
+		unix.Close(fd)
+		tb.Fatal(err)
+	}
+	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 16<<20)
 	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: proto, Ifindex: lo.Index}); err != nil {
 		unix.Close(fd)
 		tb.Fatal(err)
