@@ -356,3 +356,52 @@ func TestAttackWindowModel(t *testing.T) {
 }
 
 var _ = binary.BigEndian
+
+// TestAttackForgedChallengeSecondContact: a and b hold working keys from
+// one contact; a opens a second (QP 7 to QP 8), and an on-path attacker
+// answers its Hello first with a forged Challenge. Only that contact's
+// QP pair is sealed under the forged keys (pending): everything else to
+// b still goes under the working keys and opens.
+func TestAttackForgedChallengeSecondContact(t *testing.T) {
+	net := llp.NewMemNet()
+	a := newLink(t, net, addrA, Config{Mode: AEAD})
+	b := newLink(t, net, addrB, Config{Mode: AEAD})
+	handshake(t, a, b, 0x1111)
+	hello := rdFrame(&reliability.Fields{Type: reliability.Hello, DstQPN: 8, SrcQPN: 7, Epoch: 3, Init: true, Issued: 0x7777})
+	if _, err := a.seal(nil, &llp.Msg{Bufs: [][]byte{hello}, Addr: b.LocalAddr()}); err != nil {
+		t.Fatal(err)
+	}
+	f := reliability.Append(nil, &reliability.Fields{Type: reliability.Challenge, DstQPN: 7, SrcQPN: 8, Epoch: 4, Token: 0x7777, Init: true, Issued: 0x99})
+	priv, _ := ecdh.X25519().GenerateKey(rand.Reader)
+	out := make([]byte, HeaderSize+ShareSize, HeaderSize+ShareSize+len(f)+CRCSize)
+	putHeader(out, KindContact, AEAD, FlagShare, 0, 0, len(f), priv.PublicKey().Bytes())
+	if a.open(udiwarp.SealDatagram(append(out, f...), 0), b.LocalAddr(), nil, a.cfg.Now()) == nil {
+		t.Fatal("the forged Challenge did not reach the path (not taken)")
+	}
+	exchange(t, a, b, "a->b under the first contact's keys, after a forged Challenge for another")
+}
+
+// TestAttackReplayedOpeningAfterReclaim: within the answering secret's
+// lifetime, b's keys of a contact are reclaimed idle; the opener's first
+// frame, captured and replayed, must not derive them again (its packet
+// numbers and b's would restart under the same keys).
+func TestAttackReplayedOpeningAfterReclaim(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1_000_000, 0)}
+	net := llp.NewMemNet()
+	cfg := Config{Mode: AEAD, Now: clk.Now, MaxPeers: 2, IdleTimeout: time.Minute, SecretLifetime: time.Hour}
+	a := newLink(t, net, addrA, cfg)
+	b := newLink(t, net, addrB, cfg)
+	m := newLink(t, net, addrD, cfg)
+	initial := contactVia(t, a, b, 0x3333, clk.Now())
+	contactVia(t, m, b, 0x4444, clk.Now()) // b full
+	clk.t = clk.t.Add(2 * time.Minute)     // idle, the secret still the same
+	b.coarse = clk.Now()
+	contactVia(t, m, b, 0x5555, clk.Now()) // reclaims the idle ones
+	replayed := b.st.Replayed.Load()
+	if up := b.open(bytes.Clone(initial), a.LocalAddr(), nil, clk.Now()); up != nil {
+		t.Fatalf("the replayed opening derived its reclaimed keys again: %q", up)
+	}
+	if b.st.Replayed.Load() != replayed+1 {
+		t.Fatalf("not refused as a replay: %v", snap(b))
+	}
+}
