@@ -368,7 +368,7 @@ func (w *Impaired) Read(ms []Msg) (int, error) {
 		w.ready[0] = nil
 		w.ready = w.ready[1:]
 		m := &ms[k]
-		m.N = scatter(m.Bufs, p.b)
+		m.N = Scatter(m.Bufs, p.b)
 		m.Trunc = p.msg.Trunc || m.N < len(p.b)
 		m.Addr, m.Segment = p.addr, 0
 		m.dst, m.unicast, m.dstOK, m.ctl = p.msg.dst, p.msg.unicast, p.msg.dstOK, p.msg.ctl

@@ -148,8 +148,10 @@ var (
 	ErrUnsupported = errors.New("llp: not supported by this link")
 )
 
-// scatter copies b into bufs in order and returns how much fit.
-func scatter(bufs [][]byte, b []byte) int {
+// Scatter copies b into bufs in order and returns how much fit: what a
+// link's Read does with a datagram it holds in a buffer of its own (a
+// link that wraps another, package protect, too).
+func Scatter(bufs [][]byte, b []byte) int {
 	n := 0
 	for _, d := range bufs {
 		if len(b) == 0 {

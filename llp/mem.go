@@ -116,7 +116,7 @@ func (m *Mem) Read(ms []Msg) (int, error) {
 		m.q[m.head] = memDatagram{}
 		m.head++
 		g := &ms[k]
-		g.N = scatter(g.Bufs, *d.b)
+		g.N = Scatter(g.Bufs, *d.b)
 		g.Trunc = g.N < len(*d.b)
 		g.Addr, g.Segment = d.src, 0
 		g.SetDst(m.local.Addr(), true)

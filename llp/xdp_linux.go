@@ -752,7 +752,7 @@ func (x *XDP) deliver(m *Msg, frame []byte) bool {
 		return false
 	}
 	p := frame[f.Payload : f.Payload+f.PayloadLen]
-	m.N = scatter(m.Bufs, p)
+	m.N = Scatter(m.Bufs, p)
 	m.Trunc = m.N < len(p)
 	m.Segment = 0
 	m.Addr = f.Src

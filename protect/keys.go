@@ -174,9 +174,10 @@ func (r *recvSA) genFor(pn uint64, ph byte) *gen {
 	return r.next
 }
 
-// opened records that g opened packet number pn: a datagram under next
-// moves the SA one generation on.
+// opened records that g opened packet number pn — in the replay window,
+// and a datagram under next moves the SA one generation on.
 func (r *recvSA) opened(g *gen, pn uint64) {
+	r.win.mark(pn)
 	switch g {
 	case r.next:
 		r.prev, r.cur, r.next = r.cur, r.next, r.next.next()

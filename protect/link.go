@@ -647,7 +647,7 @@ func (l *Link) Read(ms []llp.Msg) (int, error) {
 		p := &l.pend[l.pnext]
 		l.pnext++
 		m := &ms[k]
-		n := scatter(m.Bufs, p.b)
+		n := llp.Scatter(m.Bufs, p.b)
 		m.N, m.Trunc, m.Segment, m.Addr = n, n < len(p.b), 0, p.src
 		m.SetDstFrom(p.m)
 		k++
@@ -855,7 +855,6 @@ func (l *Link) openSealed(b []byte, h *Header, src netip.AddrPort, now time.Time
 			l.st.KeyUpdates.Add(1)
 		}
 		r.opened(g, h.PN)
-		r.win.mark(h.PN)
 		r.last.Store(now.UnixNano())
 		l.st.Opened.Add(1)
 		if c := r.confirm; c != nil && h.Flags&FlagInitial == 0 {
@@ -958,7 +957,6 @@ func (l *Link) derive(b []byte, h *Header, src netip.AddrPort) bool {
 		return false
 	}
 	r.opened(g, h.PN)
-	r.win.mark(h.PN)
 	r.last.Store(now.UnixNano())
 	r.peer = src
 	l.install(r)
@@ -1066,18 +1064,4 @@ func (l *Link) stillKeyed(r *recvSA) bool {
 	}
 	l.remove(r)
 	return false
-}
-
-// scatter copies b into bufs in order and returns how much fit.
-func scatter(bufs [][]byte, b []byte) int {
-	n := 0
-	for _, d := range bufs {
-		if len(b) == 0 {
-			break
-		}
-		k := copy(d, b)
-		b = b[k:]
-		n += k
-	}
-	return n
 }

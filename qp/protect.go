@@ -7,7 +7,6 @@ import (
 
 	"github.com/udiwarp/udiwarp/llp"
 	"github.com/udiwarp/udiwarp/protect"
-	"github.com/udiwarp/udiwarp/udiwarp"
 )
 
 // deliverEnvelope takes a protection envelope (docs/wire.md §12) that
@@ -18,13 +17,8 @@ import (
 // plain frames.)
 func (d *Device) deliverEnvelope(s *Socket, b []byte, src netip.AddrPort) {
 	st := &d.stats
-	frame := b[:len(b)-udiwarp.CRCSize]
-	if !d.cfg.NoCRC {
-		var err error
-		if frame, err = udiwarp.OpenDatagram(b); err != nil {
-			st.countRx(err)
-			return
-		}
+	if _, ok := d.frameOf(b); !ok {
+		return
 	}
 	if b[0] != byte(protect.KindRefuse)<<2 {
 		st.ProtModeMismatch.Add(1)
@@ -38,7 +32,7 @@ func (d *Device) deliverEnvelope(s *Socket, b []byte, src netip.AddrPort) {
 		return
 	}
 	var r protect.Refusal
-	if err := r.Parse(b[:len(frame)+udiwarp.CRCSize]); err != nil {
+	if err := r.Parse(b); err != nil {
 		st.ProtBadEnvelope.Add(1)
 		return
 	}

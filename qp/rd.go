@@ -787,16 +787,24 @@ func (r *rdQP) toMover(s *Socket) {
 
 // deliverRD handles an RD frame received on s.
 func (d *Device) deliverRD(s *Socket, b []byte, src netip.AddrPort) {
-	st := &d.stats
-	frame := b[:len(b)-udiwarp.CRCSize]
-	if !d.cfg.NoCRC {
-		var err error
-		if frame, err = udiwarp.OpenDatagram(b); err != nil {
-			st.countRx(err)
-			return
-		}
+	if frame, ok := d.frameOf(b); ok {
+		d.deliverRDFrame(s, frame, src)
 	}
-	d.deliverRDFrame(s, frame, src)
+}
+
+// frameOf is datagram b without its CRC trailer, checked unless the
+// device runs without CRC (NoCRC, or protected: the tag checked it); a
+// bad trailer is counted and false returned.
+func (d *Device) frameOf(b []byte) ([]byte, bool) {
+	if d.cfg.NoCRC {
+		return b[:len(b)-udiwarp.CRCSize], true
+	}
+	frame, err := udiwarp.OpenDatagram(b)
+	if err != nil {
+		d.stats.countRx(err)
+		return nil, false
+	}
+	return frame, true
 }
 
 // deliverRDFrame hands a checked RD frame (without its CRC) to its QP.
